@@ -1,0 +1,7 @@
+#include "backends/cpu/kernels.h"
+
+namespace magnetar::cpu {
+
+void register_avx2_legacy(KernelTable& /*table*/) {}
+
+}  // namespace magnetar::cpu

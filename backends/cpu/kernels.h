@@ -1,0 +1,50 @@
+// CPU kernel selection: per tensor type, the fastest vec_dot / quantize / dequantize this CPU can run.
+//
+// Each ISA folder (avx2/, avx512/) has one file per kernel family that fills the entries it implements
+// into a KernelTable through a register_* function; entries an ISA leaves null fall back to the next
+// narrower ISA and finally to the scalar reference in quant/ref (the oracle the kernels are tested against).
+// Tables are built once, on first use, and are immutable afterwards (safe to read from any thread).
+#pragma once
+
+#include <array>
+#include <string_view>
+
+#include "quant/quant.h"
+
+namespace magnetar::cpu {
+
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+inline constexpr int kIsaCount = 3;
+std::string_view isa_name(Isa isa);
+
+// What the running CPU (and OS, for AVX-512 state) supports. AVX2 means AVX2+FMA+F16C;
+// AVX-512 means F+BW+VL+DQ.
+bool isa_supported(Isa isa);
+// The widest supported ISA.
+Isa best_isa();
+
+struct TypeKernels {
+  quant::VecDotFn vec_dot = nullptr;       // x of this type, y of traits(type).vec_dot_type
+  quant::FromFloatFn quantize = nullptr;   // float -> this type (used for activations on the hot path)
+  quant::ToFloatFn dequantize = nullptr;   // this type -> float
+};
+inline constexpr int kMaxTypeId = 40;
+using KernelTable = std::array<TypeKernels, kMaxTypeId>;  // indexed by the ggml type id
+
+// Kernels for `type` as provided by `isa` (with fallback to narrower ISAs and the reference).
+// `isa` must be supported by this CPU (CHECKed). Every field of the result is non-null except vec_dot
+// for activation-only types (Q8_1, Q8_K).
+const TypeKernels& kernels(quant::Type type, Isa isa);
+inline const TypeKernels& kernels(quant::Type type) { return kernels(type, best_isa()); }
+
+// Registration hooks, one per kernel file (defined in avx2/*.cpp and avx512/*.cpp).
+void register_avx2_float(KernelTable& table);     // F32, F16, BF16
+void register_avx2_legacy(KernelTable& table);    // Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q8_1 IQ4_NL MXFP4
+void register_avx2_k_quants(KernelTable& table);  // Q4_K Q5_K Q6_K Q8_K
+void register_avx2_k_low(KernelTable& table);     // Q2_K Q3_K IQ4_XS
+void register_avx512_float(KernelTable& table);
+void register_avx512_legacy(KernelTable& table);
+void register_avx512_k_quants(KernelTable& table);
+void register_avx512_k_low(KernelTable& table);
+
+}  // namespace magnetar::cpu

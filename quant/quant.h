@@ -1,0 +1,49 @@
+// One trait row per tensor type (STYLE.md rule 6): what a type is, how big its blocks are, and the scalar
+// reference functions that every faster kernel is tested against.
+//
+// Contracts for the function pointers (n is always a multiple of block_size; pointers need no alignment):
+//   to_float(src, dst, n)      dequantize n elements of this type into float32
+//   from_float(src, dst, n)    reference quantizer: n float32 values into n/block_size blocks
+//   vec_dot(n, x, y) -> float  dot product of n elements: x of this type, y of vec_dot_type
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include "quant/formats.h"
+
+namespace magnetar::quant {
+
+using ToFloatFn = void (*)(const void* src, float* dst, int64_t n);
+using FromFloatFn = void (*)(const float* src, void* dst, int64_t n);
+using VecDotFn = float (*)(int64_t n, const void* x, const void* y);
+
+struct TypeTraits {
+  Type type;
+  std::string_view name;    // as llama.cpp prints it: "Q4_K", "IQ4_NL", "BF16", ...
+  int64_t block_size;       // elements per block (1 for F32/F16/BF16)
+  size_t type_size;         // bytes per block
+  bool is_quantized;
+  ToFloatFn to_float;
+  FromFloatFn from_float;
+  VecDotFn vec_dot;         // scalar reference
+  Type vec_dot_type;        // the activation format vec_dot expects for y
+};
+
+// Every implemented type, in id order.
+std::span<const TypeTraits> all_types();
+// nullptr when the id is unknown or not implemented.
+const TypeTraits* find_traits(uint32_t type_id);
+// Must be an implemented type (a CHECK otherwise); Type values come only from validated input.
+const TypeTraits& traits(Type type);
+// Case-insensitive: "q4_k" and "Q4_K" both work.
+std::optional<Type> type_from_name(std::string_view name);
+inline std::string_view type_name(Type type) { return traits(type).name; }
+
+// Bytes of one row of n elements; n must be a multiple of the block size (CHECKed).
+size_t row_size(Type type, int64_t n);
+
+}  // namespace magnetar::quant
