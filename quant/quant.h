@@ -43,6 +43,17 @@ const TypeTraits& traits(Type type);
 std::optional<Type> type_from_name(std::string_view name);
 inline std::string_view type_name(Type type) { return traits(type).name; }
 
+// Sizing facts of every ggml type id a GGUF file may carry, implemented or not, so that files with types
+// Magnetar cannot compute with can still be read, sized and inspected. nullptr for ids ggml never used
+// or retired.
+struct TypeSizeInfo {
+  uint32_t id;
+  std::string_view name;
+  int64_t block_size;
+  size_t type_size;
+};
+const TypeSizeInfo* find_type_size(uint32_t type_id);
+
 // Bytes of one row of n elements; n must be a multiple of the block size (CHECKed).
 size_t row_size(Type type, int64_t n);
 

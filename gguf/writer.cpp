@@ -1,0 +1,191 @@
+#include "gguf/writer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "base/check.h"
+
+namespace magnetar::gguf {
+
+Writer::Writer(std::string path, uint32_t version)
+    : path_(std::move(path)), tmp_path_(path_ + ".tmp"), version_(version) {
+  MAGNETAR_CHECK(version == 2 || version == 3);
+}
+
+Writer::~Writer() {
+  if (file_) std::fclose(file_);
+  if (!finished_ && pos_ > 0) std::remove(tmp_path_.c_str());
+}
+
+void Writer::set(const std::string& key, Value value) {
+  for (KeyValue& kv : metadata_) {
+    if (kv.key == key) {
+      kv.value = std::move(value);
+      return;
+    }
+  }
+  metadata_.push_back({key, std::move(value)});
+}
+
+void Writer::set_alignment(uint32_t alignment) {
+  MAGNETAR_CHECK(alignment != 0 && (alignment & (alignment - 1)) == 0);
+  MAGNETAR_CHECK(file_ == nullptr);
+  alignment_ = alignment;
+  set("general.alignment", Value::of_uint(ValueType::kUint32, alignment));
+}
+
+Status Writer::add_tensor(const std::string& name, uint32_t type_id, std::span<const int64_t> dims) {
+  MAGNETAR_CHECK(file_ == nullptr);
+  if (dims.empty() || dims.size() > size_t(kMaxDims)) {
+    return Status::error(format("%s: tensor '%s': %zu dims (1..%d allowed)", path_.c_str(), name.c_str(),
+                                dims.size(), kMaxDims));
+  }
+  for (const TensorInfo& t : tensors_) {
+    if (t.name == name) return Status::error(format("%s: tensor '%s': duplicate name", path_.c_str(), name.c_str()));
+  }
+  TensorInfo info;
+  info.name = name;
+  info.type_id = type_id;
+  info.n_dims = int(dims.size());
+  std::copy(dims.begin(), dims.end(), info.ne.begin());
+  std::string problem;
+  const std::optional<uint64_t> nbytes = tensor_nbytes(type_id, info.ne, &problem);
+  if (!nbytes) return Status::error(format("%s: tensor '%s': %s", path_.c_str(), name.c_str(), problem.c_str()));
+  info.nbytes = *nbytes;
+  info.offset = data_size_;
+  data_size_ += (info.nbytes + alignment_ - 1) / alignment_ * alignment_;
+  tensors_.push_back(std::move(info));
+  return Status();
+}
+
+Status Writer::put(const void* data, size_t n) {
+  if (n && std::fwrite(data, 1, n, file_) != n) {
+    return Status::error(format("%s: write failed at byte %llu: %s", tmp_path_.c_str(), (unsigned long long)pos_,
+                                std::strerror(errno)));
+  }
+  pos_ += n;
+  return Status();
+}
+
+Status Writer::put_string(const std::string& s) {
+  const uint64_t n = s.size();
+  MAGNETAR_RETURN_IF_ERROR(put(&n, 8));
+  return put(s.data(), s.size());
+}
+
+Status Writer::put_value(const Value& v) {
+  switch (v.type) {
+    case ValueType::kUint8: case ValueType::kBool: { const uint8_t x = uint8_t(v.u); return put(&x, 1); }
+    case ValueType::kInt8: { const int8_t x = int8_t(v.i); return put(&x, 1); }
+    case ValueType::kUint16: { const uint16_t x = uint16_t(v.u); return put(&x, 2); }
+    case ValueType::kInt16: { const int16_t x = int16_t(v.i); return put(&x, 2); }
+    case ValueType::kUint32: { const uint32_t x = uint32_t(v.u); return put(&x, 4); }
+    case ValueType::kInt32: { const int32_t x = int32_t(v.i); return put(&x, 4); }
+    case ValueType::kUint64: return put(&v.u, 8);
+    case ValueType::kInt64: return put(&v.i, 8);
+    case ValueType::kFloat32: { const float x = float(v.f); return put(&x, 4); }
+    case ValueType::kFloat64: return put(&v.f, 8);
+    case ValueType::kString: return put_string(v.str);
+    case ValueType::kArray: {
+      const uint32_t elem = uint32_t(v.array_type);
+      const uint64_t n = v.array.size();
+      MAGNETAR_RETURN_IF_ERROR(put(&elem, 4));
+      MAGNETAR_RETURN_IF_ERROR(put(&n, 8));
+      for (const Value& item : v.array) {
+        MAGNETAR_CHECK(item.type == v.array_type);
+        MAGNETAR_RETURN_IF_ERROR(put_value(item));
+      }
+      return Status();
+    }
+  }
+  return Status();
+}
+
+Status Writer::pad_to_alignment() {
+  static const uint8_t kZeros[256] = {};
+  // alignment may exceed the zero buffer: write in pieces
+  while (pos_ % alignment_ != 0) {
+    const uint64_t need = alignment_ - pos_ % alignment_;
+    MAGNETAR_RETURN_IF_ERROR(put(kZeros, size_t(std::min<uint64_t>(need, sizeof(kZeros)))));
+  }
+  return Status();
+}
+
+Status Writer::begin() {
+  MAGNETAR_CHECK(file_ == nullptr);
+  file_ = std::fopen(tmp_path_.c_str(), "wb");
+  if (!file_) return Status::error(format("%s: cannot create: %s", tmp_path_.c_str(), std::strerror(errno)));
+  std::setvbuf(file_, nullptr, _IOFBF, 1 << 22);
+  const uint32_t magic = 0x46554747;
+  const uint64_t n_tensors = tensors_.size();
+  const uint64_t n_kv = metadata_.size();
+  MAGNETAR_RETURN_IF_ERROR(put(&magic, 4));
+  MAGNETAR_RETURN_IF_ERROR(put(&version_, 4));
+  MAGNETAR_RETURN_IF_ERROR(put(&n_tensors, 8));
+  MAGNETAR_RETURN_IF_ERROR(put(&n_kv, 8));
+  for (const KeyValue& kv : metadata_) {
+    MAGNETAR_RETURN_IF_ERROR(put_string(kv.key));
+    const uint32_t type = uint32_t(kv.value.type);
+    MAGNETAR_RETURN_IF_ERROR(put(&type, 4));
+    MAGNETAR_RETURN_IF_ERROR(put_value(kv.value));
+  }
+  for (const TensorInfo& t : tensors_) {
+    MAGNETAR_RETURN_IF_ERROR(put_string(t.name));
+    const uint32_t n_dims = uint32_t(t.n_dims);
+    MAGNETAR_RETURN_IF_ERROR(put(&n_dims, 4));
+    for (int d = 0; d < t.n_dims; ++d) MAGNETAR_RETURN_IF_ERROR(put(&t.ne[d], 8));
+    MAGNETAR_RETURN_IF_ERROR(put(&t.type_id, 4));
+    MAGNETAR_RETURN_IF_ERROR(put(&t.offset, 8));
+  }
+  MAGNETAR_RETURN_IF_ERROR(pad_to_alignment());
+  data_start_ = pos_;
+  return Status();
+}
+
+Status Writer::write(std::span<const uint8_t> bytes) {
+  MAGNETAR_CHECK(file_ != nullptr);
+  while (!bytes.empty()) {
+    if (current_ >= tensors_.size()) {
+      return Status::error(format("%s: %zu bytes written past the last tensor", path_.c_str(), bytes.size()));
+    }
+    const TensorInfo& t = tensors_[current_];
+    const uint64_t take = std::min<uint64_t>(bytes.size(), t.nbytes - current_done_);
+    MAGNETAR_RETURN_IF_ERROR(put(bytes.data(), size_t(take)));
+    bytes = bytes.subspan(size_t(take));
+    current_done_ += take;
+    if (current_done_ == t.nbytes) {
+      MAGNETAR_RETURN_IF_ERROR(pad_to_alignment());
+      ++current_;
+      current_done_ = 0;
+    }
+  }
+  return Status();
+}
+
+Status Writer::finish() {
+  MAGNETAR_CHECK(file_ != nullptr);
+  // zero-byte tensors complete without a write() call
+  while (current_ < tensors_.size() && tensors_[current_].nbytes == 0 && current_done_ == 0) ++current_;
+  if (current_ != tensors_.size()) {
+    return Status::error(format("%s: tensor '%s': only %llu of %llu bytes written", path_.c_str(),
+                                tensors_[current_].name.c_str(), (unsigned long long)current_done_,
+                                (unsigned long long)tensors_[current_].nbytes));
+  }
+  MAGNETAR_CHECK(pos_ == data_start_ + data_size_);
+  if (std::fflush(file_) != 0 || fsync(fileno(file_)) != 0) {
+    return Status::error(format("%s: flush failed: %s", tmp_path_.c_str(), std::strerror(errno)));
+  }
+  std::fclose(file_);
+  file_ = nullptr;
+  if (std::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+    return Status::error(format("%s: cannot rename from %s: %s", path_.c_str(), tmp_path_.c_str(),
+                                std::strerror(errno)));
+  }
+  finished_ = true;
+  return Status();
+}
+
+}  // namespace magnetar::gguf

@@ -1,0 +1,46 @@
+// Command-line flags declared once (STYLE.md rule 4): each flag's name, value placeholder, default and
+// help text live in one list, from which parsing and `--help` are both derived.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+
+namespace magnetar::cli {
+
+class Args {
+ public:
+  // usage: e.g. "magnetar inspect MODEL.gguf [options]"; summary: one paragraph on what the command does.
+  Args(std::string usage, std::string summary);
+
+  void flag(std::string_view name, bool* target, std::string_view help);
+  void option(std::string_view name, std::string* target, std::string_view metavar, std::string_view help);
+  void option(std::string_view name, int64_t* target, std::string_view metavar, std::string_view help);
+  void positional(std::string_view name, std::string* target, std::string_view help);
+
+  // Parses argv[first..]. On --help prints help() to stdout and sets help_requested().
+  Status parse(int argc, char** argv, int first);
+  bool help_requested() const { return help_requested_; }
+  std::string help() const;
+
+ private:
+  struct Spec {
+    std::string name;
+    std::string metavar;
+    std::string help;
+    bool* as_bool = nullptr;
+    std::string* as_string = nullptr;
+    int64_t* as_int = nullptr;
+    std::string default_text;
+  };
+  std::string usage_;
+  std::string summary_;
+  std::vector<Spec> options_;
+  std::vector<Spec> positionals_;
+  bool help_requested_ = false;
+};
+
+}  // namespace magnetar::cli

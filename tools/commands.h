@@ -1,0 +1,14 @@
+// The subcommands of the `magnetar` binary. Each is a thin main over the libraries: it parses its flags
+// (tools/cli.h), calls into the library and maps Status to a one-line error and an exit code.
+#pragma once
+
+namespace magnetar::tools {
+
+// Exit codes shared by all subcommands.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;   // the work itself failed (I/O error while writing, ...)
+inline constexpr int kExitBadInput = 2;  // bad flags, unreadable or invalid input file
+
+int inspect_main(int argc, char** argv);  // argv[0] is "inspect"
+
+}  // namespace magnetar::tools

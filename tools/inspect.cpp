@@ -1,0 +1,148 @@
+// `magnetar inspect MODEL.gguf`: what a GGUF file holds, without loading it (only the header is read; the
+// tensor data stays unmapped pages). Works on single files and split sets (open the first shard).
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "gguf/reader.h"
+#include "quant/quant.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+
+namespace magnetar::tools {
+namespace {
+
+std::string type_name_of(uint32_t type_id) {
+  const quant::TypeSizeInfo* t = quant::find_type_size(type_id);
+  return t ? std::string(t->name) : format("type%u", type_id);
+}
+
+double gib(uint64_t bytes) { return double(bytes) / double(1ull << 30); }
+
+std::string human_count(uint64_t n) {
+  if (n >= 1000000000ull) return format("%.2f B", double(n) / 1e9);
+  if (n >= 1000000ull) return format("%.2f M", double(n) / 1e6);
+  if (n >= 1000ull) return format("%.2f K", double(n) / 1e3);
+  return std::to_string(n);
+}
+
+nlohmann::json value_json(const gguf::Value& v) {
+  using gguf::ValueType;
+  switch (v.type) {
+    case ValueType::kBool: return v.u != 0;
+    case ValueType::kUint8: case ValueType::kUint16: case ValueType::kUint32: case ValueType::kUint64: return v.u;
+    case ValueType::kInt8: case ValueType::kInt16: case ValueType::kInt32: case ValueType::kInt64: return v.i;
+    case ValueType::kFloat32: case ValueType::kFloat64: return v.f;
+    case ValueType::kString: return v.str;
+    case ValueType::kArray: {
+      nlohmann::json a = nlohmann::json::array();
+      for (const gguf::Value& item : v.array) a.push_back(value_json(item));
+      return a;
+    }
+  }
+  return nullptr;
+}
+
+struct TypeTotal {
+  uint64_t count = 0;
+  uint64_t bytes = 0;
+};
+
+}  // namespace
+
+int inspect_main(int argc, char** argv) {
+  std::string path;
+  bool show_kv = false, show_tensors = false, as_json = false, full_arrays = false;
+  cli::Args args("magnetar inspect MODEL.gguf [--kv] [--tensors] [--json]",
+                 "Shows what a GGUF model file holds: architecture, name, GGUF version, metadata and tensor counts,\n"
+                 "file size, parameter count and a table of tensor types. Reads only the header. For a split model\n"
+                 "(NAME-00001-of-0000N.gguf) give the first shard; the whole set is shown as one model.");
+  args.positional("MODEL.gguf", &path, "the model file (first shard of a split set)");
+  args.flag("--kv", &show_kv, "also list every metadata key with its type and value (long arrays abbreviated)");
+  args.flag("--tensors", &show_tensors, "also list every tensor: name, type, shape, offset, bytes");
+  args.flag("--json", &as_json, "print everything as one JSON object instead (all metadata, all tensors)");
+  args.flag("--full", &full_arrays, "with --kv: print arrays whole instead of abbreviated");
+  if (Status s = args.parse(argc, argv, 1); !s.ok() || args.help_requested()) {
+    if (!s.ok()) std::fprintf(stderr, "magnetar inspect: %s\n", s.message().c_str());
+    return s.ok() ? kExitOk : kExitBadInput;
+  }
+
+  Result<std::unique_ptr<gguf::Model>> opened = gguf::Model::open(path);
+  if (!opened.ok()) {
+    std::fprintf(stderr, "magnetar inspect: %s\n", opened.status().message().c_str());
+    return kExitBadInput;
+  }
+  const gguf::Model& model = *opened.value();
+
+  uint64_t n_params = 0;
+  std::map<std::string, TypeTotal> types;
+  for (const gguf::TensorInfo& t : model.tensors()) {
+    n_params += uint64_t(t.n_elements());
+    TypeTotal& total = types[type_name_of(t.type_id)];
+    total.count += 1;
+    total.bytes += t.nbytes;
+  }
+
+  if (as_json) {
+    nlohmann::json j;
+    j["file"] = path;
+    j["shards"] = model.shards().size();
+    j["architecture"] = model.architecture();
+    j["name"] = model.get_string("general.name");
+    j["gguf_version"] = model.version();
+    j["n_kv"] = model.metadata().size();
+    j["n_tensors"] = model.tensors().size();
+    j["file_bytes"] = model.file_bytes();
+    j["n_params"] = n_params;
+    j["types"] = nlohmann::json::object();
+    for (const auto& [name, total] : types) j["types"][name] = {{"count", total.count}, {"bytes", total.bytes}};
+    j["metadata"] = nlohmann::json::object();
+    for (const gguf::KeyValue& kv : model.metadata()) j["metadata"][kv.key] = value_json(kv.value);
+    j["tensors"] = nlohmann::json::array();
+    for (const gguf::TensorInfo& t : model.tensors()) {
+      nlohmann::json shape = nlohmann::json::array();
+      for (int d = 0; d < t.n_dims; ++d) shape.push_back(t.ne[d]);
+      j["tensors"].push_back({{"name", t.name}, {"type", type_name_of(t.type_id)}, {"shape", shape},
+                              {"shard", t.shard}, {"offset", t.offset}, {"bytes", t.nbytes}});
+    }
+    // Metadata strings may hold arbitrary bytes: replace invalid UTF-8 rather than fail.
+    std::printf("%s\n", j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return kExitOk;
+  }
+
+  std::printf("file:          %s", path.c_str());
+  if (model.shards().size() > 1) std::printf(" (%zu shards)", model.shards().size());
+  std::printf("\narchitecture:  %s\n", model.architecture().empty() ? "(none)" : model.architecture().c_str());
+  const std::string name = model.get_string("general.name");
+  if (!name.empty()) std::printf("name:          %s\n", name.c_str());
+  std::printf("gguf version:  %u\n", model.version());
+  std::printf("metadata:      %zu keys\n", model.metadata().size());
+  std::printf("tensors:       %zu\n", model.tensors().size());
+  std::printf("file size:     %llu bytes (%.2f GiB)\n", (unsigned long long)model.file_bytes(), gib(model.file_bytes()));
+  std::printf("parameters:    %llu (%s)\n", (unsigned long long)n_params, human_count(n_params).c_str());
+  std::printf("\n%-10s %8s %16s %10s\n", "type", "tensors", "bytes", "GiB");
+  for (const auto& [tname, total] : types) {
+    std::printf("%-10s %8llu %16llu %10.3f\n", tname.c_str(), (unsigned long long)total.count,
+                (unsigned long long)total.bytes, gib(total.bytes));
+  }
+
+  if (show_kv) {
+    std::printf("\n%-44s %-5s %s\n", "key", "type", "value");
+    for (const gguf::KeyValue& kv : model.metadata()) {
+      std::string type(gguf::value_type_name(kv.value.type));
+      if (kv.value.type == gguf::ValueType::kArray) type += format("[%s]", gguf::value_type_name(kv.value.array_type).data());
+      std::printf("%-44s %-5s %s\n", kv.key.c_str(), type.c_str(),
+                  kv.value.to_string(full_arrays ? SIZE_MAX : 8).c_str());
+    }
+  }
+  if (show_tensors) {
+    std::printf("\n%-40s %-8s %-24s %6s %14s %14s\n", "tensor", "type", "shape", "shard", "offset", "bytes");
+    for (const gguf::TensorInfo& t : model.tensors()) {
+      std::printf("%-40s %-8s %-24s %6u %14llu %14llu\n", t.name.c_str(), type_name_of(t.type_id).c_str(),
+                  t.shape_string().c_str(), t.shard, (unsigned long long)t.offset, (unsigned long long)t.nbytes);
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace magnetar::tools

@@ -1,0 +1,49 @@
+// `magnetar SUBCOMMAND ...`: git-style dispatch to one thin main per subcommand.
+#include <cstdio>
+#include <cstring>
+#include <string_view>
+
+#include "tools/commands.h"
+
+namespace {
+
+struct Command {
+  std::string_view name;
+  int (*main)(int argc, char** argv);
+  std::string_view summary;
+};
+
+constexpr Command kCommands[] = {
+    {"inspect", magnetar::tools::inspect_main, "show a GGUF model's architecture, metadata and tensors"},
+};
+
+void print_usage(std::FILE* out) {
+  std::fprintf(out,
+               "magnetar: runs giant Mixture-of-Experts language models on machines smaller than the model.\n\n"
+               "usage: magnetar COMMAND [options]     (magnetar COMMAND --help for a command's options)\n\n"
+               "commands:\n");
+  for (const Command& c : kCommands) std::fprintf(out, "  %-12s %s\n", c.name.data(), c.summary.data());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    print_usage(stderr);
+    return magnetar::tools::kExitBadInput;
+  }
+  const std::string_view cmd = argv[1];
+  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+    print_usage(stdout);
+    return magnetar::tools::kExitOk;
+  }
+  if (cmd == "--version") {
+    std::printf("magnetar %s\n", MAGNETAR_VERSION);
+    return magnetar::tools::kExitOk;
+  }
+  for (const Command& c : kCommands) {
+    if (c.name == cmd) return c.main(argc - 1, argv + 1);
+  }
+  std::fprintf(stderr, "magnetar: unknown command '%s' (see magnetar --help)\n", argv[1]);
+  return magnetar::tools::kExitBadInput;
+}
