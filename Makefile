@@ -1,0 +1,58 @@
+# Magnetar's entry points. Everything goes through CMake; this file only names the common jobs.
+#   make demo      install deps, build, run the main job on the bundled default
+#   make test      install deps, build, run every test suite (what CI runs)
+#   make test-asan the GGUF, quant and conformance suites under AddressSanitizer + UBSan (CI runs it too)
+#   make bench     build and run the kernel microbenchmarks
+#   make lint      clang-format check + clang-tidy on the sources
+#   make fuzz      libFuzzer run of the GGUF parser (clang++), FUZZ_SECONDS long
+JOBS ?= 2
+BUILD ?= build
+CMAKE_FLAGS ?=
+FUZZ_SECONDS ?= 60
+DEMO_DIR ?= $(BUILD)/demo
+ASAN_SUITES = magnetar_gguf_tests magnetar_quant_tests magnetar_conformance_tests
+space := $(subst ,, )
+
+.PHONY: all deps build demo test test-asan bench lint format fuzz clean
+
+all: build
+
+deps:
+	@bash scripts/setup.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	@mkdir -p $(DEMO_DIR)
+	$(BUILD)/tools/magnetar synth --preset tiny --type q4_k --seed 1 -o $(DEMO_DIR)/tiny-q4_k.gguf
+	$(BUILD)/tools/magnetar inspect $(DEMO_DIR)/tiny-q4_k.gguf
+
+test: build
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
+
+test-asan: deps
+	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMAGNETAR_SANITIZE=address,undefined \
+	  -DMAGNETAR_CUDA=OFF -DMAGNETAR_BENCH=OFF >/dev/null
+	@cmake --build $(BUILD)-asan -j $(JOBS) --target $(ASAN_SUITES)
+	@cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) -L '$(subst $(space),|,$(ASAN_SUITES))' --timeout 600
+
+bench: build
+	$(BUILD)/bench/magnetar_bench_quant --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+
+lint: deps build
+	@bash scripts/lint.sh $(BUILD)
+
+format:
+	@git ls-files '*.cpp' '*.h' '*.cu' '*.cuh' | xargs clang-format -i
+
+fuzz: deps
+	@cmake -S . -B $(BUILD)-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DMAGNETAR_FUZZ=ON -DMAGNETAR_SANITIZE=fuzzer-no-link,address,undefined \
+	  -DMAGNETAR_CUDA=OFF -DMAGNETAR_TESTS=OFF -DMAGNETAR_BENCH=OFF >/dev/null
+	@cmake --build $(BUILD)-fuzz -j $(JOBS) --target magnetar_fuzz_gguf
+	@mkdir -p $(BUILD)-fuzz/corpus
+	$(BUILD)-fuzz/tests/fuzz/magnetar_fuzz_gguf -max_total_time=$(FUZZ_SECONDS) $(BUILD)-fuzz/corpus
+
+clean:
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz

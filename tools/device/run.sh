@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (device tool): build with CUDA for Hopper, run every test suite (the CPU
+# kernel tests there also cover AVX-512), run the kernel benchmarks, and leave results under $OUT.
+#
+# Usage (from the device tool, repo root): bash tools/device/run.sh [bench-filter]
+# The image has no network: header-only deps it lacks (nlohmann-json) travel as Debian .debs in
+# .device-deps/ (fetched here with `apt-get download nlohmann-json3-dev`, carried with carry=[".device-deps"]).
+set -uo pipefail
+OUT=${OUT:-/tmp/magnetar-out}
+mkdir -p "$OUT"
+filter=${1:-.}
+log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+
+prefix=/tmp/magnetar-deps
+if [ ! -f /usr/include/nlohmann/json.hpp ] && ls .device-deps/*.deb >/dev/null 2>&1; then
+  for deb in .device-deps/*.deb; do dpkg -x "$deb" "$prefix"; done
+fi
+
+log "machine: $(lscpu | sed -n 's/^Model name: *//p') / $(nproc) cores / $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAGNETAR_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$prefix/usr" >"$OUT/configure.log" 2>&1 \
+  || { log "configure failed"; tail -30 "$OUT/configure.log"; exit 1; }
+if ! cmake --build build-device -j "$(nproc)" >"$OUT/build.log" 2>&1; then
+  log "build failed"; grep -E "error" "$OUT/build.log" | head -30; exit 1
+fi
+log "build ok"
+
+(cd build-device && ctest --output-on-failure -j 8 --timeout 600) >"$OUT/ctest.log" 2>&1
+log "ctest exit $?: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
+grep -E "Failed|\*\*\*|SKIP" "$OUT/ctest.log" | head -30 | tee -a "$OUT/summary.txt"
+./build-device/tests/magnetar_kernel_tests --gtest_brief=1 >"$OUT/kernel_tests.log" 2>&1
+log "kernel tests (this CPU's ISAs) exit $?: $(tail -1 "$OUT/kernel_tests.log")"
+
+if [ -x build-device/bench/magnetar_bench_quant ]; then
+  ./build-device/bench/magnetar_bench_quant --benchmark_filter="$filter" --benchmark_repetitions=5 \
+    --benchmark_report_aggregates_only=true --benchmark_out="$OUT/bench_quant.json" --benchmark_out_format=json \
+    >"$OUT/bench_quant.txt" 2>&1
+  log "bench exit $?"
+  grep median "$OUT/bench_quant.txt" | head -80
+fi
+cat "$OUT/summary.txt"
