@@ -9,6 +9,7 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;   // the work itself failed (I/O error while writing, ...)
 inline constexpr int kExitBadInput = 2;  // bad flags, unreadable or invalid input file
 
-int inspect_main(int argc, char** argv);  // argv[0] is "inspect"
+int inspect_main(int argc, char** argv);  // argv[0] is the command name
+int synth_main(int argc, char** argv);
 
 }  // namespace magnetar::tools

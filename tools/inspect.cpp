@@ -19,6 +19,12 @@ std::string type_name_of(uint32_t type_id) {
 
 double gib(uint64_t bytes) { return double(bytes) / double(1ull << 30); }
 
+std::string human_bytes(uint64_t bytes) {
+  if (bytes >= (1ull << 30)) return format("%.2f GiB", gib(bytes));
+  if (bytes >= (1ull << 20)) return format("%.2f MiB", double(bytes) / double(1ull << 20));
+  return format("%.2f KiB", double(bytes) / 1024.0);
+}
+
 std::string human_count(uint64_t n) {
   if (n >= 1000000000ull) return format("%.2f B", double(n) / 1e9);
   if (n >= 1000000ull) return format("%.2f M", double(n) / 1e6);
@@ -118,7 +124,8 @@ int inspect_main(int argc, char** argv) {
   std::printf("gguf version:  %u\n", model.version());
   std::printf("metadata:      %zu keys\n", model.metadata().size());
   std::printf("tensors:       %zu\n", model.tensors().size());
-  std::printf("file size:     %llu bytes (%.2f GiB)\n", (unsigned long long)model.file_bytes(), gib(model.file_bytes()));
+  std::printf("file size:     %llu bytes (%s)\n", (unsigned long long)model.file_bytes(),
+              human_bytes(model.file_bytes()).c_str());
   std::printf("parameters:    %llu (%s)\n", (unsigned long long)n_params, human_count(n_params).c_str());
   std::printf("\n%-10s %8s %16s %10s\n", "type", "tensors", "bytes", "GiB");
   for (const auto& [tname, total] : types) {

@@ -15,6 +15,7 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"inspect", magnetar::tools::inspect_main, "show a GGUF model's architecture, metadata and tensors"},
+    {"synth", magnetar::tools::synth_main, "write a synthetic qwen3moe model of real geometry (for tests, benchmarks)"},
 };
 
 void print_usage(std::FILE* out) {

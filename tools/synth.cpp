@@ -1,0 +1,240 @@
+// `magnetar synth`: writes a synthetic Qwen3-MoE GGUF of real geometry with random, well-conditioned,
+// zero-mean weights, so that loading, caching and streaming can be exercised on models nobody can download
+// here. Tensor names, shapes and metadata keys are llama.cpp's for `qwen3moe`.
+//
+// Weights are Gaussian with standard deviation 1/sqrt(fan_in) (token embeddings: 1), quantized row by row
+// with the reference quantizer of the requested type on all cores; norms are 1, routers stay F32 and the
+// LM head is Q8_0 for quantized types, as llama.cpp's quantizer leaves them.
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "gguf/writer.h"
+#include "quant/quant.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+#include "tools/progress.h"
+
+namespace magnetar::tools {
+namespace {
+
+struct Geometry {
+  std::string_view preset;
+  int64_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_expert, n_expert_used, n_ff_exp, n_vocab, n_ctx;
+  double rope_theta;
+};
+
+// Published configs of the Qwen3-MoE family (config.json of each model) and a tiny one for tests and demos.
+constexpr Geometry kPresets[] = {
+    {"tiny", 2, 256, 4, 2, 64, 8, 2, 256, 1024, 4096, 1e6},
+    {"qwen3-30b-a3b", 48, 2048, 32, 4, 128, 128, 8, 768, 151936, 40960, 1e6},
+    {"qwen3-235b-a22b", 94, 4096, 64, 4, 128, 128, 8, 1536, 151936, 40960, 1e6},
+};
+
+enum class Init { kOne, kGaussian };
+
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> dims;  // ggml order
+  quant::Type type;
+  Init init;
+  double sigma;
+};
+
+std::vector<TensorSpec> qwen3moe_tensors(const Geometry& g, quant::Type type) {
+  const quant::Type f32 = quant::Type::F32;
+  const bool quantized = quant::traits(type).is_quantized;
+  const quant::Type head_type = quantized ? quant::Type::Q8_0 : type;
+  const double embd_sigma = 1.0 / std::sqrt(double(g.n_embd));
+  std::vector<TensorSpec> t;
+  t.push_back({"token_embd.weight", {g.n_embd, g.n_vocab}, type, Init::kGaussian, 1.0});
+  for (int64_t l = 0; l < g.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    const int64_t q_dim = g.n_head * g.head_dim, kv_dim = g.n_head_kv * g.head_dim;
+    t.push_back({p + "attn_norm.weight", {g.n_embd}, f32, Init::kOne, 0});
+    t.push_back({p + "attn_q.weight", {g.n_embd, q_dim}, type, Init::kGaussian, embd_sigma});
+    t.push_back({p + "attn_k.weight", {g.n_embd, kv_dim}, type, Init::kGaussian, embd_sigma});
+    t.push_back({p + "attn_v.weight", {g.n_embd, kv_dim}, type, Init::kGaussian, embd_sigma});
+    t.push_back({p + "attn_q_norm.weight", {g.head_dim}, f32, Init::kOne, 0});
+    t.push_back({p + "attn_k_norm.weight", {g.head_dim}, f32, Init::kOne, 0});
+    t.push_back({p + "attn_output.weight", {q_dim, g.n_embd}, type, Init::kGaussian, 1.0 / std::sqrt(double(q_dim))});
+    t.push_back({p + "ffn_norm.weight", {g.n_embd}, f32, Init::kOne, 0});
+    t.push_back({p + "ffn_gate_inp.weight", {g.n_embd, g.n_expert}, f32, Init::kGaussian, embd_sigma});
+    t.push_back({p + "ffn_gate_exps.weight", {g.n_embd, g.n_ff_exp, g.n_expert}, type, Init::kGaussian, embd_sigma});
+    t.push_back({p + "ffn_up_exps.weight", {g.n_embd, g.n_ff_exp, g.n_expert}, type, Init::kGaussian, embd_sigma});
+    t.push_back({p + "ffn_down_exps.weight", {g.n_ff_exp, g.n_embd, g.n_expert}, type, Init::kGaussian,
+                 1.0 / std::sqrt(double(g.n_ff_exp))});
+  }
+  t.push_back({"output_norm.weight", {g.n_embd}, f32, Init::kOne, 0});
+  t.push_back({"output.weight", {g.n_embd, g.n_vocab}, head_type, Init::kGaussian, embd_sigma});
+  return t;
+}
+
+// llama.cpp's general.file_type (enum llama_ftype) for a model whose weights are all `type`.
+uint32_t file_type_of(quant::Type type) {
+  switch (type) {
+    case quant::Type::F32: return 0;
+    case quant::Type::F16: return 1;
+    case quant::Type::Q4_0: return 2;
+    case quant::Type::Q4_1: return 3;
+    case quant::Type::Q8_0: return 7;
+    case quant::Type::Q5_0: return 8;
+    case quant::Type::Q5_1: return 9;
+    case quant::Type::Q2_K: return 10;
+    case quant::Type::Q3_K: return 11;  // Q3_K_S
+    case quant::Type::Q4_K: return 14;  // Q4_K_S
+    case quant::Type::Q5_K: return 16;  // Q5_K_S
+    case quant::Type::Q6_K: return 18;
+    case quant::Type::IQ4_NL: return 25;
+    case quant::Type::IQ4_XS: return 30;
+    case quant::Type::BF16: return 32;
+    case quant::Type::MXFP4: return 38;
+    default: return 0;
+  }
+}
+
+// Fills and quantizes rows [row_begin, row_end) of a tensor into `out` (which holds exactly those rows).
+// Each row has its own RNG stream seeded from (seed, tensor index, row), so the output does not depend on
+// the thread count.
+void make_rows(const TensorSpec& spec, uint64_t seed, uint64_t tensor_index, int64_t row_begin, int64_t row_end,
+               uint8_t* out) {
+  const quant::TypeTraits& tr = quant::traits(spec.type);
+  const int64_t n = spec.dims[0];
+  const size_t row_bytes = quant::row_size(spec.type, n);
+  std::vector<float> row(static_cast<size_t>(n));
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    if (spec.init == Init::kOne) {
+      std::fill(row.begin(), row.end(), 1.0f);
+    } else {
+      std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull ^ (tensor_index << 40) ^ uint64_t(r));
+      std::normal_distribution<float> dist(0.0f, float(spec.sigma));
+      for (float& v : row) v = dist(rng);
+    }
+    tr.from_float(row.data(), out + size_t(r - row_begin) * row_bytes, n);
+  }
+}
+
+}  // namespace
+
+int synth_main(int argc, char** argv) {
+  std::string preset = "tiny", type_name = "q4_k", out_path;
+  int64_t layers = 0, seed = 1, threads = int64_t(std::max(1u, std::thread::hardware_concurrency()));
+  std::string presets_list;
+  for (const Geometry& g : kPresets) {
+    if (!presets_list.empty()) presets_list += '|';
+    presets_list += g.preset;
+  }
+  cli::Args args("magnetar synth --preset NAME --type TYPE -o OUT.gguf [options]",
+                 "Writes a synthetic qwen3moe model of real geometry with random zero-mean weights (no tokenizer:\n"
+                 "it runs from token ids). For benchmarks and tests of loading, caching and streaming.");
+  args.option("--preset", &preset, presets_list, "model geometry");
+  args.option("--type", &type_name, "TYPE", "weight type: f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs mxfp4");
+  args.option("-o", &out_path, "OUT.gguf", "output file (written atomically)");
+  args.option("--layers", &layers, "N", "keep only the first N layers (0: all)");
+  args.option("--seed", &seed, "S", "random seed");
+  args.option("-t", &threads, "N", "threads");
+  if (Status s = args.parse(argc, argv, 1); !s.ok() || args.help_requested()) {
+    if (!s.ok()) std::fprintf(stderr, "magnetar synth: %s\n", s.message().c_str());
+    return s.ok() ? kExitOk : kExitBadInput;
+  }
+  const Geometry* found = nullptr;
+  for (const Geometry& g : kPresets) {
+    if (g.preset == preset) found = &g;
+  }
+  const std::optional<quant::Type> type = quant::type_from_name(type_name);
+  std::string error;
+  if (!found) error = format("--preset '%s' is unknown (known: %s)", preset.c_str(), presets_list.c_str());
+  else if (!type || *type == quant::Type::Q8_1 || *type == quant::Type::Q8_K)
+    error = format("--type '%s' is not a weight type (see --help)", type_name.c_str());
+  else if (out_path.empty()) error = "-o OUT.gguf is required";
+  else if (layers < 0 || threads < 1) error = "--layers must be >= 0 and -t >= 1";
+  if (!error.empty()) {
+    std::fprintf(stderr, "magnetar synth: %s\n", error.c_str());
+    return kExitBadInput;
+  }
+  Geometry g = *found;
+  if (layers > 0) g.n_layer = std::min(g.n_layer, layers);
+  const std::vector<TensorSpec> specs = qwen3moe_tensors(g, *type);
+  for (const TensorSpec& s : specs) {
+    if (s.dims[0] % quant::traits(s.type).block_size != 0) {
+      std::fprintf(stderr, "magnetar synth: tensor '%s' has rows of %lld, not a multiple of the %s block size\n",
+                   s.name.c_str(), (long long)s.dims[0], type_name.c_str());
+      return kExitBadInput;
+    }
+  }
+
+  gguf::Writer w(out_path);
+  using gguf::Value;
+  using gguf::ValueType;
+  auto u32 = [](int64_t v) { return Value::of_uint(ValueType::kUint32, uint64_t(v)); };
+  const std::string arch = "qwen3moe";
+  w.set("general.architecture", Value::of_string(arch));
+  w.set("general.name", Value::of_string(format("synthetic %s %s", std::string(g.preset).c_str(), type_name.c_str())));
+  w.set("general.file_type", u32(file_type_of(*type)));
+  w.set("general.quantization_version", u32(2));
+  w.set(arch + ".block_count", u32(g.n_layer));
+  w.set(arch + ".context_length", u32(g.n_ctx));
+  w.set(arch + ".embedding_length", u32(g.n_embd));
+  w.set(arch + ".attention.head_count", u32(g.n_head));
+  w.set(arch + ".attention.head_count_kv", u32(g.n_head_kv));
+  w.set(arch + ".attention.key_length", u32(g.head_dim));
+  w.set(arch + ".attention.value_length", u32(g.head_dim));
+  w.set(arch + ".attention.layer_norm_rms_epsilon", Value::of_float(ValueType::kFloat32, 1e-6));
+  w.set(arch + ".rope.freq_base", Value::of_float(ValueType::kFloat32, g.rope_theta));
+  w.set(arch + ".expert_count", u32(g.n_expert));
+  w.set(arch + ".expert_used_count", u32(g.n_expert_used));
+  w.set(arch + ".expert_feed_forward_length", u32(g.n_ff_exp));
+  uint64_t total_bytes = 0;
+  for (const TensorSpec& s : specs) {
+    if (Status st = w.add_tensor(s.name, uint32_t(s.type), s.dims); !st.ok()) {
+      std::fprintf(stderr, "magnetar synth: %s\n", st.message().c_str());
+      return kExitFailure;
+    }
+  }
+  for (const gguf::TensorInfo& t : w.tensors()) total_bytes += t.nbytes;
+  if (Status st = w.begin(); !st.ok()) {
+    std::fprintf(stderr, "magnetar synth: %s\n", st.message().c_str());
+    return kExitFailure;
+  }
+
+  Progress progress("synth " + out_path, total_bytes);
+  uint64_t done = 0;
+  constexpr size_t kChunkBytes = 64ull << 20;  // rows generated per round, split across threads
+  std::vector<uint8_t> buffer;
+  for (size_t ti = 0; ti < specs.size(); ++ti) {
+    const TensorSpec& s = specs[ti];
+    const int64_t n_rows = w.tensors()[ti].n_elements() / s.dims[0];
+    const size_t row_bytes = quant::row_size(s.type, s.dims[0]);
+    const int64_t rows_per_chunk = std::max<int64_t>(1, int64_t(kChunkBytes / row_bytes));
+    for (int64_t r0 = 0; r0 < n_rows; r0 += rows_per_chunk) {
+      const int64_t r1 = std::min(n_rows, r0 + rows_per_chunk);
+      buffer.resize(size_t(r1 - r0) * row_bytes);
+      const int64_t n_threads = std::min<int64_t>(threads, r1 - r0);
+      std::vector<std::thread> pool;
+      for (int64_t k = 0; k < n_threads; ++k) {
+        const int64_t a = r0 + (r1 - r0) * k / n_threads, b = r0 + (r1 - r0) * (k + 1) / n_threads;
+        pool.emplace_back(make_rows, std::cref(s), uint64_t(seed), uint64_t(ti), a, b,
+                          buffer.data() + size_t(a - r0) * row_bytes);
+      }
+      for (std::thread& th : pool) th.join();
+      if (Status st = w.write(buffer); !st.ok()) {
+        std::fprintf(stderr, "magnetar synth: %s\n", st.message().c_str());
+        return kExitFailure;
+      }
+      done += buffer.size();
+      progress.update(done);
+    }
+  }
+  if (Status st = w.finish(); !st.ok()) {
+    std::fprintf(stderr, "magnetar synth: %s\n", st.message().c_str());
+    return kExitFailure;
+  }
+  progress.finish(format("%.2f GiB written", double(total_bytes) / double(1ull << 30)));
+  std::fprintf(stderr, "magnetar synth: wrote %s (%s, %lld layers, %s)\n", out_path.c_str(), std::string(g.preset).c_str(),
+               (long long)g.n_layer, type_name.c_str());
+  return kExitOk;
+}
+
+}  // namespace magnetar::tools
