@@ -47,7 +47,8 @@ lint: deps build
 format:
 	@git ls-files '*.cpp' '*.h' '*.cu' '*.cuh' | xargs clang-format -i
 
-fuzz: deps
+fuzz:
+	@bash scripts/setup.sh fuzz
 	@cmake -S . -B $(BUILD)-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DMAGNETAR_FUZZ=ON -DMAGNETAR_SANITIZE=fuzzer-no-link,address,undefined \
 	  -DMAGNETAR_CUDA=OFF -DMAGNETAR_TESTS=OFF -DMAGNETAR_BENCH=OFF >/dev/null
 	@cmake --build $(BUILD)-fuzz -j $(JOBS) --target magnetar_fuzz_gguf

@@ -60,6 +60,13 @@ static inline uint16_t float_to_fp16(float f) {
   return uint16_t(sign | h);
 }
 
+// MXFP4's E8M0 block exponent as ggml applies it: 2^(e - 128), half the OCP scale 2^(e - 127), because the
+// element table kMXFP4Values holds the E2M1 values doubled. e = 0 and 1 give the float subnormals 2^-128 and
+// 2^-127; e = 255 (NaN in the OCP spec) gives 2^127, as in ggml.
+static inline float e8m0_to_float_half(uint8_t e) {
+  return bits_to_float(e < 2 ? (0x00200000u << e) : (uint32_t(e - 1) << 23));
+}
+
 static inline float bf16_to_float(uint16_t h) { return bits_to_float(uint32_t(h) << 16); }
 
 static inline uint16_t float_to_bf16(float f) {

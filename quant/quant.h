@@ -1,7 +1,8 @@
 // One trait row per tensor type (STYLE.md rule 6): what a type is, how big its blocks are, and the scalar
 // reference functions that every faster kernel is tested against.
 //
-// Contracts for the function pointers (n is always a multiple of block_size; pointers need no alignment):
+// Contracts for the function pointers (n is always a multiple of block_size; block pointers
+// must be 2-byte aligned, as GGUF tensor data always is):
 //   to_float(src, dst, n)      dequantize n elements of this type into float32
 //   from_float(src, dst, n)    reference quantizer: n float32 values into n/block_size blocks
 //   vec_dot(n, x, y) -> float  dot product of n elements: x of this type, y of vec_dot_type

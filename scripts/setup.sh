@@ -9,6 +9,10 @@ packages=(
   nlohmann-json3-dev liburing-dev libpcre2-dev libcpp-httplib-dev
   clang-format clang-tidy
 )
+# `scripts/setup.sh fuzz`: also clang++ with libFuzzer (make fuzz)
+if [ "${1:-}" = "fuzz" ]; then
+  packages+=(clang libclang-rt-dev)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
