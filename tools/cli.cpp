@@ -26,6 +26,26 @@ void Args::option(std::string_view name, int64_t* target, std::string_view metav
                       .as_int = target, .default_text = std::to_string(*target)});
 }
 
+void Args::option(std::string_view name, float* target, std::string_view metavar, std::string_view help) {
+  Spec s;
+  s.name = name;
+  s.metavar = metavar;
+  s.help = help;
+  s.as_float = target;
+  s.default_text = format("%g", double(*target));
+  options_.push_back(std::move(s));
+}
+
+void Args::option(std::string_view name, std::vector<std::string>* target, std::string_view metavar,
+                  std::string_view help) {
+  Spec s;
+  s.name = name;
+  s.metavar = metavar;
+  s.help = help;
+  s.as_list = target;
+  options_.push_back(std::move(s));
+}
+
 void Args::positional(std::string_view name, std::string* target, std::string_view help) {
   Spec s;
   s.name = name;
@@ -67,6 +87,16 @@ Status Args::parse(int argc, char** argv, int first) {
       }
       if (spec->as_string) {
         *spec->as_string = value;
+      } else if (spec->as_list) {
+        spec->as_list->push_back(value);
+      } else if (spec->as_float) {
+        char* end = nullptr;
+        errno = 0;
+        const float v = std::strtof(value.c_str(), &end);
+        if (value.empty() || *end != '\0' || errno != 0) {
+          return Status::error(format("option '%s': '%s' is not a number", arg.c_str(), value.c_str()));
+        }
+        *spec->as_float = v;
       } else {
         char* end = nullptr;
         errno = 0;

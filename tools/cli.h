@@ -19,6 +19,9 @@ class Args {
   void flag(std::string_view name, bool* target, std::string_view help);
   void option(std::string_view name, std::string* target, std::string_view metavar, std::string_view help);
   void option(std::string_view name, int64_t* target, std::string_view metavar, std::string_view help);
+  void option(std::string_view name, float* target, std::string_view metavar, std::string_view help);
+  // Repeatable option: every occurrence appends.
+  void option(std::string_view name, std::vector<std::string>* target, std::string_view metavar, std::string_view help);
   void positional(std::string_view name, std::string* target, std::string_view help);
 
   // Parses argv[first..]. On --help prints help() to stdout and sets help_requested().
@@ -34,6 +37,8 @@ class Args {
     bool* as_bool = nullptr;
     std::string* as_string = nullptr;
     int64_t* as_int = nullptr;
+    float* as_float = nullptr;
+    std::vector<std::string>* as_list = nullptr;
     std::string default_text;
   };
   std::string usage_;

@@ -1,11 +1,30 @@
 #include "backends/cpu/kernels.h"
 #include "base/check.h"
+#include "quant/fp16.h"
 
 namespace magnetar::cpu {
 namespace {
 
+float dot_f32_scalar(int64_t n, const float* a, const float* b) {
+  float sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+float dot_f16_f32_scalar(int64_t n, const uint16_t* a, const float* b) {
+  float sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += quant::fp16_to_float(a[i]) * b[i];
+  return sum;
+}
+void axpy_f32_scalar(int64_t n, float alpha, const float* x, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+void axpy_f16_scalar(int64_t n, float alpha, const uint16_t* x, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * quant::fp16_to_float(x[i]);
+}
+
 struct Tables {
   std::array<KernelTable, kIsaCount> by_isa;
+  std::array<VectorKernels, kIsaCount> vectors;
 
   Tables() {
     KernelTable& scalar = by_isa[int(Isa::kScalar)];
@@ -24,6 +43,12 @@ struct Tables {
     register_avx512_k_quants(avx512);
     register_avx512_k_low(avx512);
     fill_from(avx512, avx2);
+
+    vectors[int(Isa::kScalar)] = {.dot_f32 = dot_f32_scalar, .dot_f16_f32 = dot_f16_f32_scalar,
+                                  .axpy_f32 = axpy_f32_scalar, .axpy_f16 = axpy_f16_scalar};
+    vectors[int(Isa::kAvx2)] = vectors[int(Isa::kScalar)];
+    register_avx2_vector(vectors[int(Isa::kAvx2)]);
+    vectors[int(Isa::kAvx512)] = vectors[int(Isa::kAvx2)];
   }
 
   static void fill_from(KernelTable& table, const KernelTable& narrower) {
@@ -41,6 +66,11 @@ const Tables& tables() {
 }
 
 }  // namespace
+
+const VectorKernels& vector_kernels(Isa isa) {
+  MAGNETAR_CHECK(isa_supported(isa));
+  return tables().vectors[int(isa)];
+}
 
 std::string_view isa_name(Isa isa) {
   switch (isa) {

@@ -37,6 +37,17 @@ using KernelTable = std::array<TypeKernels, kMaxTypeId>;  // indexed by the ggml
 const TypeKernels& kernels(quant::Type type, Isa isa);
 inline const TypeKernels& kernels(quant::Type type) { return kernels(type, best_isa()); }
 
+// Float-vector primitives of attention and the elementwise ops (not tied to a tensor type).
+struct VectorKernels {
+  float (*dot_f32)(int64_t n, const float* a, const float* b) = nullptr;
+  float (*dot_f16_f32)(int64_t n, const uint16_t* a, const float* b) = nullptr;
+  void (*axpy_f32)(int64_t n, float alpha, const float* x, float* y) = nullptr;     // y += alpha * x
+  void (*axpy_f16)(int64_t n, float alpha, const uint16_t* x, float* y) = nullptr;  // y += alpha * x
+};
+const VectorKernels& vector_kernels(Isa isa);
+inline const VectorKernels& vector_kernels() { return vector_kernels(best_isa()); }
+void register_avx2_vector(VectorKernels& kernels);
+
 // Registration hooks, one per kernel file (defined in avx2/*.cpp and avx512/*.cpp).
 void register_avx2_float(KernelTable& table);     // F32, F16, BF16
 void register_avx2_legacy(KernelTable& table);    // Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q8_1 IQ4_NL MXFP4

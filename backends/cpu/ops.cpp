@@ -1,0 +1,221 @@
+#include "backends/cpu/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backends/cpu/kernels.h"
+#include "base/check.h"
+#include "quant/fp16.h"
+
+namespace magnetar::cpu {
+
+// ---- matmul ------------------------------------------------------------------------------------------------
+// Weights are read once per token tile; activations for all tokens stay hot in L1/L2 while a tile of
+// kRowTile weight rows is multiplied with every token, which is what makes prefill cheaper per token than
+// decode.
+
+namespace {
+
+constexpr int64_t kRowTile = 16;
+
+bool is_float_type(quant::Type t) {
+  return t == quant::Type::F32 || t == quant::Type::F16 || t == quant::Type::BF16;
+}
+
+// Per-thread buffer for a widened F16/BF16 weight row. Grows once to the largest row, then never allocates.
+float* widen_buffer(int64_t n) {
+  thread_local std::vector<float> buffer;
+  if (int64_t(buffer.size()) < n) buffer.resize(size_t(n));
+  return buffer.data();
+}
+
+void matmul_rows(const MatmulJob& job, int64_t row_begin, int64_t row_end) {
+  const size_t w_row_bytes = quant::row_size(job.type, job.n_in);
+  const uint8_t* w = static_cast<const uint8_t*>(job.w);
+  const uint8_t* x = static_cast<const uint8_t*>(job.x.data);
+  const int64_t n_tok = job.x.n_tok;
+  if (job.x.is_float) {
+    const VectorKernels& vk = vector_kernels();
+    const quant::ToFloatFn widen = kernels(job.type).dequantize;
+    for (int64_t o = row_begin; o < row_end; ++o) {
+      const float* row = reinterpret_cast<const float*>(w + size_t(o) * w_row_bytes);
+      if (job.type != quant::Type::F32) {
+        float* buf = widen_buffer(job.n_in);
+        widen(w + size_t(o) * w_row_bytes, buf, job.n_in);
+        row = buf;
+      }
+      for (int64_t t = 0; t < n_tok; ++t) {
+        job.y[t * job.ldy + o] = vk.dot_f32(job.n_in, row, reinterpret_cast<const float*>(x + size_t(t) * job.x.row_bytes));
+      }
+    }
+    return;
+  }
+  const quant::VecDotFn dot = kernels(job.type).vec_dot;
+  for (int64_t o0 = row_begin; o0 < row_end; o0 += kRowTile) {
+    const int64_t o1 = std::min(row_end, o0 + kRowTile);
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const void* xt = x + size_t(t) * job.x.row_bytes;
+      float* yt = job.y + t * job.ldy;
+      for (int64_t o = o0; o < o1; ++o) yt[o] = dot(job.n_in, w + size_t(o) * w_row_bytes, xt);
+    }
+  }
+}
+
+}  // namespace
+
+size_t prepare_input_bytes(quant::Type type, int64_t n_in, int64_t n_tok) {
+  if (is_float_type(type)) return 0;
+  return quant::row_size(quant::traits(type).vec_dot_type, n_in) * size_t(n_tok);
+}
+
+PreparedInput prepare_input(ThreadPool& pool, quant::Type type, const float* x, int64_t ldx, int64_t n_in,
+                            int64_t n_tok, void* scratch) {
+  if (is_float_type(type)) {
+    return {.data = x, .row_bytes = size_t(ldx) * sizeof(float), .n_tok = n_tok, .is_float = true};
+  }
+  const quant::Type act = quant::traits(type).vec_dot_type;
+  const size_t row_bytes = quant::row_size(act, n_in);
+  const quant::FromFloatFn quantize = kernels(act).quantize;
+  uint8_t* out = static_cast<uint8_t*>(scratch);
+  if (n_tok == 1) {
+    quantize(x, out, n_in);  // one row: not worth waking the pool
+  } else {
+    pool.parallel_for(n_tok, [&](int64_t b, int64_t e, int) {
+      for (int64_t t = b; t < e; ++t) quantize(x + t * ldx, out + size_t(t) * row_bytes, n_in);
+    });
+  }
+  return {.data = out, .row_bytes = row_bytes, .n_tok = n_tok, .is_float = false};
+}
+
+void matmul(ThreadPool& pool, std::span<const MatmulJob> jobs) {
+  int64_t total = 0;
+  for (const MatmulJob& j : jobs) {
+    MAGNETAR_CHECK(j.x.is_float == is_float_type(j.type));
+    total += j.n_out;
+  }
+  pool.run([&](int ith, int nth) {
+    // Global row range of this thread, rounded to tiles so threads do not share cache lines of y.
+    const int64_t begin = total * ith / nth, end = total * (ith + 1) / nth;
+    int64_t base = 0;
+    for (const MatmulJob& j : jobs) {
+      const int64_t lo = std::max(begin, base), hi = std::min(end, base + j.n_out);
+      if (lo < hi) matmul_rows(j, lo - base, hi - base);
+      base += j.n_out;
+    }
+  });
+}
+
+// ---- elementwise -----------------------------------------------------------------------------------------
+
+void rms_norm(ThreadPool& pool, const float* x, const float* w, float* y, int64_t n_rows, int64_t n, float eps) {
+  auto body = [&](int64_t b, int64_t e, int) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* xr = x + r * n;
+      float* yr = y + r * n;
+      double sum = 0;
+      for (int64_t i = 0; i < n; ++i) sum += double(xr[i]) * double(xr[i]);
+      const float scale = float(1.0 / std::sqrt(sum / double(n) + double(eps)));
+      for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * scale * w[i];
+    }
+  };
+  if (n_rows * n < 16384) {
+    body(0, n_rows, 0);
+  } else {
+    pool.parallel_for(n_rows, body);
+  }
+}
+
+void rope_neox(ThreadPool& pool, float* x, int64_t n_tok, int64_t n_head, int64_t head_dim, const int32_t* pos,
+               float theta) {
+  const int64_t half = head_dim / 2;
+  // inv_freq as transformers computes it (float32 values), the angle in double.
+  float inv_freq[512];
+  MAGNETAR_CHECK(half <= 512);
+  for (int64_t i = 0; i < half; ++i) inv_freq[i] = float(1.0 / std::pow(double(theta), double(2 * i) / double(head_dim)));
+  auto body = [&](int64_t b, int64_t e, int) {
+    for (int64_t t = b; t < e; ++t) {
+      float cs[512], sn[512];
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = double(pos[t]) * double(inv_freq[i]);
+        cs[i] = float(std::cos(angle));
+        sn[i] = float(std::sin(angle));
+      }
+      for (int64_t h = 0; h < n_head; ++h) {
+        float* v = x + (t * n_head + h) * head_dim;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = v[i], b2 = v[i + half];
+          v[i] = a * cs[i] - b2 * sn[i];
+          v[i + half] = b2 * cs[i] + a * sn[i];
+        }
+      }
+    }
+  };
+  if (n_tok == 1) {
+    body(0, 1, 0);
+  } else {
+    pool.parallel_for(n_tok, body);
+  }
+}
+
+// ---- attention ---------------------------------------------------------------------------------------------
+
+size_t attention_scratch_floats(int64_t n_ctx, int n_threads) { return size_t(n_ctx + 64) * size_t(n_threads); }
+
+void attention(ThreadPool& pool, const AttentionArgs& a) {
+  MAGNETAR_CHECK(a.kv_type == quant::Type::F16 || a.kv_type == quant::Type::F32);
+  MAGNETAR_CHECK(a.n_head % a.n_head_kv == 0);
+  const VectorKernels& vk = vector_kernels();
+  const int64_t group = a.n_head / a.n_head_kv;
+  const int64_t kv_row = a.n_head_kv * a.head_dim;  // elements per cached position
+  const int64_t n_ctx_scratch = a.pos0 + a.n_tok + 64;
+  const bool f16 = a.kv_type == quant::Type::F16;
+  const uint16_t* k16 = static_cast<const uint16_t*>(a.k_cache);
+  const uint16_t* v16 = static_cast<const uint16_t*>(a.v_cache);
+  const float* k32 = static_cast<const float*>(a.k_cache);
+  const float* v32 = static_cast<const float*>(a.v_cache);
+  pool.parallel_for(a.n_tok * a.n_head, [&](int64_t b, int64_t e, int ith) {
+    float* scores = a.scratch + size_t(ith) * size_t(n_ctx_scratch);
+    for (int64_t job = b; job < e; ++job) {
+      const int64_t t = job / a.n_head, h = job % a.n_head, hk = h / group;
+      const int64_t p = a.pos0 + t;
+      const int64_t lo = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
+      const float* q = a.q + (t * a.n_head + h) * a.head_dim;
+      float max_score = -INFINITY;
+      for (int64_t j = lo; j <= p; ++j) {
+        const size_t off = size_t(j * kv_row + hk * a.head_dim);
+        const float s = (f16 ? vk.dot_f16_f32(a.head_dim, k16 + off, q) : vk.dot_f32(a.head_dim, k32 + off, q)) * a.scale;
+        scores[j - lo] = s;
+        max_score = std::max(max_score, s);
+      }
+      double sum = 0;
+      for (int64_t j = lo; j <= p; ++j) {
+        scores[j - lo] = std::exp(scores[j - lo] - max_score);
+        sum += scores[j - lo];
+      }
+      const float inv = float(1.0 / sum);
+      float* out = a.out + (t * a.n_head + h) * a.head_dim;
+      std::fill(out, out + a.head_dim, 0.0f);
+      for (int64_t j = lo; j <= p; ++j) {
+        const size_t off = size_t(j * kv_row + hk * a.head_dim);
+        if (f16) {
+          vk.axpy_f16(a.head_dim, scores[j - lo] * inv, v16 + off, out);
+        } else {
+          vk.axpy_f32(a.head_dim, scores[j - lo] * inv, v32 + off, out);
+        }
+      }
+    }
+  });
+}
+
+void store_kv(const float* x, int64_t n_tok, int64_t n, quant::Type kv_type, void* cache, int64_t row0) {
+  if (kv_type == quant::Type::F32) {
+    std::memcpy(static_cast<float*>(cache) + row0 * n, x, size_t(n_tok * n) * sizeof(float));
+    return;
+  }
+  MAGNETAR_CHECK(kv_type == quant::Type::F16);
+  kernels(quant::Type::F16).quantize(x, static_cast<uint16_t*>(cache) + row0 * n, n_tok * n);
+}
+
+}  // namespace magnetar::cpu

@@ -1,0 +1,238 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+#include <thread>
+
+#include "backends/cpu/threadpool.h"
+#include "gguf/reader.h"
+#include "kv/kv_cache.h"
+#include "models/model.h"
+#include "quant/quant.h"
+#include "tokenizer/tokenizer.h"
+
+namespace magnetar {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+// ---- Engine ---------------------------------------------------------------------------------------------------
+
+struct Engine::Impl {
+  std::unique_ptr<gguf::Model> file;
+  std::unique_ptr<models::Model> model;
+  std::optional<tokenizer::Tokenizer> tok;
+  std::unique_ptr<cpu::ThreadPool> pool;
+  EngineOptions options;
+  ModelInfo info;
+  double load_seconds = 0;
+};
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+
+Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const EngineOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto impl = std::make_unique<Impl>();
+  Result<std::unique_ptr<gguf::Model>> file = gguf::Model::open(path);
+  if (!file.ok()) return file.status();
+  impl->file = std::move(file).value();
+  const std::string arch = impl->file->architecture();
+  const models::Architecture* entry = models::find_architecture(arch);
+  if (!entry) {
+    return Status::error(format("%s: architecture '%s' is not supported (supported: %s)", path.c_str(),
+                                arch.empty() ? "(none)" : arch.c_str(), models::supported_architectures().c_str()));
+  }
+  Result<std::unique_ptr<models::Model>> model = entry->load(*impl->file);
+  if (!model.ok()) return model.status();
+  impl->model = std::move(model).value();
+  const models::HParams& hp = impl->model->hparams();
+
+  if (impl->file->find("tokenizer.ggml.model")) {
+    Result<tokenizer::Tokenizer> tok = tokenizer::Tokenizer::from_gguf(impl->file->metadata(), path);
+    if (!tok.ok()) return tok.status();
+    impl->tok.emplace(std::move(tok).value());
+    if (impl->tok->n_vocab() > hp.n_vocab) {
+      return Status::error(format("%s: tokenizer has %lld tokens but the embedding only %lld rows", path.c_str(),
+                                  (long long)impl->tok->n_vocab(), (long long)hp.n_vocab));
+    }
+  }
+
+  impl->options = options;
+  if (impl->options.n_threads <= 0) impl->options.n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  if (impl->options.n_ctx <= 0) impl->options.n_ctx = std::min<int64_t>(hp.n_ctx_train > 0 ? hp.n_ctx_train : 4096, 4096);
+  if (impl->options.n_batch <= 0) impl->options.n_batch = 512;
+  impl->options.n_batch = std::min(impl->options.n_batch, impl->options.n_ctx);
+  impl->pool = std::make_unique<cpu::ThreadPool>(impl->options.n_threads);
+
+  ModelInfo& info = impl->info;
+  info.path = path;
+  info.architecture = arch;
+  info.name = impl->file->get_string("general.name");
+  info.n_vocab = hp.n_vocab;
+  info.n_ctx_train = hp.n_ctx_train;
+  info.n_layer = hp.n_layer;
+  info.n_embd = hp.n_embd;
+  info.n_expert = hp.n_expert;
+  info.n_expert_used = hp.n_expert_used;
+  for (const gguf::TensorInfo& t : impl->file->tensors()) info.n_params += uint64_t(t.n_elements());
+  info.file_bytes = impl->file->file_bytes();
+  info.has_tokenizer = impl->tok.has_value();
+  info.chat_template = impl->file->get_string("tokenizer.chat_template");
+  impl->load_seconds = seconds_since(t0);
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+const ModelInfo& Engine::info() const { return impl_->info; }
+const EngineOptions& Engine::options() const { return impl_->options; }
+double Engine::load_seconds() const { return impl_->load_seconds; }
+
+Result<std::vector<int32_t>> Engine::tokenize(std::string_view text, bool parse_special) const {
+  if (!impl_->tok) return Status::error(impl_->info.path + ": the model has no tokenizer (give token ids instead)");
+  return impl_->tok->encode(text, parse_special);
+}
+
+std::string Engine::detokenize(std::span<const int32_t> ids) const {
+  return impl_->tok ? impl_->tok->decode(ids) : std::string();
+}
+
+bool Engine::is_end_of_generation(int32_t id) const { return impl_->tok && impl_->tok->is_eog(id); }
+
+namespace {
+class StreamDetokenizer final : public Detokenizer {
+ public:
+  explicit StreamDetokenizer(const tokenizer::Tokenizer* tok) : decoder_(tok) {}
+  std::string push(int32_t id) override { return decoder_.push(id); }
+  std::string flush() override { return decoder_.flush(); }
+
+ private:
+  tokenizer::StreamDecoder decoder_;
+};
+}  // namespace
+
+std::unique_ptr<Detokenizer> Engine::new_detokenizer() const {
+  return std::make_unique<StreamDetokenizer>(impl_->tok ? &*impl_->tok : nullptr);
+}
+
+// ---- Session --------------------------------------------------------------------------------------------------
+
+struct Session::Impl {
+  Engine::Impl* engine = nullptr;
+  std::unique_ptr<kv::KvCache> kv;
+  std::unique_ptr<models::Workspace> ws;
+  std::vector<int32_t> tokens;   // timeline whose KV is valid
+  std::vector<float> last_logits;
+  bool have_logits = false;
+  std::vector<float> all_logits;
+  int64_t all_first = 0;
+  int64_t all_rows = 0;
+  SessionStats stats;
+
+  // Computes positions [from, tokens.size()) of `tokens` (already the whole new timeline; rows before
+  // `from` are valid in the KV cache) and keeps logits as asked.
+  void compute(int64_t from, Logits mode);
+};
+
+Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Session::~Session() = default;
+
+Result<std::unique_ptr<Session>> Engine::new_session() {
+  auto s = std::make_unique<Session::Impl>();
+  s->engine = impl_.get();
+  const models::HParams& hp = impl_->model->hparams();
+  const quant::Type kv_type = impl_->options.kv_type == KvType::kF16 ? quant::Type::F16 : quant::Type::F32;
+  s->kv = std::make_unique<kv::KvCache>(kv_type, hp.n_layer, impl_->options.n_ctx, hp.n_head_kv * hp.head_dim);
+  s->ws = impl_->model->make_workspace(impl_->options.n_batch, impl_->options.n_ctx, impl_->options.n_threads);
+  s->last_logits.resize(size_t(hp.n_vocab));
+  return std::unique_ptr<Session>(new Session(std::move(s)));
+}
+
+void Session::Impl::compute(int64_t from, Logits mode) {
+  const std::vector<int32_t>& next = tokens;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t n_vocab = engine->model->hparams().n_vocab;
+  const int64_t total = int64_t(next.size()) - from;
+  const int64_t n_batch = engine->options.n_batch;
+  if (mode == Logits::kAll) {
+    all_logits.resize(size_t(total) * size_t(n_vocab));
+    all_first = from;
+    all_rows = total;
+  }
+  for (int64_t b = from; b < int64_t(next.size()); b += n_batch) {
+    const int64_t n = std::min<int64_t>(n_batch, int64_t(next.size()) - b);
+    const bool last_chunk = b + n == int64_t(next.size());
+    float* out = mode == Logits::kAll ? all_logits.data() + size_t(b - from) * size_t(n_vocab) : last_logits.data();
+    engine->model->forward(*engine->pool, *ws, *kv,
+                           {.tokens = next.data() + b, .n_tok = n, .pos0 = b, .all_logits = mode == Logits::kAll,
+                            .logits = out});
+    if (last_chunk && mode == Logits::kAll) {
+      std::copy(out + size_t(n - 1) * size_t(n_vocab), out + size_t(n) * size_t(n_vocab), last_logits.begin());
+    }
+  }
+  have_logits = true;
+  const double dt = seconds_since(t0);
+  if (total == 1) {
+    stats.decode_tokens += 1;
+    stats.decode_seconds += dt;
+  } else {
+    stats.prefill_tokens += total;
+    stats.prefill_seconds += dt;
+  }
+}
+
+Status Session::sync(std::span<const int32_t> next, Logits mode) {
+  Impl& s = *impl_;
+  const int64_t n_vocab = s.engine->model->hparams().n_vocab;
+  if (next.empty()) return Status::error("sync: empty token sequence");
+  if (int64_t(next.size()) > s.kv->n_ctx()) {
+    return Status::error(format("%zu tokens do not fit the context of %lld tokens (raise --ctx)", next.size(),
+                                (long long)s.kv->n_ctx()));
+  }
+  for (size_t i = 0; i < next.size(); ++i) {
+    if (next[i] < 0 || next[i] >= n_vocab) {
+      return Status::error(format("token %d at position %zu is outside the vocabulary [0, %lld)", next[i], i,
+                                  (long long)n_vocab));
+    }
+  }
+  size_t lcp = 0;
+  while (lcp < s.tokens.size() && lcp < next.size() && s.tokens[lcp] == next[lcp]) ++lcp;
+  if (mode == Logits::kLast && lcp == next.size() && s.tokens.size() == next.size() && s.have_logits) return Status();
+  const int64_t keep = int64_t(std::min(lcp, next.size() - 1));
+  s.stats.reused_tokens += keep;
+  s.have_logits = false;
+  s.all_rows = 0;
+  s.tokens.assign(next.begin(), next.end());
+  s.compute(keep, mode);
+  return Status();
+}
+
+Status Session::step(int32_t id) {
+  Impl& s = *impl_;
+  if (id < 0 || id >= s.engine->model->hparams().n_vocab) {
+    return Status::error(format("token %d is outside the vocabulary", id));
+  }
+  if (int64_t(s.tokens.size()) + 1 > s.kv->n_ctx()) {
+    return Status::error(format("context of %lld tokens is full (raise --ctx)", (long long)s.kv->n_ctx()));
+  }
+  s.tokens.push_back(id);
+  s.all_rows = 0;
+  s.compute(int64_t(s.tokens.size()) - 1, Logits::kLast);
+  return Status();
+}
+
+std::span<const float> Session::logits() const { return impl_->last_logits; }
+std::span<const float> Session::all_logits() const {
+  return {impl_->all_logits.data(), size_t(impl_->all_rows) * impl_->last_logits.size()};
+}
+int64_t Session::all_logits_first() const { return impl_->all_first; }
+const std::vector<int32_t>& Session::tokens() const { return impl_->tokens; }
+int64_t Session::n_ctx() const { return impl_->kv->n_ctx(); }
+int64_t Session::n_vocab() const { return int64_t(impl_->last_logits.size()); }
+const SessionStats& Session::stats() const { return impl_->stats; }
+void Session::reset_stats() { impl_->stats = {}; }
+
+}  // namespace magnetar

@@ -1,0 +1,151 @@
+// Magnetar's engine boundary (STYLE.md rule 1): the only header that tools/, server/ and chat/ include.
+//
+// An Engine is a loaded model (weights bound, tokenizer, immutable, shareable by sessions). A Session is one
+// timeline: its token ids, its KV cache and the logits of its last computed position. Callers never see
+// tensors: they hand a session the full token sequence they want continued and the engine decides what to
+// reuse and what to compute.
+//
+// Thread-safety: an Engine may be used by many sessions, but each Session by one thread at a time, and all
+// sessions of an engine share its thread pool, so compute calls must not overlap (the server's single worker
+// thread guarantees that).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+
+namespace magnetar {
+
+enum class KvType { kF16, kF32 };
+
+struct EngineOptions {
+  int n_threads = 0;          // 0: one per available core
+  int64_t n_ctx = 0;          // context per session; 0: min(training context, 4096)
+  int64_t n_batch = 512;      // tokens per forward call during prefill (bounds scratch memory)
+  KvType kv_type = KvType::kF16;
+};
+
+struct ModelInfo {
+  std::string path;
+  std::string architecture;
+  std::string name;
+  int64_t n_vocab = 0;
+  int64_t n_ctx_train = 0;
+  int64_t n_layer = 0;
+  int64_t n_embd = 0;
+  int64_t n_expert = 0;
+  int64_t n_expert_used = 0;
+  uint64_t n_params = 0;
+  uint64_t file_bytes = 0;
+  bool has_tokenizer = false;
+  std::string chat_template;  // empty when the file has none
+};
+
+class Session;
+class Detokenizer;
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> load(const std::string& path, const EngineOptions& options);
+  ~Engine();
+
+  const ModelInfo& info() const;
+  const EngineOptions& options() const;  // with defaults resolved (n_threads, n_ctx)
+  double load_seconds() const;
+
+  // Tokenizer. Fail when the model has none. `parse_special`: special-token text in `text` becomes the
+  // special token (for rendered chat templates); otherwise it is tokenized as plain text (user input).
+  Result<std::vector<int32_t>> tokenize(std::string_view text, bool parse_special) const;
+  std::string detokenize(std::span<const int32_t> ids) const;
+  bool is_end_of_generation(int32_t id) const;  // EOS, EOT, <|im_end|>, ...
+  std::unique_ptr<Detokenizer> new_detokenizer() const;
+
+  Result<std::unique_ptr<Session>> new_session();
+
+  struct Impl;
+
+ private:
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+enum class Logits { kLast, kAll };
+
+struct SessionStats {
+  int64_t prefill_tokens = 0;   // tokens computed by sync() calls that computed more than one token
+  double prefill_seconds = 0;
+  int64_t decode_tokens = 0;    // tokens computed one at a time
+  double decode_seconds = 0;
+  int64_t reused_tokens = 0;    // tokens kept from the previous timeline by sync()
+};
+
+class Session {
+ public:
+  ~Session();
+  // Makes the timeline equal `tokens`: keeps the longest common prefix with the current one, computes the
+  // rest (always at least the last token, so logits() is that of tokens.back()). Fails (and leaves the
+  // session empty) when tokens is empty, longer than n_ctx(), or holds ids outside the vocabulary.
+  // Logits::kAll keeps the logits of every position computed by this call (see all_logits()).
+  Status sync(std::span<const int32_t> tokens, Logits mode = Logits::kLast);
+  // Appends one token and computes it: sync(tokens() + id) without re-scanning the prefix.
+  Status step(int32_t id);
+
+  std::span<const float> logits() const;      // [n_vocab] for the last position
+  // [n_rows, n_vocab] for positions all_logits_first() .. tokens().size()-1 after sync(.., Logits::kAll)
+  std::span<const float> all_logits() const;
+  int64_t all_logits_first() const;
+  const std::vector<int32_t>& tokens() const;
+  int64_t n_ctx() const;
+  int64_t n_vocab() const;
+  const SessionStats& stats() const;
+  void reset_stats();
+
+  struct Impl;
+
+ private:
+  friend class Engine;
+  explicit Session(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Turns a stream of token ids into text, never emitting an incomplete UTF-8 sequence.
+class Detokenizer {
+ public:
+  virtual ~Detokenizer() = default;
+  virtual std::string push(int32_t id) = 0;  // text completed by this token (may be empty)
+  virtual std::string flush() = 0;           // what is still held back (invalid bytes as U+FFFD)
+};
+
+// ---- sampling ------------------------------------------------------------------------------------------------
+
+struct SamplingParams {
+  float temperature = 0.8f;   // 0: greedy
+  int32_t top_k = 40;         // 0: off
+  float top_p = 0.95f;        // 1: off
+  float min_p = 0.05f;        // 0: off
+  float repeat_penalty = 1.0f;  // 1: off; divides positive / multiplies negative logits of recent tokens
+  float presence_penalty = 0.0f;
+  int32_t penalty_last_n = 64;
+  uint64_t seed = 0;          // 0: random
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params);
+  // Picks the next token from logits [n_vocab] given the tokens so far (for the penalties).
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::vector<std::pair<float, int32_t>> candidates_;  // scratch, reused across calls
+};
+
+}  // namespace magnetar

@@ -1,0 +1,73 @@
+// The seam between the engine and an architecture (STYLE.md rule 2): an architecture binds its weights
+// once at load (typed structs, every mismatch named) and implements forward() over a batch of tokens of one
+// sequence. It knows nothing about sessions, prompts or sampling; the engine knows nothing about tensors.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/threadpool.h"
+#include "base/status.h"
+#include "gguf/reader.h"
+#include "kv/kv_cache.h"
+
+namespace magnetar::models {
+
+// Hyper-parameters every decoder-only architecture reports (the engine sizes sessions from them).
+struct HParams {
+  std::string arch;
+  int64_t n_vocab = 0;
+  int64_t n_ctx_train = 0;
+  int64_t n_layer = 0;
+  int64_t n_embd = 0;
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t head_dim = 0;
+  int64_t n_expert = 0;       // 0 for dense models
+  int64_t n_expert_used = 0;
+  int64_t n_ff = 0;           // dense FFN width (0 when every layer is MoE)
+  int64_t n_ff_exp = 0;       // expert FFN width
+  int64_t sliding_window = 0; // 0: full attention
+  float rope_theta = 10000.0f;
+  float rms_eps = 1e-6f;
+  bool norm_topk_prob = true;
+};
+
+// Per-session scratch of one architecture, sized for at most `n_batch` tokens per forward call.
+class Workspace {
+ public:
+  virtual ~Workspace() = default;
+};
+
+struct ForwardArgs {
+  const int32_t* tokens = nullptr;  // [n_tok]
+  int64_t n_tok = 0;
+  int64_t pos0 = 0;                 // position of tokens[0]; KV rows 0..pos0-1 are valid
+  bool all_logits = false;          // logits of every token, else only of the last one
+  float* logits = nullptr;          // [all_logits ? n_tok : 1, n_vocab]
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const HParams& hparams() const = 0;
+  // Scratch for forward() calls of at most n_batch tokens over a KV cache of n_ctx positions.
+  virtual std::unique_ptr<Workspace> make_workspace(int64_t n_batch, int64_t n_ctx, int n_threads) const = 0;
+  // Computes the tokens, appends their K/V to `kv` at rows pos0.., writes logits.
+  virtual void forward(cpu::ThreadPool& pool, Workspace& ws, kv::KvCache& kv, const ForwardArgs& args) const = 0;
+};
+
+// One row per architecture (models/registry.cpp).
+struct Architecture {
+  const char* name;  // general.architecture
+  Result<std::unique_ptr<Model>> (*load)(const gguf::Model& file);
+};
+
+// nullptr when `arch` is unknown.
+const Architecture* find_architecture(const std::string& arch);
+// "qwen3, qwen3moe" for error messages.
+std::string supported_architectures();
+
+}  // namespace magnetar::models

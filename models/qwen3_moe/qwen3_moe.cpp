@@ -1,0 +1,392 @@
+// Qwen3 and Qwen3-MoE (llama.cpp architectures `qwen3` and `qwen3moe`): pre-norm decoder, GQA attention with
+// per-head RMSNorm on Q and K and NeoX RoPE, then per layer either a SwiGLU FFN or a softmax-routed top-k
+// mixture of SwiGLU experts (weights renormalized over the chosen k when norm_topk_prob). Checked against
+// transformers' Qwen3MoeForCausalLM / Qwen3ForCausalLM by tests/golden.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "backends/cpu/kernels.h"
+#include "backends/cpu/ops.h"
+#include "models/common/binder.h"
+#include "models/model.h"
+#include "models/qwen3_moe/qwen3_moe.h"
+
+namespace magnetar::models {
+namespace {
+
+using cpu::MatmulJob;
+using cpu::PreparedInput;
+
+// ---- weights ------------------------------------------------------------------------------------------------
+
+struct Layer {
+  Tensor attn_norm, wq, wk, wv, wo, q_norm, k_norm, ffn_norm;
+  // MoE layers
+  Tensor gate_inp;                        // [n_embd, n_expert] F32
+  Tensor gate_exps, up_exps, down_exps;   // [n_embd, n_ff_exp, n_expert], [n_ff_exp, n_embd, n_expert]
+  // dense layers
+  Tensor ffn_gate, ffn_up, ffn_down;      // [n_embd, n_ff], [n_ff, n_embd]
+  bool moe() const { return gate_inp.present(); }
+};
+
+struct Weights {
+  Tensor token_embd, output_norm, output;  // output absent when tied: token_embd is the LM head
+  std::vector<Layer> layers;
+};
+
+// ---- workspace ----------------------------------------------------------------------------------------------
+
+class Qwen3Workspace : public Workspace {
+ public:
+  int64_t n_batch = 0;
+  std::vector<float> x, xn, q, k, v, attn, proj;   // [n_batch, *]
+  std::vector<float> router;                        // [n_batch, n_expert]
+  std::vector<int32_t> top_ids, positions;          // [n_batch, k], [n_batch]
+  std::vector<float> top_weights;                   // [n_batch, k]
+  std::vector<int32_t> order_token, expert_begin;   // MoE grouping: row -> token, expert -> first row
+  std::vector<int32_t> sort_idx, expert_fill;       // [n_expert] scratch of the router
+  std::vector<MatmulJob> jobs;                      // [2 * n_expert]
+  std::vector<float> row_weight;                    // row -> routing weight
+  std::vector<float> gate, up, down;                // [n_batch * k, n_ff] / [n_batch * k, n_embd]
+  std::vector<uint8_t> qa, qb;                      // prepared (quantized) activations
+  std::vector<float> attn_scratch;
+};
+
+class Qwen3Model final : public Model {
+ public:
+  Qwen3Model(HParams hp, Weights w) : hp_(std::move(hp)), w_(std::move(w)) {}
+  const HParams& hparams() const override { return hp_; }
+  std::unique_ptr<Workspace> make_workspace(int64_t n_batch, int64_t n_ctx, int n_threads) const override;
+  void forward(cpu::ThreadPool& pool, Workspace& ws, kv::KvCache& kv, const ForwardArgs& args) const override;
+
+ private:
+  void attention_block(cpu::ThreadPool& pool, Qwen3Workspace& ws, kv::KvCache& kv, const Layer& L, int64_t il,
+                       int64_t n, int64_t pos0) const;
+  void dense_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L, int64_t n) const;
+  void moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L, int64_t n) const;
+
+  HParams hp_;
+  Weights w_;
+};
+
+template <typename T>
+void grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+std::unique_ptr<Workspace> Qwen3Model::make_workspace(int64_t n_batch, int64_t n_ctx, int n_threads) const {
+  auto ws = std::make_unique<Qwen3Workspace>();
+  const size_t B = size_t(n_batch);
+  const size_t q_dim = size_t(hp_.n_head * hp_.head_dim), kv_dim = size_t(hp_.n_head_kv * hp_.head_dim);
+  const size_t k_used = size_t(std::max<int64_t>(1, hp_.n_expert_used));
+  const size_t ff = size_t(std::max(hp_.n_ff, hp_.n_ff_exp));
+  ws->n_batch = n_batch;
+  ws->x.resize(B * size_t(hp_.n_embd));
+  ws->xn.resize(B * size_t(hp_.n_embd));
+  ws->proj.resize(B * size_t(hp_.n_embd));
+  ws->q.resize(B * q_dim);
+  ws->attn.resize(B * q_dim);
+  ws->k.resize(B * kv_dim);
+  ws->v.resize(B * kv_dim);
+  ws->positions.resize(B);
+  ws->attn_scratch.resize(cpu::attention_scratch_floats(n_ctx, n_threads));
+  const size_t rows = hp_.n_expert > 0 ? B * k_used : B;  // FFN rows: one per (token, expert slot)
+  ws->gate.resize(rows * ff);
+  ws->up.resize(rows * ff);
+  ws->down.resize(rows * size_t(hp_.n_embd));
+  if (hp_.n_expert > 0) {
+    ws->router.resize(B * size_t(hp_.n_expert));
+    ws->top_ids.resize(B * k_used);
+    ws->top_weights.resize(B * k_used);
+    ws->order_token.resize(rows);
+    ws->row_weight.resize(rows);
+    ws->expert_begin.resize(size_t(hp_.n_expert) + 1);
+    ws->sort_idx.resize(size_t(hp_.n_expert));
+    ws->expert_fill.resize(size_t(hp_.n_expert));
+    ws->jobs.reserve(size_t(2 * hp_.n_expert));
+  }
+  // Prepared activations: the largest of every matmul input this model has.
+  size_t qa = 0, qb = 0;
+  auto need = [&](const Tensor& t, int64_t n_rows, size_t& slot) {
+    if (t.present()) slot = std::max(slot, cpu::prepare_input_bytes(t.type, t.ne[0], n_rows));
+  };
+  for (const Layer& L : w_.layers) {
+    need(L.wq, n_batch, qa);
+    need(L.wk, n_batch, qb);
+    need(L.wv, n_batch, qb);
+    need(L.wo, n_batch, qa);
+    need(L.ffn_gate, n_batch, qa);
+    need(L.ffn_up, n_batch, qb);
+    need(L.ffn_down, n_batch, qa);
+    need(L.gate_exps, n_batch, qb);           // quantized once per token ...
+    if (L.gate_exps.present()) {              // ... then gathered per (token, slot), float rows when unquantized
+      qa = std::max({qa, cpu::prepare_input_bytes(L.gate_exps.type, L.gate_exps.ne[0], int64_t(rows)),
+                     rows * size_t(L.gate_exps.ne[0]) * sizeof(float)});
+    }
+    need(L.up_exps, n_batch, qb);
+    need(L.down_exps, int64_t(rows), qa);
+  }
+  need(w_.output.present() ? w_.output : w_.token_embd, n_batch, qa);
+  ws->qa.resize(qa);
+  ws->qb.resize(qb);
+  return ws;
+}
+
+// ---- forward ------------------------------------------------------------------------------------------------
+
+void Qwen3Model::attention_block(cpu::ThreadPool& pool, Qwen3Workspace& ws, kv::KvCache& kv, const Layer& L,
+                                 int64_t il, int64_t n, int64_t pos0) const {
+  const int64_t E = hp_.n_embd, D = hp_.head_dim;
+  const int64_t q_dim = hp_.n_head * D, kv_dim = hp_.n_head_kv * D;
+  // Q, K, V from one prepared input when the three share a type (the common case), else per type.
+  const PreparedInput xq = cpu::prepare_input(pool, L.wq.type, ws.xn.data(), E, E, n, ws.qa.data());
+  const PreparedInput xk = L.wk.type == L.wq.type ? xq : cpu::prepare_input(pool, L.wk.type, ws.xn.data(), E, E, n, ws.qb.data());
+  MatmulJob jobs[3] = {
+      {.w = L.wq.data, .type = L.wq.type, .n_in = E, .n_out = q_dim, .x = xq, .y = ws.q.data(), .ldy = q_dim},
+      {.w = L.wk.data, .type = L.wk.type, .n_in = E, .n_out = kv_dim, .x = xk, .y = ws.k.data(), .ldy = kv_dim},
+      {.w = L.wv.data, .type = L.wv.type, .n_in = E, .n_out = kv_dim, .x = xk, .y = ws.v.data(), .ldy = kv_dim},
+  };
+  if (L.wv.type == L.wk.type) {
+    cpu::matmul(pool, jobs);
+  } else {
+    cpu::matmul(pool, std::span<const MatmulJob>(jobs, 2));
+    jobs[2].x = cpu::prepare_input(pool, L.wv.type, ws.xn.data(), E, E, n, ws.qb.data());
+    cpu::matmul(pool, jobs[2]);
+  }
+  cpu::rms_norm(pool, ws.q.data(), L.q_norm.f32(), ws.q.data(), n * hp_.n_head, D, hp_.rms_eps);
+  cpu::rms_norm(pool, ws.k.data(), L.k_norm.f32(), ws.k.data(), n * hp_.n_head_kv, D, hp_.rms_eps);
+  cpu::rope_neox(pool, ws.q.data(), n, hp_.n_head, D, ws.positions.data(), hp_.rope_theta);
+  cpu::rope_neox(pool, ws.k.data(), n, hp_.n_head_kv, D, ws.positions.data(), hp_.rope_theta);
+  cpu::store_kv(ws.k.data(), n, kv_dim, kv.type(), kv.k(il), pos0);
+  cpu::store_kv(ws.v.data(), n, kv_dim, kv.type(), kv.v(il), pos0);
+  cpu::attention(pool, {.q = ws.q.data(), .k_cache = kv.k(il), .v_cache = kv.v(il), .kv_type = kv.type(),
+                        .out = ws.attn.data(), .n_tok = n, .pos0 = pos0, .n_head = hp_.n_head,
+                        .n_head_kv = hp_.n_head_kv, .head_dim = D, .window = hp_.sliding_window,
+                        .scale = float(1.0 / std::sqrt(double(D))), .scratch = ws.attn_scratch.data()});
+  const PreparedInput ao = cpu::prepare_input(pool, L.wo.type, ws.attn.data(), q_dim, q_dim, n, ws.qa.data());
+  cpu::matmul(pool, {.w = L.wo.data, .type = L.wo.type, .n_in = q_dim, .n_out = E, .x = ao, .y = ws.proj.data(), .ldy = E});
+}
+
+// h = silu(gate) * up over [rows, n_ff], in place into gate.
+void swiglu(cpu::ThreadPool& pool, float* gate, const float* up, int64_t count) {
+  auto body = [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  };
+  if (count < 8192) {
+    body(0, count, 0);
+  } else {
+    pool.parallel_for(count, body);
+  }
+}
+
+void Qwen3Model::dense_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L, int64_t n) const {
+  const int64_t E = hp_.n_embd, F = hp_.n_ff;
+  const PreparedInput xg = cpu::prepare_input(pool, L.ffn_gate.type, ws.xn.data(), E, E, n, ws.qa.data());
+  const PreparedInput xu = L.ffn_up.type == L.ffn_gate.type ? xg : cpu::prepare_input(pool, L.ffn_up.type, ws.xn.data(), E, E, n, ws.qb.data());
+  const MatmulJob jobs[2] = {
+      {.w = L.ffn_gate.data, .type = L.ffn_gate.type, .n_in = E, .n_out = F, .x = xg, .y = ws.gate.data(), .ldy = F},
+      {.w = L.ffn_up.data, .type = L.ffn_up.type, .n_in = E, .n_out = F, .x = xu, .y = ws.up.data(), .ldy = F},
+  };
+  cpu::matmul(pool, jobs);
+  swiglu(pool, ws.gate.data(), ws.up.data(), n * F);
+  const PreparedInput h = cpu::prepare_input(pool, L.ffn_down.type, ws.gate.data(), F, F, n, ws.qa.data());
+  cpu::matmul(pool, {.w = L.ffn_down.data, .type = L.ffn_down.type, .n_in = F, .n_out = E, .x = h, .y = ws.proj.data(), .ldy = E});
+}
+
+void Qwen3Model::moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L, int64_t n) const {
+  const int64_t E = hp_.n_embd, F = hp_.n_ff_exp, X = hp_.n_expert, K = hp_.n_expert_used;
+  // Router: softmax over all experts, top-k, optional renormalization (transformers' order of operations).
+  const PreparedInput xr = cpu::prepare_input(pool, L.gate_inp.type, ws.xn.data(), E, E, n, nullptr);
+  cpu::matmul(pool, {.w = L.gate_inp.data, .type = L.gate_inp.type, .n_in = E, .n_out = X, .x = xr, .y = ws.router.data(), .ldy = X});
+  std::fill(ws.expert_begin.begin(), ws.expert_begin.end(), 0);
+  for (int64_t t = 0; t < n; ++t) {
+    float* logits = ws.router.data() + t * X;
+    const float max_logit = *std::max_element(logits, logits + X);
+    double sum = 0;
+    for (int64_t e = 0; e < X; ++e) sum += std::exp(double(logits[e] - max_logit));
+    int32_t* ids = ws.top_ids.data() + t * K;
+    float* weights = ws.top_weights.data() + t * K;
+    // partial selection of the k largest; ties go to the lower expert id, as torch.topk on CPU
+    std::vector<int32_t>& idx = ws.sort_idx;
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    double top_sum = 0;
+    for (int64_t j = 0; j < K; ++j) {
+      ids[j] = idx[size_t(j)];
+      weights[j] = float(std::exp(double(logits[ids[j]] - max_logit)) / sum);
+      top_sum += weights[j];
+      ws.expert_begin[size_t(ids[j]) + 1]++;
+    }
+    if (hp_.norm_topk_prob) {
+      for (int64_t j = 0; j < K; ++j) weights[j] = float(weights[j] / top_sum);
+    }
+  }
+  // Group (token, slot) rows by expert: rows of expert e are [expert_begin[e], expert_begin[e+1]).
+  for (int64_t e = 0; e < X; ++e) ws.expert_begin[size_t(e) + 1] += ws.expert_begin[size_t(e)];
+  std::vector<int32_t>& fill = ws.expert_fill;
+  std::copy(ws.expert_begin.begin(), ws.expert_begin.end() - 1, fill.begin());
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < K; ++j) {
+      const int32_t e = ws.top_ids[size_t(t * K + j)];
+      const int32_t r = fill[size_t(e)]++;
+      ws.order_token[size_t(r)] = int32_t(t);
+      ws.row_weight[size_t(r)] = ws.top_weights[size_t(t * K + j)];
+    }
+  }
+  const int64_t rows = n * K;
+  // Activations: prepared once per token, then gathered into expert order.
+  const PreparedInput xt = cpu::prepare_input(pool, L.gate_exps.type, ws.xn.data(), E, E, n, ws.qb.data());
+  const uint8_t* src = static_cast<const uint8_t*>(xt.data);
+  uint8_t* gathered = ws.qa.data();
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(gathered + size_t(r) * xt.row_bytes, src + size_t(ws.order_token[size_t(r)]) * xt.row_bytes, xt.row_bytes);
+  }
+  MAGNETAR_CHECK(L.up_exps.type == L.gate_exps.type);
+  std::vector<MatmulJob>& jobs = ws.jobs;
+  jobs.clear();
+  for (int64_t e = 0; e < X; ++e) {
+    const int64_t r0 = ws.expert_begin[size_t(e)], cnt = ws.expert_begin[size_t(e) + 1] - r0;
+    if (cnt == 0) continue;
+    const PreparedInput xe = {.data = gathered + size_t(r0) * xt.row_bytes, .row_bytes = xt.row_bytes, .n_tok = cnt,
+                              .is_float = xt.is_float};
+    jobs.push_back({.w = L.gate_exps.row(e * F), .type = L.gate_exps.type, .n_in = E, .n_out = F, .x = xe,
+                    .y = ws.gate.data() + r0 * F, .ldy = F});
+    jobs.push_back({.w = L.up_exps.row(e * F), .type = L.up_exps.type, .n_in = E, .n_out = F, .x = xe,
+                    .y = ws.up.data() + r0 * F, .ldy = F});
+  }
+  cpu::matmul(pool, jobs);
+  swiglu(pool, ws.gate.data(), ws.up.data(), rows * F);
+  const PreparedInput h = cpu::prepare_input(pool, L.down_exps.type, ws.gate.data(), F, F, rows, ws.qa.data());
+  jobs.clear();
+  for (int64_t e = 0; e < X; ++e) {
+    const int64_t r0 = ws.expert_begin[size_t(e)], cnt = ws.expert_begin[size_t(e) + 1] - r0;
+    if (cnt == 0) continue;
+    const PreparedInput he = {.data = static_cast<const uint8_t*>(h.data) + size_t(r0) * h.row_bytes,
+                              .row_bytes = h.row_bytes, .n_tok = cnt, .is_float = h.is_float};
+    jobs.push_back({.w = L.down_exps.row(e * E), .type = L.down_exps.type, .n_in = F, .n_out = E, .x = he,
+                    .y = ws.down.data() + r0 * E, .ldy = E});
+  }
+  cpu::matmul(pool, jobs);
+  // proj[t] = sum over the token's experts, in expert order, of weight * down_row.
+  std::fill(ws.proj.begin(), ws.proj.begin() + n * E, 0.0f);
+  const cpu::VectorKernels& vk = cpu::vector_kernels();
+  for (int64_t r = 0; r < rows; ++r) {
+    vk.axpy_f32(E, ws.row_weight[size_t(r)], ws.down.data() + r * E, ws.proj.data() + ws.order_token[size_t(r)] * E);
+  }
+}
+
+void Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, kv::KvCache& kv, const ForwardArgs& args) const {
+  Qwen3Workspace& ws = static_cast<Qwen3Workspace&>(workspace);
+  const int64_t n = args.n_tok, E = hp_.n_embd;
+  MAGNETAR_CHECK(n >= 1 && n <= ws.n_batch && args.pos0 + n <= kv.n_ctx());
+  const quant::ToFloatFn embed = cpu::kernels(w_.token_embd.type).dequantize;
+  for (int64_t t = 0; t < n; ++t) {
+    MAGNETAR_CHECK(args.tokens[t] >= 0 && args.tokens[t] < hp_.n_vocab);
+    embed(w_.token_embd.row(args.tokens[t]), ws.x.data() + t * E, E);
+    ws.positions[size_t(t)] = int32_t(args.pos0 + t);
+  }
+  const cpu::VectorKernels& vk = cpu::vector_kernels();
+  for (size_t il = 0; il < w_.layers.size(); ++il) {
+    const Layer& L = w_.layers[il];
+    cpu::rms_norm(pool, ws.x.data(), L.attn_norm.f32(), ws.xn.data(), n, E, hp_.rms_eps);
+    attention_block(pool, ws, kv, L, int64_t(il), n, args.pos0);
+    for (int64_t t = 0; t < n; ++t) vk.axpy_f32(E, 1.0f, ws.proj.data() + t * E, ws.x.data() + t * E);
+    cpu::rms_norm(pool, ws.x.data(), L.ffn_norm.f32(), ws.xn.data(), n, E, hp_.rms_eps);
+    if (L.moe()) {
+      moe_ffn(pool, ws, L, n);
+    } else {
+      dense_ffn(pool, ws, L, n);
+    }
+    for (int64_t t = 0; t < n; ++t) vk.axpy_f32(E, 1.0f, ws.proj.data() + t * E, ws.x.data() + t * E);
+  }
+  const int64_t first = args.all_logits ? 0 : n - 1, n_out = n - first;
+  cpu::rms_norm(pool, ws.x.data() + first * E, w_.output_norm.f32(), ws.xn.data(), n_out, E, hp_.rms_eps);
+  const Tensor& head = w_.output.present() ? w_.output : w_.token_embd;
+  const PreparedInput xh = cpu::prepare_input(pool, head.type, ws.xn.data(), E, E, n_out, ws.qa.data());
+  cpu::matmul(pool, {.w = head.data, .type = head.type, .n_in = E, .n_out = hp_.n_vocab, .x = xh, .y = args.logits,
+                     .ldy = hp_.n_vocab});
+}
+
+}  // namespace
+
+// ---- load ---------------------------------------------------------------------------------------------------
+
+Result<std::unique_ptr<Model>> load_qwen3(const gguf::Model& file) {
+  Binder b(file);
+  HParams hp;
+  hp.arch = file.architecture();
+  const std::string a = hp.arch + ".";
+  hp.n_layer = b.integer(a + "block_count");
+  hp.n_embd = b.integer(a + "embedding_length");
+  hp.n_head = b.integer(a + "attention.head_count");
+  hp.n_head_kv = b.integer(a + "attention.head_count_kv", Need::kOptional, hp.n_head);
+  hp.head_dim = b.integer(a + "attention.key_length", Need::kOptional, hp.n_head > 0 ? hp.n_embd / hp.n_head : 0);
+  hp.n_ctx_train = b.integer(a + "context_length", Need::kOptional, 4096);
+  hp.rope_theta = b.real(a + "rope.freq_base", Need::kOptional, 1e6f);
+  hp.rms_eps = b.real(a + "attention.layer_norm_rms_epsilon", Need::kOptional, 1e-6f);
+  hp.sliding_window = b.integer(a + "attention.sliding_window", Need::kOptional, 0);
+  hp.n_ff = b.integer(a + "feed_forward_length", Need::kOptional, 0);
+  const bool is_moe = hp.arch == "qwen3moe";
+  if (is_moe) {
+    hp.n_expert = b.integer(a + "expert_count");
+    hp.n_expert_used = b.integer(a + "expert_used_count");
+    hp.n_ff_exp = b.integer(a + "expert_feed_forward_length");
+    hp.norm_topk_prob = b.boolean(a + "expert_weights_norm", true);
+  }
+  if (!b.status().ok()) return b.status();
+  if (hp.n_layer <= 0 || hp.n_embd <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0 || hp.head_dim <= 0 ||
+      hp.n_head % hp.n_head_kv != 0 || hp.head_dim % 2 != 0 || hp.head_dim > 1024 ||
+      (is_moe && (hp.n_expert <= 0 || hp.n_expert_used <= 0 || hp.n_expert_used > hp.n_expert))) {
+    return Status::error(format("%s: inconsistent hyper-parameters (layers %lld, embd %lld, heads %lld/%lld, head_dim "
+                                "%lld, experts %lld/%lld)",
+                                file.shards()[0]->path().c_str(), (long long)hp.n_layer, (long long)hp.n_embd,
+                                (long long)hp.n_head, (long long)hp.n_head_kv, (long long)hp.head_dim,
+                                (long long)hp.n_expert_used, (long long)hp.n_expert));
+  }
+  const gguf::TensorInfo* embd = file.find_tensor("token_embd.weight");
+  if (!embd || embd->n_dims != 2) return Status::error(file.shards()[0]->path() + ": tensor 'token_embd.weight' is missing or not 2-D");
+  hp.n_vocab = embd->ne[1];
+
+  Weights w;
+  const int64_t E = hp.n_embd, D = hp.head_dim, q_dim = hp.n_head * D, kv_dim = hp.n_head_kv * D;
+  w.token_embd = b.tensor("token_embd.weight", {E, hp.n_vocab});
+  w.output_norm = b.tensor("output_norm.weight", {E}, Need::kRequired, Kind::kF32Only);
+  w.output = b.tensor("output.weight", {E, hp.n_vocab}, Need::kOptional);
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    const std::string p = "blk." + std::to_string(il) + ".";
+    Layer L;
+    L.attn_norm = b.tensor(p + "attn_norm.weight", {E}, Need::kRequired, Kind::kF32Only);
+    L.wq = b.tensor(p + "attn_q.weight", {E, q_dim});
+    L.wk = b.tensor(p + "attn_k.weight", {E, kv_dim});
+    L.wv = b.tensor(p + "attn_v.weight", {E, kv_dim});
+    L.wo = b.tensor(p + "attn_output.weight", {q_dim, E});
+    L.q_norm = b.tensor(p + "attn_q_norm.weight", {D}, Need::kRequired, Kind::kF32Only);
+    L.k_norm = b.tensor(p + "attn_k_norm.weight", {D}, Need::kRequired, Kind::kF32Only);
+    L.ffn_norm = b.tensor(p + "ffn_norm.weight", {E}, Need::kRequired, Kind::kF32Only);
+    if (is_moe && b.has_tensor(p + "ffn_gate_inp.weight")) {
+      L.gate_inp = b.tensor(p + "ffn_gate_inp.weight", {E, hp.n_expert}, Need::kRequired, Kind::kF32Only);
+      L.gate_exps = b.tensor(p + "ffn_gate_exps.weight", {E, hp.n_ff_exp, hp.n_expert});
+      L.up_exps = b.tensor(p + "ffn_up_exps.weight", {E, hp.n_ff_exp, hp.n_expert});
+      L.down_exps = b.tensor(p + "ffn_down_exps.weight", {hp.n_ff_exp, E, hp.n_expert});
+      if (b.status().ok() && L.up_exps.type != L.gate_exps.type) {
+        b.fail(format("tensor '%sffn_up_exps.weight' must have the type of ffn_gate_exps", p.c_str()));
+      }
+    } else {
+      if (hp.n_ff <= 0) {
+        b.fail(format("layer %lld has a dense FFN but metadata '%sfeed_forward_length' is missing", (long long)il, a.c_str()));
+      }
+      L.ffn_gate = b.tensor(p + "ffn_gate.weight", {E, hp.n_ff});
+      L.ffn_up = b.tensor(p + "ffn_up.weight", {E, hp.n_ff});
+      L.ffn_down = b.tensor(p + "ffn_down.weight", {hp.n_ff, E});
+    }
+    w.layers.push_back(L);
+  }
+  if (!b.status().ok()) return b.status();
+  return std::unique_ptr<Model>(new Qwen3Model(std::move(hp), std::move(w)));
+}
+
+}  // namespace magnetar::models

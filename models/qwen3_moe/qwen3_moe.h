@@ -1,0 +1,14 @@
+// Qwen3 (dense) and Qwen3-MoE: one implementation, registered as `qwen3` and `qwen3moe`.
+#pragma once
+
+#include <memory>
+
+#include "base/status.h"
+#include "gguf/reader.h"
+#include "models/model.h"
+
+namespace magnetar::models {
+
+Result<std::unique_ptr<Model>> load_qwen3(const gguf::Model& file);
+
+}  // namespace magnetar::models

@@ -1,0 +1,210 @@
+// `magnetar run`: one prompt in, generated text streamed to stdout, a stats line on stderr.
+// Also the entry point of the golden tests: --tokens feeds ids, --dump-logits writes every position's logits.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "tools/commands.h"
+#include "tools/engine_flags.h"
+#include "tools/npy.h"
+
+namespace magnetar::tools {
+namespace {
+
+Result<std::vector<int32_t>> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t comma = text.find(',', pos);
+    const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 0 || v > INT32_MAX) {
+      return Status::error(format("--tokens: '%s' is not a token id", item.c_str()));
+    }
+    ids.push_back(int32_t(v));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return ids;
+}
+
+// Length of the longest suffix of `text` that is a proper prefix of some stop string: text that must be
+// held back because the next token may complete a stop string.
+size_t held_back(const std::string& text, const std::vector<std::string>& stops) {
+  size_t hold = 0;
+  for (const std::string& s : stops) {
+    for (size_t n = std::min(s.size() - 1, text.size()); n > hold; --n) {
+      if (text.compare(text.size() - n, n, s, 0, n) == 0) {
+        hold = n;
+        break;
+      }
+    }
+  }
+  return hold;
+}
+
+}  // namespace
+
+int run_main(int argc, char** argv) {
+  ModelFlags model;
+  SamplingFlags sampling;
+  std::string prompt, prompt_file, tokens_text, dump_logits;
+  std::vector<std::string> stops;
+  int64_t n_predict = 128;
+  bool decode = false, no_special = false, ignore_eos = false, truncate = false;
+  cli::Args args("magnetar run -m MODEL.gguf (-p TEXT | -f FILE | --tokens IDS) [options]",
+                 "Generates text from a prompt and streams it to stdout; a stats line (load time, prefill and decode\n"
+                 "speed) goes to stderr. With --dump-logits, writes the logits of every prompt position instead.");
+  model.add_to(args);
+  args.option("-p", &prompt, "TEXT", "prompt text");
+  args.option("-f", &prompt_file, "FILE", "read the prompt from a file");
+  args.option("--tokens", &tokens_text, "1,2,3", "prompt as token ids instead of text");
+  args.option("-n", &n_predict, "N", "tokens to generate (0: none, -1: until end of generation or full context)");
+  sampling.add_to(args);
+  args.option("--stop", &stops, "STR", "stop when the output contains STR (repeatable)");
+  args.flag("--ignore-eos", &ignore_eos, "keep generating past end-of-generation tokens");
+  args.flag("--no-special", &no_special, "tokenize special-token text in the prompt as plain text");
+  args.flag("--truncate", &truncate, "keep the last tokens of a prompt longer than the context instead of failing");
+  args.option("--dump-logits", &dump_logits, "FILE.npy",
+              "write float32 logits [n_tokens, n_vocab] of every prompt position (teacher-forced) and exit");
+  args.flag("--decode", &decode, "with --dump-logits: compute position by position through the KV cache");
+  if (Status s = args.parse(argc, argv, 1); !s.ok() || args.help_requested()) {
+    if (!s.ok()) std::fprintf(stderr, "magnetar run: %s\n", s.message().c_str());
+    return s.ok() ? kExitOk : kExitBadInput;
+  }
+  const int given = int(!prompt.empty()) + int(!prompt_file.empty()) + int(!tokens_text.empty());
+  if (given != 1) {
+    std::fprintf(stderr, "magnetar run: give exactly one of -p, -f, --tokens (see --help)\n");
+    return kExitBadInput;
+  }
+  if (!prompt_file.empty()) {
+    std::FILE* f = std::fopen(prompt_file.c_str(), "rb");
+    if (!f) {
+      std::fprintf(stderr, "magnetar run: %s: cannot open: %s\n", prompt_file.c_str(), std::strerror(errno));
+      return kExitBadInput;
+    }
+    char buf[65536];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) prompt.append(buf, n);
+    std::fclose(f);
+  }
+  std::unique_ptr<Engine> engine = model.load("run");
+  if (!engine) return kExitBadInput;
+
+  std::vector<int32_t> tokens;
+  if (!tokens_text.empty()) {
+    Result<std::vector<int32_t>> ids = parse_ids(tokens_text);
+    if (!ids.ok()) {
+      std::fprintf(stderr, "magnetar run: %s\n", ids.status().message().c_str());
+      return kExitBadInput;
+    }
+    tokens = std::move(ids).value();
+  } else {
+    Result<std::vector<int32_t>> ids = engine->tokenize(prompt, !no_special);
+    if (!ids.ok()) {
+      std::fprintf(stderr, "magnetar run: %s\n", ids.status().message().c_str());
+      return kExitBadInput;
+    }
+    tokens = std::move(ids).value();
+  }
+  const int64_t n_ctx = engine->options().n_ctx;
+  if (tokens.empty()) {
+    std::fprintf(stderr, "magnetar run: the prompt is empty\n");
+    return kExitBadInput;
+  }
+  if (int64_t(tokens.size()) > n_ctx) {
+    if (!truncate) {
+      std::fprintf(stderr, "magnetar run: the prompt has %zu tokens, more than the context of %lld (raise --ctx, or "
+                   "--truncate to keep the last tokens)\n", tokens.size(), (long long)n_ctx);
+      return kExitBadInput;
+    }
+    tokens.erase(tokens.begin(), tokens.end() - n_ctx);
+  }
+
+  Result<std::unique_ptr<Session>> opened = engine->new_session();
+  if (!opened.ok()) {
+    std::fprintf(stderr, "magnetar run: %s\n", opened.status().message().c_str());
+    return kExitFailure;
+  }
+  Session& session = *opened.value();
+
+  if (!dump_logits.empty()) {
+    const int64_t V = session.n_vocab(), n = int64_t(tokens.size());
+    std::vector<float> all;
+    if (decode) {
+      all.resize(size_t(n * V));
+      for (int64_t i = 0; i < n; ++i) {
+        const Status s = i == 0 ? session.sync(std::span<const int32_t>(tokens.data(), 1)) : session.step(tokens[size_t(i)]);
+        if (!s.ok()) {
+          std::fprintf(stderr, "magnetar run: %s\n", s.message().c_str());
+          return kExitBadInput;
+        }
+        std::copy(session.logits().begin(), session.logits().end(), all.begin() + i * V);
+      }
+    } else {
+      if (Status s = session.sync(tokens, Logits::kAll); !s.ok()) {
+        std::fprintf(stderr, "magnetar run: %s\n", s.message().c_str());
+        return kExitBadInput;
+      }
+      all.assign(session.all_logits().begin(), session.all_logits().end());
+    }
+    if (Status s = write_npy(dump_logits, all.data(), n, V); !s.ok()) {
+      std::fprintf(stderr, "magnetar run: %s\n", s.message().c_str());
+      return kExitFailure;
+    }
+    std::fprintf(stderr, "magnetar run: wrote logits [%lld, %lld] to %s\n", (long long)n, (long long)V, dump_logits.c_str());
+    return kExitOk;
+  }
+
+  const auto t_prompt = std::chrono::steady_clock::now();
+  if (Status s = session.sync(tokens); !s.ok()) {
+    std::fprintf(stderr, "magnetar run: %s\n", s.message().c_str());
+    return kExitBadInput;
+  }
+  const double prompt_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_prompt).count();
+  session.reset_stats();
+  Sampler sampler(sampling.resolved());
+  std::unique_ptr<Detokenizer> detok = engine->new_detokenizer();
+  const bool text_out = engine->info().has_tokenizer;
+  std::string pending;  // generated text not yet printed (may start a stop string)
+  int64_t generated = 0;
+  bool stopped = false;
+  while (!stopped && (n_predict < 0 || generated < n_predict) && int64_t(session.tokens().size()) < n_ctx) {
+    const int32_t id = sampler.sample(session.logits(), session.tokens());
+    ++generated;
+    if (!ignore_eos && engine->is_end_of_generation(id)) break;
+    if (text_out) {
+      pending += detok->push(id);
+    } else {
+      pending += (generated > 1 ? "," : "") + std::to_string(id);
+    }
+    for (const std::string& s : stops) {
+      if (const size_t at = pending.find(s); !s.empty() && at != std::string::npos) {
+        pending.resize(at);
+        stopped = true;
+      }
+    }
+    const size_t hold = stopped ? 0 : held_back(pending, stops);
+    std::fwrite(pending.data(), 1, pending.size() - hold, stdout);
+    std::fflush(stdout);
+    pending.erase(0, pending.size() - hold);
+    if (stopped) break;
+    if (int64_t(session.tokens().size()) >= n_ctx) break;
+    if (Status s = session.step(id); !s.ok()) {
+      std::fprintf(stderr, "\nmagnetar run: %s\n", s.message().c_str());
+      return kExitFailure;
+    }
+  }
+  if (!stopped) pending += text_out ? detok->flush() : "";
+  std::fwrite(pending.data(), 1, pending.size(), stdout);
+  std::printf("\n");
+  const SessionStats& st = session.stats();
+  std::fprintf(stderr, "load %.2f s | prompt %zu tokens, %.2f t/s | generated %lld tokens, %.2f t/s | %d threads\n",
+               engine->load_seconds(), tokens.size(), double(tokens.size()) / prompt_seconds, (long long)generated,
+               st.decode_seconds > 0 ? double(st.decode_tokens) / st.decode_seconds : 0.0, engine->options().n_threads);
+  return kExitOk;
+}
+
+}  // namespace magnetar::tools
