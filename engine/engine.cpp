@@ -105,17 +105,25 @@ bool Engine::is_end_of_generation(int32_t id) const { return impl_->tok && impl_
 namespace {
 class StreamDetokenizer final : public Detokenizer {
  public:
-  explicit StreamDetokenizer(const tokenizer::Tokenizer* tok) : decoder_(tok) {}
+  explicit StreamDetokenizer(const tokenizer::Tokenizer& tok) : decoder_(tok) {}
   std::string push(int32_t id) override { return decoder_.push(id); }
   std::string flush() override { return decoder_.flush(); }
 
  private:
   tokenizer::StreamDecoder decoder_;
 };
+
+// A model without a tokenizer has no text: its detokenizer produces none.
+class NoDetokenizer final : public Detokenizer {
+ public:
+  std::string push(int32_t) override { return {}; }
+  std::string flush() override { return {}; }
+};
 }  // namespace
 
 std::unique_ptr<Detokenizer> Engine::new_detokenizer() const {
-  return std::make_unique<StreamDetokenizer>(impl_->tok ? &*impl_->tok : nullptr);
+  if (!impl_->tok) return std::make_unique<NoDetokenizer>();
+  return std::make_unique<StreamDetokenizer>(*impl_->tok);
 }
 
 // ---- Session --------------------------------------------------------------------------------------------------
@@ -222,6 +230,12 @@ Status Session::step(int32_t id) {
   s.all_rows = 0;
   s.compute(int64_t(s.tokens.size()) - 1, Logits::kLast);
   return Status();
+}
+
+void Session::clear() {
+  impl_->tokens.clear();
+  impl_->have_logits = false;
+  impl_->all_rows = 0;
 }
 
 std::span<const float> Session::logits() const { return impl_->last_logits; }

@@ -93,6 +93,8 @@ class Session {
   // session empty) when tokens is empty, longer than n_ctx(), or holds ids outside the vocabulary.
   // Logits::kAll keeps the logits of every position computed by this call (see all_logits()).
   Status sync(std::span<const int32_t> tokens, Logits mode = Logits::kLast);
+  // Forgets the timeline (the next sync computes everything).
+  void clear();
   // Appends one token and computes it: sync(tokens() + id) without re-scanning the prefix.
   Status step(int32_t id);
 

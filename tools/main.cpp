@@ -14,8 +14,14 @@ struct Command {
 };
 
 constexpr Command kCommands[] = {
+    {"run", magnetar::tools::run_main, "generate text from a prompt (or dump logits)"},
+    {"chat", magnetar::tools::chat_main, "interactive multi-turn chat"},
+    {"perplexity", magnetar::tools::perplexity_main, "perplexity of a text file (windowed or continuous)"},
+    {"bench", magnetar::tools::bench_main, "prefill and decode speed at growing context depths"},
     {"inspect", magnetar::tools::inspect_main, "show a GGUF model's architecture, metadata and tensors"},
+    {"convert", magnetar::tools::convert_main, "convert a Hugging Face model folder (safetensors) to GGUF"},
     {"synth", magnetar::tools::synth_main, "write a synthetic qwen3moe model of real geometry (for tests, benchmarks)"},
+    {"tokenize", magnetar::tools::tokenize_main, "print the token ids of a text (JSON), from a GGUF or an HF tokenizer folder"},
 };
 
 void print_usage(std::FILE* out) {

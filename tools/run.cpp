@@ -178,7 +178,8 @@ int run_main(int argc, char** argv) {
     if (text_out) {
       pending += detok->push(id);
     } else {
-      pending += (generated > 1 ? "," : "") + std::to_string(id);
+      if (generated > 1) pending += ',';
+      pending += std::to_string(id);
     }
     for (const std::string& s : stops) {
       if (const size_t at = pending.find(s); !s.empty() && at != std::string::npos) {

@@ -2,10 +2,13 @@
 // zero-mean weights, so that loading, caching and streaming can be exercised on models nobody can download
 // here. Tensor names, shapes and metadata keys are llama.cpp's for `qwen3moe`.
 //
-// Weights are Gaussian with standard deviation 1/sqrt(fan_in) (token embeddings: 1), quantized row by row
-// with the reference quantizer of the requested type on all cores; norms are 1, routers stay F32 and the
-// LM head is Q8_0 for quantized types, as llama.cpp's quantizer leaves them.
+// Weights are Gaussian with standard deviation 1/sqrt(fan_in) (token embeddings: 1); quantized types are
+// assembled from pools of reference-quantized blocks (see make_rows), so a 16 GiB model takes about as long
+// as writing it. Norms are 1, routers stay F32 and the LM head is Q8_0 for quantized types, as llama.cpp's
+// quantizer leaves them.
 #include <algorithm>
+#include <cstring>
+#include <deque>
 #include <cmath>
 #include <random>
 #include <thread>
@@ -95,24 +98,69 @@ uint32_t file_type_of(quant::Type type) {
   }
 }
 
-// Fills and quantizes rows [row_begin, row_end) of a tensor into `out` (which holds exactly those rows).
-// Each row has its own RNG stream seeded from (seed, tensor index, row), so the output does not depend on
-// the thread count.
-void make_rows(const TensorSpec& spec, uint64_t seed, uint64_t tensor_index, int64_t row_begin, int64_t row_end,
-               uint8_t* out) {
+// splitmix64: a tiny, fast, well-mixed generator for picking pool blocks.
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Quantized types are not quantized weight by weight (the reference quantizers run at tens of MB/s, a 16 GiB
+// model would take hours): each (type, sigma) gets a pool of kPoolBlocks blocks quantized from N(0, sigma)
+// once, and every block of every row is a random pick from the pool. Blocks stay zero-mean, rows are distinct
+// (8 picks of 4096 per 2048-wide Q4_K row), and writing runs at memcpy speed.
+constexpr int64_t kPoolBlocks = 4096;
+
+struct BlockPool {
+  quant::Type type;
+  double sigma;
+  std::vector<uint8_t> blocks;  // [kPoolBlocks, type_size]
+};
+
+const BlockPool& pool_for(std::deque<BlockPool>& pools, quant::Type type, double sigma, uint64_t seed) {
+  for (const BlockPool& p : pools) {
+    if (p.type == type && p.sigma == sigma) return p;
+  }
+  const quant::TypeTraits& tr = quant::traits(type);
+  BlockPool p{.type = type, .sigma = sigma, .blocks = std::vector<uint8_t>(size_t(kPoolBlocks) * tr.type_size)};
+  std::vector<float> values(static_cast<size_t>(kPoolBlocks * tr.block_size));
+  std::mt19937_64 rng(seed ^ (uint64_t(type) << 48) ^ uint64_t(sigma * 1e9));
+  std::normal_distribution<float> dist(0.0f, float(sigma));
+  for (float& v : values) v = dist(rng);
+  tr.from_float(values.data(), p.blocks.data(), int64_t(values.size()));
+  pools.push_back(std::move(p));
+  return pools.back();
+}
+
+// Fills rows [row_begin, row_end) of a tensor into `out` (which holds exactly those rows). Each row draws from
+// its own stream seeded by (seed, tensor index, row), so the output does not depend on the thread count.
+void make_rows(const TensorSpec& spec, const BlockPool* pool, uint64_t seed, uint64_t tensor_index,
+               int64_t row_begin, int64_t row_end, uint8_t* out) {
   const quant::TypeTraits& tr = quant::traits(spec.type);
   const int64_t n = spec.dims[0];
   const size_t row_bytes = quant::row_size(spec.type, n);
   std::vector<float> row(static_cast<size_t>(n));
   for (int64_t r = row_begin; r < row_end; ++r) {
+    uint8_t* dst = out + size_t(r - row_begin) * row_bytes;
+    const uint64_t stream = mix(seed * 0x9E3779B97F4A7C15ull ^ (tensor_index << 40) ^ uint64_t(r));
+    if (pool) {
+      uint64_t state = stream;
+      for (int64_t b = 0; b < n / tr.block_size; ++b) {
+        state = mix(state);
+        std::memcpy(dst + size_t(b) * tr.type_size, pool->blocks.data() + (state % kPoolBlocks) * tr.type_size,
+                    tr.type_size);
+      }
+      continue;
+    }
     if (spec.init == Init::kOne) {
       std::fill(row.begin(), row.end(), 1.0f);
     } else {
-      std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull ^ (tensor_index << 40) ^ uint64_t(r));
+      std::mt19937_64 rng(stream);
       std::normal_distribution<float> dist(0.0f, float(spec.sigma));
       for (float& v : row) v = dist(rng);
     }
-    tr.from_float(row.data(), out + size_t(r - row_begin) * row_bytes, n);
+    tr.from_float(row.data(), dst, n);
   }
 }
 
@@ -203,8 +251,11 @@ int synth_main(int argc, char** argv) {
   uint64_t done = 0;
   constexpr size_t kChunkBytes = 64ull << 20;  // rows generated per round, split across threads
   std::vector<uint8_t> buffer;
+  std::deque<BlockPool> pools;  // deque: references stay valid as pools are added
   for (size_t ti = 0; ti < specs.size(); ++ti) {
     const TensorSpec& s = specs[ti];
+    const bool pooled = s.init == Init::kGaussian && quant::traits(s.type).is_quantized;
+    const BlockPool* pool = pooled ? &pool_for(pools, s.type, s.sigma, uint64_t(seed)) : nullptr;
     const int64_t n_rows = w.tensors()[ti].n_elements() / s.dims[0];
     const size_t row_bytes = quant::row_size(s.type, s.dims[0]);
     const int64_t rows_per_chunk = std::max<int64_t>(1, int64_t(kChunkBytes / row_bytes));
@@ -212,13 +263,13 @@ int synth_main(int argc, char** argv) {
       const int64_t r1 = std::min(n_rows, r0 + rows_per_chunk);
       buffer.resize(size_t(r1 - r0) * row_bytes);
       const int64_t n_threads = std::min<int64_t>(threads, r1 - r0);
-      std::vector<std::thread> pool;
+      std::vector<std::thread> workers;
       for (int64_t k = 0; k < n_threads; ++k) {
         const int64_t a = r0 + (r1 - r0) * k / n_threads, b = r0 + (r1 - r0) * (k + 1) / n_threads;
-        pool.emplace_back(make_rows, std::cref(s), uint64_t(seed), uint64_t(ti), a, b,
-                          buffer.data() + size_t(a - r0) * row_bytes);
+        workers.emplace_back(make_rows, std::cref(s), pool, uint64_t(seed), uint64_t(ti), a, b,
+                             buffer.data() + size_t(a - r0) * row_bytes);
       }
-      for (std::thread& th : pool) th.join();
+      for (std::thread& th : workers) th.join();
       if (Status st = w.write(buffer); !st.ok()) {
         std::fprintf(stderr, "magnetar synth: %s\n", st.message().c_str());
         return kExitFailure;

@@ -1,0 +1,141 @@
+// `magnetar bench`: prefill and decode speed at growing context depths, like llama-bench / ds4-bench.
+// At each frontier d (ctx-start, ctx-start+step, ... <= ctx-max): the timeline holds d tokens, then the next
+// `step` tokens are prefilled (timed) and `gen` tokens decoded one by one (timed); each measurement is
+// repeated --reps times from the same frontier and the median reported. Token ids are random (seeded),
+// which measures compute and memory traffic, not a particular text.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "tools/commands.h"
+#include "tools/engine_flags.h"
+
+namespace magnetar::tools {
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown CPU";
+}
+
+double seconds(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int bench_main(int argc, char** argv) {
+  ModelFlags model;
+  int64_t ctx_start = 2048, ctx_max = 65536, step = 2048, gen = 128, reps = 3, seed = 1;
+  bool json = false, csv = false;
+  cli::Args args("magnetar bench -m MODEL.gguf [--ctx-start N --ctx-max N --step N] [--gen N] [--reps N] [--json|--csv]",
+                 "Measures prefill and decode tokens/s at growing context depths (median of --reps runs at each\n"
+                 "depth). llama-bench's pp512/tg128 is --ctx-start 0 --ctx-max 0 --step 512 --gen 128.");
+  model.add_to(args);
+  args.option("--ctx-start", &ctx_start, "N", "first context depth");
+  args.option("--ctx-max", &ctx_max, "N", "last context depth");
+  args.option("--step", &step, "N", "tokens prefilled at each depth (and the distance between depths)");
+  args.option("--gen", &gen, "N", "tokens decoded at each depth");
+  args.option("--reps", &reps, "N", "repetitions per measurement (the median is reported)");
+  args.option("--seed", &seed, "S", "seed of the random token ids");
+  args.flag("--json", &json, "one JSON object per depth");
+  args.flag("--csv", &csv, "CSV rows");
+  if (Status s = args.parse(argc, argv, 1); !s.ok() || args.help_requested()) {
+    if (!s.ok()) std::fprintf(stderr, "magnetar bench: %s\n", s.message().c_str());
+    return s.ok() ? kExitOk : kExitBadInput;
+  }
+  if (ctx_start < 0 || ctx_max < ctx_start || step < 1 || gen < 0 || reps < 1) {
+    std::fprintf(stderr, "magnetar bench: need 0 <= --ctx-start <= --ctx-max, --step >= 1, --gen >= 0, --reps >= 1\n");
+    return kExitBadInput;
+  }
+  const int64_t need_ctx = ctx_max + step + gen;
+  if (model.ctx == 0) model.ctx = need_ctx;
+  if (model.ctx < need_ctx) {
+    std::fprintf(stderr, "magnetar bench: --ctx %lld is smaller than --ctx-max + --step + --gen = %lld\n",
+                 (long long)model.ctx, (long long)need_ctx);
+    return kExitBadInput;
+  }
+  std::unique_ptr<Engine> engine = model.load("bench");
+  if (!engine) return kExitBadInput;
+  const ModelInfo& info = engine->info();
+  Result<std::unique_ptr<Session>> opened = engine->new_session();
+  if (!opened.ok()) {
+    std::fprintf(stderr, "magnetar bench: %s\n", opened.status().message().c_str());
+    return kExitFailure;
+  }
+  Session& session = *opened.value();
+
+  std::mt19937_64 rng(static_cast<uint64_t>(seed));
+  std::vector<int32_t> ids(static_cast<size_t>(need_ctx));
+  for (int32_t& t : ids) t = int32_t(rng() % uint64_t(info.n_vocab));
+
+  if (!json && !csv) {
+    std::printf("# magnetar %s | %s | %u cores, %d threads\n", MAGNETAR_VERSION, cpu_model().c_str(),
+                std::thread::hardware_concurrency(), engine->options().n_threads);
+    std::printf("# model %s (%s, %.2f GiB, %llu params) | kv %s | batch %lld | reps %lld (median)\n", info.path.c_str(),
+                info.architecture.c_str(), double(info.file_bytes) / double(1ull << 30),
+                (unsigned long long)info.n_params, model.kv_type.c_str(), (long long)engine->options().n_batch,
+                (long long)reps);
+    std::printf("%10s %10s %14s %10s %14s\n", "depth", "prefill", "prefill t/s", "decode", "decode t/s");
+  } else if (csv) {
+    std::printf("depth,prefill_tokens,prefill_tps,decode_tokens,decode_tps\n");
+  }
+  for (int64_t depth = ctx_start; depth <= ctx_max; depth += step) {
+    std::vector<double> pp, tg;
+    for (int64_t r = 0; r < reps; ++r) {
+      // Bring the timeline to exactly `depth` tokens (computed once, then reused from the KV cache).
+      if (depth > 0) {
+        if (Status s = session.sync(std::span<const int32_t>(ids.data(), size_t(depth))); !s.ok()) {
+          std::fprintf(stderr, "magnetar bench: %s\n", s.message().c_str());
+          return kExitFailure;
+        }
+      } else {
+        session.clear();
+      }
+      auto t0 = std::chrono::steady_clock::now();
+      if (Status s = session.sync(std::span<const int32_t>(ids.data(), size_t(depth + step))); !s.ok()) {
+        std::fprintf(stderr, "magnetar bench: %s\n", s.message().c_str());
+        return kExitFailure;
+      }
+      pp.push_back(double(step) / seconds(t0));
+      t0 = std::chrono::steady_clock::now();
+      for (int64_t g = 0; g < gen; ++g) {
+        if (Status s = session.step(ids[size_t(depth + step + g)]); !s.ok()) {
+          std::fprintf(stderr, "magnetar bench: %s\n", s.message().c_str());
+          return kExitFailure;
+        }
+      }
+      if (gen > 0) tg.push_back(double(gen) / seconds(t0));
+    }
+    const double pp_tps = median(pp), tg_tps = median(tg);
+    if (json) {
+      const nlohmann::json row = {{"depth", depth},         {"prefill_tokens", step}, {"prefill_tps", pp_tps},
+                                  {"decode_tokens", gen},   {"decode_tps", tg_tps},   {"threads", engine->options().n_threads},
+                                  {"model", info.path},     {"cpu", cpu_model()},     {"version", MAGNETAR_VERSION}};
+      std::printf("%s\n", row.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    } else if (csv) {
+      std::printf("%lld,%lld,%.3f,%lld,%.3f\n", (long long)depth, (long long)step, pp_tps, (long long)gen, tg_tps);
+    } else {
+      std::printf("%10lld %10lld %14.2f %10lld %14.2f\n", (long long)depth, (long long)step, pp_tps, (long long)gen,
+                  tg_tps);
+    }
+    std::fflush(stdout);
+  }
+  return kExitOk;
+}
+
+}  // namespace magnetar::tools

@@ -1,0 +1,120 @@
+// `magnetar chat`: interactive multi-turn chat in the Qwen ChatML format. The session's KV is kept across
+// turns: each turn re-renders the whole conversation and Session::sync reuses the common prefix.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "chat/chatml.h"
+#include "tools/commands.h"
+#include "tools/engine_flags.h"
+
+namespace magnetar::tools {
+
+int chat_main(int argc, char** argv) {
+  ModelFlags model;
+  SamplingFlags sampling;
+  sampling.params.temperature = 0.6f;  // Qwen3's recommended thinking-mode settings
+  sampling.params.top_p = 0.95f;
+  sampling.top_k = 20;
+  sampling.params.min_p = 0.0f;
+  std::string system;
+  int64_t n_predict = 4096;
+  bool no_think = false, hide_think = false;
+  cli::Args args("magnetar chat -m MODEL.gguf [--system TEXT] [options]",
+                 "Interactive chat. Type a message and press Enter; a line ending in '\\' continues on the next line.\n"
+                 "Commands: /reset (forget the conversation), /exit (or end of input).");
+  model.add_to(args);
+  sampling.add_to(args);
+  args.option("--system", &system, "TEXT", "system message");
+  args.option("-n", &n_predict, "N", "maximum tokens per answer");
+  args.flag("--no-think", &no_think, "ask the model to answer without a thinking block");
+  args.flag("--hide-think", &hide_think, "do not print the thinking block");
+  if (Status s = args.parse(argc, argv, 1); !s.ok() || args.help_requested()) {
+    if (!s.ok()) std::fprintf(stderr, "magnetar chat: %s\n", s.message().c_str());
+    return s.ok() ? kExitOk : kExitBadInput;
+  }
+  std::unique_ptr<Engine> engine = model.load("chat");
+  if (!engine) return kExitBadInput;
+  if (!engine->info().has_tokenizer) {
+    std::fprintf(stderr, "magnetar chat: %s has no tokenizer; chat needs one\n", engine->info().path.c_str());
+    return kExitBadInput;
+  }
+  Result<std::unique_ptr<Session>> opened = engine->new_session();
+  if (!opened.ok()) {
+    std::fprintf(stderr, "magnetar chat: %s\n", opened.status().message().c_str());
+    return kExitFailure;
+  }
+  Session& session = *opened.value();
+  Sampler sampler(sampling.resolved());
+  const bool tty = isatty(STDIN_FILENO) && isatty(STDERR_FILENO);
+  std::vector<chat::Message> history;
+  if (!system.empty()) history.push_back({.role = "system", .content = system});
+
+  std::string line;
+  for (;;) {
+    if (tty) std::fprintf(stderr, "> ");
+    std::string input;
+    bool got = false;
+    while (std::getline(std::cin, line)) {
+      got = true;
+      if (!line.empty() && line.back() == '\\') {
+        input += line.substr(0, line.size() - 1) + "\n";
+        continue;
+      }
+      input += line;
+      break;
+    }
+    if (!got) break;
+    if (input == "/exit") break;
+    if (input == "/reset") {
+      history.resize(system.empty() ? 0 : 1);
+      std::fprintf(stderr, "(conversation reset)\n");
+      continue;
+    }
+    if (input.empty()) continue;
+    history.push_back({.role = "user", .content = input});
+    const std::string prompt = chat::render_chatml(history, true, !no_think);
+    Result<std::vector<int32_t>> tokens = engine->tokenize(prompt, true);
+    if (tokens.ok() && int64_t(tokens->size()) >= session.n_ctx()) {
+      tokens = Status::error(format("the conversation has %zu tokens, the context %lld: /reset or raise --ctx",
+                                    tokens->size(), (long long)session.n_ctx()));
+    }
+    Status synced = tokens.ok() ? session.sync(tokens.value()) : tokens.status();
+    if (!synced.ok()) {
+      std::fprintf(stderr, "magnetar chat: %s\n", synced.message().c_str());
+      history.pop_back();
+      continue;
+    }
+    std::unique_ptr<Detokenizer> detok = engine->new_detokenizer();
+    std::string reply;
+    bool in_think = false;
+    for (int64_t n = 0; n < n_predict && int64_t(session.tokens().size()) < session.n_ctx(); ++n) {
+      const int32_t id = sampler.sample(session.logits(), session.tokens());
+      if (engine->is_end_of_generation(id)) break;
+      const std::string piece = detok->push(id);
+      reply += piece;
+      if (reply.find("<think>") != std::string::npos && reply.find("</think>") == std::string::npos) in_think = true;
+      const bool show = !(hide_think && (in_think || piece.find("</think>") != std::string::npos));
+      if (show) {
+        std::fputs(piece.c_str(), stdout);
+        std::fflush(stdout);
+      }
+      if (reply.find("</think>") != std::string::npos) in_think = false;
+      if (int64_t(session.tokens().size()) + 1 >= session.n_ctx()) break;
+      if (Status s = session.step(id); !s.ok()) {
+        std::fprintf(stderr, "\nmagnetar chat: %s\n", s.message().c_str());
+        break;
+      }
+    }
+    reply += detok->flush();
+    std::fputs("\n", stdout);
+    std::fflush(stdout);
+    chat::Message answer{.role = "assistant"};
+    chat::split_reasoning(reply, &answer.reasoning, &answer.content);
+    history.push_back(answer);
+  }
+  return kExitOk;
+}
+
+}  // namespace magnetar::tools
