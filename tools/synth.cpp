@@ -18,6 +18,7 @@
 #include "quant/quant.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tokenizer/hf_import.h"
 #include "tools/progress.h"
 
 namespace magnetar::tools {
@@ -167,7 +168,7 @@ void make_rows(const TensorSpec& spec, const BlockPool* pool, uint64_t seed, uin
 }  // namespace
 
 int synth_main(int argc, char** argv) {
-  std::string preset = "tiny", type_name = "q4_k", out_path;
+  std::string preset = "tiny", type_name = "q4_k", out_path, tokenizer_dir;
   int64_t layers = 0, seed = 1, threads = int64_t(std::max(1u, std::thread::hardware_concurrency()));
   std::string presets_list;
   for (const Geometry& g : kPresets) {
@@ -183,6 +184,9 @@ int synth_main(int argc, char** argv) {
   args.option("--layers", &layers, "N", "keep only the first N layers (0: all)");
   args.option("--seed", &seed, "S", "random seed");
   args.option("-t", &threads, "N", "threads");
+  args.option("--tokenizer", &tokenizer_dir, "HF_DIR",
+              "embed the tokenizer of a Hugging Face folder (tokenizer.json, tokenizer_config.json); the vocabulary\n"
+              "                           size becomes max(preset, tokenizer)");
   if (Status s = args.parse(argc, argv, 1); !s.ok() || args.help_requested()) {
     if (!s.ok()) std::fprintf(stderr, "magnetar synth: %s\n", s.message().c_str());
     return s.ok() ? kExitOk : kExitBadInput;
@@ -204,6 +208,18 @@ int synth_main(int argc, char** argv) {
   }
   Geometry g = *found;
   if (layers > 0) g.n_layer = std::min(g.n_layer, layers);
+  std::vector<gguf::KeyValue> tokenizer_kv;
+  if (!tokenizer_dir.empty()) {
+    Result<std::vector<gguf::KeyValue>> kv = tokenizer::gguf_metadata_from_hf(tokenizer_dir, g.n_vocab);
+    if (!kv.ok()) {
+      std::fprintf(stderr, "magnetar synth: %s\n", kv.status().message().c_str());
+      return kExitBadInput;
+    }
+    tokenizer_kv = std::move(kv).value();
+    for (const gguf::KeyValue& kv_pair : tokenizer_kv) {
+      if (kv_pair.key == "tokenizer.ggml.tokens") g.n_vocab = std::max<int64_t>(g.n_vocab, int64_t(kv_pair.value.array.size()));
+    }
+  }
   const std::vector<TensorSpec> specs = qwen3moe_tensors(g, *type);
   for (const TensorSpec& s : specs) {
     if (s.dims[0] % quant::traits(s.type).block_size != 0) {
@@ -234,6 +250,7 @@ int synth_main(int argc, char** argv) {
   w.set(arch + ".expert_count", u32(g.n_expert));
   w.set(arch + ".expert_used_count", u32(g.n_expert_used));
   w.set(arch + ".expert_feed_forward_length", u32(g.n_ff_exp));
+  for (gguf::KeyValue& kv_pair : tokenizer_kv) w.set(kv_pair.key, std::move(kv_pair.value));
   uint64_t total_bytes = 0;
   for (const TensorSpec& s : specs) {
     if (Status st = w.add_tensor(s.name, uint32_t(s.type), s.dims); !st.ok()) {

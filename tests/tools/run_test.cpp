@@ -1,0 +1,161 @@
+// `magnetar run` and `magnetar bench` end to end on a synthetic model (no tokenizer: token ids in and out).
+// The numbers checked here are properties of the computation (shapes, prefill == decode, determinism), not
+// values copied from a previous run; agreement with transformers is tests/golden's job.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tests/unit/gguf_test_util.h"
+
+namespace magnetar {
+namespace {
+
+struct Invocation {
+  int status = -1;
+  std::string out, err;
+};
+
+Invocation magnetar(const std::string& args) {
+  testing::TempDir dir;
+  const std::string cmd = std::string(MAGNETAR_BINARY) + " " + args + " 2>" + dir.file("err");
+  Invocation r;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  std::ifstream in(dir.file("err"));
+  r.err.assign(std::istreambuf_iterator<char>(in), {});
+  return r;
+}
+
+// Reads a float32 .npy written by `run --dump-logits`: returns the values and the shape.
+std::vector<float> read_npy(const std::string& path, int64_t* rows, int64_t* cols) {
+  const std::vector<uint8_t> bytes = testing::read_all(path);
+  EXPECT_GE(bytes.size(), 10u);
+  EXPECT_EQ(std::memcmp(bytes.data(), "\x93NUMPY", 6), 0);
+  const uint16_t header_len = uint16_t(bytes[8] | (bytes[9] << 8));
+  const std::string header(bytes.begin() + 10, bytes.begin() + 10 + header_len);
+  EXPECT_NE(header.find("'descr': '<f4'"), std::string::npos) << header;
+  EXPECT_EQ((10 + header_len) % 64, 0);
+  long long r = 0, c = 0;
+  EXPECT_EQ(std::sscanf(header.c_str() + header.find("'shape': (") + 10, "%lld, %lld", &r, &c), 2) << header;
+  *rows = r;
+  *cols = c;
+  std::vector<float> v(static_cast<size_t>(r * c));
+  EXPECT_EQ(bytes.size(), 10 + header_len + v.size() * 4);
+  std::memcpy(v.data(), bytes.data() + 10 + header_len, v.size() * 4);
+  return v;
+}
+
+class RunTool : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    const Invocation s = magnetar("synth --preset tiny --type q8_0 --seed 2 -o " + model());
+    ASSERT_EQ(s.status, 0) << s.err;
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static std::string model() { return dir_->file("tiny.gguf"); }
+  static std::string file(const std::string& name) { return dir_->file(name); }
+  static testing::TempDir* dir_;
+};
+testing::TempDir* RunTool::dir_ = nullptr;
+
+TEST_F(RunTool, GreedyGenerationIsDeterministicAndReportsStats) {
+  const Invocation a = magnetar("run -m " + model() + " --tokens 5,6,7,8 -n 12 --temp 0");
+  ASSERT_EQ(a.status, 0) << a.err;
+  const Invocation b = magnetar("run -m " + model() + " --tokens 5,6,7,8 -n 12 --temp 0 -t 1");
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_EQ(a.out, b.out);                            // thread count does not change greedy output
+  EXPECT_EQ(std::count(a.out.begin(), a.out.end(), ','), 11) << a.out;  // 12 ids (no tokenizer: ids printed)
+  EXPECT_NE(a.err.find("prompt 4 tokens"), std::string::npos) << a.err;
+  EXPECT_NE(a.err.find("generated 12 tokens"), std::string::npos) << a.err;
+  const Invocation c = magnetar("run -m " + model() + " --tokens 5,6,7,8 -n 12 --temp 1 --seed 9");
+  const Invocation d = magnetar("run -m " + model() + " --tokens 5,6,7,8 -n 12 --temp 1 --seed 9");
+  EXPECT_EQ(c.out, d.out);  // seeded sampling is reproducible
+}
+
+TEST_F(RunTool, DumpLogitsPrefillEqualsDecode) {
+  const std::string ids = "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20";
+  const Invocation p = magnetar("run -m " + model() + " --tokens " + ids + " --dump-logits " + file("p.npy"));
+  ASSERT_EQ(p.status, 0) << p.err;
+  const Invocation d = magnetar("run -m " + model() + " --tokens " + ids + " --dump-logits " + file("d.npy") + " --decode");
+  ASSERT_EQ(d.status, 0) << d.err;
+  int64_t pr, pc, dr, dc;
+  const std::vector<float> prefill = read_npy(file("p.npy"), &pr, &pc);
+  const std::vector<float> decode = read_npy(file("d.npy"), &dr, &dc);
+  EXPECT_EQ(pr, 20);
+  EXPECT_EQ(pc, 1024);  // the tiny preset's vocabulary
+  ASSERT_EQ(prefill.size(), decode.size());
+  double max_diff = 0;
+  for (size_t i = 0; i < prefill.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(prefill[i]));
+    max_diff = std::max(max_diff, double(std::fabs(prefill[i] - decode[i])));
+  }
+  EXPECT_LE(max_diff, 1e-4);
+}
+
+TEST_F(RunTool, BadInputIsOneLineAndExit2) {
+  struct Case {
+    std::string args, needle;
+  };
+  const std::vector<Case> cases = {
+      {"run -m " + model() + " --tokens 1,2,3 --ctx 2", "more than the context of 2"},
+      {"run -m " + model() + " --tokens 1,x", "'x' is not a token id"},
+      {"run -m " + model() + " --tokens 1,5000", "outside the vocabulary"},
+      {"run -m " + model() + " -p hello", "has no tokenizer"},
+      {"run -m " + model(), "exactly one of -p, -f, --tokens"},
+      {"run -m " + file("missing.gguf") + " --tokens 1", "missing.gguf: cannot open"},
+      {"run -m " + model() + " --tokens 1 --kv-type q4", "--kv-type must be f16 or f32"},
+  };
+  for (const Case& c : cases) {
+    const Invocation r = magnetar(c.args);
+    EXPECT_EQ(r.status, 2) << c.args << ": " << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.args << ": " << r.err;
+  }
+  const Invocation t = magnetar("run -m " + model() + " --tokens 1,2,3 --ctx 2 --truncate -n 0");
+  EXPECT_EQ(t.status, 0) << t.err;
+}
+
+TEST_F(RunTool, UnknownArchitectureIsNamed) {
+  // Same file with general.architecture rewritten.
+  std::vector<uint8_t> bytes = testing::read_all(model());
+  const std::string from = "qwen3moe", to = "llama4xx";  // same length keeps the file valid
+  auto it = std::search(bytes.begin(), bytes.end(), from.begin(), from.end());
+  ASSERT_NE(it, bytes.end());
+  std::copy(to.begin(), to.end(), it);
+  testing::write_all(file("other.gguf"), bytes);
+  const Invocation r = magnetar("run -m " + file("other.gguf") + " --tokens 1");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("architecture 'llama4xx' is not supported (supported: qwen3, qwen3moe)"), std::string::npos)
+      << r.err;
+}
+
+TEST_F(RunTool, BenchReportsEveryDepth) {
+  const Invocation r =
+      magnetar("bench -m " + model() + " --ctx-start 0 --ctx-max 32 --step 16 --gen 4 --reps 2 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::vector<int64_t> depths;
+  size_t pos = 0;
+  while (pos < r.out.size()) {
+    const size_t end = r.out.find('\n', pos);
+    const nlohmann::json row = nlohmann::json::parse(r.out.substr(pos, end - pos));
+    depths.push_back(row["depth"]);
+    EXPECT_GT(row["prefill_tps"].get<double>(), 0.0);
+    EXPECT_GT(row["decode_tps"].get<double>(), 0.0);
+    EXPECT_EQ(row["decode_tokens"], 4);
+    pos = end + 1;
+  }
+  EXPECT_EQ(depths, (std::vector<int64_t>{0, 16, 32}));
+}
+
+}  // namespace
+}  // namespace magnetar
