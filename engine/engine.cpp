@@ -139,6 +139,7 @@ struct Session::Impl {
   int64_t all_first = 0;
   int64_t all_rows = 0;
   SessionStats stats;
+  models::Profile profile;
 
   // Computes positions [from, tokens.size()) of `tokens` (already the whole new timeline; rows before
   // `from` are valid in the KV cache) and keeps logits as asked.
@@ -176,7 +177,7 @@ void Session::Impl::compute(int64_t from, Logits mode) {
     float* out = mode == Logits::kAll ? all_logits.data() + size_t(b - from) * size_t(n_vocab) : last_logits.data();
     engine->model->forward(*engine->pool, *ws, *kv,
                            {.tokens = next.data() + b, .n_tok = n, .pos0 = b, .all_logits = mode == Logits::kAll,
-                            .logits = out});
+                            .logits = out, .profile = engine->options.profile ? &profile : nullptr});
     if (last_chunk && mode == Logits::kAll) {
       std::copy(out + size_t(n - 1) * size_t(n_vocab), out + size_t(n) * size_t(n_vocab), last_logits.begin());
     }
@@ -247,6 +248,17 @@ const std::vector<int32_t>& Session::tokens() const { return impl_->tokens; }
 int64_t Session::n_ctx() const { return impl_->kv->n_ctx(); }
 int64_t Session::n_vocab() const { return int64_t(impl_->last_logits.size()); }
 const SessionStats& Session::stats() const { return impl_->stats; }
-void Session::reset_stats() { impl_->stats = {}; }
+void Session::reset_stats() {
+  impl_->stats = {};
+  impl_->profile = {};
+}
+
+std::vector<std::pair<std::string, double>> Session::op_profile() const {
+  std::vector<std::pair<std::string, double>> out;
+  for (int op = 0; op < int(models::Op::kCount); ++op) {
+    out.emplace_back(models::op_name(models::Op(op)), impl_->profile.seconds[op]);
+  }
+  return out;
+}
 
 }  // namespace magnetar

@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -29,6 +30,7 @@ struct EngineOptions {
   int64_t n_ctx = 0;          // context per session; 0: min(training context, 4096)
   int64_t n_batch = 512;      // tokens per forward call during prefill (bounds scratch memory)
   KvType kv_type = KvType::kF16;
+  bool profile = false;       // time every op of the forward pass (Session::op_profile)
 };
 
 struct ModelInfo {
@@ -106,6 +108,8 @@ class Session {
   int64_t n_ctx() const;
   int64_t n_vocab() const;
   const SessionStats& stats() const;
+  // (op name, seconds) accumulated since the last reset_stats(), when EngineOptions::profile is on.
+  std::vector<std::pair<std::string, double>> op_profile() const;
   void reset_stats();
 
   struct Impl;

@@ -3,6 +3,7 @@
 // sequence. It knows nothing about sessions, prompts or sampling; the engine knows nothing about tensors.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -41,12 +42,41 @@ class Workspace {
   virtual ~Workspace() = default;
 };
 
+// Where forward() spends its time, by op (a diagnostic: `magnetar bench --profile`). Wall-clock seconds,
+// accumulated; each op is one or more parallel regions that finish before the next starts.
+enum class Op { kEmbed, kNorm, kQkv, kRope, kAttention, kAttnOut, kRouter, kExpertsGateUp, kExpertsDown,
+                kExpertsOther, kDenseFfn, kLmHead, kCount };
+const char* op_name(Op op);
+
+struct Profile {
+  double seconds[int(Op::kCount)] = {};
+};
+
+// Times one op into a Profile when profiling is on (a null profile costs one branch).
+class OpTimer {
+ public:
+  OpTimer(Profile* profile, Op op) : profile_(profile), op_(op) {
+    if (profile_) start_ = std::chrono::steady_clock::now();
+  }
+  ~OpTimer() {
+    if (profile_) {
+      profile_->seconds[int(op_)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    }
+  }
+
+ private:
+  Profile* profile_;
+  Op op_;
+  std::chrono::steady_clock::time_point start_;
+};
+
 struct ForwardArgs {
   const int32_t* tokens = nullptr;  // [n_tok]
   int64_t n_tok = 0;
   int64_t pos0 = 0;                 // position of tokens[0]; KV rows 0..pos0-1 are valid
   bool all_logits = false;          // logits of every token, else only of the last one
   float* logits = nullptr;          // [all_logits ? n_tok : 1, n_vocab]
+  Profile* profile = nullptr;       // non-null: accumulate time per op
 };
 
 class Model {

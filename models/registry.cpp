@@ -12,6 +12,13 @@ constexpr Architecture kArchitectures[] = {
 
 }  // namespace
 
+const char* op_name(Op op) {
+  static constexpr const char* kNames[int(Op::kCount)] = {
+      "embed", "norms", "q/k/v proj", "q/k norm+rope", "attention", "attn out proj", "router",
+      "experts gate+up", "experts down", "experts other", "dense ffn", "lm head"};
+  return kNames[int(op)];
+}
+
 const Architecture* find_architecture(const std::string& arch) {
   for (const Architecture& a : kArchitectures) {
     if (arch == a.name) return &a;

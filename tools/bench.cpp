@@ -41,7 +41,7 @@ double seconds(std::chrono::steady_clock::time_point t0) {
 int bench_main(int argc, char** argv) {
   ModelFlags model;
   int64_t ctx_start = 2048, ctx_max = 65536, step = 2048, gen = 128, reps = 3, seed = 1;
-  bool json = false, csv = false;
+  bool json = false, csv = false, profile = false;
   cli::Args args("magnetar bench -m MODEL.gguf [--ctx-start N --ctx-max N --step N] [--gen N] [--reps N] [--json|--csv]",
                  "Measures prefill and decode tokens/s at growing context depths (median of --reps runs at each\n"
                  "depth). llama-bench's pp512/tg128 is --ctx-start 0 --ctx-max 0 --step 512 --gen 128.");
@@ -54,6 +54,7 @@ int bench_main(int argc, char** argv) {
   args.option("--seed", &seed, "S", "seed of the random token ids");
   args.flag("--json", &json, "one JSON object per depth");
   args.flag("--csv", &csv, "CSV rows");
+  args.flag("--profile", &profile, "after the table, where decode time goes, per op (ms per token)");
   if (Status s = args.parse(argc, argv, 1); !s.ok() || args.help_requested()) {
     if (!s.ok()) std::fprintf(stderr, "magnetar bench: %s\n", s.message().c_str());
     return s.ok() ? kExitOk : kExitBadInput;
@@ -69,6 +70,7 @@ int bench_main(int argc, char** argv) {
                  (long long)model.ctx, (long long)need_ctx);
     return kExitBadInput;
   }
+  model.profile = profile;
   std::unique_ptr<Engine> engine = model.load("bench");
   if (!engine) return kExitBadInput;
   const ModelInfo& info = engine->info();
@@ -112,6 +114,7 @@ int bench_main(int argc, char** argv) {
         return kExitFailure;
       }
       pp.push_back(double(step) / seconds(t0));
+      if (depth == ctx_max && r == reps - 1) session.reset_stats();  // profile: the last decode run only
       t0 = std::chrono::steady_clock::now();
       for (int64_t g = 0; g < gen; ++g) {
         if (Status s = session.step(ids[size_t(depth + step + g)]); !s.ok()) {
@@ -134,6 +137,16 @@ int bench_main(int argc, char** argv) {
                   tg_tps);
     }
     std::fflush(stdout);
+  }
+  if (profile && gen > 0) {
+    const std::vector<std::pair<std::string, double>> ops = session.op_profile();
+    double total = 0;
+    for (const auto& [name, sec] : ops) total += sec;
+    std::printf("# decode profile at depth %lld (%lld tokens): ms per token by op\n", (long long)ctx_max, (long long)gen);
+    for (const auto& [name, sec] : ops) {
+      if (sec > 0) std::printf("#   %-18s %9.3f ms %6.1f%%\n", name.c_str(), 1e3 * sec / double(gen), 100 * sec / total);
+    }
+    std::printf("#   %-18s %9.3f ms\n", "total", 1e3 * total / double(gen));
   }
   return kExitOk;
 }

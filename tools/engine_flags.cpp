@@ -26,7 +26,7 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
     return nullptr;
   }
   EngineOptions options{.n_threads = int(threads), .n_ctx = ctx, .n_batch = batch,
-                        .kv_type = kv_type == "f32" ? KvType::kF32 : KvType::kF16};
+                        .kv_type = kv_type == "f32" ? KvType::kF32 : KvType::kF16, .profile = profile};
   Result<std::unique_ptr<Engine>> engine = Engine::load(model, options);
   if (!engine.ok()) {
     std::fprintf(stderr, "magnetar %s: %s\n", command, engine.status().message().c_str());

@@ -15,6 +15,7 @@ struct ModelFlags {
   int64_t threads = 0;
   int64_t batch = 512;
   std::string kv_type = "f16";
+  bool profile = false;  // set by the command (bench --profile), not a flag of its own
 
   void add_to(cli::Args& args);
   // Loads the engine; on failure prints "magnetar CMD: message" and returns nullptr.

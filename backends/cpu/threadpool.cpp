@@ -40,7 +40,15 @@ void ThreadPool::run_impl(Trampoline fn, void* ctx) {
   }
   wake_.notify_all();
   fn(ctx, 0, n_threads_);
-  while (pending_.load(std::memory_order_acquire) != 0) cpu_relax();
+  // Spin for the common case (workers finish within microseconds of the caller); yield after that, so a
+  // worker that lost its core to another process gets it back instead of the caller burning the slice.
+  for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+    if (spins < kSpinIterations) {
+      cpu_relax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
 }
 
 void ThreadPool::worker(int ith) {

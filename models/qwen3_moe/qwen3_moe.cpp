@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <optional>
 
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/ops.h"
@@ -52,6 +53,7 @@ class Qwen3Workspace : public Workspace {
   std::vector<float> gate, up, down;                // [n_batch * k, n_ff] / [n_batch * k, n_embd]
   std::vector<uint8_t> qa, qb;                      // prepared (quantized) activations
   std::vector<float> attn_scratch;
+  Profile* profile = nullptr;  // of the forward() call in progress
 };
 
 class Qwen3Model final : public Model {
@@ -141,6 +143,7 @@ void Qwen3Model::attention_block(cpu::ThreadPool& pool, Qwen3Workspace& ws, kv::
   const int64_t E = hp_.n_embd, D = hp_.head_dim;
   const int64_t q_dim = hp_.n_head * D, kv_dim = hp_.n_head_kv * D;
   // Q, K, V from one prepared input when the three share a type (the common case), else per type.
+  std::optional<OpTimer> timer(std::in_place, ws.profile, Op::kQkv);
   const PreparedInput xq = cpu::prepare_input(pool, L.wq.type, ws.xn.data(), E, E, n, ws.qa.data());
   const PreparedInput xk = L.wk.type == L.wq.type ? xq : cpu::prepare_input(pool, L.wk.type, ws.xn.data(), E, E, n, ws.qb.data());
   MatmulJob jobs[3] = {
@@ -155,16 +158,19 @@ void Qwen3Model::attention_block(cpu::ThreadPool& pool, Qwen3Workspace& ws, kv::
     jobs[2].x = cpu::prepare_input(pool, L.wv.type, ws.xn.data(), E, E, n, ws.qb.data());
     cpu::matmul(pool, jobs[2]);
   }
+  timer.emplace(ws.profile, Op::kRope);
   cpu::rms_norm(pool, ws.q.data(), L.q_norm.f32(), ws.q.data(), n * hp_.n_head, D, hp_.rms_eps);
   cpu::rms_norm(pool, ws.k.data(), L.k_norm.f32(), ws.k.data(), n * hp_.n_head_kv, D, hp_.rms_eps);
   cpu::rope_neox(pool, ws.q.data(), n, hp_.n_head, D, ws.positions.data(), hp_.rope_theta);
   cpu::rope_neox(pool, ws.k.data(), n, hp_.n_head_kv, D, ws.positions.data(), hp_.rope_theta);
+  timer.emplace(ws.profile, Op::kAttention);
   cpu::store_kv(ws.k.data(), n, kv_dim, kv.type(), kv.k(il), pos0);
   cpu::store_kv(ws.v.data(), n, kv_dim, kv.type(), kv.v(il), pos0);
   cpu::attention(pool, {.q = ws.q.data(), .k_cache = kv.k(il), .v_cache = kv.v(il), .kv_type = kv.type(),
                         .out = ws.attn.data(), .n_tok = n, .pos0 = pos0, .n_head = hp_.n_head,
                         .n_head_kv = hp_.n_head_kv, .head_dim = D, .window = hp_.sliding_window,
                         .scale = float(1.0 / std::sqrt(double(D))), .scratch = ws.attn_scratch.data()});
+  timer.emplace(ws.profile, Op::kAttnOut);
   const PreparedInput ao = cpu::prepare_input(pool, L.wo.type, ws.attn.data(), q_dim, q_dim, n, ws.qa.data());
   cpu::matmul(pool, {.w = L.wo.data, .type = L.wo.type, .n_in = q_dim, .n_out = E, .x = ao, .y = ws.proj.data(), .ldy = E});
 }
@@ -183,6 +189,7 @@ void swiglu(cpu::ThreadPool& pool, float* gate, const float* up, int64_t count) 
 
 void Qwen3Model::dense_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L, int64_t n) const {
   const int64_t E = hp_.n_embd, F = hp_.n_ff;
+  OpTimer timer(ws.profile, Op::kDenseFfn);
   const PreparedInput xg = cpu::prepare_input(pool, L.ffn_gate.type, ws.xn.data(), E, E, n, ws.qa.data());
   const PreparedInput xu = L.ffn_up.type == L.ffn_gate.type ? xg : cpu::prepare_input(pool, L.ffn_up.type, ws.xn.data(), E, E, n, ws.qb.data());
   const MatmulJob jobs[2] = {
@@ -198,6 +205,7 @@ void Qwen3Model::dense_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Laye
 void Qwen3Model::moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L, int64_t n) const {
   const int64_t E = hp_.n_embd, F = hp_.n_ff_exp, X = hp_.n_expert, K = hp_.n_expert_used;
   // Router: softmax over all experts, top-k, optional renormalization (transformers' order of operations).
+  std::optional<OpTimer> timer(std::in_place, ws.profile, Op::kRouter);
   const PreparedInput xr = cpu::prepare_input(pool, L.gate_inp.type, ws.xn.data(), E, E, n, nullptr);
   cpu::matmul(pool, {.w = L.gate_inp.data, .type = L.gate_inp.type, .n_in = E, .n_out = X, .x = xr, .y = ws.router.data(), .ldy = X});
   std::fill(ws.expert_begin.begin(), ws.expert_begin.end(), 0);
@@ -238,6 +246,7 @@ void Qwen3Model::moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer&
     }
   }
   const int64_t rows = n * K;
+  timer.emplace(ws.profile, Op::kExpertsOther);
   // Activations: prepared once per token, then gathered into expert order.
   const PreparedInput xt = cpu::prepare_input(pool, L.gate_exps.type, ws.xn.data(), E, E, n, ws.qb.data());
   const uint8_t* src = static_cast<const uint8_t*>(xt.data);
@@ -258,7 +267,9 @@ void Qwen3Model::moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer&
     jobs.push_back({.w = L.up_exps.row(e * F), .type = L.up_exps.type, .n_in = E, .n_out = F, .x = xe,
                     .y = ws.up.data() + r0 * F, .ldy = F});
   }
+  timer.emplace(ws.profile, Op::kExpertsGateUp);
   cpu::matmul(pool, jobs);
+  timer.emplace(ws.profile, Op::kExpertsOther);
   swiglu(pool, ws.gate.data(), ws.up.data(), rows * F);
   const PreparedInput h = cpu::prepare_input(pool, L.down_exps.type, ws.gate.data(), F, F, rows, ws.qa.data());
   jobs.clear();
@@ -270,7 +281,9 @@ void Qwen3Model::moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer&
     jobs.push_back({.w = L.down_exps.row(e * E), .type = L.down_exps.type, .n_in = F, .n_out = E, .x = he,
                     .y = ws.down.data() + r0 * E, .ldy = E});
   }
+  timer.emplace(ws.profile, Op::kExpertsDown);
   cpu::matmul(pool, jobs);
+  timer.emplace(ws.profile, Op::kExpertsOther);
   // proj[t] = sum over the token's experts, in expert order, of weight * down_row.
   std::fill(ws.proj.begin(), ws.proj.begin() + n * E, 0.0f);
   const cpu::VectorKernels& vk = cpu::vector_kernels();
@@ -283,6 +296,8 @@ void Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, kv::KvCach
   Qwen3Workspace& ws = static_cast<Qwen3Workspace&>(workspace);
   const int64_t n = args.n_tok, E = hp_.n_embd;
   MAGNETAR_CHECK(n >= 1 && n <= ws.n_batch && args.pos0 + n <= kv.n_ctx());
+  ws.profile = args.profile;
+  std::optional<OpTimer> timer(std::in_place, ws.profile, Op::kEmbed);
   const quant::ToFloatFn embed = cpu::kernels(w_.token_embd.type).dequantize;
   for (int64_t t = 0; t < n; ++t) {
     MAGNETAR_CHECK(args.tokens[t] >= 0 && args.tokens[t] < hp_.n_vocab);
@@ -292,17 +307,23 @@ void Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, kv::KvCach
   const cpu::VectorKernels& vk = cpu::vector_kernels();
   for (size_t il = 0; il < w_.layers.size(); ++il) {
     const Layer& L = w_.layers[il];
+    timer.emplace(ws.profile, Op::kNorm);
     cpu::rms_norm(pool, ws.x.data(), L.attn_norm.f32(), ws.xn.data(), n, E, hp_.rms_eps);
+    timer.reset();
     attention_block(pool, ws, kv, L, int64_t(il), n, args.pos0);
+    timer.emplace(ws.profile, Op::kNorm);
     for (int64_t t = 0; t < n; ++t) vk.axpy_f32(E, 1.0f, ws.proj.data() + t * E, ws.x.data() + t * E);
     cpu::rms_norm(pool, ws.x.data(), L.ffn_norm.f32(), ws.xn.data(), n, E, hp_.rms_eps);
+    timer.reset();
     if (L.moe()) {
       moe_ffn(pool, ws, L, n);
     } else {
       dense_ffn(pool, ws, L, n);
     }
+    timer.emplace(ws.profile, Op::kNorm);
     for (int64_t t = 0; t < n; ++t) vk.axpy_f32(E, 1.0f, ws.proj.data() + t * E, ws.x.data() + t * E);
   }
+  timer.emplace(ws.profile, Op::kLmHead);
   const int64_t first = args.all_logits ? 0 : n - 1, n_out = n - first;
   cpu::rms_norm(pool, ws.x.data() + first * E, w_.output_norm.f32(), ws.xn.data(), n_out, E, hp_.rms_eps);
   const Tensor& head = w_.output.present() ? w_.output : w_.token_embd;
