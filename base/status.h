@@ -66,3 +66,14 @@ class Result {
     ::magnetar::Status status_tmp_ = (expr);        \
     if (!status_tmp_.ok()) return status_tmp_;      \
   } while (0)
+
+// Evaluates an expression returning Result<T>; on failure returns its Status, else assigns the value:
+//   MAGNETAR_ASSIGN_OR_RETURN(const int64_t n, config.integer("hidden_size"));
+#define MAGNETAR_ASSIGN_OR_RETURN(lhs, expr) \
+  MAGNETAR_ASSIGN_OR_RETURN_IMPL(MAGNETAR_CONCAT(result_, __LINE__), lhs, expr)
+#define MAGNETAR_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                                   \
+  if (!tmp.ok()) return tmp.status();                  \
+  lhs = std::move(tmp).value()
+#define MAGNETAR_CONCAT(a, b) MAGNETAR_CONCAT_IMPL(a, b)
+#define MAGNETAR_CONCAT_IMPL(a, b) a##b

@@ -23,6 +23,7 @@ using cpu::PreparedInput;
 // ---- weights ------------------------------------------------------------------------------------------------
 
 struct Layer {
+  int64_t window = 0;                     // sliding-window length of this layer (0: full attention)
   Tensor attn_norm, wq, wk, wv, wo, q_norm, k_norm, ffn_norm;
   // MoE layers
   Tensor gate_inp;                        // [n_embd, n_expert] F32
@@ -168,7 +169,7 @@ void Qwen3Model::attention_block(cpu::ThreadPool& pool, Qwen3Workspace& ws, kv::
   cpu::store_kv(ws.v.data(), n, kv_dim, kv.type(), kv.v(il), pos0);
   cpu::attention(pool, {.q = ws.q.data(), .k_cache = kv.k(il), .v_cache = kv.v(il), .kv_type = kv.type(),
                         .out = ws.attn.data(), .n_tok = n, .pos0 = pos0, .n_head = hp_.n_head,
-                        .n_head_kv = hp_.n_head_kv, .head_dim = D, .window = hp_.sliding_window,
+                        .n_head_kv = hp_.n_head_kv, .head_dim = D, .window = L.window,
                         .scale = float(1.0 / std::sqrt(double(D))), .scratch = ws.attn_scratch.data()});
   timer.emplace(ws.profile, Op::kAttnOut);
   const PreparedInput ao = cpu::prepare_input(pool, L.wo.type, ws.attn.data(), q_dim, q_dim, n, ws.qa.data());
@@ -372,6 +373,17 @@ Result<std::unique_ptr<Model>> load_qwen3(const gguf::Model& file) {
   if (!embd || embd->n_dims != 2) return Status::error(file.shards()[0]->path() + ": tensor 'token_embd.weight' is missing or not 2-D");
   hp.n_vocab = embd->ne[1];
 
+  // Sliding window: every layer, or the layers `attention.sliding_window_pattern` marks (Qwen3 dense with
+  // max_window_layers / layer_types).
+  std::vector<bool> slides(size_t(hp.n_layer), hp.sliding_window > 0);
+  if (const gguf::Value* pattern = file.find(a + "attention.sliding_window_pattern"); pattern && hp.sliding_window > 0) {
+    if (pattern->type != gguf::ValueType::kArray || pattern->array.size() != size_t(hp.n_layer)) {
+      return Status::error(format("%s: metadata '%sattention.sliding_window_pattern' must be an array of %lld bools",
+                                  file.shards()[0]->path().c_str(), a.c_str(), (long long)hp.n_layer));
+    }
+    for (size_t il = 0; il < slides.size(); ++il) slides[il] = pattern->array[il].u != 0;
+  }
+
   Weights w;
   const int64_t E = hp.n_embd, D = hp.head_dim, q_dim = hp.n_head * D, kv_dim = hp.n_head_kv * D;
   w.token_embd = b.tensor("token_embd.weight", {E, hp.n_vocab});
@@ -380,6 +392,7 @@ Result<std::unique_ptr<Model>> load_qwen3(const gguf::Model& file) {
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const std::string p = "blk." + std::to_string(il) + ".";
     Layer L;
+    L.window = slides[size_t(il)] ? hp.sliding_window : 0;
     L.attn_norm = b.tensor(p + "attn_norm.weight", {E}, Need::kRequired, Kind::kF32Only);
     L.wq = b.tensor(p + "attn_q.weight", {E, q_dim});
     L.wk = b.tensor(p + "attn_k.weight", {E, kv_dim});

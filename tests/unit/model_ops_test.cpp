@@ -1,0 +1,97 @@
+// CPU ops of the forward pass against straightforward double-precision formulas.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "backends/cpu/ops.h"
+
+namespace magnetar::cpu {
+namespace {
+
+// softmax(q.k * scale) v over positions max(0, p-window+1)..p, in double.
+std::vector<double> naive_attention(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+                                    int64_t n_tok, int64_t pos0, int64_t H, int64_t HKV, int64_t D, int64_t window,
+                                    float scale) {
+  std::vector<double> out(size_t(n_tok * H * D));
+  for (int64_t t = 0; t < n_tok; ++t) {
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t hk = h / (H / HKV), p = pos0 + t;
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+      std::vector<double> s;
+      double m = -1e300;
+      for (int64_t j = lo; j <= p; ++j) {
+        double dot = 0;
+        for (int64_t d = 0; d < D; ++d) dot += double(q[size_t((t * H + h) * D + d)]) * k[size_t((j * HKV + hk) * D + d)];
+        s.push_back(dot * scale);
+        m = std::max(m, s.back());
+      }
+      double z = 0;
+      for (double& x : s) z += (x = std::exp(x - m));
+      for (int64_t d = 0; d < D; ++d) {
+        double acc = 0;
+        for (int64_t j = lo; j <= p; ++j) acc += s[size_t(j - lo)] / z * v[size_t((j * HKV + hk) * D + d)];
+        out[size_t((t * H + h) * D + d)] = acc;
+      }
+    }
+  }
+  return out;
+}
+
+TEST(CpuOps, AttentionMatchesNaiveWithGqaAndSlidingWindow) {
+  const int64_t H = 4, HKV = 2, D = 32, n_ctx = 40, pos0 = 25, n_tok = 15;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<float> q(size_t(n_tok * H * D)), k(size_t(n_ctx * HKV * D)), v(k.size());
+  for (float& x : q) x = dist(rng);
+  for (float& x : k) x = dist(rng);
+  for (float& x : v) x = dist(rng);
+  ThreadPool pool(2);
+  std::vector<float> scratch(attention_scratch_floats(n_ctx, pool.size()));
+  for (int64_t window : {0, 1, 8}) {
+    for (quant::Type kv_type : {quant::Type::F32, quant::Type::F16}) {
+      std::vector<uint8_t> kc(k.size() * 4), vc(v.size() * 4);
+      store_kv(k.data(), n_ctx, HKV * D, kv_type, kc.data(), 0);
+      store_kv(v.data(), n_ctx, HKV * D, kv_type, vc.data(), 0);
+      std::vector<float> out(q.size());
+      attention(pool, {.q = q.data(), .k_cache = kc.data(), .v_cache = vc.data(), .kv_type = kv_type, .out = out.data(),
+                       .n_tok = n_tok, .pos0 = pos0, .n_head = H, .n_head_kv = HKV, .head_dim = D, .window = window,
+                       .scale = 0.2f, .scratch = scratch.data()});
+      const std::vector<double> want = naive_attention(q, k, v, n_tok, pos0, H, HKV, D, window, 0.2f);
+      const double tol = kv_type == quant::Type::F32 ? 1e-5 : 3e-3;  // f16 K/V: 11-bit mantissas
+      for (size_t i = 0; i < out.size(); ++i) {
+        ASSERT_NEAR(out[i], want[i], tol) << "window " << window << " kv " << int(kv_type) << " at " << i;
+      }
+    }
+  }
+}
+
+TEST(CpuOps, RopeNeoxRotatesPairsHalfADimensionApart) {
+  const int64_t D = 8, H = 2;
+  std::vector<float> x(size_t(H * D));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(i + 1);
+  const std::vector<float> orig = x;
+  const int32_t pos = 3;
+  ThreadPool pool(1);
+  rope_neox(pool, x.data(), 1, H, D, &pos, 10000.0f);
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t i = 0; i < D / 2; ++i) {
+      const double theta = pos * std::pow(10000.0, -2.0 * double(i) / double(D));
+      const double a = orig[size_t(h * D + i)], b = orig[size_t(h * D + i + D / 2)];
+      EXPECT_NEAR(x[size_t(h * D + i)], a * std::cos(theta) - b * std::sin(theta), 1e-5);
+      EXPECT_NEAR(x[size_t(h * D + i + D / 2)], b * std::cos(theta) + a * std::sin(theta), 1e-5);
+    }
+  }
+}
+
+TEST(CpuOps, RmsNorm) {
+  std::vector<float> x = {1, -2, 3, -4}, w = {1, 2, 0.5f, 1}, y(4);
+  ThreadPool pool(1);
+  rms_norm(pool, x.data(), w.data(), y.data(), 1, 4, 0.0f);
+  const double rms = std::sqrt((1 + 4 + 9 + 16) / 4.0);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(y[size_t(i)], x[size_t(i)] / rms * w[size_t(i)], 1e-6);
+}
+
+}  // namespace
+}  // namespace magnetar::cpu
