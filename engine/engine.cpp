@@ -140,6 +140,7 @@ struct Session::Impl {
   int64_t all_rows = 0;
   SessionStats stats;
   models::Profile profile;
+  models::RoutingCounts routing;
 
   // Computes positions [from, tokens.size()) of `tokens` (already the whole new timeline; rows before
   // `from` are valid in the KV cache) and keeps logits as asked.
@@ -157,6 +158,9 @@ Result<std::unique_ptr<Session>> Engine::new_session() {
   s->kv = std::make_unique<kv::KvCache>(kv_type, hp.n_layer, impl_->options.n_ctx, hp.n_head_kv * hp.head_dim);
   s->ws = impl_->model->make_workspace(impl_->options.n_batch, impl_->options.n_ctx, impl_->options.n_threads);
   s->last_logits.resize(size_t(hp.n_vocab));
+  if (impl_->options.count_routing && hp.n_expert > 0) {
+    s->routing = {.n_expert = hp.n_expert, .counts = std::vector<uint64_t>(size_t(hp.n_layer * hp.n_expert))};
+  }
   return std::unique_ptr<Session>(new Session(std::move(s)));
 }
 
@@ -177,7 +181,8 @@ void Session::Impl::compute(int64_t from, Logits mode) {
     float* out = mode == Logits::kAll ? all_logits.data() + size_t(b - from) * size_t(n_vocab) : last_logits.data();
     engine->model->forward(*engine->pool, *ws, *kv,
                            {.tokens = next.data() + b, .n_tok = n, .pos0 = b, .all_logits = mode == Logits::kAll,
-                            .logits = out, .profile = engine->options.profile ? &profile : nullptr});
+                            .logits = out, .profile = engine->options.profile ? &profile : nullptr,
+                            .routing = routing.counts.empty() ? nullptr : &routing});
     if (last_chunk && mode == Logits::kAll) {
       std::copy(out + size_t(n - 1) * size_t(n_vocab), out + size_t(n) * size_t(n_vocab), last_logits.begin());
     }
@@ -251,6 +256,17 @@ const SessionStats& Session::stats() const { return impl_->stats; }
 void Session::reset_stats() {
   impl_->stats = {};
   impl_->profile = {};
+  std::fill(impl_->routing.counts.begin(), impl_->routing.counts.end(), 0);
+}
+
+std::vector<std::vector<uint64_t>> Session::expert_counts() const {
+  const models::RoutingCounts& r = impl_->routing;
+  std::vector<std::vector<uint64_t>> out;
+  if (r.n_expert == 0) return out;
+  for (size_t at = 0; at < r.counts.size(); at += size_t(r.n_expert)) {
+    out.emplace_back(r.counts.begin() + ptrdiff_t(at), r.counts.begin() + ptrdiff_t(at + size_t(r.n_expert)));
+  }
+  return out;
 }
 
 std::vector<std::pair<std::string, double>> Session::op_profile() const {

@@ -31,6 +31,7 @@ struct EngineOptions {
   int64_t n_batch = 512;      // tokens per forward call during prefill (bounds scratch memory)
   KvType kv_type = KvType::kF16;
   bool profile = false;       // time every op of the forward pass (Session::op_profile)
+  bool count_routing = false; // count expert selections per layer (Session::expert_counts)
 };
 
 struct ModelInfo {
@@ -110,6 +111,9 @@ class Session {
   const SessionStats& stats() const;
   // (op name, seconds) accumulated since the last reset_stats(), when EngineOptions::profile is on.
   std::vector<std::pair<std::string, double>> op_profile() const;
+  // How often each (layer, expert) was chosen since the last reset_stats(): [n_layer][n_expert], when
+  // EngineOptions::count_routing is on (empty otherwise, and for dense models).
+  std::vector<std::vector<uint64_t>> expert_counts() const;
   void reset_stats();
 
   struct Impl;

@@ -70,6 +70,13 @@ class OpTimer {
   std::chrono::steady_clock::time_point start_;
 };
 
+// How often each routed expert was chosen: counts[layer * n_expert + expert] (layers without experts stay 0).
+// The popularity census of the expert store and `synth --check` read it.
+struct RoutingCounts {
+  int64_t n_expert = 0;
+  std::vector<uint64_t> counts;
+};
+
 struct ForwardArgs {
   const int32_t* tokens = nullptr;  // [n_tok]
   int64_t n_tok = 0;
@@ -77,6 +84,7 @@ struct ForwardArgs {
   bool all_logits = false;          // logits of every token, else only of the last one
   float* logits = nullptr;          // [all_logits ? n_tok : 1, n_vocab]
   Profile* profile = nullptr;       // non-null: accumulate time per op
+  RoutingCounts* routing = nullptr; // non-null: count expert selections (sized n_layer * n_expert)
 };
 
 class Model {

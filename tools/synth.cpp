@@ -9,11 +9,13 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <numeric>
 #include <cmath>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include "engine/engine.h"
 #include "gguf/writer.h"
 #include "quant/quant.h"
 #include "tools/cli.h"
@@ -45,9 +47,28 @@ struct TensorSpec {
   quant::Type type;
   Init init;
   double sigma;
+  std::vector<double> row_scale = {};  // per-row multiplier of sigma (routers with --skew); empty: 1
 };
 
-std::vector<TensorSpec> qwen3moe_tensors(const Geometry& g, quant::Type type) {
+// --skew ALPHA: router row e of each layer gets standard deviation sigma * (1 + rank(e))^-ALPHA, ranks a
+// seeded permutation per layer, scaled to unit mean square. A router row with a larger spread wins top-k more
+// often, so expert popularity falls off with rank (Zipf-like, steeper with ALPHA); `synth --check` measures it.
+std::vector<double> skewed_scales(int64_t n_expert, double alpha, uint64_t seed) {
+  std::vector<int64_t> rank(static_cast<size_t>(n_expert));
+  std::iota(rank.begin(), rank.end(), 0);
+  std::mt19937_64 rng(seed);
+  std::shuffle(rank.begin(), rank.end(), rng);
+  std::vector<double> scale(static_cast<size_t>(n_expert));
+  double mean_square = 0;
+  for (int64_t e = 0; e < n_expert; ++e) {
+    scale[size_t(e)] = std::pow(double(1 + rank[size_t(e)]), -alpha);
+    mean_square += scale[size_t(e)] * scale[size_t(e)] / double(n_expert);
+  }
+  for (double& v : scale) v /= std::sqrt(mean_square);
+  return scale;
+}
+
+std::vector<TensorSpec> qwen3moe_tensors(const Geometry& g, quant::Type type, double skew, uint64_t seed) {
   const quant::Type f32 = quant::Type::F32;
   const bool quantized = quant::traits(type).is_quantized;
   const quant::Type head_type = quantized ? quant::Type::Q8_0 : type;
@@ -65,7 +86,8 @@ std::vector<TensorSpec> qwen3moe_tensors(const Geometry& g, quant::Type type) {
     t.push_back({p + "attn_k_norm.weight", {g.head_dim}, f32, Init::kOne, 0});
     t.push_back({p + "attn_output.weight", {q_dim, g.n_embd}, type, Init::kGaussian, 1.0 / std::sqrt(double(q_dim))});
     t.push_back({p + "ffn_norm.weight", {g.n_embd}, f32, Init::kOne, 0});
-    t.push_back({p + "ffn_gate_inp.weight", {g.n_embd, g.n_expert}, f32, Init::kGaussian, embd_sigma});
+    t.push_back({p + "ffn_gate_inp.weight", {g.n_embd, g.n_expert}, f32, Init::kGaussian, embd_sigma,
+                 skew > 0 ? skewed_scales(g.n_expert, skew, seed * 1000003 + uint64_t(l)) : std::vector<double>{}});
     t.push_back({p + "ffn_gate_exps.weight", {g.n_embd, g.n_ff_exp, g.n_expert}, type, Init::kGaussian, embd_sigma});
     t.push_back({p + "ffn_up_exps.weight", {g.n_embd, g.n_ff_exp, g.n_expert}, type, Init::kGaussian, embd_sigma});
     t.push_back({p + "ffn_down_exps.weight", {g.n_ff_exp, g.n_embd, g.n_expert}, type, Init::kGaussian,
@@ -158,24 +180,85 @@ void make_rows(const TensorSpec& spec, const BlockPool* pool, uint64_t seed, uin
       std::fill(row.begin(), row.end(), 1.0f);
     } else {
       std::mt19937_64 rng(stream);
-      std::normal_distribution<float> dist(0.0f, float(spec.sigma));
+      const double sigma = spec.row_scale.empty() ? spec.sigma : spec.sigma * spec.row_scale[size_t(r)];
+      std::normal_distribution<float> dist(0.0f, float(sigma));
       for (float& v : row) v = dist(rng);
     }
     tr.from_float(row.data(), dst, n);
   }
 }
 
+// `synth --check MODEL`: runs N random tokens through the model and reports its routing diversity, so a
+// synthetic model's expert popularity can be compared with a trained one's.
+int check_routing(const std::string& path, int64_t n_tokens, int64_t threads, uint64_t seed) {
+  EngineOptions options{.n_threads = int(threads), .n_ctx = n_tokens, .n_batch = std::min<int64_t>(n_tokens, 256),
+                        .count_routing = true};
+  Result<std::unique_ptr<Engine>> engine = Engine::load(path, options);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "magnetar synth --check: %s\n", engine.status().message().c_str());
+    return kExitBadInput;
+  }
+  const ModelInfo& info = (*engine)->info();
+  if (info.n_expert == 0) {
+    std::fprintf(stderr, "magnetar synth --check: %s has no routed experts\n", path.c_str());
+    return kExitBadInput;
+  }
+  Result<std::unique_ptr<Session>> session = (*engine)->new_session();
+  if (!session.ok()) return kExitFailure;
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(n_tokens));
+  for (int32_t& t : ids) t = int32_t(rng() % uint64_t(info.n_vocab));
+  if (Status st = (*session)->sync(ids); !st.ok()) {
+    std::fprintf(stderr, "magnetar synth --check: %s\n", st.message().c_str());
+    return kExitFailure;
+  }
+  const std::vector<std::vector<uint64_t>> counts = (*session)->expert_counts();
+  // Per layer: distinct experts touched and the share of selections taken by the most popular 10% / 25% /
+  // 50% of experts (uniform routing gives about 10% / 25% / 50%).
+  const double fractions[3] = {0.10, 0.25, 0.50};
+  double share_sum[3] = {}, distinct_sum = 0;
+  int layers = 0;
+  std::printf("routing of %s over %lld random tokens (%lld of %lld experts per token)\n", path.c_str(),
+              (long long)n_tokens, (long long)info.n_expert_used, (long long)info.n_expert);
+  std::printf("%6s %10s %10s %10s %10s\n", "layer", "distinct", "top10%", "top25%", "top50%");
+  for (size_t l = 0; l < counts.size(); ++l) {
+    std::vector<uint64_t> c = counts[l];
+    const uint64_t total = std::accumulate(c.begin(), c.end(), uint64_t(0));
+    if (total == 0) continue;  // dense layer
+    std::sort(c.rbegin(), c.rend());
+    const int64_t distinct = std::count_if(c.begin(), c.end(), [](uint64_t v) { return v > 0; });
+    double share[3];
+    for (int k = 0; k < 3; ++k) {
+      const size_t top = std::max<size_t>(1, size_t(fractions[k] * double(c.size())));
+      share[k] = double(std::accumulate(c.begin(), c.begin() + ptrdiff_t(top), uint64_t(0))) / double(total);
+      share_sum[k] += share[k];
+    }
+    distinct_sum += double(distinct);
+    ++layers;
+    std::printf("%6zu %6lld/%-3lld %9.1f%% %9.1f%% %9.1f%%\n", l, (long long)distinct, (long long)c.size(),
+                100 * share[0], 100 * share[1], 100 * share[2]);
+  }
+  if (layers > 0) {
+    std::printf("%6s %10.1f %9.1f%% %9.1f%% %9.1f%%\n", "mean", distinct_sum / layers, 100 * share_sum[0] / layers,
+                100 * share_sum[1] / layers, 100 * share_sum[2] / layers);
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int synth_main(int argc, char** argv) {
   std::string preset = "tiny", type_name = "q4_k", out_path, tokenizer_dir;
+  float skew = 0.0f;
+  std::string check_path;
+  int64_t check_tokens = 512;
   int64_t layers = 0, seed = 1, threads = int64_t(std::max(1u, std::thread::hardware_concurrency()));
   std::string presets_list;
   for (const Geometry& g : kPresets) {
     if (!presets_list.empty()) presets_list += '|';
     presets_list += g.preset;
   }
-  cli::Args args("magnetar synth --preset NAME --type TYPE -o OUT.gguf [options]",
+  cli::Args args("magnetar synth --preset NAME --type TYPE -o OUT.gguf [options]   |   magnetar synth --check MODEL.gguf",
                  "Writes a synthetic qwen3moe model of real geometry with random zero-mean weights (no tokenizer:\n"
                  "it runs from token ids). For benchmarks and tests of loading, caching and streaming.");
   args.option("--preset", &preset, presets_list, "model geometry");
@@ -183,6 +266,11 @@ int synth_main(int argc, char** argv) {
   args.option("-o", &out_path, "OUT.gguf", "output file (written atomically)");
   args.option("--layers", &layers, "N", "keep only the first N layers (0: all)");
   args.option("--seed", &seed, "S", "random seed");
+  args.option("--check", &check_path, "MODEL.gguf",
+              "instead of writing: report MODEL's routing diversity over --check-tokens random tokens");
+  args.option("--check-tokens", &check_tokens, "N", "tokens --check runs through the model");
+  args.option("--skew", &skew, "ALPHA",
+              "make expert popularity fall off with rank (router row spread ~ rank^-ALPHA; 0: uniform; try 1)");
   args.option("-t", &threads, "N", "threads");
   args.option("--tokenizer", &tokenizer_dir, "HF_DIR",
               "embed the tokenizer of a Hugging Face folder (tokenizer.json, tokenizer_config.json); the vocabulary\n"
@@ -190,6 +278,13 @@ int synth_main(int argc, char** argv) {
   if (Status s = args.parse(argc, argv, 1); !s.ok() || args.help_requested()) {
     if (!s.ok()) std::fprintf(stderr, "magnetar synth: %s\n", s.message().c_str());
     return s.ok() ? kExitOk : kExitBadInput;
+  }
+  if (!check_path.empty()) {
+    if (check_tokens < 1) {
+      std::fprintf(stderr, "magnetar synth: --check-tokens must be >= 1\n");
+      return kExitBadInput;
+    }
+    return check_routing(check_path, check_tokens, threads, uint64_t(seed));
   }
   const Geometry* found = nullptr;
   for (const Geometry& g : kPresets) {
@@ -220,7 +315,7 @@ int synth_main(int argc, char** argv) {
       if (kv_pair.key == "tokenizer.ggml.tokens") g.n_vocab = std::max<int64_t>(g.n_vocab, int64_t(kv_pair.value.array.size()));
     }
   }
-  const std::vector<TensorSpec> specs = qwen3moe_tensors(g, *type);
+  const std::vector<TensorSpec> specs = qwen3moe_tensors(g, *type, skew, uint64_t(seed));
   for (const TensorSpec& s : specs) {
     if (s.dims[0] % quant::traits(s.type).block_size != 0) {
       std::fprintf(stderr, "magnetar synth: tensor '%s' has rows of %lld, not a multiple of the %s block size\n",

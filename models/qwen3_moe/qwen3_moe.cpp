@@ -54,7 +54,9 @@ class Qwen3Workspace : public Workspace {
   std::vector<float> gate, up, down;                // [n_batch * k, n_ff] / [n_batch * k, n_embd]
   std::vector<uint8_t> qa, qb;                      // prepared (quantized) activations
   std::vector<float> attn_scratch;
-  Profile* profile = nullptr;  // of the forward() call in progress
+  Profile* profile = nullptr;         // of the forward() call in progress
+  RoutingCounts* routing = nullptr;   // idem
+  int64_t layer = 0;                  // idem: the layer being computed
 };
 
 class Qwen3Model final : public Model {
@@ -229,6 +231,7 @@ void Qwen3Model::moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer&
       weights[j] = float(std::exp(double(logits[ids[j]] - max_logit)) / sum);
       top_sum += weights[j];
       ws.expert_begin[size_t(ids[j]) + 1]++;
+      if (ws.routing) ws.routing->counts[size_t(ws.layer * X + ids[j])]++;
     }
     if (hp_.norm_topk_prob) {
       for (int64_t j = 0; j < K; ++j) weights[j] = float(weights[j] / top_sum);
@@ -298,6 +301,8 @@ void Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, kv::KvCach
   const int64_t n = args.n_tok, E = hp_.n_embd;
   MAGNETAR_CHECK(n >= 1 && n <= ws.n_batch && args.pos0 + n <= kv.n_ctx());
   ws.profile = args.profile;
+  ws.routing = args.routing;
+  if (ws.routing) MAGNETAR_CHECK(int64_t(ws.routing->counts.size()) == hp_.n_layer * hp_.n_expert);
   std::optional<OpTimer> timer(std::in_place, ws.profile, Op::kEmbed);
   const quant::ToFloatFn embed = cpu::kernels(w_.token_embd.type).dequantize;
   for (int64_t t = 0; t < n; ++t) {
@@ -308,6 +313,7 @@ void Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, kv::KvCach
   const cpu::VectorKernels& vk = cpu::vector_kernels();
   for (size_t il = 0; il < w_.layers.size(); ++il) {
     const Layer& L = w_.layers[il];
+    ws.layer = int64_t(il);
     timer.emplace(ws.profile, Op::kNorm);
     cpu::rms_norm(pool, ws.x.data(), L.attn_norm.f32(), ws.xn.data(), n, E, hp_.rms_eps);
     timer.reset();

@@ -139,6 +139,28 @@ TEST(Synth, TinyModelHasQwen3MoeGeometryAndIsDeterministic) {
   }
 }
 
+// The share of expert selections taken by the most popular half of the experts, from `synth --check`.
+double top_half_share(const std::string& out) {
+  const size_t at = out.find("\n  mean");
+  EXPECT_NE(at, std::string::npos) << out;
+  double distinct, top10, top25, top50;
+  EXPECT_EQ(std::sscanf(out.c_str() + at + 8, "%lf %lf%% %lf%% %lf%%", &distinct, &top10, &top25, &top50), 4) << out;
+  return top50;
+}
+
+TEST(Synth, SkewConcentratesRoutingAndCheckMeasuresIt) {
+  testing::TempDir dir;
+  ASSERT_EQ(run("synth --preset tiny --type q8_0 -o " + dir.file("u.gguf")).status, 0);
+  ASSERT_EQ(run("synth --preset tiny --type q8_0 --skew 2 -o " + dir.file("s.gguf")).status, 0);
+  const Invocation u = run("synth --check " + dir.file("u.gguf") + " --check-tokens 256");
+  const Invocation s = run("synth --check " + dir.file("s.gguf") + " --check-tokens 256");
+  ASSERT_EQ(u.status, 0) << u.err;
+  ASSERT_EQ(s.status, 0) << s.err;
+  // 8 experts, top-2: the busiest half of the experts takes >= 50% by definition; skew must push it well up.
+  EXPECT_GE(top_half_share(u.out), 50.0);
+  EXPECT_GT(top_half_share(s.out), top_half_share(u.out) + 10.0) << u.out << s.out;
+}
+
 TEST(Synth, RejectsBadArguments) {
   const Invocation r = run("synth --preset huge --type q4_k -o /tmp/x.gguf");
   EXPECT_EQ(r.status, 2);
