@@ -15,6 +15,10 @@ if [ "${1:-}" = "fuzz" ]; then
 fi
 
 missing=()
+# node + npm run the tokenizer parity test's reference (HF tokenizers through npm); any install will do
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  missing+=(nodejs npm)
+fi
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$p")
