@@ -36,6 +36,7 @@ struct LoadF16 {
   }
 };
 
+// Used by dequantize_bf16; the BF16 dot avoids the widening (see vec_dot_bf16).
 struct LoadBF16 {
   using Elem = uint16_t;
   // A bf16 is the high half of a float: widen to 32 bits and shift into place.
@@ -86,7 +87,51 @@ float dot(int64_t n, const void* vx, const void* vy) {
 
 float vec_dot_f32(int64_t n, const void* x, const void* y) { return dot<LoadF32>(n, x, y); }
 float vec_dot_f16(int64_t n, const void* x, const void* y) { return dot<LoadF16>(n, x, y); }
-float vec_dot_bf16(int64_t n, const void* x, const void* y) { return dot<LoadBF16>(n, x, y); }
+
+// BF16 without widening: a 256-bit load holds 16 bf16 in 8 32-bit lanes. Shifting each lane left by 16
+// gives the even-indexed elements as floats, masking off the low half gives the odd-indexed ones. x and y
+// pair up lane for lane, so two FMAs per 16 elements compute the dot with no shuffle. Widening loads
+// (LoadBF16: a cross-lane zero-extension per 8 elements) ran the L2-resident dot at 23.8 GB/s, this form
+// at 28.8-33.5 GB/s (docs/benchmarks/2026-11-30-quant-kernels.md; F16 with F16C: 44 GB/s).
+__m256 bf16_even(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
+__m256 bf16_odd(__m256i v) { return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xffff0000u)))); }
+
+float vec_dot_bf16(int64_t n, const void* vx, const void* vy) {
+  constexpr int kChunk = 16;  // bf16 per 256-bit load
+  const uint16_t* x = static_cast<const uint16_t*>(vx);
+  const uint16_t* y = static_cast<const uint16_t*>(vy);
+  auto load = [](const uint16_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); };
+  __m256 acc[2 * kUnroll];  // even and odd accumulators per unrolled chunk
+  for (__m256& a : acc) a = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + kChunk * kUnroll <= n; i += kChunk * kUnroll) {
+    for (int u = 0; u < kUnroll; ++u) {
+      const __m256i a = load(x + i + u * kChunk);
+      const __m256i b = load(y + i + u * kChunk);
+      acc[2 * u] = _mm256_fmadd_ps(bf16_even(a), bf16_even(b), acc[2 * u]);
+      acc[2 * u + 1] = _mm256_fmadd_ps(bf16_odd(a), bf16_odd(b), acc[2 * u + 1]);
+    }
+  }
+  for (; i + kChunk <= n; i += kChunk) {
+    const __m256i a = load(x + i);
+    const __m256i b = load(y + i);
+    acc[0] = _mm256_fmadd_ps(bf16_even(a), bf16_even(b), acc[0]);
+    acc[1] = _mm256_fmadd_ps(bf16_odd(a), bf16_odd(b), acc[1]);
+  }
+  if (i < n) {  // a partial chunk goes through a zero-padded copy (0 * 0 adds nothing)
+    uint16_t tx[kChunk] = {};
+    uint16_t ty[kChunk] = {};
+    std::memcpy(tx, x + i, size_t(n - i) * sizeof(uint16_t));
+    std::memcpy(ty, y + i, size_t(n - i) * sizeof(uint16_t));
+    const __m256i a = load(tx);
+    const __m256i b = load(ty);
+    acc[2] = _mm256_fmadd_ps(bf16_even(a), bf16_even(b), acc[2]);
+    acc[3] = _mm256_fmadd_ps(bf16_odd(a), bf16_odd(b), acc[3]);
+  }
+  __m256 sum = acc[0];
+  for (int k = 1; k < 2 * kUnroll; ++k) sum = _mm256_add_ps(sum, acc[k]);
+  return hsum(sum);
+}
 
 // ---- F16 conversions --------------------------------------------------------------------------------------
 
@@ -97,6 +142,9 @@ __m256 f16x8_to_float(__m128i h) {
   const __m256i f = _mm256_castps_si256(_mm256_cvtph_ps(h));
   const __m128i abs = _mm_and_si128(h, _mm_set1_epi16(0x7fff));
   const __m128i is_nan = _mm_cmpgt_epi16(abs, _mm_set1_epi16(0x7c00));  // abs <= 0x7fff: signed is fine
+  // Weights and activations hold no NaNs: skipping the fix-up then (a predictable branch) took the
+  // DRAM-streaming dequantize from 11.96 to 13.93 GB/s (docs/benchmarks/2026-11-30-quant-kernels.md).
+  if (_mm_testz_si128(is_nan, is_nan)) return _mm256_castsi256_ps(f);
   const __m128i quiet = _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x0200)), _mm_set1_epi16(0x0200));
   const __m256i snan = _mm256_cvtepi16_epi32(_mm_andnot_si128(quiet, is_nan));  // all-ones lanes
   const __m256i clear = _mm256_and_si256(snan, _mm256_set1_epi32(0x00400000));

@@ -82,7 +82,39 @@ float dot(int64_t n, const void* vx, const void* vy) {
 
 float vec_dot_f32(int64_t n, const void* x, const void* y) { return dot<LoadF32>(n, x, y); }
 float vec_dot_f16(int64_t n, const void* x, const void* y) { return dot<LoadF16>(n, x, y); }
-float vec_dot_bf16(int64_t n, const void* x, const void* y) { return dot<LoadBF16>(n, x, y); }
+// BF16 without widening (see avx2/float.cpp): a 512-bit load holds 32 bf16; shifting each 32-bit lane left
+// by 16 gives the even-indexed elements as floats, masking off the low half the odd-indexed ones, and x and
+// y pair up lane for lane. The tail is one masked load (masked-off elements read as +0).
+__m512 bf16_even(__m512i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); }
+__m512 bf16_odd(__m512i v) { return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xffff0000u)))); }
+
+float vec_dot_bf16(int64_t n, const void* vx, const void* vy) {
+  constexpr int kChunk = 32;  // bf16 per 512-bit load
+  const uint16_t* x = static_cast<const uint16_t*>(vx);
+  const uint16_t* y = static_cast<const uint16_t*>(vy);
+  __m512 acc[2 * kUnroll];  // even and odd accumulators per unrolled chunk
+  for (__m512& a : acc) a = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + kChunk * kUnroll <= n; i += kChunk * kUnroll) {
+    for (int u = 0; u < kUnroll; ++u) {
+      const __m512i a = _mm512_loadu_si512(x + i + u * kChunk);
+      const __m512i b = _mm512_loadu_si512(y + i + u * kChunk);
+      acc[2 * u] = _mm512_fmadd_ps(bf16_even(a), bf16_even(b), acc[2 * u]);
+      acc[2 * u + 1] = _mm512_fmadd_ps(bf16_odd(a), bf16_odd(b), acc[2 * u + 1]);
+    }
+  }
+  for (; i < n; i += kChunk) {
+    const int64_t r = n - i < kChunk ? n - i : kChunk;
+    const __mmask32 m = r == kChunk ? ~__mmask32(0) : __mmask32((1u << r) - 1);
+    const __m512i a = _mm512_maskz_loadu_epi16(m, x + i);
+    const __m512i b = _mm512_maskz_loadu_epi16(m, y + i);
+    acc[0] = _mm512_fmadd_ps(bf16_even(a), bf16_even(b), acc[0]);
+    acc[1] = _mm512_fmadd_ps(bf16_odd(a), bf16_odd(b), acc[1]);
+  }
+  __m512 sum = acc[0];
+  for (int k = 1; k < 2 * kUnroll; ++k) sum = _mm512_add_ps(sum, acc[k]);
+  return _mm512_reduce_add_ps(sum);
+}
 
 // ---- F16 conversions --------------------------------------------------------------------------------------
 
