@@ -36,6 +36,19 @@ double seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+void print_profile(const char* what, const std::vector<std::pair<std::string, double>>& ops, int64_t tokens,
+                   int64_t depth) {
+  double total = 0;
+  for (const auto& [name, sec] : ops) total += sec;
+  if (total <= 0) return;
+  std::printf("# %s profile from depth %lld (%lld tokens): ms per token by op\n", what, (long long)depth,
+              (long long)tokens);
+  for (const auto& [name, sec] : ops) {
+    if (sec > 0) std::printf("#   %-18s %9.3f ms %6.1f%%\n", name.c_str(), 1e3 * sec / double(tokens), 100 * sec / total);
+  }
+  std::printf("#   %-18s %9.3f ms\n", "total", 1e3 * total / double(tokens));
+}
+
 }  // namespace
 
 int bench_main(int argc, char** argv) {
@@ -54,7 +67,7 @@ int bench_main(int argc, char** argv) {
   args.option("--seed", &seed, "S", "seed of the random token ids");
   args.flag("--json", &json, "one JSON object per depth");
   args.flag("--csv", &csv, "CSV rows");
-  args.flag("--profile", &profile, "after the table, where decode time goes, per op (ms per token)");
+  args.flag("--profile", &profile, "after the table, where prefill and decode time goes at the last depth, per op");
   if (Status s = args.parse(argc, argv, 1); !s.ok() || args.help_requested()) {
     if (!s.ok()) std::fprintf(stderr, "magnetar bench: %s\n", s.message().c_str());
     return s.ok() ? kExitOk : kExitBadInput;
@@ -96,7 +109,10 @@ int bench_main(int argc, char** argv) {
   } else if (csv) {
     std::printf("depth,prefill_tokens,prefill_tps,decode_tokens,decode_tps\n");
   }
+  std::vector<std::pair<std::string, double>> prefill_profile;
+  int64_t last_depth = ctx_start;
   for (int64_t depth = ctx_start; depth <= ctx_max; depth += step) {
+    last_depth = depth;
     std::vector<double> pp, tg;
     for (int64_t r = 0; r < reps; ++r) {
       // Bring the timeline to exactly `depth` tokens (computed once, then reused from the KV cache).
@@ -108,13 +124,18 @@ int bench_main(int argc, char** argv) {
       } else {
         session.clear();
       }
+      const bool last = depth + step > ctx_max && r == reps - 1;  // profiled run: the last one
+      if (last) session.reset_stats();
       auto t0 = std::chrono::steady_clock::now();
       if (Status s = session.sync(std::span<const int32_t>(ids.data(), size_t(depth + step))); !s.ok()) {
         std::fprintf(stderr, "magnetar bench: %s\n", s.message().c_str());
         return kExitFailure;
       }
       pp.push_back(double(step) / seconds(t0));
-      if (depth == ctx_max && r == reps - 1) session.reset_stats();  // profile: the last decode run only
+      if (last) {
+        prefill_profile = session.op_profile();
+        session.reset_stats();
+      }
       t0 = std::chrono::steady_clock::now();
       for (int64_t g = 0; g < gen; ++g) {
         if (Status s = session.step(ids[size_t(depth + step + g)]); !s.ok()) {
@@ -138,15 +159,9 @@ int bench_main(int argc, char** argv) {
     }
     std::fflush(stdout);
   }
-  if (profile && gen > 0) {
-    const std::vector<std::pair<std::string, double>> ops = session.op_profile();
-    double total = 0;
-    for (const auto& [name, sec] : ops) total += sec;
-    std::printf("# decode profile at depth %lld (%lld tokens): ms per token by op\n", (long long)ctx_max, (long long)gen);
-    for (const auto& [name, sec] : ops) {
-      if (sec > 0) std::printf("#   %-18s %9.3f ms %6.1f%%\n", name.c_str(), 1e3 * sec / double(gen), 100 * sec / total);
-    }
-    std::printf("#   %-18s %9.3f ms\n", "total", 1e3 * total / double(gen));
+  if (profile) {
+    print_profile("prefill", prefill_profile, step, last_depth);
+    if (gen > 0) print_profile("decode", session.op_profile(), gen, last_depth + step);
   }
   return kExitOk;
 }

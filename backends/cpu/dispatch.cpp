@@ -1,4 +1,6 @@
 #include "backends/cpu/kernels.h"
+#include <cmath>
+
 #include "base/check.h"
 #include "quant/fp16.h"
 
@@ -20,6 +22,25 @@ void axpy_f32_scalar(int64_t n, float alpha, const float* x, float* y) {
 }
 void axpy_f16_scalar(int64_t n, float alpha, const uint16_t* x, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * quant::fp16_to_float(x[i]);
+}
+
+void dot_f16_multi_scalar(int64_t n, const uint16_t* k, const float* q, int64_t q_stride, int64_t n_q, float* out) {
+  for (int64_t g = 0; g < n_q; ++g) out[g] = dot_f16_f32_scalar(n, k, q + g * q_stride);
+}
+void dot_f32_multi_scalar(int64_t n, const float* k, const float* q, int64_t q_stride, int64_t n_q, float* out) {
+  for (int64_t g = 0; g < n_q; ++g) out[g] = dot_f32_scalar(n, k, q + g * q_stride);
+}
+void axpy_f16_multi_scalar(int64_t n, const float* alpha, const uint16_t* v, float* y, int64_t y_stride, int64_t n_q) {
+  for (int64_t g = 0; g < n_q; ++g) axpy_f16_scalar(n, alpha[g], v, y + g * y_stride);
+}
+void axpy_f32_multi_scalar(int64_t n, const float* alpha, const float* v, float* y, int64_t y_stride, int64_t n_q) {
+  for (int64_t g = 0; g < n_q; ++g) axpy_f32_scalar(n, alpha[g], v, y + g * y_stride);
+}
+
+float exp_sum_scalar(int64_t n, float* x, float max) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - max));
+  return float(sum);
 }
 
 struct Tables {
@@ -45,7 +66,10 @@ struct Tables {
     fill_from(avx512, avx2);
 
     vectors[int(Isa::kScalar)] = {.dot_f32 = dot_f32_scalar, .dot_f16_f32 = dot_f16_f32_scalar,
-                                  .axpy_f32 = axpy_f32_scalar, .axpy_f16 = axpy_f16_scalar};
+                                  .axpy_f32 = axpy_f32_scalar, .axpy_f16 = axpy_f16_scalar,
+                                  .dot_f16_multi = dot_f16_multi_scalar, .dot_f32_multi = dot_f32_multi_scalar,
+                                  .axpy_f16_multi = axpy_f16_multi_scalar, .axpy_f32_multi = axpy_f32_multi_scalar,
+                                  .exp_sum = exp_sum_scalar};
     vectors[int(Isa::kAvx2)] = vectors[int(Isa::kScalar)];
     register_avx2_vector(vectors[int(Isa::kAvx2)]);
     vectors[int(Isa::kAvx512)] = vectors[int(Isa::kAvx2)];

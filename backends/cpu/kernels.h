@@ -43,6 +43,16 @@ struct VectorKernels {
   float (*dot_f16_f32)(int64_t n, const uint16_t* a, const float* b) = nullptr;
   void (*axpy_f32)(int64_t n, float alpha, const float* x, float* y) = nullptr;     // y += alpha * x
   void (*axpy_f16)(int64_t n, float alpha, const uint16_t* x, float* y) = nullptr;  // y += alpha * x
+  // Grouped-query attention: one K (or V) row against n_q query rows at once, so the row is loaded and
+  // widened once per group instead of once per head.
+  //   dot_*_multi:  out[g] = dot(k, q + g * q_stride)                 for g < n_q
+  //   axpy_*_multi: y[g * y_stride + i] += alpha[g] * v[i]            for g < n_q, i < n
+  void (*dot_f16_multi)(int64_t n, const uint16_t* k, const float* q, int64_t q_stride, int64_t n_q, float* out) = nullptr;
+  void (*dot_f32_multi)(int64_t n, const float* k, const float* q, int64_t q_stride, int64_t n_q, float* out) = nullptr;
+  void (*axpy_f16_multi)(int64_t n, const float* alpha, const uint16_t* v, float* y, int64_t y_stride, int64_t n_q) = nullptr;
+  void (*axpy_f32_multi)(int64_t n, const float* alpha, const float* v, float* y, int64_t y_stride, int64_t n_q) = nullptr;
+  // x[i] = exp(x[i] - max) in place; returns the sum (softmax numerators). Relative error <= 2e-7 per element.
+  float (*exp_sum)(int64_t n, float* x, float max) = nullptr;
 };
 const VectorKernels& vector_kernels(Isa isa);
 inline const VectorKernels& vector_kernels() { return vector_kernels(best_isa()); }

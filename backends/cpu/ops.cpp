@@ -161,49 +161,63 @@ void rope_neox(ThreadPool& pool, float* x, int64_t n_tok, int64_t n_head, int64_
 
 // ---- attention ---------------------------------------------------------------------------------------------
 
-size_t attention_scratch_floats(int64_t n_ctx, int n_threads) { return size_t(n_ctx + 64) * size_t(n_threads); }
+// One job per (token, KV head): the group of query heads sharing that KV head is processed together, so each
+// cached K/V row is read (and widened from F16) once per group rather than once per head.
+size_t attention_scratch_floats(int64_t n_ctx, int n_threads) {
+  return size_t(n_ctx + 64) * 16 * size_t(n_threads);  // [group <= 16][n_ctx] scores per thread
+}
 
 void attention(ThreadPool& pool, const AttentionArgs& a) {
   MAGNETAR_CHECK(a.kv_type == quant::Type::F16 || a.kv_type == quant::Type::F32);
   MAGNETAR_CHECK(a.n_head % a.n_head_kv == 0);
   const VectorKernels& vk = vector_kernels();
   const int64_t group = a.n_head / a.n_head_kv;
+  MAGNETAR_CHECK(group <= 16);
   const int64_t kv_row = a.n_head_kv * a.head_dim;  // elements per cached position
-  const int64_t n_ctx_scratch = a.pos0 + a.n_tok + 64;
+  const int64_t stride = a.pos0 + a.n_tok + 64;     // scores row length in the scratch
   const bool f16 = a.kv_type == quant::Type::F16;
   const uint16_t* k16 = static_cast<const uint16_t*>(a.k_cache);
   const uint16_t* v16 = static_cast<const uint16_t*>(a.v_cache);
   const float* k32 = static_cast<const float*>(a.k_cache);
   const float* v32 = static_cast<const float*>(a.v_cache);
-  pool.parallel_for(a.n_tok * a.n_head, [&](int64_t b, int64_t e, int ith) {
-    float* scores = a.scratch + size_t(ith) * size_t(n_ctx_scratch);
+  pool.parallel_for(a.n_tok * a.n_head_kv, [&](int64_t b, int64_t e, int ith) {
+    float* scores = a.scratch + size_t(ith) * size_t(stride) * 16;  // [group][stride]
+    float dots[16], max_score[16], weight[16];
+    float sum[16];
     for (int64_t job = b; job < e; ++job) {
-      const int64_t t = job / a.n_head, h = job % a.n_head, hk = h / group;
+      const int64_t t = job / a.n_head_kv, hk = job % a.n_head_kv;
       const int64_t p = a.pos0 + t;
       const int64_t lo = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
-      const float* q = a.q + (t * a.n_head + h) * a.head_dim;
-      float max_score = -INFINITY;
-      for (int64_t j = lo; j <= p; ++j) {
-        const size_t off = size_t(j * kv_row + hk * a.head_dim);
-        const float s = (f16 ? vk.dot_f16_f32(a.head_dim, k16 + off, q) : vk.dot_f32(a.head_dim, k32 + off, q)) * a.scale;
-        scores[j - lo] = s;
-        max_score = std::max(max_score, s);
-      }
-      double sum = 0;
-      for (int64_t j = lo; j <= p; ++j) {
-        scores[j - lo] = std::exp(scores[j - lo] - max_score);
-        sum += scores[j - lo];
-      }
-      const float inv = float(1.0 / sum);
-      float* out = a.out + (t * a.n_head + h) * a.head_dim;
-      std::fill(out, out + a.head_dim, 0.0f);
+      const float* q = a.q + (t * a.n_head + hk * group) * a.head_dim;  // [group, head_dim]
+      for (int64_t g = 0; g < group; ++g) max_score[g] = -INFINITY;
       for (int64_t j = lo; j <= p; ++j) {
         const size_t off = size_t(j * kv_row + hk * a.head_dim);
         if (f16) {
-          vk.axpy_f16(a.head_dim, scores[j - lo] * inv, v16 + off, out);
+          vk.dot_f16_multi(a.head_dim, k16 + off, q, a.head_dim, group, dots);
         } else {
-          vk.axpy_f32(a.head_dim, scores[j - lo] * inv, v32 + off, out);
+          vk.dot_f32_multi(a.head_dim, k32 + off, q, a.head_dim, group, dots);
         }
+        for (int64_t g = 0; g < group; ++g) {
+          const float s = dots[g] * a.scale;
+          scores[g * stride + (j - lo)] = s;
+          max_score[g] = std::max(max_score[g], s);
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) sum[g] = vk.exp_sum(p - lo + 1, scores + g * stride, max_score[g]);
+      float* out = a.out + (t * a.n_head + hk * group) * a.head_dim;  // [group, head_dim]
+      std::fill(out, out + group * a.head_dim, 0.0f);
+      for (int64_t j = lo; j <= p; ++j) {
+        const size_t off = size_t(j * kv_row + hk * a.head_dim);
+        for (int64_t g = 0; g < group; ++g) weight[g] = scores[g * stride + (j - lo)];
+        if (f16) {
+          vk.axpy_f16_multi(a.head_dim, weight, v16 + off, out, a.head_dim, group);
+        } else {
+          vk.axpy_f32_multi(a.head_dim, weight, v32 + off, out, a.head_dim, group);
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        const float inv = float(1.0 / sum[g]);
+        for (int64_t i = 0; i < a.head_dim; ++i) out[g * a.head_dim + i] *= inv;
       }
     }
   });
