@@ -18,12 +18,12 @@ TEST(CudaDequantize, Q8_0MatchesTheReferenceBitExactly) {
   const int64_t n = 32 * 4099;  // odd block count: exercises the grid tail
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0.f, 1.f);
-  std::vector<float> x(size_t(n));
+  std::vector<float> x(static_cast<size_t>(n));
   for (float& v : x) v = dist(rng);
   x[5] = 1e4f;  // an outlier block
   std::vector<uint8_t> packed(quant::row_size(quant::Type::Q8_0, n));
   q8.from_float(x.data(), packed.data(), n);
-  std::vector<float> want(size_t(n)), got(size_t(n));
+  std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
   q8.to_float(packed.data(), want.data(), n);
   ASSERT_TRUE(cuda::dequantize_q8_0(packed.data(), got.data(), n).ok());
   EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);

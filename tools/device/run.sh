@@ -3,17 +3,25 @@
 # kernel tests there also cover AVX-512), run the kernel benchmarks, and leave results under $OUT.
 #
 # Usage (from the device tool, repo root): bash tools/device/run.sh [bench-filter]
-# The image has no network: header-only deps it lacks (nlohmann-json) travel as Debian .debs in
-# .device-deps/ (fetched here with `apt-get download nlohmann-json3-dev`, carried with carry=[".device-deps"]).
+# The image has no network: what it lacks travels in .device-deps/ (carry=[".device-deps"]), see below.
 set -uo pipefail
 OUT=${OUT:-/tmp/magnetar-out}
 mkdir -p "$OUT"
 filter=${1:-.}
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 
+# Build dependencies the image lacks (nlohmann-json, libpcre2-dev) travel as Debian .debs in .device-deps/
+# (`apt-get download nlohmann-json3-dev libpcre2-dev libpcre2-8-0` here); they are unpacked into a private
+# prefix, never over the image's /usr.
 prefix=/tmp/magnetar-deps
-if [ ! -f /usr/include/nlohmann/json.hpp ] && ls .device-deps/*.deb >/dev/null 2>&1; then
+if ls .device-deps/*.deb >/dev/null 2>&1; then
   for deb in .device-deps/*.deb; do dpkg -x "$deb" "$prefix"; done
+  for pc in "$prefix"/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc; do
+    [ -f "$pc" ] && sed -i "s#^prefix=/usr#prefix=$prefix/usr#" "$pc"
+  done
+  export PKG_CONFIG_PATH="$prefix/usr/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  export LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 
 log "machine: $(lscpu | sed -n 's/^Model name: *//p') / $(nproc) cores / $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
