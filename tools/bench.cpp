@@ -68,10 +68,7 @@ int bench_main(int argc, char** argv) {
   args.flag("--json", &json, "one JSON object per depth");
   args.flag("--csv", &csv, "CSV rows");
   args.flag("--profile", &profile, "after the table, where prefill and decode time goes at the last depth, per op");
-  if (Status s = args.parse(argc, argv, 1); !s.ok() || args.help_requested()) {
-    if (!s.ok()) std::fprintf(stderr, "magnetar bench: %s\n", s.message().c_str());
-    return s.ok() ? kExitOk : kExitBadInput;
-  }
+  if (std::optional<int> code = args.parse_or_exit(argc, argv, "bench")) return *code;
   if (ctx_start < 0 || ctx_max < ctx_start || step < 1 || gen < 0 || reps < 1) {
     std::fprintf(stderr, "magnetar bench: need 0 <= --ctx-start <= --ctx-max, --step >= 1, --gen >= 0, --reps >= 1\n");
     return kExitBadInput;

@@ -30,10 +30,7 @@ int chat_main(int argc, char** argv) {
   args.option("-n", &n_predict, "N", "maximum tokens per answer");
   args.flag("--no-think", &no_think, "ask the model to answer without a thinking block");
   args.flag("--hide-think", &hide_think, "do not print the thinking block");
-  if (Status s = args.parse(argc, argv, 1); !s.ok() || args.help_requested()) {
-    if (!s.ok()) std::fprintf(stderr, "magnetar chat: %s\n", s.message().c_str());
-    return s.ok() ? kExitOk : kExitBadInput;
-  }
+  if (std::optional<int> code = args.parse_or_exit(argc, argv, "chat")) return *code;
   std::unique_ptr<Engine> engine = model.load("chat");
   if (!engine) return kExitBadInput;
   if (!engine->info().has_tokenizer) {

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 namespace magnetar::cli {
 
@@ -117,6 +118,29 @@ Status Args::parse(int argc, char** argv, int first) {
     return Status::error(format("missing %s (see --help)", positionals_[next_positional].name.c_str()));
   }
   return Status();
+}
+
+std::optional<int> Args::parse_or_exit(int argc, char** argv, const char* command) {
+  const Status s = parse(argc, argv, 1);
+  if (!s.ok()) {
+    std::fprintf(stderr, "magnetar %s: %s\n", command, s.message().c_str());
+    return 2;
+  }
+  if (help_requested_) return 0;
+  return std::nullopt;
+}
+
+Result<std::string> read_file(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return Status::error(format("%s: cannot open: %s", path.c_str(), std::strerror(errno)));
+  std::string text;
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  if (failed) return Status::error(format("%s: read error", path.c_str()));
+  return text;
 }
 
 std::string Args::help() const {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -27,6 +28,9 @@ class Args {
   // Parses argv[first..]. On --help prints help() to stdout and sets help_requested().
   Status parse(int argc, char** argv, int first);
   bool help_requested() const { return help_requested_; }
+  // parse() for a subcommand's main: returns the exit code to return with right away (0 after --help,
+  // 2 after printing "magnetar COMMAND: error"), or nullopt when the command should run.
+  std::optional<int> parse_or_exit(int argc, char** argv, const char* command);
   std::string help() const;
 
  private:
@@ -47,5 +51,8 @@ class Args {
   std::vector<Spec> positionals_;
   bool help_requested_ = false;
 };
+
+// The whole content of a file; the error names the file.
+Result<std::string> read_file(const std::string& path);
 
 }  // namespace magnetar::cli

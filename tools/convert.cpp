@@ -33,10 +33,7 @@ int convert_main(int argc, char** argv) {
               "type of the weight matrices (norms and routers stay F32)");
   args.flag("--vocab-only", &vocab_only, "write only the metadata and the tokenizer, no tensors");
   args.option("-t", &threads, "N", "threads");
-  if (Status s = args.parse(argc, argv, 1); !s.ok() || args.help_requested()) {
-    if (!s.ok()) std::fprintf(stderr, "magnetar convert: %s\n", s.message().c_str());
-    return s.ok() ? kExitOk : kExitBadInput;
-  }
+  if (std::optional<int> code = args.parse_or_exit(argc, argv, "convert")) return *code;
   const std::optional<convert::OutType> out_type = convert::out_type_from_name(out_type_name);
   std::string error;
   if (!out_type)

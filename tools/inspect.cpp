@@ -68,10 +68,7 @@ int inspect_main(int argc, char** argv) {
   args.flag("--tensors", &show_tensors, "also list every tensor: name, type, shape, offset, bytes");
   args.flag("--json", &as_json, "print everything as one JSON object instead (all metadata, all tensors)");
   args.flag("--full", &full_arrays, "with --kv: print arrays whole instead of abbreviated");
-  if (Status s = args.parse(argc, argv, 1); !s.ok() || args.help_requested()) {
-    if (!s.ok()) std::fprintf(stderr, "magnetar inspect: %s\n", s.message().c_str());
-    return s.ok() ? kExitOk : kExitBadInput;
-  }
+  if (std::optional<int> code = args.parse_or_exit(argc, argv, "inspect")) return *code;
 
   Result<std::unique_ptr<gguf::Model>> opened = gguf::Model::open(path);
   if (!opened.ok()) {

@@ -26,10 +26,7 @@ int perplexity_main(int argc, char** argv) {
   args.option("-f", &text_file, "FILE", "text to score");
   args.option("--mode", &mode, "windowed|continuous", "which tokens are scored");
   args.option("--max-windows", &max_windows, "N", "score at most N windows (0: all)");
-  if (Status s = args.parse(argc, argv, 1); !s.ok() || args.help_requested()) {
-    if (!s.ok()) std::fprintf(stderr, "magnetar perplexity: %s\n", s.message().c_str());
-    return s.ok() ? kExitOk : kExitBadInput;
-  }
+  if (std::optional<int> code = args.parse_or_exit(argc, argv, "perplexity")) return *code;
   if (mode != "windowed" && mode != "continuous") {
     std::fprintf(stderr, "magnetar perplexity: --mode must be windowed or continuous, got '%s'\n", mode.c_str());
     return kExitBadInput;
@@ -38,18 +35,12 @@ int perplexity_main(int argc, char** argv) {
     std::fprintf(stderr, "magnetar perplexity: -f TEXT_FILE is required\n");
     return kExitBadInput;
   }
-  std::string text;
-  {
-    std::FILE* f = std::fopen(text_file.c_str(), "rb");
-    if (!f) {
-      std::fprintf(stderr, "magnetar perplexity: %s: cannot open: %s\n", text_file.c_str(), std::strerror(errno));
-      return kExitBadInput;
-    }
-    char buf[65536];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
-    std::fclose(f);
+  Result<std::string> read = cli::read_file(text_file);
+  if (!read.ok()) {
+    std::fprintf(stderr, "magnetar perplexity: %s\n", read.status().message().c_str());
+    return kExitBadInput;
   }
+  const std::string& text = read.value();
   std::unique_ptr<Engine> engine = model.load("perplexity");
   if (!engine) return kExitBadInput;
   Result<std::vector<int32_t>> tokenized = engine->tokenize(text, false);

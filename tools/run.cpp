@@ -70,25 +70,19 @@ int run_main(int argc, char** argv) {
   args.option("--dump-logits", &dump_logits, "FILE.npy",
               "write float32 logits [n_tokens, n_vocab] of every prompt position (teacher-forced) and exit");
   args.flag("--decode", &decode, "with --dump-logits: compute position by position through the KV cache");
-  if (Status s = args.parse(argc, argv, 1); !s.ok() || args.help_requested()) {
-    if (!s.ok()) std::fprintf(stderr, "magnetar run: %s\n", s.message().c_str());
-    return s.ok() ? kExitOk : kExitBadInput;
-  }
+  if (std::optional<int> code = args.parse_or_exit(argc, argv, "run")) return *code;
   const int given = int(!prompt.empty()) + int(!prompt_file.empty()) + int(!tokens_text.empty());
   if (given != 1) {
     std::fprintf(stderr, "magnetar run: give exactly one of -p, -f, --tokens (see --help)\n");
     return kExitBadInput;
   }
   if (!prompt_file.empty()) {
-    std::FILE* f = std::fopen(prompt_file.c_str(), "rb");
-    if (!f) {
-      std::fprintf(stderr, "magnetar run: %s: cannot open: %s\n", prompt_file.c_str(), std::strerror(errno));
+    Result<std::string> text = cli::read_file(prompt_file);
+    if (!text.ok()) {
+      std::fprintf(stderr, "magnetar run: %s\n", text.status().message().c_str());
       return kExitBadInput;
     }
-    char buf[65536];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) prompt.append(buf, n);
-    std::fclose(f);
+    prompt = std::move(text).value();
   }
   std::unique_ptr<Engine> engine = model.load("run");
   if (!engine) return kExitBadInput;

@@ -275,10 +275,7 @@ int synth_main(int argc, char** argv) {
   args.option("--tokenizer", &tokenizer_dir, "HF_DIR",
               "embed the tokenizer of a Hugging Face folder (tokenizer.json, tokenizer_config.json); the vocabulary\n"
               "                           size becomes max(preset, tokenizer)");
-  if (Status s = args.parse(argc, argv, 1); !s.ok() || args.help_requested()) {
-    if (!s.ok()) std::fprintf(stderr, "magnetar synth: %s\n", s.message().c_str());
-    return s.ok() ? kExitOk : kExitBadInput;
-  }
+  if (std::optional<int> code = args.parse_or_exit(argc, argv, "synth")) return *code;
   if (!check_path.empty()) {
     if (check_tokens < 1) {
       std::fprintf(stderr, "magnetar synth: --check-tokens must be >= 1\n");

@@ -59,10 +59,7 @@ int tokenize_main(int argc, char** argv) {
   args.option("--file", &file, "F", "tokenize the bytes of this file");
   args.flag("--jsonl", &jsonl, "read one JSON string per line on stdin, print one JSON array per line");
   args.flag("--no-special", &no_special, "encode special-token text as plain text");
-  if (Status s = args.parse(argc, argv, 1); !s.ok() || args.help_requested()) {
-    if (!s.ok()) std::fprintf(stderr, "magnetar tokenize: %s\n", s.message().c_str());
-    return s.ok() ? kExitOk : kExitBadInput;
-  }
+  if (std::optional<int> code = args.parse_or_exit(argc, argv, "tokenize")) return *code;
   bool has_text = false;  // --text "" is a valid (empty) input, so presence is read from argv
   for (int k = 1; k < argc; ++k) {
     const std::string_view a = argv[k];
@@ -76,11 +73,9 @@ int tokenize_main(int argc, char** argv) {
   const bool parse_special = !no_special;
 
   if (!file.empty()) {
-    std::ifstream in(file, std::ios::binary);
-    if (!in) return fail(file + ": cannot open");
-    std::stringstream bytes;
-    bytes << in.rdbuf();
-    text = bytes.str();
+    Result<std::string> read = cli::read_file(file);
+    if (!read.ok()) return fail(read.status().message());
+    text = std::move(read).value();
   }
   if (!jsonl) {
     std::printf("%s\n", ids_json(tok->encode(text, parse_special)).c_str());

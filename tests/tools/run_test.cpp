@@ -11,31 +11,16 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "tests/tools/invoke.h"
 #include "tests/unit/gguf_test_util.h"
 #include "tests/unit/toy_tokenizer.h"
 
 namespace magnetar {
 namespace {
 
-struct Invocation {
-  int status = -1;
-  std::string out, err;
-};
+using testing::Invocation;
 
-Invocation magnetar(const std::string& args) {
-  testing::TempDir dir;
-  const std::string cmd = std::string(MAGNETAR_BINARY) + " " + args + " 2>" + dir.file("err");
-  Invocation r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  std::ifstream in(dir.file("err"));
-  r.err.assign(std::istreambuf_iterator<char>(in), {});
-  return r;
-}
+Invocation magnetar(const std::string& args) { return testing::run_magnetar(args); }
 
 // Reads a float32 .npy written by `run --dump-logits`: returns the values and the shape.
 std::vector<float> read_npy(const std::string& path, int64_t* rows, int64_t* cols) {

@@ -9,6 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "tests/tools/invoke.h"
 #include "tests/unit/gguf_test_util.h"
 
 namespace magnetar {
@@ -16,27 +17,9 @@ namespace {
 
 const std::string kVectors = std::string(MAGNETAR_SHARED_DIR) + "/vectors";
 
-struct Invocation {
-  int status = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
+using testing::Invocation;
 
-Invocation run(const std::string& args) {
-  testing::TempDir dir;
-  const std::string err_file = dir.file("err.txt");
-  const std::string cmd = std::string(MAGNETAR_BINARY) + " " + args + " 2>" + err_file;
-  Invocation r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  std::ifstream in(err_file);
-  r.err.assign(std::istreambuf_iterator<char>(in), {});
-  return r;
-}
+Invocation run(const std::string& args) { return testing::run_magnetar(args); }
 
 TEST(Inspect, JsonCountsMatchTheVectors) {
   if (!std::filesystem::exists(kVectors + "/quant/expected.json")) {
