@@ -4,14 +4,19 @@
 //                           matrix-vector product on one thread)
 //   dot_l2/<TYPE>/<isa>     the same over the first kL2Bytes of the matrix, repeated: the rows stay in L2,
 //                           so this is the kernel's compute ceiling; dot far below dot_l2 means DRAM-bound
+//   dot_2tok/<TYPE>/<isa>   vec_dot of every row with two activation vectors, row by row (a prefill step of
+//                           two tokens as single dots); dot_2tok_l2 the same over cache-resident rows
+//   dot2x2/<TYPE>/<isa>     the same products through vec_dot_2x2, two rows x two tokens per call;
+//                           dot2x2_l2 over cache-resident rows (prefill's case: matmul re-reads a row tile
+//                           from cache for every token pair, so dot2x2_l2 / dot_2tok_l2 is the prefill gain)
 //   quantize/<TYPE>/<isa>   quantize one activation vector of kCols floats into a vec_dot_type
 // "scalar" is the reference in quant/ref, measured in the same run as the SIMD kernels it is the baseline
 // of. The label says when an ISA has no kernel of its own and falls back to a narrower one.
 //
-// Throughput is bytes of WEIGHTS per second for dequant and dot (so GB/s compares directly with memory
-// bandwidth), and bytes of float input per second for quantize. The weight matrix is at least
-// kMinMatrixBytes so that, as with MoE expert weights during decode, every row streams from DRAM rather
-// than from cache. Times are CPU time of the one benchmark thread.
+// Throughput is bytes of WEIGHTS per second for dequant and the dots (so GB/s compares directly with memory
+// bandwidth; the two-token dots count each row once, for both tokens), and bytes of float input per second
+// for quantize. The weight matrix is at least kMinMatrixBytes so that, as with MoE expert weights during
+// decode, every row streams from DRAM rather than from cache. Times are CPU time of the one benchmark thread.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -56,6 +61,7 @@ struct Matrix {
   size_t row_bytes = 0;
   std::vector<uint8_t> weights;     // [rows, row_bytes]
   std::vector<uint8_t> activation;  // [row_size(vec_dot_type, kCols)]
+  std::vector<uint8_t> activation2;  // a second token's, same size
 };
 
 std::unique_ptr<Matrix> build_matrix(Type type) {
@@ -76,6 +82,9 @@ std::unique_ptr<Matrix> build_matrix(Type type) {
   m->activation.resize(quant::row_size(t.vec_dot_type, kCols));
   const std::vector<float> act = gaussian(gen, kCols);
   quant::traits(t.vec_dot_type).from_float(act.data(), m->activation.data(), kCols);
+  m->activation2.resize(m->activation.size());
+  const std::vector<float> act2 = gaussian(gen, kCols);
+  quant::traits(t.vec_dot_type).from_float(act2.data(), m->activation2.data(), kCols);
   return m;
 }
 
@@ -138,6 +147,36 @@ void bm_dot(benchmark::State& state, Type type, Isa isa, bool cache_resident) {
   state.SetLabel(label_for(type, isa, &cpu::TypeKernels::vec_dot));
 }
 
+// Two tokens: every row (or, cache_resident, the rows of kL2Bytes, an even number) times both activations,
+// through vec_dot_2x2 (tile) or two vec_dot calls per row.
+void bm_dot_2tok(benchmark::State& state, Type type, Isa isa, bool cache_resident, bool tile) {
+  const Matrix& m = matrix(type);
+  const cpu::TypeKernels& k = cpu::kernels(type, isa);
+  const int64_t rows = cache_resident ? std::max<int64_t>(2, int64_t(kL2Bytes / m.row_bytes) / 2 * 2) : m.rows;
+  const uint8_t* w = m.weights.data();
+  const void* y0 = m.activation.data();
+  const void* y1 = m.activation2.data();
+  for (auto _ : state) {
+    float sum = 0;
+    if (tile) {
+      for (int64_t r = 0; r < rows; r += 2) {
+        float out[4];
+        k.vec_dot_2x2(kCols, w + size_t(r) * m.row_bytes, w + size_t(r + 1) * m.row_bytes, y0, y1, out);
+        sum += out[0] + out[1] + out[2] + out[3];
+      }
+    } else {
+      for (int64_t r = 0; r < rows; ++r) {
+        sum += k.vec_dot(kCols, w + size_t(r) * m.row_bytes, y0) + k.vec_dot(kCols, w + size_t(r) * m.row_bytes, y1);
+      }
+    }
+    benchmark::DoNotOptimize(sum);
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * rows * int64_t(m.row_bytes));
+  // A type without a tile kernel of its own runs four vec_dot calls per tile (and says nothing here).
+  state.SetLabel(tile ? label_for(type, isa, &cpu::TypeKernels::vec_dot_2x2)
+                      : label_for(type, isa, &cpu::TypeKernels::vec_dot));
+}
+
 void bm_quantize(benchmark::State& state, Type type, Isa isa) {
   std::mt19937_64 gen(7);
   const std::vector<float> x = gaussian(gen, kCols);  // [kCols]
@@ -171,6 +210,15 @@ void register_all() {
           ->Unit(benchmark::kMillisecond);
       benchmark::RegisterBenchmark(bench_name("dot_l2", t.type, isa).c_str(), bm_dot, t.type, isa, true)
           ->Unit(benchmark::kMicrosecond);
+      for (bool tile : {false, true}) {
+        const char* name = tile ? "dot2x2" : "dot_2tok";
+        const std::string name_l2 = std::string(name) + "_l2";
+        benchmark::RegisterBenchmark(bench_name(name, t.type, isa).c_str(), bm_dot_2tok, t.type, isa, false, tile)
+            ->Unit(benchmark::kMillisecond);
+        benchmark::RegisterBenchmark(bench_name(name_l2.c_str(), t.type, isa).c_str(), bm_dot_2tok, t.type, isa, true,
+                                     tile)
+            ->Unit(benchmark::kMicrosecond);
+      }
     }
   }
   // Activation formats: every vec_dot_type the table uses, each once.

@@ -1,5 +1,6 @@
 #include "backends/cpu/kernels.h"
 #include <cmath>
+#include <utility>
 
 #include "base/check.h"
 #include "quant/fp16.h"
@@ -43,6 +44,19 @@ float exp_sum_scalar(int64_t n, float* x, float max) {
   return float(sum);
 }
 
+// The tile of entries with no tile kernel of their own: four calls of the vec_dot of (kIsa, type id kId),
+// bit-identical to it by construction. Defined below, once tables() is.
+template <int kIsa, size_t kId>
+void vec_dot_2x2_by_single(int64_t n, const void* x0, const void* x1, const void* y0, const void* y1, float* out);
+
+using TileFns = std::array<VecDot2x2Fn, kMaxTypeId>;
+template <int kIsa, size_t... kIds>
+constexpr TileFns by_single_fns(std::index_sequence<kIds...>) {
+  return {&vec_dot_2x2_by_single<kIsa, kIds>...};
+}
+template <Isa kIsa>
+constexpr TileFns kBySingle = by_single_fns<int(kIsa)>(std::make_index_sequence<kMaxTypeId>());
+
 struct Tables {
   std::array<KernelTable, kIsaCount> by_isa;
   std::array<VectorKernels, kIsaCount> vectors;
@@ -52,18 +66,19 @@ struct Tables {
     for (const quant::TypeTraits& t : quant::all_types()) {
       scalar[uint32_t(t.type)] = {.vec_dot = t.vec_dot, .quantize = t.from_float, .dequantize = t.to_float};
     }
+    fill_from(scalar, KernelTable{}, kBySingle<Isa::kScalar>);
     KernelTable& avx2 = by_isa[int(Isa::kAvx2)];
     register_avx2_float(avx2);
     register_avx2_legacy(avx2);
     register_avx2_k_quants(avx2);
     register_avx2_k_low(avx2);
-    fill_from(avx2, scalar);
+    fill_from(avx2, scalar, kBySingle<Isa::kAvx2>);
     KernelTable& avx512 = by_isa[int(Isa::kAvx512)];
     register_avx512_float(avx512);
     register_avx512_legacy(avx512);
     register_avx512_k_quants(avx512);
     register_avx512_k_low(avx512);
-    fill_from(avx512, avx2);
+    fill_from(avx512, avx2, kBySingle<Isa::kAvx512>);
 
     vectors[int(Isa::kScalar)] = {.dot_f32 = dot_f32_scalar, .dot_f16_f32 = dot_f16_f32_scalar,
                                   .axpy_f32 = axpy_f32_scalar, .axpy_f16 = axpy_f16_scalar,
@@ -75,8 +90,12 @@ struct Tables {
     vectors[int(Isa::kAvx512)] = vectors[int(Isa::kAvx2)];
   }
 
-  static void fill_from(KernelTable& table, const KernelTable& narrower) {
+  // by_single: this ISA's four-call tiles. A tile must match its entry's vec_dot bit for bit, so an entry
+  // inherits the narrower tile only together with the narrower vec_dot; an entry with a vec_dot of its own
+  // and no tile kernel gets four calls of that vec_dot.
+  static void fill_from(KernelTable& table, const KernelTable& narrower, const TileFns& by_single) {
     for (size_t i = 0; i < table.size(); ++i) {
+      if (!table[i].vec_dot_2x2) table[i].vec_dot_2x2 = table[i].vec_dot ? by_single[i] : narrower[i].vec_dot_2x2;
       if (!table[i].vec_dot) table[i].vec_dot = narrower[i].vec_dot;
       if (!table[i].quantize) table[i].quantize = narrower[i].quantize;
       if (!table[i].dequantize) table[i].dequantize = narrower[i].dequantize;
@@ -87,6 +106,15 @@ struct Tables {
 const Tables& tables() {
   static const Tables kTables;
   return kTables;
+}
+
+template <int kIsa, size_t kId>
+void vec_dot_2x2_by_single(int64_t n, const void* x0, const void* x1, const void* y0, const void* y1, float* out) {
+  const quant::VecDotFn dot = tables().by_isa[kIsa][kId].vec_dot;
+  out[0] = dot(n, x0, y0);
+  out[1] = dot(n, x0, y1);
+  out[2] = dot(n, x1, y0);
+  out[3] = dot(n, x1, y1);
 }
 
 }  // namespace

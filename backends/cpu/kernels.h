@@ -23,17 +23,27 @@ bool isa_supported(Isa isa);
 // The widest supported ISA.
 Isa best_isa();
 
+// Four dot products of two weight rows x0, x1 (this type) with two activation rows y0, y1 (vec_dot_type),
+// n elements each: out = {x0.y0, x0.y1, x1.y0, x1.y1}. Prefill multiplies every weight row with many
+// tokens; a 2x2 tile unpacks each weight block and loads each activation block once for two products.
+// Contract: out[2 * r + c] is bit-identical to vec_dot(n, x_r, y_c) of the same table entry, so prefill
+// (tiles) and decode (single dots) compute the same logits. Same input contract as vec_dot.
+using VecDot2x2Fn = void (*)(int64_t n, const void* x0, const void* x1, const void* y0, const void* y1, float* out);
+
 struct TypeKernels {
   quant::VecDotFn vec_dot = nullptr;       // x of this type, y of traits(type).vec_dot_type
   quant::FromFloatFn quantize = nullptr;   // float -> this type (used for activations on the hot path)
   quant::ToFloatFn dequantize = nullptr;   // this type -> float
+  // Non-null exactly when vec_dot is. Where an ISA has no tile kernel of its own this is four calls of
+  // the entry's vec_dot (so the contract above holds for any mix of ISAs).
+  VecDot2x2Fn vec_dot_2x2 = nullptr;
 };
 inline constexpr int kMaxTypeId = 40;
 using KernelTable = std::array<TypeKernels, kMaxTypeId>;  // indexed by the ggml type id
 
 // Kernels for `type` as provided by `isa` (with fallback to narrower ISAs and the reference).
 // `isa` must be supported by this CPU (CHECKed). Every field of the result is non-null except vec_dot
-// for activation-only types (Q8_1, Q8_K).
+// and vec_dot_2x2 for activation-only types (Q8_1, Q8_K).
 const TypeKernels& kernels(quant::Type type, Isa isa);
 inline const TypeKernels& kernels(quant::Type type) { return kernels(type, best_isa()); }
 

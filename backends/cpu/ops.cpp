@@ -52,13 +52,37 @@ void matmul_rows(const MatmulJob& job, int64_t row_begin, int64_t row_end) {
     }
     return;
   }
-  const quant::VecDotFn dot = kernels(job.type).vec_dot;
+  const TypeKernels& k = kernels(job.type);
+  const quant::VecDotFn dot = k.vec_dot;
+  const VecDot2x2Fn dot_2x2 = k.vec_dot_2x2;
+  auto w_row = [&](int64_t o) { return w + size_t(o) * w_row_bytes; };
+  auto x_row = [&](int64_t t) { return x + size_t(t) * job.x.row_bytes; };
   for (int64_t o0 = row_begin; o0 < row_end; o0 += kRowTile) {
     const int64_t o1 = std::min(row_end, o0 + kRowTile);
-    for (int64_t t = 0; t < n_tok; ++t) {
-      const void* xt = x + size_t(t) * job.x.row_bytes;
+    // Token pairs x row pairs through the 2x2 tile (each weight block unpacked once per two tokens); an odd
+    // last row or token takes the single dot, which the tile matches bit for bit (kernels.h), so a token's
+    // outputs do not depend on the batch it is in.
+    int64_t t = 0;
+    for (; t + 1 < n_tok; t += 2) {
+      float* y0 = job.y + t * job.ldy;
+      float* y1 = y0 + job.ldy;
+      int64_t o = o0;
+      for (; o + 1 < o1; o += 2) {
+        float out[4];
+        dot_2x2(job.n_in, w_row(o), w_row(o + 1), x_row(t), x_row(t + 1), out);
+        y0[o] = out[0];
+        y1[o] = out[1];
+        y0[o + 1] = out[2];
+        y1[o + 1] = out[3];
+      }
+      if (o < o1) {
+        y0[o] = dot(job.n_in, w_row(o), x_row(t));
+        y1[o] = dot(job.n_in, w_row(o), x_row(t + 1));
+      }
+    }
+    if (t < n_tok) {
       float* yt = job.y + t * job.ldy;
-      for (int64_t o = o0; o < o1; ++o) yt[o] = dot(job.n_in, w + size_t(o) * w_row_bytes, xt);
+      for (int64_t o = o0; o < o1; ++o) yt[o] = dot(job.n_in, w_row(o), x_row(t));
     }
   }
 }

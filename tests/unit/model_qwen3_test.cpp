@@ -20,8 +20,11 @@ using gguf::Value;
 using gguf::ValueType;
 
 // A tiny qwen3moe: 2 layers (layer 1 dense), hidden 64, 4 heads / 2 kv heads of 16, 4 experts top-2.
-void write_tiny(const std::string& path, quant::Type type, uint64_t seed) {
-  const int64_t E = 64, H = 4, HKV = 2, D = 16, X = 4, FE = 32, FF = 96, V = 97;
+// k_quant_rows: every product's input length a multiple of 256 (hidden 256, heads of 64, FFNs of 256), as
+// the K-quants' super-blocks need.
+void write_tiny(const std::string& path, quant::Type type, uint64_t seed, bool k_quant_rows = false) {
+  const int64_t E = k_quant_rows ? 256 : 64, H = 4, HKV = 2, D = k_quant_rows ? 64 : 16, X = 4,
+                FE = k_quant_rows ? 256 : 32, FF = k_quant_rows ? 256 : 96, V = 97;
   gguf::Writer w(path);
   auto u32 = [](int64_t v) { return Value::of_uint(ValueType::kUint32, uint64_t(v)); };
   w.set("general.architecture", Value::of_string("qwen3moe"));
@@ -149,6 +152,24 @@ TEST(Qwen3Forward, DecodeMatchesPrefillAndBatchingDoesNotMatter) {
   // Different positions give different distributions (the model is not degenerate).
   EXPECT_GT(max_abs_diff(std::vector<float>(prefill.begin(), prefill.begin() + 97),
                          std::vector<float>(prefill.begin() + 97, prefill.begin() + 194)), 1e-2);
+}
+
+// Prefill multiplies weight rows with token pairs through the 2x2 tile kernels, decode with single dots;
+// the tiles reproduce the single dots bit for bit (backends/cpu/kernels.h), so quantized models give
+// identical logits whichever way a sequence is batched.
+TEST(Qwen3Forward, QuantizedDecodeMatchesPrefillExactly) {
+  for (quant::Type type : {quant::Type::Q8_0, quant::Type::Q4_K, quant::Type::Q6_K}) {
+    testing::TempDir dir;
+    write_tiny(dir.file("m.gguf"), type, 5, /*k_quant_rows=*/true);
+    Loaded m = load(dir.file("m.gguf"));
+    ASSERT_TRUE(m.model);
+    const std::vector<int32_t> tokens = sample_tokens(23, 97);
+    const std::vector<float> prefill = run(*m.model, tokens, 64, quant::Type::F32, 2);
+    const std::vector<float> decode = run(*m.model, tokens, 1, quant::Type::F32, 2);
+    const std::vector<float> chunked = run(*m.model, tokens, 7, quant::Type::F32, 1);
+    EXPECT_EQ(max_abs_diff(prefill, decode), 0.0) << quant::type_name(type);
+    EXPECT_EQ(max_abs_diff(prefill, chunked), 0.0) << quant::type_name(type);
+  }
 }
 
 TEST(Qwen3Forward, F16KvCacheAndQ8_0WeightsStayClose) {

@@ -6,6 +6,7 @@
 //   - vec_dot computes the reference's exact integer sums per super-block (maddubs products of unsigned
 //     quants with signed Q8_K values, then madd with the sub-block scales; mins and Q6_K's -32 offset are
 //     applied through Q8_K's bsums) and then the reference's float steps, acc = fma(d, float(sumi), acc).
+//   - vec_dot_2x2 (Q4_K, Q6_K; the prefill tiles) does the same per product, four products at once.
 //   - quantize_q8_k rounds with cvtps_epi32, which under the default MXCSR rounding mode (nearest-even)
 //     is ggml's nearest_int; it writes the reference's bytes.
 //   - dequantize forms the reference's products in the reference's order.
@@ -16,6 +17,7 @@
 // AVX2-encoded copy of an inline function can be picked by the linker for code that runs on older CPUs.
 #include <immintrin.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -190,16 +192,18 @@ Q6Half unpack_q6_half(const uint8_t* ql, const uint8_t* qh) {
   }};
 }
 
+// Byte shuffle that spreads int8 scales s and s+1 over 8 bytes each (s = 2 * group, group < 8).
+__m128i pair_spread(int group) {
+  return _mm_set_epi64x(int64_t(0x0101010101010101ull * uint64_t(2 * group + 1)),
+                        int64_t(0x0101010101010101ull * uint64_t(2 * group)));
+}
+
 float vec_dot_q6_k(int64_t n, const void* vx, const void* vy) {
   const auto* xb = static_cast<const BlockQ6_K*>(vx);
   const auto* yb = static_cast<const BlockQ8_K*>(vy);
   const int64_t nb = super_blocks(n);
-  // Byte shuffles that spread int8 scales s and s+1 over 8 bytes each (s = 2 * group).
-  __m128i pair_spread[8];
-  for (int g = 0; g < 8; ++g) {
-    pair_spread[g] = _mm_set_epi64x(int64_t(0x0101010101010101ull * uint64_t(2 * g + 1)),
-                                    int64_t(0x0101010101010101ull * uint64_t(2 * g)));
-  }
+  __m128i spread[8];
+  for (int g = 0; g < 8; ++g) spread[g] = pair_spread(g);
   float acc = 0;
   for (int64_t i = 0; i < nb; ++i) {
     const BlockQ6_K& x = xb[i];
@@ -213,7 +217,7 @@ float vec_dot_q6_k(int64_t n, const void* vx, const void* vy) {
       for (int g = 0; g < 4; ++g) {
         const __m256i p = _mm256_maddubs_epi16(qv.q[g], load256(y.qs + 128 * half + 32 * g));
         // 128-bit half h of p holds sub-block 8 * half + 2g + h: scale it by that sub-block's scale.
-        const __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pair_spread[4 * half + g]));
+        const __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, spread[4 * half + g]));
         sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(sc, p));
       }
     }
@@ -221,6 +225,147 @@ float vec_dot_q6_k(int64_t n, const void* vx, const void* vy) {
     acc = accumulate(acc, half_to_float(x.d) * y.d, reduce(sumi));
   }
   return acc;
+}
+
+// ---- 2x2 tiles: two weight rows x two activation rows ---------------------------------------------------------
+// Each weight block is unpacked once and each activation block loaded once for four products; per product
+// the integer sums are the ones vec_dot forms (integer addition is exact in any order) and the float steps
+// are vec_dot's, done in the four lanes (x0.y0, x0.y1, x1.y0, x1.y1) of one vector: lane for lane the same
+// rounded products and the same fmas in the same order, so out[] is bit-identical to four vec_dot calls.
+
+// Lane k of the result: the sum of the 8 int32 lanes of v[k], k < 4.
+__m128i reduce4(const __m256i (&v)[4]) {
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+// Lane k: the sum of the 4 int32 lanes of v[k].
+__m128i reduce4(const __m128i (&v)[4]) {
+  return _mm_hadd_epi32(_mm_hadd_epi32(v[0], v[1]), _mm_hadd_epi32(v[2], v[3]));
+}
+
+// {d(x0) d(y0), d(x0) d(y1), d(x1) d(y0), d(x1) d(y1)} as vec_dot forms each (one rounded float product).
+__m128 scale_products(__m128 dx, float dy0, float dy1) { return _mm_mul_ps(dx, _mm_setr_ps(dy0, dy1, dy0, dy1)); }
+
+// Two fp16 fields of two blocks, each field of a block widened into two adjacent lanes: {a0, a0, a1, a1}
+// and {b0, b0, b1, b1}, where the fields lie at `offset` (a) and `offset + 2` (b) bytes of each block.
+void widen_halves(const void* block0, const void* block1, size_t offset, __m128* a, __m128* b) {
+  uint32_t h0, h1;
+  std::memcpy(&h0, static_cast<const uint8_t*>(block0) + offset, 4);
+  std::memcpy(&h1, static_cast<const uint8_t*>(block1) + offset, 4);
+  const __m128 f = _mm_cvtph_ps(_mm_unpacklo_epi32(_mm_cvtsi32_si128(int(h0)), _mm_cvtsi32_si128(int(h1))));
+  *a = _mm_shuffle_ps(f, f, _MM_SHUFFLE(2, 2, 0, 0));
+  *b = _mm_shuffle_ps(f, f, _MM_SHUFFLE(3, 3, 1, 1));
+}
+
+// One Q4_K weight row's part of a 2x2 tile step k (sub-blocks 2k, 2k+1 of a super-block): adds the
+// scaled sub-block dots with both tokens' activations (ya: sub-block 2k, yh: 2k+1) into sumi_c.
+[[gnu::always_inline]] inline void q4_k_tile_row(const uint8_t* qs, __m256i scales, __m256i ctrl_lo, __m256i ctrl_hi,
+                                                 const __m256i (&ya)[2], const __m256i (&yh)[2], __m256i& sumi0,
+                                                 __m256i& sumi1) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i q4 = load256(qs);
+  const __m256i lo = _mm256_and_si256(q4, low4);
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4);
+  const __m256i sc_lo = _mm256_shuffle_epi8(scales, ctrl_lo);
+  const __m256i sc_hi = _mm256_shuffle_epi8(scales, ctrl_hi);
+  sumi0 = _mm256_add_epi32(sumi0, _mm256_add_epi32(_mm256_madd_epi16(sc_lo, _mm256_maddubs_epi16(lo, ya[0])),
+                                                   _mm256_madd_epi16(sc_hi, _mm256_maddubs_epi16(hi, yh[0]))));
+  sumi1 = _mm256_add_epi32(sumi1, _mm256_add_epi32(_mm256_madd_epi16(sc_lo, _mm256_maddubs_epi16(lo, ya[1])),
+                                                   _mm256_madd_epi16(sc_hi, _mm256_maddubs_epi16(hi, yh[1]))));
+}
+
+void vec_dot_2x2_q4_k(int64_t n, const void* vx0, const void* vx1, const void* vy0, const void* vy1, float* out) {
+  const auto* xb0 = static_cast<const BlockQ4_K*>(vx0);
+  const auto* xb1 = static_cast<const BlockQ4_K*>(vx1);
+  const auto* yb0 = static_cast<const BlockQ8_K*>(vy0);
+  const auto* yb1 = static_cast<const BlockQ8_K*>(vy1);
+  const int64_t nb = super_blocks(n);
+  __m128 acc = _mm_setzero_ps();  // lanes: x0.y0, x0.y1, x1.y0, x1.y1
+  for (int64_t i = 0; i < nb; ++i) {
+    const BlockQ4_K& x0 = xb0[i];
+    const BlockQ4_K& x1 = xb1[i];
+    const BlockQ8_K& y0 = yb0[i];
+    const BlockQ8_K& y1 = yb1[i];
+    const ScalesMins sm0 = unpack_scales_mins(x0.scales);
+    const ScalesMins sm1 = unpack_scales_mins(x1.scales);
+    const __m256i scales0 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sm0.scales))));
+    const __m256i scales1 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sm1.scales))));
+    const __m128i mins0 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sm0.mins)));
+    const __m128i mins1 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sm1.mins)));
+    __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    __m256i ctrl_lo = broadcast_lane16(0);
+    __m256i ctrl_hi = broadcast_lane16(1);
+#pragma GCC unroll 1
+    for (int k = 0; k < 4; ++k) {
+      const __m256i ya[2] = {load256(y0.qs + 64 * k), load256(y1.qs + 64 * k)};
+      const __m256i yh[2] = {load256(y0.qs + 64 * k + 32), load256(y1.qs + 64 * k + 32)};
+      q4_k_tile_row(x0.qs + 32 * k, scales0, ctrl_lo, ctrl_hi, ya, yh, sumi[0], sumi[1]);
+      q4_k_tile_row(x1.qs + 32 * k, scales1, ctrl_lo, ctrl_hi, ya, yh, sumi[2], sumi[3]);
+      ctrl_lo = _mm256_add_epi8(ctrl_lo, _mm256_set1_epi8(4));  // next sub-block pair's scales
+      ctrl_hi = _mm256_add_epi8(ctrl_hi, _mm256_set1_epi8(4));
+    }
+    const __m128i pair_sums0 = _mm_hadd_epi16(load128(y0.bsums), load128(y0.bsums + 8));
+    const __m128i pair_sums1 = _mm_hadd_epi16(load128(y1.bsums), load128(y1.bsums + 8));
+    const __m128i summ[4] = {_mm_madd_epi16(mins0, pair_sums0), _mm_madd_epi16(mins0, pair_sums1),
+                             _mm_madd_epi16(mins1, pair_sums0), _mm_madd_epi16(mins1, pair_sums1)};
+    __m128 dx, dminx;
+    widen_halves(&x0, &x1, offsetof(BlockQ4_K, d), &dx, &dminx);
+    const __m128 d = scale_products(dx, y0.d, y1.d);
+    const __m128 neg_dmin = _mm_xor_ps(scale_products(dminx, y0.d, y1.d), _mm_set1_ps(-0.0f));  // -(dmin d_y)
+    acc = _mm_fmadd_ps(d, _mm_cvtepi32_ps(reduce4(sumi)), acc);
+    acc = _mm_fmadd_ps(neg_dmin, _mm_cvtepi32_ps(reduce4(summ)), acc);
+  }
+  _mm_storeu_ps(out, acc);
+}
+
+// One Q6_K weight row's half (128 elements) of a 2x2 tile: adds its scaled sub-block dots with both
+// tokens' activations (y0, y1: the same half of their blocks) into sumi0, sumi1.
+[[gnu::always_inline]] inline void q6_k_tile_row_half(const BlockQ6_K& x, int half, const __m128i (&spread)[8],
+                                                      const int8_t* y0, const int8_t* y1, __m256i& sumi0,
+                                                      __m256i& sumi1) {
+  const __m128i sc8 = load128(x.scales);
+  const Q6Half qv = unpack_q6_half(x.ql + 64 * half, x.qh + 32 * half);
+  for (int g = 0; g < 4; ++g) {
+    // 128-bit half h of a product holds sub-block 8 * half + 2g + h: scale it by that sub-block's scale.
+    const __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, spread[4 * half + g]));
+    sumi0 = _mm256_add_epi32(sumi0, _mm256_madd_epi16(sc, _mm256_maddubs_epi16(qv.q[g], load256(y0 + 32 * g))));
+    sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(sc, _mm256_maddubs_epi16(qv.q[g], load256(y1 + 32 * g))));
+  }
+}
+
+void vec_dot_2x2_q6_k(int64_t n, const void* vx0, const void* vx1, const void* vy0, const void* vy1, float* out) {
+  const auto* xb0 = static_cast<const BlockQ6_K*>(vx0);
+  const auto* xb1 = static_cast<const BlockQ6_K*>(vx1);
+  const auto* yb0 = static_cast<const BlockQ8_K*>(vy0);
+  const auto* yb1 = static_cast<const BlockQ8_K*>(vy1);
+  const int64_t nb = super_blocks(n);
+  __m128i spread[8];
+  for (int g = 0; g < 8; ++g) spread[g] = pair_spread(g);
+  __m128 acc = _mm_setzero_ps();  // lanes: x0.y0, x0.y1, x1.y0, x1.y1
+  for (int64_t i = 0; i < nb; ++i) {
+    const BlockQ6_K& x0 = xb0[i];
+    const BlockQ6_K& x1 = xb1[i];
+    const BlockQ8_K& y0 = yb0[i];
+    const BlockQ8_K& y1 = yb1[i];
+    __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int half = 0; half < 2; ++half) {
+      q6_k_tile_row_half(x0, half, spread, y0.qs + 128 * half, y1.qs + 128 * half, sumi[0], sumi[1]);
+      q6_k_tile_row_half(x1, half, spread, y0.qs + 128 * half, y1.qs + 128 * half, sumi[2], sumi[3]);
+    }
+    // The stored values are q + 32: subtract 32 * sum_j sc_j * bsums_j, as vec_dot_q6_k.
+    const __m256i sc16[2] = {_mm256_cvtepi8_epi16(load128(x0.scales)), _mm256_cvtepi8_epi16(load128(x1.scales))};
+    const __m256i bsums[2] = {load256(y0.bsums), load256(y1.bsums)};
+    for (int r = 0; r < 2; ++r) {
+      for (int c = 0; c < 2; ++c) {
+        const __m256i offset = _mm256_madd_epi16(sc16[r], bsums[c]);
+        sumi[2 * r + c] = _mm256_sub_epi32(sumi[2 * r + c], _mm256_slli_epi32(offset, 5));
+      }
+    }
+    const __m128 dx = _mm_cvtph_ps(_mm_setr_epi16(short(x0.d), short(x0.d), short(x1.d), short(x1.d), 0, 0, 0, 0));
+    acc = _mm_fmadd_ps(scale_products(dx, y0.d, y1.d), _mm_cvtepi32_ps(reduce4(sumi)), acc);
+  }
+  _mm_storeu_ps(out, acc);
 }
 
 // ---- Q8_K quantization ------------------------------------------------------------------------------------
@@ -392,9 +537,11 @@ void dequantize_q6_k(const void* src, float* dst, int64_t n) {
 }  // namespace
 
 void register_avx2_k_quants(KernelTable& table) {
-  table[uint32_t(quant::Type::Q4_K)] = {.vec_dot = vec_dot_q4_k, .quantize = nullptr, .dequantize = dequantize_q4_k};
+  table[uint32_t(quant::Type::Q4_K)] = {
+      .vec_dot = vec_dot_q4_k, .quantize = nullptr, .dequantize = dequantize_q4_k, .vec_dot_2x2 = vec_dot_2x2_q4_k};
   table[uint32_t(quant::Type::Q5_K)] = {.vec_dot = vec_dot_q5_k, .quantize = nullptr, .dequantize = dequantize_q5_k};
-  table[uint32_t(quant::Type::Q6_K)] = {.vec_dot = vec_dot_q6_k, .quantize = nullptr, .dequantize = dequantize_q6_k};
+  table[uint32_t(quant::Type::Q6_K)] = {
+      .vec_dot = vec_dot_q6_k, .quantize = nullptr, .dequantize = dequantize_q6_k, .vec_dot_2x2 = vec_dot_2x2_q6_k};
   table[uint32_t(quant::Type::Q8_K)] = {.vec_dot = nullptr, .quantize = quantize_q8_k, .dequantize = nullptr};
 }
 

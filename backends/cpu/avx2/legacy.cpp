@@ -5,6 +5,7 @@
 //               FMA, so the result differs from the reference only by float summation order. The signed
 //               products use the sign trick (|x| * sign(x) * y), which needs y in [-127, 127]: true for
 //               every Q8_0/Q8_1 block a quantizer writes (|q| = round(|x| * 127 / amax) <= 127).
+//   vec_dot_2x2 (Q4_0 Q5_0 Q8_0 IQ4_NL MXFP4; the prefill tiles) bit-identical to vec_dot per product.
 //   quantize    Q8_0 and Q8_1, the activation formats: the same bytes as the reference, which rounds half
 //               away from zero (roundf), not the CPU's default round-half-to-even.
 //   dequantize  bit-exact with the reference: per element the same single multiply, or, for Q4_1/Q5_1,
@@ -162,6 +163,39 @@ float dot_vs_q8_0(int64_t n, const void* vx, const void* vy) {
   return hsum(_mm256_add_ps(acc0, acc1));
 }
 
+// The 2x2 tile of dot_vs_q8_0 (kernels.h: out = {x0.y0, x0.y1, x1.y0, x1.y1}): each weight block's codes
+// and their absolute values are formed once for both tokens. Per product it keeps dot_vs_q8_0's exact
+// arithmetic: the same int32 lanes per block, the same scale, even blocks fma'd into one 8-lane chain and odd
+// blocks into another, the same final sum, so each output is bit-identical to dot_vs_q8_0.
+template <typename Block, __m256i (*codes)(const Block&), float (*scale)(const Block&, const BlockQ8_0&)>
+void dot_2x2_vs_q8_0(int64_t n, const void* vx0, const void* vx1, const void* vy0, const void* vy1, float* out) {
+  const Block* x[2] = {static_cast<const Block*>(vx0), static_cast<const Block*>(vx1)};
+  const BlockQ8_0* y[2] = {static_cast<const BlockQ8_0*>(vy0), static_cast<const BlockQ8_0*>(vy1)};
+  const int64_t nb = n / kQK32;
+  __m256 acc[2][4];  // [block parity][2 r + c]
+  for (auto& chain : acc) {
+    for (__m256& a : chain) a = _mm256_setzero_ps();
+  }
+  auto block = [&](int64_t i, __m256(&chain)[4]) {
+    for (int r = 0; r < 2; ++r) {
+      const __m256i cx = codes(x[r][i]);
+      const __m256i ax = _mm256_sign_epi8(cx, cx);  // |x|, as dot_i8_i8
+      for (int c = 0; c < 2; ++c) {
+        const __m256i p = dot_u8_i8(ax, _mm256_sign_epi8(load32(y[c][i].qs), cx));
+        chain[2 * r + c] =
+            _mm256_fmadd_ps(_mm256_set1_ps(scale(x[r][i], y[c][i])), _mm256_cvtepi32_ps(p), chain[2 * r + c]);
+      }
+    }
+  };
+  int64_t i = 0;
+  for (; i + 1 < nb; i += 2) {
+    block(i, acc[0]);
+    block(i + 1, acc[1]);
+  }
+  if (i < nb) block(i, acc[0]);
+  for (int k = 0; k < 4; ++k) out[k] = hsum(_mm256_add_ps(acc[0][k], acc[1][k]));
+}
+
 template <typename Block>
 float fp16_scales(const Block& x, const BlockQ8_0& y) {
   return half_to_float(x.d) * half_to_float(y.d);
@@ -280,6 +314,7 @@ void dequantize_mxfp4(const void* src, float* dst, int64_t n) {
 void register_avx2_legacy(KernelTable& table) {
   auto& q4_0 = table[uint32_t(Type::Q4_0)];
   q4_0.vec_dot = dot_vs_q8_0<BlockQ4_0, codes_q4_0, fp16_scales<BlockQ4_0>>;
+  q4_0.vec_dot_2x2 = dot_2x2_vs_q8_0<BlockQ4_0, codes_q4_0, fp16_scales<BlockQ4_0>>;
   q4_0.dequantize = dequantize_scaled<BlockQ4_0, codes_q4_0>;
 
   auto& q4_1 = table[uint32_t(Type::Q4_1)];
@@ -288,6 +323,7 @@ void register_avx2_legacy(KernelTable& table) {
 
   auto& q5_0 = table[uint32_t(Type::Q5_0)];
   q5_0.vec_dot = dot_vs_q8_0<BlockQ5_0, codes_q5_0, fp16_scales<BlockQ5_0>>;
+  q5_0.vec_dot_2x2 = dot_2x2_vs_q8_0<BlockQ5_0, codes_q5_0, fp16_scales<BlockQ5_0>>;
   q5_0.dequantize = dequantize_scaled<BlockQ5_0, codes_q5_0>;
 
   auto& q5_1 = table[uint32_t(Type::Q5_1)];
@@ -296,6 +332,7 @@ void register_avx2_legacy(KernelTable& table) {
 
   auto& q8_0 = table[uint32_t(Type::Q8_0)];
   q8_0.vec_dot = dot_vs_q8_0<BlockQ8_0, codes_q8_0, fp16_scales<BlockQ8_0>>;
+  q8_0.vec_dot_2x2 = dot_2x2_vs_q8_0<BlockQ8_0, codes_q8_0, fp16_scales<BlockQ8_0>>;
   q8_0.quantize = quantize_q8_0;
   q8_0.dequantize = dequantize_scaled<BlockQ8_0, codes_q8_0>;
 
@@ -304,10 +341,12 @@ void register_avx2_legacy(KernelTable& table) {
 
   auto& iq4_nl = table[uint32_t(Type::IQ4_NL)];
   iq4_nl.vec_dot = dot_vs_q8_0<BlockIQ4_NL, codes_iq4_nl, fp16_scales<BlockIQ4_NL>>;
+  iq4_nl.vec_dot_2x2 = dot_2x2_vs_q8_0<BlockIQ4_NL, codes_iq4_nl, fp16_scales<BlockIQ4_NL>>;
   iq4_nl.dequantize = dequantize_scaled<BlockIQ4_NL, codes_iq4_nl>;
 
   auto& mxfp4 = table[uint32_t(Type::MXFP4)];
   mxfp4.vec_dot = dot_vs_q8_0<BlockMXFP4, codes_mxfp4, mxfp4_scales>;
+  mxfp4.vec_dot_2x2 = dot_2x2_vs_q8_0<BlockMXFP4, codes_mxfp4, mxfp4_scales>;
   mxfp4.dequantize = dequantize_mxfp4;
 }
 
