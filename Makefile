@@ -28,6 +28,7 @@ demo: build
 	@mkdir -p $(DEMO_DIR)
 	$(BUILD)/tools/magnetar synth --preset tiny --type q4_k --seed 1 -o $(DEMO_DIR)/tiny-q4_k.gguf
 	$(BUILD)/tools/magnetar inspect $(DEMO_DIR)/tiny-q4_k.gguf
+	$(BUILD)/tools/magnetar run -m $(DEMO_DIR)/tiny-q4_k.gguf --tokens 1,2,3,4 -n 16 --temp 0
 
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
