@@ -374,22 +374,37 @@ float vec_dot_q5_1(int64_t n, const void* vx, const void* vy) {
 // Both quantize with d = amax / 127 and round half away from zero (roundf), which the AVX2 quantizers must
 // reproduce byte for byte: they run on activations, and the kernel tests compare bytes.
 
-void dequantize_q8_0(const void* src, float* dst, int64_t n) {
-  const auto* x = static_cast<const BlockQ8_0*>(src);
+// Q8_0 and Q8_1 share d and qs (Q8_1 adds s): one dequantizer and one block quantizer for both.
+template <typename Block>
+void dequantize_q8(const void* src, float* dst, int64_t n) {
+  const auto* x = static_cast<const Block*>(src);
   for (int64_t i = 0; i < block_count(n); ++i, dst += kQK32) {
     const float d = fp16_to_float(x[i].d);
     for (int j = 0; j < kQK32; ++j) dst[j] = float(x[i].qs[j]) * d;
   }
 }
 
+// Sets y.d and y.qs from 32 floats; returns the float d (before its fp16 rounding) and the sum of the codes.
+template <typename Block>
+float quantize_q8_block(const float* src, Block& y, int* code_sum) {
+  const float d = abs_max(src, kQK32) / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  y.d = float_to_fp16(d);
+  int sum = 0;
+  for (int j = 0; j < kQK32; ++j) {
+    y.qs[j] = int8_t(std::round(src[j] * id));
+    sum += y.qs[j];
+  }
+  *code_sum = sum;
+  return d;
+}
+
+void dequantize_q8_0(const void* src, float* dst, int64_t n) { dequantize_q8<BlockQ8_0>(src, dst, n); }
+
 void quantize_q8_0(const float* src, void* dst, int64_t n) {
   auto* y = static_cast<BlockQ8_0*>(dst);
-  for (int64_t i = 0; i < block_count(n); ++i, src += kQK32) {
-    const float d = abs_max(src, kQK32) / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    y[i].d = float_to_fp16(d);
-    for (int j = 0; j < kQK32; ++j) y[i].qs[j] = int8_t(std::round(src[j] * id));
-  }
+  int code_sum = 0;
+  for (int64_t i = 0; i < block_count(n); ++i, src += kQK32) quantize_q8_block(src, y[i], &code_sum);
 }
 
 float vec_dot_q8_0(int64_t n, const void* vx, const void* vy) {
@@ -404,27 +419,15 @@ float vec_dot_q8_0(int64_t n, const void* vx, const void* vy) {
   return sum;
 }
 
-void dequantize_q8_1(const void* src, float* dst, int64_t n) {
-  const auto* x = static_cast<const BlockQ8_1*>(src);
-  for (int64_t i = 0; i < block_count(n); ++i, dst += kQK32) {
-    const float d = fp16_to_float(x[i].d);
-    for (int j = 0; j < kQK32; ++j) dst[j] = float(x[i].qs[j]) * d;
-  }
-}
+void dequantize_q8_1(const void* src, float* dst, int64_t n) { dequantize_q8<BlockQ8_1>(src, dst, n); }
 
 // s = fp16(d * sum(q)) with the float d before its fp16 rounding, as ggml stores it.
 void quantize_q8_1(const float* src, void* dst, int64_t n) {
   auto* y = static_cast<BlockQ8_1*>(dst);
   for (int64_t i = 0; i < block_count(n); ++i, src += kQK32) {
-    const float d = abs_max(src, kQK32) / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    y[i].d = float_to_fp16(d);
-    int sum = 0;
-    for (int j = 0; j < kQK32; ++j) {
-      y[i].qs[j] = int8_t(std::round(src[j] * id));
-      sum += y[i].qs[j];
-    }
-    y[i].s = float_to_fp16(float(sum) * d);
+    int code_sum = 0;
+    const float d = quantize_q8_block(src, y[i], &code_sum);
+    y[i].s = float_to_fp16(float(code_sum) * d);
   }
 }
 
