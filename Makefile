@@ -9,7 +9,8 @@ JOBS ?= 2
 BUILD ?= build
 CMAKE_FLAGS ?=
 FUZZ_SECONDS ?= 60
-DEMO_DIR ?= $(BUILD)/demo
+DEMO_MODEL ?= models/magnetar-demo-q8_0.gguf
+DEMO_CHAT = Who are you?\nWhat does the word "light" mean?\nQuote Genesis 1:1.\nWhat does os.getcwd() do in Python?\nTell me a fortune.\n
 ASAN_SUITES = magnetar_gguf_tests magnetar_quant_tests magnetar_conformance_tests
 space := $(subst ,, )
 
@@ -25,10 +26,10 @@ build: deps
 	@cmake --build $(BUILD) -j $(JOBS)
 
 demo: build
-	@mkdir -p $(DEMO_DIR)
-	$(BUILD)/tools/magnetar synth --preset tiny --type q4_k --seed 1 -o $(DEMO_DIR)/tiny-q4_k.gguf
-	$(BUILD)/tools/magnetar inspect $(DEMO_DIR)/tiny-q4_k.gguf
-	$(BUILD)/tools/magnetar run -m $(DEMO_DIR)/tiny-q4_k.gguf --tokens 1,2,3,4 -n 16 --temp 0
+	$(BUILD)/tools/magnetar inspect $(DEMO_MODEL)
+	$(BUILD)/tools/magnetar run -m $(DEMO_MODEL) -p "The strlen() function" -n 80 --temp 0 --echo
+	@echo
+	printf '$(DEMO_CHAT)' | $(BUILD)/tools/magnetar chat -m $(DEMO_MODEL) --no-think --temp 0
 
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600

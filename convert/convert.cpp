@@ -24,15 +24,14 @@ constexpr int64_t kMinElementsPerThread = 1 << 16;  // below this a thread costs
 struct OutTypeInfo {
   OutType type;
   std::string_view name;
-  quant::Type quant_type;
-  uint32_t file_type;  // llama.cpp's general.file_type (enum llama_ftype): ALL_F32, MOSTLY_F16, ...
+  quant::Type quant_type;  // general.file_type is its quant::TypeTraits::file_type
 };
 
 constexpr OutTypeInfo kOutTypes[] = {
-    {OutType::kF32, "f32", quant::Type::F32, 0},
-    {OutType::kF16, "f16", quant::Type::F16, 1},
-    {OutType::kBF16, "bf16", quant::Type::BF16, 32},
-    {OutType::kQ8_0, "q8_0", quant::Type::Q8_0, 7},
+    {OutType::kF32, "f32", quant::Type::F32},
+    {OutType::kF16, "f16", quant::Type::F16},
+    {OutType::kBF16, "bf16", quant::Type::BF16},
+    {OutType::kQ8_0, "q8_0", quant::Type::Q8_0},
 };
 
 const OutTypeInfo& info(OutType type) {
@@ -163,7 +162,8 @@ Result<std::unique_ptr<Conversion>> prepare(const Options& options) {
   md.push_back({"general.type", Value::of_string("model")});
   md.push_back({"general.name", Value::of_string(dir_name(options.hf_dir))});
   md.insert(md.end(), conv->plan.metadata.begin(), conv->plan.metadata.end());
-  md.push_back({"general.file_type", Value::of_uint(ValueType::kUint32, info(options.out_type).file_type)});
+  const int32_t file_type = quant::traits(info(options.out_type).quant_type).file_type;
+  md.push_back({"general.file_type", Value::of_uint(ValueType::kUint32, uint32_t(file_type))});
   md.push_back({"general.quantization_version", Value::of_uint(ValueType::kUint32, 2)});
   md.insert(md.end(), tokenizer.begin(), tokenizer.end());
 

@@ -32,6 +32,10 @@ struct TypeTraits {
   FromFloatFn from_float;
   VecDotFn vec_dot;         // scalar reference
   Type vec_dot_type;        // the activation format vec_dot expects for y
+  // llama.cpp's general.file_type (enum llama_ftype) of a model whose weight matrices are of this type
+  // (the K-quants map to their _S mix: Q4_K -> MOSTLY_Q4_K_S); -1 for activation-only types (Q8_1, Q8_K),
+  // which no model stores.
+  int32_t file_type;
 };
 
 // Every implemented type, in id order.
@@ -43,6 +47,8 @@ const TypeTraits& traits(Type type);
 // Case-insensitive: "q4_k" and "Q4_K" both work.
 std::optional<Type> type_from_name(std::string_view name);
 inline std::string_view type_name(Type type) { return traits(type).name; }
+// A type model weights can be stored in (every implemented type except the activation formats Q8_1, Q8_K).
+inline bool is_weight_type(Type type) { return traits(type).file_type >= 0; }
 
 // Sizing facts of every ggml type id a GGUF file may carry, implemented or not, so that files with types
 // Magnetar cannot compute with can still be read, sized and inspected. nullptr for ids ggml never used

@@ -70,6 +70,8 @@ int chat_main(int argc, char** argv) {
       continue;
     }
     if (input.empty()) continue;
+    // A scripted chat (stdin from a file or pipe) echoes each message so the transcript reads as a dialogue.
+    if (!isatty(STDIN_FILENO)) std::printf("> %s\n", input.c_str());
     history.push_back({.role = "user", .content = input});
     const std::string prompt = chat::render_chatml(history, true, !no_think);
     Result<std::vector<int32_t>> tokens = engine->tokenize(prompt, true);

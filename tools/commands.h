@@ -12,6 +12,7 @@ inline constexpr int kExitBadInput = 2;  // bad flags, unreadable or invalid inp
 int inspect_main(int argc, char** argv);  // argv[0] is the command name
 int synth_main(int argc, char** argv);
 int convert_main(int argc, char** argv);
+int quantize_main(int argc, char** argv);
 int tokenize_main(int argc, char** argv);
 int run_main(int argc, char** argv);
 int chat_main(int argc, char** argv);

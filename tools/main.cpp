@@ -20,6 +20,8 @@ constexpr Command kCommands[] = {
     {"bench", magnetar::tools::bench_main, "prefill and decode speed at growing context depths"},
     {"inspect", magnetar::tools::inspect_main, "show a GGUF model's architecture, metadata and tensors"},
     {"convert", magnetar::tools::convert_main, "convert a Hugging Face model folder (safetensors) to GGUF"},
+    {"quantize", magnetar::tools::quantize_main,
+     "quantize an F32/F16/BF16 GGUF to Q8_0, Q4_K, ... (llama.cpp's types)"},
     {"synth", magnetar::tools::synth_main, "write a synthetic qwen3moe model of real geometry (for tests, benchmarks)"},
     {"tokenize", magnetar::tools::tokenize_main, "print the token ids of a text (JSON), from a GGUF or an HF tokenizer folder"},
 };

@@ -53,7 +53,7 @@ int run_main(int argc, char** argv) {
   std::string prompt, prompt_file, tokens_text, dump_logits;
   std::vector<std::string> stops;
   int64_t n_predict = 128;
-  bool decode = false, no_special = false, ignore_eos = false, truncate = false;
+  bool decode = false, no_special = false, ignore_eos = false, truncate = false, echo = false;
   cli::Args args("magnetar run -m MODEL.gguf (-p TEXT | -f FILE | --tokens IDS) [options]",
                  "Generates text from a prompt and streams it to stdout; a stats line (load time, prefill and decode\n"
                  "speed) goes to stderr. With --dump-logits, writes the logits of every prompt position instead.");
@@ -64,6 +64,7 @@ int run_main(int argc, char** argv) {
   args.option("-n", &n_predict, "N", "tokens to generate (0: none, -1: until end of generation or full context)");
   sampling.add_to(args);
   args.option("--stop", &stops, "STR", "stop when the output contains STR (repeatable)");
+  args.flag("--echo", &echo, "print the prompt (as the model sees it, after any --truncate) before the output");
   args.flag("--ignore-eos", &ignore_eos, "keep generating past end-of-generation tokens");
   args.flag("--no-special", &no_special, "tokenize special-token text in the prompt as plain text");
   args.flag("--truncate", &truncate, "keep the last tokens of a prompt longer than the context instead of failing");
@@ -152,6 +153,12 @@ int run_main(int argc, char** argv) {
     return kExitOk;
   }
 
+  if (echo && engine->info().has_tokenizer) {
+    std::unique_ptr<Detokenizer> prompt_text = engine->new_detokenizer();
+    for (const int32_t id : tokens) std::fputs(prompt_text->push(id).c_str(), stdout);
+    std::fputs(prompt_text->flush().c_str(), stdout);
+    std::fflush(stdout);
+  }
   const auto t_prompt = std::chrono::steady_clock::now();
   if (Status s = session.sync(tokens); !s.ok()) {
     std::fprintf(stderr, "magnetar run: %s\n", s.message().c_str());
@@ -195,6 +202,7 @@ int run_main(int argc, char** argv) {
   if (!stopped) pending += text_out ? detok->flush() : "";
   std::fwrite(pending.data(), 1, pending.size(), stdout);
   std::printf("\n");
+  std::fflush(stdout);  // before the stats line on stderr, so a shared terminal or pipe shows them in order
   const SessionStats& st = session.stats();
   std::fprintf(stderr, "load %.2f s | prompt %zu tokens, %.2f t/s | generated %lld tokens, %.2f t/s | %d threads\n",
                engine->load_seconds(), tokens.size(), double(tokens.size()) / prompt_seconds, (long long)generated,

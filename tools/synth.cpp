@@ -98,29 +98,6 @@ std::vector<TensorSpec> qwen3moe_tensors(const Geometry& g, quant::Type type, do
   return t;
 }
 
-// llama.cpp's general.file_type (enum llama_ftype) for a model whose weights are all `type`.
-uint32_t file_type_of(quant::Type type) {
-  switch (type) {
-    case quant::Type::F32: return 0;
-    case quant::Type::F16: return 1;
-    case quant::Type::Q4_0: return 2;
-    case quant::Type::Q4_1: return 3;
-    case quant::Type::Q8_0: return 7;
-    case quant::Type::Q5_0: return 8;
-    case quant::Type::Q5_1: return 9;
-    case quant::Type::Q2_K: return 10;
-    case quant::Type::Q3_K: return 11;  // Q3_K_S
-    case quant::Type::Q4_K: return 14;  // Q4_K_S
-    case quant::Type::Q5_K: return 16;  // Q5_K_S
-    case quant::Type::Q6_K: return 18;
-    case quant::Type::IQ4_NL: return 25;
-    case quant::Type::IQ4_XS: return 30;
-    case quant::Type::BF16: return 32;
-    case quant::Type::MXFP4: return 38;
-    default: return 0;
-  }
-}
-
 // splitmix64: a tiny, fast, well-mixed generator for picking pool blocks.
 uint64_t mix(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -290,7 +267,7 @@ int synth_main(int argc, char** argv) {
   const std::optional<quant::Type> type = quant::type_from_name(type_name);
   std::string error;
   if (!found) error = format("--preset '%s' is unknown (known: %s)", preset.c_str(), presets_list.c_str());
-  else if (!type || *type == quant::Type::Q8_1 || *type == quant::Type::Q8_K)
+  else if (!type || !quant::is_weight_type(*type))
     error = format("--type '%s' is not a weight type (see --help)", type_name.c_str());
   else if (out_path.empty()) error = "-o OUT.gguf is required";
   else if (layers < 0 || threads < 1) error = "--layers must be >= 0 and -t >= 1";
@@ -328,7 +305,7 @@ int synth_main(int argc, char** argv) {
   const std::string arch = "qwen3moe";
   w.set("general.architecture", Value::of_string(arch));
   w.set("general.name", Value::of_string(format("synthetic %s %s", std::string(g.preset).c_str(), type_name.c_str())));
-  w.set("general.file_type", u32(file_type_of(*type)));
+  w.set("general.file_type", u32(quant::traits(*type).file_type));
   w.set("general.quantization_version", u32(2));
   w.set(arch + ".block_count", u32(g.n_layer));
   w.set(arch + ".context_length", u32(g.n_ctx));

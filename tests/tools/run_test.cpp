@@ -200,6 +200,118 @@ TEST_F(TextTools, PerplexityScoresWhatEachModeSays) {
   EXPECT_NE(bad.err.find("--mode must be windowed or continuous"), std::string::npos);
 }
 
+// "KEY VALUE" (and "KEY VALUE +/- ERR") lines of perplexity's stdout.
+double value_of(const std::string& out, const std::string& key) {
+  const size_t at = out.find("\n" + key + " ");
+  EXPECT_NE(at, std::string::npos) << key << " in " << out;
+  return at == std::string::npos ? NAN : std::strtod(out.c_str() + at + key.size() + 2, nullptr);
+}
+
+TEST_F(TextTools, KlDivergenceAgainstABaseFile) {
+  // An F32 base model with the toy tokenizer, and a Q4_K copy of it.
+  const std::string synth = "synth --preset tiny --type f32 --seed 7 --tokenizer " + file("hf");
+  ASSERT_EQ(magnetar(synth + " -o " + file("base.gguf")).status, 0);
+  ASSERT_EQ(magnetar("quantize " + file("base.gguf") + " -o " + file("q4k.gguf") + " --type q4_k").status, 0);
+  const std::string common = " -f " + file("text.txt") + " --ctx 64";
+  const Invocation b = magnetar("perplexity -m " + file("base.gguf") + common + " --kl-base " + file("base.kl"));
+  ASSERT_EQ(b.status, 0) << b.err;
+  long long scored;
+  double ppl, err;
+  parse_ppl(b.out, &scored, &ppl, &err);
+  const uintmax_t bytes = std::filesystem::file_size(file("base.kl"));
+  EXPECT_EQ(uintmax_t(value_of(b.out, "kl_base_bytes")), bytes);
+  // one record per scored position holds at least the 1024 16-bit log-probabilities
+  EXPECT_GE(bytes, uintmax_t(scored) * 1024 * 2);
+  EXPECT_FALSE(std::filesystem::exists(file("base.kl.tmp")));
+
+  // The same model against its own file: nothing differs.
+  const Invocation same = magnetar("perplexity -m " + file("base.gguf") + common + " --kl " + file("base.kl"));
+  ASSERT_EQ(same.status, 0) << same.err;
+  long long same_scored;
+  double same_ppl, same_err;
+  parse_ppl(same.out, &same_scored, &same_ppl, &same_err);
+  EXPECT_EQ(same_scored, scored);
+  EXPECT_NEAR(value_of(same.out, "kl_mean"), 0.0, 1e-6) << same.out;
+  EXPECT_NEAR(value_of(same.out, "kl_max"), 0.0, 1e-6) << same.out;
+  EXPECT_EQ(value_of(same.out, "top1_agreement"), 100.0) << same.out;
+  EXPECT_NEAR(value_of(same.out, "ppl_base"), ppl, 1e-4 * ppl) << same.out;
+  EXPECT_NEAR(same_ppl, ppl, 1e-4 * ppl);
+
+  // The Q4_K copy: its distributions differ, the base PPL in the file is still the base model's.
+  const Invocation q = magnetar("perplexity -m " + file("q4k.gguf") + common + " --kl " + file("base.kl") + " --json");
+  ASSERT_EQ(q.status, 0) << q.err;
+  const nlohmann::json j = nlohmann::json::parse(q.out);
+  EXPECT_GT(j["kl_mean"].get<double>(), 1e-5);
+  EXPECT_GE(j["kl_max"].get<double>(), j["kl_p99"].get<double>());
+  EXPECT_GE(j["kl_p99"].get<double>(), j["kl_median"].get<double>());
+  EXPECT_GT(j["kl_median"].get<double>(), 0.0);
+  EXPECT_LT(j["top1_agreement"].get<double>(), 100.0);
+  EXPECT_GT(j["top1_agreement"].get<double>(), 0.0);
+  EXPECT_NEAR(j["ppl_base"].get<double>(), ppl, 1e-4 * ppl);
+  EXPECT_NE(j["ppl"].get<double>(), ppl);
+  EXPECT_EQ(j["tokens_scored"], scored);
+
+  // An independent computation for the first window: both models' logits from `run --dump-logits`, KL and
+  // top-1 of the scored positions 32..62 computed here in double precision.
+  const Invocation tok = magnetar("tokenize -m " + file("base.gguf") + " --no-special --file " + file("text.txt"));
+  ASSERT_EQ(tok.status, 0) << tok.err;
+  const std::vector<int32_t> ids = nlohmann::json::parse(tok.out).get<std::vector<int32_t>>();
+  ASSERT_GE(ids.size(), 64u);
+  std::string window;
+  for (size_t i = 0; i < 64; ++i) window += (i ? "," : "") + std::to_string(ids[i]);
+  for (const char* m : {"base", "q4k"}) {
+    const Invocation d = magnetar("run -m " + file(std::string(m) + ".gguf") + " --ctx 64 --tokens " + window +
+                                  " --dump-logits " + file(std::string(m) + ".npy"));
+    ASSERT_EQ(d.status, 0) << d.err;
+  }
+  int64_t rows, cols;
+  const std::vector<float> lb = read_npy(file("base.npy"), &rows, &cols), lq = read_npy(file("q4k.npy"), &rows, &cols);
+  ASSERT_EQ(rows, 64);
+  auto log_softmax = [&](const float* row) {
+    std::vector<double> out(row, row + cols);
+    const double mx = *std::max_element(out.begin(), out.end());
+    double z = 0;
+    for (double x : out) z += std::exp(x - mx);
+    for (double& x : out) x = x - mx - std::log(z);
+    return out;
+  };
+  double kl_sum = 0;
+  int same_top = 0;
+  for (int64_t r = 32; r < 63; ++r) {
+    const std::vector<double> p = log_softmax(lb.data() + r * cols), q = log_softmax(lq.data() + r * cols);
+    for (int64_t v = 0; v < cols; ++v) kl_sum += std::exp(p[size_t(v)]) * (p[size_t(v)] - q[size_t(v)]);
+    same_top += std::max_element(p.begin(), p.end()) - p.begin() == std::max_element(q.begin(), q.end()) - q.begin();
+  }
+  const Invocation one =
+      magnetar("perplexity -m " + file("q4k.gguf") + common + " --kl " + file("base.kl") + " --max-windows 1 --json");
+  ASSERT_EQ(one.status, 0) << one.err;
+  const nlohmann::json j1 = nlohmann::json::parse(one.out);
+  EXPECT_EQ(j1["tokens_scored"], 31);
+  EXPECT_NEAR(j1["kl_mean"].get<double>(), kl_sum / 31, 1e-3 * kl_sum / 31 + 1e-6);
+  EXPECT_NEAR(j1["top1_agreement"].get<double>(), 100.0 * same_top / 31, 100.0 / 31 + 1e-9);
+
+  // A base file made for another --ctx, another mode or another text is refused in one line.
+  struct Case {
+    std::string args, needle;
+  };
+  testing::write_file(file("other.txt"), "a different text entirely, " + std::string(2000, 'x'));
+  const std::vector<Case> cases = {
+      {" -f " + file("text.txt") + " --ctx 32", "made with --ctx 64, this run uses --ctx 32"},
+      {common + " --mode continuous", "made with --mode windowed, this run uses --mode continuous"},
+      {" -f " + file("other.txt") + " --ctx 64", "different text or tokenizer"},
+  };
+  for (const Case& c : cases) {
+    const Invocation r = magnetar("perplexity -m " + file("q4k.gguf") + c.args + " --kl " + file("base.kl"));
+    EXPECT_EQ(r.status, 2) << c.args << ": " << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.args << ": " << r.err;
+  }
+  testing::write_file(file("junk.kl"), "not a kl file at all, not at all, not at all, not at all");
+  const Invocation junk = magnetar("perplexity -m " + file("q4k.gguf") + common + " --kl " + file("junk.kl"));
+  EXPECT_EQ(junk.status, 2);
+  EXPECT_NE(junk.err.find("junk.kl: not a KL base file"), std::string::npos) << junk.err;
+}
+
 TEST_F(TextTools, ChatAnswersEachTurnAndResets) {
   const std::string script = file("script.txt");
   testing::write_file(script, "hello\nworld \\\ncontinued\n/reset\nhello again\n");

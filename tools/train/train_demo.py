@@ -913,14 +913,14 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=1234)
     # Model
     ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--hidden", type=int, default=384)
+    ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--heads", type=int, default=6)
+    ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--experts", type=int, default=16)
     ap.add_argument("--top-k", type=int, default=4)
-    ap.add_argument("--moe-inter", type=int, default=128)
+    ap.add_argument("--moe-inter", type=int, default=256)
     ap.add_argument("--rope-theta", type=float, default=1e6)
     ap.add_argument("--seq-len", type=int, default=512)
     # Pretraining
