@@ -6,6 +6,9 @@
 #include <thread>
 
 #include "backends/cpu/threadpool.h"
+#include "experts/machine.h"
+#include "experts/planner.h"
+#include "experts/store.h"
 #include "gguf/reader.h"
 #include "kv/kv_cache.h"
 #include "models/model.h"
@@ -25,6 +28,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 struct Engine::Impl {
   std::unique_ptr<gguf::Model> file;
   std::unique_ptr<models::Model> model;
+  std::unique_ptr<experts::StreamedExperts> store;  // streamed plans only; uses model's layout and file
+  std::string plan_text;
   std::optional<tokenizer::Tokenizer> tok;
   std::unique_ptr<cpu::ThreadPool> pool;
   EngineOptions options;
@@ -32,7 +37,98 @@ struct Engine::Impl {
   double load_seconds = 0;
 };
 
+namespace {
+
+// Decides where the routed experts live (experts/planner.h) and opens the store for a streamed plan.
+Status plan_experts(Engine::Impl& impl, const std::string& path) {
+  const experts::ExpertLayout* layout = impl.model->expert_layout();
+  const EngineOptions& o = impl.options;
+  if (!layout) {
+    if (o.experts == ExpertMode::kStream || o.stream.cache_gb > 0) {
+      return Status::error(path + ": --stream / --cache-gb: the model has no routed experts");
+    }
+    return Status();
+  }
+  if (o.experts == ExpertMode::kMmap) {
+    impl.plan_text = "memory plan: mmap (--mmap: every weight mapped, the page cache decides; not checked against RAM)";
+    return Status();
+  }
+  const models::HParams& hp = impl.model->hparams();
+  MAGNETAR_ASSIGN_OR_RETURN(experts::MachineSnapshot machine, experts::read_machine());
+  experts::ModelFootprint fp;
+  fp.expert_bytes_total = layout->total_expert_bytes();
+  fp.non_expert_bytes = impl.file->file_bytes() - std::min(impl.file->file_bytes(), fp.expert_bytes_total);
+  for (int64_t l = 0; l < layout->n_layer(); ++l) {
+    if (!layout->has_experts(l)) continue;
+    fp.n_moe_layers++;
+    fp.expert_bytes_per_token_max += uint64_t(hp.n_expert_used) * layout->expert_bytes(l);
+  }
+  fp.slab_bytes = experts::StreamedExperts::slab_bytes(*layout);
+  fp.n_expert = layout->n_expert();
+  fp.n_expert_used = hp.n_expert_used;
+  const uint64_t kv_elem = o.kv_type == KvType::kF32 ? 4 : 2;
+  const uint64_t kv_bytes = uint64_t(o.n_ctx) * uint64_t(hp.n_layer) * 2 * uint64_t(hp.n_head_kv * hp.head_dim) * kv_elem;
+  // Scratch of one session (make_workspace): activations of a batch, the experts' rows, attention scratch.
+  const uint64_t rows = uint64_t(o.n_batch) * uint64_t(std::max<int64_t>(1, hp.n_expert_used));
+  const uint64_t scratch = 4 * (uint64_t(o.n_batch) * uint64_t(8 * hp.n_embd + 4 * hp.n_head * hp.head_dim +
+                                                                  hp.n_expert + hp.n_vocab) +
+                                rows * uint64_t(3 * hp.n_ff_exp + 2 * hp.n_embd));
+  const experts::MemoryMode mode = o.experts == ExpertMode::kResident ? experts::MemoryMode::kResident
+                                   : o.experts == ExpertMode::kStream ? experts::MemoryMode::kStream
+                                                                      : experts::MemoryMode::kAuto;
+  MAGNETAR_ASSIGN_OR_RETURN(experts::Plan plan,
+                            experts::plan_memory({.machine = machine,
+                                                  .model = fp,
+                                                  .kv_bytes = kv_bytes,
+                                                  .n_ctx = o.n_ctx,
+                                                  .scratch_bytes = scratch,
+                                                  .mode = mode,
+                                                  .cache_bytes = uint64_t(o.stream.cache_gb * double(1ull << 30))}));
+  impl.plan_text = experts::describe(plan);
+  while (!impl.plan_text.empty() && impl.plan_text.back() == '\n') impl.plan_text.pop_back();
+  if (plan.mode == experts::PlanMode::kResident) return Status();
+  experts::StoreOptions so{.cache_bytes = plan.cache_bytes,
+                           .queue_depth = o.stream.queue_depth,
+                           .use_uring = o.stream.io_uring,
+                           .direct = o.stream.direct_io,
+                           .policy = o.stream.policy,
+                           .census_path = o.stream.census ? path + ".census" : std::string()};
+  MAGNETAR_ASSIGN_OR_RETURN(impl.store, experts::StreamedExperts::open(*impl.file, *layout, so));
+  impl.plan_text += "\n  expert store: " + impl.store->describe();
+  return Status();
+}
+
+}  // namespace
+
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+const std::string& Engine::memory_plan() const { return impl_->plan_text; }
+
+ExpertStats Engine::expert_stats() const {
+  ExpertStats out;
+  if (!impl_->store) return out;
+  const experts::LayerStats t = impl_->store->stats().total();
+  out.streamed = true;
+  out.store = impl_->store->describe();
+  out.hits = t.hits;
+  out.inflight_hits = t.inflight_hits;
+  out.misses = t.misses;
+  out.evictions = impl_->store->stats().evictions;
+  out.reads = t.reads;
+  out.bytes_read = t.bytes_read;
+  out.read_seconds = t.read_seconds;
+  out.wait_seconds = t.wait_seconds;
+  out.prefetch_issued = t.prefetch_issued;
+  out.prefetch_used = t.prefetch_used;
+  out.prefetch_wasted = t.prefetch_wasted;
+  out.predicted = t.predicted;
+  out.acquired_with_hint = t.acquired;
+  return out;
+}
+
+void Engine::reset_expert_stats() {
+  if (impl_->store) impl_->store->reset_stats();
+}
 Engine::~Engine() = default;
 
 Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const EngineOptions& options) {
@@ -68,6 +164,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
   if (impl->options.n_batch <= 0) impl->options.n_batch = 512;
   impl->options.n_batch = std::min(impl->options.n_batch, impl->options.n_ctx);
   impl->pool = std::make_unique<cpu::ThreadPool>(impl->options.n_threads);
+  MAGNETAR_RETURN_IF_ERROR(plan_experts(*impl, path));
 
   ModelInfo& info = impl->info;
   info.path = path;
@@ -144,7 +241,7 @@ struct Session::Impl {
 
   // Computes positions [from, tokens.size()) of `tokens` (already the whole new timeline; rows before
   // `from` are valid in the KV cache) and keeps logits as asked.
-  void compute(int64_t from, Logits mode);
+  Status compute(int64_t from, Logits mode);
 };
 
 Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -164,7 +261,7 @@ Result<std::unique_ptr<Session>> Engine::new_session() {
   return std::unique_ptr<Session>(new Session(std::move(s)));
 }
 
-void Session::Impl::compute(int64_t from, Logits mode) {
+Status Session::Impl::compute(int64_t from, Logits mode) {
   const std::vector<int32_t>& next = tokens;
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t n_vocab = engine->model->hparams().n_vocab;
@@ -179,10 +276,13 @@ void Session::Impl::compute(int64_t from, Logits mode) {
     const int64_t n = std::min<int64_t>(n_batch, int64_t(next.size()) - b);
     const bool last_chunk = b + n == int64_t(next.size());
     float* out = mode == Logits::kAll ? all_logits.data() + size_t(b - from) * size_t(n_vocab) : last_logits.data();
-    engine->model->forward(*engine->pool, *ws, *kv,
-                           {.tokens = next.data() + b, .n_tok = n, .pos0 = b, .all_logits = mode == Logits::kAll,
-                            .logits = out, .profile = engine->options.profile ? &profile : nullptr,
-                            .routing = routing.counts.empty() ? nullptr : &routing});
+    MAGNETAR_RETURN_IF_ERROR(engine->model->forward(
+        *engine->pool, *ws, *kv,
+        {.tokens = next.data() + b, .n_tok = n, .pos0 = b, .all_logits = mode == Logits::kAll, .logits = out,
+         .profile = engine->options.profile ? &profile : nullptr,
+         .routing = routing.counts.empty() ? nullptr : &routing,
+         .experts = engine->store.get(),
+         .prefetch = engine->store != nullptr && engine->options.stream.prefetch}));
     if (last_chunk && mode == Logits::kAll) {
       std::copy(out + size_t(n - 1) * size_t(n_vocab), out + size_t(n) * size_t(n_vocab), last_logits.begin());
     }
@@ -196,6 +296,7 @@ void Session::Impl::compute(int64_t from, Logits mode) {
     stats.prefill_tokens += total;
     stats.prefill_seconds += dt;
   }
+  return Status();
 }
 
 Status Session::sync(std::span<const int32_t> next, Logits mode) {
@@ -220,8 +321,7 @@ Status Session::sync(std::span<const int32_t> next, Logits mode) {
   s.have_logits = false;
   s.all_rows = 0;
   s.tokens.assign(next.begin(), next.end());
-  s.compute(keep, mode);
-  return Status();
+  return s.compute(keep, mode);
 }
 
 Status Session::step(int32_t id) {
@@ -234,8 +334,7 @@ Status Session::step(int32_t id) {
   }
   s.tokens.push_back(id);
   s.all_rows = 0;
-  s.compute(int64_t(s.tokens.size()) - 1, Logits::kLast);
-  return Status();
+  return s.compute(int64_t(s.tokens.size()) - 1, Logits::kLast);
 }
 
 void Session::clear() {

@@ -24,6 +24,21 @@
 namespace magnetar {
 
 enum class KvType { kF16, kF32 };
+// Where routed experts live: decided by the memory planner (auto), or forced. kMmap maps everything and lets
+// the page cache decide, without checking that it fits (llama.cpp's way; the baseline streaming is measured
+// against: a model larger than RAM thrashes).
+enum class ExpertMode { kAuto, kResident, kStream, kMmap };
+
+// The streamed expert store's knobs (ignored when experts are resident).
+struct StreamOptions {
+  double cache_gb = 0;          // RAM expert cache; 0: as large as the plan allows
+  std::string policy = "lfu";   // eviction: lfu (frequency with decay) or lru
+  bool prefetch = true;         // next-layer prefetch from the next router on the current hidden state
+  bool census = true;           // MODEL.gguf.census: count, persist, warm-start from the hottest experts
+  bool io_uring = true;         // false: pread thread pool
+  bool direct_io = true;        // O_DIRECT
+  int queue_depth = 32;
+};
 
 struct EngineOptions {
   int n_threads = 0;          // 0: one per available core
@@ -32,6 +47,19 @@ struct EngineOptions {
   KvType kv_type = KvType::kF16;
   bool profile = false;       // time every op of the forward pass (Session::op_profile)
   bool count_routing = false; // count expert selections per layer (Session::expert_counts)
+  ExpertMode experts = ExpertMode::kAuto;
+  StreamOptions stream;
+};
+
+// Expert cache statistics since load or the last reset (all zero when experts are resident).
+struct ExpertStats {
+  bool streamed = false;
+  std::string store;            // reader, O_DIRECT, slots, policy, layout, warm start
+  uint64_t hits = 0, inflight_hits = 0, misses = 0, evictions = 0;
+  uint64_t reads = 0, bytes_read = 0;
+  double read_seconds = 0, wait_seconds = 0;
+  uint64_t prefetch_issued = 0, prefetch_used = 0, prefetch_wasted = 0;
+  uint64_t predicted = 0, acquired_with_hint = 0;  // prefetch accuracy: predicted / acquired_with_hint
 };
 
 struct ModelInfo {
@@ -57,6 +85,10 @@ class Engine {
  public:
   static Result<std::unique_ptr<Engine>> load(const std::string& path, const EngineOptions& options);
   ~Engine();
+  // The memory plan chosen at load, as printed at start (several lines; empty for dense models).
+  const std::string& memory_plan() const;
+  ExpertStats expert_stats() const;
+  void reset_expert_stats();
 
   const ModelInfo& info() const;
   const EngineOptions& options() const;  // with defaults resolved (n_threads, n_ctx)

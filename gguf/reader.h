@@ -46,6 +46,8 @@ class GgufFile {
   const std::string& path() const { return path_; }
   uint64_t size() const { return size_; }
   const Header& header() const { return header_; }
+  // The whole file, mapped read-only: [0, size()).
+  const uint8_t* bytes() const { return map_; }
 
  private:
   GgufFile() = default;

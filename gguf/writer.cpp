@@ -1,5 +1,6 @@
 #include "gguf/writer.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -178,6 +179,8 @@ Status Writer::finish() {
   if (std::fflush(file_) != 0 || fsync(fileno(file_)) != 0) {
     return Status::error(format("%s: flush failed: %s", tmp_path_.c_str(), std::strerror(errno)));
   }
+  // A writer that released pages as it went (release_written) drops the rest too, now that it is on disk.
+  if (writeback_started_ > 0) (void)posix_fadvise(fileno(file_), 0, 0, POSIX_FADV_DONTNEED);
   std::fclose(file_);
   file_ = nullptr;
   if (std::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
@@ -185,7 +188,32 @@ Status Writer::finish() {
                                 std::strerror(errno)));
   }
   finished_ = true;
+  // The rename is durable once the directory entry is; some file systems cannot fsync a directory (EINVAL),
+  // which is not an error here.
+  const size_t slash = path_.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path_.substr(0, slash);
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    (void)fsync(dfd);
+    ::close(dfd);
+  }
   return Status();
+}
+
+void Writer::release_written() {
+  if (!file_ || std::fflush(file_) != 0) return;
+  const int fd = fileno(file_);
+  // The window handed to writeback last time has (mostly) reached the disk by now: wait for the rest, then drop
+  // it. Then start writeback of what was written since, without waiting.
+  if (dropped_ < writeback_started_) {
+    (void)sync_file_range(fd, off64_t(dropped_), off64_t(writeback_started_ - dropped_),
+                          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+    (void)posix_fadvise(fd, off_t(dropped_), off_t(writeback_started_ - dropped_), POSIX_FADV_DONTNEED);
+    dropped_ = writeback_started_;
+  }
+  if (pos_ > writeback_started_) {
+    (void)sync_file_range(fd, off64_t(writeback_started_), off64_t(pos_ - writeback_started_), SYNC_FILE_RANGE_WRITE);
+    writeback_started_ = pos_;
+  }
 }
 
 }  // namespace magnetar::gguf

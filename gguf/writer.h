@@ -3,9 +3,10 @@
 // Usage: add metadata and tensor infos (sizes are known from type and dims), begin() writes the header,
 // then write() streams each tensor's bytes in the order the tensors were added (in as many pieces as the
 // caller likes: a 16 GiB model never has to be in memory), and finish() pads, flushes, fsyncs and renames the
-// temporary file onto the destination. Until finish() succeeds the destination is untouched; a writer
-// destroyed before that removes its temporary file, so a crash or a full disk never leaves a truncated model
-// under the final name.
+// temporary file onto the destination, then fsyncs the directory so that the rename survives a power loss.
+// Until finish() succeeds the destination is untouched; a writer destroyed before that removes its temporary
+// file, so a crash or a full disk never leaves a truncated model under the final name (a process killed
+// outright leaves only DEST.tmp, which the next writer of DEST overwrites).
 #pragma once
 
 #include <cstdint>
@@ -37,6 +38,10 @@ class Writer {
   // Appends bytes to the current tensor; crossing into the next tensor is allowed.
   Status write(std::span<const uint8_t> bytes);
   Status finish();
+  // Optional, for outputs bigger than RAM: starts writeback of the bytes written so far and drops those that
+  // already reached the disk from the page cache, so a long write does not evict the rest of the machine's
+  // cache; once called, finish() drops the rest after its fsync. A hint (failures are ignored).
+  void release_written();
 
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   uint64_t bytes_written() const { return pos_; }
@@ -60,6 +65,8 @@ class Writer {
   size_t current_ = 0;        // tensor being written
   uint64_t current_done_ = 0; // bytes of it written
   bool finished_ = false;
+  uint64_t writeback_started_ = 0;  // release_written(): bytes [0, this) have been handed to writeback
+  uint64_t dropped_ = 0;            // and [0, this) dropped from the page cache
 };
 
 }  // namespace magnetar::gguf

@@ -11,6 +11,7 @@
 
 #include "backends/cpu/threadpool.h"
 #include "base/status.h"
+#include "experts/source.h"
 #include "gguf/reader.h"
 #include "kv/kv_cache.h"
 
@@ -45,7 +46,7 @@ class Workspace {
 // Where forward() spends its time, by op (a diagnostic: `magnetar bench --profile`). Wall-clock seconds,
 // accumulated; each op is one or more parallel regions that finish before the next starts.
 enum class Op { kEmbed, kNorm, kQkv, kRope, kAttention, kAttnOut, kRouter, kExpertsGateUp, kExpertsDown,
-                kExpertsOther, kDenseFfn, kLmHead, kCount };
+                kExpertsOther, kExpertsWait, kDenseFfn, kLmHead, kCount };
 const char* op_name(Op op);
 
 struct Profile {
@@ -85,6 +86,8 @@ struct ForwardArgs {
   float* logits = nullptr;          // [all_logits ? n_tok : 1, n_vocab]
   Profile* profile = nullptr;       // non-null: accumulate time per op
   RoutingCounts* routing = nullptr; // non-null: count expert selections (sized n_layer * n_expert)
+  experts::ExpertSource* experts = nullptr;  // routed experts from here (null: the model's own mapping)
+  bool prefetch = false;            // hint the next MoE layer's likely experts to `experts`
 };
 
 class Model {
@@ -93,8 +96,11 @@ class Model {
   virtual const HParams& hparams() const = 0;
   // Scratch for forward() calls of at most n_batch tokens over a KV cache of n_ctx positions.
   virtual std::unique_ptr<Workspace> make_workspace(int64_t n_batch, int64_t n_ctx, int n_threads) const = 0;
-  // Computes the tokens, appends their K/V to `kv` at rows pos0.., writes logits.
-  virtual void forward(cpu::ThreadPool& pool, Workspace& ws, kv::KvCache& kv, const ForwardArgs& args) const = 0;
+  // Computes the tokens, appends their K/V to `kv` at rows pos0.., writes logits. Fails only when the expert
+  // source does (a read error names the file).
+  virtual Status forward(cpu::ThreadPool& pool, Workspace& ws, kv::KvCache& kv, const ForwardArgs& args) const = 0;
+  // Where the routed experts live in the file (null for dense models).
+  virtual const experts::ExpertLayout* expert_layout() const { return nullptr; }
 };
 
 // One row per architecture (models/registry.cpp).

@@ -60,6 +60,10 @@ struct TypeSizeInfo {
   size_t type_size;
 };
 const TypeSizeInfo* find_type_size(uint32_t type_id);
+// ggml ids of the integer tensor types that files carry but no kernel computes with (sized above): the packed
+// expert layout stores its records as I8 bytes and its extent table as I64 (experts/layout.h).
+inline constexpr uint32_t kTypeIdI8 = 24;
+inline constexpr uint32_t kTypeIdI64 = 27;
 
 // Bytes of one row of n elements; n must be a multiple of the block size (CHECKed).
 size_t row_size(Type type, int64_t n);

@@ -111,6 +111,16 @@ int bench_main(int argc, char** argv) {
   for (int64_t depth = ctx_start; depth <= ctx_max; depth += step) {
     last_depth = depth;
     std::vector<double> pp, tg;
+    ExpertStats pp_experts, tg_experts;  // summed over the reps
+    double pp_seconds = 0, tg_seconds = 0;
+    auto add = [](ExpertStats& sum, const ExpertStats& s) {
+      sum.streamed = s.streamed;
+      sum.hits += s.hits, sum.inflight_hits += s.inflight_hits, sum.misses += s.misses, sum.evictions += s.evictions;
+      sum.reads += s.reads, sum.bytes_read += s.bytes_read, sum.read_seconds += s.read_seconds;
+      sum.wait_seconds += s.wait_seconds, sum.prefetch_issued += s.prefetch_issued;
+      sum.prefetch_used += s.prefetch_used, sum.prefetch_wasted += s.prefetch_wasted;
+      sum.predicted += s.predicted, sum.acquired_with_hint += s.acquired_with_hint;
+    };
     for (int64_t r = 0; r < reps; ++r) {
       // Bring the timeline to exactly `depth` tokens (computed once, then reused from the KV cache).
       if (depth > 0) {
@@ -123,12 +133,16 @@ int bench_main(int argc, char** argv) {
       }
       const bool last = depth + step > ctx_max && r == reps - 1;  // profiled run: the last one
       if (last) session.reset_stats();
+      engine->reset_expert_stats();
       auto t0 = std::chrono::steady_clock::now();
       if (Status s = session.sync(std::span<const int32_t>(ids.data(), size_t(depth + step))); !s.ok()) {
         std::fprintf(stderr, "magnetar bench: %s\n", s.message().c_str());
         return kExitFailure;
       }
       pp.push_back(double(step) / seconds(t0));
+      pp_seconds += seconds(t0);
+      add(pp_experts, engine->expert_stats());
+      engine->reset_expert_stats();
       if (last) {
         prefill_profile = session.op_profile();
         session.reset_stats();
@@ -141,18 +155,28 @@ int bench_main(int argc, char** argv) {
         }
       }
       if (gen > 0) tg.push_back(double(gen) / seconds(t0));
+      tg_seconds += seconds(t0);
+      add(tg_experts, engine->expert_stats());
     }
     const double pp_tps = median(pp), tg_tps = median(tg);
     if (json) {
-      const nlohmann::json row = {{"depth", depth},         {"prefill_tokens", step}, {"prefill_tps", pp_tps},
-                                  {"decode_tokens", gen},   {"decode_tps", tg_tps},   {"threads", engine->options().n_threads},
-                                  {"model", info.path},     {"cpu", cpu_model()},     {"version", MAGNETAR_VERSION}};
+      nlohmann::json row = {{"depth", depth},         {"prefill_tokens", step}, {"prefill_tps", pp_tps},
+                            {"decode_tokens", gen},   {"decode_tps", tg_tps},   {"threads", engine->options().n_threads},
+                            {"model", info.path},     {"cpu", cpu_model()},     {"version", MAGNETAR_VERSION}};
+      if (pp_experts.streamed) {
+        row["prefill_experts"] = expert_summary_json(pp_experts, pp_seconds, step * reps);
+        row["decode_experts"] = expert_summary_json(tg_experts, tg_seconds, gen * reps);
+      }
       std::printf("%s\n", row.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else if (csv) {
       std::printf("%lld,%lld,%.3f,%lld,%.3f\n", (long long)depth, (long long)step, pp_tps, (long long)gen, tg_tps);
     } else {
       std::printf("%10lld %10lld %14.2f %10lld %14.2f\n", (long long)depth, (long long)step, pp_tps, (long long)gen,
                   tg_tps);
+      if (pp_experts.streamed) {
+        std::printf("  prefill %s\n", expert_summary(pp_experts, pp_seconds, step * reps).c_str());
+        if (gen > 0) std::printf("  decode  %s\n", expert_summary(tg_experts, tg_seconds, gen * reps).c_str());
+      }
     }
     std::fflush(stdout);
   }

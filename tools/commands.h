@@ -13,6 +13,7 @@ int inspect_main(int argc, char** argv);  // argv[0] is the command name
 int synth_main(int argc, char** argv);
 int convert_main(int argc, char** argv);
 int quantize_main(int argc, char** argv);
+int pack_main(int argc, char** argv);
 int tokenize_main(int argc, char** argv);
 int run_main(int argc, char** argv);
 int chat_main(int argc, char** argv);

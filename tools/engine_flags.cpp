@@ -10,6 +10,17 @@ void ModelFlags::add_to(cli::Args& args) {
   args.option("-t", &threads, "N", "threads (0: all cores)");
   args.option("--batch", &batch, "N", "prompt tokens per forward pass (bounds scratch memory)");
   args.option("--kv-type", &kv_type, "f16|f32", "KV cache precision");
+  args.flag("--resident", &resident, "keep every routed expert in memory (mapped); refused when it does not fit");
+  args.flag("--mmap", &mmap, "map every weight and let the page cache decide, unchecked (llama.cpp's way; thrashes when the model exceeds RAM)");
+  args.flag("--stream", &stream, "stream routed experts from disk through the RAM expert cache");
+  args.option("--cache-gb", &cache_gb, "N", "RAM expert cache in GiB (implies --stream; 0: what the memory plan allows)");
+  args.option("--cache-policy", &cache_policy, "lfu|lru", "expert cache eviction: frequency with decay, or least recently used");
+  args.flag("--no-prefetch", &no_prefetch, "streamed: do not prefetch the next layer's predicted experts");
+  args.flag("--no-census", &no_census, "streamed: neither read nor write MODEL.gguf.census (no warm start)");
+  args.flag("--no-io-uring", &no_io_uring, "streamed: read with a pread thread pool instead of io_uring");
+  args.flag("--no-direct", &no_direct, "streamed: buffered reads instead of O_DIRECT");
+  args.option("--queue-depth", &queue_depth, "N", "streamed: io_uring queue depth");
+  args.flag("--show-plan", &show_plan, "print the memory plan even when every expert is resident");
 }
 
 std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
@@ -25,14 +36,59 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
     std::fprintf(stderr, "magnetar %s: --ctx and -t must be >= 0, --batch >= 1\n", command);
     return nullptr;
   }
+  if (int(resident) + int(mmap) + int(stream || cache_gb > 0) > 1) {
+    std::fprintf(stderr, "magnetar %s: --resident, --mmap and --stream / --cache-gb exclude each other\n", command);
+    return nullptr;
+  }
+  if (cache_gb < 0 || queue_depth < 1 || queue_depth > 4096) {
+    std::fprintf(stderr, "magnetar %s: --cache-gb must be >= 0 and --queue-depth in 1..4096\n", command);
+    return nullptr;
+  }
   EngineOptions options{.n_threads = int(threads), .n_ctx = ctx, .n_batch = batch,
-                        .kv_type = kv_type == "f32" ? KvType::kF32 : KvType::kF16, .profile = profile};
+                        .kv_type = kv_type == "f32" ? KvType::kF32 : KvType::kF16, .profile = profile,
+                        .experts = resident ? ExpertMode::kResident
+                                   : mmap ? ExpertMode::kMmap
+                                   : (stream || cache_gb > 0) ? ExpertMode::kStream : ExpertMode::kAuto,
+                        .stream = {.cache_gb = cache_gb, .policy = cache_policy, .prefetch = !no_prefetch,
+                                   .census = !no_census, .io_uring = !no_io_uring, .direct_io = !no_direct,
+                                   .queue_depth = int(queue_depth)}};
   Result<std::unique_ptr<Engine>> engine = Engine::load(model, options);
   if (!engine.ok()) {
     std::fprintf(stderr, "magnetar %s: %s\n", command, engine.status().message().c_str());
     return nullptr;
   }
+  // The plan is news when experts stream (a resident plan is the ordinary case); --show-plan prints it always.
+  if (!engine.value()->memory_plan().empty() && (show_plan || engine.value()->expert_stats().streamed)) {
+    std::fprintf(stderr, "%s\n", engine.value()->memory_plan().c_str());
+  }
   return std::move(engine).value();
+}
+
+namespace {
+double ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
+}  // namespace
+
+std::string expert_summary(const ExpertStats& s, double seconds, int64_t tokens) {
+  if (!s.streamed) return "";
+  const uint64_t acquired = s.hits + s.inflight_hits + s.misses;
+  return format("experts: hit %.1f%% (+%.1f%% prefetch in flight) of %llu | read %.2f MiB/token, %.0f MB/s over %.2f s, "
+                "waited %.0f%% | prefetch: %llu issued, %llu used, %llu wasted, next-layer prediction recall %.1f%%",
+                100 * ratio(double(s.hits), double(acquired)), 100 * ratio(double(s.inflight_hits), double(acquired)),
+                (unsigned long long)acquired, ratio(double(s.bytes_read), double(tokens)) / double(1 << 20),
+                ratio(double(s.bytes_read), seconds) / 1e6, seconds, 100 * ratio(s.wait_seconds, seconds),
+                (unsigned long long)s.prefetch_issued, (unsigned long long)s.prefetch_used,
+                (unsigned long long)s.prefetch_wasted, 100 * ratio(double(s.predicted), double(s.acquired_with_hint)));
+}
+
+nlohmann::json expert_summary_json(const ExpertStats& s, double seconds, int64_t tokens) {
+  const uint64_t acquired = s.hits + s.inflight_hits + s.misses;
+  return {{"hits", s.hits}, {"inflight_hits", s.inflight_hits}, {"misses", s.misses}, {"evictions", s.evictions},
+          {"hit_rate", ratio(double(s.hits), double(acquired))}, {"bytes_read", s.bytes_read}, {"reads", s.reads},
+          {"bytes_per_token", ratio(double(s.bytes_read), double(tokens))},
+          {"disk_mb_s", ratio(double(s.bytes_read), seconds) / 1e6}, {"wait_fraction", ratio(s.wait_seconds, seconds)},
+          {"prefetch_issued", s.prefetch_issued}, {"prefetch_used", s.prefetch_used},
+          {"prefetch_wasted", s.prefetch_wasted},
+          {"prediction_recall", ratio(double(s.predicted), double(s.acquired_with_hint))}};
 }
 
 void SamplingFlags::add_to(cli::Args& args) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "engine/engine.h"
@@ -15,12 +16,23 @@ struct ModelFlags {
   int64_t threads = 0;
   int64_t batch = 512;
   std::string kv_type = "f16";
+  bool resident = false, stream = false, mmap = false;
+  float cache_gb = 0;
+  std::string cache_policy = "lfu";
+  bool no_prefetch = false, no_census = false, no_io_uring = false, no_direct = false;
+  int64_t queue_depth = 32;
+  bool show_plan = false;
   bool profile = false;  // set by the command (bench --profile), not a flag of its own
 
   void add_to(cli::Args& args);
   // Loads the engine; on failure prints "magnetar CMD: message" and returns nullptr.
   std::unique_ptr<Engine> load(const char* command) const;
 };
+
+// One line on the expert cache over `seconds` of work on `tokens` tokens: hit rate, bytes read per token,
+// disk throughput, time waiting for reads, prefetch accuracy ("" when experts are resident).
+std::string expert_summary(const ExpertStats& s, double seconds, int64_t tokens);
+nlohmann::json expert_summary_json(const ExpertStats& s, double seconds, int64_t tokens);
 
 struct SamplingFlags {
   SamplingParams params;

@@ -1,9 +1,12 @@
 // `magnetar inspect MODEL.gguf`: what a GGUF file holds, without loading it (only the header is read; the
 // tensor data stays unmapped pages). Works on single files and split sets (open the first shard).
+#include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 
+#include "experts/layout.h"
 #include "gguf/reader.h"
 #include "quant/quant.h"
 #include "tools/cli.h"
@@ -49,6 +52,49 @@ nlohmann::json value_json(const gguf::Value& v) {
   return nullptr;
 }
 
+// The expert layout of a packed file (experts/layout.h): one line of text and a JSON object. Standard files
+// print nothing extra. A packed file whose layout does not validate is shown with the reason, not refused:
+// inspect reads headers, it does not judge them.
+struct PackedInfo {
+  std::string line;
+  nlohmann::json json;
+  uint64_t expert_params = 0;  // weights in the records (their I8 shape counts bytes, not weights)
+};
+
+std::optional<PackedInfo> packed_info(const gguf::Model& model) {
+  if (!model.find(experts::kKeyPackVersion)) return std::nullopt;
+  Result<experts::ExpertLayout> layout = experts::ExpertLayout::from_model(model);
+  if (!layout.ok()) {
+    return PackedInfo{.line = "expert-major (packed), invalid: " + layout.status().message(),
+                      .json = {{"layout", "expert-major"}, {"error", layout.status().message()}}};
+  }
+  nlohmann::json layers = nlohmann::json::array(), strides = nlohmann::json::array();
+  uint64_t lo = UINT64_MAX, hi = 0, params = 0;
+  for (int64_t l = 0; l < layout->n_layer(); ++l) {
+    if (!layout->has_experts(l)) continue;
+    for (int p = 0; p < experts::kParts; ++p) {
+      const std::array<int64_t, 3>& ne = layout->part(l, experts::Part(p)).ne;
+      params += uint64_t(ne[0]) * uint64_t(ne[1]) * uint64_t(ne[2]);
+    }
+    layers.push_back(l);
+    strides.push_back(layout->record_stride(l));
+    lo = std::min(lo, layout->record_stride(l));
+    hi = std::max(hi, layout->record_stride(l));
+  }
+  const std::string stride = lo == hi ? format("%llu", (unsigned long long)lo)
+                                      : format("%llu-%llu", (unsigned long long)lo, (unsigned long long)hi);
+  return PackedInfo{
+      .line = format("expert-major (packed v%u), %lld packed layers x %lld experts, record stride %s bytes",
+                     experts::kPackVersion, (long long)layout->n_moe_layers(), (long long)layout->n_expert(),
+                     stride.c_str()),
+      .json = {{"layout", "expert-major"},
+               {"version", experts::kPackVersion},
+               {"n_expert", layout->n_expert()},
+               {"packed_layers", layers},
+               {"record_stride", strides}},
+      .expert_params = params};
+}
+
 struct TypeTotal {
   uint64_t count = 0;
   uint64_t bytes = 0;
@@ -77,10 +123,13 @@ int inspect_main(int argc, char** argv) {
   }
   const gguf::Model& model = *opened.value();
 
-  uint64_t n_params = 0;
+  const std::optional<PackedInfo> packed = packed_info(model);
+  const bool count_parts = packed && packed->expert_params > 0;
+  uint64_t n_params = count_parts ? packed->expert_params : 0;
   std::map<std::string, TypeTotal> types;
   for (const gguf::TensorInfo& t : model.tensors()) {
-    n_params += uint64_t(t.n_elements());
+    const bool layout_tensor = t.name == experts::kTableTensor || t.name.ends_with(".ffn_exps_packed");
+    if (!(count_parts && layout_tensor)) n_params += uint64_t(t.n_elements());
     TypeTotal& total = types[type_name_of(t.type_id)];
     total.count += 1;
     total.bytes += t.nbytes;
@@ -97,6 +146,7 @@ int inspect_main(int argc, char** argv) {
     j["n_tensors"] = model.tensors().size();
     j["file_bytes"] = model.file_bytes();
     j["n_params"] = n_params;
+    if (packed) j["expert_layout"] = packed->json;
     j["types"] = nlohmann::json::object();
     for (const auto& [name, total] : types) j["types"][name] = {{"count", total.count}, {"bytes", total.bytes}};
     j["metadata"] = nlohmann::json::object();
@@ -124,6 +174,7 @@ int inspect_main(int argc, char** argv) {
   std::printf("file size:     %llu bytes (%s)\n", (unsigned long long)model.file_bytes(),
               human_bytes(model.file_bytes()).c_str());
   std::printf("parameters:    %llu (%s)\n", (unsigned long long)n_params, human_count(n_params).c_str());
+  if (packed) std::printf("layout:        %s\n", packed->line.c_str());
   std::printf("\n%-10s %8s %16s %10s\n", "type", "tensors", "bytes", "GiB");
   for (const auto& [tname, total] : types) {
     std::printf("%-10s %8llu %16llu %10.3f\n", tname.c_str(), (unsigned long long)total.count,

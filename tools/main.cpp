@@ -22,6 +22,7 @@ constexpr Command kCommands[] = {
     {"convert", magnetar::tools::convert_main, "convert a Hugging Face model folder (safetensors) to GGUF"},
     {"quantize", magnetar::tools::quantize_main,
      "quantize an F32/F16/BF16 GGUF to Q8_0, Q4_K, ... (llama.cpp's types)"},
+    {"pack", magnetar::tools::pack_main, "rewrite a MoE GGUF expert-major (one aligned record per expert) or verify one"},
     {"synth", magnetar::tools::synth_main, "write a synthetic qwen3moe model of real geometry (for tests, benchmarks)"},
     {"tokenize", magnetar::tools::tokenize_main, "print the token ids of a text (JSON), from a GGUF or an HF tokenizer folder"},
 };

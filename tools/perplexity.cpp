@@ -259,7 +259,7 @@ int perplexity_main(int argc, char** argv) {
   model.ctx = 512;
   std::string text_file, mode = "windowed", kl_base_path, kl_path;
   int64_t max_windows = 0;
-  bool json = false;
+  bool json = false, special = false;
   cli::Args args(
       "magnetar perplexity -m MODEL.gguf -f TEXT_FILE [--ctx N] [--mode windowed|continuous] "
       "[--kl-base FILE | --kl FILE] [--json]",
@@ -277,6 +277,8 @@ int perplexity_main(int argc, char** argv) {
   args.option("--kl-base", &kl_base_path, "FILE", "save this model's distributions for a later --kl run");
   args.option("--kl", &kl_path, "FILE", "compare this model with the distributions saved by --kl-base");
   args.flag("--json", &json, "print the results as one JSON object");
+  args.flag("--special", &special, "tokenize special-token text in the file (e.g. <|endoftext|> between documents) "
+            "as the special token, not as plain text (llama-perplexity reads it as text)");
   if (std::optional<int> code = args.parse_or_exit(argc, argv, "perplexity")) return *code;
   if (mode != "windowed" && mode != "continuous") {
     std::fprintf(stderr, "magnetar perplexity: --mode must be windowed or continuous, got '%s'\n", mode.c_str());
@@ -298,7 +300,7 @@ int perplexity_main(int argc, char** argv) {
   const std::string& text = read.value();
   std::unique_ptr<Engine> engine = model.load("perplexity");
   if (!engine) return kExitBadInput;
-  Result<std::vector<int32_t>> tokenized = engine->tokenize(text, false);
+  Result<std::vector<int32_t>> tokenized = engine->tokenize(text, special);
   if (!tokenized.ok()) {
     std::fprintf(stderr, "magnetar perplexity: %s\n", tokenized.status().message().c_str());
     return kExitBadInput;

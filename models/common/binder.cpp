@@ -48,6 +48,34 @@ Tensor Binder::tensor(const std::string& name, std::initializer_list<int64_t> sh
   return out;
 }
 
+Tensor Binder::expert_part(const experts::ExpertLayout& layout, int64_t layer, experts::Part part,
+                           std::initializer_list<int64_t> shape) {
+  Tensor out;
+  if (!status_.ok()) return out;
+  if (layer >= layout.n_layer() || !layout.has_experts(layer)) {
+    fail(format("layer %lld has a router but no packed experts", (long long)layer));
+    return out;
+  }
+  const experts::PartDesc& desc = layout.part(layer, part);
+  bool same = shape.size() == 3;
+  int d = 0;
+  for (int64_t want : shape) same = same && desc.ne[size_t(d++)] == want;
+  if (!same) {
+    fail(format("packed expert part '%s' has shape [%lld, %lld, %lld], expected %s", desc.name.c_str(),
+                (long long)desc.ne[0], (long long)desc.ne[1], (long long)desc.ne[2], shape_string(shape).c_str()));
+    return out;
+  }
+  if (quant::traits(desc.type).vec_dot == nullptr) {
+    fail(format("packed expert part '%s' has type %s, which Magnetar cannot compute with", desc.name.c_str(),
+                std::string(quant::type_name(desc.type)).c_str()));
+    return out;
+  }
+  out.type = desc.type;
+  out.ne = {desc.ne[0], desc.ne[1], desc.ne[2], 1};
+  out.row_bytes = quant::row_size(desc.type, desc.ne[0]);
+  return out;
+}
+
 int64_t Binder::integer(const std::string& key, Need need, int64_t fallback) {
   const gguf::Value* v = file_.find(key);
   if (!v) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "experts/layout.h"
 #include "gguf/reader.h"
 #include "quant/quant.h"
 
@@ -37,6 +38,10 @@ class Binder {
 
   Tensor tensor(const std::string& name, std::initializer_list<int64_t> shape, Need need = Need::kRequired,
                 Kind kind = Kind::kAnyType);
+  // A routed-expert part of a packed file (experts/layout.h): type and shape checked like tensor(), data
+  // null (the bytes come from an ExpertSource).
+  Tensor expert_part(const experts::ExpertLayout& layout, int64_t layer, experts::Part part,
+                     std::initializer_list<int64_t> shape);
   // Metadata: integers of any width, floats, bools. Missing required key -> error; optional -> fallback.
   int64_t integer(const std::string& key, Need need = Need::kRequired, int64_t fallback = 0);
   float real(const std::string& key, Need need = Need::kRequired, float fallback = 0.0f);

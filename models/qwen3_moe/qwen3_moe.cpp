@@ -10,6 +10,8 @@
 
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/ops.h"
+#include "experts/layout.h"
+#include "experts/source.h"
 #include "models/common/binder.h"
 #include "models/model.h"
 #include "models/qwen3_moe/qwen3_moe.h"
@@ -27,7 +29,9 @@ struct Layer {
   Tensor attn_norm, wq, wk, wv, wo, q_norm, k_norm, ffn_norm;
   // MoE layers
   Tensor gate_inp;                        // [n_embd, n_expert] F32
-  Tensor gate_exps, up_exps, down_exps;   // [n_embd, n_ff_exp, n_expert], [n_ff_exp, n_embd, n_expert]
+  // [n_embd, n_ff_exp, n_expert], [n_ff_exp, n_embd, n_expert]: type and shape; the bytes come from the
+  // ExpertSource (data is null for packed files, whose experts are records, not stacked tensors)
+  Tensor gate_exps, up_exps, down_exps;
   // dense layers
   Tensor ffn_gate, ffn_up, ffn_down;      // [n_embd, n_ff], [n_ff, n_embd]
   bool moe() const { return gate_inp.present(); }
@@ -53,6 +57,11 @@ class Qwen3Workspace : public Workspace {
   std::vector<float> row_weight;                    // row -> routing weight
   std::vector<float> gate, up, down;                // [n_batch * k, n_ff] / [n_batch * k, n_embd]
   std::vector<uint8_t> qa, qb;                      // prepared (quantized) activations
+  std::vector<uint8_t> qd;                          // prepared inputs of the experts' down projections
+  std::vector<int32_t> active;                      // distinct experts of the layer's tokens
+  std::vector<experts::ExpertPtrs> ptrs;            // [n_expert] their weights
+  std::vector<uint8_t> ready, mark;                 // [n_expert]
+  std::vector<size_t> early, late;                  // indices into active: cached at acquire() / read since
   std::vector<float> attn_scratch;
   Profile* profile = nullptr;         // of the forward() call in progress
   RoutingCounts* routing = nullptr;   // idem
@@ -61,19 +70,29 @@ class Qwen3Workspace : public Workspace {
 
 class Qwen3Model final : public Model {
  public:
-  Qwen3Model(HParams hp, Weights w) : hp_(std::move(hp)), w_(std::move(w)) {}
+  Qwen3Model(HParams hp, Weights w, const gguf::Model& file, std::unique_ptr<experts::ExpertLayout> layout)
+      : hp_(std::move(hp)), w_(std::move(w)), layout_(std::move(layout)) {
+    if (layout_) mapped_ = std::make_unique<experts::MappedExperts>(file, *layout_);
+  }
   const HParams& hparams() const override { return hp_; }
   std::unique_ptr<Workspace> make_workspace(int64_t n_batch, int64_t n_ctx, int n_threads) const override;
-  void forward(cpu::ThreadPool& pool, Workspace& ws, kv::KvCache& kv, const ForwardArgs& args) const override;
+  Status forward(cpu::ThreadPool& pool, Workspace& ws, kv::KvCache& kv, const ForwardArgs& args) const override;
+  const experts::ExpertLayout* expert_layout() const override { return layout_.get(); }
 
  private:
   void attention_block(cpu::ThreadPool& pool, Qwen3Workspace& ws, kv::KvCache& kv, const Layer& L, int64_t il,
                        int64_t n, int64_t pos0) const;
   void dense_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L, int64_t n) const;
-  void moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L, int64_t n) const;
+  Status moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L, int64_t n, const ForwardArgs& args) const;
+  void route(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L, int64_t n) const;
+  void predict_next(cpu::ThreadPool& pool, Qwen3Workspace& ws, int64_t n, experts::ExpertSource& source) const;
+  // gate/up, SwiGLU and down of the experts ws.active[i] for i in `which`, into ws.down rows.
+  void run_experts(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L, std::span<const size_t> which) const;
 
   HParams hp_;
   Weights w_;
+  std::unique_ptr<experts::ExpertLayout> layout_;   // MoE models only
+  std::unique_ptr<experts::MappedExperts> mapped_;  // the experts in place, when forward() gets no source
 };
 
 template <typename T>
@@ -111,11 +130,17 @@ std::unique_ptr<Workspace> Qwen3Model::make_workspace(int64_t n_batch, int64_t n
     ws->sort_idx.resize(size_t(hp_.n_expert));
     ws->expert_fill.resize(size_t(hp_.n_expert));
     ws->jobs.reserve(size_t(2 * hp_.n_expert));
+    ws->active.reserve(size_t(hp_.n_expert));
+    ws->ptrs.resize(size_t(hp_.n_expert));
+    ws->ready.resize(size_t(hp_.n_expert));
+    ws->mark.resize(size_t(hp_.n_expert));
+    ws->early.reserve(size_t(hp_.n_expert));
+    ws->late.reserve(size_t(hp_.n_expert));
   }
   // Prepared activations: the largest of every matmul input this model has.
-  size_t qa = 0, qb = 0;
+  size_t qa = 0, qb = 0, qd = 0;
   auto need = [&](const Tensor& t, int64_t n_rows, size_t& slot) {
-    if (t.present()) slot = std::max(slot, cpu::prepare_input_bytes(t.type, t.ne[0], n_rows));
+    if (t.present() || t.ne[0] > 1) slot = std::max(slot, cpu::prepare_input_bytes(t.type, t.ne[0], n_rows));
   };
   for (const Layer& L : w_.layers) {
     need(L.wq, n_batch, qa);
@@ -126,16 +151,17 @@ std::unique_ptr<Workspace> Qwen3Model::make_workspace(int64_t n_batch, int64_t n
     need(L.ffn_up, n_batch, qb);
     need(L.ffn_down, n_batch, qa);
     need(L.gate_exps, n_batch, qb);           // quantized once per token ...
-    if (L.gate_exps.present()) {              // ... then gathered per (token, slot), float rows when unquantized
+    if (L.moe()) {                            // ... then gathered per (token, slot), float rows when unquantized
       qa = std::max({qa, cpu::prepare_input_bytes(L.gate_exps.type, L.gate_exps.ne[0], int64_t(rows)),
                      rows * size_t(L.gate_exps.ne[0]) * sizeof(float)});
     }
     need(L.up_exps, n_batch, qb);
-    need(L.down_exps, int64_t(rows), qa);
+    if (L.moe()) need(L.down_exps, int64_t(rows), qd);
   }
   need(w_.output.present() ? w_.output : w_.token_embd, n_batch, qa);
   ws->qa.resize(qa);
   ws->qb.resize(qb);
+  ws->qd.resize(qd);
   return ws;
 }
 
@@ -205,10 +231,9 @@ void Qwen3Model::dense_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Laye
   cpu::matmul(pool, {.w = L.ffn_down.data, .type = L.ffn_down.type, .n_in = F, .n_out = E, .x = h, .y = ws.proj.data(), .ldy = E});
 }
 
-void Qwen3Model::moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L, int64_t n) const {
-  const int64_t E = hp_.n_embd, F = hp_.n_ff_exp, X = hp_.n_expert, K = hp_.n_expert_used;
+void Qwen3Model::route(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L, int64_t n) const {
+  const int64_t E = hp_.n_embd, X = hp_.n_expert, K = hp_.n_expert_used;
   // Router: softmax over all experts, top-k, optional renormalization (transformers' order of operations).
-  std::optional<OpTimer> timer(std::in_place, ws.profile, Op::kRouter);
   const PreparedInput xr = cpu::prepare_input(pool, L.gate_inp.type, ws.xn.data(), E, E, n, nullptr);
   cpu::matmul(pool, {.w = L.gate_inp.data, .type = L.gate_inp.type, .n_in = E, .n_out = X, .x = xr, .y = ws.router.data(), .ldy = X});
   std::fill(ws.expert_begin.begin(), ws.expert_begin.end(), 0);
@@ -249,8 +274,91 @@ void Qwen3Model::moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer&
       ws.row_weight[size_t(r)] = ws.top_weights[size_t(t * K + j)];
     }
   }
+}
+
+// The next MoE layer's router applied to this layer's normed input: the union of each token's top-k is the
+// hint (ARCHITECTURE.md step 3). ws.router is free again once route() has grouped the rows.
+void Qwen3Model::predict_next(cpu::ThreadPool& pool, Qwen3Workspace& ws, int64_t n, experts::ExpertSource& source) const {
+  int64_t next = ws.layer + 1;
+  while (next < hp_.n_layer && !w_.layers[size_t(next)].moe()) ++next;
+  if (next >= hp_.n_layer) return;
+  const Layer& N = w_.layers[size_t(next)];
+  const int64_t E = hp_.n_embd, X = hp_.n_expert, K = hp_.n_expert_used;
+  const PreparedInput xr = cpu::prepare_input(pool, N.gate_inp.type, ws.xn.data(), E, E, n, nullptr);
+  cpu::matmul(pool, {.w = N.gate_inp.data, .type = N.gate_inp.type, .n_in = E, .n_out = X, .x = xr, .y = ws.router.data(), .ldy = X});
+  std::fill(ws.mark.begin(), ws.mark.end(), 0);
+  std::vector<int32_t>& idx = ws.sort_idx;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* logits = ws.router.data() + t * X;
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (int64_t j = 0; j < K; ++j) ws.mark[size_t(idx[size_t(j)])] = 1;
+  }
+  idx.clear();
+  for (int32_t e = 0; e < int32_t(X); ++e) {
+    if (ws.mark[size_t(e)]) idx.push_back(e);
+  }
+  source.prefetch(next, idx);
+  idx.resize(size_t(X));
+}
+
+void Qwen3Model::run_experts(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L, std::span<const size_t> which) const {
+  if (which.empty()) return;
+  const int64_t E = hp_.n_embd, F = hp_.n_ff_exp;
+  const size_t in_bytes = cpu::prepare_input_bytes(L.gate_exps.type, E, 1);
+  const bool in_float = L.gate_exps.type == quant::Type::F32 || L.gate_exps.type == quant::Type::F16 ||
+                        L.gate_exps.type == quant::Type::BF16;
+  const size_t in_row = in_float ? size_t(E) * sizeof(float) : in_bytes;
+  std::vector<MatmulJob>& jobs = ws.jobs;
+  jobs.clear();
+  for (const size_t i : which) {
+    const int32_t e = ws.active[i];
+    const int64_t r0 = ws.expert_begin[size_t(e)], cnt = ws.expert_begin[size_t(e) + 1] - r0;
+    const PreparedInput xe = {.data = ws.qa.data() + size_t(r0) * in_row, .row_bytes = in_row, .n_tok = cnt,
+                              .is_float = in_float};
+    jobs.push_back({.w = ws.ptrs[i].part[0], .type = L.gate_exps.type, .n_in = E, .n_out = F, .x = xe,
+                    .y = ws.gate.data() + r0 * F, .ldy = F});
+    jobs.push_back({.w = ws.ptrs[i].part[1], .type = L.up_exps.type, .n_in = E, .n_out = F, .x = xe,
+                    .y = ws.up.data() + r0 * F, .ldy = F});
+  }
+  std::optional<OpTimer> timer(std::in_place, ws.profile, Op::kExpertsGateUp);
+  cpu::matmul(pool, jobs);
+  timer.emplace(ws.profile, Op::kExpertsOther);
+  jobs.clear();
+  const size_t down_row = cpu::prepare_input_bytes(L.down_exps.type, F, 1);
+  for (const size_t i : which) {
+    const int32_t e = ws.active[i];
+    const int64_t r0 = ws.expert_begin[size_t(e)], cnt = ws.expert_begin[size_t(e) + 1] - r0;
+    swiglu(pool, ws.gate.data() + r0 * F, ws.up.data() + r0 * F, cnt * F);
+    const PreparedInput he = cpu::prepare_input(pool, L.down_exps.type, ws.gate.data() + r0 * F, F, F, cnt,
+                                                ws.qd.data() + size_t(r0) * down_row);
+    jobs.push_back({.w = ws.ptrs[i].part[2], .type = L.down_exps.type, .n_in = F, .n_out = E, .x = he,
+                    .y = ws.down.data() + r0 * E, .ldy = E});
+  }
+  timer.emplace(ws.profile, Op::kExpertsDown);
+  cpu::matmul(pool, jobs);
+}
+
+Status Qwen3Model::moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L, int64_t n,
+                           const ForwardArgs& args) const {
+  const int64_t E = hp_.n_embd, X = hp_.n_expert, K = hp_.n_expert_used;
+  std::optional<OpTimer> timer(std::in_place, ws.profile, Op::kRouter);
+  route(pool, ws, L, n);
   const int64_t rows = n * K;
   timer.emplace(ws.profile, Op::kExpertsOther);
+  // The experts this batch needs; their weights are requested before anything waits on them.
+  ws.active.clear();
+  for (int32_t e = 0; e < int32_t(X); ++e) {
+    if (ws.expert_begin[size_t(e) + 1] > ws.expert_begin[size_t(e)]) ws.active.push_back(e);
+  }
+  const size_t n_active = ws.active.size();
+  experts::ExpertSource& source = args.experts ? *args.experts : *mapped_;
+  const std::span<experts::ExpertPtrs> ptrs(ws.ptrs.data(), n_active);
+  source.acquire(ws.layer, ws.active, ptrs, std::span<uint8_t>(ws.ready.data(), n_active));
+  experts::Pinned pinned(source);
+  if (args.prefetch) predict_next(pool, ws, n, source);
   // Activations: prepared once per token, then gathered into expert order.
   const PreparedInput xt = cpu::prepare_input(pool, L.gate_exps.type, ws.xn.data(), E, E, n, ws.qb.data());
   const uint8_t* src = static_cast<const uint8_t*>(xt.data);
@@ -259,34 +367,18 @@ void Qwen3Model::moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer&
     std::memcpy(gathered + size_t(r) * xt.row_bytes, src + size_t(ws.order_token[size_t(r)]) * xt.row_bytes, xt.row_bytes);
   }
   MAGNETAR_CHECK(L.up_exps.type == L.gate_exps.type);
-  std::vector<MatmulJob>& jobs = ws.jobs;
-  jobs.clear();
-  for (int64_t e = 0; e < X; ++e) {
-    const int64_t r0 = ws.expert_begin[size_t(e)], cnt = ws.expert_begin[size_t(e) + 1] - r0;
-    if (cnt == 0) continue;
-    const PreparedInput xe = {.data = gathered + size_t(r0) * xt.row_bytes, .row_bytes = xt.row_bytes, .n_tok = cnt,
-                              .is_float = xt.is_float};
-    jobs.push_back({.w = L.gate_exps.row(e * F), .type = L.gate_exps.type, .n_in = E, .n_out = F, .x = xe,
-                    .y = ws.gate.data() + r0 * F, .ldy = F});
-    jobs.push_back({.w = L.up_exps.row(e * F), .type = L.up_exps.type, .n_in = E, .n_out = F, .x = xe,
-                    .y = ws.up.data() + r0 * F, .ldy = F});
+  // Experts already in memory first, the rest once their reads land (each expert's rows are computed the
+  // same way whichever group it falls in, so the result does not depend on what was cached).
+  ws.early.clear();
+  ws.late.clear();
+  for (size_t i = 0; i < n_active; ++i) (ws.ready[i] ? ws.early : ws.late).push_back(i);
+  run_experts(pool, ws, L, ws.early);
+  if (!ws.late.empty()) {
+    timer.emplace(ws.profile, Op::kExpertsWait);
+    MAGNETAR_RETURN_IF_ERROR(source.wait(ptrs));
+    timer.emplace(ws.profile, Op::kExpertsOther);
+    run_experts(pool, ws, L, ws.late);
   }
-  timer.emplace(ws.profile, Op::kExpertsGateUp);
-  cpu::matmul(pool, jobs);
-  timer.emplace(ws.profile, Op::kExpertsOther);
-  swiglu(pool, ws.gate.data(), ws.up.data(), rows * F);
-  const PreparedInput h = cpu::prepare_input(pool, L.down_exps.type, ws.gate.data(), F, F, rows, ws.qa.data());
-  jobs.clear();
-  for (int64_t e = 0; e < X; ++e) {
-    const int64_t r0 = ws.expert_begin[size_t(e)], cnt = ws.expert_begin[size_t(e) + 1] - r0;
-    if (cnt == 0) continue;
-    const PreparedInput he = {.data = static_cast<const uint8_t*>(h.data) + size_t(r0) * h.row_bytes,
-                              .row_bytes = h.row_bytes, .n_tok = cnt, .is_float = h.is_float};
-    jobs.push_back({.w = L.down_exps.row(e * E), .type = L.down_exps.type, .n_in = F, .n_out = E, .x = he,
-                    .y = ws.down.data() + r0 * E, .ldy = E});
-  }
-  timer.emplace(ws.profile, Op::kExpertsDown);
-  cpu::matmul(pool, jobs);
   timer.emplace(ws.profile, Op::kExpertsOther);
   // proj[t] = sum over the token's experts, in expert order, of weight * down_row.
   std::fill(ws.proj.begin(), ws.proj.begin() + n * E, 0.0f);
@@ -294,9 +386,10 @@ void Qwen3Model::moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer&
   for (int64_t r = 0; r < rows; ++r) {
     vk.axpy_f32(E, ws.row_weight[size_t(r)], ws.down.data() + r * E, ws.proj.data() + ws.order_token[size_t(r)] * E);
   }
+  return Status();
 }
 
-void Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, kv::KvCache& kv, const ForwardArgs& args) const {
+Status Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, kv::KvCache& kv, const ForwardArgs& args) const {
   Qwen3Workspace& ws = static_cast<Qwen3Workspace&>(workspace);
   const int64_t n = args.n_tok, E = hp_.n_embd;
   MAGNETAR_CHECK(n >= 1 && n <= ws.n_batch && args.pos0 + n <= kv.n_ctx());
@@ -323,7 +416,7 @@ void Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, kv::KvCach
     cpu::rms_norm(pool, ws.x.data(), L.ffn_norm.f32(), ws.xn.data(), n, E, hp_.rms_eps);
     timer.reset();
     if (L.moe()) {
-      moe_ffn(pool, ws, L, n);
+      MAGNETAR_RETURN_IF_ERROR(moe_ffn(pool, ws, L, n, args));
     } else {
       dense_ffn(pool, ws, L, n);
     }
@@ -337,6 +430,7 @@ void Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, kv::KvCach
   const PreparedInput xh = cpu::prepare_input(pool, head.type, ws.xn.data(), E, E, n_out, ws.qa.data());
   cpu::matmul(pool, {.w = head.data, .type = head.type, .n_in = E, .n_out = hp_.n_vocab, .x = xh, .y = args.logits,
                      .ldy = hp_.n_vocab});
+  return Status();
 }
 
 }  // namespace
@@ -390,6 +484,12 @@ Result<std::unique_ptr<Model>> load_qwen3(const gguf::Model& file) {
     for (size_t il = 0; il < slides.size(); ++il) slides[il] = pattern->array[il].u != 0;
   }
 
+  std::unique_ptr<experts::ExpertLayout> layout;
+  if (is_moe) {
+    MAGNETAR_ASSIGN_OR_RETURN(experts::ExpertLayout found, experts::ExpertLayout::from_model(file));
+    layout = std::make_unique<experts::ExpertLayout>(std::move(found));
+  }
+
   Weights w;
   const int64_t E = hp.n_embd, D = hp.head_dim, q_dim = hp.n_head * D, kv_dim = hp.n_head_kv * D;
   w.token_embd = b.tensor("token_embd.weight", {E, hp.n_vocab});
@@ -409,9 +509,15 @@ Result<std::unique_ptr<Model>> load_qwen3(const gguf::Model& file) {
     L.ffn_norm = b.tensor(p + "ffn_norm.weight", {E}, Need::kRequired, Kind::kF32Only);
     if (is_moe && b.has_tensor(p + "ffn_gate_inp.weight")) {
       L.gate_inp = b.tensor(p + "ffn_gate_inp.weight", {E, hp.n_expert}, Need::kRequired, Kind::kF32Only);
-      L.gate_exps = b.tensor(p + "ffn_gate_exps.weight", {E, hp.n_ff_exp, hp.n_expert});
-      L.up_exps = b.tensor(p + "ffn_up_exps.weight", {E, hp.n_ff_exp, hp.n_expert});
-      L.down_exps = b.tensor(p + "ffn_down_exps.weight", {hp.n_ff_exp, E, hp.n_expert});
+      if (layout->packed()) {
+        L.gate_exps = b.expert_part(*layout, il, experts::Part::kGate, {E, hp.n_ff_exp, hp.n_expert});
+        L.up_exps = b.expert_part(*layout, il, experts::Part::kUp, {E, hp.n_ff_exp, hp.n_expert});
+        L.down_exps = b.expert_part(*layout, il, experts::Part::kDown, {hp.n_ff_exp, E, hp.n_expert});
+      } else {
+        L.gate_exps = b.tensor(p + "ffn_gate_exps.weight", {E, hp.n_ff_exp, hp.n_expert});
+        L.up_exps = b.tensor(p + "ffn_up_exps.weight", {E, hp.n_ff_exp, hp.n_expert});
+        L.down_exps = b.tensor(p + "ffn_down_exps.weight", {hp.n_ff_exp, E, hp.n_expert});
+      }
       if (b.status().ok() && L.up_exps.type != L.gate_exps.type) {
         b.fail(format("tensor '%sffn_up_exps.weight' must have the type of ffn_gate_exps", p.c_str()));
       }
@@ -426,7 +532,7 @@ Result<std::unique_ptr<Model>> load_qwen3(const gguf::Model& file) {
     w.layers.push_back(L);
   }
   if (!b.status().ok()) return b.status();
-  return std::unique_ptr<Model>(new Qwen3Model(std::move(hp), std::move(w)));
+  return std::unique_ptr<Model>(new Qwen3Model(std::move(hp), std::move(w), file, std::move(layout)));
 }
 
 }  // namespace magnetar::models

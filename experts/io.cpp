@@ -1,0 +1,212 @@
+#include "experts/io.h"
+
+#include <liburing.h>
+
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "base/check.h"
+#include "base/status.h"
+
+namespace magnetar::experts {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// ---- io_uring ------------------------------------------------------------------------------------------------
+// One ring of `depth` entries; each in-flight read owns a slot (its iovecs and start time); user_data is the
+// slot index. Completions found while waiting for a free slot are kept for the next reap().
+
+class UringReader final : public Reader {
+ public:
+  explicit UringReader(int depth) : depth_(depth), slots_(size_t(depth)) {
+    for (int i = depth - 1; i >= 0; --i) free_.push_back(i);
+  }
+  ~UringReader() override {
+    std::vector<Completion> drain;
+    if (!ready_) return;
+    while (in_flight_ > 0) reap(1, drain);
+    io_uring_queue_exit(&ring_);
+  }
+  int init() {
+    const int r = io_uring_queue_init(unsigned(depth_), &ring_, 0);
+    ready_ = r == 0;
+    return r;
+  }
+
+  std::string name() const override { return "io_uring (queue depth " + std::to_string(depth_) + ")"; }
+  size_t in_flight() const override { return in_flight_; }
+
+  void submit(int fd, uint64_t offset, std::span<const iovec> iov, uint64_t tag) override {
+    while (free_.empty()) collect(1);
+    const int s = free_.back();
+    free_.pop_back();
+    Slot& slot = slots_[size_t(s)];
+    slot.iov.assign(iov.begin(), iov.end());
+    slot.tag = tag;
+    slot.start = Clock::now();
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    MAGNETAR_CHECK(sqe != nullptr);  // at most `depth` in flight, the ring has `depth` entries
+    io_uring_prep_readv(sqe, fd, slot.iov.data(), unsigned(slot.iov.size()), offset);
+    io_uring_sqe_set_data64(sqe, uint64_t(s));
+    ++in_flight_;
+    int r;
+    do r = io_uring_submit(&ring_); while (r == -EINTR);
+    if (r < 0) finish(s, r);  // the read never started: complete it with the error
+  }
+
+  void reap(size_t min, std::vector<Completion>& out) override {
+    collect(min > done_.size() ? min - done_.size() : 0);
+    collect(0);
+    out.insert(out.end(), done_.begin(), done_.end());
+    done_.clear();
+  }
+
+ private:
+  struct Slot {
+    std::vector<iovec> iov;
+    uint64_t tag = 0;
+    Clock::time_point start;
+  };
+
+  void finish(int s, int64_t result) {
+    done_.push_back({.tag = slots_[size_t(s)].tag, .result = result, .seconds = since(slots_[size_t(s)].start)});
+    free_.push_back(s);
+    --in_flight_;
+  }
+
+  // Moves completions from the ring to done_, waiting for `want` of them (0: only what is there).
+  void collect(size_t want) {
+    size_t got = 0;
+    for (;;) {
+      io_uring_cqe* cqe = nullptr;
+      int r = got < want ? io_uring_wait_cqe(&ring_, &cqe) : io_uring_peek_cqe(&ring_, &cqe);
+      if (r == -EINTR) continue;
+      if (r < 0 || cqe == nullptr) return;
+      finish(int(io_uring_cqe_get_data64(cqe)), cqe->res);
+      io_uring_cqe_seen(&ring_, cqe);
+      ++got;
+    }
+  }
+
+  int depth_;
+  bool ready_ = false;
+  io_uring ring_{};
+  std::vector<Slot> slots_;
+  std::vector<int> free_;
+  std::vector<Completion> done_;
+  size_t in_flight_ = 0;
+};
+
+// ---- pread pool ----------------------------------------------------------------------------------------------
+
+class PreadReader final : public Reader {
+ public:
+  explicit PreadReader(int threads) {
+    for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+  }
+  ~PreadReader() override {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    todo_cv_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+
+  std::string name() const override { return "pread (" + std::to_string(workers_.size()) + " threads)"; }
+  size_t in_flight() const override { return in_flight_; }
+
+  void submit(int fd, uint64_t offset, std::span<const iovec> iov, uint64_t tag) override {
+    {
+      std::lock_guard lock(mu_);
+      todo_.push_back({.fd = fd, .offset = offset, .iov = {iov.begin(), iov.end()}, .tag = tag, .start = Clock::now()});
+    }
+    ++in_flight_;
+    todo_cv_.notify_one();
+  }
+
+  void reap(size_t min, std::vector<Completion>& out) override {
+    std::unique_lock lock(mu_);
+    done_cv_.wait(lock, [&] { return done_.size() >= std::min(min, in_flight_); });
+    in_flight_ -= done_.size();
+    out.insert(out.end(), done_.begin(), done_.end());
+    done_.clear();
+  }
+
+ private:
+  struct Job {
+    int fd;
+    uint64_t offset;
+    std::vector<iovec> iov;
+    uint64_t tag;
+    Clock::time_point start;
+  };
+
+  void work() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock lock(mu_);
+        todo_cv_.wait(lock, [&] { return stop_ || !todo_.empty(); });
+        if (todo_.empty()) return;
+        job = std::move(todo_.front());
+        todo_.pop_front();
+      }
+      // preadv may return short (signals, end of file): continue until done, an error or end of file.
+      int64_t total = 0;
+      std::vector<iovec> rest = job.iov;
+      size_t first = 0;
+      for (;;) {
+        const ssize_t r = preadv(job.fd, rest.data() + first, int(rest.size() - first), off_t(job.offset + total));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+          total = -errno;
+          break;
+        }
+        if (r == 0) break;
+        total += r;
+        size_t left = size_t(r);
+        while (first < rest.size() && left >= rest[first].iov_len) left -= rest[first++].iov_len;
+        if (first == rest.size()) break;
+        rest[first].iov_base = static_cast<uint8_t*>(rest[first].iov_base) + left;
+        rest[first].iov_len -= left;
+      }
+      {
+        std::lock_guard lock(mu_);
+        done_.push_back({.tag = job.tag, .result = total, .seconds = since(job.start)});
+      }
+      done_cv_.notify_one();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable todo_cv_, done_cv_;
+  std::deque<Job> todo_;
+  std::vector<Completion> done_;
+  std::vector<std::thread> workers_;
+  size_t in_flight_ = 0;  // touched only by the owning thread
+  bool stop_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Reader> make_uring_reader(int queue_depth, std::string* why) {
+  auto reader = std::make_unique<UringReader>(queue_depth);
+  if (const int r = reader->init(); r < 0) {
+    if (why) *why = std::string("io_uring_queue_init: ") + std::strerror(-r);
+    return nullptr;
+  }
+  return reader;
+}
+
+std::unique_ptr<Reader> make_pread_reader(int threads) { return std::make_unique<PreadReader>(threads); }
+
+}  // namespace magnetar::experts

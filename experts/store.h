@@ -1,0 +1,164 @@
+// The streamed expert store: routed experts read from the model's files on demand into a RAM cache of
+// fixed-size slots with a byte budget (a buffer manager, STYLE.md rule 9).
+//
+// - Reads: O_DIRECT (falls back to buffered reads where the filesystem refuses it) through io_uring, or a
+//   pread thread pool when io_uring is unavailable. Packed files: one read per expert record, adjacent
+//   records of one acquire or prefetch coalesced into one vectored read. Standard files: three reads per
+//   expert (gate, up, down), each widened to 4 KiB boundaries.
+// - Cache: slots of slab_bytes (the largest expert of any layer, as read); an entry is free, loading or
+//   ready, and pinned while the layer that acquired it computes. Eviction takes the lowest CachePolicy
+//   score among ready, unpinned entries.
+// - Prefetch: loads hinted experts into free slots, or evicts an entry only when it was not used during
+//   the last n_moe_layers ticks (i.e. not by the current token): a hint never displaces a hot entry.
+// - Census: every acquire counts toward MODEL.gguf.census (when a path is given); the store merges its
+//   counts into the file at close and every `census_save_seconds`, and a new store loads the hottest
+//   experts of the census up to its budget before the first token (warm start).
+//
+// Thread-safety: one thread (the forward pass) uses a store.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "experts/census.h"
+#include "experts/io.h"
+#include "experts/layout.h"
+#include "experts/policy.h"
+#include "experts/source.h"
+
+namespace magnetar::experts {
+
+struct StoreOptions {
+  uint64_t cache_bytes = 0;                 // budget of the slot pool (whole slots are used)
+  int queue_depth = 32;                     // io_uring entries
+  bool use_uring = true;                    // false: the pread pool
+  int pread_threads = 4;
+  bool direct = true;                       // O_DIRECT when the filesystem allows it
+  std::string policy = "lfu";               // make_policy names
+  double half_life_tokens = 16;             // lfu decay, in tokens (converted to ticks by n_moe_layers)
+  std::string census_path;                  // empty: no census
+  bool warm_start = true;                   // load the census's hottest experts at open
+  double census_save_seconds = 60;
+};
+
+struct LayerStats {
+  uint64_t hits = 0;              // acquired and ready at acquire()
+  uint64_t inflight_hits = 0;     // acquired while a prefetch read was still in flight
+  uint64_t misses = 0;            // acquired and not cached: read on demand
+  uint64_t reads = 0;             // read requests issued (demand + prefetch + warm start)
+  uint64_t bytes_read = 0;
+  double read_seconds = 0;        // sum over reads, submit to completion
+  double read_seconds_max = 0;
+  double wait_seconds = 0;        // time wait() blocked
+  uint64_t prefetch_issued = 0;   // experts read because of a hint
+  uint64_t prefetch_used = 0;     // ... later acquired
+  uint64_t prefetch_wasted = 0;   // ... evicted without being acquired
+  uint64_t predicted = 0;         // acquired experts that the last hint for this layer named
+  uint64_t acquired = 0;          // acquired experts whose layer had a hint
+};
+
+struct StoreStats {
+  std::vector<LayerStats> layers;
+  uint64_t evictions = 0;
+  uint64_t warm_experts = 0, warm_bytes = 0;
+  double warm_seconds = 0;
+  LayerStats total() const;
+};
+
+class StreamedExperts final : public ExpertSource {
+ public:
+  static Result<std::unique_ptr<StreamedExperts>> open(const gguf::Model& model, const ExpertLayout& layout,
+                                                       const StoreOptions& options);
+  ~StreamedExperts() override;
+
+  void acquire(int64_t layer, std::span<const int32_t> experts, std::span<ExpertPtrs> ptrs,
+               std::span<uint8_t> ready) override;
+  Status wait(std::span<ExpertPtrs> ptrs) override;
+  void release() override;
+  void prefetch(int64_t layer, std::span<const int32_t> experts) override;
+
+  // Bytes one slot takes: what open() needs per cached expert (the planner sizes budgets with it).
+  static uint64_t slab_bytes(const ExpertLayout& layout);
+  // "io_uring (queue depth 32), O_DIRECT, 1,024 slots of 10.13 MiB (10.13 GiB), policy lfu, census 12,345"
+  std::string describe() const;
+  const StoreStats& stats() const { return stats_; }
+  void reset_stats();
+  size_t n_slots() const { return slots_.size(); }
+  Status save_census();
+
+ private:
+  enum class State : uint8_t { kFree, kLoading, kReady };
+  struct Slot {
+    uint32_t key = 0;
+    State state = State::kFree;
+    uint16_t pins = 0;
+    bool prefetched = false;  // loaded by a hint and not yet acquired
+    bool failed = false;      // one of its reads failed
+    uint8_t pending = 0;      // reads still in flight
+    uint64_t last_use = 0;    // tick of the last acquire (0: never)
+  };
+  struct Op {                 // one read in flight: the slots it fills
+    std::vector<uint32_t> slots;
+    uint64_t bytes_needed = 0;  // the read must return at least this many bytes
+    int64_t layer = 0;
+    uint32_t shard = 0;
+    bool busy = false;
+  };
+
+  StreamedExperts(const gguf::Model& model, const ExpertLayout& layout, const StoreOptions& options);
+  Status init();
+  uint8_t* slot_data(uint32_t slot) const { return pool_ + uint64_t(slot) * slab_bytes_; }
+  ExpertPtrs pointers(uint32_t slot) const;
+  // A slot for `key`: a free one, else the lowest-scoring evictable one (for a prefetch, only one not used
+  // in the last n_moe_layers ticks). UINT32_MAX when none.
+  uint32_t allocate(bool for_prefetch);
+  void evict(uint32_t slot);
+  // Issues the reads that fill `slots` (all kLoading), coalescing adjacent records.
+  void read_slots(int64_t layer, std::vector<uint32_t>& slots);
+  void submit_op(uint32_t shard, uint64_t offset, std::vector<iovec>& iov, std::vector<uint32_t> slots,
+                 uint64_t needed, int64_t layer);
+  // Processes completions (waiting for at least `min`).
+  void pump(size_t min);
+  Status warm_start();
+  void maybe_save_census();
+  Status save_census_file(const Census& census);
+
+  const gguf::Model& model_;
+  const ExpertLayout& layout_;
+  StoreOptions options_;
+  std::unique_ptr<Reader> reader_;
+  std::unique_ptr<CachePolicy> policy_;
+  std::vector<int> fds_;
+  bool direct_ = false;
+  uint64_t slab_bytes_ = 0;
+  uint64_t part_base_[kParts] = {};  // standard layout: where each part's read starts in a slot
+  uint8_t* pool_ = nullptr;
+  uint64_t pool_bytes_ = 0;
+  std::vector<Slot> slots_;
+  std::vector<int32_t> where_;       // [n_layer * n_expert] -> slot or -1
+  std::vector<uint32_t> free_;
+  std::vector<Op> ops_;              // indexed by the read's tag
+  std::vector<uint32_t> free_ops_;
+  std::vector<Completion> done_;
+  uint64_t tick_ = 0;
+  int64_t n_moe_layers_ = 0;
+  // The acquired layer.
+  int64_t layer_ = -1;
+  std::vector<uint32_t> pinned_;     // slots, in the order of the acquire's experts
+  std::vector<uint32_t> miss_scratch_, prefetch_scratch_;
+  Status io_error_;
+  // Prefetch prediction bookkeeping: the last hinted set per layer.
+  std::vector<std::vector<int32_t>> hinted_;
+  // Census: counts on disk at the last load/save and the increments since.
+  uint64_t identity_ = 0;
+  Census census_delta_;
+  Census census_seen_;
+  std::chrono::steady_clock::time_point census_saved_;
+  StoreStats stats_;
+};
+
+}  // namespace magnetar::experts

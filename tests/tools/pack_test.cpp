@@ -1,0 +1,173 @@
+// `magnetar pack` end to end on synth's models: pack, inspect, --verify (and its failure on a flipped byte),
+// refusals with exit code 2, and kill -9 at random moments never leaving a file under the destination name.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "experts/layout.h"
+#include "tests/tools/invoke.h"
+#include "tests/unit/gguf_test_util.h"
+
+extern char** environ;
+
+namespace magnetar {
+namespace {
+
+using testing::Invocation;
+using testing::TempDir;
+
+Invocation run(const std::string& args) { return testing::run_magnetar(args); }
+
+bool one_line(const std::string& s) { return !s.empty() && s.find('\n') == s.size() - 1; }
+
+TEST(PackTool, PackInspectVerify) {
+  TempDir dir;
+  const std::string in = dir.file("in.gguf"), out = dir.file("out.gguf");
+  ASSERT_EQ(run("synth --preset tiny --type q4_k -o " + in).status, 0);
+
+  const Invocation packed = run("pack " + in + " -o " + out);
+  ASSERT_EQ(packed.status, 0) << packed.err;
+  EXPECT_NE(packed.out.find("layers    2 MoE layers x 8 experts packed"), std::string::npos) << packed.out;
+  EXPECT_NE(packed.out.find("stride    "), std::string::npos) << packed.out;
+  EXPECT_NE(packed.out.find("MB/s"), std::string::npos) << packed.out;
+  EXPECT_TRUE(std::filesystem::exists(out));
+  EXPECT_FALSE(std::filesystem::exists(out + ".tmp"));
+
+  // inspect: one extra line on packed files only, and "expert_layout" in --json.
+  const Invocation text = run("inspect " + out);
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find("layout:        expert-major (packed v1), 2 packed layers x 8 experts, record stride "),
+            std::string::npos)
+      << text.out;
+  EXPECT_EQ(run("inspect " + in).out.find("layout:"), std::string::npos);
+  const Invocation js = run("inspect --json " + out);
+  ASSERT_EQ(js.status, 0);
+  const nlohmann::json j = nlohmann::json::parse(js.out);
+  EXPECT_EQ(j["expert_layout"]["layout"], "expert-major");
+  EXPECT_EQ(j["expert_layout"]["version"], 1);
+  EXPECT_EQ(j["expert_layout"]["packed_layers"], nlohmann::json::array({0, 1}));
+  EXPECT_EQ(j["expert_layout"]["record_stride"][0].get<uint64_t>() % 4096, 0u);
+  EXPECT_FALSE(nlohmann::json::parse(run("inspect --json " + in).out).contains("expert_layout"));
+
+  const Invocation ok = run("pack --verify " + out + " " + in);
+  EXPECT_EQ(ok.status, 0) << ok.err;
+  EXPECT_NE(ok.out.find("every byte equal"), std::string::npos) << ok.out;
+
+  // One flipped byte inside layer 1, expert 3, down: exit 1 naming it.
+  Result<std::unique_ptr<gguf::Model>> model = gguf::Model::open(out);
+  ASSERT_TRUE(model.ok());
+  Result<experts::ExpertLayout> layout = experts::ExpertLayout::from_model(*model.value());
+  ASSERT_TRUE(layout.ok());
+  const experts::Extent x = layout->extent(1, 3, experts::Part::kDown);
+  std::vector<uint8_t> bytes = testing::read_all(out);
+  bytes[x.offset + 10] ^= 1;
+  testing::write_all(dir.file("flipped.gguf"), bytes);
+  const Invocation bad = run("pack --verify " + dir.file("flipped.gguf") + " " + in);
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("layer 1 expert 3 part down: byte 10 differs"), std::string::npos) << bad.err;
+  EXPECT_TRUE(one_line(bad.err)) << bad.err;
+
+  // --verify-after, in one go.
+  const Invocation after = run("pack " + in + " -o " + dir.file("out2.gguf") + " --verify-after");
+  EXPECT_EQ(after.status, 0) << after.err;
+  EXPECT_NE(after.out.find("every byte equal"), std::string::npos) << after.out;
+}
+
+TEST(PackTool, BadInputIsOneLineAndExitCode2) {
+  TempDir dir;
+  const std::string in = dir.file("in.gguf"), out = dir.file("out.gguf");
+  ASSERT_EQ(run("synth --preset tiny --type q8_0 -o " + in).status, 0);
+  ASSERT_EQ(run("pack " + in + " -o " + out).status, 0);
+  struct Case {
+    std::string args, needle;
+  };
+  const Case cases[] = {
+      {"pack " + out + " -o " + dir.file("again.gguf"), "already packed"},
+      {"pack " + in, "-o OUT.gguf is required"},
+      {"pack " + dir.file("missing.gguf") + " -o " + dir.file("x.gguf"), "cannot open"},
+      {"pack --verify " + in + " " + in, "not a packed file"},
+      {"pack --verify " + out + " " + out, "is packed too"},
+      {"pack " + in + " -o " + in, "is the input"},
+  };
+  for (const Case& c : cases) {
+    const Invocation r = run(c.args);
+    EXPECT_EQ(r.status, 2) << c.args << ": " << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << ": " << r.err;
+    EXPECT_TRUE(one_line(r.err)) << c.args << ": " << r.err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.file("again.gguf")));
+  EXPECT_FALSE(std::filesystem::exists(dir.file("x.gguf")));
+  EXPECT_EQ(run("pack --verify " + out + " " + in).status, 0);  // the input survived "-o IN"
+}
+
+// Starts `magnetar pack IN -o OUT` with output discarded; returns its pid.
+pid_t spawn_pack(const std::string& in, const std::string& out) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  std::string bin = MAGNETAR_BINARY, cmd = "pack", o = "-o";
+  std::string in_arg = in, out_arg = out;
+  char* argv[] = {bin.data(), cmd.data(), in_arg.data(), o.data(), out_arg.data(), nullptr};
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, bin.c_str(), &actions, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  return rc == 0 ? pid : -1;
+}
+
+TEST(PackTool, KillNineNeverLeavesAPartialFile) {
+  TempDir dir;
+  const std::string in = dir.file("in.gguf"), out = dir.file("out.gguf");
+  // One layer of Qwen3-30B-A3B's geometry at Q4_K: about 0.8 GiB, a pack of about a second.
+  ASSERT_EQ(run("synth --preset qwen3-30b-a3b --layers 1 --type q4_k -o " + in).status, 0);
+
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  pid_t pid = spawn_pack(in, out);
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const double full_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  ASSERT_TRUE(std::filesystem::exists(out));
+  std::filesystem::remove(out);
+
+  std::mt19937_64 rng(42);
+  std::uniform_real_distribution<double> moment(0.0, full_seconds);
+  int finished_anyway = 0, mid_write = 0;
+  for (int k = 0; k < 30; ++k) {
+    std::filesystem::remove(out + ".tmp");  // what an earlier round left
+    pid = spawn_pack(in, out);
+    ASSERT_GT(pid, 0);
+    std::this_thread::sleep_for(std::chrono::duration<double>(moment(rng)));
+    kill(pid, SIGKILL);
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+      // The run won the race: the file is complete. Start the next round from nothing again.
+      ++finished_anyway;
+      std::filesystem::remove(out);
+      continue;
+    }
+    ASSERT_TRUE(WIFSIGNALED(status)) << "round " << k;
+    EXPECT_FALSE(std::filesystem::exists(out)) << "a file under the destination name after kill -9, round " << k;
+    if (std::filesystem::exists(out + ".tmp")) ++mid_write;  // killed while writing (the writer's temporary)
+  }
+  EXPECT_LT(finished_anyway, 30);
+  EXPECT_GE(mid_write, 5) << "too few kills landed while the file was being written to test anything";
+  // A complete run afterwards: the file, and no temporary left beside it.
+  ASSERT_EQ(run("pack " + in + " -o " + out).status, 0);
+  EXPECT_TRUE(std::filesystem::exists(out));
+  EXPECT_FALSE(std::filesystem::exists(out + ".tmp"));
+}
+
+}  // namespace
+}  // namespace magnetar

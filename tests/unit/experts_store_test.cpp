@@ -1,0 +1,167 @@
+// The streamed expert store against the mapping: whatever the cache size, reader, O_DIRECT setting, policy or
+// prefetch hints, every acquired expert's gate / up / down bytes equal the model file's; the census persists,
+// merges across stores and rejects foreign or corrupted files; a failed read is an error naming the file.
+// Uses the bundled demo model (standard layout, 8 MoE layers x 16 experts).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "experts/census.h"
+#include "experts/layout.h"
+#include "experts/store.h"
+#include "tests/unit/gguf_test_util.h"
+
+namespace magnetar::experts {
+namespace {
+
+const std::string kDemo = std::string(MAGNETAR_SOURCE_DIR) + "/models/magnetar-demo-q8_0.gguf";
+
+struct Opened {
+  std::unique_ptr<gguf::Model> model;
+  std::unique_ptr<ExpertLayout> layout;
+};
+
+Opened open_model(const std::string& path) {
+  Opened o;
+  Result<std::unique_ptr<gguf::Model>> m = gguf::Model::open(path);
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  o.model = std::move(m).value();
+  Result<ExpertLayout> l = ExpertLayout::from_model(*o.model);
+  EXPECT_TRUE(l.ok()) << l.status().message();
+  o.layout = std::make_unique<ExpertLayout>(std::move(l).value());
+  return o;
+}
+
+// Acquires random expert sets layer by layer (with random hints) and checks every byte against the mapping.
+void exercise(StreamedExperts& store, const Opened& o, uint64_t seed, int steps) {
+  MappedExperts mapped(*o.model, *o.layout);
+  std::mt19937_64 rng(seed);
+  const int64_t X = o.layout->n_expert();
+  for (int step = 0; step < steps; ++step) {
+    for (int64_t layer = 0; layer < o.layout->n_layer(); ++layer) {
+      std::vector<int32_t> ids(static_cast<size_t>(X));
+      std::iota(ids.begin(), ids.end(), 0);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      ids.resize(size_t(1 + rng() % uint64_t(X)));  // 1 .. all experts (prefill touches many)
+      std::vector<ExpertPtrs> got(ids.size()), want(ids.size());
+      std::vector<uint8_t> ready(ids.size()), all(ids.size());
+      store.acquire(layer, ids, got, ready);
+      if (rng() % 2) {
+        std::vector<int32_t> hint = {int32_t(rng() % uint64_t(X)), int32_t(rng() % uint64_t(X))};
+        store.prefetch((layer + 1) % o.layout->n_layer(), hint);
+      }
+      for (size_t i = 0; i < ids.size(); ++i) {
+        if (!ready[i]) continue;
+        for (int p = 0; p < kParts; ++p) ASSERT_NE(got[i].part[p], nullptr);
+      }
+      ASSERT_TRUE(store.wait(got).ok());
+      mapped.acquire(layer, ids, want, all);
+      for (size_t i = 0; i < ids.size(); ++i) {
+        for (int p = 0; p < kParts; ++p) {
+          const uint64_t n = o.layout->part(layer, Part(p)).bytes_per_expert;
+          ASSERT_EQ(std::memcmp(got[i].part[p], want[i].part[p], n), 0)
+              << "layer " << layer << " expert " << ids[i] << " part " << p;
+        }
+      }
+      store.release();
+    }
+  }
+}
+
+TEST(ExpertStore, BytesEqualTheFileUnderConstantEviction) {
+  const Opened o = open_model(kDemo);
+  const uint64_t slab = StreamedExperts::slab_bytes(*o.layout);
+  struct Arm {
+    bool uring, direct;
+    const char* policy;
+    uint64_t slots;
+  };
+  for (const Arm arm : {Arm{true, true, "lfu", 16}, Arm{false, true, "lru", 17}, Arm{true, false, "lru", 40},
+                        Arm{false, false, "lfu", 128}}) {
+    Result<std::unique_ptr<StreamedExperts>> store = StreamedExperts::open(
+        *o.model, *o.layout,
+        {.cache_bytes = arm.slots * slab, .use_uring = arm.uring, .direct = arm.direct, .policy = arm.policy});
+    ASSERT_TRUE(store.ok()) << store.status().message();
+    exercise(*store.value(), o, arm.slots, 6);
+    const LayerStats t = store.value()->stats().total();
+    EXPECT_GT(t.misses, 0u);
+    if (arm.slots < 128) EXPECT_GT(store.value()->stats().evictions, 0u);
+    if (arm.slots == 128) EXPECT_GT(t.hits, 0u);  // everything fits: later steps hit
+  }
+}
+
+TEST(ExpertStore, RefusesACacheSmallerThanOneLayer) {
+  const Opened o = open_model(kDemo);
+  Result<std::unique_ptr<StreamedExperts>> store =
+      StreamedExperts::open(*o.model, *o.layout, {.cache_bytes = 15 * StreamedExperts::slab_bytes(*o.layout)});
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(store.status().message().find("holds 15 experts"), std::string::npos) << store.status().message();
+}
+
+TEST(ExpertStore, CensusPersistsMergesAndWarmStarts) {
+  testing::TempDir dir;
+  const Opened o = open_model(kDemo);
+  const std::string census = dir.file("demo.census");
+  const uint64_t slab = StreamedExperts::slab_bytes(*o.layout);
+  const std::vector<int32_t> hot = {3, 5};
+  auto run = [&](int times) {
+    Result<std::unique_ptr<StreamedExperts>> store =
+        StreamedExperts::open(*o.model, *o.layout, {.cache_bytes = 64 * slab, .census_path = census});
+    EXPECT_TRUE(store.ok()) << store.status().message();
+    for (int i = 0; i < times; ++i) {
+      std::vector<ExpertPtrs> ptrs(2);
+      std::vector<uint8_t> ready(2);
+      store.value()->acquire(1, hot, ptrs, ready);
+      EXPECT_TRUE(store.value()->wait(ptrs).ok());
+      store.value()->release();
+    }
+    return store.value()->stats().warm_experts;
+  };
+  EXPECT_EQ(run(3), 0u);  // no census yet: cold start
+  const uint64_t id = model_identity(*o.model);
+  Result<Census> c = load_census(census, id, o.layout->n_layer(), o.layout->n_expert());
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c.value().counts[size_t(1 * 16 + 3)], 3u);
+  EXPECT_EQ(c.value().total(), 6u);
+  EXPECT_EQ(run(2), 2u);  // warm start loads the two experts the census knows
+  c = load_census(census, id, o.layout->n_layer(), o.layout->n_expert());
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c.value().counts[size_t(1 * 16 + 5)], 5u);  // 3 + 2: merged, not overwritten
+
+  EXPECT_FALSE(load_census(census, id + 1, o.layout->n_layer(), o.layout->n_expert()).ok());  // another model
+  EXPECT_FALSE(load_census(census, id, o.layout->n_layer(), 8).ok());                         // another geometry
+  std::vector<uint8_t> bytes = testing::read_all(census);
+  bytes[40] ^= 1;
+  testing::write_all(census, bytes);
+  Result<Census> bad = load_census(census, id, o.layout->n_layer(), o.layout->n_expert());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("checksum"), std::string::npos) << bad.status().message();
+  EXPECT_TRUE(load_census(dir.file("absent"), id, 8, 16).ok());  // no file: empty census
+}
+
+TEST(ExpertStore, AFailedReadIsAnErrorNamingTheFile) {
+  testing::TempDir dir;
+  const std::string copy = dir.file("demo.gguf");
+  std::filesystem::copy_file(kDemo, copy);
+  const Opened o = open_model(copy);
+  Result<std::unique_ptr<StreamedExperts>> store = StreamedExperts::open(
+      *o.model, *o.layout, {.cache_bytes = 16 * StreamedExperts::slab_bytes(*o.layout), .direct = false});
+  ASSERT_TRUE(store.ok());
+  // Cut the file before the last layer's experts: their reads come back short.
+  const Extent last = o.layout->extent(o.layout->n_layer() - 1, 0, Part::kGate);
+  std::filesystem::resize_file(copy, last.offset);
+  std::vector<int32_t> ids = {0};
+  std::vector<ExpertPtrs> ptrs(1);
+  std::vector<uint8_t> ready(1);
+  store.value()->acquire(o.layout->n_layer() - 1, ids, ptrs, ready);
+  const Status s = store.value()->wait(ptrs);
+  store.value()->release();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("demo.gguf"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace magnetar::experts
