@@ -22,7 +22,8 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 
 // ---- io_uring ------------------------------------------------------------------------------------------------
 // One ring of `depth` entries; each in-flight read owns a slot (its iovecs and start time); user_data is the
-// slot index. Completions found while waiting for a free slot are kept for the next reap().
+// slot index. Reads beyond the queue depth wait in a backlog (submit never blocks, so the caller can compute
+// while the disk works) and are started as completions free slots.
 
 class UringReader final : public Reader {
  public:
@@ -45,21 +46,9 @@ class UringReader final : public Reader {
   size_t in_flight() const override { return in_flight_; }
 
   void submit(int fd, uint64_t offset, std::span<const iovec> iov, uint64_t tag) override {
-    while (free_.empty()) collect(1);
-    const int s = free_.back();
-    free_.pop_back();
-    Slot& slot = slots_[size_t(s)];
-    slot.iov.assign(iov.begin(), iov.end());
-    slot.tag = tag;
-    slot.start = Clock::now();
-    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-    MAGNETAR_CHECK(sqe != nullptr);  // at most `depth` in flight, the ring has `depth` entries
-    io_uring_prep_readv(sqe, fd, slot.iov.data(), unsigned(slot.iov.size()), offset);
-    io_uring_sqe_set_data64(sqe, uint64_t(s));
     ++in_flight_;
-    int r;
-    do r = io_uring_submit(&ring_); while (r == -EINTR);
-    if (r < 0) finish(s, r);  // the read never started: complete it with the error
+    backlog_.push_back({.fd = fd, .offset = offset, .iov = {iov.begin(), iov.end()}, .tag = tag, .start = Clock::now()});
+    start_backlog();
   }
 
   void reap(size_t min, std::vector<Completion>& out) override {
@@ -75,6 +64,37 @@ class UringReader final : public Reader {
     uint64_t tag = 0;
     Clock::time_point start;
   };
+  struct Pending {
+    int fd;
+    uint64_t offset;
+    std::vector<iovec> iov;
+    uint64_t tag;
+    Clock::time_point start;
+  };
+
+  void start_backlog() {
+    while (!backlog_.empty() && !free_.empty()) {
+      Pending& p = backlog_.front();
+      start(p.fd, p.offset, std::move(p.iov), p.tag, p.start);
+      backlog_.pop_front();
+    }
+  }
+
+  void start(int fd, uint64_t offset, std::vector<iovec> iov, uint64_t tag, Clock::time_point t0) {
+    const int s = free_.back();
+    free_.pop_back();
+    Slot& slot = slots_[size_t(s)];
+    slot.iov = std::move(iov);
+    slot.tag = tag;
+    slot.start = t0;
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    MAGNETAR_CHECK(sqe != nullptr);  // at most `depth` in flight, the ring has `depth` entries
+    io_uring_prep_readv(sqe, fd, slot.iov.data(), unsigned(slot.iov.size()), offset);
+    io_uring_sqe_set_data64(sqe, uint64_t(s));
+    int r;
+    do r = io_uring_submit(&ring_); while (r == -EINTR);
+    if (r < 0) finish(s, r);  // the read never started: complete it with the error
+  }
 
   void finish(int s, int64_t result) {
     done_.push_back({.tag = slots_[size_t(s)].tag, .result = result, .seconds = since(slots_[size_t(s)].start)});
@@ -86,6 +106,7 @@ class UringReader final : public Reader {
   void collect(size_t want) {
     size_t got = 0;
     for (;;) {
+      if (got < want && in_flight_ == 0) return;  // nothing left that could complete
       io_uring_cqe* cqe = nullptr;
       int r = got < want ? io_uring_wait_cqe(&ring_, &cqe) : io_uring_peek_cqe(&ring_, &cqe);
       if (r == -EINTR) continue;
@@ -93,6 +114,7 @@ class UringReader final : public Reader {
       finish(int(io_uring_cqe_get_data64(cqe)), cqe->res);
       io_uring_cqe_seen(&ring_, cqe);
       ++got;
+      start_backlog();
     }
   }
 
@@ -102,7 +124,8 @@ class UringReader final : public Reader {
   std::vector<Slot> slots_;
   std::vector<int> free_;
   std::vector<Completion> done_;
-  size_t in_flight_ = 0;
+  std::deque<Pending> backlog_;
+  size_t in_flight_ = 0;  // submitted and not yet reaped (started or in the backlog)
 };
 
 // ---- pread pool ----------------------------------------------------------------------------------------------

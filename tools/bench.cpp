@@ -92,7 +92,9 @@ int bench_main(int argc, char** argv) {
   Session& session = *opened.value();
 
   std::mt19937_64 rng(static_cast<uint64_t>(seed));
-  std::vector<int32_t> ids(static_cast<size_t>(need_ctx));
+  // At depth 0 each repetition prefills and decodes its own tokens (ids beyond need_ctx): with the same
+  // tokens, a later repetition would find the experts the earlier one routed to still cached.
+  std::vector<int32_t> ids(static_cast<size_t>(need_ctx + (reps - 1) * (step + gen)));
   for (int32_t& t : ids) t = int32_t(rng() % uint64_t(info.n_vocab));
 
   if (!json && !csv) {
@@ -135,7 +137,8 @@ int bench_main(int argc, char** argv) {
       if (last) session.reset_stats();
       engine->reset_expert_stats();
       auto t0 = std::chrono::steady_clock::now();
-      if (Status s = session.sync(std::span<const int32_t>(ids.data(), size_t(depth + step))); !s.ok()) {
+      const int32_t* seq = depth == 0 ? ids.data() + r * (step + gen) : ids.data();
+      if (Status s = session.sync(std::span<const int32_t>(seq, size_t(depth + step))); !s.ok()) {
         std::fprintf(stderr, "magnetar bench: %s\n", s.message().c_str());
         return kExitFailure;
       }
@@ -149,7 +152,7 @@ int bench_main(int argc, char** argv) {
       }
       t0 = std::chrono::steady_clock::now();
       for (int64_t g = 0; g < gen; ++g) {
-        if (Status s = session.step(ids[size_t(depth + step + g)]); !s.ok()) {
+        if (Status s = session.step(seq[depth + step + g]); !s.ok()) {
           std::fprintf(stderr, "magnetar bench: %s\n", s.message().c_str());
           return kExitFailure;
         }
