@@ -33,7 +33,10 @@ enum class ExpertMode { kAuto, kResident, kStream, kMmap };
 struct StreamOptions {
   double cache_gb = 0;          // RAM expert cache; 0: as large as the plan allows
   std::string policy = "lfu";   // eviction: lfu (frequency with decay) or lru
-  bool prefetch = true;         // next-layer prefetch from the next router on the current hidden state
+  // Next-layer prefetch (the next router on the current hidden state). Off by default: measured on the CPU box
+  // (docs/benchmarks/2026-11-30-expert-streaming.md) it was neutral with a large cache and cost 10% of decode
+  // speed with a small one (its wrong guesses evict entries the next token needs).
+  bool prefetch = false;
   bool census = true;           // MODEL.gguf.census: count, persist, warm-start from the hottest experts
   bool io_uring = true;         // false: pread thread pool
   bool direct_io = true;        // O_DIRECT

@@ -138,6 +138,7 @@ class StreamedExperts final : public ExpertSource {
   uint64_t part_base_[kParts] = {};  // standard layout: where each part's read starts in a slot
   uint8_t* pool_ = nullptr;
   uint64_t pool_bytes_ = 0;
+  double pool_seconds_ = 0;
   std::vector<Slot> slots_;
   std::vector<int32_t> where_;       // [n_layer * n_expert] -> slot or -1
   std::vector<uint32_t> free_;

@@ -15,7 +15,7 @@ void ModelFlags::add_to(cli::Args& args) {
   args.flag("--stream", &stream, "stream routed experts from disk through the RAM expert cache");
   args.option("--cache-gb", &cache_gb, "N", "RAM expert cache in GiB (implies --stream; 0: what the memory plan allows)");
   args.option("--cache-policy", &cache_policy, "lfu|lru", "expert cache eviction: frequency with decay, or least recently used");
-  args.flag("--no-prefetch", &no_prefetch, "streamed: do not prefetch the next layer's predicted experts");
+  args.flag("--prefetch", &prefetch, "streamed: read the next layer's predicted experts while this layer computes");
   args.flag("--no-census", &no_census, "streamed: neither read nor write MODEL.gguf.census (no warm start)");
   args.flag("--no-io-uring", &no_io_uring, "streamed: read with a pread thread pool instead of io_uring");
   args.flag("--no-direct", &no_direct, "streamed: buffered reads instead of O_DIRECT");
@@ -49,7 +49,7 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
                         .experts = resident ? ExpertMode::kResident
                                    : mmap ? ExpertMode::kMmap
                                    : (stream || cache_gb > 0) ? ExpertMode::kStream : ExpertMode::kAuto,
-                        .stream = {.cache_gb = cache_gb, .policy = cache_policy, .prefetch = !no_prefetch,
+                        .stream = {.cache_gb = cache_gb, .policy = cache_policy, .prefetch = prefetch,
                                    .census = !no_census, .io_uring = !no_io_uring, .direct_io = !no_direct,
                                    .queue_depth = int(queue_depth)}};
   Result<std::unique_ptr<Engine>> engine = Engine::load(model, options);

@@ -19,7 +19,7 @@ struct ModelFlags {
   bool resident = false, stream = false, mmap = false;
   float cache_gb = 0;
   std::string cache_policy = "lfu";
-  bool no_prefetch = false, no_census = false, no_io_uring = false, no_direct = false;
+  bool prefetch = false, no_census = false, no_io_uring = false, no_direct = false;
   int64_t queue_depth = 32;
   bool show_plan = false;
   bool profile = false;  // set by the command (bench --profile), not a flag of its own

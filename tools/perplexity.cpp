@@ -1,8 +1,9 @@
 // `magnetar perplexity`: perplexity of a text file under the model, in one of two stated modes.
 //   windowed   (llama.cpp's llama-perplexity): independent windows of --ctx tokens, only the second half of
 //              each window scored, so every scored token sees at least ctx/2 tokens of context;
-//   continuous: windows of --ctx tokens, every token after each window's first scored (lower numbers than
-//              windowed on the same text, because early tokens of a window see little context).
+//   continuous: windows of --ctx tokens, every token after each window's first scored (higher numbers than
+//              windowed on the same text, because early tokens of a window see little context: the demo model
+//              gives 25.64 vs 24.37, docs/benchmarks/2026-11-30-demo-quant-quality.md).
 // With --kl-base FILE it also saves the model's distribution at every scored position; with --kl FILE (run on
 // a quantized copy) it compares against that file: KL divergence, top-1 agreement, the base model's PPL
 // (llama-perplexity's --kl-divergence-base / --kl-divergence).

@@ -43,7 +43,7 @@ TEST(Streaming, LogitsBitIdenticalToResident) {
     // 0.007 GiB = 34 slots of the 16 x 8 = 128 experts: above the planner's floor (max(16 + 4, 8 x 4) = 32),
     // far below the working set, so nearly every layer evicts.
     for (const std::string arm : {"--stream --no-census --cache-gb 0.007",
-                                  "--stream --no-census --cache-gb 0.007 --no-prefetch",
+                                  "--stream --no-census --cache-gb 0.007 --prefetch",
                                   "--stream --no-census --cache-gb 0.007 --no-io-uring",
                                   "--stream --no-census --cache-gb 0.007 --no-direct --cache-policy lru",
                                   "--stream --no-census"}) {

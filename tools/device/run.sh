@@ -10,8 +10,8 @@ mkdir -p "$OUT"
 filter=${1:-.}
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 
-# Build dependencies the image lacks (nlohmann-json, libpcre2-dev) travel as Debian .debs in .device-deps/
-# (`apt-get download nlohmann-json3-dev libpcre2-dev libpcre2-8-0` here); they are unpacked into a private
+# Build dependencies the image lacks (nlohmann-json, libpcre2-dev, liburing-dev) travel as Debian .debs in
+# .device-deps/ (`apt-get download nlohmann-json3-dev libpcre2-dev libpcre2-8-0 liburing-dev liburing2` here); they are unpacked into a private
 # prefix, never over the image's /usr.
 prefix=/tmp/magnetar-deps
 if ls .device-deps/*.deb >/dev/null 2>&1; then
