@@ -19,6 +19,10 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kAlign = 4096;             // O_DIRECT offset, length and buffer alignment
 constexpr size_t kMaxIov = 64;                // records per coalesced read
 constexpr uint64_t kMaxReadBytes = 64ull << 20;
+// A prefetch only takes a free slot or one no token used in the last kPrefetchColdTokens tokens. With 1 (only
+// the current token's entries protected) the 1.5 GiB arm of docs/benchmarks/2026-11-30-expert-streaming.md
+// lost 10% decode speed to prefetches evicting entries the next tokens needed.
+constexpr uint64_t kPrefetchColdTokens = 16;
 
 uint64_t align_down(uint64_t v) { return v / kAlign * kAlign; }
 uint64_t align_up(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
@@ -204,7 +208,9 @@ uint32_t StreamedExperts::allocate(bool for_prefetch) {
   for (uint32_t s = 0; s < slots_.size(); ++s) {
     const Slot& slot = slots_[s];
     if (slot.state != State::kReady || slot.pins > 0) continue;
-    if (for_prefetch && tick_ - slot.last_use < uint64_t(n_moe_layers_) && slot.last_use > 0) continue;
+    if (for_prefetch && slot.last_use > 0 && tick_ - slot.last_use < kPrefetchColdTokens * uint64_t(n_moe_layers_)) {
+      continue;
+    }
     const double score = policy_->score(slot.key, tick_);
     if (best == UINT32_MAX || score < best_score) {
       best = s;

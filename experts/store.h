@@ -8,8 +8,8 @@
 // - Cache: slots of slab_bytes (the largest expert of any layer, as read); an entry is free, loading or
 //   ready, and pinned while the layer that acquired it computes. Eviction takes the lowest CachePolicy
 //   score among ready, unpinned entries.
-// - Prefetch: loads hinted experts into free slots, or evicts an entry only when it was not used during
-//   the last n_moe_layers ticks (i.e. not by the current token): a hint never displaces a hot entry.
+// - Prefetch: loads hinted experts into free slots, or evicts an entry only when no token used it in the
+//   last 16 tokens: a hint never displaces a warm entry.
 // - Census: every acquire counts toward MODEL.gguf.census (when a path is given); the store merges its
 //   counts into the file at close and every `census_save_seconds`, and a new store loads the hottest
 //   experts of the census up to its budget before the first token (warm start).
