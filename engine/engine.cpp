@@ -126,6 +126,16 @@ ExpertStats Engine::expert_stats() const {
   return out;
 }
 
+ExpertStats& ExpertStats::operator+=(const ExpertStats& o) {
+  streamed = o.streamed;
+  store = o.store;
+  hits += o.hits, inflight_hits += o.inflight_hits, misses += o.misses, evictions += o.evictions;
+  reads += o.reads, bytes_read += o.bytes_read, read_seconds += o.read_seconds, wait_seconds += o.wait_seconds;
+  prefetch_issued += o.prefetch_issued, prefetch_used += o.prefetch_used, prefetch_wasted += o.prefetch_wasted;
+  predicted += o.predicted, acquired_with_hint += o.acquired_with_hint;
+  return *this;
+}
+
 void Engine::reset_expert_stats() {
   if (impl_->store) impl_->store->reset_stats();
 }

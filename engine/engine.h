@@ -63,6 +63,9 @@ struct ExpertStats {
   double read_seconds = 0, wait_seconds = 0;
   uint64_t prefetch_issued = 0, prefetch_used = 0, prefetch_wasted = 0;
   uint64_t predicted = 0, acquired_with_hint = 0;  // prefetch accuracy: predicted / acquired_with_hint
+
+  // Sums the counters of two periods (`store` and `streamed` are taken from `other`).
+  ExpertStats& operator+=(const ExpertStats& other);
 };
 
 struct ModelInfo {

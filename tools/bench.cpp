@@ -115,14 +115,6 @@ int bench_main(int argc, char** argv) {
     std::vector<double> pp, tg;
     ExpertStats pp_experts, tg_experts;  // summed over the reps
     double pp_seconds = 0, tg_seconds = 0;
-    auto add = [](ExpertStats& sum, const ExpertStats& s) {
-      sum.streamed = s.streamed;
-      sum.hits += s.hits, sum.inflight_hits += s.inflight_hits, sum.misses += s.misses, sum.evictions += s.evictions;
-      sum.reads += s.reads, sum.bytes_read += s.bytes_read, sum.read_seconds += s.read_seconds;
-      sum.wait_seconds += s.wait_seconds, sum.prefetch_issued += s.prefetch_issued;
-      sum.prefetch_used += s.prefetch_used, sum.prefetch_wasted += s.prefetch_wasted;
-      sum.predicted += s.predicted, sum.acquired_with_hint += s.acquired_with_hint;
-    };
     for (int64_t r = 0; r < reps; ++r) {
       // Bring the timeline to exactly `depth` tokens (computed once, then reused from the KV cache).
       if (depth > 0) {
@@ -144,7 +136,7 @@ int bench_main(int argc, char** argv) {
       }
       pp.push_back(double(step) / seconds(t0));
       pp_seconds += seconds(t0);
-      add(pp_experts, engine->expert_stats());
+      pp_experts += engine->expert_stats();
       engine->reset_expert_stats();
       if (last) {
         prefill_profile = session.op_profile();
@@ -159,7 +151,7 @@ int bench_main(int argc, char** argv) {
       }
       if (gen > 0) tg.push_back(double(gen) / seconds(t0));
       tg_seconds += seconds(t0);
-      add(tg_experts, engine->expert_stats());
+      tg_experts += engine->expert_stats();
     }
     const double pp_tps = median(pp), tg_tps = median(tg);
     if (json) {

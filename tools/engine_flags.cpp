@@ -71,13 +71,18 @@ double ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
 std::string expert_summary(const ExpertStats& s, double seconds, int64_t tokens) {
   if (!s.streamed) return "";
   const uint64_t acquired = s.hits + s.inflight_hits + s.misses;
-  return format("experts: hit %.1f%% (+%.1f%% prefetch in flight) of %llu | read %.2f MiB/token, %.0f MB/s over %.2f s, "
-                "waited %.0f%% | prefetch: %llu issued, %llu used, %llu wasted, next-layer prediction recall %.1f%%",
-                100 * ratio(double(s.hits), double(acquired)), 100 * ratio(double(s.inflight_hits), double(acquired)),
-                (unsigned long long)acquired, ratio(double(s.bytes_read), double(tokens)) / double(1 << 20),
-                ratio(double(s.bytes_read), seconds) / 1e6, seconds, 100 * ratio(s.wait_seconds, seconds),
-                (unsigned long long)s.prefetch_issued, (unsigned long long)s.prefetch_used,
-                (unsigned long long)s.prefetch_wasted, 100 * ratio(double(s.predicted), double(s.acquired_with_hint)));
+  std::string line = format(
+      "experts: hit %.1f%% of %llu | read %.2f MiB/token, %.0f MB/s over %.2f s, waited %.0f%%",
+      100 * ratio(double(s.hits), double(acquired)), (unsigned long long)acquired,
+      ratio(double(s.bytes_read), double(tokens)) / double(1 << 20), ratio(double(s.bytes_read), seconds) / 1e6, seconds,
+      100 * ratio(s.wait_seconds, seconds));
+  if (s.acquired_with_hint > 0) {
+    line += format(" | prefetch: +%.1f%% hits in flight, %llu issued, %llu used, %llu wasted, next-layer recall %.1f%%",
+                   100 * ratio(double(s.inflight_hits), double(acquired)), (unsigned long long)s.prefetch_issued,
+                   (unsigned long long)s.prefetch_used, (unsigned long long)s.prefetch_wasted,
+                   100 * ratio(double(s.predicted), double(s.acquired_with_hint)));
+  }
+  return line;
 }
 
 nlohmann::json expert_summary_json(const ExpertStats& s, double seconds, int64_t tokens) {
