@@ -104,16 +104,13 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 const std::string& Engine::memory_plan() const { return impl_->plan_text; }
 
-ExpertStats Engine::expert_stats() const {
+namespace {
+ExpertStats to_public(const experts::LayerStats& t) {
   ExpertStats out;
-  if (!impl_->store) return out;
-  const experts::LayerStats t = impl_->store->stats().total();
   out.streamed = true;
-  out.store = impl_->store->describe();
   out.hits = t.hits;
   out.inflight_hits = t.inflight_hits;
   out.misses = t.misses;
-  out.evictions = impl_->store->stats().evictions;
   out.reads = t.reads;
   out.bytes_read = t.bytes_read;
   out.read_seconds = t.read_seconds;
@@ -123,6 +120,23 @@ ExpertStats Engine::expert_stats() const {
   out.prefetch_wasted = t.prefetch_wasted;
   out.predicted = t.predicted;
   out.acquired_with_hint = t.acquired;
+  return out;
+}
+}  // namespace
+
+ExpertStats Engine::expert_stats() const {
+  if (!impl_->store) return ExpertStats{};
+  ExpertStats out = to_public(impl_->store->stats().total());
+  out.store = impl_->store->describe();
+  out.evictions = impl_->store->stats().evictions;
+  return out;
+}
+
+std::vector<ExpertStats> Engine::expert_layer_stats() const {
+  std::vector<ExpertStats> out;
+  if (!impl_->store) return out;
+  for (const experts::LayerStats& l : impl_->store->stats().layers) out.push_back(to_public(l));
+  out.resize(size_t(impl_->model->hparams().n_layer));
   return out;
 }
 

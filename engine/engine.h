@@ -94,6 +94,8 @@ class Engine {
   // The memory plan chosen at load, as printed at start (several lines; empty for dense models).
   const std::string& memory_plan() const;
   ExpertStats expert_stats() const;
+  // The same per layer ([n_layer]; layers without routed experts stay zero); empty when resident.
+  std::vector<ExpertStats> expert_layer_stats() const;
   void reset_expert_stats();
 
   const ModelInfo& info() const;

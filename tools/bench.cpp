@@ -54,7 +54,7 @@ void print_profile(const char* what, const std::vector<std::pair<std::string, do
 int bench_main(int argc, char** argv) {
   ModelFlags model;
   int64_t ctx_start = 2048, ctx_max = 65536, step = 2048, gen = 128, reps = 3, seed = 1;
-  bool json = false, csv = false, profile = false;
+  bool json = false, csv = false, profile = false, expert_layers = false;
   cli::Args args("magnetar bench -m MODEL.gguf [--ctx-start N --ctx-max N --step N] [--gen N] [--reps N] [--json|--csv]",
                  "Measures prefill and decode tokens/s at growing context depths (median of --reps runs at each\n"
                  "depth). llama-bench's pp512/tg128 is --ctx-start 0 --ctx-max 0 --step 512 --gen 128.");
@@ -67,6 +67,7 @@ int bench_main(int argc, char** argv) {
   args.option("--seed", &seed, "S", "seed of the random token ids");
   args.flag("--json", &json, "one JSON object per depth");
   args.flag("--csv", &csv, "CSV rows");
+  args.flag("--expert-layers", &expert_layers, "streamed: after the table, hits, misses, bytes and read latency per layer during the last decode");
   args.flag("--profile", &profile, "after the table, where prefill and decode time goes at the last depth, per op");
   if (std::optional<int> code = args.parse_or_exit(argc, argv, "bench")) return *code;
   if (ctx_start < 0 || ctx_max < ctx_start || step < 1 || gen < 0 || reps < 1) {
@@ -174,6 +175,20 @@ int bench_main(int argc, char** argv) {
       }
     }
     std::fflush(stdout);
+  }
+  if (expert_layers && engine->expert_stats().streamed) {
+    std::printf("# expert cache per layer, last decode (%lld tokens at depth %lld)\n", (long long)gen,
+                (long long)last_depth);
+    std::printf("%6s %8s %8s %8s %10s %10s %10s\n", "layer", "hits", "misses", "hit %", "MiB read", "ms/read", "wait ms");
+    const std::vector<ExpertStats> layers = engine->expert_layer_stats();
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const ExpertStats& s = layers[l];
+      const uint64_t n = s.hits + s.inflight_hits + s.misses;
+      if (n == 0) continue;
+      std::printf("%6zu %8llu %8llu %8.1f %10.1f %10.1f %10.1f\n", l, (unsigned long long)s.hits,
+                  (unsigned long long)s.misses, 100.0 * double(s.hits) / double(n), double(s.bytes_read) / double(1 << 20),
+                  1e3 * s.read_seconds / double(std::max<uint64_t>(1, s.reads)), 1e3 * s.wait_seconds);
+    }
   }
   if (profile) {
     print_profile("prefill", prefill_profile, step, last_depth);
