@@ -95,6 +95,20 @@ Status plan_experts(Engine::Impl& impl, const std::string& path) {
                            .census_path = o.stream.census ? path + ".census" : std::string()};
   MAGNETAR_ASSIGN_OR_RETURN(impl.store, experts::StreamedExperts::open(*impl.file, *layout, so));
   impl.plan_text += "\n  expert store: " + impl.store->describe();
+  // The disk's speed sets the floor when the cache misses: measured (64 MiB of expert bytes, O_DIRECT, ~0.1 s)
+  // and put next to the bytes one token needs when nothing is cached.
+  for (int64_t l = 0; l < layout->n_layer(); ++l) {
+    if (!layout->has_experts(l)) continue;
+    const experts::Extent first = layout->extent(l, 0, experts::Part::kGate);
+    Result<double> bw = experts::measure_read_bandwidth(impl.file->shards()[first.shard]->path(), first.offset, 64ull << 20);
+    if (bw.ok() && bw.value() > 0) {
+      impl.plan_text += format("\n  disk: %.0f MB/s (64 MiB, O_DIRECT); a token needs %.0f MiB of experts, so %.2f t/s "
+                               "if nothing were cached",
+                               bw.value() / 1e6, double(fp.expert_bytes_per_token_max) / double(1 << 20),
+                               bw.value() / double(fp.expert_bytes_per_token_max));
+    }
+    break;
+  }
   return Status();
 }
 
