@@ -62,6 +62,8 @@ class Qwen3Workspace : public Workspace {
   std::vector<experts::ExpertPtrs> ptrs;            // [n_expert] their weights
   std::vector<uint8_t> ready, mark;                 // [n_expert]
   std::vector<size_t> early, late;                  // indices into active: cached at acquire() / read since
+  size_t gathered_row_bytes = 0;                    // rows of qa as moe_ffn gathered them for run_experts
+  bool gathered_is_float = false;
   std::vector<float> attn_scratch;
   Profile* profile = nullptr;         // of the forward() call in progress
   RoutingCounts* routing = nullptr;   // idem
@@ -307,10 +309,8 @@ void Qwen3Model::predict_next(cpu::ThreadPool& pool, Qwen3Workspace& ws, int64_t
 void Qwen3Model::run_experts(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L, std::span<const size_t> which) const {
   if (which.empty()) return;
   const int64_t E = hp_.n_embd, F = hp_.n_ff_exp;
-  const size_t in_bytes = cpu::prepare_input_bytes(L.gate_exps.type, E, 1);
-  const bool in_float = L.gate_exps.type == quant::Type::F32 || L.gate_exps.type == quant::Type::F16 ||
-                        L.gate_exps.type == quant::Type::BF16;
-  const size_t in_row = in_float ? size_t(E) * sizeof(float) : in_bytes;
+  const size_t in_row = ws.gathered_row_bytes;
+  const bool in_float = ws.gathered_is_float;
   std::vector<MatmulJob>& jobs = ws.jobs;
   jobs.clear();
   for (const size_t i : which) {
@@ -367,6 +367,8 @@ Status Qwen3Model::moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Laye
     std::memcpy(gathered + size_t(r) * xt.row_bytes, src + size_t(ws.order_token[size_t(r)]) * xt.row_bytes, xt.row_bytes);
   }
   MAGNETAR_CHECK(L.up_exps.type == L.gate_exps.type);
+  ws.gathered_row_bytes = xt.row_bytes;
+  ws.gathered_is_float = xt.is_float;
   // Experts already in memory first, the rest once their reads land (each expert's rows are computed the
   // same way whichever group it falls in, so the result does not depend on what was cached).
   ws.early.clear();

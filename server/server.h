@@ -1,0 +1,42 @@
+// `magnetar serve`: an OpenAI-compatible HTTP server over one Engine.
+//
+// Threads (STYLE.md rule 10): cpp-httplib's pool parses and validates requests, renders the chat template and
+// tokenizes (Engine::tokenize is const and thread-safe); one Worker thread owns the Session and does all compute.
+// Only plain Job structs cross between them. httplib stays inside server.cpp: callers see only this header.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "engine/engine.h"
+
+namespace magnetar::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;           // 0: an ephemeral port (see Server::port)
+  std::string model_name;    // the id reported by /v1/models and in responses
+  SamplingParams sampling;   // defaults for what a request leaves out
+};
+
+class Server {
+ public:
+  // Creates the session and the worker and binds the socket (so port() is known); fails naming host:port.
+  // `engine` must outlive the server.
+  static Result<std::unique_ptr<Server>> bind(Engine& engine, const ServerOptions& options);
+  ~Server();
+  int port() const;
+  // Serves until stop(); fails when the listener does.
+  Status run();
+  // Ends run(): thread-safe, callable from any thread (a signal-waiting one) before or during run().
+  void stop();
+
+  struct Impl;
+
+ private:
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace magnetar::server

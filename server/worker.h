@@ -1,0 +1,72 @@
+// The one thread that owns the engine's Session and does all compute (STYLE.md rule 10). HTTP threads build a
+// Job (plain data: prompt ids, sampling, limits), submit it, and read its output under the job's own mutex;
+// the worker runs jobs in FIFO order on one slot (one Session), keeping the KV of the previous request so that
+// Session::sync reuses the common prefix.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace magnetar::server {
+
+enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
+
+// One generation request and its output. The inputs are set before submit() and not touched after; the output
+// fields are guarded by `mu` and signalled on `cv` whenever text arrives or the job ends.
+struct Job {
+  // ---- input (immutable once submitted)
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int64_t max_tokens = 0;          // > 0
+  std::vector<std::string> stop;   // non-empty strings; the output ends before the first one found
+
+  // ---- cancellation: set by the HTTP thread (client gone); the worker checks it before every token
+  std::atomic<bool> cancelled{false};
+
+  // ---- output, guarded by mu
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string pending_text;        // produced and not yet taken by the HTTP thread
+  bool done = false;
+  FinishReason finish = FinishReason::kNone;
+  std::string error;               // when finish == kError
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;       // prompt tokens whose KV was reused from the previous request
+  int64_t completion_tokens = 0;
+};
+
+class Worker {
+ public:
+  // `engine` must outlive the worker, which takes `session` (of that engine) and starts its thread.
+  static std::unique_ptr<Worker> start(const Engine& engine, std::unique_ptr<Session> session);
+  ~Worker();  // stops the thread; queued jobs end as kCancelled
+
+  void submit(std::shared_ptr<Job> job);
+
+ private:
+  Worker(const Engine& engine, std::unique_ptr<Session> session);
+  void loop();
+  void run(Job& job);
+
+  const Engine& engine_;
+  std::unique_ptr<Session> session_;  // touched only by thread_
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;  // guarded by mu_
+  bool stopping_ = false;                   // guarded by mu_
+  std::thread thread_;
+};
+
+// How many bytes at the end of `text` could be the start of one of `stops` (and so must be held back).
+size_t stop_prefix_overlap(const std::string& text, const std::vector<std::string>& stops);
+
+}  // namespace magnetar::server
