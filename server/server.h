@@ -15,9 +15,9 @@ namespace magnetar::server {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8080;           // 0: an ephemeral port (see Server::port)
-  std::string model_name;    // the id reported by /v1/models and in responses
-  SamplingParams sampling;   // defaults for what a request leaves out
+  int port = 8080;          // 0: an ephemeral port (see Server::port)
+  std::string model_name;   // the id reported by /v1/models and in responses
+  SamplingParams sampling;  // defaults for what a request leaves out
 };
 
 class Server {

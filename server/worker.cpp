@@ -85,8 +85,8 @@ void Worker::run(Job& job) {
   // Reused prefix: the common prefix with the previous timeline, less the last prompt token, which sync
   // always recomputes (its logits are needed).
   const std::vector<int32_t>& previous = session_->tokens();
-  const size_t common = std::mismatch(previous.begin(), previous.end(), job.prompt.begin(), job.prompt.end()).first -
-                        previous.begin();
+  const size_t common =
+      std::mismatch(previous.begin(), previous.end(), job.prompt.begin(), job.prompt.end()).first - previous.begin();
   {
     std::lock_guard<std::mutex> lock(job.mu);
     job.prompt_tokens = int64_t(job.prompt.size());

@@ -26,8 +26,8 @@ struct Job {
   // ---- input (immutable once submitted)
   std::vector<int32_t> prompt;
   SamplingParams sampling;
-  int64_t max_tokens = 0;          // > 0
-  std::vector<std::string> stop;   // non-empty strings; the output ends before the first one found
+  int64_t max_tokens = 0;         // > 0
+  std::vector<std::string> stop;  // non-empty strings; the output ends before the first one found
 
   // ---- cancellation: set by the HTTP thread (client gone); the worker checks it before every token
   std::atomic<bool> cancelled{false};
@@ -35,12 +35,12 @@ struct Job {
   // ---- output, guarded by mu
   std::mutex mu;
   std::condition_variable cv;
-  std::string pending_text;        // produced and not yet taken by the HTTP thread
+  std::string pending_text;  // produced and not yet taken by the HTTP thread
   bool done = false;
   FinishReason finish = FinishReason::kNone;
-  std::string error;               // when finish == kError
+  std::string error;  // when finish == kError
   int64_t prompt_tokens = 0;
-  int64_t cached_tokens = 0;       // prompt tokens whose KV was reused from the previous request
+  int64_t cached_tokens = 0;  // prompt tokens whose KV was reused from the previous request
   int64_t completion_tokens = 0;
 };
 

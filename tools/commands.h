@@ -19,5 +19,6 @@ int run_main(int argc, char** argv);
 int chat_main(int argc, char** argv);
 int perplexity_main(int argc, char** argv);
 int bench_main(int argc, char** argv);
+int serve_main(int argc, char** argv);
 
 }  // namespace magnetar::tools

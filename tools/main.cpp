@@ -16,6 +16,7 @@ struct Command {
 constexpr Command kCommands[] = {
     {"run", magnetar::tools::run_main, "generate text from a prompt (or dump logits)"},
     {"chat", magnetar::tools::chat_main, "interactive multi-turn chat"},
+    {"serve", magnetar::tools::serve_main, "OpenAI-compatible HTTP server (chat completions, streaming)"},
     {"perplexity", magnetar::tools::perplexity_main, "perplexity of a text file (windowed or continuous)"},
     {"bench", magnetar::tools::bench_main, "prefill and decode speed at growing context depths"},
     {"inspect", magnetar::tools::inspect_main, "show a GGUF model's architecture, metadata and tensors"},

@@ -168,8 +168,10 @@ void make_rows(const TensorSpec& spec, const BlockPool* pool, uint64_t seed, uin
 // `synth --check MODEL`: runs N random tokens through the model and reports its routing diversity, so a
 // synthetic model's expert popularity can be compared with a trained one's.
 int check_routing(const std::string& path, int64_t n_tokens, int64_t threads, uint64_t seed) {
+  // Mapped like llama.cpp: the check reads the routers and touches whatever experts the tokens pick, whatever
+  // the model's size.
   EngineOptions options{.n_threads = int(threads), .n_ctx = n_tokens, .n_batch = std::min<int64_t>(n_tokens, 256),
-                        .count_routing = true};
+                        .count_routing = true, .experts = ExpertMode::kMmap, .stream = {}};
   Result<std::unique_ptr<Engine>> engine = Engine::load(path, options);
   if (!engine.ok()) {
     std::fprintf(stderr, "magnetar synth --check: %s\n", engine.status().message().c_str());

@@ -1,0 +1,281 @@
+// `magnetar serve` end to end: the binary is started on the bundled demo model (models/magnetar-demo-q8_0.gguf)
+// on an ephemeral port and driven with httplib::Client. The expected answer to "Who are you?" is PyTorch's greedy
+// sample (models/magnetar-demo.report.json); the expected prompt is ChatML written out by hand here.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace magnetar {
+namespace {
+
+using nlohmann::json;
+
+const std::string kModel = std::string(MAGNETAR_SOURCE_DIR) + "/models/magnetar-demo-q8_0.gguf";
+const std::string kPrompt = "<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+const std::string kAnswerStart = "I am a tiny language model";
+
+// The server process, shared by the tests of the suite (they run in order; the last one stops it).
+struct ServerProcess {
+  pid_t pid = -1;
+  int err_fd = -1;  // the read end of its stderr
+  int port = 0;
+  std::string err;
+};
+ServerProcess* server = nullptr;
+
+class Serve : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    signal(SIGPIPE, SIG_IGN);
+    server = new ServerProcess;
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    server->pid = fork();
+    if (server->pid == 0) {
+      dup2(fds[1], STDERR_FILENO);
+      close(fds[0]);
+      close(fds[1]);
+      execl(MAGNETAR_BINARY, MAGNETAR_BINARY, "serve", "-m", kModel.c_str(), "--port", "0", "-t", "2", nullptr);
+      _exit(127);
+    }
+    close(fds[1]);
+    server->err_fd = fds[0];
+    // Reads stderr up to the line that says the socket is bound.
+    const std::string marker = "listening on http://127.0.0.1:";
+    char buf[512];
+    while (server->err.find('\n', server->err.find(marker)) == std::string::npos ||
+           server->err.find(marker) == std::string::npos) {
+      const ssize_t n = read(server->err_fd, buf, sizeof(buf));
+      if (n <= 0) break;
+      server->err.append(buf, size_t(n));
+    }
+    const size_t at = server->err.find(marker);
+    ASSERT_NE(at, std::string::npos) << server->err;
+    server->port = std::stoi(server->err.substr(at + marker.size()));
+  }
+  static void TearDownTestSuite() {
+    if (server && server->pid > 0) {
+      kill(server->pid, SIGKILL);
+      waitpid(server->pid, nullptr, 0);
+    }
+    if (server && server->err_fd >= 0) close(server->err_fd);
+    delete server;
+    server = nullptr;
+  }
+  void SetUp() override { ASSERT_GT(server->port, 0) << "the server did not start"; }
+
+  static httplib::Client client() {
+    httplib::Client c("127.0.0.1", server->port);
+    c.set_read_timeout(60);
+    return c;
+  }
+  static json post(const std::string& path, const json& body, int* status = nullptr) {
+    httplib::Client c = client();
+    httplib::Result r = c.Post(path.c_str(), body.dump(), "application/json");
+    EXPECT_TRUE(r) << path;
+    if (!r) return json();
+    if (status) *status = r->status;
+    return json::parse(r->body, nullptr, false);
+  }
+  static json chat(json extra = json::object()) {
+    json body = {{"messages", {{{"role", "user"}, {"content", "Who are you?"}}}}, {"temperature", 0}};
+    body.update(extra);
+    int status = 0;
+    json r = post("/v1/chat/completions", body, &status);
+    EXPECT_EQ(status, 200) << r.dump();
+    return r;
+  }
+  static std::string raw_post(const std::string& path, const std::string& body, int* status) {
+    httplib::Client c = client();
+    httplib::Result r = c.Post(path.c_str(), body, "application/json");
+    if (!r) return "";
+    *status = r->status;
+    return r->body;
+  }
+};
+
+TEST_F(Serve, HealthModelsHead) {
+  httplib::Client c = client();
+  httplib::Result health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(json::parse(health->body), json({{"status", "ok"}}));
+  httplib::Result models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  const json m = json::parse(models->body);
+  EXPECT_EQ(m["object"], "list");
+  EXPECT_EQ(m["data"][0]["id"], "magnetar-demo-q8_0");
+  EXPECT_EQ(m["data"][0]["owned_by"], "magnetar");
+  httplib::Result head = c.Head("/");
+  ASSERT_TRUE(head);
+  EXPECT_EQ(head->status, 200);
+}
+
+TEST_F(Serve, GreedyChatCompletion) {
+  const json r = chat();
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["model"], "magnetar-demo-q8_0");
+  const json& choice = r["choices"][0];
+  EXPECT_EQ(choice["index"], 0);
+  EXPECT_EQ(choice["message"]["role"], "assistant");
+  EXPECT_EQ(choice["finish_reason"], "stop");
+  const std::string content = choice["message"]["content"];
+  EXPECT_EQ(content.rfind(kAnswerStart, 0), 0u) << content;
+  const json& usage = r["usage"];
+  EXPECT_GT(usage["completion_tokens"].get<int>(), 3);
+  EXPECT_EQ(usage["total_tokens"].get<int>(),
+            usage["prompt_tokens"].get<int>() + usage["completion_tokens"].get<int>());
+  const json tokens = post("/tokenize", {{"content", kPrompt}});
+  EXPECT_EQ(usage["prompt_tokens"].get<size_t>(), tokens["tokens"].size());
+  // The answer round-trips through /tokenize and /detokenize.
+  const json ids = post("/tokenize", {{"content", content}});
+  EXPECT_EQ(post("/detokenize", {{"tokens", ids["tokens"]}})["content"], content);
+}
+
+TEST_F(Serve, SecondRequestReusesTheCache) {
+  chat();
+  const json r = chat();
+  EXPECT_GT(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0) << r.dump();
+}
+
+TEST_F(Serve, StreamMatchesNonStream) {
+  const std::string want = chat()["choices"][0]["message"]["content"];
+  int status = 0;
+  const std::string body = raw_post("/v1/chat/completions",
+                                    json({{"messages", {{{"role", "user"}, {"content", "Who are you?"}}}},
+                                          {"temperature", 0},
+                                          {"stream", true},
+                                          {"stream_options", {{"include_usage", true}}}})
+                                        .dump(),
+                                    &status);
+  ASSERT_EQ(status, 200);
+  std::vector<std::string> data;
+  for (size_t at = 0; (at = body.find("data: ", at)) != std::string::npos;) {
+    const size_t end = body.find("\n\n", at);
+    ASSERT_NE(end, std::string::npos) << body;
+    data.push_back(body.substr(at + 6, end - at - 6));
+    at = end;
+  }
+  ASSERT_GE(data.size(), 4u) << body;
+  EXPECT_EQ(data.back(), "[DONE]");
+  std::string got, finish;
+  bool first_has_role = false, saw_usage = false;
+  for (size_t i = 0; i + 1 < data.size(); ++i) {
+    const json chunk = json::parse(data[i]);
+    EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+    if (chunk.contains("usage")) {
+      saw_usage = true;
+      EXPECT_GT(chunk["usage"]["completion_tokens"].get<int>(), 0);
+      continue;
+    }
+    const json& choice = chunk["choices"][0];
+    if (i == 0) first_has_role = choice["delta"].value("role", "") == "assistant";
+    if (choice["delta"].contains("content")) got += choice["delta"]["content"].get<std::string>();
+    if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
+  }
+  EXPECT_TRUE(first_has_role);
+  EXPECT_TRUE(saw_usage);
+  EXPECT_EQ(finish, "stop");
+  EXPECT_EQ(got, want);
+}
+
+TEST_F(Serve, MaxTokensAndStop) {
+  const json r = chat({{"max_tokens", 3}});
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["usage"]["completion_tokens"], 3);
+  const json s = chat({{"stop", {"language"}}});
+  EXPECT_EQ(s["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(s["choices"][0]["message"]["content"], "I am a tiny ");
+}
+
+TEST_F(Serve, BadRequestsAre400AndNameTheField) {
+  struct Case {
+    std::string body, field;
+  };
+  const Case cases[] = {
+      {"{not json", "JSON"},
+      {R"({"model": "x"})", "messages"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"})", "temperature"},
+      {R"({"messages": [{"role": "user", "content": 7}]})", "messages[0].content"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "stop": 3})", "stop"},
+  };
+  for (const Case& c : cases) {
+    int status = 0;
+    const json r = json::parse(raw_post("/v1/chat/completions", c.body, &status), nullptr, false);
+    EXPECT_EQ(status, 400) << c.body;
+    ASSERT_TRUE(r.is_object()) << c.body;
+    EXPECT_EQ(r["error"]["type"], "invalid_request_error") << c.body;
+    EXPECT_NE(r["error"]["message"].get<std::string>().find(c.field), std::string::npos) << r.dump();
+  }
+  // A prompt longer than the context names both sizes.
+  std::string longer;
+  for (int i = 0; i < 5000; ++i) longer += "word ";
+  int status = 0;
+  const json r = json::parse(raw_post("/v1/chat/completions",
+                                      json({{"messages", {{{"role", "user"}, {"content", longer}}}}}).dump(), &status));
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("context"), std::string::npos) << r.dump();
+  httplib::Client c = client();
+  httplib::Result missing = c.Get("/v2/nothing");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_TRUE(json::parse(missing->body).contains("error"));
+  httplib::Result health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+TEST_F(Serve, ClientDisconnectMidStream) {
+  // A raw socket reads the first bytes of a stream and hangs up; the next request must still be served.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(server->port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string body = json({{"messages", {{{"role", "user"}, {"content", "Tell me a long story about Linux."}}}},
+                                 {"stream", true},
+                                 {"max_tokens", 400},
+                                 {"temperature", 1.0},
+                                 {"seed", 7}})
+                               .dump();
+  const std::string request =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(write(fd, request.data(), request.size()), ssize_t(request.size()));
+  std::string got;
+  char buf[256];
+  while (got.find("data: ") == std::string::npos) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    got.append(buf, size_t(n));
+  }
+  EXPECT_NE(got.find("200 OK"), std::string::npos) << got;
+  close(fd);
+  const json r = chat({{"max_tokens", 3}});
+  EXPECT_EQ(r["usage"]["completion_tokens"], 3);
+}
+
+// Last (the tests run in declaration order): SIGTERM stops the server with exit status 0.
+TEST_F(Serve, StopsCleanlyOnSigterm) {
+  ASSERT_EQ(kill(server->pid, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(server->pid, &status, 0), server->pid);
+  server->pid = -1;
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace
+}  // namespace magnetar

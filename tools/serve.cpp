@@ -1,0 +1,70 @@
+// `magnetar serve`: the OpenAI-compatible HTTP server (server/server.h) over one loaded model. SIGINT and SIGTERM
+// are taken by a thread that waits for them (blocked everywhere else, so no handler runs inside the libraries) and
+// stop the server, which then exits 0.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "server/server.h"
+#include "tools/commands.h"
+#include "tools/engine_flags.h"
+
+namespace magnetar::tools {
+
+int serve_main(int argc, char** argv) {
+  ModelFlags model;
+  SamplingFlags sampling;
+  std::string host = "127.0.0.1", alias;
+  int64_t port = 8080;
+  cli::Args args("magnetar serve -m MODEL.gguf [--host ADDR] [--port N] [options]",
+                 "OpenAI-compatible HTTP server: /v1/chat/completions (streaming or not), /v1/models, /health,\n"
+                 "/tokenize, /detokenize. One worker runs the requests in order; the sampling flags are the defaults\n"
+                 "for what a request leaves out.");
+  model.add_to(args);
+  sampling.add_to(args);
+  args.option("--host", &host, "ADDR", "address to listen on");
+  args.option("--port", &port, "N", "port to listen on (0: any free port)");
+  args.option("--alias", &alias, "NAME", "model id reported to clients (default: the file name without .gguf)");
+  if (std::optional<int> code = args.parse_or_exit(argc, argv, "serve")) return *code;
+  if (port < 0 || port > 65535) {
+    std::fprintf(stderr, "magnetar serve: --port must be in [0, 65535]\n");
+    return kExitBadInput;
+  }
+  // Block the stop signals in every thread created from here on; one thread waits for them below.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client that goes away must fail a write, not kill the server
+
+  std::unique_ptr<Engine> engine = model.load("serve");
+  if (!engine) return kExitBadInput;
+  const std::string name = alias.empty() ? std::filesystem::path(model.model).stem().string() : alias;
+  Result<std::unique_ptr<server::Server>> bound = server::Server::bind(
+      *engine, {.host = host, .port = int(port), .model_name = name, .sampling = sampling.resolved()});
+  if (!bound.ok()) {
+    std::fprintf(stderr, "magnetar serve: %s\n", bound.status().message().c_str());
+    return kExitBadInput;
+  }
+  server::Server& srv = *bound.value();
+  std::thread([&srv, stop_signals] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    srv.stop();
+  }).detach();
+  std::fprintf(stderr, "magnetar serve: listening on http://%s:%d (model %s)\n", host.c_str(), srv.port(),
+               name.c_str());
+  std::fflush(stderr);
+  if (Status s = srv.run(); !s.ok()) {
+    std::fprintf(stderr, "magnetar serve: %s\n", s.message().c_str());
+    return kExitFailure;
+  }
+  std::fprintf(stderr, "magnetar serve: stopped\n");
+  return kExitOk;
+}
+
+}  // namespace magnetar::tools
