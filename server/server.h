@@ -1,4 +1,4 @@
-// `magnetar serve`: an OpenAI-compatible HTTP server over one Engine.
+// `magnetar serve`: an OpenAI- and Anthropic-compatible HTTP server over one Engine.
 //
 // Threads (STYLE.md rule 10): cpp-httplib's pool parses and validates requests, renders the chat template and
 // tokenizes (Engine::tokenize is const and thread-safe); one Worker thread owns the Session and does all compute.

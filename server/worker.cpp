@@ -1,6 +1,7 @@
 #include "server/worker.h"
 
 #include <algorithm>
+#include <chrono>
 
 namespace magnetar::server {
 
@@ -23,8 +24,16 @@ std::unique_ptr<Worker> Worker::start(const Engine& engine, std::unique_ptr<Sess
   return w;
 }
 
-Worker::Worker(const Engine& engine, std::unique_ptr<Session> session)
-    : engine_(engine), session_(std::move(session)) {}
+Worker::Worker(const Engine& engine, std::unique_ptr<Session> session) : engine_(engine), session_(std::move(session)) {
+  stats_.experts = engine_.expert_stats();  // no forward runs yet
+}
+
+WorkerStats Worker::stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  WorkerStats s = stats_;
+  s.queued = int64_t(queue_.size());
+  return s;
+}
 
 Worker::~Worker() {
   {
@@ -58,6 +67,7 @@ void Worker::loop() {
       if (stopping_) return;
       job = std::move(queue_.front());
       queue_.pop_front();
+      stats_.active = 1;  // cleared by run()'s finish, before the job is signalled done
     }
     run(*job);
   }
@@ -66,7 +76,24 @@ void Worker::loop() {
 // Generates for one job. Text goes to job.pending_text as it is produced, except the tail that could still
 // become a stop string; the session keeps the prompt and the generated tokens for the next request's sync.
 void Worker::run(Job& job) {
-  auto finish = [&job](FinishReason reason, std::string tail, std::string error = {}) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t_start = Clock::now();
+  Clock::time_point t_prompt_end = t_start;  // end of sync (successful or not)
+  bool generating = false;                   // sync succeeded: the time after t_prompt_end is generation
+  // Publishes this job's counts (before `done`, see WorkerStats), then ends the job.
+  auto finish = [&](FinishReason reason, std::string tail, std::string error = {}) {
+    const Clock::time_point t_end = Clock::now();
+    const ExpertStats experts = engine_.expert_stats();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.prompt_tokens += uint64_t(job.started ? job.prompt_tokens : 0);
+      stats_.cached_tokens += uint64_t(job.started ? job.cached_tokens : 0);
+      stats_.generated_tokens += uint64_t(job.completion_tokens);
+      stats_.prompt_seconds += std::chrono::duration<double>(t_prompt_end - t_start).count();
+      if (generating) stats_.generation_seconds += std::chrono::duration<double>(t_end - t_prompt_end).count();
+      stats_.active = 0;
+      stats_.experts = experts;
+    }
     std::lock_guard<std::mutex> lock(job.mu);
     job.pending_text += tail;
     job.finish = reason;
@@ -91,8 +118,13 @@ void Worker::run(Job& job) {
     std::lock_guard<std::mutex> lock(job.mu);
     job.prompt_tokens = int64_t(job.prompt.size());
     job.cached_tokens = int64_t(std::min(common, job.prompt.size() - 1));
+    job.started = true;
+    job.cv.notify_all();
   }
-  if (Status s = session_->sync(job.prompt); !s.ok()) return finish(FinishReason::kError, {}, s.message());
+  const Status synced = session_->sync(job.prompt);
+  t_prompt_end = Clock::now();
+  if (!synced.ok()) return finish(FinishReason::kError, {}, synced.message());
+  generating = true;
 
   Sampler sampler(job.sampling);
   std::unique_ptr<Detokenizer> detok = engine_.new_detokenizer();
@@ -100,10 +132,17 @@ void Worker::run(Job& job) {
   // Emits what cannot be part of a stop string; returns true (and finishes) when one is complete.
   auto scan = [&](int64_t n) {
     size_t cut = std::string::npos;
-    for (const std::string& stop : job.stop) cut = std::min(cut, held.find(stop));
+    const std::string* matched = nullptr;
+    for (const std::string& stop : job.stop) {
+      if (const size_t at = held.find(stop); at < cut) {
+        cut = at;
+        matched = &stop;
+      }
+    }
     if (cut != std::string::npos) {
       held.resize(cut);
       std::lock_guard<std::mutex> lock(job.mu);
+      job.stop_sequence = *matched;
       job.completion_tokens = n;
       return true;
     }

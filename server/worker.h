@@ -38,10 +38,24 @@ struct Job {
   std::string pending_text;  // produced and not yet taken by the HTTP thread
   bool done = false;
   FinishReason finish = FinishReason::kNone;
-  std::string error;  // when finish == kError
+  std::string error;          // when finish == kError
+  std::string stop_sequence;  // the stop string that ended the output (finish == kStop), else empty
+  bool started = false;       // the worker has taken the job: prompt_tokens and cached_tokens are final
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;  // prompt tokens whose KV was reused from the previous request
   int64_t completion_tokens = 0;
+};
+
+// Totals over every job the worker has run, and its state now; for /metrics. Published by the worker thread
+// under its lock before the job's `done` is signalled, so a client that has its answer sees its counts.
+struct WorkerStats {
+  uint64_t prompt_tokens = 0, cached_tokens = 0, generated_tokens = 0;
+  double prompt_seconds = 0, generation_seconds = 0;  // wall time in Session::sync, and in the sampling loop
+  int64_t active = 0;                                 // jobs running (0 or 1)
+  int64_t queued = 0;                                 // jobs submitted and not started
+  // Engine::expert_stats() as the worker read it after its last job (Engine is not safe to read during a
+  // forward, so HTTP threads never call it).
+  ExpertStats experts;
 };
 
 class Worker {
@@ -51,6 +65,8 @@ class Worker {
   ~Worker();  // stops the thread; queued jobs end as kCancelled
 
   void submit(std::shared_ptr<Job> job);
+  // Thread-safe: a copy of the published totals.
+  WorkerStats stats();
 
  private:
   Worker(const Engine& engine, std::unique_ptr<Session> session);
@@ -63,6 +79,7 @@ class Worker {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;  // guarded by mu_
   bool stopping_ = false;                   // guarded by mu_
+  WorkerStats stats_;                       // guarded by mu_ (queued is derived from queue_)
   std::thread thread_;
 };
 

@@ -1,6 +1,6 @@
-// `magnetar serve`: the OpenAI-compatible HTTP server (server/server.h) over one loaded model. SIGINT and SIGTERM
-// are taken by a thread that waits for them (blocked everywhere else, so no handler runs inside the libraries) and
-// stop the server, which then exits 0.
+// `magnetar serve`: the OpenAI- and Anthropic-compatible HTTP server (server/server.h) over one loaded model. SIGINT
+// and SIGTERM are taken by a thread that waits for them (blocked everywhere else, so no handler runs inside the
+// libraries) and stop the server, which then exits 0.
 #include <pthread.h>
 #include <signal.h>
 
@@ -20,7 +20,8 @@ int serve_main(int argc, char** argv) {
   std::string host = "127.0.0.1", alias;
   int64_t port = 8080;
   cli::Args args("magnetar serve -m MODEL.gguf [--host ADDR] [--port N] [options]",
-                 "OpenAI-compatible HTTP server: /v1/chat/completions (streaming or not), /v1/models, /health,\n"
+                 "OpenAI- and Anthropic-compatible HTTP server: /v1/chat/completions, /v1/completions and\n"
+                 "/v1/messages (streaming or not), /v1/messages/count_tokens, /v1/models, /health, /metrics,\n"
                  "/tokenize, /detokenize. One worker runs the requests in order; the sampling flags are the defaults\n"
                  "for what a request leaves out.");
   model.add_to(args);

@@ -1,91 +1,17 @@
-// `magnetar serve` end to end: the binary is started on the bundled demo model (models/magnetar-demo-q8_0.gguf)
-// on an ephemeral port and driven with httplib::Client. The expected answer to "Who are you?" is PyTorch's greedy
-// sample (models/magnetar-demo.report.json); the expected prompt is ChatML written out by hand here.
+// `magnetar serve` end to end, OpenAI chat routes (tests/server/harness.h starts the server).
 #include <arpa/inet.h>
-#include <gtest/gtest.h>
-#include <httplib.h>
 #include <netinet/in.h>
-#include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <nlohmann/json.hpp>
-#include <string>
-#include <vector>
+#include "tests/server/harness.h"
 
 namespace magnetar {
 namespace {
 
-using nlohmann::json;
+using namespace test;
 
-const std::string kModel = std::string(MAGNETAR_SOURCE_DIR) + "/models/magnetar-demo-q8_0.gguf";
-const std::string kPrompt = "<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
-const std::string kAnswerStart = "I am a tiny language model";
-
-// The server process, shared by the tests of the suite (they run in order; the last one stops it).
-struct ServerProcess {
-  pid_t pid = -1;
-  int err_fd = -1;  // the read end of its stderr
-  int port = 0;
-  std::string err;
-};
-ServerProcess* server = nullptr;
-
-class Serve : public ::testing::Test {
+class Serve : public ServeFixture {
  protected:
-  static void SetUpTestSuite() {
-    signal(SIGPIPE, SIG_IGN);
-    server = new ServerProcess;
-    int fds[2];
-    ASSERT_EQ(pipe(fds), 0);
-    server->pid = fork();
-    if (server->pid == 0) {
-      dup2(fds[1], STDERR_FILENO);
-      close(fds[0]);
-      close(fds[1]);
-      execl(MAGNETAR_BINARY, MAGNETAR_BINARY, "serve", "-m", kModel.c_str(), "--port", "0", "-t", "2", nullptr);
-      _exit(127);
-    }
-    close(fds[1]);
-    server->err_fd = fds[0];
-    // Reads stderr up to the line that says the socket is bound.
-    const std::string marker = "listening on http://127.0.0.1:";
-    char buf[512];
-    while (server->err.find('\n', server->err.find(marker)) == std::string::npos ||
-           server->err.find(marker) == std::string::npos) {
-      const ssize_t n = read(server->err_fd, buf, sizeof(buf));
-      if (n <= 0) break;
-      server->err.append(buf, size_t(n));
-    }
-    const size_t at = server->err.find(marker);
-    ASSERT_NE(at, std::string::npos) << server->err;
-    server->port = std::stoi(server->err.substr(at + marker.size()));
-  }
-  static void TearDownTestSuite() {
-    if (server && server->pid > 0) {
-      kill(server->pid, SIGKILL);
-      waitpid(server->pid, nullptr, 0);
-    }
-    if (server && server->err_fd >= 0) close(server->err_fd);
-    delete server;
-    server = nullptr;
-  }
-  void SetUp() override { ASSERT_GT(server->port, 0) << "the server did not start"; }
-
-  static httplib::Client client() {
-    httplib::Client c("127.0.0.1", server->port);
-    c.set_read_timeout(60);
-    return c;
-  }
-  static json post(const std::string& path, const json& body, int* status = nullptr) {
-    httplib::Client c = client();
-    httplib::Result r = c.Post(path.c_str(), body.dump(), "application/json");
-    EXPECT_TRUE(r) << path;
-    if (!r) return json();
-    if (status) *status = r->status;
-    return json::parse(r->body, nullptr, false);
-  }
   static json chat(json extra = json::object()) {
     json body = {{"messages", {{{"role", "user"}, {"content", "Who are you?"}}}}, {"temperature", 0}};
     body.update(extra);
@@ -93,13 +19,6 @@ class Serve : public ::testing::Test {
     json r = post("/v1/chat/completions", body, &status);
     EXPECT_EQ(status, 200) << r.dump();
     return r;
-  }
-  static std::string raw_post(const std::string& path, const std::string& body, int* status) {
-    httplib::Client c = client();
-    httplib::Result r = c.Post(path.c_str(), body, "application/json");
-    if (!r) return "";
-    *status = r->status;
-    return r->body;
   }
 };
 

@@ -1,0 +1,269 @@
+// `magnetar serve` end to end: the Anthropic Messages routes, /metrics and the legacy /v1/completions
+// (tests/server/harness.h starts the server). Expectations are independent of the server's code: the greedy answer
+// comes from PyTorch (models/magnetar-demo.report.json), prompts are ChatML written out by hand, token counts come
+// from /tokenize, and event names and fields are those of the Anthropic and OpenAI API references.
+#include <map>
+#include <sstream>
+
+#include "tests/server/harness.h"
+
+namespace magnetar {
+namespace {
+
+using namespace test;
+
+const std::string kSystemPrompt = "<|im_start|>system\nBe brief.<|im_end|>\n" + kPrompt;
+
+class ServeApi : public ServeFixture {
+ protected:
+  static json who_are_you(json extra = json::object()) {
+    json body = {{"model", "claude-sonnet-4-5"},
+                 {"max_tokens", 400},
+                 {"messages", {{{"role", "user"}, {"content", "Who are you?"}}}},
+                 {"temperature", 0}};
+    body.update(extra);
+    return body;
+  }
+  static json messages(const json& body, int expect_status = 200) {
+    int status = 0;
+    json r = post("/v1/messages?beta=true", body, &status);
+    EXPECT_EQ(status, expect_status) << r.dump();
+    return r;
+  }
+  static size_t n_tokens(const std::string& prompt) {
+    return post("/tokenize", {{"content", prompt}})["tokens"].size();
+  }
+  // GET /metrics as {series (name with its labels) -> value}.
+  static std::map<std::string, double> metrics() {
+    httplib::Client c = client();
+    httplib::Result r = c.Get("/metrics");
+    EXPECT_TRUE(r);
+    std::map<std::string, double> out;
+    if (!r) return out;
+    EXPECT_EQ(r->status, 200);
+    std::istringstream lines(r->body);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.empty() || line[0] == '#') continue;
+      const size_t space = line.rfind(' ');
+      out[line.substr(0, space)] = std::stod(line.substr(space + 1));
+    }
+    return out;
+  }
+};
+
+TEST_F(ServeApi, AnthropicNonStream) {
+  // Fields the server has no use for are accepted, as Claude Code sends them.
+  const json r = messages(who_are_you({{"metadata", {{"user_id", "u"}}},
+                                       {"thinking", {{"type", "disabled"}}},
+                                       {"context_management", json::object()},
+                                       {"tools", {{{"name", "Bash"}, {"input_schema", {{"type", "object"}}}}}},
+                                       {"tool_choice", {{"type", "auto"}}}}));
+  EXPECT_EQ(r["id"].get<std::string>().rfind("msg_", 0), 0u) << r.dump();
+  EXPECT_EQ(r["type"], "message");
+  EXPECT_EQ(r["role"], "assistant");
+  EXPECT_EQ(r["model"], "magnetar-demo-q8_0");
+  ASSERT_EQ(r["content"].size(), 1u) << r.dump();
+  EXPECT_EQ(r["content"][0]["type"], "text");
+  const std::string text = r["content"][0]["text"];
+  EXPECT_EQ(text.rfind(kAnswerStart, 0), 0u) << text;
+  EXPECT_EQ(r["stop_reason"], "end_turn");
+  EXPECT_TRUE(r["stop_sequence"].is_null());
+  const json& usage = r["usage"];
+  EXPECT_EQ(usage["input_tokens"].get<size_t>() + usage["cache_read_input_tokens"].get<size_t>(), n_tokens(kPrompt));
+  EXPECT_GT(usage["output_tokens"].get<int>(), 3);
+}
+
+TEST_F(ServeApi, AnthropicStreamMatchesNonStream) {
+  const json want = messages(who_are_you());
+  int status = 0;
+  const std::string body = raw_post("/v1/messages?beta=true", who_are_you({{"stream", true}}).dump(), &status);
+  ASSERT_EQ(status, 200) << body;
+  const auto events = sse_events(body);
+  ASSERT_GE(events.size(), 7u) << body;
+  const std::vector<std::string> head = {"message_start", "ping", "content_block_start"};
+  const std::vector<std::string> tail = {"content_block_stop", "message_delta", "message_stop"};
+  std::string text;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const auto& [name, data] = events[i];
+    const json j = json::parse(data);
+    EXPECT_EQ(j["type"], name) << data;  // every data object repeats its event name
+    if (i < 3) {
+      EXPECT_EQ(name, head[i]);
+    } else if (i + 3 >= events.size()) {
+      EXPECT_EQ(name, tail[i + 3 - events.size()]);
+    } else {
+      ASSERT_EQ(name, "content_block_delta") << data;
+      EXPECT_EQ(j["index"], 0);
+      EXPECT_EQ(j["delta"]["type"], "text_delta");
+      text += j["delta"]["text"].get<std::string>();
+    }
+  }
+  const json start = json::parse(events[0].second)["message"];
+  EXPECT_EQ(start["role"], "assistant");
+  EXPECT_EQ(start["content"], json::array());
+  EXPECT_EQ(start["usage"]["input_tokens"].get<size_t>() + start["usage"]["cache_read_input_tokens"].get<size_t>(),
+            n_tokens(kPrompt));
+  const json block = json::parse(events[2].second);
+  EXPECT_EQ(block["index"], 0);
+  EXPECT_EQ(block["content_block"], json({{"type", "text"}, {"text", ""}}));
+  EXPECT_EQ(text, want["content"][0]["text"]);
+  const json delta = json::parse(events[events.size() - 2].second);
+  EXPECT_EQ(delta["delta"]["stop_reason"], "end_turn");
+  EXPECT_TRUE(delta["delta"]["stop_sequence"].is_null());
+  EXPECT_EQ(delta["usage"]["output_tokens"], want["usage"]["output_tokens"]);
+}
+
+TEST_F(ServeApi, AnthropicStopReasons) {
+  const json length = messages(who_are_you({{"max_tokens", 3}}));
+  EXPECT_EQ(length["stop_reason"], "max_tokens");
+  EXPECT_TRUE(length["stop_sequence"].is_null());
+  EXPECT_EQ(length["usage"]["output_tokens"], 3);
+  const json stop = messages(who_are_you({{"stop_sequences", {"nothing like this", "language"}}}));
+  EXPECT_EQ(stop["stop_reason"], "stop_sequence");
+  EXPECT_EQ(stop["stop_sequence"], "language");
+  EXPECT_EQ(stop["content"][0]["text"], "I am a tiny ");
+  // The same in a stream: message_delta carries the matched string.
+  int status = 0;
+  const std::string body =
+      raw_post("/v1/messages", who_are_you({{"stream", true}, {"stop_sequences", {"language"}}}).dump(), &status);
+  ASSERT_EQ(status, 200);
+  const auto events = sse_events(body);
+  ASSERT_GE(events.size(), 2u) << body;
+  const json delta = json::parse(events[events.size() - 2].second);
+  EXPECT_EQ(delta["delta"]["stop_reason"], "stop_sequence") << body;
+  EXPECT_EQ(delta["delta"]["stop_sequence"], "language") << body;
+}
+
+TEST_F(ServeApi, AnthropicErrorsHaveAnthropicShape) {
+  json body = who_are_you();
+  body.erase("max_tokens");
+  struct Case {
+    std::string body, field;
+  };
+  const Case cases[] = {
+      {body.dump(), "max_tokens"},
+      {who_are_you({{"max_tokens", 0}}).dump(), "max_tokens"},
+      {"{not json", "JSON"},
+      {who_are_you({{"messages", {{{"role", "system"}, {"content", "x"}}}}}).dump(), "messages[0].role"},
+      {who_are_you({{"stop_sequences", "language"}}).dump(), "stop_sequences"},
+      {who_are_you({{"messages", {{{"role", "user"}, {"content", {{{"type", "image"}}}}}}}}).dump(),
+       "messages[0].content[0]"},
+  };
+  for (const Case& c : cases) {
+    int status = 0;
+    const json r = json::parse(raw_post("/v1/messages?beta=true", c.body, &status), nullptr, false);
+    EXPECT_EQ(status, 400) << c.body;
+    ASSERT_TRUE(r.is_object()) << c.body;
+    EXPECT_EQ(r["type"], "error") << r.dump();
+    EXPECT_EQ(r["error"]["type"], "invalid_request_error") << r.dump();
+    EXPECT_NE(r["error"]["message"].get<std::string>().find(c.field), std::string::npos) << r.dump();
+  }
+  httplib::Client c = client();
+  httplib::Result missing = c.Post("/v1/messages/nothing", "{}", "application/json");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_EQ(json::parse(missing->body)["error"]["type"], "not_found_error");
+}
+
+TEST_F(ServeApi, CountTokensEqualsTokenizeOfTheChatmlPrompt) {
+  int status = 0;
+  const json plain = post("/v1/messages/count_tokens?beta=true",
+                          {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "Who are you?"}}}}}, &status);
+  EXPECT_EQ(status, 200) << plain.dump();
+  EXPECT_EQ(plain["input_tokens"].get<size_t>(), n_tokens(kPrompt));
+  // System as a string or as text blocks, content as text blocks: the same prompt.
+  const json as_string =
+      post("/v1/messages/count_tokens",
+           {{"system", "Be brief."}, {"messages", {{{"role", "user"}, {"content", "Who are you?"}}}}});
+  const json as_blocks =
+      post("/v1/messages/count_tokens",
+           {{"system", {{{"type", "text"}, {"text", "Be brief."}, {"cache_control", {{"type", "ephemeral"}}}}}},
+            {"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "Who are you?"}}}}}}}});
+  EXPECT_EQ(as_string["input_tokens"].get<size_t>(), n_tokens(kSystemPrompt));
+  EXPECT_EQ(as_blocks["input_tokens"].get<size_t>(), n_tokens(kSystemPrompt));
+  // Tool blocks are accepted (rendered as text until tool calls are implemented) and count.
+  const json with_tools =
+      post("/v1/messages/count_tokens",
+           {{"messages",
+             {{{"role", "user"}, {"content", "List files."}},
+              {{"role", "assistant"},
+               {"content", {{{"type", "tool_use"}, {"id", "t1"}, {"name", "Bash"}, {"input", {{"command", "ls"}}}}}}},
+              {{"role", "user"},
+               {"content", {{{"type", "tool_result"}, {"tool_use_id", "t1"}, {"content", "README.md"}}}}}}}},
+           &status);
+  EXPECT_EQ(status, 200) << with_tools.dump();
+  EXPECT_GT(with_tools["input_tokens"].get<size_t>(), n_tokens("List files.") + n_tokens("README.md"));
+}
+
+TEST_F(ServeApi, MetricsCountAKnownRequest) {
+  const std::map<std::string, double> before = metrics();
+  const json r = messages(who_are_you({{"max_tokens", 3}, {"system", "Count me."}}));
+  int status = 0;
+  raw_post("/v1/messages", "{not json", &status);
+  EXPECT_EQ(status, 400);
+  const std::map<std::string, double> after = metrics();
+  auto delta = [&](const std::string& series) {
+    EXPECT_TRUE(after.count(series)) << series;
+    auto b = before.find(series);
+    return after.count(series) ? after.at(series) - (b == before.end() ? 0.0 : b->second) : -1.0;
+  };
+  const double input = r["usage"]["input_tokens"], cached = r["usage"]["cache_read_input_tokens"];
+  EXPECT_EQ(input + cached, double(n_tokens("<|im_start|>system\nCount me.<|im_end|>\n" + kPrompt)));
+  EXPECT_EQ(delta(R"(magnetar_requests_total{endpoint="/v1/messages",status="200"})"), 1);
+  EXPECT_EQ(delta(R"(magnetar_requests_total{endpoint="/v1/messages",status="400"})"), 1);
+  EXPECT_EQ(delta(R"(magnetar_requests_total{endpoint="/metrics",status="200"})"), 1);  // the first GET
+  EXPECT_EQ(delta("magnetar_generated_tokens_total"), 3);
+  EXPECT_EQ(delta("magnetar_prompt_tokens_total"), input + cached);
+  EXPECT_EQ(delta("magnetar_cached_tokens_total"), cached);
+  EXPECT_GT(delta("magnetar_prompt_seconds_total"), 0);
+  EXPECT_GE(delta("magnetar_generation_seconds_total"), 0);
+  EXPECT_EQ(after.at("magnetar_requests_active"), 0);
+  EXPECT_EQ(after.at("magnetar_requests_queued"), 0);
+  // The demo model's experts are resident: the cache counters exist and stay zero.
+  for (const char* series : {"magnetar_expert_cache_hits_total", "magnetar_expert_cache_misses_total",
+                             "magnetar_expert_cache_bytes_read_total", "magnetar_expert_cache_evictions_total"}) {
+    ASSERT_TRUE(after.count(series)) << series;
+    EXPECT_EQ(after.at(series), 0) << series;
+  }
+}
+
+TEST_F(ServeApi, LegacyCompletions) {
+  int status = 0;
+  const json r = post("/v1/completions", {{"prompt", kPrompt}, {"temperature", 0}}, &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  EXPECT_EQ(r["object"], "text_completion");
+  EXPECT_EQ(r["model"], "magnetar-demo-q8_0");
+  const json& choice = r["choices"][0];
+  EXPECT_EQ(choice["index"], 0);
+  EXPECT_EQ(choice["finish_reason"], "stop");
+  const std::string text = choice["text"];
+  EXPECT_EQ(text.rfind(kAnswerStart, 0), 0u) << text;
+  EXPECT_EQ(r["usage"]["prompt_tokens"].get<size_t>(), n_tokens(kPrompt));
+
+  const json length = post("/v1/completions", {{"prompt", kPrompt}, {"temperature", 0}, {"max_tokens", 3}});
+  EXPECT_EQ(length["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(length["usage"]["completion_tokens"], 3);
+
+  const std::string body =
+      raw_post("/v1/completions", json({{"prompt", kPrompt}, {"temperature", 0}, {"stream", true}}).dump(), &status);
+  ASSERT_EQ(status, 200);
+  const auto events = sse_events(body);
+  ASSERT_GE(events.size(), 3u) << body;
+  EXPECT_EQ(events.back().second, "[DONE]");
+  std::string got, finish;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const json chunk = json::parse(events[i].second);
+    EXPECT_EQ(chunk["object"], "text_completion");
+    got += chunk["choices"][0]["text"].get<std::string>();
+    if (!chunk["choices"][0]["finish_reason"].is_null()) finish = chunk["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(got, text);
+  EXPECT_EQ(finish, "stop");
+
+  const json bad = post("/v1/completions", {{"temperature", 0}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(bad["error"]["message"].get<std::string>().find("prompt"), std::string::npos) << bad.dump();
+}
+
+}  // namespace
+}  // namespace magnetar

@@ -1,0 +1,119 @@
+// The harness of the `magnetar serve` tests: each suite (a fixture derived from ServeFixture) starts the binary on
+// the bundled demo model (models/magnetar-demo-q8_0.gguf) on an ephemeral port, drives it with httplib::Client and
+// kills it when the suite ends. The expected answer to "Who are you?" is PyTorch's greedy sample
+// (models/magnetar-demo.report.json); the expected prompt is ChatML written out by hand here.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace magnetar::test {
+
+using nlohmann::json;
+
+inline const std::string kModel = std::string(MAGNETAR_SOURCE_DIR) + "/models/magnetar-demo-q8_0.gguf";
+inline const std::string kPrompt =
+    "<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+inline const std::string kAnswerStart = "I am a tiny language model";
+
+// The server process of the running suite (its tests run in order; TearDownTestSuite kills it).
+struct ServerProcess {
+  pid_t pid = -1;
+  int err_fd = -1;  // the read end of its stderr
+  int port = 0;
+  std::string err;
+};
+
+class ServeFixture : public ::testing::Test {
+ protected:
+  inline static ServerProcess* server = nullptr;
+  static void SetUpTestSuite() {
+    signal(SIGPIPE, SIG_IGN);
+    server = new ServerProcess;
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    server->pid = fork();
+    if (server->pid == 0) {
+      dup2(fds[1], STDERR_FILENO);
+      close(fds[0]);
+      close(fds[1]);
+      execl(MAGNETAR_BINARY, MAGNETAR_BINARY, "serve", "-m", kModel.c_str(), "--port", "0", "-t", "2", nullptr);
+      _exit(127);
+    }
+    close(fds[1]);
+    server->err_fd = fds[0];
+    // Reads stderr up to the line that says the socket is bound.
+    const std::string marker = "listening on http://127.0.0.1:";
+    char buf[512];
+    while (server->err.find('\n', server->err.find(marker)) == std::string::npos ||
+           server->err.find(marker) == std::string::npos) {
+      const ssize_t n = read(server->err_fd, buf, sizeof(buf));
+      if (n <= 0) break;
+      server->err.append(buf, size_t(n));
+    }
+    const size_t at = server->err.find(marker);
+    ASSERT_NE(at, std::string::npos) << server->err;
+    server->port = std::stoi(server->err.substr(at + marker.size()));
+  }
+  static void TearDownTestSuite() {
+    if (server && server->pid > 0) {
+      kill(server->pid, SIGKILL);
+      waitpid(server->pid, nullptr, 0);
+    }
+    if (server && server->err_fd >= 0) close(server->err_fd);
+    delete server;
+    server = nullptr;
+  }
+  void SetUp() override { ASSERT_GT(server->port, 0) << "the server did not start"; }
+
+  static httplib::Client client() {
+    httplib::Client c("127.0.0.1", server->port);
+    c.set_read_timeout(60);
+    return c;
+  }
+  static json post(const std::string& path, const json& body, int* status = nullptr) {
+    httplib::Client c = client();
+    httplib::Result r = c.Post(path.c_str(), body.dump(), "application/json");
+    EXPECT_TRUE(r) << path;
+    if (!r) return json();
+    if (status) *status = r->status;
+    return json::parse(r->body, nullptr, false);
+  }
+  static std::string raw_post(const std::string& path, const std::string& body, int* status) {
+    httplib::Client c = client();
+    httplib::Result r = c.Post(path.c_str(), body, "application/json");
+    if (!r) return "";
+    *status = r->status;
+    return r->body;
+  }
+};
+
+// The events of an SSE body: (event name, or "" when the event has no `event:` line; data).
+inline std::vector<std::pair<std::string, std::string>> sse_events(const std::string& body) {
+  std::vector<std::pair<std::string, std::string>> events;
+  for (size_t at = 0; at < body.size();) {
+    size_t end = body.find("\n\n", at);
+    if (end == std::string::npos) end = body.size();
+    std::string name, data;
+    for (size_t line = at; line < end;) {
+      size_t eol = body.find('\n', line);
+      if (eol == std::string::npos || eol > end) eol = end;
+      const std::string l = body.substr(line, eol - line);
+      if (l.rfind("event: ", 0) == 0) name = l.substr(7);
+      if (l.rfind("data: ", 0) == 0) data = l.substr(6);
+      line = eol + 1;
+    }
+    if (!name.empty() || !data.empty()) events.emplace_back(name, data);
+    at = end + 2;
+  }
+  return events;
+}
+
+}  // namespace magnetar::test
