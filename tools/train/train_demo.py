@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Trains Magnetar's bundled demo model: a ~28M-parameter Qwen3-MoE on the Debian-package corpus, on one GPU.
+"""Trains Magnetar's bundled demo model: a ~32M-parameter Qwen3-MoE (hidden 256, 8 layers, 16 experts top-4) on the Debian-package corpus, on one GPU.
 
 Runs on the device machine (torch 2.11, tokenizers, transformers 5.17, safetensors, numpy; offline) in one
 call of at most 10 minutes; tools/train/README.md has the exact call. Steps, each logged with its time:
