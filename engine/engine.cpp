@@ -278,8 +278,9 @@ struct Session::Impl {
   models::RoutingCounts routing;
 
   // Computes positions [from, tokens.size()) of `tokens` (already the whole new timeline; rows before
-  // `from` are valid in the KV cache) and keeps logits as asked.
-  Status compute(int64_t from, Logits mode);
+  // `from` are valid in the KV cache) and keeps logits as asked. Calls `progress` after each chunk (when set);
+  // on its false, or a failed forward, truncates `tokens` to the computed prefix.
+  Status compute(int64_t from, Logits mode, const SyncProgress& progress = {});
 };
 
 Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -299,7 +300,7 @@ Result<std::unique_ptr<Session>> Engine::new_session() {
   return std::unique_ptr<Session>(new Session(std::move(s)));
 }
 
-Status Session::Impl::compute(int64_t from, Logits mode) {
+Status Session::Impl::compute(int64_t from, Logits mode, const SyncProgress& progress) {
   const std::vector<int32_t>& next = tokens;
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t n_vocab = engine->model->hparams().n_vocab;
@@ -314,15 +315,28 @@ Status Session::Impl::compute(int64_t from, Logits mode) {
     const int64_t n = std::min<int64_t>(n_batch, int64_t(next.size()) - b);
     const bool last_chunk = b + n == int64_t(next.size());
     float* out = mode == Logits::kAll ? all_logits.data() + size_t(b - from) * size_t(n_vocab) : last_logits.data();
-    MAGNETAR_RETURN_IF_ERROR(engine->model->forward(
+    const Status s = engine->model->forward(
         *engine->pool, *ws, *kv,
         {.tokens = next.data() + b, .n_tok = n, .pos0 = b, .all_logits = mode == Logits::kAll, .logits = out,
          .profile = engine->options.profile ? &profile : nullptr,
          .routing = routing.counts.empty() ? nullptr : &routing,
          .experts = engine->store.get(),
-         .prefetch = engine->store != nullptr && engine->options.stream.prefetch}));
+         .prefetch = engine->store != nullptr && engine->options.stream.prefetch});
+    if (!s.ok()) {
+      tokens.resize(size_t(b));
+      all_rows = 0;
+      return s;
+    }
     if (last_chunk && mode == Logits::kAll) {
       std::copy(out + size_t(n - 1) * size_t(n_vocab), out + size_t(n) * size_t(n_vocab), last_logits.begin());
+    }
+    if (progress && !progress(b + n - from, total) && !last_chunk) {
+      // The KV of [0, b + n) is valid: that prefix is the timeline a later sync resumes from.
+      tokens.resize(size_t(b + n));
+      all_rows = 0;
+      stats.prefill_tokens += b + n - from;
+      stats.prefill_seconds += seconds_since(t0);
+      return Status::error("cancelled");
     }
   }
   have_logits = true;
@@ -337,7 +351,7 @@ Status Session::Impl::compute(int64_t from, Logits mode) {
   return Status();
 }
 
-Status Session::sync(std::span<const int32_t> next, Logits mode) {
+Status Session::sync(std::span<const int32_t> next, Logits mode, const SyncProgress& progress) {
   Impl& s = *impl_;
   const int64_t n_vocab = s.engine->model->hparams().n_vocab;
   if (next.empty()) return Status::error("sync: empty token sequence");
@@ -359,7 +373,7 @@ Status Session::sync(std::span<const int32_t> next, Logits mode) {
   s.have_logits = false;
   s.all_rows = 0;
   s.tokens.assign(next.begin(), next.end());
-  return s.compute(keep, mode);
+  return s.compute(keep, mode, progress);
 }
 
 Status Session::step(int32_t id) {

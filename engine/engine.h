@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <span>
@@ -120,6 +121,10 @@ class Engine {
 
 enum class Logits { kLast, kAll };
 
+// Session::sync's progress hook: called after each forward chunk (at most EngineOptions::n_batch tokens) with the
+// tokens this call has computed so far and the number it has to compute. Returning false stops the prefill.
+using SyncProgress = std::function<bool(int64_t done, int64_t total)>;
+
 struct SessionStats {
   int64_t prefill_tokens = 0;   // tokens computed by sync() calls that computed more than one token
   double prefill_seconds = 0;
@@ -135,7 +140,12 @@ class Session {
   // rest (always at least the last token, so logits() is that of tokens.back()). Fails (and leaves the
   // session empty) when tokens is empty, longer than n_ctx(), or holds ids outside the vocabulary.
   // Logits::kAll keeps the logits of every position computed by this call (see all_logits()).
-  Status sync(std::span<const int32_t> tokens, Logits mode = Logits::kLast);
+  // `progress`, when set, is called after every chunk, ceil(to compute / n_batch) times with increasing `done`.
+  // Returning false before the last chunk stops there: sync fails with "cancelled", and the timeline becomes the
+  // prefix whose KV was computed (tokens() tells how far it got), so a later sync reuses it; logits() and
+  // all_logits() are then meaningless until the next successful sync. Returning false after the last chunk has no
+  // effect. A failing forward pass likewise leaves the computed prefix as the timeline.
+  Status sync(std::span<const int32_t> tokens, Logits mode = Logits::kLast, const SyncProgress& progress = {});
   // Forgets the timeline (the next sync computes everything).
   void clear();
   // Appends one token and computes it: sync(tokens() + id) without re-scanning the prefix.

@@ -328,15 +328,25 @@ void wait_done(Job& job) {
   job.cv.wait(lock, [&] { return job.done; });
 }
 
-// Waits for the worker's next text or the end of the job; takes the text. After *done, the worker no longer
-// writes the job and its fields may be read without the lock.
-std::string take_text(Job& job, bool* done) {
+// Waits for the worker's next text, keep-alive or the end of the job; takes the text and says whether a keep-alive
+// is due. After *done, the worker no longer writes the job and its fields may be read without the lock.
+std::string take_text(Job& job, bool* done, bool* keepalive) {
   std::unique_lock<std::mutex> lock(job.mu);
-  job.cv.wait(lock, [&] { return job.done || !job.pending_text.empty(); });
+  job.cv.wait(lock, [&] { return job.done || !job.pending_text.empty() || job.keepalives > 0; });
   std::string text = std::move(job.pending_text);
   job.pending_text.clear();
+  *keepalive = job.keepalives > 0;
+  job.keepalives = 0;
   *done = job.done;
   return text;
+}
+
+// The keep-alive of the OpenAI streams: an SSE comment, which clients ignore.
+bool write_keepalive(httplib::DataSink& sink, Job& job) {
+  static const std::string kComment = ": keep-alive\n\n";
+  if (sink.write(kComment.data(), kComment.size())) return true;
+  job.cancelled = true;
+  return false;
 }
 
 // A job that ended without an answer (the engine failed, or the server is stopping): what to report.
@@ -502,6 +512,7 @@ Result<std::shared_ptr<Job>> Server::Impl::submit(const std::string& prompt, Cha
   job->sampling = request.sampling;
   job->max_tokens = request.max_tokens > 0 ? request.max_tokens : n_ctx - n_prompt;
   job->stop = std::move(request.stop);
+  job->stream = request.stream;
   worker->submit(job);
   return job;
 }
@@ -548,12 +559,14 @@ void Server::Impl::chat_completions(const httplib::Request& req, httplib::Respon
           job->cancelled = true;
           return false;
         };
-        if (!*sent_role) {
+        bool done = false, keepalive = false;
+        const std::string text = take_text(*job, &done, &keepalive);
+        if (keepalive && !write_keepalive(sink, *job)) return false;
+        // The role chunk goes with the first text (or the end): before it, only keep-alives.
+        if ((!text.empty() || done) && !*sent_role) {
           *sent_role = true;
-          return send(chunk(id, created, {{"role", "assistant"}, {"content", ""}}, nullptr));
+          if (!send(chunk(id, created, {{"role", "assistant"}, {"content", ""}}, nullptr))) return false;
         }
-        bool done = false;
-        const std::string text = take_text(*job, &done);
         if (!text.empty() && !send(chunk(id, created, {{"content", text}}, nullptr))) return false;
         if (!done) return true;
         if (auto failure = job_failure(*job)) {
@@ -609,8 +622,9 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
           job->cancelled = true;
           return false;
         };
-        bool done = false;
-        const std::string text = take_text(*job, &done);
+        bool done = false, keepalive = false;
+        const std::string text = take_text(*job, &done, &keepalive);
+        if (keepalive && !write_keepalive(sink, *job)) return false;
         if (!text.empty() && !send(text_chunk(id, created, text, nullptr))) return false;
         if (!done) return true;
         if (auto failure = job_failure(*job)) {
@@ -671,13 +685,15 @@ void Server::Impl::messages(const httplib::Request& req, httplib::Response& res)
                                    anthropic_stop_reason(*job), stop_sequence(*job), anthropic_usage(*job)));
   }
 
-  // Streaming: message_start (once the worker has taken the job, so its usage counts the reused prefix), ping,
-  // content_block_start; then a content_block_delta per piece of text; then content_block_stop, message_delta and
-  // message_stop. Each SSE event is "event: NAME\ndata: JSON\n\n".
+  // Streaming: message_start (once the worker has taken the job, so its usage counts the reused prefix), ping; a
+  // ping per keep-alive during the prefill; content_block_start with the first text (or the end), then a
+  // content_block_delta per piece of text; then content_block_stop, message_delta and message_stop. Each SSE event
+  // is "event: NAME\ndata: JSON\n\n".
   auto started = std::make_shared<bool>(false);
+  auto block_started = std::make_shared<bool>(false);
   res.set_chunked_content_provider(
       "text/event-stream",
-      [job, message, stop_sequence, started](size_t, httplib::DataSink& sink) {
+      [job, message, stop_sequence, started, block_started](size_t, httplib::DataSink& sink) {
         auto send = [&](const char* event, const json& j) {
           const std::string text = std::string("event: ") + event + "\ndata: " + dump(j) + "\n\n";
           if (sink.write(text.data(), text.size())) return true;
@@ -696,13 +712,19 @@ void Server::Impl::messages(const httplib::Request& req, httplib::Response& res)
           }
           return send("message_start",
                       {{"type", "message_start"}, {"message", message(json::array(), nullptr, nullptr, usage)}}) &&
-                 send("ping", {{"type", "ping"}}) &&
-                 send("content_block_start", {{"type", "content_block_start"},
-                                              {"index", 0},
-                                              {"content_block", {{"type", "text"}, {"text", ""}}}});
+                 send("ping", {{"type", "ping"}});
         }
-        bool done = false;
-        const std::string text = take_text(*job, &done);
+        bool done = false, keepalive = false;
+        const std::string text = take_text(*job, &done, &keepalive);
+        if (keepalive && !send("ping", {{"type", "ping"}})) return false;
+        if ((!text.empty() || (done && !job_failure(*job))) && !*block_started) {
+          *block_started = true;
+          if (!send("content_block_start", {{"type", "content_block_start"},
+                                            {"index", 0},
+                                            {"content_block", {{"type", "text"}, {"text", ""}}}})) {
+            return false;
+          }
+        }
         if (!text.empty() && !send("content_block_delta", {{"type", "content_block_delta"},
                                                            {"index", 0},
                                                            {"delta", {{"type", "text_delta"}, {"text", text}}}})) {
@@ -798,7 +820,7 @@ Result<std::unique_ptr<Server>> Server::bind(Engine& engine, const ServerOptions
   Result<std::unique_ptr<Session>> session = engine.new_session();
   if (!session.ok()) return session.status();
   auto impl = std::make_unique<Impl>(engine, options);
-  impl->worker = Worker::start(engine, std::move(session.value()));
+  impl->worker = Worker::start(engine, std::move(session.value()), options.keepalive_seconds);
   impl->routes();
   impl->port = options.port == 0 ? impl->http.bind_to_any_port(options.host)
                                  : (impl->http.bind_to_port(options.host, options.port) ? options.port : -1);

@@ -13,11 +13,17 @@
 
 namespace magnetar::server {
 
+// A streaming request that has produced nothing for this long during its prefill gets a keep-alive (an SSE comment
+// `: keep-alive` on the OpenAI routes, a ping event on /v1/messages), so that clients with read timeouts see bytes
+// while a long prompt is computed.
+inline constexpr double kKeepAliveSeconds = 5;
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;          // 0: an ephemeral port (see Server::port)
   std::string model_name;   // the id reported by /v1/models and in responses
   SamplingParams sampling;  // defaults for what a request leaves out
+  double keepalive_seconds = kKeepAliveSeconds;  // 0: a keep-alive after every prefill chunk
 };
 
 class Server {

@@ -18,13 +18,15 @@ size_t stop_prefix_overlap(const std::string& text, const std::vector<std::strin
   return best;
 }
 
-std::unique_ptr<Worker> Worker::start(const Engine& engine, std::unique_ptr<Session> session) {
-  std::unique_ptr<Worker> w(new Worker(engine, std::move(session)));
+std::unique_ptr<Worker> Worker::start(const Engine& engine, std::unique_ptr<Session> session,
+                                      double keepalive_seconds) {
+  std::unique_ptr<Worker> w(new Worker(engine, std::move(session), keepalive_seconds));
   w->thread_ = std::thread([p = w.get()] { p->loop(); });
   return w;
 }
 
-Worker::Worker(const Engine& engine, std::unique_ptr<Session> session) : engine_(engine), session_(std::move(session)) {
+Worker::Worker(const Engine& engine, std::unique_ptr<Session> session, double keepalive_seconds)
+    : engine_(engine), keepalive_seconds_(keepalive_seconds), session_(std::move(session)) {
   stats_.experts = engine_.expert_stats();  // no forward runs yet
 }
 
@@ -121,8 +123,21 @@ void Worker::run(Job& job) {
     job.started = true;
     job.cv.notify_all();
   }
-  const Status synced = session_->sync(job.prompt);
+  // After each prefill chunk: stop when the client is gone (the computed prefix stays cached), and ask the HTTP
+  // side for a keep-alive when a stream has been silent for keepalive_seconds_.
+  Clock::time_point last_output = t_start;
+  const Status synced = session_->sync(job.prompt, Logits::kLast, [&](int64_t, int64_t) {
+    if (job.cancelled.load()) return false;
+    if (job.stream && std::chrono::duration<double>(Clock::now() - last_output).count() >= keepalive_seconds_) {
+      last_output = Clock::now();
+      std::lock_guard<std::mutex> lock(job.mu);
+      ++job.keepalives;
+      job.cv.notify_all();
+    }
+    return true;
+  });
   t_prompt_end = Clock::now();
+  if (!synced.ok() && job.cancelled.load()) return finish(FinishReason::kCancelled, {});
   if (!synced.ok()) return finish(FinishReason::kError, {}, synced.message());
   generating = true;
 

@@ -28,14 +28,17 @@ struct Job {
   SamplingParams sampling;
   int64_t max_tokens = 0;         // > 0
   std::vector<std::string> stop;  // non-empty strings; the output ends before the first one found
+  bool stream = false;            // streamed to the client: keep-alives are requested during a long prefill
 
-  // ---- cancellation: set by the HTTP thread (client gone); the worker checks it before every token
+  // ---- cancellation: set by the HTTP thread (client gone); the worker checks it before every token and after
+  // every prefill chunk (Session::sync's progress hook), so a client that leaves stops the prefill within a chunk
   std::atomic<bool> cancelled{false};
 
   // ---- output, guarded by mu
   std::mutex mu;
   std::condition_variable cv;
   std::string pending_text;  // produced and not yet taken by the HTTP thread
+  int64_t keepalives = 0;    // keep-alives requested by the worker and not yet taken (stream jobs only)
   bool done = false;
   FinishReason finish = FinishReason::kNone;
   std::string error;          // when finish == kError
@@ -61,7 +64,10 @@ struct WorkerStats {
 class Worker {
  public:
   // `engine` must outlive the worker, which takes `session` (of that engine) and starts its thread.
-  static std::unique_ptr<Worker> start(const Engine& engine, std::unique_ptr<Session> session);
+  // A streaming job silent for `keepalive_seconds` during its prefill gets a keep-alive (ServerOptions; 0: one
+  // after every prefill chunk).
+  static std::unique_ptr<Worker> start(const Engine& engine, std::unique_ptr<Session> session,
+                                       double keepalive_seconds);
   ~Worker();  // stops the thread; queued jobs end as kCancelled
 
   void submit(std::shared_ptr<Job> job);
@@ -69,11 +75,12 @@ class Worker {
   WorkerStats stats();
 
  private:
-  Worker(const Engine& engine, std::unique_ptr<Session> session);
+  Worker(const Engine& engine, std::unique_ptr<Session> session, double keepalive_seconds);
   void loop();
   void run(Job& job);
 
   const Engine& engine_;
+  const double keepalive_seconds_;
   std::unique_ptr<Session> session_;  // touched only by thread_
   std::mutex mu_;
   std::condition_variable cv_;

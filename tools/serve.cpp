@@ -29,7 +29,14 @@ int serve_main(int argc, char** argv) {
   args.option("--host", &host, "ADDR", "address to listen on");
   args.option("--port", &port, "N", "port to listen on (0: any free port)");
   args.option("--alias", &alias, "NAME", "model id reported to clients (default: the file name without .gguf)");
+  float keepalive = float(server::kKeepAliveSeconds);
+  args.option("--keepalive-seconds", &keepalive, "S",
+              "a stream silent this long during a prompt's prefill gets a keep-alive (0: after every --batch chunk)");
   if (std::optional<int> code = args.parse_or_exit(argc, argv, "serve")) return *code;
+  if (keepalive < 0) {
+    std::fprintf(stderr, "magnetar serve: --keepalive-seconds must be >= 0\n");
+    return kExitBadInput;
+  }
   if (port < 0 || port > 65535) {
     std::fprintf(stderr, "magnetar serve: --port must be in [0, 65535]\n");
     return kExitBadInput;
@@ -46,7 +53,11 @@ int serve_main(int argc, char** argv) {
   if (!engine) return kExitBadInput;
   const std::string name = alias.empty() ? std::filesystem::path(model.model).stem().string() : alias;
   Result<std::unique_ptr<server::Server>> bound = server::Server::bind(
-      *engine, {.host = host, .port = int(port), .model_name = name, .sampling = sampling.resolved()});
+      *engine, {.host = host,
+                .port = int(port),
+                .model_name = name,
+                .sampling = sampling.resolved(),
+                .keepalive_seconds = keepalive});
   if (!bound.ok()) {
     std::fprintf(stderr, "magnetar serve: %s\n", bound.status().message().c_str());
     return kExitBadInput;

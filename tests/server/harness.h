@@ -34,7 +34,10 @@ struct ServerProcess {
 class ServeFixture : public ::testing::Test {
  protected:
   inline static ServerProcess* server = nullptr;
-  static void SetUpTestSuite() {
+  static void SetUpTestSuite() { start_server({}); }
+  // Starts the server with `extra` flags after the default ones (a suite that needs other flags defines its own
+  // SetUpTestSuite calling this).
+  static void start_server(const std::vector<std::string>& extra) {
     signal(SIGPIPE, SIG_IGN);
     server = new ServerProcess;
     int fds[2];
@@ -44,7 +47,12 @@ class ServeFixture : public ::testing::Test {
       dup2(fds[1], STDERR_FILENO);
       close(fds[0]);
       close(fds[1]);
-      execl(MAGNETAR_BINARY, MAGNETAR_BINARY, "serve", "-m", kModel.c_str(), "--port", "0", "-t", "2", nullptr);
+      std::vector<std::string> args = {MAGNETAR_BINARY, "serve", "-m", kModel, "--port", "0", "-t", "2"};
+      args.insert(args.end(), extra.begin(), extra.end());
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(MAGNETAR_BINARY, argv.data());
       _exit(127);
     }
     close(fds[1]);
