@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -400,6 +401,8 @@ struct Server::Impl {
   Result<std::shared_ptr<Job>> submit(const std::string& prompt, ChatRequest& request);
   void chat_completions(const httplib::Request& req, httplib::Response& res);
   void completions(const httplib::Request& req, httplib::Response& res);
+  void stream_openai(httplib::Response& res, std::shared_ptr<Job> job, bool include_usage, json first,
+                     std::function<json(const std::string&, const char*)> piece);
   void messages(const httplib::Request& req, httplib::Response& res);
   void count_tokens(const httplib::Request& req, httplib::Response& res);
   std::string metrics();
@@ -519,6 +522,53 @@ Result<std::shared_ptr<Job>> Server::Impl::submit(const std::string& prompt, Cha
 
 // ---- OpenAI: /v1/chat/completions and /v1/completions -----------------------------------------------------------
 
+// An OpenAI SSE stream: httplib calls the provider until sink.done(); each call waits for the worker's next text.
+// `piece(text, finish)` builds one chunk (a text piece with finish null, or the closing chunk with text ""); `first`
+// (null: none) goes out before the first text. A failed write (the client is gone) cancels the job, and so does the
+// releaser when the response ends unfinished.
+void Server::Impl::stream_openai(httplib::Response& res, std::shared_ptr<Job> job, bool include_usage, json first,
+                                 std::function<json(const std::string&, const char*)> piece) {
+  auto sent_first = std::make_shared<bool>(first.is_null());
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [job, include_usage, first = std::move(first), piece = std::move(piece), sent_first](size_t,
+                                                                                          httplib::DataSink& sink) {
+        auto send = [&](const json& j) {
+          const std::string event = "data: " + dump(j) + "\n\n";
+          if (sink.write(event.data(), event.size())) return true;
+          job->cancelled = true;
+          return false;
+        };
+        bool done = false, keepalive = false;
+        const std::string text = take_text(*job, &done, &keepalive);
+        if (keepalive && !write_keepalive(sink, *job)) return false;
+        if ((!text.empty() || done) && !*sent_first) {
+          *sent_first = true;
+          if (!send(first)) return false;
+        }
+        if (!text.empty() && !send(piece(text, nullptr))) return false;
+        if (!done) return true;
+        if (auto failure = job_failure(*job)) {
+          if (!send(error_body(failure->first, failure->second))) return false;
+        } else {
+          if (!send(piece("", finish_reason_name(job->finish)))) return false;
+          if (include_usage) {
+            json usage = piece("", nullptr);
+            usage["choices"] = json::array();
+            usage["usage"] = usage_json(*job);
+            if (!send(usage)) return false;
+          }
+        }
+        const std::string last = "data: [DONE]\n\n";
+        if (!sink.write(last.data(), last.size())) return false;
+        sink.done();
+        return true;
+      },
+      [job](bool success) {
+        if (!success) job->cancelled = true;
+      });
+}
+
 void Server::Impl::chat_completions(const httplib::Request& req, httplib::Response& res) {
   Result<json> body = parse_body(req);
   if (!body.ok()) return reply_error(res, ErrorKind::kInvalidRequest, body.status().message());
@@ -546,51 +596,11 @@ void Server::Impl::chat_completions(const httplib::Request& req, httplib::Respon
                        {"usage", usage_json(*job)}});
   }
 
-  // Streaming: httplib calls the provider until sink.done(); each call waits for the worker's next text. A failed
-  // write (the client is gone) cancels the job, and so does the releaser when the response ends unfinished.
-  const bool include_usage = request.include_usage;
-  auto sent_role = std::make_shared<bool>(false);
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, job, id, created, include_usage, sent_role](size_t, httplib::DataSink& sink) {
-        auto send = [&](const json& j) {
-          const std::string event = "data: " + dump(j) + "\n\n";
-          if (sink.write(event.data(), event.size())) return true;
-          job->cancelled = true;
-          return false;
-        };
-        bool done = false, keepalive = false;
-        const std::string text = take_text(*job, &done, &keepalive);
-        if (keepalive && !write_keepalive(sink, *job)) return false;
-        // The role chunk goes with the first text (or the end): before it, only keep-alives.
-        if ((!text.empty() || done) && !*sent_role) {
-          *sent_role = true;
-          if (!send(chunk(id, created, {{"role", "assistant"}, {"content", ""}}, nullptr))) return false;
-        }
-        if (!text.empty() && !send(chunk(id, created, {{"content", text}}, nullptr))) return false;
-        if (!done) return true;
-        if (auto failure = job_failure(*job)) {
-          if (!send(error_body(failure->first, failure->second))) return false;
-        } else {
-          if (!send(chunk(id, created, json::object(), finish_reason_name(job->finish)))) return false;
-          if (include_usage) {
-            json usage = {{"id", id},
-                          {"object", "chat.completion.chunk"},
-                          {"created", created},
-                          {"model", options.model_name},
-                          {"choices", json::array()},
-                          {"usage", usage_json(*job)}};
-            if (!send(usage)) return false;
-          }
-        }
-        const std::string last = "data: [DONE]\n\n";
-        if (!sink.write(last.data(), last.size())) return false;
-        sink.done();
-        return true;
-      },
-      [job](bool success) {
-        if (!success) job->cancelled = true;
-      });
+  // Streaming: the role chunk goes with the first text (or the end); before it, only keep-alives.
+  json role = chunk(id, created, {{"role", "assistant"}, {"content", ""}}, nullptr);
+  stream_openai(res, job, request.include_usage, std::move(role), [this, id, created](const std::string& text, const char* finish) {
+    return chunk(id, created, finish ? json::object() : json{{"content", text}}, finish);
+  });
 }
 
 void Server::Impl::completions(const httplib::Request& req, httplib::Response& res) {
@@ -612,40 +622,9 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
     r["usage"] = usage_json(*job);
     return reply_json(res, r);
   }
-  const bool include_usage = request.include_usage;
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, job, id, created, include_usage](size_t, httplib::DataSink& sink) {
-        auto send = [&](const json& j) {
-          const std::string event = "data: " + dump(j) + "\n\n";
-          if (sink.write(event.data(), event.size())) return true;
-          job->cancelled = true;
-          return false;
-        };
-        bool done = false, keepalive = false;
-        const std::string text = take_text(*job, &done, &keepalive);
-        if (keepalive && !write_keepalive(sink, *job)) return false;
-        if (!text.empty() && !send(text_chunk(id, created, text, nullptr))) return false;
-        if (!done) return true;
-        if (auto failure = job_failure(*job)) {
-          if (!send(error_body(failure->first, failure->second))) return false;
-        } else {
-          if (!send(text_chunk(id, created, "", finish_reason_name(job->finish)))) return false;
-          if (include_usage) {
-            json usage = text_chunk(id, created, "", nullptr);
-            usage["choices"] = json::array();
-            usage["usage"] = usage_json(*job);
-            if (!send(usage)) return false;
-          }
-        }
-        const std::string last = "data: [DONE]\n\n";
-        if (!sink.write(last.data(), last.size())) return false;
-        sink.done();
-        return true;
-      },
-      [job](bool success) {
-        if (!success) job->cancelled = true;
-      });
+  stream_openai(res, job, request.include_usage, nullptr, [this, id, created](const std::string& text, const char* finish) {
+    return text_chunk(id, created, text, finish);
+  });
 }
 
 // ---- Anthropic: /v1/messages and /v1/messages/count_tokens ------------------------------------------------------
