@@ -4,81 +4,19 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <random>
 
 #include "engine/engine.h"
-#include "gguf/writer.h"
 #include "quant/quant.h"
+#include "tests/unit/tiny_qwen3.h"
 
 namespace magnetar {
 namespace {
-
-using gguf::Value;
-using gguf::ValueType;
-
-// 2 layers (layer 0 MoE with 4 experts top-2, layer 1 dense), hidden 32, 4 heads / 2 kv heads of 8, vocab 61.
-void write_tiny(const std::string& path) {
-  const int64_t E = 32, H = 4, HKV = 2, D = 8, X = 4, FE = 16, FF = 48, V = 61;
-  gguf::Writer w(path);
-  auto u32 = [](int64_t v) { return Value::of_uint(ValueType::kUint32, uint64_t(v)); };
-  w.set("general.architecture", Value::of_string("qwen3moe"));
-  w.set("qwen3moe.block_count", u32(2));
-  w.set("qwen3moe.context_length", u32(256));
-  w.set("qwen3moe.embedding_length", u32(E));
-  w.set("qwen3moe.feed_forward_length", u32(FF));
-  w.set("qwen3moe.attention.head_count", u32(H));
-  w.set("qwen3moe.attention.head_count_kv", u32(HKV));
-  w.set("qwen3moe.attention.key_length", u32(D));
-  w.set("qwen3moe.attention.layer_norm_rms_epsilon", Value::of_float(ValueType::kFloat32, 1e-6));
-  w.set("qwen3moe.rope.freq_base", Value::of_float(ValueType::kFloat32, 10000.0));
-  w.set("qwen3moe.expert_count", u32(X));
-  w.set("qwen3moe.expert_used_count", u32(2));
-  w.set("qwen3moe.expert_feed_forward_length", u32(FE));
-  std::vector<std::pair<std::string, std::vector<int64_t>>> specs = {
-      {"token_embd.weight", {E, V}}, {"output_norm.weight", {E}}, {"output.weight", {E, V}}};
-  for (int l = 0; l < 2; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    specs.insert(specs.end(), {{p + "attn_norm.weight", {E}},
-                               {p + "attn_q.weight", {E, H * D}},
-                               {p + "attn_k.weight", {E, HKV * D}},
-                               {p + "attn_v.weight", {E, HKV * D}},
-                               {p + "attn_output.weight", {H * D, E}},
-                               {p + "attn_q_norm.weight", {D}},
-                               {p + "attn_k_norm.weight", {D}},
-                               {p + "ffn_norm.weight", {E}}});
-    if (l == 0) {
-      specs.insert(specs.end(), {{p + "ffn_gate_inp.weight", {E, X}},
-                                 {p + "ffn_gate_exps.weight", {E, FE, X}},
-                                 {p + "ffn_up_exps.weight", {E, FE, X}},
-                                 {p + "ffn_down_exps.weight", {FE, E, X}}});
-    } else {
-      specs.insert(specs.end(), {{p + "ffn_gate.weight", {E, FF}},
-                                 {p + "ffn_up.weight", {E, FF}},
-                                 {p + "ffn_down.weight", {FF, E}}});
-    }
-  }
-  for (const auto& [name, dims] : specs) ASSERT_TRUE(w.add_tensor(name, uint32_t(quant::Type::F32), dims).ok());
-  ASSERT_TRUE(w.begin().ok());
-  std::mt19937 rng(5);
-  for (const auto& [name, dims] : specs) {
-    const bool norm = name.find("norm") != std::string::npos;
-    int64_t n = 1;
-    for (int64_t d : dims) n *= d;
-    std::vector<float> values(static_cast<size_t>(n));
-    std::normal_distribution<float> dist(norm ? 1.0f : 0.0f, norm ? 0.1f : 0.25f);
-    for (float& v : values) v = dist(rng);
-    std::vector<uint8_t> bytes(values.size() * sizeof(float));
-    std::memcpy(bytes.data(), values.data(), bytes.size());
-    ASSERT_TRUE(w.write(bytes).ok());
-  }
-  ASSERT_TRUE(w.finish().ok());
-}
 
 class SyncProgressTest : public ::testing::Test {
  protected:
   void SetUp() override {
     path_ = ::testing::TempDir() + "engine_progress_" + std::to_string(getpid()) + ".gguf";
-    write_tiny(path_);
+    testing::write_tiny(path_, quant::Type::F32, 5);
     EngineOptions options;
     options.n_threads = 2;
     options.n_ctx = 128;
