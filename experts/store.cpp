@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "base/check.h"
@@ -19,6 +20,8 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kAlign = 4096;             // O_DIRECT offset, length and buffer alignment
 constexpr size_t kMaxIov = 64;                // records per coalesced read
 constexpr uint64_t kMaxReadBytes = 64ull << 20;
+constexpr uint64_t kMaxGapBytes = 16ull << 20;  // StoreOptions::merge_gap_bytes is capped here
+constexpr uint64_t kMinRunCap = 1ull << 20;     // merged reads grow to at least this size
 // A prefetch only takes a free slot or one no token used in the last kPrefetchColdTokens tokens. With 1 (only
 // the current token's entries protected) the 1.5 GiB arm of docs/benchmarks/2026-11-30-expert-streaming.md
 // lost 10% decode speed to prefetches evicting entries the next tokens needed.
@@ -71,6 +74,7 @@ LayerStats StoreStats::total() const {
     t.misses += s.misses;
     t.reads += s.reads;
     t.bytes_read += s.bytes_read;
+    t.gap_bytes += s.gap_bytes;
     t.read_seconds += s.read_seconds;
     t.read_seconds_max = std::max(t.read_seconds_max, s.read_seconds_max);
     t.wait_seconds += s.wait_seconds;
@@ -146,6 +150,15 @@ Status StreamedExperts::init() {
   pool_ = static_cast<uint8_t*>(pool);
   pool_seconds_ = std::chrono::duration<double>(Clock::now() - t_pool).count();
   slots_.resize(n_slots);
+  if (options_.merge_gap_bytes == kMeasureGap) {
+    MAGNETAR_RETURN_IF_ERROR(calibrate_gap());
+  } else {
+    gap_buffer_bytes_ = align_down(std::min(options_.merge_gap_bytes, kMaxGapBytes));
+  }
+  if (gap_buffer_bytes_ > 0) {
+    gap_buffer_ = static_cast<uint8_t*>(std::aligned_alloc(kAlign, gap_buffer_bytes_));
+    if (!gap_buffer_) return Status::error("cannot allocate the expert reads' gap buffer");
+  }
   free_.reserve(n_slots);
   for (uint64_t s = n_slots; s-- > 0;) free_.push_back(uint32_t(s));
   where_.assign(n_keys, -1);
@@ -178,6 +191,7 @@ StreamedExperts::~StreamedExperts() {
   reader_.reset();
   for (int fd : fds_) ::close(fd);
   if (pool_) ::munmap(pool_, pool_bytes_);
+  std::free(gap_buffer_);
 }
 
 ExpertPtrs StreamedExperts::pointers(uint32_t slot) const {
@@ -230,7 +244,7 @@ void StreamedExperts::evict(uint32_t slot) {
 }
 
 void StreamedExperts::submit_op(uint32_t shard, uint64_t offset, std::vector<iovec>& iov, std::vector<uint32_t> slots,
-                                uint64_t needed, int64_t layer) {
+                                std::vector<Fixup> fixups, uint64_t needed, uint64_t gap_bytes, int64_t layer) {
   uint32_t tag;
   if (free_ops_.empty()) {
     tag = uint32_t(ops_.size());
@@ -241,7 +255,9 @@ void StreamedExperts::submit_op(uint32_t shard, uint64_t offset, std::vector<iov
   }
   Op& op = ops_[tag];
   op.slots = std::move(slots);
+  op.fixups = std::move(fixups);
   op.bytes_needed = needed;
+  op.gap_bytes = gap_bytes;
   op.layer = layer;
   op.shard = shard;
   op.busy = true;
@@ -253,38 +269,69 @@ void StreamedExperts::submit_op(uint32_t shard, uint64_t offset, std::vector<iov
 void StreamedExperts::read_slots(int64_t layer, std::vector<uint32_t>& slots) {
   if (slots.empty()) return;
   const int64_t X = layout_.n_expert();
-  std::vector<iovec> iov;
-  if (layout_.packed()) {
-    std::sort(slots.begin(), slots.end(), [&](uint32_t a, uint32_t b) {
-      return layout_.record(layer, slots_[a].key % X)->offset < layout_.record(layer, slots_[b].key % X)->offset;
-    });
-    size_t i = 0;
-    while (i < slots.size()) {
-      const Extent first = *layout_.record(layer, slots_[slots[i]].key % X);
-      uint64_t end = first.offset, bytes = 0;
-      std::vector<uint32_t> run;
-      while (i < slots.size() && iov.size() < kMaxIov && bytes < kMaxReadBytes) {
-        const Extent r = *layout_.record(layer, slots_[slots[i]].key % X);
-        if (r.shard != first.shard || r.offset != end) break;
-        iov.push_back({slot_data(slots[i]), r.bytes});
-        run.push_back(slots[i]);
-        slots_[slots[i]].pending = 1;
-        end += r.bytes;
-        bytes += r.bytes;
-        ++i;
-      }
-      submit_op(first.shard, first.offset, iov, std::move(run), bytes, layer);
-    }
-  } else {
-    for (const uint32_t s : slots) {
-      slots_[s].pending = kParts;
+  // One piece per record (packed) or per part slice widened to 4 KiB (standard), in file order.
+  struct Piece {
+    uint32_t shard, slot;
+    uint64_t offset, bytes, needed;
+    uint8_t* dst;
+  };
+  std::vector<Piece> pieces;
+  pieces.reserve(slots.size() * (layout_.packed() ? 1 : kParts));
+  for (const uint32_t s : slots) {
+    const int64_t e = slots_[s].key % X;
+    if (layout_.packed()) {
+      const Extent r = *layout_.record(layer, e);
+      pieces.push_back({r.shard, s, r.offset, r.bytes, r.bytes, slot_data(s)});
+      slots_[s].pending = 1;
+    } else {
       for (int p = 0; p < kParts; ++p) {
-        const Extent x = layout_.extent(layer, slots_[s].key % X, Part(p));
+        const Extent x = layout_.extent(layer, e, Part(p));
         const Span span = part_span(x);
-        iov.push_back({slot_data(s) + part_base_[p], span.bytes});
-        submit_op(x.shard, span.start, iov, {s}, span.needed, layer);
+        pieces.push_back({x.shard, s, span.start, span.bytes, span.needed, slot_data(s) + part_base_[p]});
       }
+      slots_[s].pending = kParts;
     }
+  }
+  std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) {
+    return a.shard != b.shard ? a.shard < b.shard : a.offset < b.offset;
+  });
+  // Greedy runs: the next piece joins when it starts at the run's end, inside the run's last page (a shared
+  // page: read once, copied at completion), or after a gap the scratch buffer takes, until the run is 8x the
+  // gap limit: by then a request's fixed cost is under 1/8 of its time, and longer runs would only serialize
+  // reads that the queue could run in parallel.
+  const uint64_t run_cap =
+      gap_buffer_bytes_ > 0 ? std::clamp(8 * gap_buffer_bytes_, kMinRunCap, kMaxReadBytes) : kMaxReadBytes;
+  std::vector<iovec> iov;
+  size_t i = 0;
+  while (i < pieces.size()) {
+    const Piece& first = pieces[i];
+    std::vector<uint32_t> run_slots;
+    std::vector<Fixup> fixups;
+    uint64_t end = first.offset, needed = 0, gaps = 0;
+    const Piece* prev = nullptr;
+    while (i < pieces.size()) {
+      const Piece& q = pieces[i];
+      uint64_t skip = 0;  // bytes of q already read into prev's buffer (a shared page)
+      if (prev) {
+        if (q.shard != first.shard || q.offset + kAlign < end || q.offset + q.bytes <= end) break;
+        const uint64_t gap = q.offset > end ? q.offset - end : 0;
+        skip = q.offset < end ? end - q.offset : 0;
+        if (gap > gap_buffer_bytes_ || iov.size() + 2 > kMaxIov || end - first.offset >= run_cap ||
+            end + gap + q.bytes - skip - first.offset > kMaxReadBytes) {
+          break;
+        }
+        if (gap > 0) iov.push_back({gap_buffer_, gap});
+        if (skip > 0) fixups.push_back({prev->dst + (q.offset - prev->offset), q.dst, skip});
+        gaps += gap;
+      }
+      iov.push_back({q.dst + skip, q.bytes - skip});
+      run_slots.push_back(q.slot);
+      needed = q.offset + q.needed - first.offset;
+      end = q.offset + q.bytes;
+      prev = &q;
+      ++i;
+    }
+    submit_op(first.shard, first.offset, iov, std::move(run_slots), std::move(fixups), needed, gaps, layer);
   }
   slots.clear();
 }
@@ -297,7 +344,9 @@ void StreamedExperts::pump(size_t min) {
     LayerStats& st = stats_.layers[size_t(op.layer)];
     const bool ok = c.result >= 0 && uint64_t(c.result) >= op.bytes_needed;
     if (ok) {
+      for (const Fixup& f : op.fixups) std::memcpy(f.dst, f.src, f.bytes);
       st.bytes_read += uint64_t(c.result);
+      st.gap_bytes += op.gap_bytes;
       st.read_seconds += c.seconds;
       st.read_seconds_max = std::max(st.read_seconds_max, c.seconds);
     } else if (io_error_.ok()) {
@@ -439,6 +488,42 @@ void StreamedExperts::prefetch(int64_t layer, std::span<const int32_t> experts) 
   read_slots(layer, fresh);
 }
 
+Status StreamedExperts::calibrate_gap() {
+  // Offsets spread over the experts of every MoE layer (first shard holding them), 4 KiB-aligned.
+  std::vector<Extent> spots;
+  for (int64_t l = 0; l < layout_.n_layer(); ++l) {
+    if (!layout_.has_experts(l)) continue;
+    for (int64_t e = 0; e < layout_.n_expert(); e += std::max<int64_t>(1, layout_.n_expert() / 4)) {
+      spots.push_back(layout_.extent(l, e, Part::kGate));
+    }
+  }
+  constexpr int kSmall = 64;
+  constexpr uint64_t kLarge = 16ull << 20;
+  const auto run = [&](int n, uint64_t bytes) -> Result<double> {
+    const Clock::time_point t0 = Clock::now();
+    std::vector<iovec> iov(1);
+    for (int i = 0; i < n; ++i) {
+      const Extent& x = spots[size_t(i) * 7919 % spots.size()];
+      iov[0] = {pool_ + (uint64_t(i) * bytes) % (pool_bytes_ - bytes + 1) / kAlign * kAlign, bytes};
+      reader_->submit(fds_[x.shard], align_down(x.offset), iov, uint64_t(i));
+    }
+    std::vector<Completion> done;
+    while (done.size() < size_t(n)) reader_->reap(1, done);
+    for (const Completion& c : done) {
+      if (c.result <= 0) return Status::error(format("%s: calibration read failed", model_.shards()[0]->path().c_str()));
+    }
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  const uint64_t large = std::min(kLarge, align_down(pool_bytes_ / 4));
+  if (spots.empty() || large < kAlign) return Status();
+  MAGNETAR_ASSIGN_OR_RETURN(const double small_seconds, run(kSmall, kAlign));
+  MAGNETAR_ASSIGN_OR_RETURN(const double large_seconds, run(4, large));
+  request_seconds_ = small_seconds / kSmall;
+  bandwidth_ = double(4 * large) / std::max(large_seconds, 1e-9);
+  gap_buffer_bytes_ = align_down(std::min(uint64_t(request_seconds_ * bandwidth_), kMaxGapBytes));
+  return Status();
+}
+
 Status StreamedExperts::warm_start() {
   std::vector<uint32_t> keys;
   for (uint32_t k = 0; k < census_seen_.counts.size(); ++k) {
@@ -513,6 +598,10 @@ std::string StreamedExperts::describe() const {
   s += format(", %zu slots of %.2f MiB (%.2f GiB, committed in %.1f s), policy %s, %s layout", slots_.size(),
               double(slab_bytes_) / double(1 << 20), double(pool_bytes_) / double(1ull << 30), pool_seconds_, policy_->name(),
               layout_.packed() ? "packed" : "standard");
+  s += format(", reads merged across gaps up to %llu KiB", (unsigned long long)(gap_buffer_bytes_ >> 10));
+  if (bandwidth_ > 0) {
+    s += format(" (a request costs %.0f us at depth, reads run at %.0f MB/s)", request_seconds_ * 1e6, bandwidth_ / 1e6);
+  }
   if (!options_.census_path.empty()) {
     s += format(", census: %llu experts warm (%.2f GiB in %.2f s)", (unsigned long long)stats_.warm_experts,
                 double(stats_.warm_bytes) / double(1ull << 30), stats_.warm_seconds);

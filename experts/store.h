@@ -32,6 +32,8 @@
 
 namespace magnetar::experts {
 
+inline constexpr uint64_t kMeasureGap = UINT64_MAX;
+
 struct StoreOptions {
   uint64_t cache_bytes = 0;                 // budget of the slot pool (whole slots are used)
   int queue_depth = 32;                     // io_uring entries
@@ -43,6 +45,11 @@ struct StoreOptions {
   std::string census_path;                  // empty: no census
   bool warm_start = true;                   // load the census's hottest experts at open
   double census_save_seconds = 60;
+  // Reads through gaps of at most this many bytes between the records (packed) or part slices (standard) one
+  // acquire or prefetch needs, into a scratch buffer, so that a prefill touching most of a layer's experts
+  // becomes a few large reads instead of one per expert. Where reading the gap costs less than issuing one more
+  // request. kMeasureGap: measured at open (calibrate_gap()); 0 merges adjacent reads only.
+  uint64_t merge_gap_bytes = kMeasureGap;
 };
 
 struct LayerStats {
@@ -51,6 +58,7 @@ struct LayerStats {
   uint64_t misses = 0;            // acquired and not cached: read on demand
   uint64_t reads = 0;             // read requests issued (demand + prefetch + warm start)
   uint64_t bytes_read = 0;
+  uint64_t gap_bytes = 0;         // ... of bytes_read, read through gaps between needed experts and dropped
   double read_seconds = 0;        // sum over reads, submit to completion
   double read_seconds_max = 0;
   double wait_seconds = 0;        // time wait() blocked
@@ -101,8 +109,17 @@ class StreamedExperts final : public ExpertSource {
     uint8_t pending = 0;      // reads still in flight
     uint64_t last_use = 0;    // tick of the last acquire (0: never)
   };
-  struct Op {                 // one read in flight: the slots it fills
+  // A page two neighbouring part slices share (standard layout: tensors are only 32-byte aligned) is read once,
+  // into the first slice's buffer, and copied into the second's when the read completes.
+  struct Fixup {
+    const uint8_t* src;
+    uint8_t* dst;
+    uint64_t bytes;
+  };
+  struct Op {                 // one read in flight: the slots it fills (a slot once per part slice it gets)
     std::vector<uint32_t> slots;
+    std::vector<Fixup> fixups;
+    uint64_t gap_bytes = 0;
     uint64_t bytes_needed = 0;  // the read must return at least this many bytes
     int64_t layer = 0;
     uint32_t shard = 0;
@@ -117,13 +134,18 @@ class StreamedExperts final : public ExpertSource {
   // in the last n_moe_layers ticks). UINT32_MAX when none.
   uint32_t allocate(bool for_prefetch);
   void evict(uint32_t slot);
-  // Issues the reads that fill `slots` (all kLoading), coalescing adjacent records.
+  // Issues the reads that fill `slots` (all kLoading): adjacent records or part slices, and those separated by
+  // at most merge_gap_bytes, go into one vectored read.
   void read_slots(int64_t layer, std::vector<uint32_t>& slots);
   void submit_op(uint32_t shard, uint64_t offset, std::vector<iovec>& iov, std::vector<uint32_t> slots,
-                 uint64_t needed, int64_t layer);
+                 std::vector<Fixup> fixups, uint64_t needed, uint64_t gap_bytes, int64_t layer);
   // Processes completions (waiting for at least `min`).
   void pump(size_t min);
   Status warm_start();
+  // Sets gap_buffer_bytes_ from this reader on this disk: the time one more request costs at the queue depth
+  // (64 small reads submitted together) times the bandwidth of large reads (4 x 16 MiB together), both read
+  // into the empty pool at open. Reading a gap smaller than that beats splitting the read in two.
+  Status calibrate_gap();
   void maybe_save_census();
   Status save_census_file(const Census& census);
 
@@ -137,6 +159,9 @@ class StreamedExperts final : public ExpertSource {
   uint64_t slab_bytes_ = 0;
   uint64_t part_base_[kParts] = {};  // standard layout: where each part's read starts in a slot
   uint8_t* pool_ = nullptr;
+  uint8_t* gap_buffer_ = nullptr;    // merge_gap_bytes (aligned), the destination of every gap read
+  uint64_t gap_buffer_bytes_ = 0;
+  double request_seconds_ = 0, bandwidth_ = 0;  // calibrate_gap()'s measurements (0: not measured)
   uint64_t pool_bytes_ = 0;
   double pool_seconds_ = 0;
   std::vector<Slot> slots_;

@@ -78,18 +78,70 @@ TEST(ExpertStore, BytesEqualTheFileUnderConstantEviction) {
     bool uring, direct;
     const char* policy;
     uint64_t slots;
+    uint64_t merge_gap;  // 1 MiB: reads run through gaps of up to 15 experts' slices
   };
-  for (const Arm arm : {Arm{true, true, "lfu", 16}, Arm{false, true, "lru", 17}, Arm{true, false, "lru", 40},
-                        Arm{false, false, "lfu", 128}}) {
-    Result<std::unique_ptr<StreamedExperts>> store = StreamedExperts::open(
-        *o.model, *o.layout,
-        {.cache_bytes = arm.slots * slab, .use_uring = arm.uring, .direct = arm.direct, .policy = arm.policy});
+  for (const Arm arm : {Arm{true, true, "lfu", 16, 0}, Arm{false, true, "lru", 17, 1 << 20},
+                        Arm{true, false, "lru", 40, 1 << 20}, Arm{false, false, "lfu", 128, kMeasureGap},
+                        Arm{true, true, "lfu", 24, 1 << 20}}) {
+    Result<std::unique_ptr<StreamedExperts>> store =
+        StreamedExperts::open(*o.model, *o.layout,
+                              {.cache_bytes = arm.slots * slab, .use_uring = arm.uring, .direct = arm.direct,
+                               .policy = arm.policy, .merge_gap_bytes = arm.merge_gap});
     ASSERT_TRUE(store.ok()) << store.status().message();
     exercise(*store.value(), o, arm.slots, 6);
     const LayerStats t = store.value()->stats().total();
     EXPECT_GT(t.misses, 0u);
     if (arm.slots < 128) EXPECT_GT(store.value()->stats().evictions, 0u);
     if (arm.slots == 128) EXPECT_GT(t.hits, 0u);  // everything fits: later steps hit
+  }
+}
+
+// Which reads a layer's misses become. The demo's expert slices are S = 17 pages each, but its tensors start
+// wherever GGUF's 32-byte alignment put them: a slice read as whole pages spans S + pad bytes, pad = 4096 when
+// its tensor starts mid-page (neighbouring slices then share a page, read once), else 0. So per part: k
+// adjacent experts are one read of k*S + pad bytes; a gap of one expert is S - pad bytes, read through when
+// merge_gap_bytes allows it; a wider gap splits the read.
+TEST(ExpertStore, MergesReadsAcrossGapsUpToTheLimit) {
+  const Opened o = open_model(kDemo);
+  const uint64_t slab = StreamedExperts::slab_bytes(*o.layout);
+  const uint64_t S = o.layout->part(0, Part::kGate).bytes_per_expert;
+  uint64_t pad = 0;  // summed over the three parts
+  for (int p = 0; p < kParts; ++p) {
+    ASSERT_EQ(o.layout->part(0, Part(p)).bytes_per_expert, S);
+    ASSERT_EQ(S % 4096, 0u);
+    pad += o.layout->extent(0, 0, Part(p)).offset % 4096 ? 4096 : 0;
+  }
+  struct Case {
+    std::vector<int32_t> experts;
+    uint64_t merge_gap;
+    uint64_t reads, gap_bytes, bytes_read;
+  };
+  const Case cases[] = {
+      {{0, 1, 2}, 0, 3, 0, 3 * 3 * S + pad},                          // adjacent: one read per part
+      {{0, 2}, 0, 6, 0, 3 * 2 * S + 2 * pad},                         // a gap, not allowed: two per part
+      {{0, 2}, S, 3, 3 * S - pad, 3 * 3 * S + pad},                   // the gap read through
+      {{0, 3}, S, 6, 0, 3 * 2 * S + 2 * pad},                         // two experts' gap > S
+      {{5, 1, 3}, 2 * S, 3, 2 * (3 * S - pad), 3 * 5 * S + pad},      // any order, two gaps
+  };
+  for (const Case& c : cases) {
+    Result<std::unique_ptr<StreamedExperts>> store = StreamedExperts::open(
+        *o.model, *o.layout, {.cache_bytes = 16 * slab, .merge_gap_bytes = c.merge_gap});
+    ASSERT_TRUE(store.ok()) << store.status().message();
+    std::vector<ExpertPtrs> got(c.experts.size()), want(c.experts.size());
+    std::vector<uint8_t> ready(c.experts.size()), all(c.experts.size());
+    store.value()->acquire(0, c.experts, got, ready);
+    ASSERT_TRUE(store.value()->wait(got).ok());
+    MappedExperts mapped(*o.model, *o.layout);
+    mapped.acquire(0, c.experts, want, all);
+    for (size_t i = 0; i < c.experts.size(); ++i) {
+      for (int p = 0; p < kParts; ++p) ASSERT_EQ(std::memcmp(got[i].part[p], want[i].part[p], S), 0);
+    }
+    store.value()->release();
+    const LayerStats& st = store.value()->stats().layers[0];
+    const std::string what = std::to_string(c.experts.size()) + " experts, gap " + std::to_string(c.merge_gap);
+    EXPECT_EQ(st.reads, c.reads) << what;
+    EXPECT_EQ(st.gap_bytes, c.gap_bytes) << what;
+    EXPECT_EQ(st.bytes_read, c.bytes_read) << what;
   }
 }
 
