@@ -2,14 +2,18 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <optional>
+#include <sys/statvfs.h>
 #include <thread>
 
 #include "backends/cpu/threadpool.h"
 #include "experts/machine.h"
 #include "experts/planner.h"
+#include "experts/census.h"
 #include "experts/store.h"
 #include "gguf/reader.h"
+#include "kv/disk_cache.h"
 #include "kv/kv_cache.h"
 #include "models/model.h"
 #include "quant/quant.h"
@@ -35,6 +39,8 @@ struct Engine::Impl {
   EngineOptions options;
   ModelInfo info;
   double load_seconds = 0;
+  std::vector<float> batch_logits;  // Engine::step's [sessions, n_vocab], kept between calls
+  std::unique_ptr<kv::DiskCache> disk_kv;  // --kv-disk-dir
 };
 
 namespace {
@@ -109,6 +115,30 @@ Status plan_experts(Engine::Impl& impl, const std::string& path) {
     }
     break;
   }
+  return Status();
+}
+
+// Opens the disk KV checkpoints (--kv-disk-dir) for this model and KV layout.
+Status open_disk_kv(Engine::Impl& impl) {
+  const KvDiskOptions& o = impl.options.kv_disk;
+  if (o.dir.empty()) return Status();
+  if (o.gb < 0 || o.block_tokens < 1) return Status::error("--kv-disk-gb must be >= 0 and the block size >= 1");
+  uint64_t budget = uint64_t(o.gb * double(1ull << 30));
+  if (budget == 0) {
+    struct statvfs fs;
+    const uint64_t free_bytes = ::statvfs(o.dir.c_str(), &fs) == 0 ? uint64_t(fs.f_bavail) * fs.f_frsize : 0;
+    budget = std::min<uint64_t>(16ull << 30, free_bytes / 2);
+  }
+  const models::HParams& hp = impl.model->hparams();
+  const kv::KvFormat format{.model_identity = experts::model_identity(*impl.file),
+                            .type = impl.options.kv_type == KvType::kF16 ? quant::Type::F16 : quant::Type::F32,
+                            .n_layer = hp.n_layer,
+                            .row_elements = hp.n_head_kv * hp.head_dim};
+  MAGNETAR_ASSIGN_OR_RETURN(impl.disk_kv,
+                            kv::DiskCache::open({.dir = o.dir, .budget_bytes = budget, .block_tokens = o.block_tokens},
+                                                format));
+  if (!impl.plan_text.empty()) impl.plan_text += "\n";
+  impl.plan_text += "disk KV: " + impl.disk_kv->describe();
   return Status();
 }
 
@@ -203,6 +233,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
   impl->options.n_batch = std::min(impl->options.n_batch, impl->options.n_ctx);
   impl->pool = std::make_unique<cpu::ThreadPool>(impl->options.n_threads);
   MAGNETAR_RETURN_IF_ERROR(plan_experts(*impl, path));
+  MAGNETAR_RETURN_IF_ERROR(open_disk_kv(*impl));
 
   ModelInfo& info = impl->info;
   info.path = path;
@@ -222,6 +253,26 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
+KvDiskStats Engine::kv_disk_stats() const {
+  KvDiskStats out;
+  if (!impl_->disk_kv) return out;
+  const kv::DiskCacheStats s = impl_->disk_kv->stats();
+  out.enabled = true;
+  out.where = impl_->disk_kv->describe();
+  out.blocks_on_disk = s.blocks_on_disk;
+  out.bytes_on_disk = s.bytes_on_disk;
+  out.blocks_saved = s.blocks_saved;
+  out.blocks_restored = s.blocks_restored;
+  out.blocks_evicted = s.blocks_evicted;
+  out.blocks_rejected = s.blocks_rejected;
+  out.tokens_restored = s.tokens_restored;
+  out.bytes_written = s.bytes_written;
+  out.bytes_read = s.bytes_read;
+  out.save_seconds = s.save_seconds;
+  out.restore_seconds = s.restore_seconds;
+  return out;
+}
+
 const ModelInfo& Engine::info() const { return impl_->info; }
 const EngineOptions& Engine::options() const { return impl_->options; }
 double Engine::load_seconds() const { return impl_->load_seconds; }
@@ -236,6 +287,11 @@ std::string Engine::detokenize(std::span<const int32_t> ids) const {
 }
 
 bool Engine::is_end_of_generation(int32_t id) const { return impl_->tok && impl_->tok->is_eog(id); }
+
+std::string_view Engine::token_bytes(int32_t id) const {
+  if (!impl_->tok || impl_->tok->token_type(id) == tokenizer::TokenType::kControl) return {};
+  return impl_->tok->token_text(id);
+}
 
 namespace {
 class StreamDetokenizer final : public Detokenizer {
@@ -281,7 +337,18 @@ struct Session::Impl {
   // `from` are valid in the KV cache) and keeps logits as asked. Calls `progress` after each chunk (when set);
   // on its false, or a failed forward, truncates `tokens` to the computed prefix.
   Status compute(int64_t from, Logits mode, const SyncProgress& progress = {});
+  // Disk KV: saves the full blocks of tokens[0, n_valid) not saved yet, when [from, n_valid) completed one. A
+  // failed save is a warning (the computation stands; the disk may be full).
+  void checkpoint(int64_t from, int64_t n_valid);
 };
+
+void Session::Impl::checkpoint(int64_t from, int64_t n_valid) {
+  kv::DiskCache* disk = engine->disk_kv.get();
+  if (!disk || n_valid / disk->block_tokens() == from / disk->block_tokens()) return;
+  if (Status st = disk->save(std::span<const int32_t>(tokens).first(size_t(n_valid)), n_valid, *kv); !st.ok()) {
+    std::fprintf(stderr, "magnetar: disk KV: %s\n", st.message().c_str());
+  }
+}
 
 Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Session::~Session() = default;
@@ -315,9 +382,10 @@ Status Session::Impl::compute(int64_t from, Logits mode, const SyncProgress& pro
     const int64_t n = std::min<int64_t>(n_batch, int64_t(next.size()) - b);
     const bool last_chunk = b + n == int64_t(next.size());
     float* out = mode == Logits::kAll ? all_logits.data() + size_t(b - from) * size_t(n_vocab) : last_logits.data();
+    const models::SeqSpan seq{.kv = kv.get(), .pos0 = b, .n_tok = n};
     const Status s = engine->model->forward(
-        *engine->pool, *ws, *kv,
-        {.tokens = next.data() + b, .n_tok = n, .pos0 = b, .all_logits = mode == Logits::kAll, .logits = out,
+        *engine->pool, *ws,
+        {.tokens = next.data() + b, .n_tok = n, .seqs = {&seq, 1}, .all_logits = mode == Logits::kAll, .logits = out,
          .profile = engine->options.profile ? &profile : nullptr,
          .routing = routing.counts.empty() ? nullptr : &routing,
          .experts = engine->store.get(),
@@ -327,6 +395,7 @@ Status Session::Impl::compute(int64_t from, Logits mode, const SyncProgress& pro
       all_rows = 0;
       return s;
     }
+    checkpoint(b, b + n);
     if (last_chunk && mode == Logits::kAll) {
       std::copy(out + size_t(n - 1) * size_t(n_vocab), out + size_t(n) * size_t(n_vocab), last_logits.begin());
     }
@@ -368,11 +437,25 @@ Status Session::sync(std::span<const int32_t> next, Logits mode, const SyncProgr
   size_t lcp = 0;
   while (lcp < s.tokens.size() && lcp < next.size() && s.tokens[lcp] == next[lcp]) ++lcp;
   if (mode == Logits::kLast && lcp == next.size() && s.tokens.size() == next.size() && s.have_logits) return Status();
-  const int64_t keep = int64_t(std::min(lcp, next.size() - 1));
+  int64_t keep = int64_t(std::min(lcp, next.size() - 1));
   s.stats.reused_tokens += keep;
   s.have_logits = false;
   s.all_rows = 0;
   s.tokens.assign(next.begin(), next.end());
+  // Disk KV: whole blocks beyond the kept prefix come from the disk when it has them (at least one token is
+  // still computed, for the logits). A block that fails its checks ends the restore there.
+  if (kv::DiskCache* disk = s.engine->disk_kv.get()) {
+    const int64_t B = disk->block_tokens();
+    const int64_t limit = (int64_t(next.size()) - 1) / B * B;
+    const int64_t saved = limit > keep ? disk->match(next.first(size_t(limit))) : 0;
+    if (saved > keep) {
+      const int64_t got = disk->restore(next, keep / B, saved, *s.kv);
+      if (got > keep) {
+        s.stats.restored_tokens += got - keep;
+        keep = got;
+      }
+    }
+  }
   return s.compute(keep, mode, progress);
 }
 
@@ -386,7 +469,62 @@ Status Session::step(int32_t id) {
   }
   s.tokens.push_back(id);
   s.all_rows = 0;
-  return s.compute(int64_t(s.tokens.size()) - 1, Logits::kLast);
+  return s.compute(int64_t(s.tokens.size()) - 1, Logits::kLast);  // compute() checkpoints a completed block
+}
+
+Status Engine::step(std::span<Session* const> sessions, std::span<const int32_t> ids) {
+  MAGNETAR_CHECK(sessions.size() == ids.size());
+  const int64_t n_vocab = impl_->model->hparams().n_vocab;
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    const Session::Impl& s = *sessions[i]->impl_;
+    MAGNETAR_CHECK(s.engine == impl_.get());
+    for (size_t j = 0; j < i; ++j) MAGNETAR_CHECK(sessions[j] != sessions[i]);
+    if (ids[i] < 0 || ids[i] >= n_vocab) {
+      return Status::error(format("session %zu: token %d is outside the vocabulary", i, ids[i]));
+    }
+    if (int64_t(s.tokens.size()) + 1 > s.kv->n_ctx()) {
+      return Status::error(format("session %zu: context of %lld tokens is full (raise --ctx)", i, (long long)s.kv->n_ctx()));
+    }
+  }
+  const size_t n_batch = size_t(impl_->options.n_batch);
+  std::vector<models::SeqSpan> seqs;
+  for (size_t b = 0; b < sessions.size(); b += n_batch) {
+    const size_t n = std::min(n_batch, sessions.size() - b);
+    const auto t0 = std::chrono::steady_clock::now();
+    seqs.clear();
+    for (size_t i = b; i < b + n; ++i) {
+      Session::Impl& s = *sessions[i]->impl_;
+      seqs.push_back({.kv = s.kv.get(), .pos0 = int64_t(s.tokens.size()), .n_tok = 1});
+      s.tokens.push_back(ids[i]);
+      s.have_logits = false;
+      s.all_rows = 0;
+    }
+    if (impl_->batch_logits.size() < n * size_t(n_vocab)) impl_->batch_logits.resize(n * size_t(n_vocab));
+    Session::Impl& lead = *sessions[b]->impl_;  // its scratch, profile and routing counts serve the batch
+    const Status st = impl_->model->forward(
+        *impl_->pool, *lead.ws,
+        {.tokens = ids.data() + b, .n_tok = int64_t(n), .seqs = seqs, .logits = impl_->batch_logits.data(),
+         .profile = impl_->options.profile ? &lead.profile : nullptr,
+         .routing = lead.routing.counts.empty() ? nullptr : &lead.routing,
+         .experts = impl_->store.get(),
+         .prefetch = impl_->store != nullptr && impl_->options.stream.prefetch});
+    const double dt = seconds_since(t0);
+    for (size_t i = b; i < b + n; ++i) {
+      Session::Impl& s = *sessions[i]->impl_;
+      if (!st.ok()) {
+        s.tokens.pop_back();  // its KV row was not (fully) written: the timeline is what it was
+        continue;
+      }
+      const float* row = impl_->batch_logits.data() + (i - b) * size_t(n_vocab);
+      std::copy(row, row + n_vocab, s.last_logits.begin());
+      s.have_logits = true;
+      s.stats.decode_tokens += 1;
+      s.stats.decode_seconds += dt;
+      s.checkpoint(int64_t(s.tokens.size()) - 1, int64_t(s.tokens.size()));
+    }
+    if (!st.ok()) return st;
+  }
+  return Status();
 }
 
 void Session::clear() {

@@ -44,6 +44,15 @@ struct StreamOptions {
   int queue_depth = 32;
 };
 
+// Disk KV checkpoints (kv/disk_cache.h): every full block of a session's timeline is saved under `dir` as it
+// completes (during prefill and decode), and sync() loads the longest saved prefix of a new timeline instead of
+// computing it, across sessions and restarts. Off when `dir` is empty.
+struct KvDiskOptions {
+  std::string dir;
+  double gb = 0;               // disk budget; 0: min(16 GiB, half the free space of dir)
+  int64_t block_tokens = 2048;
+};
+
 struct EngineOptions {
   int n_threads = 0;          // 0: one per available core
   int64_t n_ctx = 0;          // context per session; 0: min(training context, 4096)
@@ -53,6 +62,17 @@ struct EngineOptions {
   bool count_routing = false; // count expert selections per layer (Session::expert_counts)
   ExpertMode experts = ExpertMode::kAuto;
   StreamOptions stream;
+  KvDiskOptions kv_disk;
+};
+
+// Disk KV statistics since load (all zero when disk KV is off).
+struct KvDiskStats {
+  bool enabled = false;
+  std::string where;  // "DIR: N blocks of B tokens (X of Y GiB, Z MiB per block)"
+  uint64_t blocks_on_disk = 0, bytes_on_disk = 0;
+  uint64_t blocks_saved = 0, blocks_restored = 0, blocks_evicted = 0, blocks_rejected = 0;
+  uint64_t tokens_restored = 0, bytes_written = 0, bytes_read = 0;
+  double save_seconds = 0, restore_seconds = 0;
 };
 
 // Expert cache statistics since load or the last reset (all zero when experts are resident).
@@ -98,6 +118,7 @@ class Engine {
   // The same per layer ([n_layer]; layers without routed experts stay zero); empty when resident.
   std::vector<ExpertStats> expert_layer_stats() const;
   void reset_expert_stats();
+  KvDiskStats kv_disk_stats() const;  // thread-safe
 
   const ModelInfo& info() const;
   const EngineOptions& options() const;  // with defaults resolved (n_threads, n_ctx)
@@ -109,8 +130,17 @@ class Engine {
   std::string detokenize(std::span<const int32_t> ids) const;
   bool is_end_of_generation(int32_t id) const;  // EOS, EOT, <|im_end|>, ...
   std::unique_ptr<Detokenizer> new_detokenizer() const;
+  // The raw bytes one token adds to the text (possibly part of a UTF-8 sequence), for token filters; empty for
+  // control tokens (<|im_end|>, ...), ids outside the vocabulary and models without a tokenizer.
+  std::string_view token_bytes(int32_t id) const;
 
   Result<std::unique_ptr<Session>> new_session();
+  // The decode steps of several sessions in one forward pass (per n_batch sessions), so concurrent sessions read
+  // the weights once, not once each: appends ids[i] to sessions[i] and computes them. Each session's logits()
+  // becomes that of its new token, bit-identical to sessions[i]->step(ids[i]). Every id and context is checked
+  // first: a bad one fails naming the session's index and changes no session. Sessions must be distinct and
+  // come from this engine. Not thread-safe (like a Session: one thread computes).
+  Status step(std::span<Session* const> sessions, std::span<const int32_t> ids);
 
   struct Impl;
 
@@ -131,6 +161,7 @@ struct SessionStats {
   int64_t decode_tokens = 0;    // tokens computed one at a time
   double decode_seconds = 0;
   int64_t reused_tokens = 0;    // tokens kept from the previous timeline by sync()
+  int64_t restored_tokens = 0;  // tokens sync() loaded from disk KV checkpoints instead of computing
 };
 
 class Session {
@@ -190,16 +221,26 @@ struct SamplingParams {
   float top_p = 0.95f;        // 1: off
   float min_p = 0.05f;        // 0: off
   float repeat_penalty = 1.0f;  // 1: off; divides positive / multiplies negative logits of recent tokens
-  float presence_penalty = 0.0f;
-  int32_t penalty_last_n = 64;
+  float presence_penalty = 0.0f;   // subtracted once from the logit of each token in the window
+  float frequency_penalty = 0.0f;  // subtracted per occurrence of the token in the window (OpenAI's semantics)
+  int32_t penalty_last_n = 64;     // the window: the last N tokens of the history (-1: all; 0: no penalties)
   uint64_t seed = 0;          // 0: random
 };
+
+// Constrained sampling (structured output): says whether a candidate token may come next. Called for candidates
+// in the sampler's order until one is allowed, so it should be cheap (the server's tests the token's bytes
+// against a JSON prefix validator).
+using TokenFilter = std::function<bool(int32_t id)>;
 
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
   // Picks the next token from logits [n_vocab] given the tokens so far (for the penalties).
-  int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+  // With `allow`, the pick is restricted to allowed tokens: greedy takes the best allowed one; temperature
+  // sampling draws among the allowed tokens that survive top-k / top-p / min-p and, when none does, takes the
+  // best allowed token of the rest. Without it (or when the unrestricted pick is allowed, in greedy mode) the
+  // result is the unconstrained one. Returns -1 when no token of the vocabulary is allowed.
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history, const TokenFilter& allow = {});
   const SamplingParams& params() const { return params_; }
 
  private:

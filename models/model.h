@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -78,12 +79,22 @@ struct RoutingCounts {
   std::vector<uint64_t> counts;
 };
 
-struct ForwardArgs {
-  const int32_t* tokens = nullptr;  // [n_tok]
+// One sequence's share of a forward pass: the KV cache its tokens extend and the position of its first token
+// (KV rows 0..pos0-1 of `kv` are valid).
+struct SeqSpan {
+  kv::KvCache* kv = nullptr;
+  int64_t pos0 = 0;
   int64_t n_tok = 0;
-  int64_t pos0 = 0;                 // position of tokens[0]; KV rows 0..pos0-1 are valid
-  bool all_logits = false;          // logits of every token, else only of the last one
-  float* logits = nullptr;          // [all_logits ? n_tok : 1, n_vocab]
+};
+
+// A forward pass over one or more sequences (several: the decode steps of concurrent sessions, so the weights
+// are read once for all of them). Every token's result is bit-identical to computing its sequence alone.
+struct ForwardArgs {
+  const int32_t* tokens = nullptr;  // [n_tok]: the sequences' tokens, one sequence after the other
+  int64_t n_tok = 0;
+  std::span<const SeqSpan> seqs;    // their n_tok sum to n_tok
+  bool all_logits = false;          // logits of every token, else of each sequence's last token
+  float* logits = nullptr;          // [all_logits ? n_tok : seqs.size(), n_vocab]
   Profile* profile = nullptr;       // non-null: accumulate time per op
   RoutingCounts* routing = nullptr; // non-null: count expert selections (sized n_layer * n_expert)
   experts::ExpertSource* experts = nullptr;  // routed experts from here (null: the model's own mapping)
@@ -96,9 +107,9 @@ class Model {
   virtual const HParams& hparams() const = 0;
   // Scratch for forward() calls of at most n_batch tokens over a KV cache of n_ctx positions.
   virtual std::unique_ptr<Workspace> make_workspace(int64_t n_batch, int64_t n_ctx, int n_threads) const = 0;
-  // Computes the tokens, appends their K/V to `kv` at rows pos0.., writes logits. Fails only when the expert
-  // source does (a read error names the file).
-  virtual Status forward(cpu::ThreadPool& pool, Workspace& ws, kv::KvCache& kv, const ForwardArgs& args) const = 0;
+  // Computes the tokens, appends each sequence's K/V to its cache at rows pos0.., writes logits. Fails only when
+  // the expert source does (a read error names the file).
+  virtual Status forward(cpu::ThreadPool& pool, Workspace& ws, const ForwardArgs& args) const = 0;
   // Where the routed experts live in the file (null for dense models).
   virtual const experts::ExpertLayout* expert_layout() const { return nullptr; }
 };

@@ -47,6 +47,7 @@ struct Weights {
 class Qwen3Workspace : public Workspace {
  public:
   int64_t n_batch = 0;
+  int64_t n_ctx = 0;                                // the longest KV cache attn_scratch serves
   std::vector<float> x, xn, q, k, v, attn, proj;   // [n_batch, *]
   std::vector<float> router;                        // [n_batch, n_expert]
   std::vector<int32_t> top_ids, positions;          // [n_batch, k], [n_batch]
@@ -78,12 +79,13 @@ class Qwen3Model final : public Model {
   }
   const HParams& hparams() const override { return hp_; }
   std::unique_ptr<Workspace> make_workspace(int64_t n_batch, int64_t n_ctx, int n_threads) const override;
-  Status forward(cpu::ThreadPool& pool, Workspace& ws, kv::KvCache& kv, const ForwardArgs& args) const override;
+  Status forward(cpu::ThreadPool& pool, Workspace& ws, const ForwardArgs& args) const override;
   const experts::ExpertLayout* expert_layout() const override { return layout_.get(); }
 
  private:
-  void attention_block(cpu::ThreadPool& pool, Qwen3Workspace& ws, kv::KvCache& kv, const Layer& L, int64_t il,
-                       int64_t n, int64_t pos0) const;
+  // Each sequence's tokens attend to its own KV cache.
+  void attention_block(cpu::ThreadPool& pool, Qwen3Workspace& ws, std::span<const SeqSpan> seqs, const Layer& L,
+                       int64_t il, int64_t n) const;
   void dense_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L, int64_t n) const;
   Status moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L, int64_t n, const ForwardArgs& args) const;
   void route(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L, int64_t n) const;
@@ -109,6 +111,7 @@ std::unique_ptr<Workspace> Qwen3Model::make_workspace(int64_t n_batch, int64_t n
   const size_t k_used = size_t(std::max<int64_t>(1, hp_.n_expert_used));
   const size_t ff = size_t(std::max(hp_.n_ff, hp_.n_ff_exp));
   ws->n_batch = n_batch;
+  ws->n_ctx = n_ctx;
   ws->x.resize(B * size_t(hp_.n_embd));
   ws->xn.resize(B * size_t(hp_.n_embd));
   ws->proj.resize(B * size_t(hp_.n_embd));
@@ -169,8 +172,8 @@ std::unique_ptr<Workspace> Qwen3Model::make_workspace(int64_t n_batch, int64_t n
 
 // ---- forward ------------------------------------------------------------------------------------------------
 
-void Qwen3Model::attention_block(cpu::ThreadPool& pool, Qwen3Workspace& ws, kv::KvCache& kv, const Layer& L,
-                                 int64_t il, int64_t n, int64_t pos0) const {
+void Qwen3Model::attention_block(cpu::ThreadPool& pool, Qwen3Workspace& ws, std::span<const SeqSpan> seqs,
+                                 const Layer& L, int64_t il, int64_t n) const {
   const int64_t E = hp_.n_embd, D = hp_.head_dim;
   const int64_t q_dim = hp_.n_head * D, kv_dim = hp_.n_head_kv * D;
   // Q, K, V from one prepared input when the three share a type (the common case), else per type.
@@ -195,12 +198,18 @@ void Qwen3Model::attention_block(cpu::ThreadPool& pool, Qwen3Workspace& ws, kv::
   cpu::rope_neox(pool, ws.q.data(), n, hp_.n_head, D, ws.positions.data(), hp_.rope_theta);
   cpu::rope_neox(pool, ws.k.data(), n, hp_.n_head_kv, D, ws.positions.data(), hp_.rope_theta);
   timer.emplace(ws.profile, Op::kAttention);
-  cpu::store_kv(ws.k.data(), n, kv_dim, kv.type(), kv.k(il), pos0);
-  cpu::store_kv(ws.v.data(), n, kv_dim, kv.type(), kv.v(il), pos0);
-  cpu::attention(pool, {.q = ws.q.data(), .k_cache = kv.k(il), .v_cache = kv.v(il), .kv_type = kv.type(),
-                        .out = ws.attn.data(), .n_tok = n, .pos0 = pos0, .n_head = hp_.n_head,
-                        .n_head_kv = hp_.n_head_kv, .head_dim = D, .window = L.window,
-                        .scale = float(1.0 / std::sqrt(double(D))), .scratch = ws.attn_scratch.data()});
+  int64_t t0 = 0;  // each sequence attends to its own cache
+  for (const SeqSpan& seq : seqs) {
+    kv::KvCache& kv = *seq.kv;
+    cpu::store_kv(ws.k.data() + t0 * kv_dim, seq.n_tok, kv_dim, kv.type(), kv.k(il), seq.pos0);
+    cpu::store_kv(ws.v.data() + t0 * kv_dim, seq.n_tok, kv_dim, kv.type(), kv.v(il), seq.pos0);
+    cpu::attention(pool, {.q = ws.q.data() + t0 * q_dim, .k_cache = kv.k(il), .v_cache = kv.v(il),
+                          .kv_type = kv.type(), .out = ws.attn.data() + t0 * q_dim, .n_tok = seq.n_tok,
+                          .pos0 = seq.pos0, .n_head = hp_.n_head, .n_head_kv = hp_.n_head_kv, .head_dim = D,
+                          .window = L.window, .scale = float(1.0 / std::sqrt(double(D))),
+                          .scratch = ws.attn_scratch.data()});
+    t0 += seq.n_tok;
+  }
   timer.emplace(ws.profile, Op::kAttnOut);
   const PreparedInput ao = cpu::prepare_input(pool, L.wo.type, ws.attn.data(), q_dim, q_dim, n, ws.qa.data());
   cpu::matmul(pool, {.w = L.wo.data, .type = L.wo.type, .n_in = q_dim, .n_out = E, .x = ao, .y = ws.proj.data(), .ldy = E});
@@ -391,10 +400,18 @@ Status Qwen3Model::moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Laye
   return Status();
 }
 
-Status Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, kv::KvCache& kv, const ForwardArgs& args) const {
+Status Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, const ForwardArgs& args) const {
   Qwen3Workspace& ws = static_cast<Qwen3Workspace&>(workspace);
   const int64_t n = args.n_tok, E = hp_.n_embd;
-  MAGNETAR_CHECK(n >= 1 && n <= ws.n_batch && args.pos0 + n <= kv.n_ctx());
+  MAGNETAR_CHECK(n >= 1 && n <= ws.n_batch && !args.seqs.empty());
+  int64_t seq_tokens = 0;
+  for (const SeqSpan& seq : args.seqs) {
+    MAGNETAR_CHECK(seq.kv && seq.n_tok >= 1 && seq.pos0 >= 0 && seq.pos0 + seq.n_tok <= seq.kv->n_ctx());
+    MAGNETAR_CHECK(seq.kv->n_ctx() <= ws.n_ctx);
+    for (int64_t t = 0; t < seq.n_tok; ++t) ws.positions[size_t(seq_tokens + t)] = int32_t(seq.pos0 + t);
+    seq_tokens += seq.n_tok;
+  }
+  MAGNETAR_CHECK(seq_tokens == n);
   ws.profile = args.profile;
   ws.routing = args.routing;
   if (ws.routing) MAGNETAR_CHECK(int64_t(ws.routing->counts.size()) == hp_.n_layer * hp_.n_expert);
@@ -403,7 +420,6 @@ Status Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, kv::KvCa
   for (int64_t t = 0; t < n; ++t) {
     MAGNETAR_CHECK(args.tokens[t] >= 0 && args.tokens[t] < hp_.n_vocab);
     embed(w_.token_embd.row(args.tokens[t]), ws.x.data() + t * E, E);
-    ws.positions[size_t(t)] = int32_t(args.pos0 + t);
   }
   const cpu::VectorKernels& vk = cpu::vector_kernels();
   for (size_t il = 0; il < w_.layers.size(); ++il) {
@@ -412,7 +428,7 @@ Status Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, kv::KvCa
     timer.emplace(ws.profile, Op::kNorm);
     cpu::rms_norm(pool, ws.x.data(), L.attn_norm.f32(), ws.xn.data(), n, E, hp_.rms_eps);
     timer.reset();
-    attention_block(pool, ws, kv, L, int64_t(il), n, args.pos0);
+    attention_block(pool, ws, args.seqs, L, int64_t(il), n);
     timer.emplace(ws.profile, Op::kNorm);
     for (int64_t t = 0; t < n; ++t) vk.axpy_f32(E, 1.0f, ws.proj.data() + t * E, ws.x.data() + t * E);
     cpu::rms_norm(pool, ws.x.data(), L.ffn_norm.f32(), ws.xn.data(), n, E, hp_.rms_eps);
@@ -426,8 +442,19 @@ Status Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, kv::KvCa
     for (int64_t t = 0; t < n; ++t) vk.axpy_f32(E, 1.0f, ws.proj.data() + t * E, ws.x.data() + t * E);
   }
   timer.emplace(ws.profile, Op::kLmHead);
-  const int64_t first = args.all_logits ? 0 : n - 1, n_out = n - first;
-  cpu::rms_norm(pool, ws.x.data() + first * E, w_.output_norm.f32(), ws.xn.data(), n_out, E, hp_.rms_eps);
+  // Rows of the head: every token, or each sequence's last.
+  int64_t n_out = n;
+  if (args.all_logits) {
+    cpu::rms_norm(pool, ws.x.data(), w_.output_norm.f32(), ws.xn.data(), n, E, hp_.rms_eps);
+  } else {
+    n_out = 0;
+    int64_t end = 0;
+    for (const SeqSpan& seq : args.seqs) {
+      end += seq.n_tok;
+      cpu::rms_norm(pool, ws.x.data() + (end - 1) * E, w_.output_norm.f32(), ws.xn.data() + n_out * E, 1, E, hp_.rms_eps);
+      ++n_out;
+    }
+  }
   const Tensor& head = w_.output.present() ? w_.output : w_.token_embd;
   const PreparedInput xh = cpu::prepare_input(pool, head.type, ws.xn.data(), E, E, n_out, ws.qa.data());
   cpu::matmul(pool, {.w = head.data, .type = head.type, .n_in = E, .n_out = hp_.n_vocab, .x = xh, .y = args.logits,

@@ -64,6 +64,47 @@ TEST(Sampler, RepeatAndPresencePenaltiesApplyToRecentTokensOnly) {
   EXPECT_EQ(presence.sample(logits, std::vector<int32_t>{0, 0, 0}), 1);  // 1.0 - 0.5 < 0.6, counted once
 }
 
+TEST(Sampler, FrequencyPenaltyCountsEveryOccurrence) {
+  // Token 0 leads by 1.0: one occurrence costs 0.6 (still ahead), two cost 1.2 (behind).
+  const std::vector<float> logits = {2.0f, 1.0f, -5.0f};
+  Sampler s({.temperature = 0, .frequency_penalty = 0.6f, .penalty_last_n = -1});
+  EXPECT_EQ(s.sample(logits, std::vector<int32_t>{0}), 0);
+  EXPECT_EQ(s.sample(logits, std::vector<int32_t>{0, 2, 0}), 1);
+  // The same history under presence_penalty 0.6 counts token 0 once.
+  Sampler p({.temperature = 0, .presence_penalty = 0.6f, .penalty_last_n = -1});
+  EXPECT_EQ(p.sample(logits, std::vector<int32_t>{0, 2, 0}), 0);
+  // Only the window counts: with the last 2 tokens, one occurrence of 0.
+  Sampler w({.temperature = 0, .frequency_penalty = 0.6f, .penalty_last_n = 2});
+  EXPECT_EQ(w.sample(logits, std::vector<int32_t>{0, 2, 0}), 0);
+}
+
+TEST(Sampler, FilterTakesTheBestAllowedToken) {
+  const std::vector<float> logits = {0.1f, 3.0f, -1.0f, 2.9f, 2.0f};
+  Sampler greedy({.temperature = 0});
+  const TokenFilter not_1 = [](int32_t id) { return id != 1; };
+  const TokenFilter only_2 = [](int32_t id) { return id == 2; };
+  const TokenFilter none = [](int32_t) { return false; };
+  EXPECT_EQ(greedy.sample(logits, {}, not_1), 3);
+  EXPECT_EQ(greedy.sample(logits, {}, only_2), 2);
+  EXPECT_EQ(greedy.sample(logits, {}, none), -1);
+  // Temperature sampling: drawn among the allowed survivors of top-k; when none survives, the best allowed rest.
+  Sampler hot({.temperature = 1, .top_k = 2, .top_p = 1, .min_p = 0, .seed = 5});
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(hot.sample(logits, {}, not_1), 3);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(hot.sample(logits, {}, only_2), 2);
+  EXPECT_EQ(hot.sample(logits, {}, none), -1);
+}
+
+TEST(Sampler, AFilterThatAllowsEverythingChangesNothing) {
+  const std::vector<float> logits = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.45f};
+  const TokenFilter all = [](int32_t) { return true; };
+  for (const SamplingParams& params : {SamplingParams{.temperature = 0},
+                                       SamplingParams{.temperature = 0.8f, .seed = 11},
+                                       SamplingParams{.temperature = 1, .top_k = 0, .top_p = 1, .min_p = 0, .seed = 3}}) {
+    Sampler a(params), b(params);
+    for (int i = 0; i < 100; ++i) EXPECT_EQ(a.sample(logits, {}), b.sample(logits, {}, all));
+  }
+}
+
 TEST(Sampler, SameSeedSameSequence) {
   const std::vector<float> logits = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f};
   Sampler a({.temperature = 1, .top_k = 0, .top_p = 1, .min_p = 0, .seed = 7});

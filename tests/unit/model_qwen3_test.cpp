@@ -46,7 +46,8 @@ std::vector<float> run(const Model& m, const std::vector<int32_t>& tokens, int64
   std::vector<float> logits(tokens.size() * size_t(hp.n_vocab));
   for (size_t b = 0; b < tokens.size(); b += size_t(chunk)) {
     const int64_t n = std::min<int64_t>(chunk, int64_t(tokens.size() - b));
-    m.forward(pool, *ws, kv, {.tokens = tokens.data() + b, .n_tok = n, .pos0 = int64_t(b), .all_logits = true,
+    const SeqSpan seq{.kv = &kv, .pos0 = int64_t(b), .n_tok = n};
+    m.forward(pool, *ws, {.tokens = tokens.data() + b, .n_tok = n, .seqs = {&seq, 1}, .all_logits = true,
                               .logits = logits.data() + b * size_t(hp.n_vocab)});
   }
   return logits;

@@ -1,0 +1,112 @@
+// Disk KV checkpoints: the KV rows of a timeline saved as a chain of fixed-size token blocks, so a prompt that
+// shares a prefix with anything computed before (on this run or an earlier one) restores that prefix from disk
+// instead of prefilling it again.
+//
+// Keys: block i of a timeline is named by key_i = hash(key_{i-1}, its token ids, model identity, KV format), so a
+// key names the whole prefix up to the end of its block. Two timelines that share a prefix share its blocks
+// (stored once); a timeline rewritten in the middle still finds every block before the first changed one.
+//
+// Files (DIR/<key as 16 hex digits>.kvb, one per block), all sizes little-endian:
+//   [header: 4 KiB] magic "MGKVBLK1", format version, model identity, KV type / layers / row elements, block
+//                   tokens and index, key, parent key, payload bytes, payload checksum, header checksum
+//   [token ids: block_tokens x int32, padded to 4 KiB]
+//   [payload: per layer, the block's K rows then its V rows ([block_tokens, row_elements] of the KV type)]
+// Written to DIR/.<key>.tmp, fsynced, renamed, then the directory fsynced: a crash leaves either the whole file
+// or a temp file (removed at the next open). A file whose header, identity, tokens or checksum do not match is
+// never loaded: a restore stops before it (warning; a corrupt file is deleted, a foreign one left alone).
+//
+// Budget: after each save, the lowest-scoring blocks are deleted until the files fit `budget_bytes`; score =
+// (1 + restores) / (1 + age in hours), and a block whose parent is gone is deleted first (it can never be
+// reached again).
+//
+// Thread-safety: every public method may be called from any thread; they serialize on one mutex.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "base/status.h"
+#include "kv/kv_cache.h"
+
+namespace magnetar::kv {
+
+struct DiskCacheOptions {
+  std::string dir;                // created if missing
+  uint64_t budget_bytes = 0;      // > 0
+  int64_t block_tokens = 2048;    // tokens per block
+};
+
+// What a file must match to be loaded into a cache: the model and the KV layout.
+struct KvFormat {
+  uint64_t model_identity = 0;    // e.g. experts::model_identity (file size + tensor directory)
+  quant::Type type = quant::Type::F16;
+  int64_t n_layer = 0;
+  int64_t row_elements = 0;
+};
+
+struct DiskCacheStats {
+  uint64_t blocks_on_disk = 0, bytes_on_disk = 0;
+  uint64_t blocks_saved = 0, blocks_restored = 0, blocks_evicted = 0, blocks_rejected = 0;
+  uint64_t tokens_restored = 0;
+  uint64_t bytes_written = 0, bytes_read = 0;
+  double save_seconds = 0, restore_seconds = 0;
+};
+
+class DiskCache {
+ public:
+  // Opens (creating) the directory and indexes the block files of this format found there: temp files of
+  // interrupted saves are removed, corrupt blocks deleted, foreign ones ignored (a warning each).
+  static Result<std::unique_ptr<DiskCache>> open(const DiskCacheOptions& options, const KvFormat& format);
+
+  int64_t block_tokens() const { return options_.block_tokens; }
+  // The keys of the full blocks of `tokens` (floor(size / block_tokens) of them).
+  std::vector<uint64_t> chain(std::span<const int32_t> tokens) const;
+  // How many leading tokens of `tokens` the disk holds by the index: the longest run of its chain's blocks that
+  // are all present, in tokens (a multiple of block_tokens).
+  int64_t match(std::span<const int32_t> tokens) const;
+  // Loads blocks [from_block, until_tokens / block_tokens) of `tokens` into rows of `kv`. Checks each file
+  // (header, tokens, checksum) before its rows count; returns the tokens restored from the start of `tokens`
+  // (until_tokens, or the start of the first block that failed: rows from there on are not valid).
+  int64_t restore(std::span<const int32_t> tokens, int64_t from_block, int64_t until_tokens, KvCache& kv);
+  // Saves the full blocks of tokens[0, n_valid) that are not on disk, reading their rows from `kv` (rows
+  // 0..n_valid-1 must hold that timeline's KV), then enforces the budget. A write error is returned (nothing
+  // partial is left under a block's name).
+  Status save(std::span<const int32_t> tokens, int64_t n_valid, const KvCache& kv);
+  DiskCacheStats stats() const;
+  // "DIR: 12 blocks of 2,048 tokens (1.50 GiB of 8.00 GiB)"
+  std::string describe() const;
+
+  // One block's file size (header + tokens + payload), for budgets.
+  uint64_t block_file_bytes() const;
+
+ private:
+  struct Entry {
+    uint64_t parent = 0;
+    int64_t index = 0;
+    uint64_t bytes = 0;
+    uint64_t restores = 0;
+    int64_t mtime = 0;  // seconds since the epoch (save or last restore)
+  };
+  DiskCache(const DiskCacheOptions& options, const KvFormat& format);
+  Status scan();
+  std::string path_of(uint64_t key) const;
+  Status write_block(uint64_t key, uint64_t parent, int64_t index, std::span<const int32_t> ids, const KvCache& kv);
+  bool read_block(uint64_t key, uint64_t parent, int64_t index, std::span<const int32_t> ids, KvCache& kv);
+  void enforce_budget();
+  void remove_block(uint64_t key);
+
+  DiskCacheOptions options_;
+  KvFormat format_;
+  uint64_t row_bytes_ = 0;  // one token's K (or V) row of one layer
+  mutable std::mutex mu_;
+  std::unordered_map<uint64_t, Entry> entries_;  // guarded by mu_
+  DiskCacheStats stats_;                         // guarded by mu_
+  std::vector<uint8_t> buffer_;                  // one block's file image, guarded by mu_
+};
+
+}  // namespace magnetar::kv
