@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <future>
 
 #include "base/check.h"
 
@@ -23,25 +25,63 @@ constexpr uint64_t kPage = 4096;  // header size and file alignment (O_DIRECT)
 
 uint64_t pad_page(uint64_t v) { return (v + kPage - 1) / kPage * kPage; }
 
-// 64-bit hash of bytes, 8 at a time (several GB/s: a 2,048-token block of a large model is hundreds of MB).
-uint64_t hash_bytes(const void* data, size_t n, uint64_t seed) {
-  constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;
-  const auto* p = static_cast<const uint8_t*>(data);
-  uint64_t h = seed ^ (uint64_t(n) * kMul);
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    h = (h ^ w) * kMul;
-    h ^= h >> 29;
+// A streaming 64-bit hash: four independent lanes over 32-byte groups (no serial dependency between them, so
+// it runs near memory speed: a 2,048-token block of a large model is hundreds of MB), a buffered partial
+// group, and the total length mixed in at the end. Any split of the same bytes into update() calls gives the
+// same hash.
+class Hasher {
+ public:
+  explicit Hasher(uint64_t seed) {
+    for (int i = 0; i < 4; ++i) lane_[i] = seed ^ (0x2545F4914F6CDD1Dull * uint64_t(i + 1));
   }
-  uint64_t tail = 0;
-  std::memcpy(&tail, p + i, n - i);
-  h = (h ^ tail ^ (uint64_t(n - i) << 56)) * kMul;
-  h ^= h >> 32;
-  h *= 0xD6E8FEB86659FD93ull;
-  return h ^ (h >> 32);
+  void update(const void* data, size_t n) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    total_ += n;
+    if (held_ > 0) {
+      const size_t take = std::min(n, size_t(32) - held_);
+      std::memcpy(buf_ + held_, p, take);
+      held_ += take;
+      p += take;
+      n -= take;
+      if (held_ < 32) return;
+      group(buf_);
+      held_ = 0;
+    }
+    for (; n >= 32; p += 32, n -= 32) group(p);
+    std::memcpy(buf_, p, n);
+    held_ = n;
+  }
+  uint64_t finish() const {
+    uint64_t h = total_ * kMul;
+    for (int i = 0; i < 4; ++i) h = (h ^ lane_[i]) * kMul, h ^= h >> 31;
+    for (size_t i = 0; i < held_; ++i) h = (h ^ buf_[i]) * kMul;
+    h *= 0xD6E8FEB86659FD93ull;
+    return h ^ (h >> 32);
+  }
+
+ private:
+  static constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;
+  void group(const uint8_t* p) {
+    for (int i = 0; i < 4; ++i) {
+      uint64_t w;
+      std::memcpy(&w, p + 8 * i, 8);
+      lane_[i] = (lane_[i] ^ w) * kMul;
+      lane_[i] ^= lane_[i] >> 29;
+    }
+  }
+  uint64_t lane_[4];
+  uint8_t buf_[32] = {};
+  size_t held_ = 0;
+  uint64_t total_ = 0;
+};
+
+uint64_t hash_bytes(const void* data, size_t n, uint64_t seed) {
+  Hasher h(seed);
+  h.update(data, n);
+  return h.finish();
 }
+
+constexpr uint64_t kChunk = 64ull << 20;  // restore reads (O_DIRECT, double-buffered)
 
 struct Header {
   char magic[8];
@@ -69,10 +109,6 @@ struct Fd {
   ~Fd() {
     if (fd >= 0) ::close(fd);
   }
-};
-
-struct AlignedFree {
-  void operator()(void* p) const { std::free(p); }
 };
 
 }  // namespace
@@ -190,18 +226,34 @@ Status DiskCache::scan() {
 Status DiskCache::write_block(uint64_t key, uint64_t parent, int64_t index, std::span<const int32_t> ids,
                               const KvCache& kv) {
   const int64_t B = options_.block_tokens;
-  const uint64_t total = block_file_bytes(), tokens_at = kPage, payload_at = kPage + pad_page(uint64_t(B) * 4);
-  buffer_.assign(total, 0);
-  std::memcpy(buffer_.data() + tokens_at, ids.data(), size_t(B) * 4);
-  uint8_t* out = buffer_.data() + payload_at;
-  const uint64_t rows = uint64_t(B) * row_bytes_;
-  for (int64_t l = 0; l < format_.n_layer; ++l) {
-    auto& cache = const_cast<KvCache&>(kv);  // k()/v() are non-const accessors; nothing is written
-    std::memcpy(out, static_cast<const uint8_t*>(cache.k(l)) + uint64_t(index * B) * row_bytes_, rows);
-    out += rows;
-    std::memcpy(out, static_cast<const uint8_t*>(cache.v(l)) + uint64_t(index * B) * row_bytes_, rows);
-    out += rows;
+  const uint64_t total = block_file_bytes(), tokens_bytes = pad_page(uint64_t(B) * 4);
+  const uint64_t rows = uint64_t(B) * row_bytes_, row0 = uint64_t(index * B) * row_bytes_;
+  auto& cache = const_cast<KvCache&>(kv);  // k()/v() are non-const accessors; nothing is written
+
+  char tmp_name[40];
+  std::snprintf(tmp_name, sizeof(tmp_name), "/.%016llx.tmp", (unsigned long long)key);
+  const std::string tmp = options_.dir + tmp_name, final_path = path_of(key);
+  Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+  if (f.fd < 0) return Status::error(tmp + ": cannot create: " + std::strerror(errno));
+  uint64_t at = kPage;  // the header goes last, once the payload's hash is known
+  Hasher hash(key);
+  auto put = [&](const void* data, uint64_t n) {
+    hash.update(data, size_t(n));
+    for (uint64_t done = 0; done < n;) {
+      const ssize_t w = ::pwrite(f.fd, static_cast<const uint8_t*>(data) + done, size_t(n - done), off_t(at + done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return false;
+      done += uint64_t(w);
+    }
+    at += n;
+    return true;
+  };
+  const std::vector<uint8_t> zeros(kPage, 0);
+  bool ok = put(ids.data(), uint64_t(B) * 4) && put(zeros.data(), tokens_bytes - uint64_t(B) * 4);
+  for (int64_t l = 0; ok && l < format_.n_layer; ++l) {
+    ok = put(static_cast<const uint8_t*>(cache.k(l)) + row0, rows) && put(static_cast<const uint8_t*>(cache.v(l)) + row0, rows);
   }
+  if (ok && at < total) ok = put(zeros.data(), total - at);
   Header h{};
   std::memcpy(h.magic, kMagic, 8);
   h.version = kVersion;
@@ -213,31 +265,16 @@ Status DiskCache::write_block(uint64_t key, uint64_t parent, int64_t index, std:
   h.index = index;
   h.key = key;
   h.parent = parent;
-  h.payload_bytes = total - tokens_at;
-  h.payload_hash = hash_bytes(buffer_.data() + tokens_at, total - tokens_at, key);
+  h.payload_bytes = total - kPage;
+  h.payload_hash = hash.finish();
   h.header_hash = header_hash(h);
-  std::memcpy(buffer_.data(), &h, sizeof(h));
-
-  char tmp_name[40];
-  std::snprintf(tmp_name, sizeof(tmp_name), "/.%016llx.tmp", (unsigned long long)key);
-  const std::string tmp = options_.dir + tmp_name, final_path = path_of(key);
-  {
-    Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-    if (f.fd < 0) return Status::error(tmp + ": cannot create: " + std::strerror(errno));
-    for (uint64_t done = 0; done < total;) {
-      const ssize_t n = ::pwrite(f.fd, buffer_.data() + done, size_t(total - done), off_t(done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        const std::string why = n < 0 ? std::strerror(errno) : "no progress";
-        ::unlink(tmp.c_str());
-        return Status::error(tmp + ": write failed: " + why);
-      }
-      done += uint64_t(n);
-    }
-    if (::fsync(f.fd) != 0) {
-      ::unlink(tmp.c_str());
-      return Status::error(tmp + ": fsync failed: " + std::strerror(errno));
-    }
+  std::vector<uint8_t> page(kPage, 0);
+  std::memcpy(page.data(), &h, sizeof(h));
+  ok = ok && ::pwrite(f.fd, page.data(), kPage, 0) == ssize_t(kPage);
+  if (!ok || ::fsync(f.fd) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    return Status::error(tmp + ": write failed: " + why);
   }
   if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
     ::unlink(tmp.c_str());
@@ -278,40 +315,123 @@ bool DiskCache::read_block(uint64_t key, uint64_t parent, int64_t index, std::sp
   const std::string path = path_of(key);
   const uint64_t total = block_file_bytes();
   const int64_t B = options_.block_tokens;
-  // O_DIRECT into an aligned buffer (files are whole pages): large sequential reads that bypass the page cache.
+  const uint64_t tokens_bytes = pad_page(uint64_t(B) * 4);
+  // Large O_DIRECT reads (files are whole pages) into two aligned chunk buffers: while one chunk is hashed and
+  // scattered into the KV rows, the next is being read. Rows are written before the checksum is known: a block
+  // that fails leaves its rows invalid, which restore() reports (they are recomputed).
+  if (!read_buffer_) {
+    read_buffer_.reset(static_cast<uint8_t*>(std::aligned_alloc(kPage, 2 * kChunk)));
+    if (!read_buffer_) return false;
+  }
   Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT)};
   if (f.fd < 0) f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  std::unique_ptr<uint8_t, AlignedFree> buf(static_cast<uint8_t*>(std::aligned_alloc(kPage, total)));
-  bool ok = f.fd >= 0 && buf;
-  for (uint64_t done = 0; ok && done < total;) {
-    const ssize_t n = ::pread(f.fd, buf.get() + done, size_t(std::min<uint64_t>(total - done, 64ull << 20)), off_t(done));
-    if (n < 0 && errno == EINTR) continue;
-    ok = n > 0;
-    done += ok ? uint64_t(n) : 0;
-  }
+  auto read_at = [fd = f.fd](uint8_t* dst, uint64_t offset, uint64_t n) {
+    for (uint64_t done = 0; done < n;) {
+      const ssize_t r = ::pread(fd, dst + done, size_t(n - done), off_t(offset + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return false;
+      done += uint64_t(r);
+    }
+    return true;
+  };
+  uint8_t* bufs[2] = {read_buffer_.get(), read_buffer_.get() + kChunk};
+  const uint64_t first = kPage + tokens_bytes;  // header + token ids, checked before any row is touched
   Header h{};
+  bool ok = f.fd >= 0 && read_at(bufs[0], 0, first);
+  Hasher hash(key);
   if (ok) {
-    std::memcpy(&h, buf.get(), sizeof(h));
+    std::memcpy(&h, bufs[0], sizeof(h));
     ok = std::memcmp(h.magic, kMagic, 8) == 0 && h.version == kVersion && h.header_hash == header_hash(h) &&
          h.key == key && h.parent == parent && h.index == index && h.model_identity == format_.model_identity &&
-         h.payload_bytes == total - kPage &&
-         std::memcmp(buf.get() + kPage, ids.data(), size_t(B) * 4) == 0 &&
-         h.payload_hash == hash_bytes(buf.get() + kPage, total - kPage, key);
+         h.payload_bytes == total - kPage && std::memcmp(bufs[0] + kPage, ids.data(), size_t(B) * 4) == 0;
+    hash.update(bufs[0] + kPage, tokens_bytes);
   }
+  // The payload in file order maps to (layer, K|V, byte) of the block's rows.
+  const uint64_t rows = uint64_t(B) * row_bytes_, row0 = uint64_t(index * B) * row_bytes_;
+  const uint64_t payload = uint64_t(format_.n_layer) * 2 * rows;
+  auto scatter = [&](const uint8_t* src, uint64_t pos, uint64_t n) {  // pos: offset in the payload
+    while (n > 0 && pos < payload) {
+      const uint64_t part = pos / rows, in_part = pos % rows, take = std::min(n, rows - in_part);
+      const int64_t layer = int64_t(part / 2);
+      uint8_t* dst = static_cast<uint8_t*>(part % 2 == 0 ? kv.k(layer) : kv.v(layer)) + row0 + in_part;
+      std::memcpy(dst, src, size_t(std::min(take, payload - pos)));
+      src += take;
+      pos += take;
+      n -= take;
+    }
+  };
+  const uint64_t body = total - first;
+  std::future<bool> next;
+  bool direct_rows = rows % kPage == 0 && row0 % kPage == 0;
+  for (int64_t l = 0; direct_rows && l < format_.n_layer; ++l) {
+    direct_rows = reinterpret_cast<uintptr_t>(kv.k(l)) % kPage == 0 && reinterpret_cast<uintptr_t>(kv.v(l)) % kPage == 0;
+  }
+  if (ok && direct_rows) {
+    // Zero copy: the payload's (layer, K|V) pieces are read straight into the rows, a group of pieces (up to one
+    // chunk) per vectored read, and hashed there while the next group is read.
+    const int64_t n_pieces = 2 * format_.n_layer;
+    const int64_t per_group = std::max<int64_t>(1, int64_t(kChunk / rows));
+    auto piece = [&](int64_t p) {
+      return static_cast<uint8_t*>(p % 2 == 0 ? kv.k(p / 2) : kv.v(p / 2)) + row0;
+    };
+    auto read_group = [&, fd = f.fd](int64_t p0) {
+      const int64_t p1 = std::min(n_pieces, p0 + per_group);
+      std::vector<iovec> iov;
+      for (int64_t p = p0; p < p1; ++p) iov.push_back({piece(p), size_t(rows)});
+      const uint64_t want = uint64_t(p1 - p0) * rows;
+      for (uint64_t done = 0; done < want;) {
+        // Advance the iovecs past what a short read returned.
+        size_t skip = size_t(done), i = 0;
+        std::vector<iovec> rest;
+        for (; i < iov.size(); ++i) {
+          if (skip >= iov[i].iov_len) {
+            skip -= iov[i].iov_len;
+            continue;
+          }
+          rest.push_back({static_cast<uint8_t*>(iov[i].iov_base) + skip, iov[i].iov_len - skip});
+          skip = 0;
+        }
+        const ssize_t r = ::preadv(fd, rest.data(), int(rest.size()), off_t(first + uint64_t(p0) * rows + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        done += uint64_t(r);
+      }
+      return true;
+    };
+    next = std::async(std::launch::async, read_group, int64_t(0));
+    for (int64_t p0 = 0; ok && p0 < n_pieces; p0 += per_group) {
+      ok = next.get();
+      if (ok && p0 + per_group < n_pieces) next = std::async(std::launch::async, read_group, p0 + per_group);
+      for (int64_t p = p0; ok && p < std::min(n_pieces, p0 + per_group); ++p) hash.update(piece(p), size_t(rows));
+    }
+    if (ok && body > payload) {  // the file's zero padding after the payload
+      ok = read_at(bufs[0], first + payload, body - payload);
+      if (ok) hash.update(bufs[0], size_t(body - payload));
+    }
+  } else {
+    auto launch = [&](int slot, uint64_t pos) {
+      const uint64_t n = std::min(kChunk, body - pos);
+      return std::async(std::launch::async, read_at, bufs[slot], first + pos, n);
+    };
+    if (ok && body > 0) next = launch(0, 0);
+    for (uint64_t pos = 0, slot = 0; ok && pos < body; pos += kChunk, slot ^= 1) {
+      ok = next.get();
+      const uint64_t n = std::min(kChunk, body - pos);
+      if (ok && pos + n < body) next = launch(int(slot ^ 1), pos + n);
+      if (ok) {
+        hash.update(bufs[slot], size_t(n));
+        scatter(bufs[slot], pos, n);
+      }
+    }
+  }
+  if (next.valid()) next.wait();
+  ok = ok && h.payload_hash == hash.finish();
   if (!ok) {
     std::fprintf(stderr, "magnetar: disk KV: %s: unreadable or corrupt (header, tokens or checksum), deleted\n",
                  path.c_str());
     remove_block(key);
     stats_.blocks_rejected++;
     return false;
-  }
-  const uint8_t* in = buf.get() + kPage + pad_page(uint64_t(B) * 4);
-  const uint64_t rows = uint64_t(B) * row_bytes_;
-  for (int64_t l = 0; l < format_.n_layer; ++l) {
-    std::memcpy(static_cast<uint8_t*>(kv.k(l)) + uint64_t(index * B) * row_bytes_, in, rows);
-    in += rows;
-    std::memcpy(static_cast<uint8_t*>(kv.v(l)) + uint64_t(index * B) * row_bytes_, in, rows);
-    in += rows;
   }
   stats_.bytes_read += total;
   return true;

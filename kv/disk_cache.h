@@ -19,10 +19,14 @@
 // (1 + restores) / (1 + age in hours), and a block whose parent is gone is deleted first (it can never be
 // reached again).
 //
+// Reads: O_DIRECT in 64 MiB chunks, double-buffered (the next chunk is read while the last is checked and copied
+// into the KV rows). Writes: streamed from the KV rows, hashed on the way.
+//
 // Thread-safety: every public method may be called from any thread; they serialize on one mutex.
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -106,7 +110,10 @@ class DiskCache {
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, Entry> entries_;  // guarded by mu_
   DiskCacheStats stats_;                         // guarded by mu_
-  std::vector<uint8_t> buffer_;                  // one block's file image, guarded by mu_
+  struct AlignedFree {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint8_t, AlignedFree> read_buffer_;  // restore's two 64 MiB chunks, guarded by mu_
 };
 
 }  // namespace magnetar::kv

@@ -21,6 +21,10 @@ void ModelFlags::add_to(cli::Args& args) {
   args.flag("--no-direct", &no_direct, "streamed: buffered reads instead of O_DIRECT");
   args.option("--queue-depth", &queue_depth, "N", "streamed: io_uring queue depth");
   args.flag("--show-plan", &show_plan, "print the memory plan even when every expert is resident");
+  args.option("--kv-disk-dir", &kv_disk_dir, "DIR",
+              "save KV as blocks under DIR and restore a prompt's saved prefix instead of computing it (also across restarts)");
+  args.option("--kv-disk-gb", &kv_disk_gb, "N", "disk KV budget in GiB (0: min(16, half the free space of DIR))");
+  args.option("--kv-block", &kv_block, "N", "disk KV: tokens per saved block");
 }
 
 std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
@@ -40,6 +44,10 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
     std::fprintf(stderr, "magnetar %s: --resident, --mmap and --stream / --cache-gb exclude each other\n", command);
     return nullptr;
   }
+  if (kv_disk_gb < 0 || kv_block < 1) {
+    std::fprintf(stderr, "magnetar %s: --kv-disk-gb must be >= 0 and --kv-block >= 1\n", command);
+    return nullptr;
+  }
   if (cache_gb < 0 || queue_depth < 1 || queue_depth > 4096) {
     std::fprintf(stderr, "magnetar %s: --cache-gb must be >= 0 and --queue-depth in 1..4096\n", command);
     return nullptr;
@@ -51,14 +59,17 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
                                    : (stream || cache_gb > 0) ? ExpertMode::kStream : ExpertMode::kAuto,
                         .stream = {.cache_gb = cache_gb, .policy = cache_policy, .prefetch = prefetch,
                                    .census = !no_census, .io_uring = !no_io_uring, .direct_io = !no_direct,
-                                   .queue_depth = int(queue_depth)}};
+                                   .queue_depth = int(queue_depth)},
+                        .kv_disk = {.dir = kv_disk_dir, .gb = kv_disk_gb, .block_tokens = kv_block}};
   Result<std::unique_ptr<Engine>> engine = Engine::load(model, options);
   if (!engine.ok()) {
     std::fprintf(stderr, "magnetar %s: %s\n", command, engine.status().message().c_str());
     return nullptr;
   }
-  // The plan is news when experts stream (a resident plan is the ordinary case); --show-plan prints it always.
-  if (!engine.value()->memory_plan().empty() && (show_plan || engine.value()->expert_stats().streamed)) {
+  // The plan is news when experts stream or KV goes to disk (a resident plan is the ordinary case); --show-plan
+  // prints it always.
+  if (!engine.value()->memory_plan().empty() &&
+      (show_plan || engine.value()->expert_stats().streamed || engine.value()->kv_disk_stats().enabled)) {
     std::fprintf(stderr, "%s\n", engine.value()->memory_plan().c_str());
   }
   return std::move(engine).value();
@@ -103,6 +114,8 @@ void SamplingFlags::add_to(cli::Args& args) {
   args.option("--min-p", &params.min_p, "P", "drop tokens below P times the best one's probability (0: off)");
   args.option("--repeat-penalty", &params.repeat_penalty, "R", "penalty for tokens in the last --penalty-last-n (1: off)");
   args.option("--presence-penalty", &params.presence_penalty, "P", "subtracted from logits of recent tokens (0: off)");
+  args.option("--frequency-penalty", &params.frequency_penalty, "P",
+              "subtracted from logits of recent tokens once per occurrence (0: off)");
   args.option("--penalty-last-n", &last_n, "N", "tokens the penalties look back over (-1: all)");
   args.option("--seed", &seed, "S", "random seed (0: random)");
 }

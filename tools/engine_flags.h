@@ -22,6 +22,9 @@ struct ModelFlags {
   bool prefetch = false, no_census = false, no_io_uring = false, no_direct = false;
   int64_t queue_depth = 32;
   bool show_plan = false;
+  std::string kv_disk_dir;
+  float kv_disk_gb = 0;
+  int64_t kv_block = 2048;
   bool profile = false;  // set by the command (bench --profile), not a flag of its own
 
   void add_to(cli::Args& args);

@@ -34,10 +34,11 @@ void compute(KvCache& kv, const std::vector<int32_t>& tokens) {
   uint64_t h = 1469598103934665603ull;
   for (size_t p = 0; p < tokens.size(); ++p) {
     h = (h ^ uint64_t(uint32_t(tokens[p]))) * 1099511628211ull;
+    const int64_t row = kv.row_elements();
     for (int64_t l = 0; l < kLayers; ++l) {
-      float* k = static_cast<float*>(kv.k(l)) + p * kRow;
-      float* v = static_cast<float*>(kv.v(l)) + p * kRow;
-      for (int64_t i = 0; i < kRow; ++i) {
+      float* k = static_cast<float*>(kv.k(l)) + int64_t(p) * row;
+      float* v = static_cast<float*>(kv.v(l)) + int64_t(p) * row;
+      for (int64_t i = 0; i < row; ++i) {
         k[i] = row_value(l, false, h, i);
         v[i] = row_value(l, true, h, i);
       }
@@ -47,9 +48,10 @@ void compute(KvCache& kv, const std::vector<int32_t>& tokens) {
 
 // Rows [0, n) of a and b are equal.
 bool same_rows(KvCache& a, KvCache& b, int64_t n) {
+  const size_t bytes = size_t(n * a.row_elements()) * 4;
   for (int64_t l = 0; l < kLayers; ++l) {
-    if (std::memcmp(a.k(l), b.k(l), size_t(n * kRow) * 4) != 0) return false;
-    if (std::memcmp(a.v(l), b.v(l), size_t(n * kRow) * 4) != 0) return false;
+    if (std::memcmp(a.k(l), b.k(l), bytes) != 0) return false;
+    if (std::memcmp(a.v(l), b.v(l), bytes) != 0) return false;
   }
   return true;
 }
@@ -255,6 +257,42 @@ TEST_F(DiskKv, ConcurrentSavesKeepEveryFileWhole) {
     compute(truth, ts[size_t(i)]);
     EXPECT_EQ(cache->restore(ts[size_t(i)], 0, 160, fresh), 160);
     EXPECT_TRUE(same_rows(truth, fresh, 160));
+  }
+}
+
+// Restores take two paths: rows that are whole pages are read straight into the cache (here: 1,024 f32 per row,
+// 4 KiB per token), others through a bounce buffer (odd block sizes, 40-element rows above). Both check the
+// checksum over the same bytes.
+TEST_F(DiskKv, PageAlignedRowsAndOddBlocksRoundTripAndDetectDamage) {
+  struct Geometry {
+    int64_t row, block;
+  };
+  for (const Geometry g : {Geometry{1024, 16}, Geometry{1024, 3}, Geometry{40, 3}}) {
+    fs::remove_all(dir_);
+    const KvFormat format{.model_identity = 7, .type = quant::Type::F32, .n_layer = kLayers, .row_elements = g.row};
+    auto c = DiskCache::open({.dir = dir_, .budget_bytes = 1ull << 30, .block_tokens = g.block}, format);
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    const std::vector<int32_t> t = timeline(size_t(4 * g.block + 1), 9);
+    KvCache kv(quant::Type::F32, kLayers, kCtx, g.row), fresh(quant::Type::F32, kLayers, kCtx, g.row);
+    compute(kv, t);
+    ASSERT_TRUE(c.value()->save(t, int64_t(t.size()), kv).ok());
+    EXPECT_EQ(c.value()->restore(t, 0, 4 * g.block, fresh), 4 * g.block) << g.row << " x " << g.block;
+    EXPECT_TRUE(same_rows(kv, fresh, 4 * g.block)) << g.row << " x " << g.block;
+    // The last byte of block 3's payload damaged: blocks 0-2 restore, 3 is rejected.
+    char name[32];
+    std::snprintf(name, sizeof(name), "%016llx.kvb", (unsigned long long)c.value()->chain(t)[3]);
+    const std::string path = dir_ + "/" + name;
+    const uint64_t payload_end = 4096 + (uint64_t(g.block) * 4 + 4095) / 4096 * 4096 +
+                                 uint64_t(kLayers) * 2 * uint64_t(g.block * g.row) * 4;
+    {
+      std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(std::streamoff(payload_end - 1));
+      const char junk = 0x11;
+      f.write(&junk, 1);
+    }
+    KvCache again(quant::Type::F32, kLayers, kCtx, g.row);
+    EXPECT_EQ(c.value()->restore(t, 0, 4 * g.block, again), 3 * g.block) << g.row << " x " << g.block;
+    EXPECT_TRUE(same_rows(kv, again, 3 * g.block));
   }
 }
 
