@@ -41,6 +41,7 @@ struct Engine::Impl {
   double load_seconds = 0;
   std::vector<float> batch_logits;  // Engine::step's [sessions, n_vocab], kept between calls
   std::unique_ptr<kv::DiskCache> disk_kv;  // --kv-disk-dir
+  models::RoutingCounts uses;              // every session's routing, for expert_map() (MoE models)
 };
 
 namespace {
@@ -234,6 +235,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
   impl->pool = std::make_unique<cpu::ThreadPool>(impl->options.n_threads);
   MAGNETAR_RETURN_IF_ERROR(plan_experts(*impl, path));
   MAGNETAR_RETURN_IF_ERROR(open_disk_kv(*impl));
+  if (hp.n_expert > 0) impl->uses = {.n_expert = hp.n_expert, .counts = std::vector<uint64_t>(size_t(hp.n_layer * hp.n_expert))};
 
   ModelInfo& info = impl->info;
   info.path = path;
@@ -251,6 +253,21 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
   info.chat_template = impl->file->get_string("tokenizer.chat_template");
   impl->load_seconds = seconds_since(t0);
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+ExpertMap Engine::expert_map() const {
+  ExpertMap map;
+  const models::HParams& hp = impl_->model->hparams();
+  if (hp.n_expert == 0) return map;
+  map.n_layer = hp.n_layer;
+  map.n_expert = hp.n_expert;
+  map.uses = impl_->uses.counts;
+  if (impl_->store) {
+    map.tier = impl_->store->cached();  // 1 = kRam, 0 = kDisk
+  } else {
+    map.tier.assign(map.uses.size(), ExpertMap::kResident);
+  }
+  return map;
 }
 
 KvDiskStats Engine::kv_disk_stats() const {
@@ -387,7 +404,7 @@ Status Session::Impl::compute(int64_t from, Logits mode, const SyncProgress& pro
         *engine->pool, *ws,
         {.tokens = next.data() + b, .n_tok = n, .seqs = {&seq, 1}, .all_logits = mode == Logits::kAll, .logits = out,
          .profile = engine->options.profile ? &profile : nullptr,
-         .routing = routing.counts.empty() ? nullptr : &routing,
+         .routing = routing.counts.empty() ? (engine->uses.counts.empty() ? nullptr : &engine->uses) : &routing,
          .experts = engine->store.get(),
          .prefetch = engine->store != nullptr && engine->options.stream.prefetch});
     if (!s.ok()) {
@@ -505,7 +522,7 @@ Status Engine::step(std::span<Session* const> sessions, std::span<const int32_t>
         *impl_->pool, *lead.ws,
         {.tokens = ids.data() + b, .n_tok = int64_t(n), .seqs = seqs, .logits = impl_->batch_logits.data(),
          .profile = impl_->options.profile ? &lead.profile : nullptr,
-         .routing = lead.routing.counts.empty() ? nullptr : &lead.routing,
+         .routing = lead.routing.counts.empty() ? (impl_->uses.counts.empty() ? nullptr : &impl_->uses) : &lead.routing,
          .experts = impl_->store.get(),
          .prefetch = impl_->store != nullptr && impl_->options.stream.prefetch});
     const double dt = seconds_since(t0);

@@ -89,6 +89,14 @@ struct ExpertStats {
   ExpertStats& operator+=(const ExpertStats& other);
 };
 
+// Where each routed expert is and how often it was used: the web UI's expert map. Empty for dense models.
+struct ExpertMap {
+  enum Tier : uint8_t { kDisk = 0, kRam = 1, kResident = 2 };  // kRam: in the streamed cache; kResident: mapped
+  int64_t n_layer = 0, n_expert = 0;
+  std::vector<uint8_t> tier;   // [n_layer * n_expert]
+  std::vector<uint64_t> uses;  // [n_layer * n_expert]: times a token was routed to it since load
+};
+
 struct ModelInfo {
   std::string path;
   std::string architecture;
@@ -119,6 +127,8 @@ class Engine {
   std::vector<ExpertStats> expert_layer_stats() const;
   void reset_expert_stats();
   KvDiskStats kv_disk_stats() const;  // thread-safe
+  // Like expert_stats(): not while a forward pass runs (the server's worker takes it between steps).
+  ExpertMap expert_map() const;
 
   const ModelInfo& info() const;
   const EngineOptions& options() const;  // with defaults resolved (n_threads, n_ctx)

@@ -593,6 +593,12 @@ Status StreamedExperts::save_census_file(const Census& census) {
   return experts::save_census(options_.census_path, identity_, census);
 }
 
+std::vector<uint8_t> StreamedExperts::cached() const {
+  std::vector<uint8_t> out(where_.size(), 0);
+  for (size_t k = 0; k < where_.size(); ++k) out[k] = where_[k] >= 0 && slots_[size_t(where_[k])].state == State::kReady;
+  return out;
+}
+
 std::string StreamedExperts::describe() const {
   std::string s = reader_->name() + (direct_ ? ", O_DIRECT" : ", buffered (O_DIRECT refused)");
   s += format(", %zu slots of %.2f MiB (%.2f GiB, committed in %.1f s), policy %s, %s layout", slots_.size(),

@@ -94,6 +94,8 @@ class StreamedExperts final : public ExpertSource {
   // "io_uring (queue depth 32), O_DIRECT, 1,024 slots of 10.13 MiB (10.13 GiB), policy lfu, census 12,345"
   std::string describe() const;
   const StoreStats& stats() const { return stats_; }
+  // Whether each (layer, expert) is in the cache and ready: [n_layer * n_expert] of 0/1.
+  std::vector<uint8_t> cached() const;
   void reset_stats();
   size_t n_slots() const { return slots_.size(); }
   Status save_census();
