@@ -99,7 +99,9 @@ Status plan_experts(Engine::Impl& impl, const std::string& path) {
                            .use_uring = o.stream.io_uring,
                            .direct = o.stream.direct_io,
                            .policy = o.stream.policy,
-                           .census_path = o.stream.census ? path + ".census" : std::string()};
+                           .census_path = o.stream.census ? path + ".census" : std::string(),
+                           .merge_gap_bytes = o.stream.read_gap_kib < 0 ? experts::kMeasureGap
+                                                                        : uint64_t(o.stream.read_gap_kib) << 10};
   MAGNETAR_ASSIGN_OR_RETURN(impl.store, experts::StreamedExperts::open(*impl.file, *layout, so));
   impl.plan_text += "\n  expert store: " + impl.store->describe();
   // The disk's speed sets the floor when the cache misses: measured (64 MiB of expert bytes, O_DIRECT, ~0.1 s)

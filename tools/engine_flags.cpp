@@ -20,6 +20,8 @@ void ModelFlags::add_to(cli::Args& args) {
   args.flag("--no-io-uring", &no_io_uring, "streamed: read with a pread thread pool instead of io_uring");
   args.flag("--no-direct", &no_direct, "streamed: buffered reads instead of O_DIRECT");
   args.option("--queue-depth", &queue_depth, "N", "streamed: io_uring queue depth");
+  args.option("--read-gap-kib", &read_gap_kib, "N",
+              "streamed, diagnostic: merge a layer's expert reads across gaps up to N KiB (-1: measured at load; 0: adjacent only)");
   args.flag("--show-plan", &show_plan, "print the memory plan even when every expert is resident");
   args.option("--kv-disk-dir", &kv_disk_dir, "DIR",
               "save KV as blocks under DIR and restore a prompt's saved prefix instead of computing it (also across restarts)");
@@ -59,7 +61,7 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
                                    : (stream || cache_gb > 0) ? ExpertMode::kStream : ExpertMode::kAuto,
                         .stream = {.cache_gb = cache_gb, .policy = cache_policy, .prefetch = prefetch,
                                    .census = !no_census, .io_uring = !no_io_uring, .direct_io = !no_direct,
-                                   .queue_depth = int(queue_depth)},
+                                   .queue_depth = int(queue_depth), .read_gap_kib = read_gap_kib},
                         .kv_disk = {.dir = kv_disk_dir, .gb = kv_disk_gb, .block_tokens = kv_block}};
   Result<std::unique_ptr<Engine>> engine = Engine::load(model, options);
   if (!engine.ok()) {

@@ -21,6 +21,7 @@ struct ModelFlags {
   std::string cache_policy = "lfu";
   bool prefetch = false, no_census = false, no_io_uring = false, no_direct = false;
   int64_t queue_depth = 32;
+  int64_t read_gap_kib = -1;
   bool show_plan = false;
   std::string kv_disk_dir;
   float kv_disk_gb = 0;
