@@ -131,6 +131,24 @@ TEST_F(DiskKv, SharedPrefixStoredOnceAndRewriteRestoresTheBlocksBeforeIt) {
   EXPECT_EQ(cache->match(d), 96);
 }
 
+// The case at full size: a 12,000-token history in 2,048-token blocks, rewritten at token 5,000: the two
+// blocks before the change (4,096 tokens) restore; a restore of the original still gets all five full blocks.
+TEST_F(DiskKv, HistoryRewrittenAtToken5000Of12000) {
+  auto c = DiskCache::open({.dir = dir_, .budget_bytes = 1ull << 30, .block_tokens = 2048}, kFormat);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  const std::vector<int32_t> original = timeline(12000, 11);
+  KvCache kv(quant::Type::F32, kLayers, 12288, kRow);
+  compute(kv, original);
+  ASSERT_TRUE(c.value()->save(original, 12000, kv).ok());
+  std::vector<int32_t> rewritten = original;
+  rewritten[5000] ^= 1;
+  EXPECT_EQ(c.value()->match(rewritten), 4096);
+  EXPECT_EQ(c.value()->match(original), 10240);
+  KvCache fresh(quant::Type::F32, kLayers, 12288, kRow);
+  EXPECT_EQ(c.value()->restore(rewritten, 0, 4096, fresh), 4096);
+  EXPECT_TRUE(same_rows(kv, fresh, 4096));
+}
+
 TEST_F(DiskKv, ARestartFindsTheBlocksAndAnotherModelDoesNot) {
   const std::vector<int32_t> t = timeline(48, 3);
   KvCache kv(quant::Type::F32, kLayers, kCtx, kRow);
