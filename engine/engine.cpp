@@ -46,6 +46,22 @@ struct Engine::Impl {
 
 namespace {
 
+// One session's KV cache for the context, and its scratch (make_workspace: activations of a batch, the experts'
+// rows, attention scratch), as the memory planner and the session count count them.
+uint64_t session_kv_bytes(const Engine::Impl& impl) {
+  const models::HParams& hp = impl.model->hparams();
+  const EngineOptions& o = impl.options;
+  const uint64_t kv_elem = o.kv_type == KvType::kF32 ? 4 : 2;
+  return uint64_t(o.n_ctx) * uint64_t(hp.n_layer) * 2 * uint64_t(hp.n_head_kv * hp.head_dim) * kv_elem;
+}
+uint64_t session_scratch_bytes(const Engine::Impl& impl) {
+  const models::HParams& hp = impl.model->hparams();
+  const EngineOptions& o = impl.options;
+  const uint64_t rows = uint64_t(o.n_batch) * uint64_t(std::max<int64_t>(1, hp.n_expert_used));
+  return 4 * (uint64_t(o.n_batch) * uint64_t(8 * hp.n_embd + 4 * hp.n_head * hp.head_dim + hp.n_expert + hp.n_vocab) +
+              rows * uint64_t(3 * hp.n_ff_exp + 2 * hp.n_embd));
+}
+
 // Decides where the routed experts live (experts/planner.h) and opens the store for a streamed plan.
 Status plan_experts(Engine::Impl& impl, const std::string& path) {
   const experts::ExpertLayout* layout = impl.model->expert_layout();
@@ -73,13 +89,7 @@ Status plan_experts(Engine::Impl& impl, const std::string& path) {
   fp.slab_bytes = experts::StreamedExperts::slab_bytes(*layout);
   fp.n_expert = layout->n_expert();
   fp.n_expert_used = hp.n_expert_used;
-  const uint64_t kv_elem = o.kv_type == KvType::kF32 ? 4 : 2;
-  const uint64_t kv_bytes = uint64_t(o.n_ctx) * uint64_t(hp.n_layer) * 2 * uint64_t(hp.n_head_kv * hp.head_dim) * kv_elem;
-  // Scratch of one session (make_workspace): activations of a batch, the experts' rows, attention scratch.
-  const uint64_t rows = uint64_t(o.n_batch) * uint64_t(std::max<int64_t>(1, hp.n_expert_used));
-  const uint64_t scratch = 4 * (uint64_t(o.n_batch) * uint64_t(8 * hp.n_embd + 4 * hp.n_head * hp.head_dim +
-                                                                  hp.n_expert + hp.n_vocab) +
-                                rows * uint64_t(3 * hp.n_ff_exp + 2 * hp.n_embd));
+  const uint64_t kv_bytes = session_kv_bytes(impl), scratch = session_scratch_bytes(impl);
   const experts::MemoryMode mode = o.experts == ExpertMode::kResident ? experts::MemoryMode::kResident
                                    : o.experts == ExpertMode::kStream ? experts::MemoryMode::kStream
                                                                       : experts::MemoryMode::kAuto;
@@ -255,6 +265,16 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
   info.chat_template = impl->file->get_string("tokenizer.chat_template");
   impl->load_seconds = seconds_since(t0);
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+uint64_t Engine::session_bytes() const { return session_kv_bytes(*impl_) + session_scratch_bytes(*impl_); }
+
+Result<int64_t> Engine::sessions_that_fit() const {
+  MAGNETAR_ASSIGN_OR_RETURN(const experts::MachineSnapshot machine, experts::read_machine());
+  const uint64_t available = experts::memory_budget(machine);
+  const uint64_t reserve = experts::reserve_bytes(machine);
+  const uint64_t free_bytes = available > reserve ? available - reserve : 0;
+  return int64_t(free_bytes / std::max<uint64_t>(1, session_bytes()));
 }
 
 ExpertMap Engine::expert_map() const {

@@ -148,6 +148,10 @@ class Engine {
   std::string_view token_bytes(int32_t id) const;
 
   Result<std::unique_ptr<Session>> new_session();
+  // Memory one more session takes (its KV cache for options().n_ctx and its scratch), and how many such sessions
+  // fit in the memory available now beyond the memory planner's reserve (the server's --parallel default).
+  uint64_t session_bytes() const;
+  Result<int64_t> sessions_that_fit() const;
   // The decode steps of several sessions in one forward pass (per n_batch sessions), so concurrent sessions read
   // the weights once, not once each: appends ids[i] to sessions[i] and computes them. Each session's logits()
   // becomes that of its new token, bit-identical to sessions[i]->step(ids[i]). Every id and context is checked
