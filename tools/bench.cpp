@@ -49,11 +49,74 @@ void print_profile(const char* what, const std::vector<std::pair<std::string, do
   std::printf("#   %-18s %9.3f ms\n", "total", 1e3 * total / double(tokens));
 }
 
+// Decode of `n` sessions at once against one: each repetition prefills `step` fresh random tokens into every
+// session, then decodes `gen` tokens per session, one session alone (Session::step) and all together
+// (Engine::step, one forward pass per token for all). Prints the medians: aggregate tokens/s of both.
+int bench_sessions(Engine& engine, int64_t n, int64_t step, int64_t gen, int64_t reps, int64_t seed, bool json) {
+  std::vector<std::unique_ptr<Session>> owned;
+  std::vector<Session*> all;
+  for (int64_t i = 0; i < n; ++i) {
+    Result<std::unique_ptr<Session>> s = engine.new_session();
+    if (!s.ok()) {
+      std::fprintf(stderr, "magnetar bench: --sessions %lld: %s\n", (long long)n, s.status().message().c_str());
+      return kExitFailure;
+    }
+    owned.push_back(std::move(s).value());
+    all.push_back(owned.back().get());
+  }
+  std::mt19937_64 rng(uint64_t(seed) * 7919 + 1);
+  const int64_t vocab = engine.info().n_vocab;
+  auto fresh = [&](int64_t count) {
+    std::vector<int32_t> t(static_cast<size_t>(count));
+    for (int32_t& x : t) x = int32_t(rng() % uint64_t(vocab));
+    return t;
+  };
+  std::vector<double> one, batched;
+  for (int64_t r = 0; r < reps; ++r) {
+    for (Session* s : all) {
+      if (Status st = s->sync(fresh(step)); !st.ok()) {
+        std::fprintf(stderr, "magnetar bench: %s\n", st.message().c_str());
+        return kExitFailure;
+      }
+    }
+    const std::vector<int32_t> ids = fresh(gen * n);
+    auto t0 = std::chrono::steady_clock::now();
+    for (int64_t g = 0; g < gen; ++g) {
+      if (Status st = all[0]->step(ids[size_t(g)]); !st.ok()) {
+        std::fprintf(stderr, "magnetar bench: %s\n", st.message().c_str());
+        return kExitFailure;
+      }
+    }
+    one.push_back(double(gen) / seconds(t0));
+    // The batch continues every session from its prompt (session 0 from where it is: same cost per token).
+    t0 = std::chrono::steady_clock::now();
+    for (int64_t g = 0; g < gen; ++g) {
+      if (Status st = engine.step(all, std::span<const int32_t>(ids).subspan(size_t(g * n), size_t(n))); !st.ok()) {
+        std::fprintf(stderr, "magnetar bench: %s\n", st.message().c_str());
+        return kExitFailure;
+      }
+    }
+    batched.push_back(double(gen * n) / seconds(t0));
+  }
+  const double one_tps = median(one), batch_tps = median(batched);
+  if (json) {
+    const nlohmann::json row = {{"sessions", n}, {"decode_tokens_per_session", gen}, {"one_session_tps", one_tps},
+                                {"batched_tps", batch_tps}, {"batched_tps_per_session", batch_tps / double(n)}};
+    std::printf("%s\n", row.dump().c_str());
+  } else {
+    std::printf("# decode of %lld sessions at once (after %lld-token prompts, %lld tokens each, median of %lld): "
+                "%.2f t/s in all, %.2f t/s per session; one session alone: %.2f t/s (%.2fx the throughput)\n",
+                (long long)n, (long long)step, (long long)gen, (long long)reps, batch_tps, batch_tps / double(n),
+                one_tps, batch_tps / std::max(one_tps, 1e-9));
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int bench_main(int argc, char** argv) {
   ModelFlags model;
-  int64_t ctx_start = 2048, ctx_max = 65536, step = 2048, gen = 128, reps = 3, seed = 1;
+  int64_t ctx_start = 2048, ctx_max = 65536, step = 2048, gen = 128, reps = 3, seed = 1, sessions = 1;
   bool json = false, csv = false, profile = false, expert_layers = false;
   cli::Args args("magnetar bench -m MODEL.gguf [--ctx-start N --ctx-max N --step N] [--gen N] [--reps N] [--json|--csv]",
                  "Measures prefill and decode tokens/s at growing context depths (median of --reps runs at each\n"
@@ -69,12 +132,16 @@ int bench_main(int argc, char** argv) {
   args.flag("--csv", &csv, "CSV rows");
   args.flag("--expert-layers", &expert_layers, "streamed: after the table, hits, misses, bytes and read latency per layer during the last decode");
   args.flag("--profile", &profile, "after the table, where prefill and decode time goes at the last depth, per op");
+  args.option("--sessions", &sessions, "N",
+              "also decode N sessions at once (one batched forward pass per token, as `serve --parallel N` does) "
+              "and print the aggregate tokens/s next to one session's");
   if (std::optional<int> code = args.parse_or_exit(argc, argv, "bench")) return *code;
-  if (ctx_start < 0 || ctx_max < ctx_start || step < 1 || gen < 0 || reps < 1) {
-    std::fprintf(stderr, "magnetar bench: need 0 <= --ctx-start <= --ctx-max, --step >= 1, --gen >= 0, --reps >= 1\n");
+  if (ctx_start < 0 || ctx_max < ctx_start || step < 1 || gen < 0 || reps < 1 || sessions < 1) {
+    std::fprintf(stderr, "magnetar bench: need 0 <= --ctx-start <= --ctx-max, --step >= 1, --gen >= 0, --reps >= 1, "
+                 "--sessions >= 1\n");
     return kExitBadInput;
   }
-  const int64_t need_ctx = ctx_max + step + gen;
+  const int64_t need_ctx = std::max(ctx_max + step + gen, sessions > 1 ? step + 2 * gen : 0);
   if (model.ctx == 0) model.ctx = need_ctx;
   if (model.ctx < need_ctx) {
     std::fprintf(stderr, "magnetar bench: --ctx %lld is smaller than --ctx-max + --step + --gen = %lld\n",
@@ -189,6 +256,9 @@ int bench_main(int argc, char** argv) {
                   (unsigned long long)s.misses, 100.0 * double(s.hits) / double(n), double(s.bytes_read) / double(1 << 20),
                   1e3 * s.read_seconds / double(std::max<uint64_t>(1, s.reads)), 1e3 * s.wait_seconds);
     }
+  }
+  if (sessions > 1 && gen > 0) {
+    if (int code = bench_sessions(*engine, sessions, step, gen, reps, seed, json); code != kExitOk) return code;
   }
   if (profile) {
     print_profile("prefill", prefill_profile, step, last_depth);

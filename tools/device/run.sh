@@ -10,15 +10,19 @@ mkdir -p "$OUT"
 filter=${1:-.}
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 
-# Build dependencies the image lacks (nlohmann-json, libpcre2-dev, liburing-dev) travel as Debian .debs in
-# .device-deps/ (`apt-get download nlohmann-json3-dev libpcre2-dev libpcre2-8-0 liburing-dev liburing2` here); they are unpacked into a private
-# prefix, never over the image's /usr.
+# Build dependencies the image lacks (nlohmann-json, libpcre2-dev, liburing-dev, cpp-httplib) travel as Debian
+# .debs in .device-deps/ (`apt-get download nlohmann-json3-dev libpcre2-dev libpcre2-8-0 liburing-dev liburing2
+# libcpp-httplib-dev` here); they are unpacked into a private prefix, never over the image's /usr. cpp-httplib is
+# used header-only there (its .pc rewritten: no TLS/zlib/brotli, which the server does not use).
 prefix=/tmp/magnetar-deps
 if ls .device-deps/*.deb >/dev/null 2>&1; then
   for deb in .device-deps/*.deb; do dpkg -x "$deb" "$prefix"; done
   for pc in "$prefix"/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc; do
     [ -f "$pc" ] && sed -i "s#^prefix=/usr#prefix=$prefix/usr#" "$pc"
   done
+  httplib_pc="$prefix/usr/lib/x86_64-linux-gnu/pkgconfig/cpp-httplib.pc"
+  [ -f "$httplib_pc" ] && sed -i -e '/^Requires.private/d' -e 's/^Libs:.*/Libs:/' -e 's/^Cflags:.*/Cflags: -I${includedir}/' \
+    "$httplib_pc"
   export PKG_CONFIG_PATH="$prefix/usr/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
   export LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
   export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -45,5 +49,16 @@ if [ -x build-device/bench/magnetar_bench_quant ]; then
     >"$OUT/bench_quant.txt" 2>&1
   log "bench exit $?"
   grep median "$OUT/bench_quant.txt" | head -80
+fi
+# CUDA matvec: GB/s of weights per matvec against the 4.8 TB/s roofline (text only: $OUT returns at most 8 files)
+if [ -x build-device/bench/magnetar_bench_cuda ]; then
+  ./build-device/bench/magnetar_bench_cuda --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+    --benchmark_min_time=0.1s >"$OUT/bench_cuda.txt" 2>&1
+  log "cuda bench exit $?"
+  grep median "$OUT/bench_cuda.txt" | head -80
+fi
+# `run.sh FILTER --stream-arms`: also the expert-streaming and disk-KV arms (tools/device/stream_arms.sh)
+if [ "${2:-}" = "--stream-arms" ]; then
+  bash tools/device/stream_arms.sh 2>&1 | tail -30 | tee -a "$OUT/summary.txt"
 fi
 cat "$OUT/summary.txt"

@@ -1,0 +1,90 @@
+// DeviceBuffer and Stream: RAII owners of cudaMalloc'd memory and CUDA streams (cuda_backend.h).
+// Allocation failures and a missing device are expected failures (a Status); every other CUDA call goes
+// through CUDA_CHECK.
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cuda_check.cuh"
+
+namespace magnetar::cuda {
+
+// ---- DeviceBuffer -------------------------------------------------------------------------------------------
+
+Result<DeviceBuffer> DeviceBuffer::allocate(size_t bytes) {
+  DeviceBuffer buf;
+  if (bytes == 0) return Result<DeviceBuffer>(std::move(buf));
+  if (device_count() == 0) return Status::error("DeviceBuffer: no CUDA device");
+  const cudaError_t err = cudaMalloc(&buf.data_, bytes);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the error so later calls do not report it
+    buf.data_ = nullptr;
+    return Status::error(format("DeviceBuffer: cudaMalloc of %zu bytes failed: %s", bytes, cudaGetErrorString(err)));
+  }
+  buf.bytes_ = bytes;
+  return Result<DeviceBuffer>(std::move(buf));
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (data_ != nullptr) CUDA_CHECK(cudaFree(data_));
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) CUDA_CHECK(cudaFree(data_));
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+Status DeviceBuffer::upload(const void* src, size_t bytes, size_t offset) {
+  if (offset > bytes_ || bytes > bytes_ - offset) {
+    return Status::error(format("DeviceBuffer::upload: %zu bytes at offset %zu exceed the buffer's %zu", bytes,
+                                offset, bytes_));
+  }
+  if (bytes != 0) CUDA_CHECK(cudaMemcpy(static_cast<char*>(data_) + offset, src, bytes, cudaMemcpyHostToDevice));
+  return Status();
+}
+
+Status DeviceBuffer::download(void* dst, size_t bytes, size_t offset) const {
+  if (offset > bytes_ || bytes > bytes_ - offset) {
+    return Status::error(format("DeviceBuffer::download: %zu bytes at offset %zu exceed the buffer's %zu", bytes,
+                                offset, bytes_));
+  }
+  if (bytes != 0) {
+    CUDA_CHECK(cudaMemcpy(dst, static_cast<const char*>(data_) + offset, bytes, cudaMemcpyDeviceToHost));
+  }
+  return Status();
+}
+
+// ---- Stream -------------------------------------------------------------------------------------------------------
+
+Result<Stream> Stream::create() {
+  if (device_count() == 0) return Status::error("Stream: no CUDA device");
+  Stream s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream_, cudaStreamNonBlocking));
+  return Result<Stream>(std::move(s));
+}
+
+Stream::~Stream() {
+  if (stream_ != nullptr) CUDA_CHECK(cudaStreamDestroy(stream_));
+}
+
+Stream::Stream(Stream&& other) noexcept : stream_(std::exchange(other.stream_, nullptr)) {}
+
+Stream& Stream::operator=(Stream&& other) noexcept {
+  if (this != &other) {
+    if (stream_ != nullptr) CUDA_CHECK(cudaStreamDestroy(stream_));
+    stream_ = std::exchange(other.stream_, nullptr);
+  }
+  return *this;
+}
+
+void Stream::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+}  // namespace magnetar::cuda

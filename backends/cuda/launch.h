@@ -1,0 +1,42 @@
+// Internal seam between the host code of the backend (matvec.cpp: argument checks, sizes from the trait
+// table, C++20) and the kernel files (*.cu, compiled by nvcc as C++17). Plain C++, no CUDA headers.
+// Callers have validated every argument: these functions CHECK nothing and only queue kernels.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "quant/formats.h"
+
+struct CUstream_st;
+
+namespace magnetar::cuda::detail {
+
+// One matrix-vector launch, for quantized (mmvq.cu) and float (matvec_float.cu) weights alike.
+struct MatvecLaunch {
+  const void* weights = nullptr;  // [rows, row_bytes]
+  size_t row_bytes = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  // Quantized weights: [n_vectors, act_row_bytes] blocks of the type's activation format.
+  // Float weights: [n_vectors, cols] float32 (act_row_bytes = 4 * cols).
+  const void* act = nullptr;
+  size_t act_row_bytes = 0;
+  float* y = nullptr;  // [n_vectors, rows]
+  int n_vectors = 1;
+};
+
+// mmvq.cu: whether `type` has a quantized kernel, and the launch (a no-op returning false without one).
+bool mmvq_supports(quant::Type type);
+bool launch_mmvq(quant::Type type, const MatvecLaunch& args, CUstream_st* stream);
+
+// matvec_float.cu: F32, F16, BF16.
+bool matvec_float_supports(quant::Type type);
+bool launch_matvec_float(quant::Type type, const MatvecLaunch& args, CUstream_st* stream);
+
+// quantize_q8.cu: x [n_vectors, cols] float32 -> [n_vectors, out_row_bytes] blocks of act_type
+// (Q8_0, Q8_1 or Q8_K; cols a multiple of its block size). False for any other act_type.
+bool launch_quantize_q8(quant::Type act_type, const float* x, void* out, size_t out_row_bytes, int64_t cols,
+                        int64_t n_vectors, CUstream_st* stream);
+
+}  // namespace magnetar::cuda::detail

@@ -1,0 +1,146 @@
+// Host side of matvec and quantize_activations: argument checks (every expected failure is a Status that
+// names the argument), sizes from the trait table, and the launches (launch.h). Allocates nothing.
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/launch.h"
+#include "quant/quant.h"
+
+namespace magnetar::cuda {
+namespace {
+
+bool aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
+
+// Bytes of one row of `cols` activations in act_type; cols must be a multiple of its block size.
+size_t act_row_bytes(quant::Type act_type, int64_t cols) { return quant::row_size(act_type, cols); }
+
+bool is_activation_format(quant::Type type) {
+  return type == quant::Type::Q8_0 || type == quant::Type::Q8_1 || type == quant::Type::Q8_K;
+}
+
+// Room needed for n_vectors rows of cols activations in the largest format that a cols-wide row can use.
+size_t scratch_bytes_for(int64_t cols, int64_t n_vectors) {
+  const int64_t cols32 = (cols + quant::kQK32 - 1) / quant::kQK32 * quant::kQK32;
+  const int64_t cols256 = (cols + quant::kQK_K - 1) / quant::kQK_K * quant::kQK_K;
+  size_t row = quant::row_size(quant::Type::Q8_1, cols32);  // >= Q8_0's
+  const size_t row_k = quant::row_size(quant::Type::Q8_K, cols256);
+  if (row_k > row) row = row_k;
+  return row * size_t(n_vectors);
+}
+
+Status check_vectors(const char* op, int64_t n_vectors) {
+  if (n_vectors < 1 || n_vectors > kMaxMatvecVectors) {
+    return Status::error(format("%s: n_vectors=%lld is outside 1..%lld", op, (long long)n_vectors,
+                                (long long)kMaxMatvecVectors));
+  }
+  return Status();
+}
+
+}  // namespace
+
+// ---- MatvecWorkspace ----------------------------------------------------------------------------------------
+
+Result<MatvecWorkspace> MatvecWorkspace::create(int64_t max_cols, int64_t max_vectors) {
+  if (max_cols < 1) return Status::error(format("MatvecWorkspace: max_cols=%lld must be positive", (long long)max_cols));
+  MAGNETAR_RETURN_IF_ERROR(check_vectors("MatvecWorkspace", max_vectors));
+  MAGNETAR_ASSIGN_OR_RETURN(DeviceBuffer scratch, DeviceBuffer::allocate(scratch_bytes_for(max_cols, max_vectors)));
+  MatvecWorkspace ws;
+  ws.scratch_ = std::move(scratch);
+  ws.max_cols_ = max_cols;
+  ws.max_vectors_ = max_vectors;
+  return Result<MatvecWorkspace>(std::move(ws));
+}
+
+// ---- quantize_activations ------------------------------------------------------------------------------------
+
+Status quantize_activations(quant::Type act_type, const float* x, void* out, int64_t cols, int64_t n_vectors,
+                            Stream& stream) {
+  if (!is_activation_format(act_type)) {
+    const quant::TypeTraits* t = quant::find_traits(uint32_t(act_type));
+    return Status::error(format("quantize_activations: %s is not an activation format (Q8_0, Q8_1, Q8_K)",
+                                t ? std::string(t->name).c_str() : "an unknown type id"));
+  }
+  const quant::TypeTraits& t = quant::traits(act_type);
+  if (cols < 1 || cols % t.block_size != 0) {
+    return Status::error(format("quantize_activations: cols=%lld is not a positive multiple of %s's block of %lld",
+                                (long long)cols, std::string(t.name).c_str(), (long long)t.block_size));
+  }
+  MAGNETAR_RETURN_IF_ERROR(check_vectors("quantize_activations", n_vectors));
+  if (x == nullptr || out == nullptr) return Status::error("quantize_activations: null device pointer");
+  if (!aligned(x, 4) || !aligned(out, 4)) {
+    return Status::error("quantize_activations: x and out must be 4-byte aligned device pointers");
+  }
+  detail::launch_quantize_q8(act_type, x, out, act_row_bytes(act_type, cols), cols, n_vectors, stream.raw());
+  return Status();
+}
+
+// ---- matvec -----------------------------------------------------------------------------------------------------
+
+Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream) {
+  const quant::TypeTraits* t = quant::find_traits(uint32_t(args.type));
+  if (t == nullptr) {
+    return Status::error(format("matvec: weight type id %u is unknown or not implemented", unsigned(args.type)));
+  }
+  const std::string name(t->name);
+  const bool quantized = detail::mmvq_supports(args.type);
+  if (!quantized && !detail::matvec_float_supports(args.type)) {
+    return Status::error(format("matvec: no CUDA kernel for %s weights%s", name.c_str(),
+                                quant::is_weight_type(args.type) ? "" : " (an activation-only format)"));
+  }
+  if (args.rows < 1 || args.rows > INT_MAX) {
+    return Status::error(format("matvec: rows=%lld is outside 1..%d", (long long)args.rows, INT_MAX));
+  }
+  // The kernels index a row's elements (float types) and block parts (quantized types) with int.
+  if (args.cols < 1 || args.cols % t->block_size != 0 || args.cols > INT_MAX / 8) {
+    return Status::error(format("matvec: cols=%lld is not a positive multiple of %s's block of %lld (at most %d)",
+                                (long long)args.cols, name.c_str(), (long long)t->block_size, INT_MAX / 8));
+  }
+  MAGNETAR_RETURN_IF_ERROR(check_vectors("matvec", args.n_vectors));
+  if (args.x_quantized != nullptr && !quantized) {
+    return Status::error(format("matvec: x_quantized is for quantized weight types, not %s", name.c_str()));
+  }
+  const void* x = args.x_quantized != nullptr ? args.x_quantized : static_cast<const void*>(args.x);
+  if (args.weights == nullptr || x == nullptr || args.y == nullptr) {
+    return Status::error("matvec: null device pointer (weights, x or y)");
+  }
+  if (!aligned(args.weights, 16)) return Status::error("matvec: weights must be 16-byte aligned");
+  if (!aligned(x, 4) || !aligned(args.y, 4)) return Status::error("matvec: x (or x_quantized) and y must be 4-byte aligned");
+
+  detail::MatvecLaunch launch{
+      .weights = args.weights,
+      .row_bytes = quant::row_size(args.type, args.cols),
+      .rows = args.rows,
+      .cols = args.cols,
+      .act = args.x,
+      .act_row_bytes = size_t(args.cols) * sizeof(float),
+      .y = args.y,
+      .n_vectors = int(args.n_vectors),
+  };
+  if (!quantized) {
+    detail::launch_matvec_float(args.type, launch, stream.raw());
+    return Status();
+  }
+
+  const quant::Type act_type = t->vec_dot_type;
+  launch.act_row_bytes = act_row_bytes(act_type, args.cols);
+  if (args.x_quantized != nullptr) {
+    launch.act = args.x_quantized;
+    detail::launch_mmvq(args.type, launch, stream.raw());
+    return Status();
+  }
+  if (args.cols > workspace.max_cols() || args.n_vectors > workspace.max_vectors()) {
+    return Status::error(format("matvec: %lld x %lld activations exceed the workspace (%lld x %lld)",
+                                (long long)args.n_vectors, (long long)args.cols,
+                                (long long)workspace.max_vectors(), (long long)workspace.max_cols()));
+  }
+  launch.act = workspace.scratch();
+  detail::launch_quantize_q8(act_type, args.x, workspace.scratch(), launch.act_row_bytes, args.cols,
+                             args.n_vectors, stream.raw());
+  detail::launch_mmvq(args.type, launch, stream.raw());
+  return Status();
+}
+
+}  // namespace magnetar::cuda

@@ -1,0 +1,214 @@
+// Matrix-vector product for float weights (F32, F16, BF16) against float32 activations, accumulating in
+// float32 (fused multiply-add per element, then a warp-shuffle and a shared-memory reduction).
+//
+// Same work split as mmvq.cu: 128-thread CTAs, 1, 2 or 4 warps per row. When cols is a multiple of 8 and
+// the weights and x are 16-byte aligned, each thread reads 8 weights per step (one 16-byte load for
+// F16/BF16, two for F32) and the matching 8 floats of x (two 16-byte loads); otherwise one element per step.
+// Bandwidth: 2 (F16/BF16) or 4 (F32) weight bytes per 2 flops, so memory-bound like the quantized types.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cuda_check.cuh"
+#include "backends/cuda/launch.h"
+
+namespace magnetar::cuda::detail {
+namespace {
+
+using quant::Type;
+
+constexpr int kWarpSize = 32;
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / kWarpSize;
+constexpr int kChunk = 8;  // elements per vectorized step
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ float half_bits_to_float(uint32_t h) {
+  __half_raw raw;
+  raw.x = uint16_t(h);
+  return __half2float(__half(raw));
+}
+
+// Element i of a row, and eight elements from 16-byte aligned storage.
+template <Type T>
+struct FloatWeights;
+
+template <>
+struct FloatWeights<Type::F32> {
+  static __device__ __forceinline__ float at(const void* row, int i) { return static_cast<const float*>(row)[i]; }
+  static __device__ __forceinline__ void chunk(const void* row, int i, float out[kChunk]) {
+    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(row) + i);
+    const float4 a = p[0];
+    const float4 b = p[1];
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+    out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+  }
+};
+
+template <>
+struct FloatWeights<Type::F16> {
+  static __device__ __forceinline__ float at(const void* row, int i) {
+    return half_bits_to_float(static_cast<const uint16_t*>(row)[i]);
+  }
+  static __device__ __forceinline__ void chunk(const void* row, int i, float out[kChunk]) {
+    const uint4 v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(row) + i);
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      out[2 * k] = half_bits_to_float(words[k] & 0xffffu);
+      out[2 * k + 1] = half_bits_to_float(words[k] >> 16);
+    }
+  }
+};
+
+// bf16 -> float is exact: the 16 bits become the high half of the float.
+template <>
+struct FloatWeights<Type::BF16> {
+  static __device__ __forceinline__ float at(const void* row, int i) {
+    return __uint_as_float(uint32_t(static_cast<const uint16_t*>(row)[i]) << 16);
+  }
+  static __device__ __forceinline__ void chunk(const void* row, int i, float out[kChunk]) {
+    const uint4 v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(row) + i);
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      out[2 * k] = __uint_as_float(words[k] << 16);
+      out[2 * k + 1] = __uint_as_float(words[k] & 0xffff0000u);
+    }
+  }
+};
+
+template <Type T, int kMaxVectors, bool kVectorized>
+__global__ void __launch_bounds__(kThreads)
+    matvec_float_kernel(const uint8_t* __restrict__ weights, size_t row_bytes, int rows, int cols,
+                        const float* __restrict__ x, float* __restrict__ y, int n_vectors, int warps_per_row) {
+  const int warp = int(threadIdx.x) / kWarpSize;
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int rows_per_cta = kWarps / warps_per_row;
+  const int row = int(blockIdx.x) * rows_per_cta + warp / warps_per_row;
+  const int t = (warp % warps_per_row) * kWarpSize + lane;
+  const int stride = warps_per_row * kWarpSize;
+
+  float acc[kMaxVectors];
+#pragma unroll
+  for (int v = 0; v < kMaxVectors; ++v) acc[v] = 0.0f;
+
+  if (row < rows) {
+    const void* w = weights + size_t(row) * row_bytes;
+    if constexpr (kVectorized) {
+      for (int c = t * kChunk; c < cols; c += stride * kChunk) {
+        float wv[kChunk];
+        FloatWeights<T>::chunk(w, c, wv);
+#pragma unroll
+        for (int v = 0; v < kMaxVectors; ++v) {
+          if (v < n_vectors) {
+            const float4* xp = reinterpret_cast<const float4*>(x + size_t(v) * cols + c);
+            const float4 x0 = xp[0];
+            const float4 x1 = xp[1];
+            float s = acc[v];
+            s = fmaf(wv[0], x0.x, s);
+            s = fmaf(wv[1], x0.y, s);
+            s = fmaf(wv[2], x0.z, s);
+            s = fmaf(wv[3], x0.w, s);
+            s = fmaf(wv[4], x1.x, s);
+            s = fmaf(wv[5], x1.y, s);
+            s = fmaf(wv[6], x1.z, s);
+            s = fmaf(wv[7], x1.w, s);
+            acc[v] = s;
+          }
+        }
+      }
+    } else {
+      for (int c = t; c < cols; c += stride) {
+        const float wc = FloatWeights<T>::at(w, c);
+#pragma unroll
+        for (int v = 0; v < kMaxVectors; ++v) {
+          if (v < n_vectors) acc[v] = fmaf(wc, x[size_t(v) * cols + c], acc[v]);
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int v = 0; v < kMaxVectors; ++v) acc[v] = warp_sum(acc[v]);
+
+  if (warps_per_row == 1) {  // uniform over the CTA
+    if (lane == 0 && row < rows) {
+#pragma unroll
+      for (int v = 0; v < kMaxVectors; ++v) {
+        if (v < n_vectors) y[size_t(v) * rows + row] = acc[v];
+      }
+    }
+    return;
+  }
+  __shared__ float partial[kWarps][kMaxVectors];
+  if (lane == 0) {
+#pragma unroll
+    for (int v = 0; v < kMaxVectors; ++v) partial[warp][v] = acc[v];
+  }
+  __syncthreads();
+  if (lane == 0 && warp % warps_per_row == 0 && row < rows) {
+#pragma unroll
+    for (int v = 0; v < kMaxVectors; ++v) {
+      if (v < n_vectors) {
+        float s = 0.0f;
+        for (int k = 0; k < warps_per_row; ++k) s += partial[warp + k][v];
+        y[size_t(v) * rows + row] = s;
+      }
+    }
+  }
+}
+
+template <Type T, int kMaxVectors, bool kVectorized>
+void launch_with(const MatvecLaunch& a, int wpr, cudaStream_t stream) {
+  const int rows_per_cta = kWarps / wpr;
+  const unsigned grid = unsigned((a.rows + rows_per_cta - 1) / rows_per_cta);
+  matvec_float_kernel<T, kMaxVectors, kVectorized><<<grid, kThreads, 0, stream>>>(
+      static_cast<const uint8_t*>(a.weights), a.row_bytes, int(a.rows), int(a.cols),
+      static_cast<const float*>(a.act), a.y, a.n_vectors, wpr);
+}
+
+template <Type T>
+void launch(const MatvecLaunch& a, cudaStream_t stream) {
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vectorized = a.cols % kChunk == 0 && aligned16(a.weights) && aligned16(a.act);
+  // One thread handles kChunk (or 1) elements per step; 4 warps per row once each thread has work.
+  const int64_t steps = vectorized ? a.cols / kChunk : a.cols;
+  const int wpr = steps >= 4 * kWarpSize ? 4 : (steps >= 2 * kWarpSize ? 2 : 1);
+  if (a.n_vectors == 1) {
+    if (vectorized) {
+      launch_with<T, 1, true>(a, wpr, stream);
+    } else {
+      launch_with<T, 1, false>(a, wpr, stream);
+    }
+  } else {
+    if (vectorized) {
+      launch_with<T, int(kMaxMatvecVectors), true>(a, wpr, stream);
+    } else {
+      launch_with<T, int(kMaxMatvecVectors), false>(a, wpr, stream);
+    }
+  }
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+bool matvec_float_supports(quant::Type type) {
+  return type == Type::F32 || type == Type::F16 || type == Type::BF16;
+}
+
+bool launch_matvec_float(quant::Type type, const MatvecLaunch& args, CUstream_st* stream) {
+  switch (type) {
+    case Type::F32: launch<Type::F32>(args, stream); return true;
+    case Type::F16: launch<Type::F16>(args, stream); return true;
+    case Type::BF16: launch<Type::BF16>(args, stream); return true;
+    default: return false;
+  }
+}
+
+}  // namespace magnetar::cuda::detail

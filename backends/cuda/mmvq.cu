@@ -1,0 +1,192 @@
+// Quantized matrix-vector product for decode: y[v] = W x[v], W [rows, cols] in a quantized weight type,
+// x[v] already quantized to the type's activation format (quantize_q8.cu), v < n_vectors <= 8.
+//
+// Performance design (counts first, then what the H200 measured):
+//   Per row of n elements the kernel reads n * bpw / 8 weight bytes (bpw: 4.5 for Q4_0/IQ4_NL/Q4_K/IQ4_XS,
+//   4.25 MXFP4, 5 Q4_1, 5.5 Q5_0/Q5_K, 6 Q5_1, 6.56 Q6_K, 8.5 Q8_0, 2.625 Q2_K, 3.44 Q3_K) and does 2n
+//   flops of multiply-add as n / 4 dp4a plus the unpacking. The activation (~1.1 n bytes per vector) is
+//   shared by every row and is served from L1/L2. So a 4096 x 4096 Q4_0 matrix is 9.4 MB of weights and
+//   33.5 Mflop: ~3.6 flop per weight byte, far below the H200's ridge point; the floor is the HBM3e stream
+//   at ~4.8 TB/s (2 us for that matrix), so the kernel is written to keep memory busy, not the ALUs:
+//   - one row per warp, or 2 / 4 warps per row when a row has enough work (128-thread CTAs, 4 / 2 / 1 rows
+//     per CTA); enough warps in flight per SM to cover HBM latency on a 4096-row matrix;
+//   - consecutive threads take consecutive parts of a block and consecutive blocks (MmvqType<T>::kParts
+//     parts per block), so a warp's loads cover one contiguous stretch of the row: every 32-byte sector
+//     fetched from HBM is used whole;
+//   - weight loads are as wide as the block alignment allows (16-byte for Q4_K/Q5_K, whose blocks are
+//     multiples of 16 bytes; 2- or 4-byte for the 18/20/22/34-byte blocks, where wider loads would straddle
+//     blocks); the integer dots are __dp4a on int8x4 words;
+//   - per-thread float partial sums, then a warp-shuffle reduction, then (several warps per row) one pass
+//     through shared memory; no atomics, so results are deterministic run to run.
+//   Measured on the H200 (bench/cuda/mmvq_bench.cpp, 2026-11-30, median of 3, weights streamed from HBM,
+//   per matvec including activation quantization; F32 uses matvec_float.cu, same work split):
+//     4096x4096, 1 vector   Q4_0 8.7 us (1.08 TB/s, 22% of 4.8 TB/s)  Q4_K 7.9 us (25%)  Q6_K 10.7 us (27%)
+//                           Q8_0 10.8 us (34%)  Q2_K 7.5 us (15%)  MXFP4 11.3 us (16%)  F32 17.4 us (80%)
+//     pre-quantized x (MatvecArgs::x_quantized) saves only 1.2-1.8 us; 4 vectors take 2.5-3x one vector.
+//   So this first version is NOT bandwidth-bound. Not profiled yet; the likely causes (estimates, not
+//   counter readings) are instruction issue and latency: narrow 2-byte loads for the 18/22/34-byte blocks,
+//   an estimated 60-80 instructions per 16 elements with index math and per-part scale conversions,
+//   __vsub4 (emulated on sm_90), short-lived CTAs; and with n_vectors > 1 the weight unpacking is repeated
+//   per vector. Next steps, each to be measured (ncu works on these machines): a whole block per thread
+//   with 16-byte loads staged through shared memory, activation sums instead of __vsub4 for the offsets,
+//   unpacking once for all vectors, a persistent grid.
+#include <cuda_runtime.h>
+
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cuda_check.cuh"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/mmvq.cuh"
+
+namespace magnetar::cuda::detail {
+namespace {
+
+using quant::Type;
+
+constexpr int kWarpSize = 32;
+constexpr int kThreads = 128;  // per CTA: 4 warps
+constexpr int kWarps = kThreads / kWarpSize;
+constexpr int kUnrollItems = 2;  // 2 and 4 (with 1, 2 warps per row) measured alike, see warps_per_row
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Grid: ceil(rows / (kWarps / warps_per_row)) CTAs of kThreads. warps_per_row is 1, 2 or 4.
+// kMaxVectors is 1 (the common decode case, no per-vector loop overhead) or kMaxMatvecVectors.
+template <Type T, int kMaxVectors>
+__global__ void __launch_bounds__(kThreads)
+    mmvq_kernel(const uint8_t* __restrict__ weights, size_t row_bytes, int rows, int blocks_per_row,
+                const uint8_t* __restrict__ act, size_t act_row_bytes, float* __restrict__ y, int n_vectors,
+                int warps_per_row) {
+  using Ops = mmvq::MmvqType<T>;
+  using Block = typename Ops::Block;
+  using Act = typename Ops::Act;
+  const int warp = int(threadIdx.x) / kWarpSize;
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int rows_per_cta = kWarps / warps_per_row;
+  const int row = int(blockIdx.x) * rows_per_cta + warp / warps_per_row;
+  const int t = (warp % warps_per_row) * kWarpSize + lane;  // this thread's index among the row's threads
+  const int stride = warps_per_row * kWarpSize;
+
+  float acc[kMaxVectors];
+#pragma unroll
+  for (int v = 0; v < kMaxVectors; ++v) acc[v] = 0.0f;
+
+  if (row < rows) {
+    const Block* w = reinterpret_cast<const Block*>(weights + size_t(row) * row_bytes);
+    const int items = blocks_per_row * Ops::kParts;
+#pragma unroll kUnrollItems
+    for (int it = t; it < items; it += stride) {
+      const int b = it / Ops::kParts;  // kParts is a power of two: a shift and a mask
+      const int part = it % Ops::kParts;
+#pragma unroll
+      for (int v = 0; v < kMaxVectors; ++v) {
+        if (v < n_vectors) {
+          const Act* a = reinterpret_cast<const Act*>(act + size_t(v) * act_row_bytes);
+          acc[v] += Ops::dot(w[b], a[b], part);
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int v = 0; v < kMaxVectors; ++v) acc[v] = warp_sum(acc[v]);
+
+  if (warps_per_row == 1) {  // uniform over the CTA: the early exit cannot split a __syncthreads
+    if (lane == 0 && row < rows) {
+#pragma unroll
+      for (int v = 0; v < kMaxVectors; ++v) {
+        if (v < n_vectors) y[size_t(v) * rows + row] = acc[v];
+      }
+    }
+    return;
+  }
+  __shared__ float partial[kWarps][kMaxVectors];
+  if (lane == 0) {
+#pragma unroll
+    for (int v = 0; v < kMaxVectors; ++v) partial[warp][v] = acc[v];
+  }
+  __syncthreads();
+  if (lane == 0 && warp % warps_per_row == 0 && row < rows) {
+#pragma unroll
+    for (int v = 0; v < kMaxVectors; ++v) {
+      if (v < n_vectors) {
+        float s = 0.0f;
+        for (int k = 0; k < warps_per_row; ++k) s += partial[warp + k][v];
+        y[size_t(v) * rows + row] = s;
+      }
+    }
+  }
+}
+
+// Warps per row: 4 when the row has at least one item per thread of the CTA, fewer for short rows so that
+// threads are not left idle. Measured on the H200 (bench/cuda/mmvq_bench.cpp, 2026-11-30, v1, Q4_0 Q4_1
+// Q8_0 Q2_K Q4_K Q6_K IQ4_XS at 4096x4096 and 2048x7168): forcing 2 warps per row (unroll 4) was within
+// +-5% of this; 1 warp per row (unroll 4 or 8) was as fast at 4096 rows and up to 25% slower at 2048 rows.
+int warps_per_row(int64_t items_per_row) {
+  if (items_per_row >= 4 * kWarpSize) return 4;
+  if (items_per_row >= 2 * kWarpSize) return 2;
+  return 1;
+}
+
+template <Type T>
+void launch(const MatvecLaunch& a, cudaStream_t stream) {
+  const int blocks_per_row = int(a.row_bytes / sizeof(typename mmvq::MmvqType<T>::Block));
+  const int wpr = warps_per_row(int64_t(blocks_per_row) * mmvq::MmvqType<T>::kParts);
+  const int rows_per_cta = kWarps / wpr;
+  const unsigned grid = unsigned((a.rows + rows_per_cta - 1) / rows_per_cta);
+  const auto* w = static_cast<const uint8_t*>(a.weights);
+  const auto* x = static_cast<const uint8_t*>(a.act);
+  if (a.n_vectors == 1) {
+    mmvq_kernel<T, 1><<<grid, kThreads, 0, stream>>>(w, a.row_bytes, int(a.rows), blocks_per_row, x,
+                                                      a.act_row_bytes, a.y, 1, wpr);
+  } else {
+    mmvq_kernel<T, int(kMaxMatvecVectors)><<<grid, kThreads, 0, stream>>>(w, a.row_bytes, int(a.rows), blocks_per_row,
+                                                                        x, a.act_row_bytes, a.y, a.n_vectors, wpr);
+  }
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+bool mmvq_supports(quant::Type type) {
+  switch (type) {
+    case Type::Q4_0:
+    case Type::Q4_1:
+    case Type::Q5_0:
+    case Type::Q5_1:
+    case Type::Q8_0:
+    case Type::IQ4_NL:
+    case Type::MXFP4:
+    case Type::Q2_K:
+    case Type::Q3_K:
+    case Type::Q4_K:
+    case Type::Q5_K:
+    case Type::Q6_K:
+    case Type::IQ4_XS: return true;
+    default: return false;
+  }
+}
+
+bool launch_mmvq(quant::Type type, const MatvecLaunch& args, CUstream_st* stream) {
+  switch (type) {
+    case Type::Q4_0: launch<Type::Q4_0>(args, stream); return true;
+    case Type::Q4_1: launch<Type::Q4_1>(args, stream); return true;
+    case Type::Q5_0: launch<Type::Q5_0>(args, stream); return true;
+    case Type::Q5_1: launch<Type::Q5_1>(args, stream); return true;
+    case Type::Q8_0: launch<Type::Q8_0>(args, stream); return true;
+    case Type::IQ4_NL: launch<Type::IQ4_NL>(args, stream); return true;
+    case Type::MXFP4: launch<Type::MXFP4>(args, stream); return true;
+    case Type::Q2_K: launch<Type::Q2_K>(args, stream); return true;
+    case Type::Q3_K: launch<Type::Q3_K>(args, stream); return true;
+    case Type::Q4_K: launch<Type::Q4_K>(args, stream); return true;
+    case Type::Q5_K: launch<Type::Q5_K>(args, stream); return true;
+    case Type::Q6_K: launch<Type::Q6_K>(args, stream); return true;
+    case Type::IQ4_XS: launch<Type::IQ4_XS>(args, stream); return true;
+    default: return false;
+  }
+}
+
+}  // namespace magnetar::cuda::detail

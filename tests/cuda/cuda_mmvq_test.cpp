@@ -1,0 +1,406 @@
+// The CUDA matrix-vector products (matvec) and activation quantizer (quantize_activations) against the
+// scalar reference (STYLE.md rule 7). Needs a GPU: without one every test that launches a kernel reports
+// SKIPPED, never passed; the argument checks (RejectsBadArguments) need no device and always run.
+//
+// What is asserted:
+//   quantize_activations  byte-identical with the reference quantizer of Q8_0, Q8_1 and Q8_K, on Gaussian
+//                         rows with outliers and on edge blocks (zeros, equal magnitudes of both signs,
+//                         constants, tiny and huge values);
+//   matvec, quantized     every output element within a derived float-rounding bound (below) of the
+//                         reference vec_dot of the same quantized weight row with the activations that
+//                         matvec itself used (quantize_activations' bytes, which the test above pins to the
+//                         reference quantizer's);
+//   matvec, x_quantized   bit-identical with matvec from x (same kernel, same activation bytes);
+//   matvec, F32/F16/BF16  every output element within a derived bound of a double-precision dot product of
+//                         the (exactly representable) weights and the float32 activations;
+// for every weight type of the trait table, rows 1, 7, 33 and 4096 (prefixes of one 4096-row matrix made
+// by the reference quantizer from Gaussian data), cols 256, 512, 2816 and 4096 (plus 37 and 4099 for the
+// element types: the unvectorized path), and 1 to 8 activation vectors per launch. Outputs sit between
+// poisoned guard floats: a missed row or a write past the end fails.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <ostream>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/cuda/cuda_backend.h"
+#include "quant/quant.h"
+
+namespace magnetar {
+namespace {
+
+using quant::Type;
+using quant::TypeTraits;
+
+constexpr uint64_t kSeed = 20261130;
+constexpr int64_t kMaxRows = 4096;
+constexpr int64_t kRowCounts[] = {1, 7, 33, 4096};
+constexpr int64_t kColCounts[] = {256, 512, 2816, 4096};
+constexpr int64_t kOddColCounts[] = {37, 4099};  // element types only: not a multiple of the 8-wide path
+constexpr int64_t kMaxCols = 4099;
+constexpr size_t kGuardFloats = 64;  // poisoned floats after each output
+
+#define SKIP_WITHOUT_GPU() \
+  if (cuda::device_count() == 0) GTEST_SKIP() << "SKIP: no CUDA device on this machine: NOT tested"
+
+// Fatal-on-error unwrapping of a Result inside a test body.
+#define ASSERT_OK_AND_ASSIGN(lhs, expr) ASSERT_OK_AND_ASSIGN_IMPL(MAGNETAR_CONCAT(result_, __LINE__), lhs, expr)
+#define ASSERT_OK_AND_ASSIGN_IMPL(tmp, lhs, expr)          \
+  auto tmp = (expr);                                       \
+  ASSERT_TRUE(tmp.ok()) << tmp.status().message();         \
+  lhs = std::move(tmp).value()
+#define ASSERT_OK(expr)                               \
+  do {                                                \
+    const Status status_ = (expr);                    \
+    ASSERT_TRUE(status_.ok()) << status_.message();   \
+  } while (0)
+
+// ---- data -------------------------------------------------------------------------------------------------
+
+// Box-Muller over mt19937_64, so the data does not depend on the standard library's distributions.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : gen_(seed) {}
+  uint64_t bits() { return gen_(); }
+  double uniform() { return double(gen_() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
+  float gaussian() {
+    const double u1 = 1.0 - uniform();
+    const double u2 = uniform();
+    return float(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+  }
+
+ private:
+  std::mt19937_64 gen_;
+};
+
+std::vector<float> gaussian(Rng& rng, int64_t n, float sigma = 1.0f) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& f : v) f = sigma * rng.gaussian();
+  return v;
+}
+
+// n_vectors rows of activations: Gaussian with a few outliers per row (as residual streams have).
+std::vector<float> activations(Rng& rng, int64_t n_vectors, int64_t cols) {
+  std::vector<float> x = gaussian(rng, n_vectors * cols);
+  for (int64_t v = 0; v < n_vectors; ++v) {
+    for (int k = 0; k < 3; ++k) {
+      const int64_t i = int64_t(rng.bits() % uint64_t(cols));
+      x[size_t(v * cols + i)] = (rng.bits() & 1 ? 40.0f : -40.0f) * (1.0f + float(k));
+    }
+  }
+  return x;
+}
+
+std::vector<uint8_t> quantize_ref(Type type, const std::vector<float>& x) {
+  std::vector<uint8_t> q(quant::row_size(type, int64_t(x.size())));
+  quant::traits(type).from_float(x.data(), q.data(), int64_t(x.size()));
+  return q;
+}
+
+std::vector<float> dequantize_ref(Type type, const uint8_t* q, int64_t n) {
+  std::vector<float> x(static_cast<size_t>(n));
+  quant::traits(type).to_float(q, x.data(), n);
+  return x;
+}
+
+std::vector<float> poisoned(size_t n) { return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()); }
+
+// ---- tolerances ---------------------------------------------------------------------------------------------
+
+// Quantized types. The reference and the kernel both compute sum_k t_k over float terms t_k: per block or
+// block part an exact integer dot times float scales (the kernel splits each block into MmvqType<T>::kParts
+// parts with one scaled term each, plus one min term per part or block for Q4_1/Q5_1/Q2_K/Q4_K/Q5_K).
+// With u = 2^-24:
+//  - each term is rounded at most 3 times (the scale products, the product with the integer, which converts
+//    exactly as |sum| < 2^24), a relative error <= 3u;
+//  - a sum of m terms in ANY order and grouping (the reference's block order, the kernel's per-thread
+//    strides, warp shuffles and cross-warp sum) is within gamma_(m-1) * sum|t_k| of the exact sum
+//    (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., 4.2), gamma_j = j u / (1 - j u);
+//    FMAs only remove roundings.
+// So each is within (m + 3) u sum|t_k| of the exact value, and they differ by at most 2 (m + 3) u sum|t_k|.
+// m <= n / 8 for both (at most four terms per 32 elements: Q4_1/Q5_1 have two parts and a min term per
+// block, every other layout fewer). sum|t_k| <= 3 M, M = sum_i amax_b(i) |y_i| with amax_b the largest
+// |dequantized weight| of i's block and y the dequantized activations: the quantizers keep the scaled part
+// of a block within 2 amax_b and the min within amax_b (the derivation of tests/kernels/kernels_test.cpp,
+// whose bound this is with the kernel's larger m). Tight for 1-block rows, where a wrong element or scale
+// misses by orders of magnitude; worst-case (not typical) rounding for long ones.
+double quantized_tolerance(const TypeTraits& t, const float* w, const float* y, int64_t n) {
+  double magnitude = 0;
+  for (int64_t b = 0; b < n; b += t.block_size) {
+    double amax = 0;
+    double ysum = 0;
+    for (int64_t i = b; i < b + t.block_size; ++i) {
+      amax = std::max(amax, std::fabs(double(w[i])));
+      ysum += std::fabs(double(y[i]));
+    }
+    magnitude += amax * ysum;
+  }
+  const double m = double(n) / 8.0;
+  const double u = std::ldexp(1.0, -24);
+  return 2.0 * (m + 3.0) * u * 3.0 * magnitude + 1e-30;
+}
+
+// Element types: the kernel rounds each of the n products and n additions at most once (fmaf rounds the
+// pair once), so |kernel - exact| <= gamma_(n+1) sum|w_i x_i|; the double reference is exact to ~n 2^-53
+// relative. Bound: 2 (n + 3) u sum|w_i x_i|.
+double float_tolerance(const float* w, const float* x, int64_t n, double* exact) {
+  double sum = 0;
+  double abs_sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double p = double(w[i]) * double(x[i]);
+    sum += p;
+    abs_sum += std::fabs(p);
+  }
+  *exact = sum;
+  return 2.0 * (double(n) + 3.0) * std::ldexp(1.0, -24) * abs_sum + 1e-30;
+}
+
+// ---- matvec ----------------------------------------------------------------------------------------------------
+
+std::vector<Type> weight_types() {
+  std::vector<Type> types;
+  for (const TypeTraits& t : quant::all_types()) {
+    if (quant::is_weight_type(t.type)) types.push_back(t.type);
+  }
+  return types;
+}
+
+std::vector<int64_t> col_counts(const TypeTraits& t) {
+  std::vector<int64_t> cols(std::begin(kColCounts), std::end(kColCounts));
+  if (t.block_size == 1) cols.insert(cols.end(), std::begin(kOddColCounts), std::end(kOddColCounts));
+  return cols;
+}
+
+// Vectors per launch for a row count: 1 everywhere, batches on the small and the large matrices.
+std::vector<int64_t> vector_counts(int64_t rows) {
+  if (rows == 1) return {1, 8};
+  if (rows == 7) return {1, 3};
+  if (rows == 33) return {1, 8};
+  return {1, 2};
+}
+
+class CudaMatvecTest : public testing::TestWithParam<Type> {};
+
+std::string type_case_name(const testing::TestParamInfo<Type>& info) { return std::string(quant::type_name(info.param)); }
+
+TEST_P(CudaMatvecTest, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const TypeTraits& t = quant::traits(GetParam());
+  const bool quantized = t.is_quantized;
+  const TypeTraits& act = quant::traits(t.vec_dot_type);
+  Rng rng(kSeed ^ uint64_t(t.type));
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  ASSERT_OK_AND_ASSIGN(cuda::MatvecWorkspace workspace, cuda::MatvecWorkspace::create(kMaxCols, cuda::kMaxMatvecVectors));
+
+  for (int64_t cols : col_counts(t)) {
+    const size_t row_bytes = quant::row_size(t.type, cols);
+    // One matrix per width; the row counts take its first rows.
+    const std::vector<uint8_t> qw = quantize_ref(t.type, gaussian(rng, kMaxRows * cols));
+    const std::vector<float> w = dequantize_ref(t.type, qw.data(), kMaxRows * cols);
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer w_dev, cuda::DeviceBuffer::allocate(qw.size()));
+    ASSERT_OK(w_dev.upload(qw.data(), qw.size()));
+
+    for (int64_t rows : kRowCounts) {
+      for (int64_t n_vectors : vector_counts(rows)) {
+        const std::string where = std::string(t.name) + " rows=" + std::to_string(rows) +
+                                  " cols=" + std::to_string(cols) + " n_vectors=" + std::to_string(n_vectors);
+        const std::vector<float> x = activations(rng, n_vectors, cols);
+        const size_t y_count = size_t(n_vectors * rows);
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer x_dev, cuda::DeviceBuffer::allocate(x.size() * sizeof(float)));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer y_dev,
+                             cuda::DeviceBuffer::allocate((y_count + kGuardFloats) * sizeof(float)));
+        ASSERT_OK(x_dev.upload(x.data(), x.size() * sizeof(float)));
+        const std::vector<float> poison = poisoned(y_count + kGuardFloats);
+        ASSERT_OK(y_dev.upload(poison.data(), poison.size() * sizeof(float)));
+
+        ASSERT_OK(cuda::matvec({.type = t.type,
+                                .weights = w_dev.data(),
+                                .rows = rows,
+                                .cols = cols,
+                                .x = x_dev.as<float>(),
+                                .y = y_dev.as<float>(),
+                                .n_vectors = n_vectors},
+                               workspace, stream));
+        stream.synchronize();
+        std::vector<float> got(y_count + kGuardFloats);
+        ASSERT_OK(y_dev.download(got.data(), got.size() * sizeof(float)));
+        for (size_t i = y_count; i < got.size(); ++i) {
+          ASSERT_TRUE(std::isnan(got[i])) << where << ": wrote " << (i - y_count + 1) << " floats past the output";
+        }
+
+        // The activations matvec used, for the reference dot (quantized types).
+        std::vector<uint8_t> qx;
+        if (quantized) {
+          const size_t act_row = quant::row_size(act.type, cols);
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer qx_dev, cuda::DeviceBuffer::allocate(act_row * size_t(n_vectors)));
+          ASSERT_OK(cuda::quantize_activations(act.type, x_dev.as<float>(), qx_dev.data(), cols, n_vectors, stream));
+          stream.synchronize();
+          qx.resize(act_row * size_t(n_vectors));
+          ASSERT_OK(qx_dev.download(qx.data(), qx.size()));
+
+          // The same product from those pre-quantized activations (x_quantized): the same kernel on the same
+          // bytes, so bit-identical outputs.
+          ASSERT_OK(y_dev.upload(poison.data(), poison.size() * sizeof(float)));
+          ASSERT_OK(cuda::matvec({.type = t.type,
+                                  .weights = w_dev.data(),
+                                  .rows = rows,
+                                  .cols = cols,
+                                  .x = nullptr,
+                                  .y = y_dev.as<float>(),
+                                  .n_vectors = n_vectors,
+                                  .x_quantized = qx_dev.data()},
+                                 workspace, stream));
+          stream.synchronize();
+          std::vector<float> again(got.size());
+          ASSERT_OK(y_dev.download(again.data(), again.size() * sizeof(float)));
+          EXPECT_EQ(std::memcmp(again.data(), got.data(), y_count * sizeof(float)), 0)
+              << where << ": x_quantized gives other outputs than x";
+        }
+
+        int64_t bad = 0;
+        for (int64_t v = 0; v < n_vectors; ++v) {
+          std::vector<float> y_act;  // dequantized activations of vector v (quantized types)
+          const uint8_t* qx_v = nullptr;
+          if (quantized) {
+            qx_v = qx.data() + size_t(v) * quant::row_size(act.type, cols);
+            y_act = dequantize_ref(act.type, qx_v, cols);
+          }
+          for (int64_t r = 0; r < rows; ++r) {
+            const float* w_row = w.data() + size_t(r * cols);
+            double want;
+            double tol;
+            if (quantized) {
+              want = double(t.vec_dot(cols, qw.data() + size_t(r) * row_bytes, qx_v));
+              tol = quantized_tolerance(t, w_row, y_act.data(), cols);
+            } else {
+              tol = float_tolerance(w_row, x.data() + size_t(v * cols), cols, &want);
+            }
+            const float g = got[size_t(v * rows + r)];
+            if (std::fabs(double(g) - want) <= tol) continue;  // false for NaN: an unwritten output fails
+            if (++bad <= 5) {
+              ADD_FAILURE() << where << ": y[" << v << "][" << r << "] = " << g << ", reference " << want
+                            << ", |diff| " << std::fabs(double(g) - want) << " > bound " << tol;
+            }
+          }
+        }
+        EXPECT_EQ(bad, 0) << where << ": outputs outside the bound";
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllWeightTypes, CudaMatvecTest, testing::ValuesIn(weight_types()), type_case_name);
+
+// ---- quantize_activations ---------------------------------------------------------------------------------
+
+// Rows of Gaussian activations with outliers, then edge blocks written over the start of vector 0: an
+// all-zero block, equal magnitudes of both signs (the first one decides Q8_K's sign), a constant block,
+// values whose Q8 scale is an fp16 subnormal, values near the fp16 limit.
+std::vector<float> quantizer_input(Rng& rng, int64_t n_vectors, int64_t cols, int64_t block) {
+  std::vector<float> x = activations(rng, n_vectors, cols);
+  const int64_t blocks = cols / block;
+  auto fill = [&](int64_t b, auto&& f) {
+    if (b >= blocks) return;
+    for (int64_t i = 0; i < block; ++i) x[size_t(b * block + i)] = f(i);
+  };
+  fill(0, [](int64_t) { return 0.0f; });
+  fill(1, [&](int64_t i) { return i == 3 ? -2.5f : (i == 7 ? 2.5f : 0.25f * rng.gaussian()); });
+  fill(2, [&](int64_t i) { return i == 3 ? 2.5f : (i == 7 ? -2.5f : 0.25f * rng.gaussian()); });
+  fill(3, [](int64_t) { return 7.0f; });
+  fill(4, [&](int64_t) { return 1e-6f * rng.gaussian(); });
+  fill(5, [&](int64_t) { return 6e4f * rng.gaussian(); });
+  return x;
+}
+
+TEST(CudaQuantizeActivations, ByteIdenticalWithReference) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  Rng rng(kSeed + 1);
+  for (Type act_type : {Type::Q8_0, Type::Q8_1, Type::Q8_K}) {
+    const TypeTraits& a = quant::traits(act_type);
+    for (int64_t cols : {int64_t(256), int64_t(2816), int64_t(4096)}) {
+      for (int64_t n_vectors : {int64_t(1), int64_t(8)}) {
+        const std::string where = std::string(a.name) + " cols=" + std::to_string(cols) +
+                                  " n_vectors=" + std::to_string(n_vectors);
+        const std::vector<float> x = quantizer_input(rng, n_vectors, cols, a.block_size);
+        const size_t row = quant::row_size(act_type, cols);
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer x_dev, cuda::DeviceBuffer::allocate(x.size() * sizeof(float)));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer q_dev, cuda::DeviceBuffer::allocate(row * size_t(n_vectors)));
+        ASSERT_OK(x_dev.upload(x.data(), x.size() * sizeof(float)));
+        ASSERT_OK(cuda::quantize_activations(act_type, x_dev.as<float>(), q_dev.data(), cols, n_vectors, stream));
+        stream.synchronize();
+        std::vector<uint8_t> got(row * size_t(n_vectors));
+        ASSERT_OK(q_dev.download(got.data(), got.size()));
+        for (int64_t v = 0; v < n_vectors; ++v) {
+          const std::vector<float> xv(x.begin() + v * cols, x.begin() + (v + 1) * cols);
+          const std::vector<uint8_t> want = quantize_ref(act_type, xv);
+          const uint8_t* g = got.data() + size_t(v) * row;
+          const auto mismatch = std::mismatch(want.begin(), want.end(), g);
+          if (mismatch.first == want.end()) continue;
+          const size_t byte = size_t(mismatch.first - want.begin());
+          ADD_FAILURE() << where << " vector " << v << ": bytes differ first in block " << byte / a.type_size
+                        << " byte " << byte % a.type_size << ": reference 0x" << std::hex << int(*mismatch.first)
+                        << ", kernel 0x" << int(*mismatch.second) << std::dec;
+        }
+      }
+    }
+  }
+}
+
+// ---- argument checks (no device needed) -------------------------------------------------------------------------
+
+TEST(CudaMatvec, RejectsBadArguments) {
+  // Validation happens before any device call, so host pointers stand in for device ones and the stream and
+  // workspace may be empty: none of these calls reaches a kernel.
+  alignas(16) static float fake[64];
+  cuda::Stream stream;
+  cuda::MatvecWorkspace workspace;
+  auto call = [&](cuda::MatvecArgs args) { return cuda::matvec(args, workspace, stream); };
+  const cuda::MatvecArgs ok{.type = Type::Q4_0, .weights = fake, .rows = 7, .cols = 256, .x = fake, .y = fake,
+                            .n_vectors = 1};
+  auto expect_error = [](const Status& s, const std::string& needle) {
+    ASSERT_FALSE(s.ok()) << "expected an error mentioning '" << needle << "'";
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+  };
+
+  cuda::MatvecArgs a = ok;
+  a.type = Type::Q8_K;  // an activation format: no weight kernel
+  expect_error(call(a), "no CUDA kernel for Q8_K");
+  a.type = Type::Q8_1;
+  expect_error(call(a), "no CUDA kernel for Q8_1");
+  a.type = Type(4);  // an id ggml retired
+  expect_error(call(a), "unknown");
+  a = ok;
+  a.cols = 100;
+  expect_error(call(a), "cols=100");
+  a = ok;
+  a.rows = 0;
+  expect_error(call(a), "rows=0");
+  a = ok;
+  a.n_vectors = cuda::kMaxMatvecVectors + 1;
+  expect_error(call(a), "n_vectors");
+  a = ok;
+  a.weights = reinterpret_cast<const uint8_t*>(fake) + 2;
+  expect_error(call(a), "16-byte aligned");
+  a = ok;
+  a.y = nullptr;
+  expect_error(call(a), "null");
+  a = ok;
+  a.type = Type::F32;
+  a.x_quantized = fake;
+  expect_error(call(a), "x_quantized");
+  // Everything else valid, but the (empty) workspace has no room for the quantized activations.
+  expect_error(call(ok), "workspace");
+  expect_error(cuda::quantize_activations(Type::Q4_0, fake, fake, 256, 1, stream), "not an activation format");
+  expect_error(cuda::quantize_activations(Type::Q8_K, fake, fake, 100, 1, stream), "cols=100");
+}
+
+}  // namespace
+}  // namespace magnetar
