@@ -263,6 +263,10 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
   info.file_bytes = impl->file->file_bytes();
   info.has_tokenizer = impl->tok.has_value();
   info.chat_template = impl->file->get_string("tokenizer.chat_template");
+  if (impl->tok) {
+    if (impl->tok->bos_id() != tokenizer::kNoToken) info.bos_token = std::string(impl->tok->token_text(impl->tok->bos_id()));
+    if (impl->tok->eos_id() != tokenizer::kNoToken) info.eos_token = std::string(impl->tok->token_text(impl->tok->eos_id()));
+  }
   impl->load_seconds = seconds_since(t0);
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }

@@ -114,6 +114,7 @@ struct ModelInfo {
   uint64_t file_bytes = 0;
   bool has_tokenizer = false;
   std::string chat_template;  // empty when the file has none
+  std::string bos_token, eos_token;  // their text (empty when the tokenizer has none), for chat templates
 };
 
 class Session;
