@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -10,15 +11,21 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <thread>
 #include <utility>
 
 #include "chat/chatml.h"
+#include "chat/tool_calls.h"
+#include "server/conversation.h"
+#include "server/webui.h"
 #include "server/worker.h"
 
 namespace magnetar::server {
 
-using nlohmann::json;
+// Ordered: tools and arguments keep the client's key order into the prompt (chat/conversation.h), and responses
+// list their fields in the order written here.
+using json = nlohmann::ordered_json;
 
 namespace {
 
@@ -103,7 +110,7 @@ Status read_bool(const json& body, const char* key, bool* out) {
 // What every generating route reads from its body: the conversation (or, for /v1/completions, the raw prompt),
 // sampling and limits.
 struct ChatRequest {
-  std::vector<chat::Message> messages;
+  ChatInput chat;      // the chat routes
   std::string prompt;  // /v1/completions only
   SamplingParams sampling;
   int64_t max_tokens = 0;  // 0: until the context is full
@@ -112,41 +119,21 @@ struct ChatRequest {
   bool include_usage = false;
 };
 
-Result<std::string> message_content(const json& content, size_t i) {
-  if (content.is_null()) return std::string();
-  if (content.is_string()) return content.get<std::string>();
-  const std::string field = format("messages[%zu].content", i);
-  if (!content.is_array()) return Status::error(field + " must be a string or an array of text parts");
-  std::string text;
-  for (size_t k = 0; k < content.size(); ++k) {
-    const json& part = content[k];
-    auto type = part.is_object() ? part.find("type") : part.end();
-    auto t = part.is_object() ? part.find("text") : part.end();
-    if (!part.is_object() || type == part.end() || *type != "text" || t == part.end() || !t->is_string()) {
-      return Status::error(format("%s[%zu] must be {\"type\": \"text\", \"text\": STRING}", field.c_str(), k));
-    }
-    text += t->get<std::string>();
-  }
-  return text;
-}
-
 // The OpenAI sampling and limit fields, shared by /v1/chat/completions and /v1/completions.
 Status parse_openai_sampling(const json& body, const SamplingParams& defaults, ChatRequest* out) {
   ChatRequest& r = *out;
   r.sampling = defaults;
   int64_t top_k = r.sampling.top_k, seed = int64_t(r.sampling.seed), max_tokens = 0, max_completion = 0;
-  float frequency_penalty = 0;
   for (Status s :
        {read_float(body, "temperature", &r.sampling.temperature), read_float(body, "top_p", &r.sampling.top_p),
         read_float(body, "min_p", &r.sampling.min_p), read_int(body, "top_k", &top_k), read_int(body, "seed", &seed),
         read_float(body, "presence_penalty", &r.sampling.presence_penalty),
-        read_float(body, "frequency_penalty", &frequency_penalty), read_int(body, "max_tokens", &max_tokens),
+        read_float(body, "frequency_penalty", &r.sampling.frequency_penalty), read_int(body, "max_tokens", &max_tokens),
         read_int(body, "max_completion_tokens", &max_completion), read_bool(body, "stream", &r.stream)}) {
     if (!s.ok()) return s;
   }
   if (r.sampling.temperature < 0) return Status::error("temperature must be >= 0");
   if (top_k < 0) return Status::error("top_k must be >= 0");
-  if (frequency_penalty != 0) return Status::error("frequency_penalty is not supported (use presence_penalty)");
   r.sampling.top_k = int32_t(top_k);
   r.sampling.seed = uint64_t(seed);
   if (max_tokens < 0 || max_completion < 0) return Status::error("max_tokens must be >= 1");
@@ -175,21 +162,9 @@ Status parse_openai_sampling(const json& body, const SamplingParams& defaults, C
 
 Result<ChatRequest> parse_chat_request(const json& body, const SamplingParams& defaults) {
   ChatRequest r;
-  auto messages = body.find("messages");
-  if (messages == body.end()) return Status::error("messages is required");
-  if (!messages->is_array() || messages->empty()) return Status::error("messages must be a non-empty array");
-  for (size_t i = 0; i < messages->size(); ++i) {
-    const json& m = (*messages)[i];
-    if (!m.is_object()) return Status::error(format("messages[%zu] must be an object", i));
-    auto role = m.find("role");
-    if (role == m.end() || !role->is_string() || (*role != "system" && *role != "user" && *role != "assistant")) {
-      return Status::error(format("messages[%zu].role must be \"system\", \"user\" or \"assistant\"", i));
-    }
-    auto content = m.find("content");
-    Result<std::string> text = message_content(content == m.end() ? json() : *content, i);
-    if (!text.ok()) return text.status();
-    r.messages.push_back({.role = role->get<std::string>(), .content = std::move(text.value())});
-  }
+  Result<ChatInput> input = openai_chat_input(body);
+  if (!input.ok()) return input.status();
+  r.chat = std::move(input.value());
   if (Status s = parse_openai_sampling(body, defaults, &r); !s.ok()) return s;
   return r;
 }
@@ -209,71 +184,14 @@ Result<ChatRequest> parse_completion_request(const json& body, const SamplingPar
 
 // ---- Anthropic Messages requests --------------------------------------------------------------------------------
 
-// The text of an Anthropic `content` (a string or an array of blocks); blocks are joined by a blank line.
-// Tool calls come later: until then tool_use and tool_result blocks are rendered as plain text so that a
-// conversation that holds them still runs. Thinking blocks of earlier turns are dropped, as the ChatML template
-// drops earlier reasoning.
-Result<std::string> anthropic_text(const json& content, const std::string& field) {
-  if (content.is_null()) return std::string();
-  if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) return Status::error(field + " must be a string or an array of content blocks");
-  std::string text;
-  auto append = [&text](const std::string& part) {
-    if (!text.empty() && !part.empty()) text += "\n\n";
-    text += part;
-  };
-  for (size_t k = 0; k < content.size(); ++k) {
-    const json& block = content[k];
-    const std::string at = format("%s[%zu]", field.c_str(), k);
-    auto type = block.is_object() ? block.find("type") : block.end();
-    if (!block.is_object() || type == block.end() || !type->is_string()) {
-      return Status::error(at + " must be an object with a string \"type\"");
-    }
-    if (*type == "text") {
-      auto t = block.find("text");
-      if (t == block.end() || !t->is_string()) return Status::error(at + ".text must be a string");
-      append(t->get<std::string>());
-    } else if (*type == "tool_use") {
-      auto name = block.find("name");
-      if (name == block.end() || !name->is_string()) return Status::error(at + ".name must be a string");
-      append("[tool_use " + name->get<std::string>() + " " + dump(block.value("input", json::object())) + "]");
-    } else if (*type == "tool_result") {
-      Result<std::string> inner = anthropic_text(block.value("content", json()), at + ".content");
-      if (!inner.ok()) return inner.status();
-      append("[tool_result] " + inner.value());
-    } else if (*type != "thinking" && *type != "redacted_thinking") {
-      return Status::error(at + ".type \"" + type->get<std::string>() + "\" is not supported");
-    }
-  }
-  return text;
-}
-
 // POST /v1/messages (and /v1/messages/count_tokens, which has no max_tokens). Fields the engine has no use for
-// (metadata, thinking, tools, tool_choice, context_management, ...) are ignored, never an error: clients such as
-// Claude Code send them on every request.
+// (metadata, context_management, ...) are ignored, never an error: clients such as Claude Code send them on every
+// request.
 Result<ChatRequest> parse_anthropic_request(const json& body, const SamplingParams& defaults, bool require_max_tokens) {
   ChatRequest r;
-  if (auto system = body.find("system"); system != body.end()) {
-    Result<std::string> text = anthropic_text(*system, "system");
-    if (!text.ok()) return text.status();
-    if (!text->empty()) r.messages.push_back({.role = "system", .content = std::move(text.value())});
-  }
-  auto messages = body.find("messages");
-  if (messages == body.end()) return Status::error("messages is required");
-  if (!messages->is_array() || messages->empty()) return Status::error("messages must be a non-empty array");
-  for (size_t i = 0; i < messages->size(); ++i) {
-    const json& m = (*messages)[i];
-    if (!m.is_object()) return Status::error(format("messages[%zu] must be an object", i));
-    auto role = m.find("role");
-    if (role == m.end() || !role->is_string() || (*role != "user" && *role != "assistant")) {
-      return Status::error(format("messages[%zu].role must be \"user\" or \"assistant\"", i));
-    }
-    auto content = m.find("content");
-    Result<std::string> text =
-        anthropic_text(content == m.end() ? json() : *content, format("messages[%zu].content", i));
-    if (!text.ok()) return text.status();
-    r.messages.push_back({.role = role->get<std::string>(), .content = std::move(text.value())});
-  }
+  Result<ChatInput> input = anthropic_chat_input(body);
+  if (!input.ok()) return input.status();
+  r.chat = std::move(input.value());
   r.sampling = defaults;
   int64_t top_k = r.sampling.top_k;
   for (Status s : {read_float(body, "temperature", &r.sampling.temperature),
@@ -299,12 +217,101 @@ Result<ChatRequest> parse_anthropic_request(const json& body, const SamplingPara
   return r;
 }
 
-const char* finish_reason_name(FinishReason f) { return f == FinishReason::kLength ? "length" : "stop"; }
+// ---- generation plan: conversation -> prompt text, output format, constraint ------------------------------------
 
-// Anthropic's stop_reason: max_tokens, stop_sequence (one of the request's stop_sequences matched) or end_turn.
-const char* anthropic_stop_reason(const Job& job) {
+// What the worker is asked to do for a chat request, and how its output is to be read.
+struct Generation {
+  std::string prompt;         // rendered, forced prefix included
+  chat::OutputFormat format;  // how to parse the output
+  chat::ConstraintSpec constraint;
+  std::string output_prefix, output_suffix;  // Job's fields of the same names
+  std::vector<std::string> notes;            // for the debug log
+};
+
+// Renders the conversation and decides the constraint: tool_choice "none" drops the tools; a forced tool call
+// (required / a named function) appends `<tool_call>\n{"name": "NAME", "arguments":` to the prompt (without a
+// name: `<tool_call>\n{"name": "` and the names are constrained) and constrains the arguments to a JSON object,
+// closed by `}\n</tool_call>` once complete; json_object constrains the answer to one JSON object. Thinking is
+// off when the model has no <think> token, and for constrained output (the constraint covers the whole answer).
+Generation plan_generation(const ChatInput& input, bool model_thinks) {
+  Generation g;
+  g.notes = input.notes;
+  chat::Conversation conversation = input.conversation;
+  const ToolChoice& choice = input.tool_choice;
+  const bool tools = !conversation.tools.empty() && choice.mode != ToolChoice::Mode::kNone;
+  if (!tools) conversation.tools = json::array();
+  const bool forced =
+      tools && (choice.mode == ToolChoice::Mode::kRequired || choice.mode == ToolChoice::Mode::kFunction);
+  if (conversation.enable_thinking && !model_thinks) {
+    g.notes.push_back("thinking is ignored: the model has no <think> token");
+    conversation.enable_thinking = false;
+  }
+  if (conversation.enable_thinking && (forced || input.json_object)) {
+    g.notes.push_back("thinking is off for a constrained answer (forced tool call or JSON)");
+    conversation.enable_thinking = false;
+  }
+  g.prompt = chat::render_chatml(conversation, /*add_generation_prompt=*/true);
+  // A template may open the think block itself (Qwen3's 2507 thinking models do): the output then starts inside it.
+  const size_t last = g.prompt.find_last_not_of(" \n");
+  const bool opened = conversation.enable_thinking && last != std::string::npos && last >= 6 &&
+                      g.prompt.compare(last - 6, 7, "<think>") == 0;
+  g.format = {.reasoning = conversation.enable_thinking, .starts_in_reasoning = opened, .tool_calls = tools};
+  if (forced) {
+    g.output_prefix = "<tool_call>\n{\"name\": \"";
+    if (choice.mode == ToolChoice::Mode::kFunction) {
+      g.output_prefix += choice.name + "\", \"arguments\":";
+    } else {
+      for (const json& tool : conversation.tools) {
+        g.constraint.choices.push_back(tool["function"]["name"].get<std::string>() + "\", \"arguments\":");
+      }
+    }
+    g.constraint.json_object = true;
+    g.output_suffix = "}\n</tool_call>";
+    g.prompt += g.output_prefix;
+  } else if (input.json_object) {
+    g.constraint.json_object = true;
+  }
+  return g;
+}
+
+// ---- reading the output: events -> the APIs' shapes -----------------------------------------------------------
+
+// The output parser of the model's family: Qwen3/Hermes markup, the only family the built-in ChatML renderer
+// serves (DeepSeek and gpt-oss get theirs with their architectures).
+std::unique_ptr<chat::OutputParser> new_output_parser(const chat::OutputFormat& format) {
+  return chat::new_hermes_parser(format);
+}
+
+// Parses a whole output (non-streamed answers).
+std::vector<chat::OutputEvent> parse_output(const chat::OutputFormat& format, const std::string& text) {
+  std::unique_ptr<chat::OutputParser> parser = new_output_parser(format);
+  std::vector<chat::OutputEvent> events;
+  parser->feed(text, &events);
+  parser->finish(&events);
+  return chat::merge_events(events);
+}
+
+// Call ids: call_ / toolu_ and 24 random alphanumerics, as the two APIs' own ids look.
+std::string new_call_id(const char* prefix) {
+  static constexpr char kAlphabet[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  std::string id = prefix;
+  for (int i = 0; i < 24; ++i) id += kAlphabet[rng() % (sizeof(kAlphabet) - 1)];
+  return id;
+}
+
+// OpenAI's finish_reason: length (max_tokens or the context), tool_calls, or stop.
+const char* finish_reason_name(FinishReason f, bool tool_calls = false) {
+  if (f == FinishReason::kLength) return "length";
+  return tool_calls ? "tool_calls" : "stop";
+}
+
+// Anthropic's stop_reason: max_tokens, stop_sequence (one of the request's stop_sequences matched), tool_use or
+// end_turn.
+const char* anthropic_stop_reason(const Job& job, bool tool_use) {
   if (job.finish == FinishReason::kLength) return "max_tokens";
-  return job.stop_sequence.empty() ? "end_turn" : "stop_sequence";
+  if (!job.stop_sequence.empty()) return "stop_sequence";
+  return tool_use ? "tool_use" : "end_turn";
 }
 
 json usage_json(const Job& job) {
@@ -367,7 +374,9 @@ constexpr const char* kRoutes[] = {"/",
                                    "/v1/messages/count_tokens",
                                    "/tokenize",
                                    "/detokenize",
-                                   "/metrics"};
+                                   "/metrics",
+                                   "/v1/status",
+                                   "/v1/experts/map"};
 
 std::string route_label(const std::string& path) {
   for (const char* r : kRoutes) {
@@ -395,14 +404,23 @@ struct Server::Impl {
   std::mutex requests_mu;
   std::map<std::pair<std::string, int>, uint64_t> requests;  // guarded by requests_mu
 
+  bool model_thinks = false;  // the vocabulary has <think> and </think> tokens (thinking can be turned on)
+
   Impl(Engine& e, ServerOptions o) : engine(e), options(std::move(o)) {}
   void routes();
-  // Tokenizes a rendered prompt, checks that it leaves room to generate, and submits its job.
-  Result<std::shared_ptr<Job>> submit(const std::string& prompt, ChatRequest& request);
+  // Tokenizes a rendered prompt, checks that it leaves room to generate, and submits its job (with the
+  // generation's constraint when `generation` is given).
+  Result<std::shared_ptr<Job>> submit(const std::string& prompt, ChatRequest& request,
+                                      const Generation* generation = nullptr);
+  // The plan of a chat request, its notes printed with --verbose.
+  Generation plan(const ChatRequest& request, const char* route) const;
   void chat_completions(const httplib::Request& req, httplib::Response& res);
   void completions(const httplib::Request& req, httplib::Response& res);
-  void stream_openai(httplib::Response& res, std::shared_ptr<Job> job, bool include_usage, json first,
-                     std::function<json(const std::string&, const char*)> piece);
+  // pieces(text, done): the chunks for the next raw output text; when done (and the job did not fail) the
+  // closing chunks too.
+  using Pieces = std::function<std::vector<json>(const std::string& text, bool done)>;
+  void stream_openai(httplib::Response& res, std::shared_ptr<Job> job, bool include_usage, json first, json usage_base,
+                     Pieces pieces);
   void messages(const httplib::Request& req, httplib::Response& res);
   void count_tokens(const httplib::Request& req, httplib::Response& res);
   std::string metrics();
@@ -430,7 +448,7 @@ struct Server::Impl {
 };
 
 void Server::Impl::routes() {
-  http.Get("/", [](const httplib::Request&, httplib::Response& res) { res.set_content("magnetar\n", "text/plain"); });
+  add_webui_routes(http, engine, *worker, options.model_name);  // GET / (and HEAD /), /webui/*, /v1/status, ...
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) { reply_json(res, {{"status", "ok"}}); });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     reply_json(res,
@@ -501,7 +519,16 @@ void Server::Impl::routes() {
   });
 }
 
-Result<std::shared_ptr<Job>> Server::Impl::submit(const std::string& prompt, ChatRequest& request) {
+Generation Server::Impl::plan(const ChatRequest& request, const char* route) const {
+  Generation g = plan_generation(request.chat, model_thinks);
+  if (options.verbose) {
+    for (const std::string& note : g.notes) std::fprintf(stderr, "magnetar serve: %s: %s\n", route, note.c_str());
+  }
+  return g;
+}
+
+Result<std::shared_ptr<Job>> Server::Impl::submit(const std::string& prompt, ChatRequest& request,
+                                                  const Generation* generation) {
   Result<std::vector<int32_t>> ids = engine.tokenize(prompt, true);
   if (!ids.ok()) return ids.status();
   const int64_t n_ctx = engine.options().n_ctx, n_prompt = int64_t(ids->size());
@@ -516,6 +543,11 @@ Result<std::shared_ptr<Job>> Server::Impl::submit(const std::string& prompt, Cha
   job->max_tokens = request.max_tokens > 0 ? request.max_tokens : n_ctx - n_prompt;
   job->stop = std::move(request.stop);
   job->stream = request.stream;
+  if (generation) {
+    job->constraint = generation->constraint;
+    job->output_prefix = generation->output_prefix;
+    job->output_suffix = generation->output_suffix;
+  }
   worker->submit(job);
   return job;
 }
@@ -523,16 +555,16 @@ Result<std::shared_ptr<Job>> Server::Impl::submit(const std::string& prompt, Cha
 // ---- OpenAI: /v1/chat/completions and /v1/completions -----------------------------------------------------------
 
 // An OpenAI SSE stream: httplib calls the provider until sink.done(); each call waits for the worker's next text.
-// `piece(text, finish)` builds one chunk (a text piece with finish null, or the closing chunk with text ""); `first`
-// (null: none) goes out before the first text. A failed write (the client is gone) cancels the job, and so does the
-// releaser when the response ends unfinished.
+// `pieces` turns text into chunks; `first` (null: none) goes out before the first text; `usage_base` is the chunk
+// that carries usage when include_usage (its choices empty). A failed write (the client is gone) cancels the job,
+// and so does the releaser when the response ends unfinished.
 void Server::Impl::stream_openai(httplib::Response& res, std::shared_ptr<Job> job, bool include_usage, json first,
-                                 std::function<json(const std::string&, const char*)> piece) {
+                                 json usage_base, Pieces pieces) {
   auto sent_first = std::make_shared<bool>(first.is_null());
   res.set_chunked_content_provider(
       "text/event-stream",
-      [job, include_usage, first = std::move(first), piece = std::move(piece), sent_first](size_t,
-                                                                                          httplib::DataSink& sink) {
+      [job, include_usage, first = std::move(first), usage_base = std::move(usage_base), pieces = std::move(pieces),
+       sent_first](size_t, httplib::DataSink& sink) {
         auto send = [&](const json& j) {
           const std::string event = "data: " + dump(j) + "\n\n";
           if (sink.write(event.data(), event.size())) return true;
@@ -546,18 +578,19 @@ void Server::Impl::stream_openai(httplib::Response& res, std::shared_ptr<Job> jo
           *sent_first = true;
           if (!send(first)) return false;
         }
-        if (!text.empty() && !send(piece(text, nullptr))) return false;
-        if (!done) return true;
-        if (auto failure = job_failure(*job)) {
+        const auto failure = done ? job_failure(*job) : std::nullopt;
+        if (failure) {
           if (!send(error_body(failure->first, failure->second))) return false;
         } else {
-          if (!send(piece("", finish_reason_name(job->finish)))) return false;
-          if (include_usage) {
-            json usage = piece("", nullptr);
-            usage["choices"] = json::array();
-            usage["usage"] = usage_json(*job);
-            if (!send(usage)) return false;
+          for (const json& chunk : pieces(text, done)) {
+            if (!send(chunk)) return false;
           }
+        }
+        if (!done) return true;
+        if (!failure && include_usage) {
+          json usage = usage_base;
+          usage["usage"] = usage_json(*job);
+          if (!send(usage)) return false;
         }
         const std::string last = "data: [DONE]\n\n";
         if (!sink.write(last.data(), last.size())) return false;
@@ -575,8 +608,8 @@ void Server::Impl::chat_completions(const httplib::Request& req, httplib::Respon
   Result<ChatRequest> parsed = parse_chat_request(body.value(), options.sampling);
   if (!parsed.ok()) return reply_error(res, ErrorKind::kInvalidRequest, parsed.status().message());
   ChatRequest& request = parsed.value();
-  const std::string prompt = chat::render_chatml(request.messages, true, /*enable_thinking=*/false);
-  Result<std::shared_ptr<Job>> submitted = submit(prompt, request);
+  const Generation generation = plan(request, "/v1/chat/completions");
+  Result<std::shared_ptr<Job>> submitted = submit(generation.prompt, request, &generation);
   if (!submitted.ok()) return reply_error(res, ErrorKind::kInvalidRequest, submitted.status().message());
   std::shared_ptr<Job> job = std::move(submitted.value());
 
@@ -585,22 +618,82 @@ void Server::Impl::chat_completions(const httplib::Request& req, httplib::Respon
   if (!request.stream) {
     wait_done(*job);
     if (auto failure = job_failure(*job)) return reply_error(res, failure->first, failure->second);
+    std::string text, reasoning;
+    json calls = json::array();
+    for (const chat::OutputEvent& e : parse_output(generation.format, job->pending_text)) {
+      switch (e.kind) {
+        case chat::OutputEventKind::kText: text += e.text; break;
+        case chat::OutputEventKind::kReasoning: reasoning += e.text; break;
+        case chat::OutputEventKind::kToolCallBegin:
+          calls.push_back({{"id", new_call_id("call_")},
+                           {"type", "function"},
+                           {"function", {{"name", e.text}, {"arguments", ""}}}});
+          break;
+        case chat::OutputEventKind::kToolCallArguments:
+          calls.back()["function"]["arguments"] = calls.back()["function"]["arguments"].get<std::string>() + e.text;
+          break;
+        case chat::OutputEventKind::kToolCallEnd: break;
+      }
+    }
+    json message = {{"role", "assistant"}, {"content", calls.empty() || !text.empty() ? json(text) : json()}};
+    if (!reasoning.empty()) message["reasoning_content"] = reasoning;
+    if (!calls.empty()) message["tool_calls"] = calls;
     return reply_json(res,
                       {{"id", id},
                        {"object", "chat.completion"},
                        {"created", created},
                        {"model", options.model_name},
                        {"choices", json::array({{{"index", 0},
-                                                 {"message", {{"role", "assistant"}, {"content", job->pending_text}}},
-                                                 {"finish_reason", finish_reason_name(job->finish)}}})},
+                                                 {"message", std::move(message)},
+                                                 {"finish_reason", finish_reason_name(job->finish, !calls.empty())}}})},
                        {"usage", usage_json(*job)}});
   }
 
-  // Streaming: the role chunk goes with the first text (or the end); before it, only keep-alives.
+  // Streaming: the role chunk goes with the first text (or the end); before it, only keep-alives. The parser
+  // turns text into content / reasoning_content deltas and tool calls into tool_calls deltas: the call's index,
+  // id, type and name with arguments "", then its argument pieces.
+  struct State {
+    std::unique_ptr<chat::OutputParser> parser;
+    int calls = 0;  // tool calls begun
+  };
+  auto state = std::make_shared<State>(State{.parser = new_output_parser(generation.format)});
   json role = chunk(id, created, {{"role", "assistant"}, {"content", ""}}, nullptr);
-  stream_openai(res, job, request.include_usage, std::move(role), [this, id, created](const std::string& text, const char* finish) {
-    return chunk(id, created, finish ? json::object() : json{{"content", text}}, finish);
-  });
+  json usage_base = chunk(id, created, json::object(), nullptr);
+  usage_base["choices"] = json::array();
+  stream_openai(
+      res, job, request.include_usage, std::move(role), std::move(usage_base),
+      [this, id, created, state, job](const std::string& text, bool done) {
+        std::vector<chat::OutputEvent> events;
+        state->parser->feed(text, &events);
+        if (done) state->parser->finish(&events);
+        std::vector<json> out;
+        for (const chat::OutputEvent& e : events) {
+          switch (e.kind) {
+            case chat::OutputEventKind::kText: out.push_back(chunk(id, created, {{"content", e.text}}, nullptr)); break;
+            case chat::OutputEventKind::kReasoning:
+              out.push_back(chunk(id, created, {{"reasoning_content", e.text}}, nullptr));
+              break;
+            case chat::OutputEventKind::kToolCallBegin:
+              out.push_back(
+                  chunk(id, created,
+                        {{"tool_calls", json::array({{{"index", state->calls},
+                                                      {"id", new_call_id("call_")},
+                                                      {"type", "function"},
+                                                      {"function", {{"name", e.text}, {"arguments", ""}}}}})}},
+                        nullptr));
+              break;
+            case chat::OutputEventKind::kToolCallArguments:
+              out.push_back(chunk(
+                  id, created,
+                  {{"tool_calls", json::array({{{"index", state->calls}, {"function", {{"arguments", e.text}}}}})}},
+                  nullptr));
+              break;
+            case chat::OutputEventKind::kToolCallEnd: ++state->calls; break;
+          }
+        }
+        if (done) out.push_back(chunk(id, created, json::object(), finish_reason_name(job->finish, state->calls > 0)));
+        return out;
+      });
 }
 
 void Server::Impl::completions(const httplib::Request& req, httplib::Response& res) {
@@ -622,9 +715,15 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
     r["usage"] = usage_json(*job);
     return reply_json(res, r);
   }
-  stream_openai(res, job, request.include_usage, nullptr, [this, id, created](const std::string& text, const char* finish) {
-    return text_chunk(id, created, text, finish);
-  });
+  json usage_base = text_chunk(id, created, "", nullptr);
+  usage_base["choices"] = json::array();
+  stream_openai(res, job, request.include_usage, nullptr, std::move(usage_base),
+                [this, id, created, job](const std::string& text, bool done) {
+                  std::vector<json> out;
+                  if (!text.empty()) out.push_back(text_chunk(id, created, text, nullptr));
+                  if (done) out.push_back(text_chunk(id, created, "", finish_reason_name(job->finish)));
+                  return out;
+                });
 }
 
 // ---- Anthropic: /v1/messages and /v1/messages/count_tokens ------------------------------------------------------
@@ -635,8 +734,8 @@ void Server::Impl::messages(const httplib::Request& req, httplib::Response& res)
   Result<ChatRequest> parsed = parse_anthropic_request(body.value(), options.sampling, /*require_max_tokens=*/true);
   if (!parsed.ok()) return reply_error(res, ErrorKind::kInvalidRequest, parsed.status().message(), Api::kAnthropic);
   ChatRequest& request = parsed.value();
-  const std::string prompt = chat::render_chatml(request.messages, true, /*enable_thinking=*/false);
-  Result<std::shared_ptr<Job>> submitted = submit(prompt, request);
+  const Generation generation = plan(request, "/v1/messages");
+  Result<std::shared_ptr<Job>> submitted = submit(generation.prompt, request, &generation);
   if (!submitted.ok()) {
     return reply_error(res, ErrorKind::kInvalidRequest, submitted.status().message(), Api::kAnthropic);
   }
@@ -660,27 +759,58 @@ void Server::Impl::messages(const httplib::Request& req, httplib::Response& res)
     if (auto failure = job_failure(*job)) {
       return reply_error(res, failure->first, failure->second, Api::kAnthropic);
     }
-    return reply_json(res, message(json::array({{{"type", "text"}, {"text", job->pending_text}}}),
-                                   anthropic_stop_reason(*job), stop_sequence(*job), anthropic_usage(*job)));
+    // Blocks in output order: thinking (when thinking was on), text, tool_use with the parsed arguments as input.
+    json content = json::array();
+    std::string arguments;
+    for (const chat::OutputEvent& e : parse_output(generation.format, job->pending_text)) {
+      switch (e.kind) {
+        case chat::OutputEventKind::kReasoning:
+          content.push_back({{"type", "thinking"}, {"thinking", e.text}, {"signature", ""}});
+          break;
+        case chat::OutputEventKind::kText: content.push_back({{"type", "text"}, {"text", e.text}}); break;
+        case chat::OutputEventKind::kToolCallBegin:
+          content.push_back(
+              {{"type", "tool_use"}, {"id", new_call_id("toolu_")}, {"name", e.text}, {"input", json::object()}});
+          arguments.clear();
+          break;
+        case chat::OutputEventKind::kToolCallArguments: arguments += e.text; break;
+        case chat::OutputEventKind::kToolCallEnd:
+          content.back()["input"] = json::parse(arguments, nullptr, /*allow_exceptions=*/false);
+          break;
+      }
+    }
+    const bool tool_use =
+        std::any_of(content.begin(), content.end(), [](const json& b) { return b["type"] == "tool_use"; });
+    if (content.empty()) content.push_back({{"type", "text"}, {"text", ""}});
+    return reply_json(res, message(std::move(content), anthropic_stop_reason(*job, tool_use), stop_sequence(*job),
+                                   anthropic_usage(*job)));
   }
 
   // Streaming: message_start (once the worker has taken the job, so its usage counts the reused prefix), ping; a
-  // ping per keep-alive during the prefill; content_block_start with the first text (or the end), then a
-  // content_block_delta per piece of text; then content_block_stop, message_delta and message_stop. Each SSE event
-  // is "event: NAME\ndata: JSON\n\n".
-  auto started = std::make_shared<bool>(false);
-  auto block_started = std::make_shared<bool>(false);
+  // ping per keep-alive during the prefill; then per content block content_block_start, its deltas (thinking_delta,
+  // text_delta, input_json_delta) and content_block_stop, a block per change of kind; then message_delta and
+  // message_stop. An answer without any block gets an empty text block. Each SSE event is
+  // "event: NAME\ndata: JSON\n\n".
+  enum class Block { kNone, kThinking, kText, kToolUse };
+  struct State {
+    std::unique_ptr<chat::OutputParser> parser;
+    bool started = false;
+    int index = -1;  // the current (or last) block
+    Block open = Block::kNone;
+    bool tool_use = false;
+  };
+  auto state = std::make_shared<State>(State{.parser = new_output_parser(generation.format)});
   res.set_chunked_content_provider(
       "text/event-stream",
-      [job, message, stop_sequence, started, block_started](size_t, httplib::DataSink& sink) {
+      [job, message, stop_sequence, state](size_t, httplib::DataSink& sink) {
         auto send = [&](const char* event, const json& j) {
           const std::string text = std::string("event: ") + event + "\ndata: " + dump(j) + "\n\n";
           if (sink.write(text.data(), text.size())) return true;
           job->cancelled = true;
           return false;
         };
-        if (!*started) {
-          *started = true;
+        if (!state->started) {
+          state->started = true;
           json usage;
           {
             std::unique_lock<std::mutex> lock(job->mu);
@@ -693,32 +823,69 @@ void Server::Impl::messages(const httplib::Request& req, httplib::Response& res)
                       {{"type", "message_start"}, {"message", message(json::array(), nullptr, nullptr, usage)}}) &&
                  send("ping", {{"type", "ping"}});
         }
+        auto stop_block = [&] {
+          if (state->open == Block::kNone) return true;
+          state->open = Block::kNone;
+          return send("content_block_stop", {{"type", "content_block_stop"}, {"index", state->index}});
+        };
+        // Opens a block of `kind` (closing the open one) unless one of that kind is open.
+        auto open_block = [&](Block kind, json block) {
+          if (state->open == kind && kind != Block::kToolUse) return true;
+          if (!stop_block()) return false;
+          state->open = kind;
+          ++state->index;
+          return send("content_block_start",
+                      {{"type", "content_block_start"}, {"index", state->index}, {"content_block", std::move(block)}});
+        };
+        auto delta = [&](json d) {
+          return send("content_block_delta",
+                      {{"type", "content_block_delta"}, {"index", state->index}, {"delta", std::move(d)}});
+        };
         bool done = false, keepalive = false;
         const std::string text = take_text(*job, &done, &keepalive);
         if (keepalive && !send("ping", {{"type", "ping"}})) return false;
-        if ((!text.empty() || (done && !job_failure(*job))) && !*block_started) {
-          *block_started = true;
-          if (!send("content_block_start", {{"type", "content_block_start"},
-                                            {"index", 0},
-                                            {"content_block", {{"type", "text"}, {"text", ""}}}})) {
-            return false;
-          }
+        const auto failure = done ? job_failure(*job) : std::nullopt;
+        if (failure) {
+          if (!send("error", error_body(failure->first, failure->second, Api::kAnthropic))) return false;
+          sink.done();
+          return true;
         }
-        if (!text.empty() && !send("content_block_delta", {{"type", "content_block_delta"},
-                                                           {"index", 0},
-                                                           {"delta", {{"type", "text_delta"}, {"text", text}}}})) {
-          return false;
+        std::vector<chat::OutputEvent> events;
+        state->parser->feed(text, &events);
+        if (done) state->parser->finish(&events);
+        for (const chat::OutputEvent& e : events) {
+          bool ok = true;
+          switch (e.kind) {
+            case chat::OutputEventKind::kReasoning:
+              ok = open_block(Block::kThinking, {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}) &&
+                   delta({{"type", "thinking_delta"}, {"thinking", e.text}});
+              break;
+            case chat::OutputEventKind::kText:
+              ok = open_block(Block::kText, {{"type", "text"}, {"text", ""}}) &&
+                   delta({{"type", "text_delta"}, {"text", e.text}});
+              break;
+            case chat::OutputEventKind::kToolCallBegin:
+              state->tool_use = true;
+              ok = open_block(
+                  Block::kToolUse,
+                  {{"type", "tool_use"}, {"id", new_call_id("toolu_")}, {"name", e.text}, {"input", json::object()}});
+              break;
+            case chat::OutputEventKind::kToolCallArguments:
+              ok = delta({{"type", "input_json_delta"}, {"partial_json", e.text}});
+              break;
+            case chat::OutputEventKind::kToolCallEnd: ok = stop_block(); break;
+          }
+          if (!ok) return false;
         }
         if (!done) return true;
-        if (auto failure = job_failure(*job)) {
-          if (!send("error", error_body(failure->first, failure->second, Api::kAnthropic))) return false;
-        } else if (!send("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}}) ||
-                   !send("message_delta",
-                         {{"type", "message_delta"},
-                          {"delta",
-                           {{"stop_reason", anthropic_stop_reason(*job)}, {"stop_sequence", stop_sequence(*job)}}},
-                          {"usage", {{"output_tokens", job->completion_tokens}}}}) ||
-                   !send("message_stop", {{"type", "message_stop"}})) {
+        if (state->index < 0 && !open_block(Block::kText, {{"type", "text"}, {"text", ""}})) return false;
+        if (!stop_block() ||
+            !send("message_delta", {{"type", "message_delta"},
+                                    {"delta",
+                                     {{"stop_reason", anthropic_stop_reason(*job, state->tool_use)},
+                                      {"stop_sequence", stop_sequence(*job)}}},
+                                    {"usage", {{"output_tokens", job->completion_tokens}}}}) ||
+            !send("message_stop", {{"type", "message_stop"}})) {
           return false;
         }
         sink.done();
@@ -735,8 +902,7 @@ void Server::Impl::count_tokens(const httplib::Request& req, httplib::Response& 
   if (!body.ok()) return reply_error(res, ErrorKind::kInvalidRequest, body.status().message(), Api::kAnthropic);
   Result<ChatRequest> parsed = parse_anthropic_request(body.value(), options.sampling, /*require_max_tokens=*/false);
   if (!parsed.ok()) return reply_error(res, ErrorKind::kInvalidRequest, parsed.status().message(), Api::kAnthropic);
-  Result<std::vector<int32_t>> ids =
-      engine.tokenize(chat::render_chatml(parsed->messages, true, /*enable_thinking=*/false), true);
+  Result<std::vector<int32_t>> ids = engine.tokenize(plan(parsed.value(), "/v1/messages/count_tokens").prompt, true);
   if (!ids.ok()) return reply_error(res, ErrorKind::kInvalidRequest, ids.status().message(), Api::kAnthropic);
   reply_json(res, {{"input_tokens", ids->size()}});
 }
@@ -796,10 +962,29 @@ std::string Server::Impl::metrics() {
 Result<std::unique_ptr<Server>> Server::bind(Engine& engine, const ServerOptions& options) {
   if (!engine.info().has_tokenizer)
     return Status::error(engine.info().path + ": the model has no tokenizer; serve needs one");
-  Result<std::unique_ptr<Session>> session = engine.new_session();
-  if (!session.ok()) return session.status();
+  // Slots: each a Session with its own KV cache and scratch (the first one the planner already counted).
+  Result<int64_t> fit = engine.sessions_that_fit();
+  if (!fit.ok()) return fit.status();
+  const int64_t slots = options.parallel > 0 ? options.parallel : std::clamp<int64_t>(fit.value() + 1, 1, 4);
+  if (slots > fit.value() + 1) {
+    return Status::error(format("--parallel %lld: each slot takes %.2f GiB (KV for --ctx %lld and scratch) and only %lld "
+                                "more fit in the memory available beyond the reserve",
+                                (long long)slots, double(engine.session_bytes()) / double(1ull << 30),
+                                (long long)engine.options().n_ctx, (long long)fit.value()));
+  }
+  std::vector<std::unique_ptr<Session>> sessions;
+  for (int64_t i = 0; i < slots; ++i) {
+    Result<std::unique_ptr<Session>> session = engine.new_session();
+    if (!session.ok()) return session.status();
+    sessions.push_back(std::move(session).value());
+  }
   auto impl = std::make_unique<Impl>(engine, options);
-  impl->worker = Worker::start(engine, std::move(session.value()), options.keepalive_seconds);
+  auto one_token = [&engine](const char* text) {
+    Result<std::vector<int32_t>> ids = engine.tokenize(text, true);
+    return ids.ok() && ids->size() == 1;
+  };
+  impl->model_thinks = one_token("<think>") && one_token("</think>");
+  impl->worker = Worker::start(engine, std::move(sessions), options.keepalive_seconds);
   impl->routes();
   impl->port = options.port == 0 ? impl->http.bind_to_any_port(options.host)
                                  : (impl->http.bind_to_port(options.host, options.port) ? options.port : -1);

@@ -24,11 +24,16 @@ struct ServerOptions {
   std::string model_name;   // the id reported by /v1/models and in responses
   SamplingParams sampling;  // defaults for what a request leaves out
   double keepalive_seconds = kKeepAliveSeconds;  // 0: a keep-alive after every prefill chunk
+  bool verbose = false;  // print what requests asked for and did not get (a json_schema's schema, a thinking budget)
+  // Slots (sessions with their own KV): 0 picks min(4, what fits in the memory available beyond the planner's
+  // reserve); a number that does not fit is refused with the sizes.
+  int64_t parallel = 0;
 };
 
 class Server {
  public:
-  // Creates the session and the worker and binds the socket (so port() is known); fails naming host:port.
+  // Creates the sessions and the worker and binds the socket (so port() is known); fails naming host:port, or
+  // the memory a --parallel that does not fit would need.
   // `engine` must outlive the server.
   static Result<std::unique_ptr<Server>> bind(Engine& engine, const ServerOptions& options);
   ~Server();

@@ -2,8 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
+
+#include "base/check.h"
 
 namespace magnetar::server {
+
+using Clock = std::chrono::steady_clock;
 
 size_t stop_prefix_overlap(const std::string& text, const std::vector<std::string>& stops) {
   size_t best = 0;
@@ -18,16 +23,70 @@ size_t stop_prefix_overlap(const std::string& text, const std::vector<std::strin
   return best;
 }
 
-std::unique_ptr<Worker> Worker::start(const Engine& engine, std::unique_ptr<Session> session,
+size_t choose_slot(const std::vector<SlotView>& slots, std::span<const int32_t> prompt) {
+  size_t affine = SIZE_MAX, affine_common = 0, lru = SIZE_MAX;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].busy) continue;
+    if (lru == SIZE_MAX || slots[i].last_used < slots[lru].last_used) lru = i;
+    const std::vector<int32_t>& t = *slots[i].tokens;
+    const size_t common = size_t(std::mismatch(t.begin(), t.end(), prompt.begin(), prompt.end()).first - t.begin());
+    // Affinity only where the prompt keeps most of what the slot holds: a shared template header must not make
+    // a new conversation evict another one's history while a slot is free or colder.
+    if (common > 0 && 2 * common >= t.size() && common > affine_common) {
+      affine = i;
+      affine_common = common;
+    }
+  }
+  return affine != SIZE_MAX ? affine : lru;
+}
+
+// ---- one slot: a Session and the job it runs ------------------------------------------------------------------
+
+// The per-job state of a slot, from admission to the job's end. The worker thread owns it.
+struct Worker::Slot {
+  std::unique_ptr<Session> session;
+  uint64_t last_used = 0;     // admission tick of its last job (least recently used goes first)
+  std::shared_ptr<Job> job;   // null: idle
+  bool decoding = false;      // the prompt is computed; sampling
+  bool synced_once = false;   // the first sync call returned (the job's cached tokens are known)
+  Clock::time_point t_start, t_prompt_end, last_output;
+  std::optional<chat::OutputConstraint> constraint;
+  std::string closing;        // forced bytes when non-empty (a constrained output running out of room)
+  TokenFilter allow;
+  std::optional<Sampler> sampler;
+  std::unique_ptr<Detokenizer> detok;
+  std::string held;           // text not yet emitted: it could be the start of a stop string
+  int64_t n = 0;              // tokens generated
+};
+
+std::unique_ptr<Worker> Worker::start(Engine& engine, std::vector<std::unique_ptr<Session>> sessions,
                                       double keepalive_seconds) {
-  std::unique_ptr<Worker> w(new Worker(engine, std::move(session), keepalive_seconds));
+  MAGNETAR_CHECK(!sessions.empty());
+  std::unique_ptr<Worker> w(new Worker(engine, std::move(sessions), keepalive_seconds));
   w->thread_ = std::thread([p = w.get()] { p->loop(); });
   return w;
 }
 
-Worker::Worker(const Engine& engine, std::unique_ptr<Session> session, double keepalive_seconds)
-    : engine_(engine), keepalive_seconds_(keepalive_seconds), session_(std::move(session)) {
-  stats_.experts = engine_.expert_stats();  // no forward runs yet
+Worker::Worker(Engine& engine, std::vector<std::unique_ptr<Session>> sessions, double keepalive_seconds)
+    : engine_(engine), keepalive_seconds_(keepalive_seconds) {
+  for (std::unique_ptr<Session>& s : sessions) {
+    slots_.push_back(std::make_unique<Slot>());
+    slots_.back()->session = std::move(s);
+  }
+  stats_.slots = int64_t(slots_.size());
+  publish(0, 0);  // no forward runs yet
+}
+
+void Worker::publish(int64_t generated_tokens, double generation_seconds) {
+  ExpertStats experts = engine_.expert_stats();
+  ExpertMap map = engine_.expert_map();
+  KvDiskStats kv_disk = engine_.kv_disk_stats();
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.experts = std::move(experts);
+  stats_.expert_map = std::move(map);
+  stats_.kv_disk = std::move(kv_disk);
+  stats_.last_generated_tokens = generated_tokens;
+  stats_.last_generation_seconds = generation_seconds;
 }
 
 WorkerStats Worker::stats() {
@@ -44,11 +103,15 @@ Worker::~Worker() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  for (const std::shared_ptr<Job>& job : queue_) {
-    std::lock_guard<std::mutex> lock(job->mu);
-    job->done = true;
-    job->finish = FinishReason::kCancelled;
-    job->cv.notify_all();
+  auto cancel = [](Job& job) {
+    std::lock_guard<std::mutex> lock(job.mu);
+    job.done = true;
+    job.finish = FinishReason::kCancelled;
+    job.cv.notify_all();
+  };
+  for (const std::shared_ptr<Job>& job : queue_) cancel(*job);
+  for (const std::unique_ptr<Slot>& slot : slots_) {
+    if (slot->job) cancel(*slot->job);
   }
 }
 
@@ -60,130 +123,265 @@ void Worker::submit(std::shared_ptr<Job> job) {
   cv_.notify_one();
 }
 
+// ---- the loop --------------------------------------------------------------------------------------------------
+
+// Each turn: admit queued jobs into idle slots (a cancelled one ends at once), compute one prefill step for each
+// slot still in its prompt (a whole prompt when nothing is decoding, else one --batch chunk, so running streams
+// keep flowing), then one token for every decoding slot in a single batched forward pass.
 void Worker::loop() {
+  uint64_t tick = 0;
   for (;;) {
-    std::shared_ptr<Job> job;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      auto idle = [&] {
+        return std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return !s->job; });
+      };
+      auto busy = [&] {
+        return std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s->job != nullptr; });
+      };
+      cv_.wait(lock, [&] { return stopping_ || busy() || (!queue_.empty() && idle()); });
       if (stopping_) return;
-      job = std::move(queue_.front());
-      queue_.pop_front();
-      stats_.active = 1;  // cleared by run()'s finish, before the job is signalled done
+      // Queued jobs whose client left end here, without waiting for a slot.
+      for (auto it = queue_.begin(); it != queue_.end();) {
+        if ((*it)->cancelled.load()) {
+          finish_unstarted(**it);
+          it = queue_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      while (!queue_.empty() && idle()) {
+        std::vector<SlotView> views;
+        for (const auto& s : slots_) views.push_back({s->job != nullptr, s->last_used, &s->session->tokens()});
+        const size_t i = choose_slot(views, queue_.front()->prompt);
+        Slot& slot = *slots_[i];
+        slot.job = std::move(queue_.front());
+        queue_.pop_front();
+        slot.last_used = ++tick;
+        admit(slot);
+      }
+      stats_.active = std::count_if(slots_.begin(), slots_.end(), [](const auto& s) { return s->job != nullptr; });
     }
-    run(*job);
+    const bool any_decoding =
+        std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s->job && s->decoding; });
+    for (const std::unique_ptr<Slot>& s : slots_) {
+      if (s->job && !s->decoding) prefill_step(*s, /*yield_after_chunk=*/any_decoding);
+    }
+    decode_step();
   }
 }
 
-// Generates for one job. Text goes to job.pending_text as it is produced, except the tail that could still
-// become a stop string; the session keeps the prompt and the generated tokens for the next request's sync.
-void Worker::run(Job& job) {
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point t_start = Clock::now();
-  Clock::time_point t_prompt_end = t_start;  // end of sync (successful or not)
-  bool generating = false;                   // sync succeeded: the time after t_prompt_end is generation
-  // Publishes this job's counts (before `done`, see WorkerStats), then ends the job.
-  auto finish = [&](FinishReason reason, std::string tail, std::string error = {}) {
-    const Clock::time_point t_end = Clock::now();
-    const ExpertStats experts = engine_.expert_stats();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.prompt_tokens += uint64_t(job.started ? job.prompt_tokens : 0);
-      stats_.cached_tokens += uint64_t(job.started ? job.cached_tokens : 0);
-      stats_.generated_tokens += uint64_t(job.completion_tokens);
-      stats_.prompt_seconds += std::chrono::duration<double>(t_prompt_end - t_start).count();
-      if (generating) stats_.generation_seconds += std::chrono::duration<double>(t_end - t_prompt_end).count();
-      stats_.active = 0;
-      stats_.experts = experts;
-    }
+// A job that never reached a slot (its client left while it was queued).
+void Worker::finish_unstarted(Job& job) {
+  std::lock_guard<std::mutex> lock(job.mu);
+  job.finish = FinishReason::kCancelled;
+  job.done = true;
+  job.cv.notify_all();
+}
+
+void Worker::admit(Slot& slot) {
+  Job& job = *slot.job;
+  slot.decoding = false;
+  slot.synced_once = false;
+  slot.t_start = slot.t_prompt_end = slot.last_output = Clock::now();
+  slot.constraint.reset();
+  slot.closing.clear();
+  slot.allow = {};
+  slot.sampler.emplace(job.sampling);
+  slot.detok = engine_.new_detokenizer();
+  slot.held.clear();
+  slot.n = 0;
+  // The token filter of a constrained job: a token is allowed when its bytes keep the output in the language.
+  // End-of-generation and control tokens never are (the worker ends the output itself once the constraint is
+  // done). Once the tokens left are no more than the bytes that close the constraint, only those bytes are
+  // allowed, so a constrained output ends complete within max_tokens (or the context) when it can.
+  if (job.constraint.active()) {
+    slot.constraint.emplace(job.constraint);
+    slot.allow = [this, &slot](int32_t id) {
+      if (engine_.is_end_of_generation(id)) return false;
+      const std::string_view bytes = engine_.token_bytes(id);
+      if (bytes.empty()) return false;
+      return slot.closing.empty() ? slot.constraint->accepts(bytes) : std::string_view(slot.closing).starts_with(bytes);
+    };
+  }
+}
+
+// Publishes the job's counts (before `done`, see WorkerStats), ends it and frees the slot.
+void Worker::finish(Slot& slot, FinishReason reason, std::string tail, std::string error) {
+  Job& job = *slot.job;
+  const Clock::time_point t_end = Clock::now();
+  publish(job.completion_tokens,
+          slot.decoding ? std::chrono::duration<double>(t_end - slot.t_prompt_end).count() : 0);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.prompt_tokens += uint64_t(job.started ? job.prompt_tokens : 0);
+    stats_.cached_tokens += uint64_t(job.started ? job.cached_tokens : 0);
+    stats_.generated_tokens += uint64_t(job.completion_tokens);
+    stats_.prompt_seconds += std::chrono::duration<double>(slot.t_prompt_end - slot.t_start).count();
+    if (slot.decoding) stats_.generation_seconds += std::chrono::duration<double>(t_end - slot.t_prompt_end).count();
+    stats_.active = std::max<int64_t>(0, stats_.active - 1);
+  }
+  {
     std::lock_guard<std::mutex> lock(job.mu);
     job.pending_text += tail;
     job.finish = reason;
     job.error = std::move(error);
     job.done = true;
     job.cv.notify_all();
-  };
-  auto emit = [&job](std::string text, int64_t completion_tokens) {
-    std::lock_guard<std::mutex> lock(job.mu);
-    job.pending_text += text;
-    job.completion_tokens = completion_tokens;
-    job.cv.notify_all();
-  };
-  if (job.cancelled.load()) return finish(FinishReason::kCancelled, {});
-
-  // Reused prefix: the common prefix with the previous timeline, less the last prompt token, which sync
-  // always recomputes (its logits are needed).
-  const std::vector<int32_t>& previous = session_->tokens();
-  const size_t common =
-      std::mismatch(previous.begin(), previous.end(), job.prompt.begin(), job.prompt.end()).first - previous.begin();
-  {
-    std::lock_guard<std::mutex> lock(job.mu);
-    job.prompt_tokens = int64_t(job.prompt.size());
-    job.cached_tokens = int64_t(std::min(common, job.prompt.size() - 1));
-    job.started = true;
-    job.cv.notify_all();
   }
-  // After each prefill chunk: stop when the client is gone (the computed prefix stays cached), and ask the HTTP
-  // side for a keep-alive when a stream has been silent for keepalive_seconds_.
-  Clock::time_point last_output = t_start;
-  const Status synced = session_->sync(job.prompt, Logits::kLast, [&](int64_t, int64_t) {
+  slot.job.reset();
+  slot.decoding = false;
+}
+
+void Worker::emit(Slot& slot, const std::string& text) {
+  Job& job = *slot.job;
+  std::lock_guard<std::mutex> lock(job.mu);
+  job.pending_text += text;
+  job.completion_tokens = slot.n;
+  job.cv.notify_all();
+}
+
+// Emits what cannot be part of a stop string; returns true (the job should finish with kStop) when one is
+// complete, the held text then cut before it.
+bool Worker::scan(Slot& slot) {
+  Job& job = *slot.job;
+  size_t cut = std::string::npos;
+  const std::string* matched = nullptr;
+  for (const std::string& stop : job.stop) {
+    if (const size_t at = slot.held.find(stop); at < cut) {
+      cut = at;
+      matched = &stop;
+    }
+  }
+  if (cut != std::string::npos) {
+    slot.held.resize(cut);
+    std::lock_guard<std::mutex> lock(job.mu);
+    job.stop_sequence = *matched;
+    job.completion_tokens = slot.n;
+    return true;
+  }
+  const size_t keep = stop_prefix_overlap(slot.held, job.stop);
+  emit(slot, slot.held.substr(0, slot.held.size() - keep));
+  slot.held.erase(0, slot.held.size() - keep);
+  return false;
+}
+
+// Computes the prompt, or (yield_after_chunk) its next --batch chunk. A stream silent for keepalive_seconds_ gets
+// a keep-alive after a chunk; a client that left stops the prefill within a chunk (the computed prefix stays).
+void Worker::prefill_step(Slot& slot, bool yield_after_chunk) {
+  Job& job = *slot.job;
+  if (job.cancelled.load()) return finish(slot, FinishReason::kCancelled, {});
+  Session& session = *slot.session;
+  const SessionStats before = session.stats();
+  bool yielded = false;
+  const Status synced = session.sync(job.prompt, Logits::kLast, [&](int64_t done, int64_t total) {
     if (job.cancelled.load()) return false;
-    if (job.stream && std::chrono::duration<double>(Clock::now() - last_output).count() >= keepalive_seconds_) {
-      last_output = Clock::now();
+    if (job.stream && std::chrono::duration<double>(Clock::now() - slot.last_output).count() >= keepalive_seconds_) {
+      slot.last_output = Clock::now();
       std::lock_guard<std::mutex> lock(job.mu);
       ++job.keepalives;
       job.cv.notify_all();
     }
+    if (yield_after_chunk && done < total) {
+      yielded = true;
+      return false;
+    }
     return true;
   });
-  t_prompt_end = Clock::now();
-  if (!synced.ok() && job.cancelled.load()) return finish(FinishReason::kCancelled, {});
-  if (!synced.ok()) return finish(FinishReason::kError, {}, synced.message());
-  generating = true;
+  if (!slot.synced_once) {
+    // This job's reuse: what its first sync kept from the slot's previous timeline or restored from disk (later
+    // calls after a yield reuse the job's own prefix, which is not "cached").
+    slot.synced_once = true;
+    const SessionStats& after = session.stats();
+    std::lock_guard<std::mutex> lock(job.mu);
+    job.prompt_tokens = int64_t(job.prompt.size());
+    job.cached_tokens = (after.reused_tokens - before.reused_tokens) + (after.restored_tokens - before.restored_tokens);
+    job.started = true;
+    job.cv.notify_all();
+  }
+  if (!synced.ok() && yielded && !job.cancelled.load()) return;  // the next turn continues it
+  slot.t_prompt_end = Clock::now();
+  if (!synced.ok() && job.cancelled.load()) return finish(slot, FinishReason::kCancelled, {});
+  if (!synced.ok()) return finish(slot, FinishReason::kError, {}, synced.message());
+  slot.decoding = true;
+  if (!job.output_prefix.empty()) emit(slot, job.output_prefix);
+}
 
-  Sampler sampler(job.sampling);
-  std::unique_ptr<Detokenizer> detok = engine_.new_detokenizer();
-  std::string held;  // text not yet emitted: it could be the start of a stop string
-  // Emits what cannot be part of a stop string; returns true (and finishes) when one is complete.
-  auto scan = [&](int64_t n) {
-    size_t cut = std::string::npos;
-    const std::string* matched = nullptr;
-    for (const std::string& stop : job.stop) {
-      if (const size_t at = held.find(stop); at < cut) {
-        cut = at;
-        matched = &stop;
+// Samples one token for every decoding slot (ending the jobs that are done) and computes the continuing ones
+// in one batched forward pass. The sampled token is not computed when its job ends there: the next request's
+// sync recomputes it.
+void Worker::decode_step() {
+  std::vector<Session*> batch;
+  std::vector<int32_t> ids;
+  std::vector<Slot*> members;
+  for (const std::unique_ptr<Slot>& s : slots_) {
+    Slot& slot = *s;
+    if (!slot.job || !slot.decoding) continue;
+    Job& job = *slot.job;
+    Session& session = *slot.session;
+    if (job.cancelled.load()) {
+      finish(slot, FinishReason::kCancelled, {});
+      continue;
+    }
+    if (slot.constraint) {
+      const int64_t left = std::min(job.max_tokens - slot.n, session.n_ctx() - 1 - int64_t(session.tokens().size()));
+      std::string rest = slot.constraint->closing();
+      slot.closing = left <= int64_t(rest.size()) ? std::move(rest) : std::string();
+    }
+    const int32_t id = slot.sampler->sample(session.logits(), session.tokens(), slot.allow);
+    if (id < 0) {
+      finish(slot, FinishReason::kError, {}, "no token of the vocabulary fits the output constraint");
+      continue;
+    }
+    if (engine_.is_end_of_generation(id)) {
+      slot.held += slot.detok->flush();
+      scan(slot);
+      finish(slot, FinishReason::kStop, std::move(slot.held));
+      continue;
+    }
+    ++slot.n;
+    slot.held += slot.detok->push(id);
+    slot.last_output = Clock::now();
+    if (scan(slot)) {
+      finish(slot, FinishReason::kStop, std::move(slot.held));
+      continue;
+    }
+    if (slot.constraint) {
+      slot.constraint->feed(engine_.token_bytes(id));  // accepted by the filter: cannot fail
+      if (slot.constraint->done()) {
+        slot.held += slot.detok->flush();
+        if (scan(slot)) {
+          finish(slot, FinishReason::kStop, std::move(slot.held));
+        } else {
+          finish(slot, FinishReason::kStop, slot.held + job.output_suffix);
+        }
+        continue;
       }
     }
-    if (cut != std::string::npos) {
-      held.resize(cut);
-      std::lock_guard<std::mutex> lock(job.mu);
-      job.stop_sequence = *matched;
-      job.completion_tokens = n;
-      return true;
+    if (slot.n >= job.max_tokens || int64_t(session.tokens().size()) + 1 >= session.n_ctx()) {
+      slot.held += slot.detok->flush();
+      if (scan(slot)) {
+        finish(slot, FinishReason::kStop, std::move(slot.held));
+      } else {
+        finish(slot, FinishReason::kLength, std::move(slot.held));
+      }
+      continue;
     }
-    const size_t keep = stop_prefix_overlap(held, job.stop);
-    emit(held.substr(0, held.size() - keep), n);
-    held.erase(0, held.size() - keep);
-    return false;
-  };
-  for (int64_t n = 0;;) {
-    if (job.cancelled.load()) return finish(FinishReason::kCancelled, {});
-    const int32_t id = sampler.sample(session_->logits(), session_->tokens());
-    if (engine_.is_end_of_generation(id)) {
-      held += detok->flush();
-      scan(n);
-      return finish(FinishReason::kStop, std::move(held));
+    batch.push_back(&session);
+    ids.push_back(id);
+    members.push_back(&slot);
+  }
+  if (batch.empty()) return;
+  if (Status s = engine_.step(batch, ids); !s.ok()) {
+    for (Slot* slot : members) finish(*slot, FinishReason::kError, {}, s.message());
+    return;
+  }
+  // The web UI's live view: statistics and expert map refreshed every kPublishEveryTokens tokens of a job.
+  for (Slot* slot : members) {
+    if (slot->n % kPublishEveryTokens == 0) {
+      publish(slot->n, std::chrono::duration<double>(Clock::now() - slot->t_prompt_end).count());
+      break;
     }
-    ++n;
-    held += detok->push(id);
-    if (scan(n)) return finish(FinishReason::kStop, std::move(held));
-    // The sampled token is not computed when generation ends here: the next request's sync recomputes it.
-    if (n >= job.max_tokens || int64_t(session_->tokens().size()) + 1 >= session_->n_ctx()) {
-      held += detok->flush();
-      if (scan(n)) return finish(FinishReason::kStop, std::move(held));
-      return finish(FinishReason::kLength, std::move(held));
-    }
-    if (Status s = session_->step(id); !s.ok()) return finish(FinishReason::kError, {}, s.message());
   }
 }
 

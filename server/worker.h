@@ -1,7 +1,11 @@
-// The one thread that owns the engine's Session and does all compute (STYLE.md rule 10). HTTP threads build a
-// Job (plain data: prompt ids, sampling, limits), submit it, and read its output under the job's own mutex;
-// the worker runs jobs in FIFO order on one slot (one Session), keeping the KV of the previous request so that
-// Session::sync reuses the common prefix.
+// The one thread that owns the engine's Sessions and does all compute (STYLE.md rule 10). HTTP threads build a
+// Job (plain data: prompt ids, sampling, limits), submit it, and read its output under the job's own mutex.
+// The worker has N slots (--parallel), each a Session that keeps its KV between requests. Queued jobs are taken
+// in FIFO order, each into the idle slot whose cached tokens share the longest prefix with its prompt (when that
+// keeps at least half of the slot's tokens; else the least recently used slot), so an agent resending a growing
+// history only prefills the new tail and a new conversation does not evict another one's. All decoding slots
+// advance together, one token each per batched forward pass (Engine::step: the weights are read once for all);
+// a prompt being prefilled while others decode advances one --batch chunk per turn, so streams keep flowing.
 #pragma once
 
 #include <atomic>
@@ -10,10 +14,12 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "chat/output_constraint.h"
 #include "engine/engine.h"
 
 namespace magnetar::server {
@@ -29,6 +35,11 @@ struct Job {
   int64_t max_tokens = 0;         // > 0
   std::vector<std::string> stop;  // non-empty strings; the output ends before the first one found
   bool stream = false;            // streamed to the client: keep-alives are requested during a long prefill
+  // Structured output (chat/output_constraint.h): when active, every sampled token keeps the generated text in the
+  // constrained language, and generation ends (kStop) as soon as the constraint is done.
+  chat::ConstraintSpec constraint;
+  std::string output_prefix;  // output text already in the prompt (a forced `<tool_call>` opening): emitted first
+  std::string output_suffix;  // appended to the output when the constraint is done (the forced call's closing)
 
   // ---- cancellation: set by the HTTP thread (client gone); the worker checks it before every token and after
   // every prefill chunk (Session::sync's progress hook), so a client that leaves stops the prefill within a chunk
@@ -54,34 +65,55 @@ struct Job {
 struct WorkerStats {
   uint64_t prompt_tokens = 0, cached_tokens = 0, generated_tokens = 0;
   double prompt_seconds = 0, generation_seconds = 0;  // wall time in Session::sync, and in the sampling loop
-  int64_t active = 0;                                 // jobs running (0 or 1)
+  int64_t slots = 0;                                  // --parallel
+  int64_t active = 0;                                 // jobs in a slot
   int64_t queued = 0;                                 // jobs submitted and not started
   // Engine::expert_stats() as the worker read it after its last job (Engine is not safe to read during a
   // forward, so HTTP threads never call it).
   ExpertStats experts;
+  // ---- for the web UI (server/webui.h): read with `experts`, and refreshed every kPublishEveryTokens generated
+  // tokens while a job runs, so that its expert map is live during a long answer
+  ExpertMap expert_map;  // Engine::expert_map()
+  KvDiskStats kv_disk;   // Engine::kv_disk_stats()
+  // The running job's (or else the last job's) tokens generated and seconds since its prompt was computed.
+  int64_t last_generated_tokens = 0;
+  double last_generation_seconds = 0;
 };
+
+// How often a running job republishes the engine's statistics (a copy of the expert map: [n_layer * n_expert]).
+inline constexpr int64_t kPublishEveryTokens = 16;
 
 class Worker {
  public:
-  // `engine` must outlive the worker, which takes `session` (of that engine) and starts its thread.
-  // A streaming job silent for `keepalive_seconds` during its prefill gets a keep-alive (ServerOptions; 0: one
-  // after every prefill chunk).
-  static std::unique_ptr<Worker> start(const Engine& engine, std::unique_ptr<Session> session,
+  // `engine` must outlive the worker, which takes `sessions` (of that engine, at least one: the slots) and starts
+  // its thread. A streaming job silent for `keepalive_seconds` during its prefill gets a keep-alive
+  // (ServerOptions; 0: one after every prefill chunk).
+  static std::unique_ptr<Worker> start(Engine& engine, std::vector<std::unique_ptr<Session>> sessions,
                                        double keepalive_seconds);
-  ~Worker();  // stops the thread; queued jobs end as kCancelled
+  ~Worker();  // stops the thread; queued and running jobs end as kCancelled
 
   void submit(std::shared_ptr<Job> job);
   // Thread-safe: a copy of the published totals.
   WorkerStats stats();
 
  private:
-  Worker(const Engine& engine, std::unique_ptr<Session> session, double keepalive_seconds);
+  struct Slot;
+  Worker(Engine& engine, std::vector<std::unique_ptr<Session>> sessions, double keepalive_seconds);
   void loop();
-  void run(Job& job);
+  void admit(Slot& slot);
+  void prefill_step(Slot& slot, bool yield_after_chunk);
+  void decode_step();
+  bool scan(Slot& slot);
+  void emit(Slot& slot, const std::string& text);
+  void finish(Slot& slot, FinishReason reason, std::string tail, std::string error = {});
+  static void finish_unstarted(Job& job);
+  // Reads the engine's statistics and map (this thread, between forward passes) into stats_ with a job's
+  // progress.
+  void publish(int64_t generated_tokens, double generation_seconds);
 
-  const Engine& engine_;
+  Engine& engine_;
   const double keepalive_seconds_;
-  std::unique_ptr<Session> session_;  // touched only by thread_
+  std::vector<std::unique_ptr<Slot>> slots_;  // touched only by thread_ (and the destructor after it ends)
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;  // guarded by mu_
@@ -89,6 +121,16 @@ class Worker {
   WorkerStats stats_;                       // guarded by mu_ (queued is derived from queue_)
   std::thread thread_;
 };
+
+// The slot choice, as a pure function: among idle slots, the one whose tokens share the longest prefix with
+// `prompt`, provided that prefix is at least half of what the slot holds (the new request keeps most of it);
+// otherwise the least recently used idle slot (never-used ones first). SIZE_MAX when none is idle.
+struct SlotView {
+  bool busy = false;
+  uint64_t last_used = 0;
+  const std::vector<int32_t>* tokens = nullptr;
+};
+size_t choose_slot(const std::vector<SlotView>& slots, std::span<const int32_t> prompt);
 
 // How many bytes at the end of `text` could be the start of one of `stops` (and so must be held back).
 size_t stop_prefix_overlap(const std::string& text, const std::vector<std::string>& stops);

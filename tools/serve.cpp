@@ -22,8 +22,9 @@ int serve_main(int argc, char** argv) {
   cli::Args args("magnetar serve -m MODEL.gguf [--host ADDR] [--port N] [options]",
                  "OpenAI- and Anthropic-compatible HTTP server: /v1/chat/completions, /v1/completions and\n"
                  "/v1/messages (streaming or not), /v1/messages/count_tokens, /v1/models, /health, /metrics,\n"
-                 "/tokenize, /detokenize. One worker runs the requests in order; the sampling flags are the defaults\n"
-                 "for what a request leaves out.");
+                 "/tokenize, /detokenize, and a web UI at /. One worker computes the requests of --parallel slots\n"
+                 "together (one batched forward pass per token); the sampling flags are the defaults for what a request\n"
+                 "leaves out.");
   model.add_to(args);
   sampling.add_to(args);
   args.option("--host", &host, "ADDR", "address to listen on");
@@ -32,9 +33,19 @@ int serve_main(int argc, char** argv) {
   float keepalive = float(server::kKeepAliveSeconds);
   args.option("--keepalive-seconds", &keepalive, "S",
               "a stream silent this long during a prompt's prefill gets a keep-alive (0: after every --batch chunk)");
+  int64_t parallel = 0;
+  args.option("--parallel", &parallel, "N",
+              "slots: requests computed at once, each slot keeping its conversation's KV; a request goes to the slot "
+              "sharing the longest prefix with it (0: min(4, what fits in memory))");
+  bool verbose = false;
+  args.flag("--verbose", &verbose, "print the parts of requests that are accepted and ignored (a json_schema's schema, a thinking budget)");
   if (std::optional<int> code = args.parse_or_exit(argc, argv, "serve")) return *code;
   if (keepalive < 0) {
     std::fprintf(stderr, "magnetar serve: --keepalive-seconds must be >= 0\n");
+    return kExitBadInput;
+  }
+  if (parallel < 0 || parallel > 256) {
+    std::fprintf(stderr, "magnetar serve: --parallel must be in [0, 256]\n");
     return kExitBadInput;
   }
   if (port < 0 || port > 65535) {
@@ -57,7 +68,9 @@ int serve_main(int argc, char** argv) {
                 .port = int(port),
                 .model_name = name,
                 .sampling = sampling.resolved(),
-                .keepalive_seconds = keepalive});
+                .keepalive_seconds = keepalive,
+                .verbose = verbose,
+                .parallel = parallel});
   if (!bound.ok()) {
     std::fprintf(stderr, "magnetar serve: %s\n", bound.status().message().c_str());
     return kExitBadInput;

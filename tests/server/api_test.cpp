@@ -52,11 +52,11 @@ class ServeApi : public ServeFixture {
 };
 
 TEST_F(ServeApi, AnthropicNonStream) {
-  // Fields the server has no use for are accepted, as Claude Code sends them.
+  // Fields the server has no use for are accepted, as Claude Code sends them (tools change the prompt: their
+  // tests are in tools_test.cpp).
   const json r = messages(who_are_you({{"metadata", {{"user_id", "u"}}},
                                        {"thinking", {{"type", "disabled"}}},
                                        {"context_management", json::object()},
-                                       {"tools", {{{"name", "Bash"}, {"input_schema", {{"type", "object"}}}}}},
                                        {"tool_choice", {{"type", "auto"}}}}));
   EXPECT_EQ(r["id"].get<std::string>().rfind("msg_", 0), 0u) << r.dump();
   EXPECT_EQ(r["type"], "message");
@@ -181,7 +181,7 @@ TEST_F(ServeApi, CountTokensEqualsTokenizeOfTheChatmlPrompt) {
             {"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "Who are you?"}}}}}}}});
   EXPECT_EQ(as_string["input_tokens"].get<size_t>(), n_tokens(kSystemPrompt));
   EXPECT_EQ(as_blocks["input_tokens"].get<size_t>(), n_tokens(kSystemPrompt));
-  // Tool blocks are accepted (rendered as text until tool calls are implemented) and count.
+  // Tool blocks are accepted (rendered as Qwen3's <tool_call> and <tool_response>) and count.
   const json with_tools =
       post("/v1/messages/count_tokens",
            {{"messages",

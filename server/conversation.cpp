@@ -1,0 +1,401 @@
+#include "server/conversation.h"
+
+namespace magnetar::server {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// Tool names are embedded in the prompt and in a forced `{"name": "..."` prefix: no quotes, backslashes or
+// control characters (both APIs allow only [a-zA-Z0-9_-] anyway).
+Status check_tool_name(const Json& name, const std::string& field) {
+  if (!name.is_string() || name.get<std::string>().empty()) return Status::error(field + " must be a non-empty string");
+  for (const char c : name.get<std::string>()) {
+    if (c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20) {
+      return Status::error(field + " must not hold quotes, backslashes or control characters");
+    }
+  }
+  return Status();
+}
+
+// ---- OpenAI -----------------------------------------------------------------------------------------------------
+
+// A message's `content`: a string, null, or an array of {"type": "text", "text": STRING} parts (joined).
+Result<std::string> openai_content(const Json& content, const std::string& field) {
+  if (content.is_null()) return std::string();
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) return Status::error(field + " must be a string or an array of text parts");
+  std::string text;
+  for (size_t k = 0; k < content.size(); ++k) {
+    const Json& part = content[k];
+    auto type = part.is_object() ? part.find("type") : part.end();
+    auto t = part.is_object() ? part.find("text") : part.end();
+    if (!part.is_object() || type == part.end() || *type != "text" || t == part.end() || !t->is_string()) {
+      return Status::error(format("%s[%zu] must be {\"type\": \"text\", \"text\": STRING}", field.c_str(), k));
+    }
+    text += t->get<std::string>();
+  }
+  return text;
+}
+
+// An assistant message's tool_calls: [{id, type: "function", function: {name, arguments: JSON STRING}}] ->
+// the conversation's calls, arguments parsed.
+Result<Json> openai_tool_calls(const Json& calls, const std::string& field) {
+  if (!calls.is_array()) return Status::error(field + " must be an array");
+  Json out = Json::array();
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const std::string at = format("%s[%zu]", field.c_str(), k);
+    const Json& call = calls[k];
+    if (!call.is_object()) return Status::error(at + " must be an object");
+    auto function = call.find("function");
+    if (function == call.end() || !function->is_object()) return Status::error(at + ".function must be an object");
+    auto name = function->find("name");
+    if (Status s = check_tool_name(name == function->end() ? Json() : *name, at + ".function.name"); !s.ok()) {
+      return s;
+    }
+    Json arguments = Json::object();
+    if (auto args = function->find("arguments"); args != function->end() && !args->is_null()) {
+      if (args->is_string()) {
+        arguments = Json::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      } else {
+        arguments = *args;  // some clients send the object itself
+      }
+      if (!arguments.is_object()) return Status::error(at + ".function.arguments is not a JSON object");
+    }
+    std::string id;
+    if (auto i = call.find("id"); i != call.end() && !i->is_null()) {
+      if (!i->is_string()) return Status::error(at + ".id must be a string");
+      id = i->get<std::string>();
+    }
+    out.push_back(
+        {{"type", "function"}, {"id", id}, {"function", {{"name", *name}, {"arguments", std::move(arguments)}}}});
+  }
+  return out;
+}
+
+// The name of the function whose call has `id`, searched in the assistant turns before `end`.
+std::string tool_name_of(const Json& messages, const std::string& id) {
+  for (size_t i = messages.size(); i-- > 0;) {
+    auto calls = messages[i].find("tool_calls");
+    if (calls == messages[i].end()) continue;
+    for (const Json& call : *calls) {
+      if (call["id"] == id) return call["function"]["name"].get<std::string>();
+    }
+  }
+  return {};
+}
+
+// A function tool, normalized to {type, function: {name, description, parameters}} (the fields present).
+Result<Json> function_tool(const Json& name, const Json* description, const Json* parameters, const std::string& at,
+                           const char* parameters_field) {
+  if (Status s = check_tool_name(name, at + ".name"); !s.ok()) return s;
+  Json function = {{"name", name}};
+  if (description && !description->is_null()) {
+    if (!description->is_string()) return Status::error(at + ".description must be a string");
+    function["description"] = *description;
+  }
+  if (parameters && !parameters->is_null()) {
+    if (!parameters->is_object()) return Status::error(at + "." + parameters_field + " must be an object");
+    function["parameters"] = *parameters;
+  }
+  return Json{{"type", "function"}, {"function", std::move(function)}};
+}
+
+const Json* find_ptr(const Json& object, const char* key) {
+  auto it = object.find(key);
+  return it == object.end() ? nullptr : &*it;
+}
+
+bool has_tool(const Json& tools, const std::string& name) {
+  for (const Json& t : tools) {
+    if (t["function"]["name"] == name) return true;
+  }
+  return false;
+}
+
+Status openai_tool_choice(const Json& body, ChatInput* out) {
+  auto choice = body.find("tool_choice");
+  if (choice == body.end() || choice->is_null()) return Status();
+  ToolChoice& tc = out->tool_choice;
+  if (choice->is_string()) {
+    const std::string mode = choice->get<std::string>();
+    if (mode == "auto") return Status();
+    if (mode == "none") {
+      tc.mode = ToolChoice::Mode::kNone;
+      return Status();
+    }
+    if (mode != "required") return Status::error("tool_choice must be \"none\", \"auto\", \"required\" or an object");
+    if (out->conversation.tools.empty()) return Status::error("tool_choice \"required\" needs tools");
+    tc.mode = ToolChoice::Mode::kRequired;
+    return Status();
+  }
+  const Json* function = choice->is_object() ? find_ptr(*choice, "function") : nullptr;
+  const Json* name = function && function->is_object() ? find_ptr(*function, "name") : nullptr;
+  if (!name || !name->is_string()) {
+    return Status::error("tool_choice must be a string or {\"type\": \"function\", \"function\": {\"name\": NAME}}");
+  }
+  if (!has_tool(out->conversation.tools, name->get<std::string>())) {
+    return Status::error("tool_choice.function.name \"" + name->get<std::string>() + "\" is not one of the tools");
+  }
+  tc.mode = ToolChoice::Mode::kFunction;
+  tc.name = name->get<std::string>();
+  return Status();
+}
+
+// ---- Anthropic --------------------------------------------------------------------------------------------------
+
+// Text blocks (or a string) joined by a blank line; other block types are an error naming the block.
+Result<std::string> anthropic_text(const Json& content, const std::string& field) {
+  if (content.is_null()) return std::string();
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) return Status::error(field + " must be a string or an array of content blocks");
+  std::string text;
+  for (size_t k = 0; k < content.size(); ++k) {
+    const Json& block = content[k];
+    const std::string at = format("%s[%zu]", field.c_str(), k);
+    auto type = block.is_object() ? block.find("type") : block.end();
+    if (!block.is_object() || type == block.end() || !type->is_string()) {
+      return Status::error(at + " must be an object with a string \"type\"");
+    }
+    if (*type != "text") return Status::error(at + ".type \"" + type->get<std::string>() + "\" is not supported");
+    auto t = block.find("text");
+    if (t == block.end() || !t->is_string()) return Status::error(at + ".text must be a string");
+    if (!text.empty() && !t->get<std::string>().empty()) text += "\n\n";
+    text += t->get<std::string>();
+  }
+  return text;
+}
+
+// One Anthropic message -> conversation messages. A user turn's tool_result blocks become `tool` messages and
+// its text blocks user messages, in block order (consecutive text blocks joined by a blank line); an assistant
+// turn's text, thinking and tool_use blocks become one assistant message.
+Status anthropic_message(const Json& m, size_t i, Json* messages) {
+  if (!m.is_object()) return Status::error(format("messages[%zu] must be an object", i));
+  auto role = m.find("role");
+  if (role == m.end() || !role->is_string() || (*role != "user" && *role != "assistant")) {
+    return Status::error(format("messages[%zu].role must be \"user\" or \"assistant\"", i));
+  }
+  const std::string field = format("messages[%zu].content", i);
+  const Json content = m.value("content", Json());
+  if (content.is_null() || content.is_string()) {
+    messages->push_back({{"role", *role}, {"content", content.is_null() ? "" : content.get<std::string>()}});
+    return Status();
+  }
+  if (!content.is_array()) return Status::error(field + " must be a string or an array of content blocks");
+  const bool assistant = *role == "assistant";
+  std::string text, reasoning;
+  bool has_text = false;
+  Json calls = Json::array();
+  auto flush_user_text = [&] {
+    if (has_text) messages->push_back({{"role", "user"}, {"content", text}});
+    text.clear();
+    has_text = false;
+  };
+  for (size_t k = 0; k < content.size(); ++k) {
+    const Json& block = content[k];
+    const std::string at = format("%s[%zu]", field.c_str(), k);
+    auto type = block.is_object() ? block.find("type") : block.end();
+    if (!block.is_object() || type == block.end() || !type->is_string()) {
+      return Status::error(at + " must be an object with a string \"type\"");
+    }
+    if (*type == "text") {
+      auto t = block.find("text");
+      if (t == block.end() || !t->is_string()) return Status::error(at + ".text must be a string");
+      if (has_text && !text.empty() && !t->get<std::string>().empty()) text += "\n\n";
+      text += t->get<std::string>();
+      has_text = true;
+    } else if (*type == "tool_use" && assistant) {
+      auto name = block.find("name");
+      if (Status s = check_tool_name(name == block.end() ? Json() : *name, at + ".name"); !s.ok()) return s;
+      const Json input = block.value("input", Json::object());
+      if (!input.is_object()) return Status::error(at + ".input must be an object");
+      const Json id = block.value("id", Json(""));
+      if (!id.is_string()) return Status::error(at + ".id must be a string");
+      calls.push_back({{"type", "function"}, {"id", id}, {"function", {{"name", *name}, {"arguments", input}}}});
+    } else if (*type == "tool_result" && !assistant) {
+      flush_user_text();
+      Result<std::string> result = anthropic_text(block.value("content", Json()), at + ".content");
+      if (!result.ok()) return result.status();
+      const Json id = block.value("tool_use_id", Json(""));
+      if (!id.is_string()) return Status::error(at + ".tool_use_id must be a string");
+      Json tool = {{"role", "tool"}, {"content", result.value()}, {"tool_call_id", id}};
+      if (std::string name = tool_name_of(*messages, id.get<std::string>()); !name.empty()) tool["name"] = name;
+      messages->push_back(std::move(tool));
+    } else if (*type == "thinking" && assistant) {
+      if (auto t = block.find("thinking"); t != block.end() && t->is_string()) {
+        if (!reasoning.empty()) reasoning += "\n\n";
+        reasoning += t->get<std::string>();
+      }
+    } else if (*type != "redacted_thinking") {
+      return Status::error(at + ".type \"" + type->get<std::string>() + "\" is not supported in a " +
+                           role->get<std::string>() + " message");
+    }
+  }
+  if (!assistant) {
+    flush_user_text();
+    return Status();
+  }
+  Json message = {{"role", "assistant"}, {"content", text}};
+  if (!reasoning.empty()) message["reasoning_content"] = reasoning;
+  if (!calls.empty()) message["tool_calls"] = std::move(calls);
+  messages->push_back(std::move(message));
+  return Status();
+}
+
+}  // namespace
+
+Result<ChatInput> openai_chat_input(const Json& body) {
+  ChatInput in;
+  Json& messages = in.conversation.messages;
+  auto list = body.find("messages");
+  if (list == body.end()) return Status::error("messages is required");
+  if (!list->is_array() || list->empty()) return Status::error("messages must be a non-empty array");
+  for (size_t i = 0; i < list->size(); ++i) {
+    const Json& m = (*list)[i];
+    const std::string at = format("messages[%zu]", i);
+    if (!m.is_object()) return Status::error(at + " must be an object");
+    auto role_it = m.find("role");
+    std::string role = role_it != m.end() && role_it->is_string() ? role_it->get<std::string>() : "";
+    if (role == "developer") role = "system";  // OpenAI's newer name for the system role
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
+      return Status::error(at + ".role must be \"system\", \"developer\", \"user\", \"assistant\" or \"tool\"");
+    }
+    Result<std::string> content = openai_content(m.value("content", Json()), at + ".content");
+    if (!content.ok()) return content.status();
+    Json message = {{"role", role}, {"content", content.value()}};
+    if (role == "assistant") {
+      if (auto r = m.find("reasoning_content"); r != m.end() && !r->is_null()) {
+        if (!r->is_string()) return Status::error(at + ".reasoning_content must be a string");
+        message["reasoning_content"] = *r;
+      }
+      if (auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null()) {
+        Result<Json> parsed = openai_tool_calls(*calls, at + ".tool_calls");
+        if (!parsed.ok()) return parsed.status();
+        if (!parsed->empty()) message["tool_calls"] = std::move(parsed.value());
+      }
+    } else if (role == "tool") {
+      std::string id;
+      if (auto i_id = m.find("tool_call_id"); i_id != m.end() && !i_id->is_null()) {
+        if (!i_id->is_string()) return Status::error(at + ".tool_call_id must be a string");
+        id = i_id->get<std::string>();
+      }
+      message["tool_call_id"] = id;
+      if (std::string name = tool_name_of(messages, id); !name.empty()) message["name"] = name;
+    }
+    messages.push_back(std::move(message));
+  }
+
+  if (auto tools = body.find("tools"); tools != body.end() && !tools->is_null()) {
+    if (!tools->is_array()) return Status::error("tools must be an array");
+    for (size_t k = 0; k < tools->size(); ++k) {
+      const Json& t = (*tools)[k];
+      const std::string at = format("tools[%zu]", k);
+      if (!t.is_object() || t.value("type", Json("function")) != "function") {
+        return Status::error(at + " must be {\"type\": \"function\", \"function\": {...}}");
+      }
+      auto function = t.find("function");
+      if (function == t.end() || !function->is_object()) return Status::error(at + ".function must be an object");
+      Result<Json> tool = function_tool(function->value("name", Json()), find_ptr(*function, "description"),
+                                        find_ptr(*function, "parameters"), at + ".function", "parameters");
+      if (!tool.ok()) return tool.status();
+      in.conversation.tools.push_back(std::move(tool.value()));
+    }
+  }
+  if (Status s = openai_tool_choice(body, &in); !s.ok()) return s;
+
+  if (auto format = body.find("response_format"); format != body.end() && !format->is_null()) {
+    const Json type = format->is_object() ? format->value("type", Json()) : Json();
+    if (type == "json_object") {
+      in.json_object = true;
+    } else if (type == "json_schema") {
+      in.json_object = true;
+      in.notes.push_back(
+          "response_format json_schema: the output is constrained to a JSON object; the schema "
+          "itself is not enforced");
+    } else if (type != "text") {
+      return Status::error("response_format.type must be \"text\", \"json_object\" or \"json_schema\"");
+    }
+  }
+
+  // Thinking: the chat_template_kwargs of vLLM and llama.cpp, or reasoning_effort ("none" is off).
+  if (auto kwargs = body.find("chat_template_kwargs"); kwargs != body.end() && !kwargs->is_null()) {
+    if (!kwargs->is_object()) return Status::error("chat_template_kwargs must be an object");
+    if (auto e = kwargs->find("enable_thinking"); e != kwargs->end() && !e->is_null()) {
+      if (!e->is_boolean()) return Status::error("chat_template_kwargs.enable_thinking must be a boolean");
+      in.conversation.enable_thinking = e->get<bool>();
+    }
+  }
+  if (auto effort = body.find("reasoning_effort"); effort != body.end() && !effort->is_null()) {
+    if (!effort->is_string()) return Status::error("reasoning_effort must be a string");
+    in.conversation.enable_thinking = *effort != "none";
+    if (*effort != "none") in.notes.push_back("reasoning_effort: any level but \"none\" turns thinking on");
+  }
+  return in;
+}
+
+Result<ChatInput> anthropic_chat_input(const Json& body) {
+  ChatInput in;
+  Json& messages = in.conversation.messages;
+  if (auto system = body.find("system"); system != body.end()) {
+    Result<std::string> text = anthropic_text(*system, "system");
+    if (!text.ok()) return text.status();
+    if (!text->empty()) messages.push_back({{"role", "system"}, {"content", text.value()}});
+  }
+  auto list = body.find("messages");
+  if (list == body.end()) return Status::error("messages is required");
+  if (!list->is_array() || list->empty()) return Status::error("messages must be a non-empty array");
+  for (size_t i = 0; i < list->size(); ++i) {
+    if (Status s = anthropic_message((*list)[i], i, &messages); !s.ok()) return s;
+  }
+
+  if (auto tools = body.find("tools"); tools != body.end() && !tools->is_null()) {
+    if (!tools->is_array()) return Status::error("tools must be an array");
+    for (size_t k = 0; k < tools->size(); ++k) {
+      const Json& t = (*tools)[k];
+      const std::string at = format("tools[%zu]", k);
+      if (!t.is_object()) return Status::error(at + " must be an object");
+      // Server tools (web_search_..., bash_..., text_editor_...) have a versioned type and no input_schema: the
+      // model cannot run them here, so they are left out.
+      if (t.contains("type") && t["type"] != "custom" && !t.contains("input_schema")) {
+        in.notes.push_back(at + ": server tool \"" + t.value("name", std::string()) + "\" is not offered");
+        continue;
+      }
+      Result<Json> tool = function_tool(t.value("name", Json()), find_ptr(t, "description"),
+                                        find_ptr(t, "input_schema"), at, "input_schema");
+      if (!tool.ok()) return tool.status();
+      in.conversation.tools.push_back(std::move(tool.value()));
+    }
+  }
+  if (auto choice = body.find("tool_choice"); choice != body.end() && !choice->is_null()) {
+    const Json type = choice->is_object() ? choice->value("type", Json()) : Json();
+    ToolChoice& tc = in.tool_choice;
+    if (type == "none") {
+      tc.mode = ToolChoice::Mode::kNone;
+    } else if (type == "any") {
+      if (in.conversation.tools.empty()) return Status::error("tool_choice {\"type\": \"any\"} needs tools");
+      tc.mode = ToolChoice::Mode::kRequired;
+    } else if (type == "tool") {
+      const Json name = choice->value("name", Json());
+      if (!name.is_string() || !has_tool(in.conversation.tools, name.get<std::string>())) {
+        return Status::error("tool_choice.name must name one of the tools");
+      }
+      tc.mode = ToolChoice::Mode::kFunction;
+      tc.name = name.get<std::string>();
+    } else if (type != "auto") {
+      return Status::error("tool_choice.type must be \"auto\", \"any\", \"tool\" or \"none\"");
+    }
+  }
+  if (auto thinking = body.find("thinking"); thinking != body.end() && !thinking->is_null()) {
+    const Json type = thinking->is_object() ? thinking->value("type", Json()) : Json();
+    if (type == "enabled" || type == "adaptive") {
+      in.conversation.enable_thinking = true;
+      if (thinking->contains("budget_tokens")) {
+        in.notes.push_back("thinking.budget_tokens is ignored (the reasoning ends when the model ends it)");
+      }
+    } else if (type != "disabled") {
+      return Status::error("thinking.type must be \"enabled\" or \"disabled\"");
+    }
+  }
+  return in;
+}
+
+}  // namespace magnetar::server
