@@ -12,6 +12,14 @@ Result<ChatTemplate> ChatTemplate::choose(const TemplateSource& source, std::str
   t.bos_ = source.bos_token;
   t.eos_ = source.eos_token;
   std::string text;
+  if (!source.builtin.empty()) {
+    if (source.builtin != "chatml") {
+      return Status::error("--chat-template " + source.builtin + ": unknown built-in template (known: chatml)");
+    }
+    if (!source.file_path.empty()) return Status::error("--chat-template and --chat-template-file exclude each other");
+    t.origin_ = "built-in ChatML (--chat-template chatml)";
+    return t;
+  }
   if (!source.file_path.empty()) {
     std::ifstream in(source.file_path, std::ios::binary);
     if (!in) return Status::error("--chat-template-file " + source.file_path + ": cannot read the file");

@@ -1,4 +1,6 @@
 // The chat template a model's prompts are rendered with, chosen once at start:
+//   0. --chat-template chatml: the built-in ChatML (for models whose own template lacks what a request needs,
+//      e.g. tools: the bundled demo model's template renders no tools),
 //   1. a file given with --chat-template-file (Jinja),
 //   2. else the GGUF's tokenizer.chat_template (Jinja),
 //   3. else the family's built-in: ChatML as Qwen3 writes it (chat/chatml.h) for the Qwen families, with a
@@ -17,6 +19,7 @@
 namespace magnetar::chat {
 
 struct TemplateSource {
+  std::string builtin = {};        // --chat-template NAME: "chatml" (empty: none)
   std::string file_path = {};      // --chat-template-file (empty: none)
   std::string gguf_template = {};  // tokenizer.chat_template (empty: none)
   std::string architecture = {};   // general.architecture, for the built-in fallback

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "chat/chatml.h"
+#include "chat/template.h"
 #include "chat/tool_calls.h"
 #include "server/conversation.h"
 #include "server/webui.h"
@@ -233,7 +234,7 @@ struct Generation {
 // name: `<tool_call>\n{"name": "` and the names are constrained) and constrains the arguments to a JSON object,
 // closed by `}\n</tool_call>` once complete; json_object constrains the answer to one JSON object. Thinking is
 // off when the model has no <think> token, and for constrained output (the constraint covers the whole answer).
-Generation plan_generation(const ChatInput& input, bool model_thinks) {
+Result<Generation> plan_generation(const ChatInput& input, bool model_thinks, const chat::ChatTemplate& tmpl) {
   Generation g;
   g.notes = input.notes;
   chat::Conversation conversation = input.conversation;
@@ -250,7 +251,7 @@ Generation plan_generation(const ChatInput& input, bool model_thinks) {
     g.notes.push_back("thinking is off for a constrained answer (forced tool call or JSON)");
     conversation.enable_thinking = false;
   }
-  g.prompt = chat::render_chatml(conversation, /*add_generation_prompt=*/true);
+  MAGNETAR_ASSIGN_OR_RETURN(g.prompt, tmpl.render(conversation, /*add_generation_prompt=*/true));
   // A template may open the think block itself (Qwen3's 2507 thinking models do): the output then starts inside it.
   const size_t last = g.prompt.find_last_not_of(" \n");
   const bool opened = conversation.enable_thinking && last != std::string::npos && last >= 6 &&
@@ -405,6 +406,7 @@ struct Server::Impl {
   std::map<std::pair<std::string, int>, uint64_t> requests;  // guarded by requests_mu
 
   bool model_thinks = false;  // the vocabulary has <think> and </think> tokens (thinking can be turned on)
+  std::optional<chat::ChatTemplate> chat_template;  // chosen at bind (chat/template.h)
 
   Impl(Engine& e, ServerOptions o) : engine(e), options(std::move(o)) {}
   void routes();
@@ -413,7 +415,7 @@ struct Server::Impl {
   Result<std::shared_ptr<Job>> submit(const std::string& prompt, ChatRequest& request,
                                       const Generation* generation = nullptr);
   // The plan of a chat request, its notes printed with --verbose.
-  Generation plan(const ChatRequest& request, const char* route) const;
+  Result<Generation> plan(const ChatRequest& request, const char* route) const;
   void chat_completions(const httplib::Request& req, httplib::Response& res);
   void completions(const httplib::Request& req, httplib::Response& res);
   // pieces(text, done): the chunks for the next raw output text; when done (and the job did not fail) the
@@ -519,8 +521,8 @@ void Server::Impl::routes() {
   });
 }
 
-Generation Server::Impl::plan(const ChatRequest& request, const char* route) const {
-  Generation g = plan_generation(request.chat, model_thinks);
+Result<Generation> Server::Impl::plan(const ChatRequest& request, const char* route) const {
+  MAGNETAR_ASSIGN_OR_RETURN(Generation g, plan_generation(request.chat, model_thinks, *chat_template));
   if (options.verbose) {
     for (const std::string& note : g.notes) std::fprintf(stderr, "magnetar serve: %s: %s\n", route, note.c_str());
   }
@@ -608,7 +610,9 @@ void Server::Impl::chat_completions(const httplib::Request& req, httplib::Respon
   Result<ChatRequest> parsed = parse_chat_request(body.value(), options.sampling);
   if (!parsed.ok()) return reply_error(res, ErrorKind::kInvalidRequest, parsed.status().message());
   ChatRequest& request = parsed.value();
-  const Generation generation = plan(request, "/v1/chat/completions");
+  Result<Generation> planned = plan(request, "/v1/chat/completions");
+  if (!planned.ok()) return reply_error(res, ErrorKind::kInvalidRequest, planned.status().message());
+  const Generation& generation = planned.value();
   Result<std::shared_ptr<Job>> submitted = submit(generation.prompt, request, &generation);
   if (!submitted.ok()) return reply_error(res, ErrorKind::kInvalidRequest, submitted.status().message());
   std::shared_ptr<Job> job = std::move(submitted.value());
@@ -734,7 +738,9 @@ void Server::Impl::messages(const httplib::Request& req, httplib::Response& res)
   Result<ChatRequest> parsed = parse_anthropic_request(body.value(), options.sampling, /*require_max_tokens=*/true);
   if (!parsed.ok()) return reply_error(res, ErrorKind::kInvalidRequest, parsed.status().message(), Api::kAnthropic);
   ChatRequest& request = parsed.value();
-  const Generation generation = plan(request, "/v1/messages");
+  Result<Generation> planned = plan(request, "/v1/messages");
+  if (!planned.ok()) return reply_error(res, ErrorKind::kInvalidRequest, planned.status().message(), Api::kAnthropic);
+  const Generation& generation = planned.value();
   Result<std::shared_ptr<Job>> submitted = submit(generation.prompt, request, &generation);
   if (!submitted.ok()) {
     return reply_error(res, ErrorKind::kInvalidRequest, submitted.status().message(), Api::kAnthropic);
@@ -902,7 +908,9 @@ void Server::Impl::count_tokens(const httplib::Request& req, httplib::Response& 
   if (!body.ok()) return reply_error(res, ErrorKind::kInvalidRequest, body.status().message(), Api::kAnthropic);
   Result<ChatRequest> parsed = parse_anthropic_request(body.value(), options.sampling, /*require_max_tokens=*/false);
   if (!parsed.ok()) return reply_error(res, ErrorKind::kInvalidRequest, parsed.status().message(), Api::kAnthropic);
-  Result<std::vector<int32_t>> ids = engine.tokenize(plan(parsed.value(), "/v1/messages/count_tokens").prompt, true);
+  Result<Generation> planned = plan(parsed.value(), "/v1/messages/count_tokens");
+  if (!planned.ok()) return reply_error(res, ErrorKind::kInvalidRequest, planned.status().message(), Api::kAnthropic);
+  Result<std::vector<int32_t>> ids = engine.tokenize(planned.value().prompt, true);
   if (!ids.ok()) return reply_error(res, ErrorKind::kInvalidRequest, ids.status().message(), Api::kAnthropic);
   reply_json(res, {{"input_tokens", ids->size()}});
 }
@@ -984,6 +992,18 @@ Result<std::unique_ptr<Server>> Server::bind(Engine& engine, const ServerOptions
     return ids.ok() && ids->size() == 1;
   };
   impl->model_thinks = one_token("<think>") && one_token("</think>");
+  std::string warning;
+  Result<chat::ChatTemplate> tmpl = chat::ChatTemplate::choose({.builtin = options.chat_template,
+                                                                .file_path = options.chat_template_file,
+                                                                .gguf_template = engine.info().chat_template,
+                                                                .architecture = engine.info().architecture,
+                                                                .bos_token = engine.info().bos_token,
+                                                                .eos_token = engine.info().eos_token},
+                                                               &warning);
+  if (!tmpl.ok()) return tmpl.status();
+  if (!warning.empty()) std::fprintf(stderr, "magnetar serve: warning: %s\n", warning.c_str());
+  std::fprintf(stderr, "magnetar serve: chat template: %s\n", tmpl.value().origin().c_str());
+  impl->chat_template.emplace(std::move(tmpl).value());
   impl->worker = Worker::start(engine, std::move(sessions), options.keepalive_seconds);
   impl->routes();
   impl->port = options.port == 0 ? impl->http.bind_to_any_port(options.host)

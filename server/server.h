@@ -28,6 +28,9 @@ struct ServerOptions {
   // Slots (sessions with their own KV): 0 picks min(4, what fits in the memory available beyond the planner's
   // reserve); a number that does not fit is refused with the sizes.
   int64_t parallel = 0;
+  // A Jinja chat template that replaces the model's (chat/template.h); empty: the GGUF's, else the built-in.
+  std::string chat_template_file;
+  std::string chat_template;  // "chatml": the built-in ChatML instead of the model's
 };
 
 class Server {

@@ -30,9 +30,10 @@ size_t choose_slot(const std::vector<SlotView>& slots, std::span<const int32_t> 
     if (lru == SIZE_MAX || slots[i].last_used < slots[lru].last_used) lru = i;
     const std::vector<int32_t>& t = *slots[i].tokens;
     const size_t common = size_t(std::mismatch(t.begin(), t.end(), prompt.begin(), prompt.end()).first - t.begin());
-    // Affinity only where the prompt keeps most of what the slot holds: a shared template header must not make
-    // a new conversation evict another one's history while a slot is free or colder.
-    if (common > 0 && 2 * common >= t.size() && common > affine_common) {
+    // Affinity only where the shared prefix is at least half of the shorter of the two (the prompt continues or
+    // repeats what the slot holds): a shared template header must not make a new conversation evict another
+    // one's history while a slot is free or colder.
+    if (common > 0 && 2 * common >= std::min(t.size(), prompt.size()) && common > affine_common) {
       affine = i;
       affine_common = common;
     }

@@ -1,8 +1,8 @@
 // The one thread that owns the engine's Sessions and does all compute (STYLE.md rule 10). HTTP threads build a
 // Job (plain data: prompt ids, sampling, limits), submit it, and read its output under the job's own mutex.
 // The worker has N slots (--parallel), each a Session that keeps its KV between requests. Queued jobs are taken
-// in FIFO order, each into the idle slot whose cached tokens share the longest prefix with its prompt (when that
-// keeps at least half of the slot's tokens; else the least recently used slot), so an agent resending a growing
+// in FIFO order, each into the idle slot whose cached tokens share the longest prefix with its prompt (when that is
+// at least half of the shorter of the two; else the least recently used slot), so an agent resending a growing
 // history only prefills the new tail and a new conversation does not evict another one's. All decoding slots
 // advance together, one token each per batched forward pass (Engine::step: the weights are read once for all);
 // a prompt being prefilled while others decode advances one --batch chunk per turn, so streams keep flowing.
@@ -123,8 +123,9 @@ class Worker {
 };
 
 // The slot choice, as a pure function: among idle slots, the one whose tokens share the longest prefix with
-// `prompt`, provided that prefix is at least half of what the slot holds (the new request keeps most of it);
-// otherwise the least recently used idle slot (never-used ones first). SIZE_MAX when none is idle.
+// `prompt`, provided that prefix is at least half of the shorter of the slot's tokens and the prompt (the request
+// continues or repeats what the slot holds); otherwise the least recently used idle slot (never-used ones first).
+// SIZE_MAX when none is idle.
 struct SlotView {
   bool busy = false;
   uint64_t last_used = 0;

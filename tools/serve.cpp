@@ -37,6 +37,11 @@ int serve_main(int argc, char** argv) {
   args.option("--parallel", &parallel, "N",
               "slots: requests computed at once, each slot keeping its conversation's KV; a request goes to the slot "
               "sharing the longest prefix with it (0: min(4, what fits in memory))");
+  std::string chat_template_file, chat_template;
+  args.option("--chat-template-file", &chat_template_file, "FILE",
+              "render prompts with this Jinja chat template instead of the model's (tokenizer.chat_template)");
+  args.option("--chat-template", &chat_template, "chatml",
+              "render prompts with the built-in ChatML (Qwen3's format, tools included) instead of the model's template");
   bool verbose = false;
   args.flag("--verbose", &verbose, "print the parts of requests that are accepted and ignored (a json_schema's schema, a thinking budget)");
   if (std::optional<int> code = args.parse_or_exit(argc, argv, "serve")) return *code;
@@ -70,7 +75,9 @@ int serve_main(int argc, char** argv) {
                 .sampling = sampling.resolved(),
                 .keepalive_seconds = keepalive,
                 .verbose = verbose,
-                .parallel = parallel});
+                .parallel = parallel,
+                .chat_template_file = chat_template_file,
+                .chat_template = chat_template});
   if (!bound.ok()) {
     std::fprintf(stderr, "magnetar serve: %s\n", bound.status().message().c_str());
     return kExitBadInput;

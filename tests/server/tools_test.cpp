@@ -44,6 +44,8 @@ json anthropic_tool() {
 
 class ServeTools : public ServeFixture {
  protected:
+  // The demo model's own chat template renders no tools: these tests use the built-in ChatML (Qwen3's format).
+  static void SetUpTestSuite() { start_server({"--chat-template", "chatml"}); }
   static json question() { return json::array({{{"role", "user"}, {"content", kQuestion}}}); }
   static json chat(json body, int expect_status = 200) {
     if (!body.contains("temperature")) body["temperature"] = 0;

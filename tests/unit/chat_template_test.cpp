@@ -71,5 +71,14 @@ TEST(ChatTemplate, NoTemplateFallsBackToChatMLForQwenOnly) {
   EXPECT_NE(other.status().message().find("--chat-template-file"), std::string::npos);
 }
 
+TEST(ChatTemplate, BuiltinChatmlOverridesTheGguf) {
+  auto t = ChatTemplate::choose({.builtin = "chatml", .gguf_template = kProbe, .architecture = "llama"}, nullptr);
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_EQ(t.value().render(hello(), true).value(), render_chatml(hello(), true));
+  auto unknown = ChatTemplate::choose({.builtin = "vicuna", .architecture = "qwen3moe"}, nullptr);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("--chat-template vicuna: unknown"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace magnetar::chat

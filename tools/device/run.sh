@@ -10,22 +10,28 @@ mkdir -p "$OUT"
 filter=${1:-.}
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 
-# Build dependencies the image lacks (nlohmann-json, libpcre2-dev, liburing-dev, cpp-httplib) travel as Debian
-# .debs in .device-deps/ (`apt-get download nlohmann-json3-dev libpcre2-dev libpcre2-8-0 liburing-dev liburing2
-# libcpp-httplib-dev` here); they are unpacked into a private prefix, never over the image's /usr. cpp-httplib is
-# used header-only there (its .pc rewritten: no TLS/zlib/brotli, which the server does not use).
+# Build dependencies the image lacks (nlohmann-json, libpcre2-dev, liburing-dev, cpp-httplib and what its .pc
+# requires) travel as Debian .debs in .device-deps/ (`apt-get download nlohmann-json3-dev libpcre2-dev libpcre2-8-0
+# liburing-dev liburing2 libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libssl3 zlib1g-dev libbrotli-dev
+# libbrotli1` here); they are unpacked into a private prefix, never over the image's /usr.
 prefix=/tmp/magnetar-deps
 if ls .device-deps/*.deb >/dev/null 2>&1; then
   for deb in .device-deps/*.deb; do dpkg -x "$deb" "$prefix"; done
   for pc in "$prefix"/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc; do
     [ -f "$pc" ] && sed -i "s#^prefix=/usr#prefix=$prefix/usr#" "$pc"
   done
-  httplib_pc="$prefix/usr/lib/x86_64-linux-gnu/pkgconfig/cpp-httplib.pc"
-  [ -f "$httplib_pc" ] && sed -i -e '/^Requires.private/d' -e 's/^Libs:.*/Libs:/' -e 's/^Cflags:.*/Cflags: -I${includedir}/' \
-    "$httplib_pc"
   export PKG_CONFIG_PATH="$prefix/usr/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
   export LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
   export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # Debian's multiarch headers (openssl's opensslconf.h) live under include/x86_64-linux-gnu
+  export CPATH="$prefix/usr/include/x86_64-linux-gnu:$prefix/usr/include${CPATH:+:$CPATH}"
+fi
+
+# `run.sh --stream-arms`: only the expert-streaming and disk-KV arms (tools/device/stream_arms.sh), with the
+# build-device/ of an earlier call on the same (still warm) machine.
+if [ "$filter" = "--stream-arms" ]; then
+  bash tools/device/stream_arms.sh 2>&1 | tail -40
+  exit 0
 fi
 
 log "machine: $(lscpu | sed -n 's/^Model name: *//p') / $(nproc) cores / $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
@@ -56,9 +62,5 @@ if [ -x build-device/bench/magnetar_bench_cuda ]; then
     --benchmark_min_time=0.1s >"$OUT/bench_cuda.txt" 2>&1
   log "cuda bench exit $?"
   grep median "$OUT/bench_cuda.txt" | head -80
-fi
-# `run.sh FILTER --stream-arms`: also the expert-streaming and disk-KV arms (tools/device/stream_arms.sh)
-if [ "${2:-}" = "--stream-arms" ]; then
-  bash tools/device/stream_arms.sh 2>&1 | tail -30 | tee -a "$OUT/summary.txt"
 fi
 cat "$OUT/summary.txt"

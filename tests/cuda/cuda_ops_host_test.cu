@@ -1,0 +1,185 @@
+// The host-callable logic of the forward-pass ops (backends/cuda/{rope,route_topk,attention}.cuh) run on the
+// HOST, so CI (no GPU) checks it: the RoPE angle formula against cpu::rope_neox's, the router's lane-split
+// top-k against the CPU route()'s partial_sort, and attention's split-K plan and online-softmax merge against
+// a direct softmax. The kernels themselves are checked on the GPU by cuda_ops_test.cpp.
+//
+// Compiled by nvcc as C++17 (like backends/cuda); the CPU formulas are restated here, not linked, because
+// this test executable does not link backends/cpu.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backends/cuda/attention.cuh"
+#include "backends/cuda/rope.cuh"
+#include "backends/cuda/route_topk.cuh"
+
+namespace magnetar {
+namespace {
+
+// ---- rope ------------------------------------------------------------------------------------------------
+
+// cpu::rope_neox's table, restated (backends/cpu/ops.cpp).
+void cpu_cos_sin(int32_t pos, int i, int head_dim, float theta, float* c, float* s) {
+  const float inv_freq = float(1.0 / std::pow(double(theta), double(2 * i) / double(head_dim)));
+  const double angle = double(pos) * double(inv_freq);
+  *c = float(std::cos(angle));
+  *s = float(std::sin(angle));
+}
+
+// On the host the shared formula must be the CPU's bit for bit (a float pow or a float angle would not be).
+TEST(CudaOpsHost, RopeAnglesMatchCpuFormula) {
+  for (const float theta : {10000.0f, 1000000.0f}) {
+    for (const int head_dim : {64, 128}) {
+      for (const int32_t pos : {0, 1, 17, 4095, 40000, 1000000}) {
+        for (int i = 0; i < head_dim / 2; ++i) {
+          float c, s, rc, rs;
+          cuda::rope::cos_sin(pos, i, head_dim, theta, &c, &s);
+          cpu_cos_sin(pos, i, head_dim, theta, &rc, &rs);
+          ASSERT_EQ(c, rc) << "pos " << pos << " i " << i;
+          ASSERT_EQ(s, rs) << "pos " << pos << " i " << i;
+        }
+      }
+    }
+  }
+}
+
+// ---- router top-k ------------------------------------------------------------------------------------------
+
+// The kernel's selection, with the warp's lanes as a loop: each round every lane offers lane_best, the best
+// offer wins and is marked taken in its lane's mask.
+std::vector<int> warp_topk(const std::vector<float>& logits, int k) {
+  const int n = int(logits.size());
+  uint32_t taken[cuda::route::kLanes] = {};
+  std::vector<int> ids;
+  for (int j = 0; j < k; ++j) {
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+    for (int lane = 0; lane < cuda::route::kLanes; ++lane) {
+      float v;
+      int id;
+      cuda::route::lane_best(logits.data(), n, lane, taken[lane], &v, &id);
+      if (cuda::route::ranks_before(v, id, bv, bi)) {
+        bv = v;
+        bi = id;
+      }
+    }
+    taken[bi % cuda::route::kLanes] |= 1u << (bi / cuda::route::kLanes);
+    ids.push_back(bi);
+  }
+  return ids;
+}
+
+// The CPU route()'s selection (models/qwen3_moe/qwen3_moe.cpp), restated.
+std::vector<int> cpu_topk(const std::vector<float>& logits, int k) {
+  std::vector<int> idx(logits.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int a, int b) {
+    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+  });
+  idx.resize(size_t(k));
+  return idx;
+}
+
+// Ids identical, order included, on Gaussian logits and on logits with many ties (multiples of 0.5, and all
+// equal), for expert counts around the lane count and up to the limit.
+TEST(CudaOpsHost, RouterTopkMatchesCpuOrderWithTies) {
+  std::mt19937_64 gen(20261130);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  for (const int n : {1, 8, 31, 32, 33, 60, 128, 256, 1000, 1024}) {
+    for (const int k : {1, 2, 8, 32}) {
+      if (k > n) continue;
+      for (int mode = 0; mode < 3; ++mode) {
+        std::vector<float> logits(static_cast<size_t>(n));
+        for (float& l : logits) {
+          const float g = dist(gen);
+          l = mode == 0 ? g : mode == 1 ? std::round(2.0f * g) / 2.0f : 0.25f;
+        }
+        EXPECT_EQ(warp_topk(logits, k), cpu_topk(logits, k)) << "n " << n << " k " << k << " mode " << mode;
+      }
+    }
+  }
+}
+
+// ---- attention split-K ------------------------------------------------------------------------------------
+
+// Every plan covers the chunks exactly once with non-empty splits, stays within max_splits, and uses one split
+// for contexts of one chunk.
+TEST(CudaOpsHost, AttentionSplitPlanCoversContext) {
+  for (const int64_t rows : {int64_t(1), int64_t(17), int64_t(128), int64_t(129), int64_t(300), int64_t(5000),
+                             int64_t(20000), int64_t(131072)}) {
+    for (const int64_t n_head_kv : {int64_t(1), int64_t(2), int64_t(4), int64_t(8), int64_t(64)}) {
+      for (const int sms : {1, 16, 132}) {
+        const cuda::attn::SplitPlan p = cuda::attn::plan_splits(rows, n_head_kv, sms, 64);
+        const int64_t chunks = (rows + cuda::attn::kChunk - 1) / cuda::attn::kChunk;
+        ASSERT_EQ(p.n_chunks, chunks);
+        ASSERT_GE(p.n_splits, 1);
+        ASSERT_LE(p.n_splits, 64);
+        ASSERT_GE(p.chunks_per_split, 1);
+        ASSERT_GE(int64_t(p.n_splits) * p.chunks_per_split, chunks);      // covered
+        ASSERT_LT(int64_t(p.n_splits - 1) * p.chunks_per_split, chunks);  // last split not empty
+        if (chunks == 1) ASSERT_EQ(p.n_splits, 1);
+      }
+    }
+  }
+}
+
+// The kernel's algebra on the host, in float: per split, chunks of kChunk scores folded with rescale();
+// then the combine kernel's merge (weights exp(m_s - M)). Must equal the direct softmax-weighted mean of
+// random values within float rounding (bound: 1e-5 relative to max|v|, far above the ~1e-6 these sums of
+// <= 20000 terms reach and far below the effect of a dropped or doubled chunk, >= 1/157 of a weight).
+TEST(CudaOpsHost, AttentionOnlineSoftmaxMergeMatchesDirect) {
+  std::mt19937_64 gen(7);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  for (const int64_t rows : {int64_t(1), int64_t(17), int64_t(300), int64_t(5000), int64_t(20000)}) {
+    std::vector<float> s(static_cast<size_t>(rows)), v(static_cast<size_t>(rows));
+    for (float& x : s) x = dist(gen);
+    for (float& x : v) x = dist(gen);
+    const cuda::attn::SplitPlan plan = cuda::attn::plan_splits(rows, 1, 16, 64);
+    std::vector<float> part_o, part_m, part_l;
+    for (int sp = 0; sp < plan.n_splits; ++sp) {
+      cuda::attn::SoftmaxState st;
+      float o = 0.0f;
+      const int c_end = std::min(plan.n_chunks, (sp + 1) * plan.chunks_per_split);
+      for (int c = sp * plan.chunks_per_split; c < c_end; ++c) {
+        const int64_t j0 = int64_t(c) * cuda::attn::kChunk;
+        const int64_t j1 = std::min(rows, j0 + cuda::attn::kChunk);
+        float mx = -INFINITY;
+        for (int64_t j = j0; j < j1; ++j) mx = std::max(mx, s[size_t(j)]);
+        o *= cuda::attn::rescale(st, mx);
+        for (int64_t j = j0; j < j1; ++j) {
+          const float e = std::exp(s[size_t(j)] - st.m);
+          st.l += e;
+          o += e * v[size_t(j)];
+        }
+      }
+      part_o.push_back(o);
+      part_m.push_back(st.m);
+      part_l.push_back(st.l);
+    }
+    const float m_all = *std::max_element(part_m.begin(), part_m.end());
+    float num = 0.0f, den = 0.0f;
+    for (size_t i = 0; i < part_o.size(); ++i) {
+      const float w = std::exp(part_m[i] - m_all);
+      num += w * part_o[i];
+      den += w * part_l[i];
+    }
+    const double got = double(num / den);
+    const double ms = *std::max_element(s.begin(), s.end());
+    double dn = 0, dd = 0, vmax = 0;
+    for (size_t j = 0; j < s.size(); ++j) {
+      const double e = std::exp(double(s[j]) - ms);
+      dn += e * double(v[j]);
+      dd += e;
+      vmax = std::max(vmax, std::fabs(double(v[j])));
+    }
+    EXPECT_NEAR(got, dn / dd, 1e-5 * vmax) << "rows " << rows << " splits " << plan.n_splits;
+  }
+}
+
+}  // namespace
+}  // namespace magnetar

@@ -1,0 +1,720 @@
+// The non-matmul ops of the forward pass on the GPU (rms_norm, add_rms_norm, rope_neox, qk_norm_rope, swiglu,
+// route_topk, store_kv, attention) against the scalar CPU formulas (STYLE.md rule 7). Needs a GPU: without one every
+// test that launches a kernel reports SKIPPED, never passed; the argument checks (RejectsBadArguments) need no device
+// and always run.
+//
+// The references restate the CPU ops (backends/cpu/ops.cpp, models/qwen3_moe/qwen3_moe.cpp) in scalar code,
+// step for step where the op is exact and in double where it is not; this executable does not link
+// backends/cpu. What is asserted, and why each bound holds (u = 2^-24, float's unit roundoff):
+//   rms_norm, add_rms_norm  |y - ref| <= 2^-21 |ref|. Both sum squares in double; the float scale may differ by
+//                           one ulp (2^-23 relative) where the two summation orders straddle a rounding
+//                           boundary, and the two float products then differ by <= 2^-23 + 4u relative.
+//                           add_rms_norm's updated x is bit-identical to x + residual.
+//   rope_neox               |out - ref| <= 6u (|a| + |b|) for the pair (a, b). cos/sin are the same float
+//                           except where CUDA's double pow/sin/cos (<= 2 ulp of double) cross a float rounding
+//                           boundary: one ulp, <= 2^-24 absolute as |cos|, |sin| <= 1; each product then moves
+//                           by <= |a| (2^-24 + 2u), and the final add by 2u (|a| + |b|).
+//   qk_norm_rope            bit-identical with rms_norm then rope_neox on the GPU (same operations in the same
+//                           order), each of which is held to its bound above.
+//   swiglu                  |out - ref| <= 16u |ref| + 1e-37. expf is within 2 ulp on the GPU, std::exp(float)
+//                           within 1 ulp: 3 ulp (6u) on exp, carried through 1 + e (e / (1 + e) <= 1), plus one
+//                           rounding each of add, divide and multiply on both sides (6u).
+//   route_topk              ids identical (comparisons only, same tie order); |w - ref| <= 1e-6: both compute
+//                           in double and round to float, so they differ by at most one float ulp (<= 6e-8 for
+//                           weights <= 1) per rounding step.
+//   store_kv                bit-identical with quant::float_to_fp16 (both round to nearest even); rows outside
+//                           [row0, row0 + n_tok) untouched.
+//   attention               (random data) per element d: (2 eps + 2 gamma_N + u) * max_j |v_jd| against a double
+//                           reference over the same F16 K/V and float q, eps and N derived in attention_bound().
+//                           (exact data) K = 0 makes every score 0 and every exp factor exactly 1; V holds small
+//                           integers, so every sum is exact and out = fl(sum / count) bit for bit: a dropped,
+//                           doubled or misplaced row, a wrong window edge or a wrong V head fails exactly.
+//                           Rows past the attended range hold F16 NaN, so reading one poisons the output.
+// Shapes: rows 1, 7, 33 (and long rows through the CTA path), head_dim 64, 96, 128, 256, n_head/n_head_kv 8/2,
+// 4/4, 32/4, 16/1; contexts 1, 17, 300, 5000, 20000 (several splits, a partial last chunk, several chunks per
+// split), windows that cut inside a chunk; prefill of 7 and 33 tokens after 0, 17 and 300 cached rows.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iterator>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/cuda/cuda_backend.h"
+#include "quant/fp16.h"
+
+namespace magnetar {
+namespace {
+
+constexpr uint64_t kSeed = 20261130;
+constexpr double kU = 5.9604644775390625e-08;  // 2^-24
+
+#define SKIP_WITHOUT_GPU() \
+  if (cuda::device_count() == 0) GTEST_SKIP() << "SKIP: no CUDA device on this machine: NOT tested"
+
+#define ASSERT_OK_AND_ASSIGN(lhs, expr) ASSERT_OK_AND_ASSIGN_IMPL(MAGNETAR_CONCAT(result_, __LINE__), lhs, expr)
+#define ASSERT_OK_AND_ASSIGN_IMPL(tmp, lhs, expr)  \
+  auto tmp = (expr);                               \
+  ASSERT_TRUE(tmp.ok()) << tmp.status().message(); \
+  lhs = std::move(tmp).value()
+#define ASSERT_OK(expr)                             \
+  do {                                              \
+    const Status status_ = (expr);                  \
+    ASSERT_TRUE(status_.ok()) << status_.message(); \
+  } while (0)
+
+// ---- data and device helpers ------------------------------------------------------------------------------
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : gen_(seed) {}
+  uint64_t bits() { return gen_(); }
+  double uniform() { return double(gen_() >> 11) * (1.0 / 9007199254740992.0); }
+  float gaussian() {
+    const double u1 = 1.0 - uniform();
+    const double u2 = uniform();
+    return float(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+  }
+
+ private:
+  std::mt19937_64 gen_;
+};
+
+std::vector<float> gaussian(Rng& rng, size_t n, float sigma = 1.0f) {
+  std::vector<float> v(n);
+  for (float& f : v) f = sigma * rng.gaussian();
+  return v;
+}
+
+template <typename T>
+Result<cuda::DeviceBuffer> to_device(const std::vector<T>& v) {
+  MAGNETAR_ASSIGN_OR_RETURN(cuda::DeviceBuffer buf, cuda::DeviceBuffer::allocate(v.size() * sizeof(T)));
+  MAGNETAR_RETURN_IF_ERROR(buf.upload(v.data(), v.size() * sizeof(T)));
+  return Result<cuda::DeviceBuffer>(std::move(buf));
+}
+
+template <typename T>
+std::vector<T> from_device(const cuda::DeviceBuffer& buf, size_t n) {
+  std::vector<T> v(n);
+  const Status s = buf.download(v.data(), n * sizeof(T));
+  EXPECT_TRUE(s.ok()) << s.message();
+  return v;
+}
+
+// ---- CPU references (restated) -------------------------------------------------------------------------------
+
+// cpu::rms_norm
+void ref_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += double(xr[i]) * double(xr[i]);
+    const float scale = float(1.0 / std::sqrt(sum / double(n) + double(eps)));
+    for (int64_t i = 0; i < n; ++i) y[r * n + i] = xr[i] * scale * w[i];
+  }
+}
+
+// cpu::rope_neox
+void ref_rope(float* x, int64_t n_tok, int64_t n_head, int64_t head_dim, const int32_t* pos, float theta) {
+  const int64_t half = head_dim / 2;
+  for (int64_t t = 0; t < n_tok; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      const float inv_freq = float(1.0 / std::pow(double(theta), double(2 * i) / double(head_dim)));
+      const double angle = double(pos[t]) * double(inv_freq);
+      const float cs = float(std::cos(angle)), sn = float(std::sin(angle));
+      for (int64_t h = 0; h < n_head; ++h) {
+        float* v = x + (t * n_head + h) * head_dim;
+        const float a = v[i], b = v[i + half];
+        v[i] = a * cs - b * sn;
+        v[i + half] = b * cs + a * sn;
+      }
+    }
+  }
+}
+
+// Qwen3Model::route()'s softmax, top-k and renormalization for one token.
+void ref_route(const float* logits, int64_t n_expert, int64_t k, bool normalize, int32_t* ids, float* weights) {
+  const float max_logit = *std::max_element(logits, logits + n_expert);
+  double sum = 0;
+  for (int64_t e = 0; e < n_expert; ++e) sum += std::exp(double(logits[e] - max_logit));
+  std::vector<int32_t> idx(static_cast<size_t>(n_expert));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  double top_sum = 0;
+  for (int64_t j = 0; j < k; ++j) {
+    ids[j] = idx[size_t(j)];
+    weights[j] = float(std::exp(double(logits[ids[j]] - max_logit)) / sum);
+    top_sum += weights[j];
+  }
+  if (normalize) {
+    for (int64_t j = 0; j < k; ++j) weights[j] = float(weights[j] / top_sum);
+  }
+}
+
+// ---- rms_norm / add_rms_norm ---------------------------------------------------------------------------------
+
+void expect_norm_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  int bad = 0;
+  for (size_t i = 0; i < got.size() && bad < 5; ++i) {
+    const double tol = std::ldexp(std::fabs(double(want[i])), -21);
+    if (!(std::fabs(double(got[i]) - double(want[i])) <= tol)) {
+      ADD_FAILURE() << what << " element " << i << ": got " << got[i] << ", want " << want[i];
+      ++bad;
+    }
+  }
+}
+
+TEST(CudaOps, RmsNormMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  Rng rng(kSeed);
+  for (const int64_t rows : {int64_t(1), int64_t(7), int64_t(33)}) {
+    for (const int64_t cols :
+         {int64_t(37), int64_t(64), int64_t(128), int64_t(1024), int64_t(1025), int64_t(2048), int64_t(4099)}) {
+      for (const bool in_place : {false, true}) {
+        std::vector<float> x = gaussian(rng, size_t(rows * cols));
+        x[size_t(rng.bits() % x.size())] = 300.0f;  // an outlier, as residual streams have
+        const std::vector<float> w = gaussian(rng, size_t(cols));
+        std::vector<float> want(x.size());
+        ref_rms_norm(x.data(), w.data(), want.data(), rows, cols, 1e-6f);
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dx, to_device(x));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dw, to_device(w));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dy, cuda::DeviceBuffer::allocate(x.size() * sizeof(float)));
+        float* y = in_place ? dx.as<float>() : dy.as<float>();
+        ASSERT_OK(cuda::rms_norm(
+            {.x = dx.as<float>(), .weight = dw.as<float>(), .y = y, .n_rows = rows, .n_cols = cols, .eps = 1e-6f},
+            stream));
+        stream.synchronize();
+        expect_norm_close(from_device<float>(in_place ? dx : dy, x.size()), want,
+                          "rms_norm rows " + std::to_string(rows) + " cols " + std::to_string(cols));
+      }
+    }
+  }
+}
+
+// The per-head q/k norm of Qwen3: rows = tokens * heads, cols = head_dim.
+TEST(CudaOps, RmsNormPerHead) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  Rng rng(kSeed + 1);
+  for (const int64_t n_tok : {int64_t(1), int64_t(7), int64_t(33)}) {
+    for (const int64_t head_dim : {int64_t(64), int64_t(128)}) {
+      const int64_t rows = n_tok * 8;
+      std::vector<float> x = gaussian(rng, size_t(rows * head_dim), 3.0f);
+      const std::vector<float> w = gaussian(rng, size_t(head_dim));
+      std::vector<float> want(x.size());
+      ref_rms_norm(x.data(), w.data(), want.data(), rows, head_dim, 1e-6f);
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dx, to_device(x));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dw, to_device(w));
+      ASSERT_OK(cuda::rms_norm({.x = dx.as<float>(),
+                                .weight = dw.as<float>(),
+                                .y = dx.as<float>(),
+                                .n_rows = rows,
+                                .n_cols = head_dim,
+                                .eps = 1e-6f},
+                               stream));
+      stream.synchronize();
+      expect_norm_close(from_device<float>(dx, x.size()), want, "q/k norm");
+    }
+  }
+}
+
+TEST(CudaOps, AddRmsNormMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  Rng rng(kSeed + 2);
+  for (const int64_t rows : {int64_t(1), int64_t(7), int64_t(33)}) {
+    for (const int64_t cols : {int64_t(37), int64_t(128), int64_t(2048), int64_t(4099)}) {
+      const std::vector<float> x = gaussian(rng, size_t(rows * cols));
+      const std::vector<float> r = gaussian(rng, size_t(rows * cols), 0.5f);
+      const std::vector<float> w = gaussian(rng, size_t(cols));
+      std::vector<float> sum(x.size()), want(x.size());
+      for (size_t i = 0; i < x.size(); ++i) sum[i] = x[i] + r[i];
+      ref_rms_norm(sum.data(), w.data(), want.data(), rows, cols, 1e-6f);
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dx, to_device(x));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dr, to_device(r));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dw, to_device(w));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dy, cuda::DeviceBuffer::allocate(x.size() * sizeof(float)));
+      ASSERT_OK(cuda::add_rms_norm({.x = dx.as<float>(),
+                                    .residual = dr.as<float>(),
+                                    .weight = dw.as<float>(),
+                                    .y = dy.as<float>(),
+                                    .n_rows = rows,
+                                    .n_cols = cols,
+                                    .eps = 1e-6f},
+                                   stream));
+      stream.synchronize();
+      const std::vector<float> got_x = from_device<float>(dx, x.size());
+      ASSERT_EQ(0, std::memcmp(got_x.data(), sum.data(), sum.size() * sizeof(float))) << "x + residual not exact";
+      expect_norm_close(from_device<float>(dy, x.size()), want, "add_rms_norm");
+    }
+  }
+}
+
+// ---- rope ----------------------------------------------------------------------------------------------------
+
+TEST(CudaOps, RopeNeoxMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  Rng rng(kSeed + 3);
+  for (const float theta : {10000.0f, 1000000.0f}) {
+    for (const int64_t n_tok : {int64_t(1), int64_t(7), int64_t(33)}) {
+      for (const int64_t n_head : {int64_t(2), int64_t(4), int64_t(9), int64_t(32)}) {
+        for (const int64_t head_dim : {int64_t(64), int64_t(128)}) {
+          std::vector<int32_t> pos(static_cast<size_t>(n_tok));
+          for (int64_t t = 0; t < n_tok; ++t) pos[size_t(t)] = t == 0 ? 0 : int32_t(rng.bits() % 40000);
+          const std::vector<float> x = gaussian(rng, size_t(n_tok * n_head * head_dim), 2.0f);
+          std::vector<float> want = x;
+          ref_rope(want.data(), n_tok, n_head, head_dim, pos.data(), theta);
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dx, to_device(x));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dp, to_device(pos));
+          ASSERT_OK(cuda::rope_neox({.x = dx.as<float>(),
+                                     .positions = dp.as<int32_t>(),
+                                     .n_tok = n_tok,
+                                     .n_head = n_head,
+                                     .head_dim = head_dim,
+                                     .theta = theta},
+                                    stream));
+          stream.synchronize();
+          const std::vector<float> got = from_device<float>(dx, x.size());
+          const int64_t half = head_dim / 2;
+          int bad = 0;
+          for (int64_t row = 0; row < n_tok * n_head && bad < 5; ++row) {
+            for (int64_t i = 0; i < half; ++i) {
+              const size_t lo = size_t(row * head_dim + i), hi = lo + size_t(half);
+              const double tol = 6.0 * kU * (std::fabs(double(x[lo])) + std::fabs(double(x[hi])));
+              for (const size_t e : {lo, hi}) {
+                if (!(std::fabs(double(got[e]) - double(want[e])) <= tol) && bad++ < 5) {
+                  ADD_FAILURE() << "rope theta " << theta << " n_tok " << n_tok << " n_head " << n_head << " head_dim "
+                                << head_dim << " element " << e << ": got " << got[e] << ", want " << want[e];
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- qk_norm_rope ----------------------------------------------------------------------------------------------
+
+// The fused op against the two ops it replaces, on the GPU: bit-identical by construction (same summation order,
+// same scale, same cos/sin, same unfused products); each of those two is checked against the CPU above.
+TEST(CudaOps, QkNormRopeBitIdenticalToNormThenRope) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  Rng rng(kSeed + 9);
+  for (const int64_t n_tok : {int64_t(1), int64_t(7), int64_t(33)}) {
+    for (const int64_t n_head : {int64_t(2), int64_t(4), int64_t(8), int64_t(9)}) {
+      for (const int64_t head_dim : {int64_t(64), int64_t(128), int64_t(256)}) {
+        std::vector<int32_t> pos(static_cast<size_t>(n_tok));
+        for (int64_t t = 0; t < n_tok; ++t) pos[size_t(t)] = int32_t(rng.bits() % 40000);
+        const std::vector<float> x = gaussian(rng, size_t(n_tok * n_head * head_dim), 2.0f);
+        const std::vector<float> w = gaussian(rng, size_t(head_dim));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer fused, to_device(x));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer split, to_device(x));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dw, to_device(w));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dp, to_device(pos));
+        ASSERT_OK(cuda::qk_norm_rope({.x = fused.as<float>(),
+                                      .weight = dw.as<float>(),
+                                      .positions = dp.as<int32_t>(),
+                                      .n_tok = n_tok,
+                                      .n_head = n_head,
+                                      .head_dim = head_dim,
+                                      .eps = 1e-6f,
+                                      .theta = 1e6f},
+                                     stream));
+        ASSERT_OK(cuda::rms_norm({.x = split.as<float>(),
+                                  .weight = dw.as<float>(),
+                                  .y = split.as<float>(),
+                                  .n_rows = n_tok * n_head,
+                                  .n_cols = head_dim,
+                                  .eps = 1e-6f},
+                                 stream));
+        ASSERT_OK(cuda::rope_neox({.x = split.as<float>(),
+                                   .positions = dp.as<int32_t>(),
+                                   .n_tok = n_tok,
+                                   .n_head = n_head,
+                                   .head_dim = head_dim,
+                                   .theta = 1e6f},
+                                  stream));
+        stream.synchronize();
+        const std::vector<float> a = from_device<float>(fused, x.size());
+        const std::vector<float> b = from_device<float>(split, x.size());
+        ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+            << "n_tok " << n_tok << " n_head " << n_head << " head_dim " << head_dim;
+      }
+    }
+  }
+}
+
+// ---- swiglu --------------------------------------------------------------------------------------------------
+
+TEST(CudaOps, SwigluMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  Rng rng(kSeed + 4);
+  for (const int64_t count : {int64_t(1), int64_t(7), int64_t(33), int64_t(6144), int64_t(100003)}) {
+    std::vector<float> gate = gaussian(rng, size_t(count), 4.0f);
+    const std::vector<float> up = gaussian(rng, size_t(count));
+    const float extremes[] = {-100.0f, -88.0f, -20.0f, -0.0f, 0.0f, 1e-30f, 20.0f, 88.0f, 100.0f};
+    for (size_t i = 0; i < std::size(extremes) && i < gate.size(); ++i) gate[i] = extremes[i];
+    std::vector<float> want(gate.size());
+    for (size_t i = 0; i < gate.size(); ++i) want[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dg, to_device(gate));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer du, to_device(up));
+    ASSERT_OK(cuda::swiglu(dg.as<float>(), du.as<float>(), count, stream));
+    stream.synchronize();
+    const std::vector<float> got = from_device<float>(dg, gate.size());
+    int bad = 0;
+    for (size_t i = 0; i < got.size() && bad < 5; ++i) {
+      const double tol = 16.0 * kU * std::fabs(double(want[i])) + 1e-37;
+      if (!(std::fabs(double(got[i]) - double(want[i])) <= tol)) {
+        ADD_FAILURE() << "swiglu count " << count << " element " << i << " gate " << gate[i] << ": got " << got[i]
+                      << ", want " << want[i];
+        ++bad;
+      }
+    }
+  }
+}
+
+// ---- route_topk ------------------------------------------------------------------------------------------------
+
+TEST(CudaOps, RouteTopkMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  Rng rng(kSeed + 5);
+  for (const int64_t n_expert : {int64_t(8), int64_t(60), int64_t(128), int64_t(256), int64_t(1000)}) {
+    for (const int64_t k : {int64_t(1), int64_t(2), int64_t(8), int64_t(32)}) {
+      if (k > n_expert) continue;
+      for (const int64_t n_tok : {int64_t(1), int64_t(7), int64_t(33)}) {
+        for (const bool ties : {false, true}) {
+          for (const bool normalize : {false, true}) {
+            std::vector<float> logits = gaussian(rng, size_t(n_tok * n_expert), 2.0f);
+            if (ties) {
+              for (float& l : logits) l = std::round(2.0f * l) / 2.0f;  // many equal logits
+            }
+            std::vector<int32_t> want_ids(size_t(n_tok * k));
+            std::vector<float> want_w(size_t(n_tok * k));
+            for (int64_t t = 0; t < n_tok; ++t) {
+              ref_route(logits.data() + t * n_expert, n_expert, k, normalize, want_ids.data() + t * k,
+                        want_w.data() + t * k);
+            }
+            ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dl, to_device(logits));
+            ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer di, cuda::DeviceBuffer::allocate(want_ids.size() * 4));
+            ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dw, cuda::DeviceBuffer::allocate(want_w.size() * 4));
+            ASSERT_OK(cuda::route_topk({.logits = dl.as<float>(),
+                                        .ids = di.as<int32_t>(),
+                                        .weights = dw.as<float>(),
+                                        .n_tok = n_tok,
+                                        .n_expert = n_expert,
+                                        .k = k,
+                                        .normalize = normalize},
+                                       stream));
+            stream.synchronize();
+            const std::string what = "route n_expert " + std::to_string(n_expert) + " k " + std::to_string(k) +
+                                     " n_tok " + std::to_string(n_tok) + (ties ? " ties" : "") +
+                                     (normalize ? " normalized" : "");
+            ASSERT_EQ(from_device<int32_t>(di, want_ids.size()), want_ids) << what;
+            const std::vector<float> got_w = from_device<float>(dw, want_w.size());
+            for (size_t i = 0; i < got_w.size(); ++i) ASSERT_NEAR(got_w[i], want_w[i], 1e-6) << what << " weight " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- store_kv --------------------------------------------------------------------------------------------------
+
+TEST(CudaOps, StoreKvBitIdenticalToCpuF16) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  Rng rng(kSeed + 6);
+  for (const int64_t n : {int64_t(64), int64_t(512), int64_t(1000)}) {
+    for (const int64_t n_tok : {int64_t(1), int64_t(7), int64_t(33)}) {
+      const int64_t row0 = 5, n_rows = row0 + n_tok + 3;
+      std::vector<float> x = gaussian(rng, size_t(n_tok * n), 8.0f);
+      const float edges[] = {0.0f, -0.0f, 1e-8f, -3e-6f, 6e-5f, 65504.0f, 65519.0f, 65520.0f, -1e6f, 0.1f};
+      for (size_t i = 0; i < std::size(edges) && i < x.size(); ++i) x[i] = edges[i];
+      std::vector<uint16_t> want(size_t(n_rows * n), 0xBEEF);  // guard value outside the stored rows
+      for (size_t i = 0; i < x.size(); ++i) want[size_t(row0 * n) + i] = quant::float_to_fp16(x[i]);
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dx, to_device(x));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dc, to_device(std::vector<uint16_t>(size_t(n_rows * n), 0xBEEF)));
+      ASSERT_OK(cuda::store_kv({.x = dx.as<float>(), .cache = dc.as<uint16_t>(), .n_tok = n_tok, .n = n, .row0 = row0},
+                               stream));
+      stream.synchronize();
+      ASSERT_EQ(from_device<uint16_t>(dc, want.size()), want) << "n " << n << " n_tok " << n_tok;
+    }
+  }
+}
+
+// ---- attention -----------------------------------------------------------------------------------------------
+
+struct AttnShape {
+  int64_t n_head, n_head_kv, head_dim;
+};
+
+struct AttnCase {
+  AttnShape shape;
+  int64_t n_tok, pos0, window;
+};
+
+std::string describe(const AttnCase& c) {
+  return "n_head " + std::to_string(c.shape.n_head) + "/" + std::to_string(c.shape.n_head_kv) + " head_dim " +
+         std::to_string(c.shape.head_dim) + " n_tok " + std::to_string(c.n_tok) + " pos0 " + std::to_string(c.pos0) +
+         " window " + std::to_string(c.window);
+}
+
+// The decode contexts (rows attended = pos0 + 1) and prefill batches of the tests.
+std::vector<AttnCase> attention_cases() {
+  std::vector<AttnCase> cases;
+  const AttnShape shapes[] = {{8, 2, 128}, {4, 4, 64}, {8, 2, 64}, {4, 4, 128}, {32, 4, 128}, {16, 1, 96}, {4, 2, 256}};
+  for (const AttnShape& s : shapes) {
+    for (const int64_t ctx : {int64_t(1), int64_t(17), int64_t(300), int64_t(5000)})
+      cases.push_back({s, 1, ctx - 1, 0});
+    cases.push_back({s, 1, 299, 100});    // window edge inside a chunk
+    cases.push_back({s, 1, 4999, 4096});  // window of many chunks, not chunk-aligned
+    cases.push_back({s, 7, 0, 0});        // prefill from an empty cache
+    cases.push_back({s, 33, 17, 0});
+    cases.push_back({s, 7, 300, 50});  // prefill with a sliding window
+  }
+  cases.push_back({{8, 2, 128}, 1, 19999, 0});  // > 64 chunks: several chunks per split
+  cases.push_back({{4, 4, 64}, 1, 19999, 0});
+  return cases;
+}
+
+struct AttnData {
+  std::vector<float> q;        // [n_tok, n_head, head_dim]
+  std::vector<uint16_t> k, v;  // [n_rows, n_head_kv, head_dim] F16 bits
+};
+
+// Runs the GPU op on the data; rows past pos0 + n_tok - 1 are F16 NaN.
+std::vector<float> run_attention(const AttnCase& c, const AttnData& d, cuda::AttentionWorkspace& ws,
+                                 cuda::Stream& stream) {
+  const size_t out_n = size_t(c.n_tok * c.shape.n_head * c.shape.head_dim);
+  auto dq = to_device(d.q);
+  auto dk = to_device(d.k);
+  auto dv = to_device(d.v);
+  auto dout = cuda::DeviceBuffer::allocate(out_n * sizeof(float));
+  EXPECT_TRUE(dq.ok() && dk.ok() && dv.ok() && dout.ok());
+  if (!dq.ok() || !dk.ok() || !dv.ok() || !dout.ok()) return {};
+  const Status s = cuda::attention({.q = dq->as<float>(),
+                                    .k_cache = dk->as<uint16_t>(),
+                                    .v_cache = dv->as<uint16_t>(),
+                                    .out = dout->as<float>(),
+                                    .n_tok = c.n_tok,
+                                    .pos0 = c.pos0,
+                                    .n_head = c.shape.n_head,
+                                    .n_head_kv = c.shape.n_head_kv,
+                                    .head_dim = c.shape.head_dim,
+                                    .window = c.window,
+                                    .scale = float(1.0 / std::sqrt(double(c.shape.head_dim)))},
+                                   ws, stream);
+  EXPECT_TRUE(s.ok()) << s.message();
+  stream.synchronize();
+  return from_device<float>(*dout, out_n);
+}
+
+int64_t n_rows_of(const AttnCase& c) { return c.pos0 + c.n_tok + 5; }  // 5 NaN rows past the last position
+
+int64_t first_row(const AttnCase& c, int64_t pos) {
+  return c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0;
+}
+
+// Tolerance of one query head against the exact (double) result, from the kernel's float arithmetic:
+//   scores: a float dot of head_dim terms and a multiply by scale: |ds_j| <= A_j = gamma_(D+1) scale sum_d |q_d k_jd|;
+//   softmax weights exp(s_j - m): relative error <= eps = 2 A + 4u S + (C + 2)(2^-22 + 2u), with A = max A_j,
+//     S = max |s_j| (the rounding of s_j - m and m_c - M), and per exp factor 2 ulp of expf plus a rounding, for
+//     the C <= chunks per split rescales and the split's combine factor;
+//   a weighted mean moves by <= 2 eps max_j |v_jd| under relative weight errors eps (numerator and denominator);
+//   the sums: at most N = rows per split + splits + 16 float additions deep (a thread's rows, the row-subset fold,
+//     the warp tree for the denominator, the combine), gamma_N relative to sum p |v| <= max|v| sum p, in the
+//     numerator and the denominator; plus the final division's rounding.
+double attention_bound(double eps, int64_t depth, double vmax) {
+  const double gamma = double(depth) * kU / (1.0 - double(depth) * kU);
+  return (2.0 * eps + 2.0 * gamma + kU) * vmax * 1.01 + 1e-30;
+}
+
+TEST(CudaOps, AttentionMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(32, 256));
+  Rng rng(kSeed + 7);
+  const uint16_t nan16 = 0x7e00;
+  for (const AttnCase& c : attention_cases()) {
+    const int64_t H = c.shape.n_head, HK = c.shape.n_head_kv, D = c.shape.head_dim, group = H / HK;
+    const int64_t rows = n_rows_of(c), valid = c.pos0 + c.n_tok;
+    AttnData d;
+    d.q = gaussian(rng, size_t(c.n_tok * H * D));
+    d.k.assign(size_t(rows * HK * D), nan16);
+    d.v.assign(size_t(rows * HK * D), nan16);
+    for (size_t i = 0; i < size_t(valid * HK * D); ++i) {
+      d.k[i] = quant::float_to_fp16(rng.gaussian());
+      d.v[i] = quant::float_to_fp16(rng.gaussian());
+    }
+    const std::vector<float> got = run_attention(c, d, ws, stream);
+    ASSERT_EQ(got.size(), size_t(c.n_tok * H * D)) << describe(c);
+    const double scale = double(float(1.0 / std::sqrt(double(D))));
+    int bad = 0;
+    for (int64_t t = 0; t < c.n_tok && bad < 5; ++t) {
+      const int64_t pos = c.pos0 + t, lo = first_row(c, pos), n_att = pos - lo + 1;
+      // Chunks per split: attention.cuh's plan_splits restated (decode: about two waves of CTAs, at most 64
+      // splits, at most one per chunk; prefill: one split of all chunks).
+      const int64_t chunks = (n_att + 127) / 128;
+      const int64_t want = std::max<int64_t>(
+          1, std::min({(2 * int64_t(ws.sm_count()) + HK - 1) / HK, cuda::kMaxAttentionSplits, chunks}));
+      const int64_t per_split = c.n_tok == 1 ? (chunks + want - 1) / want : chunks;
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t hk = h / group;
+        const float* q = d.q.data() + (t * H + h) * D;
+        std::vector<double> s(static_cast<size_t>(n_att));
+        double a_max = 0, s_max_abs = 0, m = -INFINITY;
+        for (int64_t j = lo; j <= pos; ++j) {
+          const uint16_t* kr = d.k.data() + (j * HK + hk) * D;
+          double dot = 0, mag = 0;
+          for (int64_t e = 0; e < D; ++e) {
+            const double kv = double(quant::fp16_to_float(kr[e]));
+            dot += double(q[e]) * kv;
+            mag += std::fabs(double(q[e]) * kv);
+          }
+          s[size_t(j - lo)] = double(float(scale)) * dot;
+          a_max = std::max(a_max, double(D + 1) * kU * scale * mag);
+          s_max_abs = std::max(s_max_abs, std::fabs(s[size_t(j - lo)]));
+          m = std::max(m, s[size_t(j - lo)]);
+        }
+        const double eps =
+            2.0 * a_max + 4.0 * kU * s_max_abs + double(per_split + 2) * (std::ldexp(1.0, -22) + 2.0 * kU);
+        const int64_t depth = per_split * 128 + 64 + 16;
+        for (double& x : s) x = std::exp(x - m);  // now the softmax numerators
+        for (int64_t e = 0; e < D; ++e) {
+          double num = 0, den = 0, vmax = 0;
+          for (int64_t j = lo; j <= pos; ++j) {
+            const double p = s[size_t(j - lo)];
+            const double vv = double(quant::fp16_to_float(d.v[size_t((j * HK + hk) * D + e)]));
+            num += p * vv;
+            den += p;
+            vmax = std::max(vmax, std::fabs(vv));
+          }
+          const double want = num / den;
+          const double g = double(got[size_t((t * H + h) * D + e)]);
+          const double tol = attention_bound(eps, depth, vmax);
+          if (!(std::fabs(g - want) <= tol) && bad++ < 5) {
+            ADD_FAILURE() << describe(c) << " token " << t << " head " << h << " element " << e << ": got " << g
+                          << ", want " << want << " (tolerance " << tol << ")";
+          }
+        }
+      }
+    }
+  }
+}
+
+// K = 0: all scores 0, every exp factor exactly 1, so out = mean of V over the attended rows; V holds integers
+// in [-8, 8] (exact in F16, every partial sum exact in float), so the result is fl(sum / count) exactly.
+TEST(CudaOps, AttentionUniformScoresExact) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(32, 256));
+  Rng rng(kSeed + 8);
+  const uint16_t nan16 = 0x7e00;
+  for (const AttnCase& c : attention_cases()) {
+    const int64_t H = c.shape.n_head, HK = c.shape.n_head_kv, D = c.shape.head_dim, group = H / HK;
+    const int64_t rows = n_rows_of(c), valid = c.pos0 + c.n_tok;
+    AttnData d;
+    d.q = gaussian(rng, size_t(c.n_tok * H * D));
+    d.k.assign(size_t(rows * HK * D), nan16);
+    d.v.assign(size_t(rows * HK * D), nan16);
+    for (size_t i = 0; i < size_t(valid * HK * D); ++i) {
+      d.k[i] = quant::float_to_fp16(0.0f);
+      d.v[i] = quant::float_to_fp16(float(int(rng.bits() % 17) - 8));
+    }
+    const std::vector<float> got = run_attention(c, d, ws, stream);
+    ASSERT_EQ(got.size(), size_t(c.n_tok * H * D)) << describe(c);
+    int bad = 0;
+    for (int64_t t = 0; t < c.n_tok; ++t) {
+      const int64_t pos = c.pos0 + t, lo = first_row(c, pos);
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t e = 0; e < D; ++e) {
+          int64_t sum = 0;
+          for (int64_t j = lo; j <= pos; ++j) {
+            sum += int64_t(quant::fp16_to_float(d.v[size_t((j * HK + h / group) * D + e)]));
+          }
+          const float want = float(double(sum) / double(pos - lo + 1));
+          const float g = got[size_t((t * H + h) * D + e)];
+          if (g != want && bad++ < 5) {
+            ADD_FAILURE() << describe(c) << " token " << t << " head " << h << " element " << e << ": got " << g
+                          << ", want " << want;
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- argument checks (no device needed) ---------------------------------------------------------------------
+
+// Bad shapes and null pointers are a Status naming the op, checked before anything touches the stream (a
+// default Stream has no CUDA stream behind it).
+TEST(CudaOps, RejectsBadArguments) {
+  cuda::Stream stream;
+  alignas(16) float f[8] = {};
+  alignas(16) int32_t ids[8] = {};
+  alignas(16) uint16_t h[8] = {};
+  cuda::AttentionWorkspace ws;
+  auto fails = [](const Status& s, const char* op) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find(op), std::string::npos) << s.message();
+  };
+  fails(cuda::rms_norm({.x = f, .weight = f, .y = f, .n_rows = 0, .n_cols = 8}, stream), "rms_norm");
+  fails(cuda::rms_norm({.x = nullptr, .weight = f, .y = f, .n_rows = 1, .n_cols = 8}, stream), "rms_norm");
+  fails(cuda::add_rms_norm({.x = f, .residual = f + 1, .weight = f, .y = f, .n_rows = 1, .n_cols = 4}, stream),
+        "add_rms_norm");  // y aliases x
+  fails(cuda::rope_neox({.x = f, .positions = ids, .n_tok = 1, .n_head = 1, .head_dim = 7}, stream), "rope_neox");
+  fails(cuda::qk_norm_rope({.x = f, .weight = f, .positions = ids, .n_tok = 1, .n_head = 1, .head_dim = 96}, stream),
+        "qk_norm_rope");
+  fails(cuda::swiglu(f, f, 0, stream), "swiglu");
+  fails(cuda::route_topk({.logits = f, .ids = ids, .weights = f, .n_tok = 1, .n_expert = 4, .k = 5}, stream),
+        "route_topk");
+  fails(cuda::route_topk({.logits = f, .ids = ids, .weights = f, .n_tok = 1, .n_expert = 2000, .k = 8}, stream),
+        "route_topk");
+  fails(cuda::store_kv({.x = f, .cache = h, .n_tok = 1, .n = 8, .row0 = -1}, stream), "store_kv");
+  const cuda::AttentionArgs good{.q = f,
+                                 .k_cache = h,
+                                 .v_cache = h,
+                                 .out = f + 4,
+                                 .n_tok = 1,
+                                 .pos0 = 0,
+                                 .n_head = 8,
+                                 .n_head_kv = 2,
+                                 .head_dim = 128,
+                                 .scale = 1.0f};
+  cuda::AttentionArgs a = good;
+  a.n_head_kv = 3;  // does not divide n_head
+  fails(cuda::attention(a, ws, stream), "attention");
+  a = good;
+  a.n_head = 64;
+  a.n_head_kv = 2;  // group 32 > kMaxAttentionGroup
+  fails(cuda::attention(a, ws, stream), "attention");
+  a = good;
+  a.head_dim = 100;  // not a multiple of 8
+  fails(cuda::attention(a, ws, stream), "attention");
+  a = good;
+  a.out = f;  // aliases q
+  fails(cuda::attention(a, ws, stream), "attention");
+  a = good;
+  a.window = -1;
+  fails(cuda::attention(a, ws, stream), "attention");
+}
+
+}  // namespace
+}  // namespace magnetar
