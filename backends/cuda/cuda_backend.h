@@ -132,4 +132,148 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
 Status quantize_activations(quant::Type act_type, const float* x, void* out, int64_t cols, int64_t n_vectors,
                             Stream& stream);
 
+// ---- the non-matmul ops of the forward pass (rms_norm.cu, rope.cu, qk_norm_rope.cu, swiglu.cu, route_topk.cu,
+// store_kv.cu, attention.cu) ------------------------------------------------------------------------------------------
+// Each op is the CUDA twin of a CPU op (backends/cpu/ops.h, models/qwen3_moe/qwen3_moe.cpp) with the same
+// layouts and the same formula; tests/cuda/cuda_ops_test.cpp states how close each must be. All pointers are
+// device pointers (float32 buffers 4-byte aligned unless stated); every call only queues work on `stream`
+// and allocates nothing (STYLE.md rule 8). A bad shape, pointer or alignment returns a Status naming it and
+// queues nothing. Row and element counts are limited to what a 32-bit grid index reaches (checked).
+
+// y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight for n_rows rows of n_cols (cpu::rms_norm: the sum of
+// squares in double, scale = float(1 / sqrt(sum / n + eps)), y = x * scale * w in float). Also the per-head
+// q/k norm of Qwen3 (n_rows = n_tok * n_head, n_cols = head_dim). y may equal x (in place).
+struct RmsNormArgs {
+  const float* x = nullptr;       // [n_rows, n_cols]
+  const float* weight = nullptr;  // [n_cols]
+  float* y = nullptr;             // [n_rows, n_cols]
+  int64_t n_rows = 0;             // >= 1
+  int64_t n_cols = 0;             // >= 1
+  float eps = 1e-6f;
+};
+Status rms_norm(const RmsNormArgs& args, Stream& stream);
+
+// The residual add fused with the next norm: x += residual, then y = rms_norm(x) * weight (one read of x and
+// residual, one write of x and y, instead of the add's separate pass). y must not alias x or residual.
+struct AddRmsNormArgs {
+  float* x = nullptr;               // [n_rows, n_cols], updated in place
+  const float* residual = nullptr;  // [n_rows, n_cols]
+  const float* weight = nullptr;    // [n_cols]
+  float* y = nullptr;               // [n_rows, n_cols]
+  int64_t n_rows = 0;
+  int64_t n_cols = 0;
+  float eps = 1e-6f;
+};
+Status add_rms_norm(const AddRmsNormArgs& args, Stream& stream);
+
+// NeoX rotary embedding in place (cpu::rope_neox): x [n_tok, n_head, head_dim], pairs (i, i + head_dim/2),
+// angle = double(positions[t]) * float(1 / theta^(2i / head_dim)). head_dim even, <= 1024.
+struct RopeArgs {
+  float* x = nullptr;
+  const int32_t* positions = nullptr;  // [n_tok]
+  int64_t n_tok = 0;
+  int64_t n_head = 0;
+  int64_t head_dim = 0;
+  float theta = 1e6f;
+};
+Status rope_neox(const RopeArgs& args, Stream& stream);
+
+// Qwen3's q/k norm and RoPE in one pass, in place: each head row of x [n_tok, n_head, head_dim] is
+// rms_norm'ed with `weight` [head_dim], then rotated as rope_neox at positions[t]. Bit-identical with
+// rms_norm (n_rows = n_tok * n_head, n_cols = head_dim) followed by rope_neox, one read and write of x fewer.
+// head_dim a multiple of 64, <= kMaxQkNormRopeHeadDim.
+inline constexpr int64_t kMaxQkNormRopeHeadDim = 256;
+struct QkNormRopeArgs {
+  float* x = nullptr;
+  const float* weight = nullptr;       // [head_dim]
+  const int32_t* positions = nullptr;  // [n_tok]
+  int64_t n_tok = 0;
+  int64_t n_head = 0;
+  int64_t head_dim = 0;
+  float eps = 1e-6f;
+  float theta = 1e6f;
+};
+Status qk_norm_rope(const QkNormRopeArgs& args, Stream& stream);
+
+// gate[i] = silu(gate[i]) * up[i] = gate / (1 + exp(-gate)) * up, for i < count (in place into gate).
+Status swiglu(float* gate, const float* up, int64_t count, Stream& stream);
+
+// Router of a softmax-routed MoE (Qwen3Model::route() in models/qwen3_moe): per token, softmax over the
+// n_expert logits, the k largest (ties: the lower expert id first, as torch.topk on CPU),
+// weight = float(exp(l - max) / sum) with the sum in double, then optionally renormalized over the k:
+// float(w / sum of the k floats, in double).
+struct RouteArgs {
+  const float* logits = nullptr;  // [n_tok, n_expert]
+  int32_t* ids = nullptr;         // [n_tok, k], in descending logit order
+  float* weights = nullptr;       // [n_tok, k]
+  int64_t n_tok = 0;
+  int64_t n_expert = 0;   // 1..1024
+  int64_t k = 0;          // 1..min(n_expert, 32)
+  bool normalize = true;  // norm_topk_prob
+};
+Status route_topk(const RouteArgs& args, Stream& stream);
+
+// Stores n_tok rows of n floats as F16 (round to nearest even, the bits of quant::float_to_fp16) into a KV
+// cache at row row0: cache[(row0 + t) * n + i] = fp16(x[t * n + i]) (cpu::store_kv with kv_type F16).
+struct StoreKvArgs {
+  const float* x = nullptr;   // [n_tok, n]
+  uint16_t* cache = nullptr;  // [>= row0 + n_tok, n] F16 bits
+  int64_t n_tok = 0;
+  int64_t n = 0;
+  int64_t row0 = 0;
+};
+Status store_kv(const StoreKvArgs& args, Stream& stream);
+
+// Largest query-head group (n_head / n_head_kv) and head size attention takes; the CPU op has the same group
+// limit.
+inline constexpr int64_t kMaxAttentionGroup = 16;
+inline constexpr int64_t kMaxAttentionHeadDim = 256;
+// Most pieces one decode query's context is split into (split-K); see attention.cu.
+inline constexpr int64_t kMaxAttentionSplits = 64;
+
+// Device scratch of attention's split-K decode: per query head and split, the partial output, max and sum.
+// Sized once for the largest head count and head size (not the context: the split count is bounded), so no
+// attention call allocates. Not thread-safe: one workspace per stream.
+class AttentionWorkspace {
+ public:
+  AttentionWorkspace() = default;
+  static Result<AttentionWorkspace> create(int64_t max_heads, int64_t max_head_dim);
+  int64_t max_heads() const { return max_heads_; }
+  int64_t max_head_dim() const { return max_head_dim_; }
+  int sm_count() const { return sm_count_; }  // of the current device at creation: sizes the split count
+  float* partials() { return scratch_.as<float>(); }
+
+ private:
+  DeviceBuffer scratch_;
+  int64_t max_heads_ = 0;
+  int64_t max_head_dim_ = 0;
+  int sm_count_ = 1;
+};
+
+// Causal attention over an F16 KV cache for n_tok new tokens at positions pos0 .. pos0 + n_tok - 1
+// (cpu::attention with kv_type F16, same layouts): query head h uses KV head h / (n_head / n_head_kv);
+// token t attends to cached rows lo .. pos0 + t, lo = max(0, pos0 + t - window + 1) when window > 0, else 0;
+// out = softmax(scale * q k^T) v.
+//   n_tok == 1 (decode): split-K. The context is cut into chunks of 128 rows and the chunks into up to
+//     kMaxAttentionSplits splits; one CTA per (split, KV head) keeps an online softmax over its chunks for
+//     the group of query heads sharing the KV head (each K/V row is read once per group), writes its partial
+//     max, sum and output to the workspace, and a combine kernel merges the splits.
+//   n_tok > 1 (prefill): one CTA per (token, KV head) runs the same online softmax over all its chunks and
+//     writes the output directly. NOT a flash-attention tiling: the K/V rows are re-read for every query
+//     token (from L2 when the context fits there), so prefill attention costs O(n_tok * context) reads.
+struct AttentionArgs {
+  const float* q = nullptr;           // [n_tok, n_head, head_dim]
+  const uint16_t* k_cache = nullptr;  // [n_ctx, n_head_kv, head_dim] F16 bits, 16-byte aligned, rows 0..pos0+n_tok-1
+  const uint16_t* v_cache = nullptr;  // same layout as k_cache
+  float* out = nullptr;               // [n_tok, n_head, head_dim]; must not alias q
+  int64_t n_tok = 0;
+  int64_t pos0 = 0;
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;  // divides n_head, group n_head / n_head_kv <= kMaxAttentionGroup
+  int64_t head_dim = 0;   // a multiple of 8, <= kMaxAttentionHeadDim
+  int64_t window = 0;     // > 0: attend only to the last `window` positions (sliding window)
+  float scale = 1.0f;
+};
+Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Stream& stream);
+
 }  // namespace magnetar::cuda

@@ -1,0 +1,343 @@
+// Causal GQA attention over an F16 KV cache (cpu::attention with kv_type F16): decode with split-K, prefill
+// with the same per-(token, KV head) kernel run over the whole context.
+//
+// Cost per query token and KV head over n context rows: K and V reads of 2 * n * head_dim * 2 bytes (shared by
+// the group of query heads), 4 * group * n * head_dim flops. Decode of Qwen3-30B-A3B (32 heads, 4 KV heads,
+// head_dim 128) at 32K context reads 64 MB per layer for 1 Gflop: ~16 flop/byte, memory-bound on an H200
+// (ridge ~200 flop/byte); the floor is ~13 us per layer at 4.8 TB/s. Split-K makes that floor reachable at any
+// depth: the context's 128-row chunks are spread over ~2 waves of CTAs (attention.cuh's plan), where one CTA
+// per KV head would use 4 of 132 SMs. The partials are (head_dim + 2) floats per (query head, split), at most
+// kMaxAttentionSplits splits, so the combine pass reads <= 64 * 130 * 4 bytes per head: negligible.
+//
+// CTA of 128 threads, one (split or token, KV head), its `group` query heads together:
+//   scores:  thread j takes cached row j of the chunk, reads the K row with 16-byte loads (the 128 rows of a
+//            chunk, 32 KB at head_dim 128, stay in L1 while the warp's loads walk them) and dots it with the
+//            group's queries, held in shared memory (broadcast reads);
+//   softmax: one warp per query head: chunk max, online rescale (attention.cuh), exp(s - m) written back;
+//   p * V:   thread d (and, for head_dim < 128, 128 / head_dim interleaved row subsets) accumulates output
+//            element d of every query head of the group; V reads are coalesced along the row.
+// Not yet measured (no GPU on the machine this was written on). Known limits: the score phase reads K with one
+// row per thread (uncoalesced per instruction, served by L1); prefill re-reads K/V per query token (a flash-
+// attention tiling that shares K/V tiles across query rows is the next step, issue 6).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <utility>
+
+#include "backends/cuda/attention.cuh"
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cuda_check.cuh"
+#include "backends/cuda/ops_common.cuh"
+
+namespace magnetar::cuda {
+namespace {
+
+using attn::kChunk;
+constexpr int kThreads = attn::kChunk;
+constexpr int kWarps = kThreads / ops::kWarpSize;
+constexpr int kMaxHeadDim = int(kMaxAttentionHeadDim);
+constexpr int kMaxDims = (kMaxHeadDim + kThreads - 1) / kThreads;  // output elements per thread per head
+
+struct Params {
+  const float* q;     // [n_tok, n_head, head_dim]
+  const uint16_t* k;  // [n_ctx, n_head_kv, head_dim]
+  const uint16_t* v;
+  float* out;       // [n_tok, n_head, head_dim]
+  float* partials;  // [n_head, n_splits, head_dim + 2] (n_splits > 1 only)
+  int64_t kv_row;   // elements per cached position: n_head_kv * head_dim
+  int64_t pos0;
+  int64_t window;
+  int n_head;
+  int head_dim;
+  int group;
+  int chunks_per_split;
+  int n_splits;
+  float scale;
+};
+
+// Grid: (n_splits, n_head_kv, n_tok); n_splits > 1 only with n_tok == 1.
+template <int kMaxGroup>
+__global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
+  __shared__ __align__(16) float q_s[kMaxGroup * kMaxHeadDim];  // [group, head_dim]
+  __shared__ float p_s[kMaxGroup][kChunk];                      // scores, then exp(s - m)
+  __shared__ float red_s[kMaxGroup * kThreads];                 // cross-part sums of p * V
+  __shared__ attn::SoftmaxState state_s[kMaxGroup];
+  __shared__ float alpha_s[kMaxGroup];
+
+  const int split = int(blockIdx.x);
+  const int hk = int(blockIdx.y);
+  const int t = int(blockIdx.z);
+  const int tid = int(threadIdx.x);
+  const int D = p.head_dim;
+  const int G = p.group;
+  const int64_t pos = p.pos0 + t;
+  const int64_t lo = p.window > 0 && pos - p.window + 1 > 0 ? pos - p.window + 1 : 0;
+  const int n_chunks = int((pos - lo + kChunk) / kChunk);  // ceil((pos - lo + 1) / kChunk)
+  const int c_begin = split * p.chunks_per_split;
+  const int c_end = min(n_chunks, c_begin + p.chunks_per_split);
+
+  const float* q = p.q + (size_t(t) * size_t(p.n_head) + size_t(hk) * size_t(G)) * size_t(D);
+  for (int i = tid; i < G * D; i += kThreads) q_s[i] = q[i];
+  if (tid < G) state_s[tid] = attn::SoftmaxState();
+  __syncthreads();
+
+  // p * V split: Dp threads per row subset, n_parts subsets (thread tid: element tid % Dp, subset tid / Dp).
+  const int dp = D < kThreads ? D : kThreads;
+  const int n_parts = kThreads / dp;
+  const int part = tid / dp;
+  const bool pv_thread = part < n_parts;
+  float acc[kMaxDims][kMaxGroup];
+#pragma unroll
+  for (int dd = 0; dd < kMaxDims; ++dd) {
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) acc[dd][g] = 0.0f;
+  }
+
+  const size_t head_off = size_t(hk) * size_t(D);
+  for (int c = c_begin; c < c_end; ++c) {
+    const int64_t j0 = lo + int64_t(c) * kChunk;
+    const int len = int(pos + 1 - j0 < kChunk ? pos + 1 - j0 : kChunk);
+
+    // Scores of row j0 + tid.
+    if (tid < len) {
+      const uint16_t* krow = p.k + size_t(j0 + tid) * size_t(p.kv_row) + head_off;
+      float s[kMaxGroup];
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) s[g] = 0.0f;
+      for (int d = 0; d < D; d += 8) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(krow + d);
+        const float2 k01 = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+        const float2 k23 = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+        const float2 k45 = __half22float2(*reinterpret_cast<const __half2*>(&raw.z));
+        const float2 k67 = __half22float2(*reinterpret_cast<const __half2*>(&raw.w));
+#pragma unroll
+        for (int g = 0; g < kMaxGroup; ++g) {
+          if (g < G) {
+            const float4 qa = *reinterpret_cast<const float4*>(&q_s[g * D + d]);
+            const float4 qb = *reinterpret_cast<const float4*>(&q_s[g * D + d + 4]);
+            s[g] += qa.x * k01.x + qa.y * k01.y + qa.z * k23.x + qa.w * k23.y + qb.x * k45.x + qb.y * k45.y +
+                    qb.z * k67.x + qb.w * k67.y;
+          }
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) {
+        if (g < G) p_s[g][tid] = s[g] * p.scale;
+      }
+    }
+    __syncthreads();
+
+    // Online softmax, one warp per query head.
+    const int warp = tid / ops::kWarpSize;
+    const int lane = tid % ops::kWarpSize;
+    for (int g = warp; g < G; g += kWarps) {
+      float mx = -INFINITY;
+      for (int i = lane; i < len; i += ops::kWarpSize) mx = fmaxf(mx, p_s[g][i]);
+      mx = ops::warp_max(mx);
+      attn::SoftmaxState st = state_s[g];
+      const float alpha = attn::rescale(st, mx);
+      float sum = 0.0f;
+      for (int i = lane; i < len; i += ops::kWarpSize) {
+        const float e = expf(p_s[g][i] - st.m);
+        p_s[g][i] = e;
+        sum += e;
+      }
+      sum = ops::warp_sum(sum);
+      __syncwarp();  // every lane has read state_s[g] before lane 0 replaces it
+      if (lane == 0) {
+        st.l += sum;
+        state_s[g] = st;
+        alpha_s[g] = alpha;
+      }
+    }
+    __syncthreads();
+
+    // Accumulate p * V.
+    if (pv_thread) {
+#pragma unroll
+      for (int dd = 0; dd < kMaxDims; ++dd) {
+        const int d = tid % dp + dd * dp;
+        if (d < D) {
+#pragma unroll
+          for (int g = 0; g < kMaxGroup; ++g) {
+            if (g < G) acc[dd][g] *= alpha_s[g];
+          }
+          const uint16_t* vcol = p.v + size_t(j0) * size_t(p.kv_row) + head_off + size_t(d);
+          for (int i = part; i < len; i += n_parts) {
+            const float vv = __half2float(__ushort_as_half(vcol[size_t(i) * size_t(p.kv_row)]));
+#pragma unroll
+            for (int g = 0; g < kMaxGroup; ++g) {
+              if (g < G) acc[dd][g] += p_s[g][i] * vv;
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();  // p_s and alpha_s are rewritten by the next chunk
+  }
+
+  // Fold the row subsets (head_dim < 128 only; then one element per thread).
+  if (n_parts > 1) {
+    if (pv_thread && part > 0) {
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) {
+        if (g < G) red_s[((part - 1) * G + g) * dp + tid % dp] = acc[0][g];
+      }
+    }
+    __syncthreads();
+    if (part == 0) {
+      for (int k = 1; k < n_parts; ++k) {
+#pragma unroll
+        for (int g = 0; g < kMaxGroup; ++g) {
+          if (g < G) acc[0][g] += red_s[((k - 1) * G + g) * dp + tid];
+        }
+      }
+    }
+  }
+  if (part != 0) return;
+
+  const int h0 = hk * G;
+#pragma unroll
+  for (int dd = 0; dd < kMaxDims; ++dd) {
+    const int d = tid + dd * dp;
+    if (d >= D) continue;
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g >= G) continue;
+      if (p.n_splits == 1) {
+        p.out[(size_t(t) * size_t(p.n_head) + size_t(h0 + g)) * size_t(D) + size_t(d)] = acc[dd][g] / state_s[g].l;
+      } else {
+        float* rec = p.partials + (size_t(h0 + g) * size_t(p.n_splits) + size_t(split)) * size_t(D + 2);
+        rec[d] = acc[dd][g];
+        if (d == 0) {
+          rec[D] = state_s[g].m;
+          rec[D + 1] = state_s[g].l;
+        }
+      }
+    }
+  }
+}
+
+// Merges the n_splits partials of each query head of a decode token: grid n_head, kThreads threads.
+__global__ void __launch_bounds__(kThreads)
+    attention_combine_kernel(const float* __restrict__ partials, float* __restrict__ out, int n_splits, int head_dim) {
+  __shared__ float w_s[kMaxAttentionSplits];
+  const int h = int(blockIdx.x);
+  const int stride = head_dim + 2;
+  const float* base = partials + size_t(h) * size_t(n_splits) * size_t(stride);
+  float m = -INFINITY;
+  for (int s = 0; s < n_splits; ++s) m = fmaxf(m, base[s * stride + head_dim]);
+  if (int(threadIdx.x) < n_splits) w_s[threadIdx.x] = expf(base[int(threadIdx.x) * stride + head_dim] - m);
+  __syncthreads();
+  float l = 0.0f;
+  for (int s = 0; s < n_splits; ++s) l += w_s[s] * base[s * stride + head_dim + 1];
+  for (int d = int(threadIdx.x); d < head_dim; d += kThreads) {
+    float o = 0.0f;
+    for (int s = 0; s < n_splits; ++s) o += w_s[s] * base[s * stride + d];
+    out[size_t(h) * size_t(head_dim) + size_t(d)] = o / l;
+  }
+}
+
+template <int kMaxGroup>
+void launch(const Params& p, dim3 grid, cudaStream_t stream) {
+  attention_kernel<kMaxGroup><<<grid, kThreads, 0, stream>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+// ---- AttentionWorkspace -------------------------------------------------------------------------------------
+
+Result<AttentionWorkspace> AttentionWorkspace::create(int64_t max_heads, int64_t max_head_dim) {
+  if (max_heads < 1 || max_heads > INT_MAX || max_head_dim < 1 || max_head_dim > kMaxAttentionHeadDim) {
+    return Status::error(format("AttentionWorkspace: max_heads=%lld must be positive, max_head_dim=%lld in 1..%lld",
+                                (long long)max_heads, (long long)max_head_dim, (long long)kMaxAttentionHeadDim));
+  }
+  const size_t floats = size_t(max_heads) * size_t(kMaxAttentionSplits) * size_t(max_head_dim + 2);
+  MAGNETAR_ASSIGN_OR_RETURN(DeviceBuffer scratch, DeviceBuffer::allocate(floats * sizeof(float)));
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  int sms = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  AttentionWorkspace ws;
+  ws.scratch_ = std::move(scratch);
+  ws.max_heads_ = max_heads;
+  ws.max_head_dim_ = max_head_dim;
+  ws.sm_count_ = sms > 0 ? sms : 1;
+  return Result<AttentionWorkspace>(std::move(ws));
+}
+
+// ---- attention ------------------------------------------------------------------------------------------------
+
+Status attention(const AttentionArgs& a, AttentionWorkspace& workspace, Stream& stream) {
+  if (a.n_tok < 1 || a.n_tok > 65535 || a.pos0 < 0 || a.pos0 > INT_MAX - a.n_tok) {
+    return Status::error(format("attention: n_tok=%lld must be in 1..65535 and pos0=%lld non-negative",
+                                (long long)a.n_tok, (long long)a.pos0));
+  }
+  if (a.n_head < 1 || a.n_head_kv < 1 || a.n_head_kv > 65535 || a.n_head % a.n_head_kv != 0 ||
+      a.n_head / a.n_head_kv > kMaxAttentionGroup) {
+    return Status::error(
+        format("attention: n_head=%lld, n_head_kv=%lld: n_head_kv must divide n_head with a group "
+               "of at most %lld",
+               (long long)a.n_head, (long long)a.n_head_kv, (long long)kMaxAttentionGroup));
+  }
+  if (a.head_dim < 8 || a.head_dim % 8 != 0 || a.head_dim > kMaxAttentionHeadDim) {
+    return Status::error(format("attention: head_dim=%lld must be a multiple of 8 in 8..%lld", (long long)a.head_dim,
+                                (long long)kMaxAttentionHeadDim));
+  }
+  if (a.window < 0) return Status::error(format("attention: window=%lld must be >= 0", (long long)a.window));
+  if (a.q == nullptr || a.k_cache == nullptr || a.v_cache == nullptr || a.out == nullptr) {
+    return Status::error("attention: null device pointer");
+  }
+  if (!ops::aligned(a.q, 4) || !ops::aligned(a.k_cache, 16) || !ops::aligned(a.v_cache, 2) || !ops::aligned(a.out, 4)) {
+    return Status::error("attention: k_cache must be 16-byte, v_cache 2-byte, q and out 4-byte aligned");
+  }
+  if (a.out == a.q) return Status::error("attention: out must not alias q");
+
+  const int64_t group = a.n_head / a.n_head_kv;
+  Params p;  // C++17 (nvcc): no designated initializers
+  p.q = a.q;
+  p.k = a.k_cache;
+  p.v = a.v_cache;
+  p.out = a.out;
+  p.partials = workspace.partials();
+  p.kv_row = a.n_head_kv * a.head_dim;
+  p.pos0 = a.pos0;
+  p.window = a.window;
+  p.n_head = int(a.n_head);
+  p.head_dim = int(a.head_dim);
+  p.group = int(group);
+  p.chunks_per_split = INT_MAX;
+  p.n_splits = 1;
+  p.scale = a.scale;
+  if (a.n_tok == 1) {
+    const int64_t rows = a.window > 0 && a.window < a.pos0 + 1 ? a.window : a.pos0 + 1;
+    const attn::SplitPlan plan = attn::plan_splits(rows, a.n_head_kv, workspace.sm_count(), int(kMaxAttentionSplits));
+    if (plan.n_splits > 1) {
+      if (a.n_head > workspace.max_heads() || a.head_dim > workspace.max_head_dim()) {
+        return Status::error(format("attention: %lld heads of %lld exceed the workspace (%lld heads of %lld)",
+                                    (long long)a.n_head, (long long)a.head_dim, (long long)workspace.max_heads(),
+                                    (long long)workspace.max_head_dim()));
+      }
+      p.chunks_per_split = plan.chunks_per_split;
+      p.n_splits = plan.n_splits;
+    }
+  }
+  const dim3 grid(unsigned(p.n_splits), unsigned(a.n_head_kv), unsigned(a.n_tok));
+  if (group <= 4) {
+    launch<4>(p, grid, stream.raw());
+  } else if (group <= 8) {
+    launch<8>(p, grid, stream.raw());
+  } else {
+    launch<16>(p, grid, stream.raw());
+  }
+  if (p.n_splits > 1) {
+    attention_combine_kernel<<<unsigned(a.n_head), kThreads, 0, stream.raw()>>>(p.partials, a.out, p.n_splits,
+                                                                                int(a.head_dim));
+    CUDA_CHECK(cudaGetLastError());
+  }
+  return Status();
+}
+
+}  // namespace magnetar::cuda

@@ -1,0 +1,59 @@
+// Split-K bookkeeping of attention.cu, shared with the host test (tests/cuda/cuda_ops_host_test.cu): how a
+// query's context is cut into chunks and splits, and the online-softmax rescaling that lets chunks and splits
+// be processed separately and merged.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#ifndef MAGNETAR_HD
+#define MAGNETAR_HD __host__ __device__ __forceinline__
+#endif
+
+namespace magnetar::cuda::attn {
+
+// Cached rows per chunk: one per thread of the CTA in the score phase.
+constexpr int kChunk = 128;
+
+// A query attending to `rows` cached rows is cut into ceil(rows / kChunk) chunks (the last one partial), and
+// the chunks into n_splits runs of chunks_per_split consecutive chunks (the last run may be shorter, never
+// empty). One CTA per (split, KV head).
+struct SplitPlan {
+  int n_chunks = 0;
+  int chunks_per_split = 0;
+  int n_splits = 0;
+};
+
+// Enough splits for about two waves of CTAs over sm_count SMs (n_head_kv CTAs per split), at most max_splits
+// and at most one per chunk. Short contexts get one split: no partials, no combine kernel.
+MAGNETAR_HD SplitPlan plan_splits(int64_t rows, int64_t n_head_kv, int sm_count, int max_splits) {
+  SplitPlan p;
+  p.n_chunks = int((rows + kChunk - 1) / kChunk);
+  int64_t want = (2 * int64_t(sm_count) + n_head_kv - 1) / n_head_kv;
+  if (want > max_splits) want = max_splits;
+  if (want > p.n_chunks) want = p.n_chunks;
+  if (want < 1) want = 1;
+  p.chunks_per_split = int((p.n_chunks + want - 1) / want);
+  p.n_splits = (p.n_chunks + p.chunks_per_split - 1) / p.chunks_per_split;
+  return p;
+}
+
+// Running softmax state of one query head: the largest score seen (m) and the sum of exp(score - m) (l).
+// Accumulated outputs o = sum exp(score - m) v are kept beside it by the caller.
+struct SoftmaxState {
+  float m = -INFINITY;
+  float l = 0.0f;
+};
+
+// Moves the state to the max of its scores and a new chunk's (chunk_max, finite) and returns the factor by
+// which the caller must scale its accumulated outputs (0 for the first chunk: exp(-inf) = 0). The caller then
+// adds the chunk's exp(s - st.m) terms to st.l and its outputs.
+MAGNETAR_HD float rescale(SoftmaxState& st, float chunk_max) {
+  const float m_new = fmaxf(st.m, chunk_max);
+  const float alpha = expf(st.m - m_new);
+  st.m = m_new;
+  st.l *= alpha;
+  return alpha;
+}
+
+}  // namespace magnetar::cuda::attn
