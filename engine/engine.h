@@ -42,7 +42,7 @@ struct StreamOptions {
   bool io_uring = true;         // false: pread thread pool
   bool direct_io = true;        // O_DIRECT
   int queue_depth = 32;
-  // Diagnostic: reads of one layer's misses merge across gaps up to this many KiB (and grow to 8x that);
+  // Diagnostic: reads of one layer's misses merge across gaps up to this many KiB;
   // -1: measured at load (the default, see experts::StoreOptions::merge_gap_bytes); 0: adjacent pieces only.
   int64_t read_gap_kib = -1;
 };

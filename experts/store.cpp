@@ -21,7 +21,6 @@ constexpr uint64_t kAlign = 4096;             // O_DIRECT offset, length and buf
 constexpr size_t kMaxIov = 64;                // records per coalesced read
 constexpr uint64_t kMaxReadBytes = 64ull << 20;
 constexpr uint64_t kMaxGapBytes = 16ull << 20;  // StoreOptions::merge_gap_bytes is capped here
-constexpr uint64_t kMinRunCap = 1ull << 20;     // merged reads grow to at least this size
 // A prefetch only takes a free slot or one no token used in the last kPrefetchColdTokens tokens. With 1 (only
 // the current token's entries protected) the 1.5 GiB arm of docs/benchmarks/2026-11-30-expert-streaming.md
 // lost 10% decode speed to prefetches evicting entries the next tokens needed.
@@ -296,11 +295,10 @@ void StreamedExperts::read_slots(int64_t layer, std::vector<uint32_t>& slots) {
     return a.shard != b.shard ? a.shard < b.shard : a.offset < b.offset;
   });
   // Greedy runs: the next piece joins when it starts at the run's end, inside the run's last page (a shared
-  // page: read once, copied at completion), or after a gap the scratch buffer takes, until the run is 8x the
-  // gap limit: by then a request's fixed cost is under 1/8 of its time, and longer runs would only serialize
-  // reads that the queue could run in parallel.
-  const uint64_t run_cap =
-      gap_buffer_bytes_ > 0 ? std::clamp(8 * gap_buffer_bytes_, kMinRunCap, kMaxReadBytes) : kMaxReadBytes;
+  // page: read once, copied at completion), or after a gap the scratch buffer takes, up to kMaxReadBytes.
+  // (Capping runs at 8x the gap limit, so that the queue would run more reads in parallel, was measured and
+  // dropped: decode 12-19% slower on the CPU box, 0-12% on the GPU host; see
+  // docs/benchmarks/2026-11-30-expert-streaming.md.)
   std::vector<iovec> iov;
   size_t i = 0;
   while (i < pieces.size()) {
@@ -316,7 +314,7 @@ void StreamedExperts::read_slots(int64_t layer, std::vector<uint32_t>& slots) {
         if (q.shard != first.shard || q.offset + kAlign < end || q.offset + q.bytes <= end) break;
         const uint64_t gap = q.offset > end ? q.offset - end : 0;
         skip = q.offset < end ? end - q.offset : 0;
-        if (gap > gap_buffer_bytes_ || iov.size() + 2 > kMaxIov || end - first.offset >= run_cap ||
+        if (gap > gap_buffer_bytes_ || iov.size() + 2 > kMaxIov ||
             end + gap + q.bytes - skip - first.offset > kMaxReadBytes) {
           break;
         }
