@@ -48,50 +48,22 @@
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
+#include "tests/cuda/cuda_test_util.h"
 #include "quant/fp16.h"
 
 namespace magnetar {
 namespace {
 
+using cuda_test::gaussian;
+using cuda_test::Rng;
+
 constexpr uint64_t kSeed = 20261130;
 constexpr double kU = 5.9604644775390625e-08;  // 2^-24
 
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "SKIP: no CUDA device on this machine: NOT tested"
-
-#define ASSERT_OK_AND_ASSIGN(lhs, expr) ASSERT_OK_AND_ASSIGN_IMPL(MAGNETAR_CONCAT(result_, __LINE__), lhs, expr)
-#define ASSERT_OK_AND_ASSIGN_IMPL(tmp, lhs, expr)  \
-  auto tmp = (expr);                               \
-  ASSERT_TRUE(tmp.ok()) << tmp.status().message(); \
-  lhs = std::move(tmp).value()
-#define ASSERT_OK(expr)                             \
-  do {                                              \
-    const Status status_ = (expr);                  \
-    ASSERT_TRUE(status_.ok()) << status_.message(); \
-  } while (0)
 
 // ---- data and device helpers ------------------------------------------------------------------------------
 
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : gen_(seed) {}
-  uint64_t bits() { return gen_(); }
-  double uniform() { return double(gen_() >> 11) * (1.0 / 9007199254740992.0); }
-  float gaussian() {
-    const double u1 = 1.0 - uniform();
-    const double u2 = uniform();
-    return float(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
-  }
 
- private:
-  std::mt19937_64 gen_;
-};
-
-std::vector<float> gaussian(Rng& rng, size_t n, float sigma = 1.0f) {
-  std::vector<float> v(n);
-  for (float& f : v) f = sigma * rng.gaussian();
-  return v;
-}
 
 template <typename T>
 Result<cuda::DeviceBuffer> to_device(const std::vector<T>& v) {
