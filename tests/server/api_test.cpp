@@ -106,7 +106,7 @@ TEST_F(ServeApi, AnthropicStreamMatchesNonStream) {
   const json block = json::parse(events[2].second);
   EXPECT_EQ(block["index"], 0);
   EXPECT_EQ(block["content_block"], json({{"type", "text"}, {"text", ""}}));
-  EXPECT_EQ(text, want["content"][0]["text"]);
+  EXPECT_EQ(text, want["content"][0]["text"].get<std::string>());
   const json delta = json::parse(events[events.size() - 2].second);
   EXPECT_EQ(delta["delta"]["stop_reason"], "end_turn");
   EXPECT_TRUE(delta["delta"]["stop_sequence"].is_null());

@@ -144,7 +144,7 @@ TEST_F(ServeTools, OpenAIStreamedToolCallReassemblesToTheSameCall) {
   EXPECT_EQ(begins, 1);
   EXPECT_EQ(id.rfind("call_", 0), 0u);
   EXPECT_EQ(name, "get_weather");
-  EXPECT_EQ(arguments, want["function"]["arguments"]);
+  EXPECT_EQ(arguments, want["function"]["arguments"].get<std::string>());
   EXPECT_EQ(finish, "tool_calls");
 }
 

@@ -38,10 +38,13 @@ log "machine: $(lscpu | sed -n 's/^Model name: *//p') / $(nproc) cores / $(nvidi
 cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAGNETAR_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$prefix/usr" >"$OUT/configure.log" 2>&1 \
   || { log "configure failed"; tail -30 "$OUT/configure.log"; exit 1; }
-if ! cmake --build build-device -j "$(nproc)" >"$OUT/build.log" 2>&1; then
-  log "build failed"; grep -E "error" "$OUT/build.log" | head -30; exit 1
+# -k 0: a file that fails (another compiler's stricter C++20) does not stop the rest; what built is still run.
+if ! cmake --build build-device -j "$(nproc)" -- -k 0 >"$OUT/build.log" 2>&1; then
+  log "build FAILED (continuing with what built): $(grep -c '^FAILED' "$OUT/build.log") targets"
+  grep -E "^FAILED|error:" "$OUT/build.log" | head -30 | tee -a "$OUT/summary.txt"
+else
+  log "build ok"
 fi
-log "build ok"
 
 (cd build-device && ctest --output-on-failure -j 8 --timeout 600) >"$OUT/ctest.log" 2>&1
 log "ctest exit $?: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
