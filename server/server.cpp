@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <ctime>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -32,12 +34,23 @@ namespace {
 
 // ---- errors: every HTTP status code the server sends is decided here -------------------------------------------
 
-enum class ErrorKind { kInvalidRequest, kNotFound, kUnavailable, kInternal };
+enum class ErrorKind {
+  kInvalidRequest,
+  kUnauthorized,     // --api-key set and the request has no key, or another one
+  kForbidden,        // a Host header outside the allowlist (DNS rebinding)
+  kNotFound,
+  kPayloadTooLarge,  // a body over --max-body-mb
+  kUnavailable,
+  kInternal
+};
 
 int http_status(ErrorKind kind) {
   switch (kind) {
     case ErrorKind::kInvalidRequest: return 400;
+    case ErrorKind::kUnauthorized: return 401;
+    case ErrorKind::kForbidden: return 403;
     case ErrorKind::kNotFound: return 404;
+    case ErrorKind::kPayloadTooLarge: return 413;
     case ErrorKind::kUnavailable: return 503;
     case ErrorKind::kInternal: return 500;
   }
@@ -51,7 +64,10 @@ enum class Api { kOpenAI, kAnthropic };
 const char* error_type(Api api, ErrorKind kind) {
   switch (kind) {
     case ErrorKind::kInvalidRequest: return "invalid_request_error";
+    case ErrorKind::kUnauthorized: return "authentication_error";
+    case ErrorKind::kForbidden: return "permission_error";
     case ErrorKind::kNotFound: return "not_found_error";
+    case ErrorKind::kPayloadTooLarge: return api == Api::kAnthropic ? "request_too_large" : "invalid_request_error";
     case ErrorKind::kUnavailable: return api == Api::kAnthropic ? "overloaded_error" : "unavailable_error";
     case ErrorKind::kInternal: return api == Api::kAnthropic ? "api_error" : "server_error";
   }
@@ -74,6 +90,68 @@ void reply_error(httplib::Response& res, ErrorKind kind, const std::string& mess
 }
 
 void reply_json(httplib::Response& res, const json& body) { res.set_content(dump(body), "application/json"); }
+
+// The error shape of a path: Anthropic's under /v1/messages, OpenAI's elsewhere.
+Api api_of(const std::string& path) { return path.starts_with("/v1/messages") ? Api::kAnthropic : Api::kOpenAI; }
+
+// ---- security: API key, Host allowlist, CORS (the pre-routing handler's checks) ---------------------------------
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// Equal strings, in a time that depends on the length of `given` only, never on where it differs from `secret`
+// (which must not be empty).
+bool same_secret(std::string_view given, std::string_view secret) {
+  unsigned diff = given.size() != secret.size();
+  for (size_t i = 0; i < given.size(); ++i) diff |= unsigned(uint8_t(given[i]) ^ uint8_t(secret[i % secret.size()]));
+  return diff == 0;
+}
+
+// The key a request presents: `Authorization: Bearer KEY` (scheme case-insensitive) or `x-api-key: KEY`.
+std::vector<std::string> presented_keys(const httplib::Request& req) {
+  std::vector<std::string> keys;
+  const std::string auth = req.get_header_value("Authorization");
+  if (auth.size() > 7 && lower(std::string_view(auth).substr(0, 7)) == "bearer ") {
+    const size_t start = auth.find_first_not_of(' ', 7);
+    if (start != std::string::npos) keys.push_back(auth.substr(start));
+  }
+  if (req.has_header("x-api-key")) keys.push_back(req.get_header_value("x-api-key"));
+  return keys;
+}
+
+// Routes a browser loads before it could know a key: the page, its files, and the liveness probe.
+bool is_public(const httplib::Request& req) {
+  if (req.method != "GET" && req.method != "HEAD") return false;
+  return req.path == "/" || req.path == "/health" || req.path.starts_with("/webui/");
+}
+
+// The name of a Host header value, lowercased, without its port: "LocalHost:8080" -> "localhost",
+// "[::1]:8080" -> "[::1]".
+std::string host_name(const std::string& host) {
+  std::string name = lower(host);
+  if (name.starts_with("[")) {
+    const size_t close = name.find(']');
+    return close == std::string::npos ? name : name.substr(0, close + 1);
+  }
+  const size_t colon = name.find(':');
+  return colon == std::string::npos ? name : name.substr(0, colon);
+}
+
+bool is_loopback_address(const std::string& host) {
+  const std::string h = lower(host);
+  return h == "localhost" || h == "::1" || h == "[::1]" || h.starts_with("127.");
+}
+
+// The Host names a server accepts; empty: any (a server listening beyond loopback without --allowed-hosts).
+std::vector<std::string> allowed_host_names(const ServerOptions& options) {
+  if (!is_loopback_address(options.host) && options.allowed_hosts.empty()) return {};
+  std::vector<std::string> names = {"localhost", "127.0.0.1", "[::1]"};
+  for (const std::string& h : options.allowed_hosts) names.push_back(host_name(h));
+  return names;
+}
 
 // ---- request parsing: JSON -> plain structs, every failure a Status naming the field ----------------------------
 
@@ -408,8 +486,17 @@ struct Server::Impl {
   bool model_thinks = false;  // the vocabulary has <think> and </think> tokens (thinking can be turned on)
   std::optional<chat::ChatTemplate> chat_template;  // chosen at bind (chat/template.h)
 
-  Impl(Engine& e, ServerOptions o) : engine(e), options(std::move(o)) {}
+  std::vector<std::string> allowed_hosts;  // Host names accepted (allowed_host_names); empty: any
+
+  Impl(Engine& e, ServerOptions o) : engine(e), options(std::move(o)), allowed_hosts(allowed_host_names(options)) {}
   void routes();
+  // 403 (Host outside the allowlist) or 401 (API key missing or wrong) with its message; nullopt: let it in.
+  std::optional<std::pair<ErrorKind, std::string>> refusal(const httplib::Request& req) const;
+  httplib::Server::HandlerResponse pre_route(const httplib::Request& req, httplib::Response& res);
+  // http.Post(pattern, handler) behind refusal(): see pre_route.
+  void post(const char* pattern, std::function<void(const httplib::Request&, httplib::Response&)> handler);
+  // --cors is set and the request's Origin matches it.
+  bool cors_allows(const httplib::Request& req) const;
   // Tokenizes a rendered prompt, checks that it leaves room to generate, and submits its job (with the
   // generation's constraint when `generation` is given).
   Result<std::shared_ptr<Job>> submit(const std::string& prompt, ChatRequest& request,
@@ -449,7 +536,76 @@ struct Server::Impl {
   }
 };
 
+// A CORS preflight: OPTIONS with Access-Control-Request-Method, answered without the API key (browsers send none).
+static bool is_preflight(const httplib::Request& req) {
+  return req.method == "OPTIONS" && req.has_header("Access-Control-Request-Method");
+}
+
+std::optional<std::pair<ErrorKind, std::string>> Server::Impl::refusal(const httplib::Request& req) const {
+  if (!allowed_hosts.empty() && req.has_header("Host")) {
+    const std::string host = req.get_header_value("Host");
+    if (std::find(allowed_hosts.begin(), allowed_hosts.end(), host_name(host)) == allowed_hosts.end()) {
+      return std::make_pair(ErrorKind::kForbidden,
+                            format("Host header \"%s\" is not allowed (DNS rebinding protection): this server "
+                                   "answers localhost, 127.0.0.1, [::1] and the names of --allowed-hosts",
+                                   host.c_str()));
+    }
+  }
+  if (options.api_key.empty() || is_public(req) || (is_preflight(req) && !options.cors_origin.empty())) {
+    return std::nullopt;
+  }
+  const std::vector<std::string> keys = presented_keys(req);
+  if (keys.empty()) {
+    return std::make_pair(ErrorKind::kUnauthorized,
+                          std::string("missing API key: send it as \"Authorization: Bearer KEY\" or \"x-api-key: KEY\""));
+  }
+  bool ok = false;
+  for (const std::string& k : keys) ok |= same_secret(k, options.api_key);
+  if (!ok) return std::make_pair(ErrorKind::kUnauthorized, std::string("invalid API key"));
+  return std::nullopt;
+}
+
+// Before any route, before httplib reads the body: a refused request (403 Host, 401 key) other than a POST is
+// answered here. A POST's refusal waits until httplib has read (or, over --max-body-mb, skipped) its body, so the
+// connection stays in step for the client's next request: the POST routes (post()) and the error handler (unknown
+// routes, 413) check refusal() first. CORS preflights get their 204 here.
+httplib::Server::HandlerResponse Server::Impl::pre_route(const httplib::Request& req, httplib::Response& res) {
+  if (auto refused = refusal(req)) {
+    if (req.method == "POST") return httplib::Server::HandlerResponse::Unhandled;
+    reply_error(res, refused->first, refused->second, api_of(req.path));
+    // An unread body (a GET with one) would be taken for the next request.
+    if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding")) res.set_header("Connection", "close");
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  if (is_preflight(req) && !options.cors_origin.empty()) {
+    res.status = 204;
+    if (cors_allows(req)) {
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      res.set_header("Access-Control-Allow-Headers",
+                     "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta");
+      res.set_header("Access-Control-Max-Age", "600");
+    }
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  return httplib::Server::HandlerResponse::Unhandled;
+}
+
+void Server::Impl::post(const char* pattern, std::function<void(const httplib::Request&, httplib::Response&)> handler) {
+  http.Post(pattern, [this, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
+    if (auto refused = refusal(req)) return reply_error(res, refused->first, refused->second, api_of(req.path));
+    handler(req, res);
+  });
+}
+
+bool Server::Impl::cors_allows(const httplib::Request& req) const {
+  if (options.cors_origin.empty() || !req.has_header("Origin")) return false;
+  return options.cors_origin == "*" || req.get_header_value("Origin") == options.cors_origin;
+}
+
 void Server::Impl::routes() {
+  http.set_payload_max_length(size_t(options.max_body_mb) << 20);
+  http.set_pre_routing_handler(
+      [this](const httplib::Request& req, httplib::Response& res) { return pre_route(req, res); });
   add_webui_routes(http, engine, *worker, options.model_name);  // GET / (and HEAD /), /webui/*, /v1/status, ...
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) { reply_json(res, {{"status", "ok"}}); });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
@@ -457,16 +613,16 @@ void Server::Impl::routes() {
                {{"object", "list"},
                 {"data", json::array({{{"id", options.model_name}, {"object", "model"}, {"owned_by", "magnetar"}}})}});
   });
-  http.Post("/v1/chat/completions",
+  post("/v1/chat/completions",
             [this](const httplib::Request& req, httplib::Response& res) { chat_completions(req, res); });
-  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { completions(req, res); });
-  http.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) { messages(req, res); });
-  http.Post("/v1/messages/count_tokens",
+  post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { completions(req, res); });
+  post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) { messages(req, res); });
+  post("/v1/messages/count_tokens",
             [this](const httplib::Request& req, httplib::Response& res) { count_tokens(req, res); });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics(), "text/plain; version=0.0.4");
   });
-  http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+  post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     Result<json> body = parse_body(req);
     if (!body.ok()) return reply_error(res, ErrorKind::kInvalidRequest, body.status().message());
     auto content = body->find("content");
@@ -483,7 +639,7 @@ void Server::Impl::routes() {
     if (!ids.ok()) return reply_error(res, ErrorKind::kInvalidRequest, ids.status().message());
     reply_json(res, {{"tokens", ids.value()}});
   });
-  http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+  post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
     Result<json> body = parse_body(req);
     if (!body.ok()) return reply_error(res, ErrorKind::kInvalidRequest, body.status().message());
     auto tokens = body->find("tokens");
@@ -502,11 +658,19 @@ void Server::Impl::routes() {
   });
   // Routes nobody registered (404) and any other error without a body get the JSON error object, in Anthropic's
   // shape under /v1/messages.
-  http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
+                                                                     httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    const Api api = req.path.starts_with("/v1/messages") ? Api::kAnthropic : Api::kOpenAI;
-    if (res.status == 404) {
+    const Api api = api_of(req.path);
+    if (auto refused = refusal(req)) {  // a refused POST to an unknown route, or over the body limit
+      reply_error(res, refused->first, refused->second, api);
+    } else if (res.status == 404) {
       reply_error(res, ErrorKind::kNotFound, "no route " + req.method + " " + req.path, api);
+    } else if (res.status == 413) {  // httplib refused a body over set_payload_max_length
+      reply_error(res, ErrorKind::kPayloadTooLarge,
+                  format("the request body is larger than the limit of %lld MiB (--max-body-mb)",
+                         (long long)options.max_body_mb),
+                  api);
     } else {
       res.set_content(dump(error_body(ErrorKind::kInvalidRequest, format("HTTP status %d", res.status), api)),
                       "application/json");
@@ -516,6 +680,10 @@ void Server::Impl::routes() {
   // Runs once per response, after the handler and the error handler, before anything is written: the status is
   // final and a client that has read its answer finds it counted.
   http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (cors_allows(req)) {
+      res.set_header("Access-Control-Allow-Origin", options.cors_origin);
+      if (options.cors_origin != "*") res.set_header("Vary", "Origin");
+    }
     std::lock_guard<std::mutex> lock(requests_mu);
     ++requests[{route_label(req.path), res.status}];
   });
@@ -949,8 +1117,9 @@ std::string Server::Impl::metrics() {
        double(w.cached_tokens)},
       {"magnetar_prompt_seconds_total", "counter", "Seconds spent computing prompts.", w.prompt_seconds},
       {"magnetar_generation_seconds_total", "counter", "Seconds spent generating.", w.generation_seconds},
-      {"magnetar_requests_active", "gauge", "Requests being generated (0 or 1: one worker).", double(w.active)},
-      {"magnetar_requests_queued", "gauge", "Requests waiting for the worker.", double(w.queued)},
+      {"magnetar_slots", "gauge", "Slots (--parallel): requests computed at once.", double(w.slots)},
+      {"magnetar_requests_active", "gauge", "Requests in a slot.", double(w.active)},
+      {"magnetar_requests_queued", "gauge", "Requests waiting for a slot.", double(w.queued)},
       {"magnetar_expert_cache_hits_total", "counter", "Expert cache hits (0 when experts are resident).",
        double(w.experts.hits)},
       {"magnetar_expert_cache_misses_total", "counter", "Expert cache misses (0 when experts are resident).",
@@ -959,6 +1128,21 @@ std::string Server::Impl::metrics() {
        double(w.experts.bytes_read)},
       {"magnetar_expert_cache_evictions_total", "counter", "Experts evicted from the cache.",
        double(w.experts.evictions)},
+      {"magnetar_kv_disk_blocks_saved_total", "counter", "Disk KV blocks written (--kv-disk-dir).",
+       double(w.kv_disk.blocks_saved)},
+      {"magnetar_kv_disk_blocks_restored_total", "counter", "Disk KV blocks loaded instead of computed.",
+       double(w.kv_disk.blocks_restored)},
+      {"magnetar_kv_disk_blocks_evicted_total", "counter", "Disk KV blocks deleted to keep the budget.",
+       double(w.kv_disk.blocks_evicted)},
+      {"magnetar_kv_disk_blocks_rejected_total", "counter", "Disk KV block files found damaged and deleted.",
+       double(w.kv_disk.blocks_rejected)},
+      {"magnetar_kv_disk_tokens_restored_total", "counter", "Prompt tokens restored from disk KV.",
+       double(w.kv_disk.tokens_restored)},
+      {"magnetar_kv_disk_bytes_written_total", "counter", "Bytes of disk KV written.", double(w.kv_disk.bytes_written)},
+      {"magnetar_kv_disk_bytes_read_total", "counter", "Bytes of disk KV read.", double(w.kv_disk.bytes_read)},
+      {"magnetar_kv_disk_restore_seconds_total", "counter", "Seconds spent restoring disk KV.",
+       w.kv_disk.restore_seconds},
+      {"magnetar_kv_disk_bytes", "gauge", "Bytes of disk KV blocks on disk.", double(w.kv_disk.bytes_on_disk)},
   };
   for (const Row& r : rows) {
     family(r.name, r.type, r.help);
@@ -966,6 +1150,8 @@ std::string Server::Impl::metrics() {
   }
   return out;
 }
+
+constexpr size_t kHttpThreads = 128;  // concurrent connections served (see bind)
 
 Result<std::unique_ptr<Server>> Server::bind(Engine& engine, const ServerOptions& options) {
   if (!engine.info().has_tokenizer)
@@ -1005,6 +1191,10 @@ Result<std::unique_ptr<Server>> Server::bind(Engine& engine, const ServerOptions
   std::fprintf(stderr, "magnetar serve: chat template: %s\n", tmpl.value().origin().c_str());
   impl->chat_template.emplace(std::move(tmpl).value());
   impl->worker = Worker::start(engine, std::move(sessions), options.keepalive_seconds);
+  // One HTTP thread per open connection: a streaming client (and a keep-alive one between requests) holds its
+  // thread while the worker computes, so httplib's default pool (8 threads on a small machine) made the 9th of 32
+  // concurrent clients wait past its timeout (the load test). The threads mostly sleep on a job's condition variable.
+  impl->http.new_task_queue = [] { return new httplib::ThreadPool(kHttpThreads); };
   impl->routes();
   impl->port = options.port == 0 ? impl->http.bind_to_any_port(options.host)
                                  : (impl->http.bind_to_port(options.host, options.port) ? options.port : -1);

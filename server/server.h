@@ -5,8 +5,10 @@
 // Only plain Job structs cross between them. httplib stays inside server.cpp: callers see only this header.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "engine/engine.h"
@@ -31,6 +33,18 @@ struct ServerOptions {
   // A Jinja chat template that replaces the model's (chat/template.h); empty: the GGUF's, else the built-in.
   std::string chat_template_file;
   std::string chat_template;  // "chatml": the built-in ChatML instead of the model's
+
+  // Security and limits (server.cpp's pre-routing handler enforces them before any route runs).
+  // Non-empty: every route but GET /health, GET|HEAD / and GET /webui/* needs `Authorization: Bearer KEY` or
+  // `x-api-key: KEY` (compared in constant time); otherwise 401.
+  std::string api_key;
+  // Host header names (without port) accepted besides localhost, 127.0.0.1 and [::1]. Listening on a loopback
+  // address, any other Host gets 403 (DNS rebinding); listening elsewhere, any Host is accepted unless this is set.
+  std::vector<std::string> allowed_hosts;
+  int64_t max_body_mb = 64;  // request bodies larger than this many MiB get 413
+  // Empty: no CORS headers at all. An origin ("http://app.example") or "*": responses to requests whose Origin
+  // matches get Access-Control-Allow-Origin, and OPTIONS preflights on any route get 204.
+  std::string cors_origin;
 };
 
 class Server {

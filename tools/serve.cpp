@@ -4,9 +4,11 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
+#include <vector>
 
 #include "server/server.h"
 #include "tools/commands.h"
@@ -42,6 +44,19 @@ int serve_main(int argc, char** argv) {
               "render prompts with this Jinja chat template instead of the model's (tokenizer.chat_template)");
   args.option("--chat-template", &chat_template, "chatml",
               "render prompts with the built-in ChatML (Qwen3's format, tools included) instead of the model's template");
+  std::string api_key, cors_origin;
+  std::vector<std::string> allowed_hosts_flags;
+  int64_t max_body_mb = 64;
+  args.option("--api-key", &api_key, "KEY",
+              "require this key (\"Authorization: Bearer KEY\" or \"x-api-key: KEY\") on every route but /health and "
+              "the web UI's page and files (default: no key)");
+  args.option("--allowed-hosts", &allowed_hosts_flags, "H1,H2",
+              "Host header names accepted besides localhost, 127.0.0.1 and [::1] (DNS rebinding protection; on a "
+              "non-loopback --host, any Host is accepted unless this is given); repeatable");
+  args.option("--max-body-mb", &max_body_mb, "N", "refuse request bodies larger than N MiB with 413");
+  args.option("--cors", &cors_origin, "ORIGIN",
+              "allow browsers on ORIGIN (exact, e.g. http://app.example, or *) to call the API (default: no CORS "
+              "headers)");
   bool verbose = false;
   args.flag("--verbose", &verbose, "print the parts of requests that are accepted and ignored (a json_schema's schema, a thinking budget)");
   if (std::optional<int> code = args.parse_or_exit(argc, argv, "serve")) return *code;
@@ -52,6 +67,18 @@ int serve_main(int argc, char** argv) {
   if (parallel < 0 || parallel > 256) {
     std::fprintf(stderr, "magnetar serve: --parallel must be in [0, 256]\n");
     return kExitBadInput;
+  }
+  if (max_body_mb < 1 || max_body_mb > (int64_t(1) << 20)) {
+    std::fprintf(stderr, "magnetar serve: --max-body-mb must be in [1, 1048576]\n");
+    return kExitBadInput;
+  }
+  std::vector<std::string> allowed_hosts;
+  for (const std::string& flag : allowed_hosts_flags) {
+    for (size_t at = 0; at <= flag.size();) {
+      const size_t comma = std::min(flag.find(',', at), flag.size());
+      if (comma > at) allowed_hosts.push_back(flag.substr(at, comma - at));
+      at = comma + 1;
+    }
   }
   if (port < 0 || port > 65535) {
     std::fprintf(stderr, "magnetar serve: --port must be in [0, 65535]\n");
@@ -77,7 +104,11 @@ int serve_main(int argc, char** argv) {
                 .verbose = verbose,
                 .parallel = parallel,
                 .chat_template_file = chat_template_file,
-                .chat_template = chat_template});
+                .chat_template = chat_template,
+                .api_key = api_key,
+                .allowed_hosts = allowed_hosts,
+                .max_body_mb = max_body_mb,
+                .cors_origin = cors_origin});
   if (!bound.ok()) {
     std::fprintf(stderr, "magnetar serve: %s\n", bound.status().message().c_str());
     return kExitBadInput;

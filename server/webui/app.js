@@ -11,7 +11,8 @@
   const kConversationsKey = 'magnetar.conversations';
   const kCurrentKey = 'magnetar.current';
   const kSettingsKey = 'magnetar.settings';
-  const kDefaultSettings = { system: '', temperature: '', top_p: '', top_k: '', max_tokens: '', thinking: false };
+  const kDefaultSettings = { system: '', temperature: '', top_p: '', top_k: '', max_tokens: '', thinking: false,
+                             api_key: '' };
   const kStatusPollMs = 1000;
 
   const $ = (id) => document.getElementById(id);
@@ -47,6 +48,20 @@
     map: null,   // the last /v1/experts/map answer
   };
   const saveConversations = () => store(kConversationsKey, state.conversations);
+
+  // fetch() with the API key of the settings (a server started with --api-key wants it) as a Bearer header.
+  function apiFetch(url, options = {}) {
+    const headers = Object.assign({}, options.headers || {});
+    if (state.settings.api_key) headers['Authorization'] = 'Bearer ' + state.settings.api_key;
+    return fetch(url, Object.assign({}, options, { headers }));
+  }
+  const kUnauthorized = 'the server wants an API key (it was started with --api-key): set it in Settings';
+  // The JSON of a GET answer; a 401 becomes an Error saying where the key goes.
+  async function getJson(url) {
+    const r = await apiFetch(url);
+    if (r.status === 401) throw Object.assign(new Error(kUnauthorized), { unauthorized: true });
+    return r.json();
+  }
   const current = () => state.conversations.find((c) => c.id === state.currentId) || null;
   const newId = () => Date.now().toString(36) + Math.random().toString(36).slice(2, 8);
 
@@ -437,7 +452,7 @@
     let usage = null;
     let finish = null;
     try {
-      const res = await fetch('/v1/chat/completions', {
+      const res = await apiFetch('/v1/chat/completions', {
         method: 'POST',
         headers: { 'Content-Type': 'application/json' },
         body: JSON.stringify(requestBody(conv, conv.messages.length - 1)),
@@ -449,6 +464,7 @@
           const j = await res.json();
           if (j && j.error && j.error.message) message += ': ' + j.error.message;
         } catch (e) { /* not JSON */ }
+        if (res.status === 401) message += ' (' + kUnauthorized + ')';
         throw new Error(message);
       }
       // SSE: events separated by a blank line; `data: JSON` lines, `data: [DONE]` at the end, `:` comments
@@ -512,7 +528,7 @@
   // ---- settings ----------------------------------------------------------------------------------------------------
 
   const kSettingFields = { system: 'system-prompt', temperature: 'temperature', top_p: 'top-p', top_k: 'top-k',
-                           max_tokens: 'max-tokens' };
+                           max_tokens: 'max-tokens', api_key: 'api-key' };
   function showSettings() {
     for (const [k, id] of Object.entries(kSettingFields)) $(id).value = state.settings[k] ?? '';
     $('thinking').checked = Boolean(state.settings.thinking);
@@ -529,7 +545,8 @@
       store(kSettingsKey, state.settings);
     });
     $('reset-settings').addEventListener('click', () => {
-      state.settings = Object.assign({}, kDefaultSettings);
+      // The API key is not a sampling default: it stays.
+      state.settings = Object.assign({}, kDefaultSettings, { api_key: state.settings.api_key });
       store(kSettingsKey, state.settings);
       showSettings();
     });
@@ -630,8 +647,8 @@
     polling = true;
     try {
       const [status, map] = await Promise.all([
-        fetch('/v1/status').then((r) => r.json()),
-        state.statusOpen ? fetch('/v1/experts/map').then((r) => r.json()) : Promise.resolve(null),
+        getJson('/v1/status'),
+        state.statusOpen ? getJson('/v1/experts/map') : Promise.resolve(null),
       ]);
       showStatus(status);
       if (map) {
@@ -639,7 +656,7 @@
         drawMap();
       }
     } catch (e) {
-      $('speed').textContent = 'server unreachable';
+      $('speed').textContent = e.unauthorized ? 'API key needed (Settings)' : 'server unreachable';
     } finally {
       polling = false;
     }

@@ -169,7 +169,7 @@ TEST_F(Serve, ClientDisconnectMidStream) {
                                  {"seed", 7}})
                                .dump();
   const std::string request =
-      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
       "Content-Length: " +
       std::to_string(body.size()) + "\r\n\r\n" + body;
   ASSERT_EQ(write(fd, request.data(), request.size()), ssize_t(request.size()));
