@@ -1,8 +1,10 @@
 // `magnetar serve`: an OpenAI- and Anthropic-compatible HTTP server over one Engine.
 //
 // Threads (STYLE.md rule 10): cpp-httplib's pool parses and validates requests, renders the chat template and
-// tokenizes (Engine::tokenize is const and thread-safe); one Worker thread owns the Session and does all compute.
-// Only plain Job structs cross between them. httplib stays inside server.cpp: callers see only this header.
+// tokenizes (Engine::tokenize is const and thread-safe); one Worker thread owns the slots' Sessions and does all
+// compute.
+// Only plain Job structs cross between them. httplib stays inside server.cpp and webui.cpp: callers see only this
+// header.
 #pragma once
 
 #include <cstdint>
