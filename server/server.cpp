@@ -1,6 +1,13 @@
 #include "server/server.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <httplib.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdlib>
 
 #include <algorithm>
 #include <atomic>
@@ -410,9 +417,55 @@ json anthropic_usage(const Job& job) {
 
 // ---- waiting on a job (HTTP threads) ----------------------------------------------------------------------------
 
-void wait_done(Job& job) {
+// The accepted socket a request came on: httplib 0.11 does not give it to handlers, so it is found among this
+// process's sockets by its peer address. -1 when not found.
+int request_socket(const httplib::Request& req) {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (!dir) return -1;
+  int found = -1;
+  while (const dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    const int fd = std::atoi(e->d_name);
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    sockaddr_storage peer{};
+    socklen_t len = sizeof(peer);
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
+    char host[INET6_ADDRSTRLEN] = {};
+    int port = -1;
+    if (peer.ss_family == AF_INET) {
+      const auto* a = reinterpret_cast<const sockaddr_in*>(&peer);
+      ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+      port = ntohs(a->sin_port);
+    } else if (peer.ss_family == AF_INET6) {
+      const auto* a = reinterpret_cast<const sockaddr_in6*>(&peer);
+      ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+      port = ntohs(a->sin6_port);
+    }
+    if (port == req.remote_port && req.remote_addr == host) {
+      found = fd;
+      break;
+    }
+  }
+  ::closedir(dir);
+  return found;
+}
+
+// The client closed its side: a peek reads end-of-file (a pipelined next request would read data instead).
+bool peer_closed(int fd) {
+  char c;
+  const ssize_t n = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+// Waits for a non-streamed job's end; a client that hangs up meanwhile cancels it (checked every 25 ms, shorter than
+// a decode step of a large model: the worker then stops before its next token, or drops the job if still queued).
+void wait_done(Job& job, const httplib::Request& req) {
+  const int fd = request_socket(req);
   std::unique_lock<std::mutex> lock(job.mu);
-  job.cv.wait(lock, [&] { return job.done; });
+  while (!job.cv.wait_for(lock, std::chrono::milliseconds(25), [&] { return job.done; })) {
+    if (fd >= 0 && !job.cancelled.load() && peer_closed(fd)) job.cancelled = true;
+  }
 }
 
 // Waits for the worker's next text, keep-alive or the end of the job; takes the text and says whether a keep-alive
@@ -788,7 +841,7 @@ void Server::Impl::chat_completions(const httplib::Request& req, httplib::Respon
   const std::string id = format("chatcmpl-%llu", (unsigned long long)next_id.fetch_add(1));
   const int64_t created = int64_t(std::time(nullptr));
   if (!request.stream) {
-    wait_done(*job);
+    wait_done(*job, req);
     if (auto failure = job_failure(*job)) return reply_error(res, failure->first, failure->second);
     std::string text, reasoning;
     json calls = json::array();
@@ -881,7 +934,7 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
   const std::string id = format("cmpl-%llu", (unsigned long long)next_id.fetch_add(1));
   const int64_t created = int64_t(std::time(nullptr));
   if (!request.stream) {
-    wait_done(*job);
+    wait_done(*job, req);
     if (auto failure = job_failure(*job)) return reply_error(res, failure->first, failure->second);
     json r = text_chunk(id, created, job->pending_text, finish_reason_name(job->finish));
     r["usage"] = usage_json(*job);
@@ -929,7 +982,7 @@ void Server::Impl::messages(const httplib::Request& req, httplib::Response& res)
   };
   auto stop_sequence = [](const Job& j) { return j.stop_sequence.empty() ? json() : json(j.stop_sequence); };
   if (!request.stream) {
-    wait_done(*job);
+    wait_done(*job, req);
     if (auto failure = job_failure(*job)) {
       return reply_error(res, failure->first, failure->second, Api::kAnthropic);
     }
