@@ -4,9 +4,12 @@
 // (models/magnetar-demo.report.json); the expected prompt is ChatML written out by hand here.
 #pragma once
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -85,6 +88,20 @@ class ServeFixture : public ::testing::Test {
     httplib::Client c("127.0.0.1", server->port);
     c.set_read_timeout(60);
     return c;
+  }
+  // A raw TCP connection to the server (tests that write requests by hand or hang up mid-answer); -1 on failure.
+  static int raw_connect() {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(uint16_t(server->port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      close(fd);
+      return -1;
+    }
+    return fd;
   }
   static json post(const std::string& path, const json& body, int* status = nullptr) {
     httplib::Client c = client();

@@ -100,13 +100,8 @@ TEST_F(SecurityKey, PublicRoutesNeedNoKey) {
 // the same keep-alive socket gets its own answer, not a parse of the left-over body. (httplib 0.11.4 does not
 // pipeline: each request is written once the previous answer has been read.)
 TEST_F(SecurityKey, RefusedBodyDoesNotDesyncTheConnection) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = raw_connect();
   ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(uint16_t(server->port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   timeval timeout{.tv_sec = 30, .tv_usec = 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   // Writes `request` and reads one answer (headers, then Content-Length bytes of body).

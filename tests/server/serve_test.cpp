@@ -1,7 +1,4 @@
 // `magnetar serve` end to end, OpenAI chat routes (tests/server/harness.h starts the server).
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include "tests/server/harness.h"
 
@@ -155,13 +152,8 @@ TEST_F(Serve, BadRequestsAre400AndNameTheField) {
 
 TEST_F(Serve, ClientDisconnectMidStream) {
   // A raw socket reads the first bytes of a stream and hangs up; the next request must still be served.
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = raw_connect();
   ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(uint16_t(server->port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   const std::string body = json({{"messages", {{{"role", "user"}, {"content", "Tell me a long story about Linux."}}}},
                                  {"stream", true},
                                  {"max_tokens", 400},
@@ -208,13 +200,8 @@ TEST_F(Serve, ClientDisconnectCancelsANonStreamedRequest) {
   EXPECT_EQ(generated_total(c) - before, double(whole));
   // The same request, non-streamed, from a client that hangs up right after sending it.
   before = generated_total(c);
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = raw_connect();
   ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(uint16_t(server->port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   const std::string body = ask.dump();
   const std::string request = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                               "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
