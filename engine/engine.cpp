@@ -42,6 +42,7 @@ struct Engine::Impl {
   std::vector<float> batch_logits;  // Engine::step's [sessions, n_vocab], kept between calls
   std::unique_ptr<kv::DiskCache> disk_kv;  // --kv-disk-dir
   models::RoutingCounts uses;              // every session's routing, for expert_map() (MoE models)
+  bool on_gpu = false;                     // the model runs on the CUDA device (weights, KV and scratch there)
 };
 
 namespace {
@@ -73,7 +74,8 @@ Status plan_experts(Engine::Impl& impl, const std::string& path) {
     return Status();
   }
   if (o.experts == ExpertMode::kMmap) {
-    impl.plan_text = "memory plan: mmap (--mmap: every weight mapped, the page cache decides; not checked against RAM)";
+    impl.plan_text += std::string(impl.plan_text.empty() ? "" : "\n") +
+                      "memory plan: mmap (--mmap: every weight mapped, the page cache decides; not checked against RAM)";
     return Status();
   }
   const models::HParams& hp = impl.model->hparams();
@@ -101,7 +103,7 @@ Status plan_experts(Engine::Impl& impl, const std::string& path) {
                                                   .scratch_bytes = scratch,
                                                   .mode = mode,
                                                   .cache_bytes = uint64_t(o.stream.cache_gb * double(1ull << 30))}));
-  impl.plan_text = experts::describe(plan);
+  impl.plan_text += (impl.plan_text.empty() ? "" : "\n") + experts::describe(plan);
   while (!impl.plan_text.empty() && impl.plan_text.back() == '\n') impl.plan_text.pop_back();
   if (plan.mode == experts::PlanMode::kResident) return Status();
   experts::StoreOptions so{.cache_bytes = plan.cache_bytes,
@@ -128,6 +130,44 @@ Status plan_experts(Engine::Impl& impl, const std::string& path) {
     }
     break;
   }
+  return Status();
+}
+
+// Moves the model to the GPU when asked (--device cuda) or when it fits (auto). The CPU model, bound zero-copy,
+// gives the shapes; the CUDA loader uploads every weight. An explicit --device cuda that cannot be honoured is an
+// error naming why; auto falls back to the CPU and says why in the plan.
+Status choose_device(Engine::Impl& impl, const models::Architecture& entry, const std::string& path) {
+  const EngineOptions& o = impl.options;
+  if (o.device == Device::kCpu) return Status();
+  const bool forced = o.device == Device::kCuda;
+  auto fall_back = [&](const std::string& why) {
+    if (forced) return Status::error(path + ": --device cuda: " + why);
+    impl.plan_text = "device: CPU (" + why + ")";
+    return Status();
+  };
+  const models::GpuInfo gpu = models::gpu_info();
+  if (!gpu.present) return forced ? fall_back("no CUDA device (or this build has no CUDA backend)") : Status();
+  if (!entry.load_cuda) return fall_back("architecture '" + std::string(entry.name) + "' has no CUDA forward pass yet");
+  if (o.kv_type == KvType::kF32) return fall_back("the CUDA backend keeps KV in F16 (--kv-type f32 runs on the CPU)");
+  if (o.experts == ExpertMode::kStream || o.experts == ExpertMode::kMmap) {
+    return fall_back("streamed or mapped experts run on the CPU (the GPU expert tier is not implemented yet)");
+  }
+  constexpr uint64_t kReserve = 1ull << 30;  // the CUDA context, cuBLAS-free kernels' launch state, fragmentation
+  const uint64_t need = impl.file->file_bytes() + session_kv_bytes(impl) + session_scratch_bytes(impl) + kReserve;
+  const double gib = double(1ull << 30);
+  if (need > gpu.free_bytes) {
+    return fall_back(format("%s: the model needs %.1f GiB (weights, one session's KV and scratch, 1 GiB reserve), "
+                            "%.1f GiB free", gpu.name.c_str(), double(need) / gib, double(gpu.free_bytes) / gib));
+  }
+  Result<std::unique_ptr<models::Model>> model = entry.load_cuda(*impl.file, o.n_batch);
+  if (!model.ok()) return fall_back(model.status().message());
+  impl.model = std::move(model).value();
+  impl.on_gpu = true;
+  impl.plan_text = format("device: CUDA %s: every weight resident (%.1f GiB), KV in F16 on the GPU (%.2f GiB per "
+                          "session), %.1f of %.1f GiB free before load",
+                          gpu.name.c_str(), double(impl.file->file_bytes()) / gib,
+                          double(session_kv_bytes(impl)) / gib, double(gpu.free_bytes) / gib,
+                          double(gpu.total_bytes) / gib);
   return Status();
 }
 
@@ -160,6 +200,7 @@ Status open_disk_kv(Engine::Impl& impl) {
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 const std::string& Engine::memory_plan() const { return impl_->plan_text; }
+const char* Engine::device() const { return impl_->on_gpu ? "cuda" : "cpu"; }
 
 namespace {
 ExpertStats to_public(const experts::LayerStats& t) {
@@ -227,7 +268,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
   Result<std::unique_ptr<models::Model>> model = entry->load(*impl->file);
   if (!model.ok()) return model.status();
   impl->model = std::move(model).value();
-  const models::HParams& hp = impl->model->hparams();
+  const models::HParams hp = impl->model->hparams();  // a copy: choose_device may replace the model
 
   if (impl->file->find("tokenizer.ggml.model")) {
     Result<tokenizer::Tokenizer> tok = tokenizer::Tokenizer::from_gguf(impl->file->metadata(), path);
@@ -245,7 +286,8 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
   if (impl->options.n_batch <= 0) impl->options.n_batch = 512;
   impl->options.n_batch = std::min(impl->options.n_batch, impl->options.n_ctx);
   impl->pool = std::make_unique<cpu::ThreadPool>(impl->options.n_threads);
-  MAGNETAR_RETURN_IF_ERROR(plan_experts(*impl, path));
+  MAGNETAR_RETURN_IF_ERROR(choose_device(*impl, *entry, path));
+  if (!impl->on_gpu) MAGNETAR_RETURN_IF_ERROR(plan_experts(*impl, path));
   MAGNETAR_RETURN_IF_ERROR(open_disk_kv(*impl));
   if (hp.n_expert > 0) impl->uses = {.n_expert = hp.n_expert, .counts = std::vector<uint64_t>(size_t(hp.n_layer * hp.n_expert))};
 

@@ -25,6 +25,10 @@
 namespace magnetar {
 
 enum class KvType { kF16, kF32 };
+// Where the forward pass runs. kAuto: the GPU when this build has the CUDA backend, a GPU is present, the
+// architecture has a CUDA forward pass and the whole model fits its free memory; otherwise the CPU (the memory
+// plan says why).
+enum class Device { kAuto, kCpu, kCuda };
 // Where routed experts live: decided by the memory planner (auto), or forced. kMmap maps everything and lets
 // the page cache decide, without checking that it fits (llama.cpp's way; the baseline streaming is measured
 // against: a model larger than RAM thrashes).
@@ -61,6 +65,7 @@ struct EngineOptions {
   int64_t n_ctx = 0;          // context per session; 0: min(training context, 4096)
   int64_t n_batch = 512;      // tokens per forward call during prefill (bounds scratch memory)
   KvType kv_type = KvType::kF16;
+  Device device = Device::kAuto;
   bool profile = false;       // time every op of the forward pass (Session::op_profile)
   bool count_routing = false; // count expert selections per layer (Session::expert_counts)
   ExpertMode experts = ExpertMode::kAuto;
@@ -126,6 +131,8 @@ class Engine {
   ~Engine();
   // The memory plan chosen at load, as printed at start (several lines; empty for dense models).
   const std::string& memory_plan() const;
+  // "cpu" or "cuda" (the device chosen at load).
+  const char* device() const;
   ExpertStats expert_stats() const;
   // The same per layer ([n_layer]; layers without routed experts stay zero); empty when resident.
   std::vector<ExpertStats> expert_layer_stats() const;

@@ -288,11 +288,12 @@ Status DiskCache::write_block(uint64_t key, uint64_t parent, int64_t index, std:
   return Status();
 }
 
-Status DiskCache::save(std::span<const int32_t> tokens, int64_t n_valid, const KvCache& kv) {
+Status DiskCache::save(std::span<const int32_t> tokens, int64_t n_valid, KvCache& kv) {
   MAGNETAR_CHECK(n_valid >= 0 && n_valid <= int64_t(tokens.size()) && n_valid <= kv.n_ctx());
   MAGNETAR_CHECK(kv.type() == format_.type && kv.row_elements() == format_.row_elements);
   const int64_t B = options_.block_tokens;
   const std::vector<uint64_t> keys = chain(tokens.first(size_t(n_valid / B * B)));
+  kv.sync_host(n_valid / B * B);
   const auto t0 = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mu_);
   bool wrote = false;
@@ -444,6 +445,7 @@ int64_t DiskCache::restore(std::span<const int32_t> tokens, int64_t from_block, 
                  until_tokens <= kv.n_ctx());
   const std::vector<uint64_t> keys = chain(tokens.first(size_t(until_tokens)));
   const auto t0 = std::chrono::steady_clock::now();
+  kv.sync_host(std::min(from_block * B, until_tokens));  // the rows before stay valid; the host copy must be too
   std::lock_guard<std::mutex> lock(mu_);
   int64_t b = from_block;
   for (; b < int64_t(keys.size()); ++b) {
@@ -459,6 +461,7 @@ int64_t DiskCache::restore(std::span<const int32_t> tokens, int64_t from_block, 
     stats_.tokens_restored += uint64_t(B);
   }
   stats_.restore_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  kv.wrote_host(from_block * B, b * B);
   return b * B;
 }
 

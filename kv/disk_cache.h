@@ -80,7 +80,7 @@ class DiskCache {
   // Saves the full blocks of tokens[0, n_valid) that are not on disk, reading their rows from `kv` (rows
   // 0..n_valid-1 must hold that timeline's KV), then enforces the budget. A write error is returned (nothing
   // partial is left under a block's name).
-  Status save(std::span<const int32_t> tokens, int64_t n_valid, const KvCache& kv);
+  Status save(std::span<const int32_t> tokens, int64_t n_valid, KvCache& kv);
   DiskCacheStats stats() const;
   // "DIR: 12 blocks of 2,048 tokens (1.50 GiB of 8.00 GiB)"
   std::string describe() const;

@@ -118,7 +118,18 @@ class Model {
 struct Architecture {
   const char* name;  // general.architecture
   Result<std::unique_ptr<Model>> (*load)(const gguf::Model& file);
+  // Loads every weight into the memory of the CUDA device, with scratch for forward calls of up to n_batch
+  // tokens; null when the architecture has no CUDA forward pass or this build no CUDA backend.
+  Result<std::unique_ptr<Model>> (*load_cuda)(const gguf::Model& file, int64_t n_batch);
 };
+
+// The first CUDA device: absent when this build has no CUDA backend or the machine no GPU.
+struct GpuInfo {
+  bool present = false;
+  std::string name;
+  uint64_t free_bytes = 0, total_bytes = 0;
+};
+GpuInfo gpu_info();
 
 // nullptr when `arch` is unknown.
 const Architecture* find_architecture(const std::string& arch);

@@ -2,12 +2,19 @@
 #include "models/model.h"
 #include "models/qwen3_moe/qwen3_moe.h"
 
+#ifdef MAGNETAR_WITH_CUDA
+#include "backends/cuda/cuda_backend.h"
+#define MAGNETAR_CUDA_LOADER(f) f
+#else
+#define MAGNETAR_CUDA_LOADER(f) nullptr
+#endif
+
 namespace magnetar::models {
 namespace {
 
 constexpr Architecture kArchitectures[] = {
-    {"qwen3", load_qwen3},
-    {"qwen3moe", load_qwen3},
+    {"qwen3", load_qwen3, MAGNETAR_CUDA_LOADER(load_qwen3_cuda)},
+    {"qwen3moe", load_qwen3, MAGNETAR_CUDA_LOADER(load_qwen3_cuda)},
 };
 
 }  // namespace
@@ -17,6 +24,18 @@ const char* op_name(Op op) {
       "embed", "norms", "q/k/v proj", "q/k norm+rope", "attention", "attn out proj", "router",
       "experts gate+up", "experts down", "experts other", "experts wait", "dense ffn", "lm head"};
   return kNames[int(op)];
+}
+
+GpuInfo gpu_info() {
+  GpuInfo info;
+#ifdef MAGNETAR_WITH_CUDA
+  if (cuda::device_count() > 0) {
+    if (Result<cuda::DeviceInfo> d = cuda::device_info(); d.ok()) {
+      info = {.present = true, .name = d->name, .free_bytes = d->free_bytes, .total_bytes = d->total_bytes};
+    }
+  }
+#endif
+  return info;
 }
 
 const Architecture* find_architecture(const std::string& arch) {

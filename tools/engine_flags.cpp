@@ -10,6 +10,8 @@ void ModelFlags::add_to(cli::Args& args) {
   args.option("-t", &threads, "N", "threads (0: all cores)");
   args.option("--batch", &batch, "N", "prompt tokens per forward pass (bounds scratch memory)");
   args.option("--kv-type", &kv_type, "f16|f32", "KV cache precision");
+  args.option("--device", &device, "auto|cpu|cuda",
+              "where the model runs (auto: the GPU when there is one and the whole model fits its free memory)");
   args.flag("--resident", &resident, "keep every routed expert in memory (mapped); refused when it does not fit");
   args.flag("--mmap", &mmap, "map every weight and let the page cache decide, unchecked (llama.cpp's way; thrashes when the model exceeds RAM)");
   args.flag("--stream", &stream, "stream routed experts from disk through the RAM expert cache");
@@ -38,6 +40,10 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
     std::fprintf(stderr, "magnetar %s: --kv-type must be f16 or f32, got '%s'\n", command, kv_type.c_str());
     return nullptr;
   }
+  if (device != "auto" && device != "cpu" && device != "cuda") {
+    std::fprintf(stderr, "magnetar %s: --device must be auto, cpu or cuda, got '%s'\n", command, device.c_str());
+    return nullptr;
+  }
   if (ctx < 0 || threads < 0 || batch < 1) {
     std::fprintf(stderr, "magnetar %s: --ctx and -t must be >= 0, --batch >= 1\n", command);
     return nullptr;
@@ -55,7 +61,9 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
     return nullptr;
   }
   EngineOptions options{.n_threads = int(threads), .n_ctx = ctx, .n_batch = batch,
-                        .kv_type = kv_type == "f32" ? KvType::kF32 : KvType::kF16, .profile = profile,
+                        .kv_type = kv_type == "f32" ? KvType::kF32 : KvType::kF16,
+                        .device = device == "cpu" ? Device::kCpu : device == "cuda" ? Device::kCuda : Device::kAuto,
+                        .profile = profile,
                         .experts = resident ? ExpertMode::kResident
                                    : mmap ? ExpertMode::kMmap
                                    : (stream || cache_gb > 0) ? ExpertMode::kStream : ExpertMode::kAuto,
@@ -68,10 +76,11 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
     std::fprintf(stderr, "magnetar %s: %s\n", command, engine.status().message().c_str());
     return nullptr;
   }
-  // The plan is news when experts stream or KV goes to disk (a resident plan is the ordinary case); --show-plan
-  // prints it always.
+  // The plan is news when experts stream, KV goes to disk or a GPU was considered (a resident CPU plan is the
+  // ordinary case); --show-plan prints it always.
   if (!engine.value()->memory_plan().empty() &&
-      (show_plan || engine.value()->expert_stats().streamed || engine.value()->kv_disk_stats().enabled)) {
+      (show_plan || engine.value()->expert_stats().streamed || engine.value()->kv_disk_stats().enabled ||
+       engine.value()->memory_plan().find("device: ") != std::string::npos)) {
     std::fprintf(stderr, "%s\n", engine.value()->memory_plan().c_str());
   }
   return std::move(engine).value();

@@ -16,6 +16,7 @@ struct ModelFlags {
   int64_t threads = 0;
   int64_t batch = 512;
   std::string kv_type = "f16";
+  std::string device = "auto";
   bool resident = false, stream = false, mmap = false;
   float cache_gb = 0;
   std::string cache_policy = "lfu";

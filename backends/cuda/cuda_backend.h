@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "base/status.h"
 #include "quant/formats.h"
@@ -18,6 +19,14 @@ namespace magnetar::cuda {
 
 // Number of usable CUDA devices; 0 when there is no driver or no GPU (never an error).
 int device_count();
+
+// The current device: name, memory (free as cudaMemGetInfo reports it now) and SM count.
+struct DeviceInfo {
+  std::string name;
+  size_t free_bytes = 0, total_bytes = 0;
+  int sm_count = 0;
+};
+Result<DeviceInfo> device_info();
 
 // Dequantizes n elements (a multiple of 32) of Q8_0 blocks on device 0: copies `src` up, runs the kernel,
 // copies the float32 result back into `dst`. The first kernel of the backend: it keeps the CUDA build
@@ -59,6 +68,26 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// Page-locked host memory (cudaMallocHost): the staging buffers of asynchronous copies. Move-only.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  static Result<PinnedBuffer> allocate(size_t bytes);
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& other) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  template <typename T>
+  T* as() { return static_cast<T*>(data_); }
+  size_t size() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 // An owned CUDA stream (non-blocking with respect to the legacy default stream). Move-only.
 class Stream {
  public:
@@ -73,6 +102,9 @@ class Stream {
   CUstream_st* raw() const { return stream_; }
   // Waits until all work queued on the stream has finished.
   void synchronize();
+  // Queues a copy of `bytes` between any two of host and device memory (asynchronous with respect to the
+  // host only when the host side is pinned).
+  void copy(void* dst, const void* src, size_t bytes);
 
  private:
   CUstream_st* stream_ = nullptr;
@@ -124,6 +156,64 @@ struct MatvecArgs {
 // (dp4a) per block; F32/F16/BF16 multiply float32 x directly, accumulating in float32.
 // A bad shape, alignment or type returns a Status naming it and queues nothing.
 Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream);
+
+// ---- grouped matrix-vector products: the routed experts of a layer in one launch ---------------------------------
+
+// Up to kMaxMatvecVectors consecutive output rows that use one expert, with the device pointers of that
+// expert's gate, up and down weights (ARCHITECTURE.md: kernels never consult global tables). A null pointer
+// means "not on this device": those rows are left untouched for another device to fill.
+struct GroupItem {
+  const void* w[3] = {nullptr, nullptr, nullptr};
+  int32_t row0 = 0;
+  int32_t n = 0;  // 1..kMaxMatvecVectors
+};
+
+// For each item and each of its n_parts weights starting at `part` (0 gate, 1 up, 2 down): y rows
+// row0 .. row0 + n - 1 = W x rows. The weights are [rows, row_size(type, cols)] each, 16-byte aligned.
+struct GroupedMatvecArgs {
+  quant::Type type = quant::Type::F32;
+  const GroupItem* items = nullptr;  // [n_items], device
+  int64_t n_items = 0;               // 1..65535
+  int part = 0;
+  int n_parts = 1;                   // 1, or 2: gate and up in one launch
+  int64_t rows = 0;
+  int64_t cols = 0;
+  // Quantized types: [*, row_size(vec_dot_type, cols)] already quantized (quantize_activations);
+  // float types: [*, cols] float32.
+  const void* x = nullptr;
+  const int32_t* x_rows = nullptr;   // device: x row of output row r; null: row r
+  float* y = nullptr;                // output row r at y + r * rows; part z at + z * y_part_stride floats
+  int64_t y_part_stride = 0;
+  int64_t max_n = 1;                 // the largest item n (1 selects the single-vector kernel)
+};
+Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream);
+
+// Decode routing turned into items on the device (no host round trip, so a decode step can be captured in a
+// graph): row r = token r / k, slot r % k gets item r = the weights table[ids[r]] (table: [n_expert] device
+// pointer triples gate, up, down), row0 r, n 1; x_rows[r] = r / k; slot_rows[r] = r.
+struct MoeResolveArgs {
+  const int32_t* ids = nullptr;        // [n_rows]
+  int64_t n_rows = 0;
+  int64_t k = 1;
+  const void* const* table = nullptr;  // [n_expert * 3]
+  int64_t n_expert = 0;
+  GroupItem* items = nullptr;          // [n_rows]
+  int32_t* x_rows = nullptr;           // [n_rows]
+  int32_t* slot_rows = nullptr;        // [n_rows]
+};
+Status moe_resolve(const MoeResolveArgs& args, Stream& stream);
+
+// out[t] = sum over j < k, in order, of weights[t * k + j] * rows[slot_rows[t * k + j]] (each row n floats).
+struct MoeCombineArgs {
+  const float* rows = nullptr;       // [*, n]
+  const int32_t* slot_rows = nullptr;  // [n_tok * k]
+  const float* weights = nullptr;    // [n_tok * k]
+  float* out = nullptr;              // [n_tok, n]
+  int64_t n_tok = 0;
+  int64_t k = 0;
+  int64_t n = 0;
+};
+Status moe_combine(const MoeCombineArgs& args, Stream& stream);
 
 // Quantizes n_vectors rows of `cols` float32 activations (x: [n_vectors, cols], device) into `act_type`
 // blocks (Q8_0, Q8_1 or Q8_K; out: [n_vectors, row_size(act_type, cols)] bytes, device), byte-identical

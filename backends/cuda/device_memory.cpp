@@ -87,4 +87,55 @@ Stream& Stream::operator=(Stream&& other) noexcept {
 
 void Stream::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
+void Stream::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes != 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
+}
+
+// ---- PinnedBuffer ---------------------------------------------------------------------------------------------------
+
+Result<PinnedBuffer> PinnedBuffer::allocate(size_t bytes) {
+  PinnedBuffer buf;
+  if (bytes == 0) return Result<PinnedBuffer>(std::move(buf));
+  if (device_count() == 0) return Status::error("PinnedBuffer: no CUDA device");
+  const cudaError_t err = cudaMallocHost(&buf.data_, bytes);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    buf.data_ = nullptr;
+    return Status::error(format("PinnedBuffer: cudaMallocHost of %zu bytes failed: %s", bytes, cudaGetErrorString(err)));
+  }
+  buf.bytes_ = bytes;
+  return Result<PinnedBuffer>(std::move(buf));
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (data_ != nullptr) CUDA_CHECK(cudaFreeHost(data_));
+}
+
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) CUDA_CHECK(cudaFreeHost(data_));
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+// ---- device_info ------------------------------------------------------------------------------------------------------
+
+Result<DeviceInfo> device_info() {
+  if (device_count() == 0) return Status::error("no CUDA device");
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  DeviceInfo info;
+  info.name = prop.name;
+  info.sm_count = prop.multiProcessorCount;
+  CUDA_CHECK(cudaMemGetInfo(&info.free_bytes, &info.total_bytes));
+  return info;
+}
+
 }  // namespace magnetar::cuda

@@ -6,11 +6,25 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backends/cuda/cuda_backend.h"
 #include "quant/formats.h"
 
 struct CUstream_st;
 
 namespace magnetar::cuda::detail {
+
+// A grouped launch (grouped_matvec in cuda_backend.h): item i of `items` (device memory) computes its weight
+// w[part + z] for z < n_parts on output rows row0 .. row0 + n - 1 (n <= MatvecLaunch::n_vectors), reading
+// the activation row act_rows[r] for output row r (r itself when act_rows is null) and writing
+// y + z * y_part_stride + r * rows. Without items a launch is one plain matvec.
+struct Grouping {
+  const GroupItem* items = nullptr;
+  int n_items = 0;
+  int part = 0;
+  int n_parts = 1;
+  const int32_t* act_rows = nullptr;
+  size_t y_part_stride = 0;
+};
 
 // One matrix-vector launch, for quantized (mmvq.cu) and float (matvec_float.cu) weights alike.
 struct MatvecLaunch {
@@ -24,6 +38,7 @@ struct MatvecLaunch {
   size_t act_row_bytes = 0;
   float* y = nullptr;  // [n_vectors, rows]
   int n_vectors = 1;
+  Grouping group;
 };
 
 // mmvq.cu: whether `type` has a quantized kernel, and the launch (a no-op returning false without one).

@@ -68,7 +68,9 @@ Status quantize_activations(quant::Type act_type, const float* x, void* out, int
     return Status::error(format("quantize_activations: cols=%lld is not a positive multiple of %s's block of %lld",
                                 (long long)cols, std::string(t.name).c_str(), (long long)t.block_size));
   }
-  MAGNETAR_RETURN_IF_ERROR(check_vectors("quantize_activations", n_vectors));
+  if (n_vectors < 1 || n_vectors > INT_MAX / 8) {
+    return Status::error(format("quantize_activations: n_vectors=%lld out of range", (long long)n_vectors));
+  }
   if (x == nullptr || out == nullptr) return Status::error("quantize_activations: null device pointer");
   if (!aligned(x, 4) || !aligned(out, 4)) {
     return Status::error("quantize_activations: x and out must be 4-byte aligned device pointers");
@@ -140,6 +142,57 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
   detail::launch_quantize_q8(act_type, args.x, workspace.scratch(), launch.act_row_bytes, args.cols,
                              args.n_vectors, stream.raw());
   detail::launch_mmvq(args.type, launch, stream.raw());
+  return Status();
+}
+
+// ---- grouped_matvec ---------------------------------------------------------------------------------------------
+
+Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
+  const quant::TypeTraits* t = quant::find_traits(uint32_t(args.type));
+  const bool quantized = t != nullptr && detail::mmvq_supports(args.type);
+  if (t == nullptr || (!quantized && !detail::matvec_float_supports(args.type))) {
+    return Status::error(format("grouped_matvec: no CUDA kernel for weight type id %u", unsigned(args.type)));
+  }
+  if (args.n_items < 1 || args.n_items > 65535) {
+    return Status::error(format("grouped_matvec: n_items=%lld is outside 1..65535", (long long)args.n_items));
+  }
+  if (args.part < 0 || args.n_parts < 1 || args.n_parts > 2 || args.part + args.n_parts > 3) {
+    return Status::error(format("grouped_matvec: parts %d..%d are not within gate, up, down", args.part,
+                                args.part + args.n_parts - 1));
+  }
+  if (args.rows < 1 || args.rows > INT_MAX || args.cols < 1 || args.cols % t->block_size != 0 ||
+      args.cols > INT_MAX / 8) {
+    return Status::error(format("grouped_matvec: %lld x %lld is not a shape of whole %s blocks", (long long)args.rows,
+                                (long long)args.cols, std::string(t->name).c_str()));
+  }
+  MAGNETAR_RETURN_IF_ERROR(check_vectors("grouped_matvec", args.max_n));
+  if (args.items == nullptr || args.x == nullptr || args.y == nullptr) {
+    return Status::error("grouped_matvec: null device pointer (items, x or y)");
+  }
+  if (!aligned(args.items, alignof(GroupItem)) || !aligned(args.x, 4) || !aligned(args.y, 4)) {
+    return Status::error("grouped_matvec: items, x and y must be aligned");
+  }
+  detail::MatvecLaunch launch{
+      .weights = nullptr,
+      .row_bytes = quant::row_size(args.type, args.cols),
+      .rows = args.rows,
+      .cols = args.cols,
+      .act = args.x,
+      .act_row_bytes = quantized ? act_row_bytes(t->vec_dot_type, args.cols) : size_t(args.cols) * sizeof(float),
+      .y = args.y,
+      .n_vectors = int(args.max_n),
+      .group = {.items = args.items,
+                .n_items = int(args.n_items),
+                .part = args.part,
+                .n_parts = args.n_parts,
+                .act_rows = args.x_rows,
+                .y_part_stride = size_t(args.y_part_stride)},
+  };
+  if (quantized) {
+    detail::launch_mmvq(args.type, launch, stream.raw());
+  } else {
+    detail::launch_matvec_float(args.type, launch, stream.raw());
+  }
   return Status();
 }
 

@@ -86,7 +86,24 @@ struct FloatWeights<Type::BF16> {
 template <Type T, int kMaxVectors, bool kVectorized>
 __global__ void __launch_bounds__(kThreads)
     matvec_float_kernel(const uint8_t* __restrict__ weights, size_t row_bytes, int rows, int cols,
-                        const float* __restrict__ x, float* __restrict__ y, int n_vectors, int warps_per_row) {
+                        const float* __restrict__ x, float* __restrict__ y, int n_vectors, int warps_per_row,
+                        Grouping g) {
+  int row0 = 0;
+  if (g.items != nullptr) {  // as in mmvq.cu
+    const GroupItem& item = g.items[blockIdx.y];
+    weights = static_cast<const uint8_t*>(item.w[g.part + int(blockIdx.z)]);
+    if (weights == nullptr) return;
+    row0 = item.row0;
+    n_vectors = item.n;
+    y += size_t(blockIdx.z) * g.y_part_stride;
+  }
+  const float* x_v[kMaxVectors];
+#pragma unroll
+  for (int v = 0; v < kMaxVectors; ++v) {
+    const int r = row0 + (v < n_vectors ? v : 0);
+    x_v[v] = x + size_t(g.act_rows != nullptr ? g.act_rows[r] : r) * size_t(cols);
+  }
+  y += size_t(row0) * size_t(rows);
   const int warp = int(threadIdx.x) / kWarpSize;
   const int lane = int(threadIdx.x) % kWarpSize;
   const int rows_per_cta = kWarps / warps_per_row;
@@ -107,7 +124,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int v = 0; v < kMaxVectors; ++v) {
           if (v < n_vectors) {
-            const float4* xp = reinterpret_cast<const float4*>(x + size_t(v) * cols + c);
+            const float4* xp = reinterpret_cast<const float4*>(x_v[v] + c);
             const float4 x0 = xp[0];
             const float4 x1 = xp[1];
             float s = acc[v];
@@ -128,7 +145,7 @@ __global__ void __launch_bounds__(kThreads)
         const float wc = FloatWeights<T>::at(w, c);
 #pragma unroll
         for (int v = 0; v < kMaxVectors; ++v) {
-          if (v < n_vectors) acc[v] = fmaf(wc, x[size_t(v) * cols + c], acc[v]);
+          if (v < n_vectors) acc[v] = fmaf(wc, x_v[v][c], acc[v]);
         }
       }
     }
@@ -167,16 +184,18 @@ __global__ void __launch_bounds__(kThreads)
 template <Type T, int kMaxVectors, bool kVectorized>
 void launch_with(const MatvecLaunch& a, int wpr, cudaStream_t stream) {
   const int rows_per_cta = kWarps / wpr;
-  const unsigned grid = unsigned((a.rows + rows_per_cta - 1) / rows_per_cta);
+  const dim3 grid(unsigned((a.rows + rows_per_cta - 1) / rows_per_cta), unsigned(a.group.items ? a.group.n_items : 1),
+                  unsigned(a.group.items ? a.group.n_parts : 1));
   matvec_float_kernel<T, kMaxVectors, kVectorized><<<grid, kThreads, 0, stream>>>(
       static_cast<const uint8_t*>(a.weights), a.row_bytes, int(a.rows), int(a.cols),
-      static_cast<const float*>(a.act), a.y, a.n_vectors, wpr);
+      static_cast<const float*>(a.act), a.y, a.n_vectors, wpr, a.group);
 }
 
 template <Type T>
 void launch(const MatvecLaunch& a, cudaStream_t stream) {
   const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool vectorized = a.cols % kChunk == 0 && aligned16(a.weights) && aligned16(a.act);
+  // Grouped weights are checked by the caller (16-byte aligned like every matvec weight).
+  const bool vectorized = a.cols % kChunk == 0 && (a.group.items != nullptr || aligned16(a.weights)) && aligned16(a.act);
   // One thread handles kChunk (or 1) elements per step; 4 warps per row once each thread has work.
   const int64_t steps = vectorized ? a.cols / kChunk : a.cols;
   const int wpr = steps >= 4 * kWarpSize ? 4 : (steps >= 2 * kWarpSize ? 2 : 1);

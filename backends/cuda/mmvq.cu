@@ -55,14 +55,32 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 // Grid: ceil(rows / (kWarps / warps_per_row)) CTAs of kThreads. warps_per_row is 1, 2 or 4.
 // kMaxVectors is 1 (the common decode case, no per-vector loop overhead) or kMaxMatvecVectors.
+// Grouped launches (MoE, launch.h's Grouping): blockIdx.y picks an item, blockIdx.z one of its n_parts
+// weights; a CTA whose weight pointer is null ("not on this device") returns without writing.
 template <Type T, int kMaxVectors>
 __global__ void __launch_bounds__(kThreads)
     mmvq_kernel(const uint8_t* __restrict__ weights, size_t row_bytes, int rows, int blocks_per_row,
                 const uint8_t* __restrict__ act, size_t act_row_bytes, float* __restrict__ y, int n_vectors,
-                int warps_per_row) {
+                int warps_per_row, Grouping g) {
   using Ops = mmvq::MmvqType<T>;
   using Block = typename Ops::Block;
   using Act = typename Ops::Act;
+  int row0 = 0;
+  if (g.items != nullptr) {
+    const GroupItem& item = g.items[blockIdx.y];
+    weights = static_cast<const uint8_t*>(item.w[g.part + int(blockIdx.z)]);
+    if (weights == nullptr) return;  // uniform over the CTA
+    row0 = item.row0;
+    n_vectors = item.n;
+    y += size_t(blockIdx.z) * g.y_part_stride;
+  }
+  const Act* a_v[kMaxVectors];
+#pragma unroll
+  for (int v = 0; v < kMaxVectors; ++v) {
+    const int r = row0 + (v < n_vectors ? v : 0);
+    a_v[v] = reinterpret_cast<const Act*>(act + size_t(g.act_rows != nullptr ? g.act_rows[r] : r) * act_row_bytes);
+  }
+  y += size_t(row0) * size_t(rows);
   const int warp = int(threadIdx.x) / kWarpSize;
   const int lane = int(threadIdx.x) % kWarpSize;
   const int rows_per_cta = kWarps / warps_per_row;
@@ -83,10 +101,7 @@ __global__ void __launch_bounds__(kThreads)
       const int part = it % Ops::kParts;
 #pragma unroll
       for (int v = 0; v < kMaxVectors; ++v) {
-        if (v < n_vectors) {
-          const Act* a = reinterpret_cast<const Act*>(act + size_t(v) * act_row_bytes);
-          acc[v] += Ops::dot(w[b], a[b], part);
-        }
+        if (v < n_vectors) acc[v] += Ops::dot(w[b], a_v[v][b], part);
       }
     }
   }
@@ -136,15 +151,16 @@ void launch(const MatvecLaunch& a, cudaStream_t stream) {
   const int blocks_per_row = int(a.row_bytes / sizeof(typename mmvq::MmvqType<T>::Block));
   const int wpr = warps_per_row(int64_t(blocks_per_row) * mmvq::MmvqType<T>::kParts);
   const int rows_per_cta = kWarps / wpr;
-  const unsigned grid = unsigned((a.rows + rows_per_cta - 1) / rows_per_cta);
+  const dim3 grid(unsigned((a.rows + rows_per_cta - 1) / rows_per_cta), unsigned(a.group.items ? a.group.n_items : 1),
+                  unsigned(a.group.items ? a.group.n_parts : 1));
   const auto* w = static_cast<const uint8_t*>(a.weights);
   const auto* x = static_cast<const uint8_t*>(a.act);
   if (a.n_vectors == 1) {
     mmvq_kernel<T, 1><<<grid, kThreads, 0, stream>>>(w, a.row_bytes, int(a.rows), blocks_per_row, x,
-                                                      a.act_row_bytes, a.y, 1, wpr);
+                                                      a.act_row_bytes, a.y, 1, wpr, a.group);
   } else {
-    mmvq_kernel<T, int(kMaxMatvecVectors)><<<grid, kThreads, 0, stream>>>(w, a.row_bytes, int(a.rows), blocks_per_row,
-                                                                        x, a.act_row_bytes, a.y, a.n_vectors, wpr);
+    mmvq_kernel<T, int(kMaxMatvecVectors)><<<grid, kThreads, 0, stream>>>(
+        w, a.row_bytes, int(a.rows), blocks_per_row, x, a.act_row_bytes, a.y, a.n_vectors, wpr, a.group);
   }
   CUDA_CHECK(cudaGetLastError());
 }

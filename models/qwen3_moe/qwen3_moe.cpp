@@ -15,32 +15,15 @@
 #include "models/common/binder.h"
 #include "models/model.h"
 #include "models/qwen3_moe/qwen3_moe.h"
+#include "models/qwen3_moe/weights.h"
 
 namespace magnetar::models {
 namespace {
 
 using cpu::MatmulJob;
 using cpu::PreparedInput;
-
-// ---- weights ------------------------------------------------------------------------------------------------
-
-struct Layer {
-  int64_t window = 0;                     // sliding-window length of this layer (0: full attention)
-  Tensor attn_norm, wq, wk, wv, wo, q_norm, k_norm, ffn_norm;
-  // MoE layers
-  Tensor gate_inp;                        // [n_embd, n_expert] F32
-  // [n_embd, n_ff_exp, n_expert], [n_ff_exp, n_embd, n_expert]: type and shape; the bytes come from the
-  // ExpertSource (data is null for packed files, whose experts are records, not stacked tensors)
-  Tensor gate_exps, up_exps, down_exps;
-  // dense layers
-  Tensor ffn_gate, ffn_up, ffn_down;      // [n_embd, n_ff], [n_ff, n_embd]
-  bool moe() const { return gate_inp.present(); }
-};
-
-struct Weights {
-  Tensor token_embd, output_norm, output;  // output absent when tied: token_embd is the LM head
-  std::vector<Layer> layers;
-};
+using qwen3::Layer;
+using qwen3::Weights;
 
 // ---- workspace ----------------------------------------------------------------------------------------------
 
@@ -466,7 +449,9 @@ Status Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, const Fo
 
 // ---- load ---------------------------------------------------------------------------------------------------
 
-Result<std::unique_ptr<Model>> load_qwen3(const gguf::Model& file) {
+Result<Qwen3Bound> bind_qwen3(const gguf::Model& file) {
+  using qwen3::Layer;
+  using qwen3::Weights;
   Binder b(file);
   HParams hp;
   hp.arch = file.architecture();
@@ -561,7 +546,12 @@ Result<std::unique_ptr<Model>> load_qwen3(const gguf::Model& file) {
     w.layers.push_back(L);
   }
   if (!b.status().ok()) return b.status();
-  return std::unique_ptr<Model>(new Qwen3Model(std::move(hp), std::move(w), file, std::move(layout)));
+  return Qwen3Bound{.hp = std::move(hp), .w = std::move(w), .layout = std::move(layout)};
+}
+
+Result<std::unique_ptr<Model>> load_qwen3(const gguf::Model& file) {
+  MAGNETAR_ASSIGN_OR_RETURN(Qwen3Bound bound, bind_qwen3(file));
+  return std::unique_ptr<Model>(new Qwen3Model(std::move(bound.hp), std::move(bound.w), file, std::move(bound.layout)));
 }
 
 }  // namespace magnetar::models

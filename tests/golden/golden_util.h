@@ -238,10 +238,12 @@ inline bool convert_fixture(const Case& c, const std::string& gguf) {
 
 // Runs `run --dump-logits` on one sequence and reads the result; false (with a recorded failure) on error.
 // kv_type: --kv-type (empty: the default).
+// device: --device (empty: the default, auto).
 inline bool dump_logits(const std::string& gguf, const Sequence& s, const std::string& npy, bool decode,
-                        const std::string& kv_type, Npy* out) {
+                        const std::string& kv_type, Npy* out, const std::string& device = "") {
   const Invocation r = magnetar("run -m " + quoted(gguf) + " --tokens " + s.tokens + " --dump-logits " + quoted(npy) +
-                                (decode ? " --decode" : "") + (kv_type.empty() ? "" : " --kv-type " + kv_type));
+                                (decode ? " --decode" : "") + (kv_type.empty() ? "" : " --kv-type " + kv_type) +
+                                (device.empty() ? "" : " --device " + device));
   if (r.status != 0) {
     ADD_FAILURE() << failure(r, "run");
     return false;
@@ -293,6 +295,29 @@ inline void check_decode_matches_prefill(const Case& c) {
     std::printf("[golden] %s %s %-6s decode vs prefill: %s\n", c.fixture, c.outtype, s.name.c_str(),
                 k.summary().c_str());
     EXPECT_LE(k.max_abs, 1e-4) << c.fixture << " " << c.outtype << " " << s.name << ": decode vs prefill";
+  }
+}
+
+// The CUDA forward pass against the CPU one on the same file, both with the default F16 KV cache (the GPU keeps
+// KV in F16): top-1 identical at every position and max |dlogit| <= 1e-3, for prefill and for token-by-token
+// decode. Skipped (and said so) on a machine without an NVIDIA GPU.
+inline void check_cuda_matches_cpu(const Case& c) {
+  if (!std::filesystem::exists("/dev/nvidia0")) GTEST_SKIP() << "SKIP: no NVIDIA GPU (/dev/nvidia0) on this machine";
+  testing::TempDir tmp;
+  const std::string gguf = tmp.file("model.gguf");
+  if (!convert_fixture(c, gguf)) return;
+  for (const Sequence& s : load_sequences(kFixtures + "/" + c.fixture)) {
+    for (const bool decode : {false, true}) {
+      const std::string tag = s.name + (decode ? "-decode" : "-prefill");
+      Npy cpu, gpu;
+      if (!dump_logits(gguf, s, tmp.file(tag + "-cpu.npy"), decode, "", &cpu, "cpu")) return;
+      if (!dump_logits(gguf, s, tmp.file(tag + "-cuda.npy"), decode, "", &gpu, "cuda")) return;
+      ASSERT_EQ(gpu.shape, cpu.shape) << c.fixture << " " << tag;
+      const Comparison k = compare(cpu, gpu);
+      std::printf("[golden] %s %s %-14s cuda vs cpu: %s\n", c.fixture, c.outtype, tag.c_str(), k.summary().c_str());
+      EXPECT_EQ(k.top1_same, k.positions) << c.fixture << " " << c.outtype << " " << tag << ": top-1 differs";
+      EXPECT_LE(k.max_abs, 1e-3) << c.fixture << " " << c.outtype << " " << tag;
+    }
   }
 }
 

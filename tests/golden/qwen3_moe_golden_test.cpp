@@ -26,5 +26,14 @@ INSTANTIATE_TEST_SUITE_P(Golden, Qwen3MoeDecode,
                                            Case{"qwen3_moe_nohd", "f32"}),
                          case_name);
 
+class Qwen3MoeCuda : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Qwen3MoeCuda, MatchesCpu) { check_cuda_matches_cpu(GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(Golden, Qwen3MoeCuda,
+                         ::testing::Values(Case{"qwen3_moe", "f32"}, Case{"qwen3_moe", "bf16"},
+                                           Case{"qwen3_moe_nohd", "f32"}, Case{"qwen3_moe_nohd", "bf16"}),
+                         case_name);
+
 }  // namespace
 }  // namespace magnetar::golden

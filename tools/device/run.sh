@@ -34,6 +34,22 @@ if [ "$filter" = "--stream-arms" ]; then
   exit 0
 fi
 
+# `run.sh --model-bench`: the CUDA forward pass on a synthetic Qwen3-30B-A3B-geometry Q4_K model (ANCHORS.md's
+# llama.cpp figures are for this geometry on this GPU), with the build-device/ of an earlier call on the same
+# (still warm) machine: pp512 / tg128 and pp2048 (medians of 5), then decode at depth 2K, 16K and 64K.
+if [ "$filter" = "--model-bench" ]; then
+  bin=build-device/tools/magnetar
+  model=/tmp/magnetar-q30-q4k.gguf
+  [ -f "$model" ] || { /usr/bin/time -f "synth %e s" "$bin" synth --preset qwen3-30b-a3b --type q4_k -t "$(nproc)" \
+    -o "$model" 2>&1 | tail -2; }
+  nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.max.sm --format=csv,noheader
+  "$bin" bench -m "$model" --device cuda --show-plan --ctx-start 0 --ctx-max 0 --step 512 --gen 128 --reps 5 2>&1 | tail -8
+  "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 2048 --gen 16 --reps 5 --ctx 4096 2>&1 | tail -4
+  "$bin" bench -m "$model" --device cuda --ctx 66000 --ctx-start 2048 --ctx-max 65536 --step 2048 --gen 64 --reps 1 \
+    --batch 2048 2>&1 | grep -E "^ *(2048|16384|65536) |depth|prefill" | head -8
+  exit 0
+fi
+
 log "machine: $(lscpu | sed -n 's/^Model name: *//p') / $(nproc) cores / $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAGNETAR_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$prefix/usr" >"$OUT/configure.log" 2>&1 \

@@ -1,0 +1,531 @@
+// Qwen3 / Qwen3-MoE on a CUDA device: the same weights binding (weights.h) and the same math as the CPU forward
+// pass (qwen3_moe.cpp), op for op through backends/cuda. Everything is resident in device memory: the weights
+// (uploaded at load), the activations and scratch (sized at load for n_batch tokens, so no forward call
+// allocates except a new session's first one, which gives its KV cache a device mirror) and each session's KV.
+//
+// Per layer: rms_norm (fused with the previous residual add), q/k/v matvecs from one quantized input, q/k norm
+// + RoPE, F16 KV store and attention, output projection, add + norm, then the router (matvec, softmax top-k on
+// the device) and the experts as grouped launches: every (token, slot) row carries its expert's device
+// pointers (cuda::GroupItem). Decode (at most kMaxMatvecVectors tokens) builds those items on the device from
+// the router's ids; a prefill chunk downloads the ids once per layer and groups rows by expert on the host, so
+// each expert's weights are read once per 8 of its rows.
+//
+// The host KV cache stays the session's official copy (disk checkpoints read it): the device holds a mirror
+// (DeviceKv) and kv::KvCache tracks which rows of which copy are current; rows are copied only when a disk
+// restore wrote the host or a checkpoint reads it.
+//
+// Not here yet (issue #6): mma (tensor-core) prefill GEMMs, CUDA graphs, the GPU expert tier for models larger
+// than device memory, per-op profiles (Session::op_profile stays empty on CUDA).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "backends/cpu/kernels.h"
+#include "backends/cuda/cuda_backend.h"
+#include "experts/layout.h"
+#include "experts/source.h"
+#include "models/model.h"
+#include "models/qwen3_moe/qwen3_moe.h"
+#include "models/qwen3_moe/weights.h"
+
+namespace magnetar::models {
+namespace {
+
+using cuda::DeviceBuffer;
+using cuda::GroupItem;
+using qwen3::Layer;
+
+constexpr int64_t kVec = cuda::kMaxMatvecVectors;
+
+// A weight matrix in device memory: [rows, row_size(type, cols)] (ggml's ne[1] x ne[0]).
+struct DevTensor {
+  const void* p = nullptr;
+  quant::Type type = quant::Type::F32;
+  int64_t rows = 0, cols = 0;
+  const float* f32() const { return static_cast<const float*>(p); }
+};
+
+struct DevLayer {
+  int64_t window = 0;
+  DevTensor attn_norm, wq, wk, wv, wo, q_norm, k_norm, ffn_norm;
+  DevTensor gate_inp, ffn_gate, ffn_up, ffn_down;
+  bool moe = false;
+  quant::Type exp_type = quant::Type::F32, down_type = quant::Type::F32;
+  const void* const* table = nullptr;  // device: [n_expert * 3] gate, up, down pointers
+  std::vector<const void*> host_table; // the same pointers, for prefill grouping on the host
+};
+
+// A session's KV cache on the device: per layer K and V, [n_ctx, n_head_kv * head_dim] F16.
+class DeviceKv final : public kv::KvCache::Mirror {
+ public:
+  std::vector<DeviceBuffer> k, v;
+  size_t row_bytes = 0;
+  void download(kv::KvCache& cache, int64_t from, int64_t to) override {
+    const size_t off = size_t(from) * row_bytes, n = size_t(to - from) * row_bytes;
+    for (size_t l = 0; l < k.size(); ++l) {
+      MAGNETAR_CHECK(k[l].download(static_cast<uint8_t*>(cache.k(int64_t(l))) + off, n, off).ok());
+      MAGNETAR_CHECK(v[l].download(static_cast<uint8_t*>(cache.v(int64_t(l))) + off, n, off).ok());
+    }
+  }
+};
+
+class EmptyWorkspace : public Workspace {};
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+bool is_quantized(quant::Type t) { return quant::traits(t).is_quantized; }
+
+class Qwen3Cuda final : public Model {
+ public:
+  Qwen3Cuda(Qwen3Bound bound, const gguf::Model& file, int64_t n_batch)
+      : hp_(std::move(bound.hp)), w_(std::move(bound.w)), layout_(std::move(bound.layout)), file_(file),
+        n_batch_(n_batch) {}
+  Status init();
+
+  const HParams& hparams() const override { return hp_; }
+  std::unique_ptr<Workspace> make_workspace(int64_t n_batch, int64_t, int) const override {
+    MAGNETAR_CHECK(n_batch <= n_batch_);
+    return std::make_unique<EmptyWorkspace>();
+  }
+  Status forward(cpu::ThreadPool& pool, Workspace& ws, const ForwardArgs& args) const override;
+  const experts::ExpertLayout* expert_layout() const override { return layout_.get(); }
+
+ private:
+  Result<DevTensor> upload(const Tensor& t);
+  Result<DeviceBuffer> device_buffer(size_t bytes);
+  // y [n, W.rows] = W x [n, W.cols]; quantized weights read x quantized in the matrix's activation format
+  // (xq: already done by the caller, else quantized here into q_in_).
+  Status linear(const DevTensor& W, const float* x, float* y, int64_t n, const void* xq = nullptr) const;
+  const void* quantize(quant::Type weight_type, const float* x, int64_t cols, int64_t n, void* out) const;
+  Status attention_block(const DevLayer& L, int64_t il, std::span<const SeqSpan> seqs,
+                         std::span<DeviceKv* const> mirrors, int64_t n) const;
+  Status moe_ffn(const DevLayer& L, int64_t il, int64_t n, const ForwardArgs& args) const;
+  Status dense_ffn(const DevLayer& L, int64_t n) const;
+  Result<DeviceKv*> mirror_of(kv::KvCache& cache) const;
+
+  HParams hp_;
+  qwen3::Weights w_;
+  std::unique_ptr<experts::ExpertLayout> layout_;
+  const gguf::Model& file_;
+  int64_t n_batch_;
+
+  std::vector<DeviceBuffer> owned_;  // every weight buffer
+  std::vector<DevLayer> layers_;
+  DevTensor output_norm_, head_;
+
+  // Scratch, sized at load (forward calls never overlap: Engine's contract).
+  mutable cuda::Stream stream_;
+  mutable cuda::MatvecWorkspace mv_ws_;
+  mutable cuda::AttentionWorkspace attn_ws_;
+  mutable DeviceBuffer x_, xn_, proj_, q_, k_, v_, attn_, router_, ids_, weights_, gu_, down_, q_in_, q_exp_;
+  mutable DeviceBuffer positions_, items_, x_rows_, slot_rows_, logits_;
+  mutable cuda::PinnedBuffer h_x_, h_positions_, h_ids_, h_items_, h_logits_;
+  int64_t act_row_max_ = 0;  // bytes of the largest quantized activation row
+};
+
+Result<DeviceBuffer> Qwen3Cuda::device_buffer(size_t bytes) { return DeviceBuffer::allocate(std::max<size_t>(bytes, 256)); }
+
+Result<DevTensor> Qwen3Cuda::upload(const Tensor& t) {
+  DevTensor d{.type = t.type, .rows = t.ne[1] * t.ne[2] * t.ne[3], .cols = t.ne[0]};
+  const size_t bytes = size_t(d.rows) * t.row_bytes;
+  MAGNETAR_ASSIGN_OR_RETURN(DeviceBuffer buf, device_buffer(bytes));
+  MAGNETAR_RETURN_IF_ERROR(buf.upload(t.data, bytes));
+  d.p = buf.data();
+  owned_.push_back(std::move(buf));
+  return d;
+}
+
+Status Qwen3Cuda::init() {
+  const int64_t E = hp_.n_embd, D = hp_.head_dim, X = hp_.n_expert, K = std::max<int64_t>(1, hp_.n_expert_used);
+  const int64_t q_dim = hp_.n_head * D, kv_dim = hp_.n_head_kv * D;
+  const int64_t group = hp_.n_head / hp_.n_head_kv;
+  if (group > cuda::kMaxAttentionGroup || D > cuda::kMaxAttentionHeadDim || D % 8 != 0) {
+    return Status::error(format("CUDA attention takes head_dim a multiple of 8 up to %lld and up to %lld query heads "
+                                "per KV head; this model has head_dim %lld, %lld per KV head",
+                                (long long)cuda::kMaxAttentionHeadDim, (long long)cuda::kMaxAttentionGroup,
+                                (long long)D, (long long)group));
+  }
+  if (X > 1024) return Status::error(format("CUDA router takes up to 1024 experts, the model has %lld", (long long)X));
+  MAGNETAR_ASSIGN_OR_RETURN(stream_, cuda::Stream::create());
+
+  // ---- weights -----------------------------------------------------------------------------------------------
+  std::unique_ptr<experts::MappedExperts> mapped;
+  if (layout_) mapped = std::make_unique<experts::MappedExperts>(file_, *layout_);
+  MAGNETAR_ASSIGN_OR_RETURN(output_norm_, upload(w_.output_norm));
+  MAGNETAR_ASSIGN_OR_RETURN(head_, upload(w_.output.present() ? w_.output : w_.token_embd));
+  int64_t max_cols = std::max(q_dim, E), ff = std::max(hp_.n_ff, hp_.n_ff_exp);
+  max_cols = std::max(max_cols, ff);
+  for (size_t il = 0; il < w_.layers.size(); ++il) {
+    const Layer& L = w_.layers[il];
+    DevLayer d;
+    d.window = L.window;
+    MAGNETAR_ASSIGN_OR_RETURN(d.attn_norm, upload(L.attn_norm));
+    MAGNETAR_ASSIGN_OR_RETURN(d.wq, upload(L.wq));
+    MAGNETAR_ASSIGN_OR_RETURN(d.wk, upload(L.wk));
+    MAGNETAR_ASSIGN_OR_RETURN(d.wv, upload(L.wv));
+    MAGNETAR_ASSIGN_OR_RETURN(d.wo, upload(L.wo));
+    MAGNETAR_ASSIGN_OR_RETURN(d.q_norm, upload(L.q_norm));
+    MAGNETAR_ASSIGN_OR_RETURN(d.k_norm, upload(L.k_norm));
+    MAGNETAR_ASSIGN_OR_RETURN(d.ffn_norm, upload(L.ffn_norm));
+    if (L.moe()) {
+      d.moe = true;
+      MAGNETAR_ASSIGN_OR_RETURN(d.gate_inp, upload(L.gate_inp));
+      d.exp_type = L.gate_exps.type;
+      d.down_type = L.down_exps.type;
+      // The layer's experts in one buffer, each part 256-byte aligned, copied from wherever the file keeps
+      // them (stacked tensors or packed records: the layout says).
+      const size_t part_bytes[3] = {align256(size_t(L.gate_exps.ne[1]) * L.gate_exps.row_bytes),
+                                    align256(size_t(L.up_exps.ne[1]) * L.up_exps.row_bytes),
+                                    align256(size_t(L.down_exps.ne[1]) * L.down_exps.row_bytes)};
+      const size_t per_expert = part_bytes[0] + part_bytes[1] + part_bytes[2];
+      MAGNETAR_ASSIGN_OR_RETURN(DeviceBuffer buf, device_buffer(per_expert * size_t(X)));
+      std::vector<int32_t> all(static_cast<size_t>(X));
+      for (int32_t e = 0; e < int32_t(X); ++e) all[size_t(e)] = e;
+      std::vector<experts::ExpertPtrs> ptrs(static_cast<size_t>(X));
+      std::vector<uint8_t> ready(static_cast<size_t>(X));
+      mapped->acquire(int64_t(il), all, ptrs, ready);
+      d.host_table.resize(size_t(X) * 3);
+      for (int64_t e = 0; e < X; ++e) {
+        size_t off = size_t(e) * per_expert;
+        for (int p = 0; p < 3; ++p) {
+          const size_t bytes = size_t(layout_->extent(int64_t(il), e, experts::Part(p)).bytes);
+          MAGNETAR_RETURN_IF_ERROR(buf.upload(ptrs[size_t(e)].part[p], bytes, off));
+          d.host_table[size_t(e) * 3 + size_t(p)] = static_cast<uint8_t*>(buf.data()) + off;
+          off += part_bytes[p];
+        }
+      }
+      mapped->release();
+      MAGNETAR_ASSIGN_OR_RETURN(DeviceBuffer table, device_buffer(d.host_table.size() * sizeof(void*)));
+      MAGNETAR_RETURN_IF_ERROR(table.upload(d.host_table.data(), d.host_table.size() * sizeof(void*)));
+      d.table = static_cast<const void* const*>(table.data());
+      owned_.push_back(std::move(buf));
+      owned_.push_back(std::move(table));
+    } else {
+      MAGNETAR_ASSIGN_OR_RETURN(d.ffn_gate, upload(L.ffn_gate));
+      MAGNETAR_ASSIGN_OR_RETURN(d.ffn_up, upload(L.ffn_up));
+      MAGNETAR_ASSIGN_OR_RETURN(d.ffn_down, upload(L.ffn_down));
+    }
+    layers_.push_back(std::move(d));
+  }
+
+  // ---- scratch -----------------------------------------------------------------------------------------------
+  const size_t B = size_t(n_batch_), R = B * size_t(K), f = sizeof(float);
+  // Quantized activation rows: Q8_1 (36 bytes per 32) or Q8_K (292 per 256) of up to max_cols (+ a block).
+  act_row_max_ = int64_t(quant::row_size(quant::Type::Q8_K, (max_cols + 255) / 256 * 256));
+  act_row_max_ = std::max<int64_t>(act_row_max_, int64_t(quant::row_size(quant::Type::Q8_1, (max_cols + 31) / 32 * 32)));
+  MAGNETAR_ASSIGN_OR_RETURN(mv_ws_, cuda::MatvecWorkspace::create(max_cols, kVec));
+  MAGNETAR_ASSIGN_OR_RETURN(attn_ws_, cuda::AttentionWorkspace::create(hp_.n_head, D));
+  struct Want {
+    DeviceBuffer* buf;
+    size_t bytes;
+  };
+  const Want wants[] = {
+      {&x_, B * size_t(E) * f},           {&xn_, B * size_t(E) * f},          {&proj_, B * size_t(E) * f},
+      {&q_, B * size_t(q_dim) * f},       {&k_, B * size_t(kv_dim) * f},      {&v_, B * size_t(kv_dim) * f},
+      {&attn_, B * size_t(q_dim) * f},    {&router_, B * size_t(std::max<int64_t>(X, 1)) * f},
+      {&ids_, R * 4},                     {&weights_, R * f},                 {&gu_, 2 * R * size_t(ff) * f},
+      {&down_, R * size_t(E) * f},        {&q_in_, std::max(B, R) * size_t(act_row_max_)},
+      {&q_exp_, B * size_t(act_row_max_)}, {&positions_, B * 4},
+      {&items_, (R + size_t(std::max<int64_t>(X, 1))) * sizeof(GroupItem)}, {&x_rows_, R * 4},
+      {&slot_rows_, R * 4},               {&logits_, size_t(kVec) * size_t(hp_.n_vocab) * f},
+  };
+  for (const Want& want : wants) {
+    MAGNETAR_ASSIGN_OR_RETURN(*want.buf, device_buffer(want.bytes));
+  }
+  MAGNETAR_ASSIGN_OR_RETURN(h_x_, cuda::PinnedBuffer::allocate(B * size_t(E) * f));
+  MAGNETAR_ASSIGN_OR_RETURN(h_positions_, cuda::PinnedBuffer::allocate(B * 4));
+  MAGNETAR_ASSIGN_OR_RETURN(h_ids_, cuda::PinnedBuffer::allocate(size_t(hp_.n_layer) * R * 4));
+  MAGNETAR_ASSIGN_OR_RETURN(h_items_, cuda::PinnedBuffer::allocate(
+                                          (R + size_t(std::max<int64_t>(X, 1))) * sizeof(GroupItem) + 2 * R * 4));
+  MAGNETAR_ASSIGN_OR_RETURN(h_logits_, cuda::PinnedBuffer::allocate(size_t(kVec) * size_t(hp_.n_vocab) * f));
+  stream_.synchronize();
+  return Status();
+}
+
+// ---- building blocks --------------------------------------------------------------------------------------------
+
+const void* Qwen3Cuda::quantize(quant::Type weight_type, const float* x, int64_t cols, int64_t n, void* out) const {
+  if (!is_quantized(weight_type)) return nullptr;
+  MAGNETAR_CHECK(cuda::quantize_activations(quant::traits(weight_type).vec_dot_type, x, out, cols, n, stream_).ok());
+  return out;
+}
+
+Status Qwen3Cuda::linear(const DevTensor& W, const float* x, float* y, int64_t n, const void* xq) const {
+  const bool quantized = is_quantized(W.type);
+  if (quantized && xq == nullptr) xq = quantize(W.type, x, W.cols, n, q_in_.data());
+  const size_t act_row = quantized ? quant::row_size(quant::traits(W.type).vec_dot_type, W.cols) : 0;
+  for (int64_t c = 0; c < n; c += kVec) {
+    const int64_t nv = std::min(kVec, n - c);
+    MAGNETAR_RETURN_IF_ERROR(cuda::matvec(
+        {.type = W.type, .weights = W.p, .rows = W.rows, .cols = W.cols, .x = x + c * W.cols, .y = y + c * W.rows,
+         .n_vectors = nv, .x_quantized = quantized ? static_cast<const uint8_t*>(xq) + size_t(c) * act_row : nullptr},
+        mv_ws_, stream_));
+  }
+  return Status();
+}
+
+Result<DeviceKv*> Qwen3Cuda::mirror_of(kv::KvCache& cache) const {
+  if (auto* m = dynamic_cast<DeviceKv*>(cache.mirror())) return m;
+  if (cache.type() != quant::Type::F16) {
+    return Status::error("the CUDA backend keeps the KV cache in F16 (--kv-type f32 runs on the CPU: --device cpu)");
+  }
+  auto m = std::make_unique<DeviceKv>();
+  m->row_bytes = size_t(cache.row_elements()) * 2;
+  const size_t bytes = size_t(cache.n_ctx()) * m->row_bytes;
+  for (int64_t l = 0; l < hp_.n_layer; ++l) {
+    Result<DeviceBuffer> k = DeviceBuffer::allocate(bytes), v = DeviceBuffer::allocate(bytes);
+    if (!k.ok() || !v.ok()) {
+      return Status::error(format("out of GPU memory for a session's KV cache (%.2f GiB for %lld positions)",
+                                  double(bytes) * 2 * double(hp_.n_layer) / double(1ull << 30),
+                                  (long long)cache.n_ctx()));
+    }
+    m->k.push_back(std::move(k).value());
+    m->v.push_back(std::move(v).value());
+  }
+  DeviceKv* raw = m.get();
+  cache.set_mirror(std::move(m));
+  return raw;
+}
+
+Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const SeqSpan> seqs,
+                                  std::span<DeviceKv* const> mirrors, int64_t n) const {
+  const int64_t E = hp_.n_embd, D = hp_.head_dim, q_dim = hp_.n_head * D, kv_dim = hp_.n_head_kv * D;
+  const float* xn = xn_.as<float>();
+  float* q = q_.as<float>();
+  float* k = k_.as<float>();
+  float* v = v_.as<float>();
+  // One quantized input for q, k and v when their weights pair with the same activation format.
+  const bool shared = is_quantized(L.wq.type) && is_quantized(L.wk.type) &&
+                      is_quantized(L.wv.type) &&
+                      quant::traits(L.wq.type).vec_dot_type == quant::traits(L.wk.type).vec_dot_type &&
+                      quant::traits(L.wq.type).vec_dot_type == quant::traits(L.wv.type).vec_dot_type;
+  const void* xq = shared ? quantize(L.wq.type, xn, E, n, q_exp_.data()) : nullptr;
+  MAGNETAR_RETURN_IF_ERROR(linear(L.wq, xn, q, n, xq));
+  MAGNETAR_RETURN_IF_ERROR(linear(L.wk, xn, k, n, xq));
+  MAGNETAR_RETURN_IF_ERROR(linear(L.wv, xn, v, n, xq));
+  const int32_t* pos = positions_.as<int32_t>();
+  if (D % 64 == 0 && D <= cuda::kMaxQkNormRopeHeadDim) {
+    MAGNETAR_RETURN_IF_ERROR(cuda::qk_norm_rope({.x = q, .weight = L.q_norm.f32(), .positions = pos, .n_tok = n,
+                                                 .n_head = hp_.n_head, .head_dim = D, .eps = hp_.rms_eps,
+                                                 .theta = hp_.rope_theta}, stream_));
+    MAGNETAR_RETURN_IF_ERROR(cuda::qk_norm_rope({.x = k, .weight = L.k_norm.f32(), .positions = pos, .n_tok = n,
+                                                 .n_head = hp_.n_head_kv, .head_dim = D, .eps = hp_.rms_eps,
+                                                 .theta = hp_.rope_theta}, stream_));
+  } else {
+    MAGNETAR_RETURN_IF_ERROR(cuda::rms_norm({.x = q, .weight = L.q_norm.f32(), .y = q, .n_rows = n * hp_.n_head,
+                                             .n_cols = D, .eps = hp_.rms_eps}, stream_));
+    MAGNETAR_RETURN_IF_ERROR(cuda::rms_norm({.x = k, .weight = L.k_norm.f32(), .y = k, .n_rows = n * hp_.n_head_kv,
+                                             .n_cols = D, .eps = hp_.rms_eps}, stream_));
+    MAGNETAR_RETURN_IF_ERROR(cuda::rope_neox({.x = q, .positions = pos, .n_tok = n, .n_head = hp_.n_head,
+                                              .head_dim = D, .theta = hp_.rope_theta}, stream_));
+    MAGNETAR_RETURN_IF_ERROR(cuda::rope_neox({.x = k, .positions = pos, .n_tok = n, .n_head = hp_.n_head_kv,
+                                              .head_dim = D, .theta = hp_.rope_theta}, stream_));
+  }
+  int64_t t0 = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const SeqSpan& seq = seqs[s];
+    auto* kc = mirrors[s]->k[size_t(il)].as<uint16_t>();
+    auto* vc = mirrors[s]->v[size_t(il)].as<uint16_t>();
+    MAGNETAR_RETURN_IF_ERROR(cuda::store_kv({.x = k + t0 * kv_dim, .cache = kc, .n_tok = seq.n_tok, .n = kv_dim,
+                                             .row0 = seq.pos0}, stream_));
+    MAGNETAR_RETURN_IF_ERROR(cuda::store_kv({.x = v + t0 * kv_dim, .cache = vc, .n_tok = seq.n_tok, .n = kv_dim,
+                                             .row0 = seq.pos0}, stream_));
+    MAGNETAR_RETURN_IF_ERROR(cuda::attention(
+        {.q = q + t0 * q_dim, .k_cache = kc, .v_cache = vc, .out = attn_.as<float>() + t0 * q_dim,
+         .n_tok = seq.n_tok, .pos0 = seq.pos0, .n_head = hp_.n_head, .n_head_kv = hp_.n_head_kv, .head_dim = D,
+         .window = L.window, .scale = float(1.0 / std::sqrt(double(D)))},
+        attn_ws_, stream_));
+    t0 += seq.n_tok;
+  }
+  return linear(L.wo, attn_.as<float>(), proj_.as<float>(), n);
+}
+
+Status Qwen3Cuda::dense_ffn(const DevLayer& L, int64_t n) const {
+  const int64_t F = hp_.n_ff, E = hp_.n_embd;
+  float* gate = gu_.as<float>();
+  float* up = gate + n * F;
+  const bool shared = L.ffn_gate.type == L.ffn_up.type;
+  const void* xq = shared ? quantize(L.ffn_gate.type, xn_.as<float>(), E, n, q_exp_.data()) : nullptr;
+  MAGNETAR_RETURN_IF_ERROR(linear(L.ffn_gate, xn_.as<float>(), gate, n, xq));
+  MAGNETAR_RETURN_IF_ERROR(linear(L.ffn_up, xn_.as<float>(), up, n, xq));
+  MAGNETAR_RETURN_IF_ERROR(cuda::swiglu(gate, up, n * F, stream_));
+  return linear(L.ffn_down, gate, proj_.as<float>(), n);
+}
+
+Status Qwen3Cuda::moe_ffn(const DevLayer& L, int64_t il, int64_t n, const ForwardArgs& args) const {
+  const int64_t E = hp_.n_embd, X = hp_.n_expert, K = hp_.n_expert_used, F = hp_.n_ff_exp;
+  const int64_t R = n * K;
+  float* router = router_.as<float>();
+  auto* ids = ids_.as<int32_t>();
+  auto* weights = weights_.as<float>();
+  MAGNETAR_RETURN_IF_ERROR(linear(L.gate_inp, xn_.as<float>(), router, n));
+  MAGNETAR_RETURN_IF_ERROR(cuda::route_topk({.logits = router, .ids = ids, .weights = weights, .n_tok = n,
+                                             .n_expert = X, .k = K, .normalize = hp_.norm_topk_prob}, stream_));
+  if (args.routing) stream_.copy(h_ids_.as<int32_t>() + il * n_batch_ * K, ids, size_t(R) * 4);
+
+  auto* items = items_.as<GroupItem>();
+  auto* x_rows = x_rows_.as<int32_t>();
+  auto* slot_rows = slot_rows_.as<int32_t>();
+  int64_t n_items = R, max_n = 1;
+  if (n <= kVec) {
+    // Decode: one item per (token, slot), built on the device.
+    MAGNETAR_RETURN_IF_ERROR(cuda::moe_resolve({.ids = ids, .n_rows = R, .k = K, .table = L.table, .n_expert = X,
+                                                .items = items, .x_rows = x_rows, .slot_rows = slot_rows}, stream_));
+  } else {
+    // Prefill: rows grouped by expert (in token order within an expert), up to kVec rows per item.
+    int32_t* h_ids = h_ids_.as<int32_t>() + il * n_batch_ * K;
+    if (!args.routing) stream_.copy(h_ids, ids, size_t(R) * 4);
+    stream_.synchronize();
+    auto* h_items = h_items_.as<GroupItem>();
+    auto* h_x_rows = reinterpret_cast<int32_t*>(h_items + R + X);
+    int32_t* h_slot_rows = h_x_rows + R;
+    std::vector<int32_t> begin(size_t(X) + 1, 0);
+    for (int64_t r = 0; r < R; ++r) begin[size_t(h_ids[r]) + 1]++;
+    for (int64_t e = 0; e < X; ++e) begin[size_t(e) + 1] += begin[size_t(e)];
+    std::vector<int32_t> fill(begin.begin(), begin.end() - 1);
+    for (int64_t r = 0; r < R; ++r) {  // r = t * K + j
+      const int32_t row = fill[size_t(h_ids[r])]++;
+      h_x_rows[row] = int32_t(r / K);
+      h_slot_rows[r] = row;
+    }
+    n_items = 0;
+    for (int64_t e = 0; e < X; ++e) {
+      for (int32_t r0 = begin[size_t(e)]; r0 < begin[size_t(e) + 1]; r0 += int32_t(kVec)) {
+        GroupItem& it = h_items[n_items++];
+        for (int p = 0; p < 3; ++p) it.w[p] = L.host_table[size_t(e) * 3 + size_t(p)];
+        it.row0 = r0;
+        it.n = std::min<int32_t>(int32_t(kVec), begin[size_t(e) + 1] - r0);
+        max_n = std::max<int64_t>(max_n, it.n);
+      }
+    }
+    stream_.copy(items, h_items, size_t(n_items) * sizeof(GroupItem));
+    stream_.copy(x_rows, h_x_rows, size_t(R) * 4);
+    stream_.copy(slot_rows, h_slot_rows, size_t(R) * 4);
+  }
+  // gate and up in one launch over [2, R, F]; the input is each token's normed hidden state.
+  float* gate = gu_.as<float>();
+  float* up = gate + R * F;
+  const bool q_in = is_quantized(L.exp_type);
+  const void* x = q_in ? quantize(L.exp_type, xn_.as<float>(), E, n, q_exp_.data())
+                       : static_cast<const void*>(xn_.as<float>());
+  MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matvec({.type = L.exp_type, .items = items, .n_items = n_items, .part = 0,
+                                                 .n_parts = 2, .rows = F, .cols = E, .x = x, .x_rows = x_rows,
+                                                 .y = gate, .y_part_stride = R * F, .max_n = max_n}, stream_));
+  MAGNETAR_RETURN_IF_ERROR(cuda::swiglu(gate, up, R * F, stream_));
+  const bool q_down = is_quantized(L.down_type);
+  const void* h = q_down ? quantize(L.down_type, gate, F, R, q_in_.data())
+                         : static_cast<const void*>(gate);
+  float* down = down_.as<float>();
+  MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matvec({.type = L.down_type, .items = items, .n_items = n_items, .part = 2,
+                                                 .n_parts = 1, .rows = E, .cols = F, .x = h, .x_rows = nullptr,
+                                                 .y = down, .max_n = max_n}, stream_));
+  return cuda::moe_combine({.rows = down, .slot_rows = slot_rows, .weights = weights,
+                            .out = proj_.as<float>(), .n_tok = n, .k = K, .n = E}, stream_);
+}
+
+// ---- forward ------------------------------------------------------------------------------------------------------
+
+Status Qwen3Cuda::forward(cpu::ThreadPool&, Workspace&, const ForwardArgs& args) const {
+  const int64_t n = args.n_tok, E = hp_.n_embd, V = hp_.n_vocab;
+  MAGNETAR_CHECK(n >= 1 && n <= n_batch_ && !args.seqs.empty());
+  if (args.routing) MAGNETAR_CHECK(int64_t(args.routing->counts.size()) == hp_.n_layer * hp_.n_expert);
+
+  // Each sequence's KV mirror, current up to its pos0.
+  std::vector<DeviceKv*> mirrors;
+  int32_t* h_pos = h_positions_.as<int32_t>();
+  int64_t t = 0;
+  for (const SeqSpan& seq : args.seqs) {
+    MAGNETAR_CHECK(seq.kv && seq.n_tok >= 1 && seq.pos0 >= 0 && seq.pos0 + seq.n_tok <= seq.kv->n_ctx());
+    MAGNETAR_ASSIGN_OR_RETURN(DeviceKv * m, mirror_of(*seq.kv));
+    if (seq.kv->device_rows() < seq.pos0) {
+      const int64_t from = seq.kv->device_rows();
+      const size_t off = size_t(from) * m->row_bytes, bytes = size_t(seq.pos0 - from) * m->row_bytes;
+      for (int64_t l = 0; l < hp_.n_layer; ++l) {
+        MAGNETAR_RETURN_IF_ERROR(m->k[size_t(l)].upload(static_cast<const uint8_t*>(seq.kv->k(l)) + off, bytes, off));
+        MAGNETAR_RETURN_IF_ERROR(m->v[size_t(l)].upload(static_cast<const uint8_t*>(seq.kv->v(l)) + off, bytes, off));
+      }
+      seq.kv->copied_to_device(seq.pos0);
+    }
+    mirrors.push_back(m);
+    for (int64_t i = 0; i < seq.n_tok; ++i) h_pos[t + i] = int32_t(seq.pos0 + i);
+    t += seq.n_tok;
+  }
+  MAGNETAR_CHECK(t == n);
+  // Embeddings: dequantized on the host (n rows of the table) and sent up with the positions.
+  const quant::ToFloatFn embed = cpu::kernels(w_.token_embd.type).dequantize;
+  float* hx = h_x_.as<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    MAGNETAR_CHECK(args.tokens[i] >= 0 && args.tokens[i] < V);
+    embed(w_.token_embd.row(args.tokens[i]), hx + i * E, E);
+  }
+  float* x = x_.as<float>();
+  float* xn = xn_.as<float>();
+  float* proj = proj_.as<float>();
+  stream_.copy(x, hx, size_t(n * E) * sizeof(float));
+  stream_.copy(positions_.data(), h_pos, size_t(n) * 4);
+
+  for (size_t il = 0; il < layers_.size(); ++il) {
+    const DevLayer& L = layers_[il];
+    if (il == 0) {
+      MAGNETAR_RETURN_IF_ERROR(cuda::rms_norm({.x = x, .weight = L.attn_norm.f32(), .y = xn, .n_rows = n, .n_cols = E,
+                                               .eps = hp_.rms_eps}, stream_));
+    } else {
+      MAGNETAR_RETURN_IF_ERROR(cuda::add_rms_norm({.x = x, .residual = proj, .weight = L.attn_norm.f32(), .y = xn,
+                                                   .n_rows = n, .n_cols = E, .eps = hp_.rms_eps}, stream_));
+    }
+    MAGNETAR_RETURN_IF_ERROR(attention_block(L, int64_t(il), args.seqs, mirrors, n));
+    MAGNETAR_RETURN_IF_ERROR(cuda::add_rms_norm({.x = x, .residual = proj, .weight = L.ffn_norm.f32(), .y = xn,
+                                                 .n_rows = n, .n_cols = E, .eps = hp_.rms_eps}, stream_));
+    MAGNETAR_RETURN_IF_ERROR(L.moe ? moe_ffn(L, int64_t(il), n, args) : dense_ffn(L, n));
+  }
+  MAGNETAR_RETURN_IF_ERROR(cuda::add_rms_norm({.x = x, .residual = proj, .weight = output_norm_.f32(), .y = xn,
+                                               .n_rows = n, .n_cols = E, .eps = hp_.rms_eps}, stream_));
+  // The head's input rows: every token, or each sequence's last (gathered when they are not already adjacent).
+  const float* head_in = xn;
+  int64_t n_out = n;
+  if (!args.all_logits) {
+    n_out = int64_t(args.seqs.size());
+    bool adjacent = true;
+    for (const SeqSpan& seq : args.seqs) adjacent = adjacent && seq.n_tok == 1;
+    if (!adjacent) {
+      float* gathered = q_.as<float>();  // free again after the last layer
+      int64_t end = 0, i = 0;
+      for (const SeqSpan& seq : args.seqs) {
+        end += seq.n_tok;
+        stream_.copy(gathered + i++ * E, xn + (end - 1) * E, size_t(E) * sizeof(float));
+      }
+      head_in = gathered;
+    }
+  }
+  float* d_logits = logits_.as<float>();
+  float* h_logits = h_logits_.as<float>();
+  for (int64_t c = 0; c < n_out; c += kVec) {
+    const int64_t nv = std::min(kVec, n_out - c);
+    MAGNETAR_RETURN_IF_ERROR(linear(head_, head_in + c * E, d_logits, nv));
+    stream_.copy(h_logits, d_logits, size_t(nv * V) * sizeof(float));
+    stream_.synchronize();
+    std::memcpy(args.logits + c * V, h_logits, size_t(nv * V) * sizeof(float));
+  }
+  for (const SeqSpan& seq : args.seqs) seq.kv->wrote_device(seq.pos0, seq.pos0 + seq.n_tok);
+  if (args.routing) {
+    const int64_t K = hp_.n_expert_used;
+    for (int64_t il = 0; il < hp_.n_layer; ++il) {
+      if (!layers_[size_t(il)].moe) continue;
+      const int32_t* h_ids = h_ids_.as<int32_t>() + il * n_batch_ * K;
+      for (int64_t r = 0; r < n * K; ++r) args.routing->counts[size_t(il * hp_.n_expert + h_ids[r])]++;
+    }
+  }
+  return Status();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> load_qwen3_cuda(const gguf::Model& file, int64_t n_batch) {
+  MAGNETAR_ASSIGN_OR_RETURN(Qwen3Bound bound, bind_qwen3(file));
+  auto model = std::make_unique<Qwen3Cuda>(std::move(bound), file, n_batch);
+  MAGNETAR_RETURN_IF_ERROR(model->init());
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+}  // namespace magnetar::models

@@ -1,0 +1,198 @@
+// The CUDA forward pass (models/qwen3_moe/qwen3_moe_cuda.cpp) against the CPU one, through the engine, on the tiny
+// synthetic qwen3moe of tests/unit/tiny_qwen3.h (random weights; F32, Q8_0 and Q4_K on K-quant-sized rows):
+//   - greedy decode of 64 tokens after an 8-token prompt: the same tokens as the CPU, or the first divergence is
+//     at a CPU logit tie (top-1 - top-2 < 1e-3), reported;
+//   - prefill logits of every position: top-1 equal wherever the CPU's lead is >= 1e-3; for F32 weights also
+//     max |dlogit| <= 1e-3 (quantized weights quantize the activations, where a 1e-7 difference can move a
+//     value across a rounding boundary);
+//   - batched decode of several sessions (Engine::step) gives each session's logits bit-identical to the session
+//     decoded alone (the GPU kernels take each vector's sums in the same order whatever the batch);
+//   - disk KV: a prefix saved from GPU rows (downloaded for the checkpoint) and restored into a new session (host
+//     rows uploaded to the GPU) continues bit-identically with the same computation done without disk KV.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "engine/engine.h"
+#include "quant/quant.h"
+#include "tests/cuda/cuda_test_util.h"
+#include "tests/unit/tiny_qwen3.h"
+
+namespace magnetar {
+namespace {
+
+struct Variant {
+  quant::Type type;
+  bool k_quant_rows;
+};
+
+std::string variant_name(const ::testing::TestParamInfo<Variant>& info) {
+  return std::string(quant::traits(info.param.type).name) + (info.param.k_quant_rows ? "_k256" : "");
+}
+
+std::unique_ptr<Engine> load(const std::string& path, Device device, const KvDiskOptions& disk = {}) {
+  EngineOptions options;
+  options.n_threads = 2;
+  options.n_ctx = 128;
+  options.n_batch = 32;
+  options.device = device;
+  options.experts = ExpertMode::kResident;
+  options.kv_disk = disk;
+  auto engine = Engine::load(path, options);
+  EXPECT_TRUE(engine.ok()) << engine.status().message();
+  if (!engine.ok()) return nullptr;
+  EXPECT_STREQ(engine.value()->device(), device == Device::kCuda ? "cuda" : "cpu");
+  return std::move(engine).value();
+}
+
+std::vector<int32_t> prompt(size_t n, int salt) {
+  std::vector<int32_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = int32_t((i * 7 + size_t(salt) * 13 + 3) % 61);
+  return t;
+}
+
+int32_t argmax(std::span<const float> l) { return int32_t(std::max_element(l.begin(), l.end()) - l.begin()); }
+
+// Top-1 minus top-2.
+float lead(std::span<const float> l) {
+  float a = -INFINITY, b = -INFINITY;
+  for (const float v : l) {
+    if (v > a) {
+      b = a;
+      a = v;
+    } else if (v > b) {
+      b = v;
+    }
+  }
+  return a - b;
+}
+
+class CudaEngine : public ::testing::TestWithParam<Variant> {
+ protected:
+  void SetUp() override {
+    path_ = ::testing::TempDir() + "cuda_engine_" + std::to_string(getpid()) + "_" + variant_name({GetParam(), 0}) + ".gguf";
+    testing::write_tiny(path_, GetParam().type, 11, GetParam().k_quant_rows);
+  }
+  void TearDown() override { std::filesystem::remove(path_); }
+  std::string path_;
+};
+
+TEST_P(CudaEngine, GreedyDecodeMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = load(path_, Device::kCpu), gpu = load(path_, Device::kCuda);
+  ASSERT_TRUE(cpu && gpu);
+  auto sc = cpu->new_session(), sg = gpu->new_session();
+  ASSERT_TRUE(sc.ok() && sg.ok());
+  std::vector<int32_t> tokens = prompt(8, 1);
+  ASSERT_OK(sc.value()->sync(tokens));
+  ASSERT_OK(sg.value()->sync(tokens));
+  for (int i = 0; i < 64; ++i) {
+    const int32_t want = argmax(sc.value()->logits()), got = argmax(sg.value()->logits());
+    if (want != got) {
+      const float l = lead(sc.value()->logits());
+      std::printf("[cuda] %s: first divergence at generated token %d, CPU lead %.3e\n",
+                  variant_name({GetParam(), 0}).c_str(), i, double(l));
+      EXPECT_LT(l, 1e-3f) << "token " << i << ": GPU picked " << got << ", CPU " << want;
+      return;
+    }
+    ASSERT_OK(sc.value()->step(want));
+    ASSERT_OK(sg.value()->step(want));
+  }
+}
+
+TEST_P(CudaEngine, PrefillLogitsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = load(path_, Device::kCpu), gpu = load(path_, Device::kCuda);
+  ASSERT_TRUE(cpu && gpu);
+  auto sc = cpu->new_session(), sg = gpu->new_session();
+  ASSERT_TRUE(sc.ok() && sg.ok());
+  const std::vector<int32_t> tokens = prompt(77, 2);  // 3 chunks of n_batch 32 (the last a partial one)
+  ASSERT_OK(sc.value()->sync(tokens, Logits::kAll));
+  ASSERT_OK(sg.value()->sync(tokens, Logits::kAll));
+  const std::span<const float> a = sc.value()->all_logits(), b = sg.value()->all_logits();
+  ASSERT_EQ(a.size(), b.size());
+  const int64_t V = cpu->info().n_vocab;
+  double max_abs = 0;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    const std::span<const float> ra = a.subspan(t * size_t(V), size_t(V)), rb = b.subspan(t * size_t(V), size_t(V));
+    for (int64_t j = 0; j < V; ++j) max_abs = std::max(max_abs, double(std::fabs(ra[size_t(j)] - rb[size_t(j)])));
+    if (lead(ra) >= 1e-3f) {
+      EXPECT_EQ(argmax(ra), argmax(rb)) << "position " << t;
+    }
+  }
+  std::printf("[cuda] %s: prefill max |dlogit| %.3e\n", variant_name({GetParam(), 0}).c_str(), max_abs);
+  if (GetParam().type == quant::Type::F32) {
+    EXPECT_LE(max_abs, 1e-3);
+  }
+}
+
+TEST_P(CudaEngine, BatchedDecodeEqualsAlone) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = load(path_, Device::kCuda);
+  ASSERT_TRUE(gpu);
+  const size_t kSessions = 3;
+  std::vector<std::unique_ptr<Session>> alone, batched;
+  for (size_t i = 0; i < kSessions; ++i) {
+    for (auto* group : {&alone, &batched}) {
+      auto s = gpu->new_session();
+      ASSERT_TRUE(s.ok());
+      ASSERT_OK(s.value()->sync(prompt(3 + 5 * i, int(i))));
+      group->push_back(std::move(s).value());
+    }
+  }
+  for (int step = 0; step < 5; ++step) {
+    std::vector<Session*> members;
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < kSessions; ++i) {
+      const int32_t id = int32_t((i * 17 + size_t(step) * 5 + 1) % 61);
+      ASSERT_OK(alone[i]->step(id));
+      members.push_back(batched[i].get());
+      ids.push_back(id);
+    }
+    ASSERT_OK(gpu->step(members, ids));
+    for (size_t i = 0; i < kSessions; ++i) {
+      const std::span<const float> a = alone[i]->logits(), b = batched[i]->logits();
+      ASSERT_TRUE(std::equal(a.begin(), a.end(), b.begin())) << "session " << i << " step " << step;
+    }
+  }
+}
+
+TEST_P(CudaEngine, DiskKvRestoreContinuesExactly) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = ::testing::TempDir() + "cuda_kv_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  auto gpu = load(path_, Device::kCuda, {.dir = dir, .gb = 1, .block_tokens = 16});
+  ASSERT_TRUE(gpu);
+  const std::vector<int32_t> tokens = prompt(50, 3);
+  auto first = gpu->new_session();
+  ASSERT_TRUE(first.ok());
+  ASSERT_OK(first.value()->sync(tokens));  // saves blocks [0, 48): their rows come down from the GPU
+  std::vector<int32_t> longer = tokens;
+  longer.push_back(7);
+  ASSERT_OK(first.value()->sync(longer));
+  auto second = gpu->new_session();
+  ASSERT_TRUE(second.ok());
+  ASSERT_OK(second.value()->sync(longer));  // 48 restored from disk, uploaded, 3 computed
+  EXPECT_EQ(second.value()->stats().restored_tokens, 48);
+  // The same computation without disk KV: 48 tokens, then the same 3 (one forward call of 3, as after the restore).
+  auto plain = load(path_, Device::kCuda);
+  ASSERT_TRUE(plain);
+  auto ref = plain->new_session();
+  ASSERT_TRUE(ref.ok());
+  ASSERT_OK(ref.value()->sync(std::span<const int32_t>(tokens).first(48)));
+  ASSERT_OK(ref.value()->sync(longer));
+  const std::span<const float> a = ref.value()->logits(), b = second.value()->logits();
+  EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin()));
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaEngine,
+                         ::testing::Values(Variant{quant::Type::F32, false}, Variant{quant::Type::Q8_0, false},
+                                           Variant{quant::Type::Q4_K, true}),
+                         variant_name);
+
+}  // namespace
+}  // namespace magnetar
