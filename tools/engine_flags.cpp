@@ -76,11 +76,11 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
     std::fprintf(stderr, "magnetar %s: %s\n", command, engine.status().message().c_str());
     return nullptr;
   }
-  // The plan is news when experts stream, KV goes to disk or a GPU was considered (a resident CPU plan is the
-  // ordinary case); --show-plan prints it always.
+  // The plan is news when experts stream, KV goes to disk or a GPU present could not be used (a resident plan,
+  // on the CPU or the GPU, is the ordinary case); --show-plan prints it always.
   if (!engine.value()->memory_plan().empty() &&
       (show_plan || engine.value()->expert_stats().streamed || engine.value()->kv_disk_stats().enabled ||
-       engine.value()->memory_plan().find("device: ") != std::string::npos)) {
+       engine.value()->memory_plan().find("device: CPU (") != std::string::npos)) {
     std::fprintf(stderr, "%s\n", engine.value()->memory_plan().c_str());
   }
   return std::move(engine).value();

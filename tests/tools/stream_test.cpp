@@ -26,7 +26,8 @@ std::vector<uint8_t> dump(const std::string& flags, bool decode, testing::TempDi
   std::ofstream(dir.file("prompt")) << kPrompt;
   const std::string out = dir.file(name + ".npy");
   const testing::Invocation r = testing::run_magnetar("run -m " + model + " -f " + dir.file("prompt") +
-                                                      " --dump-logits " + out + (decode ? " --decode " : " ") + flags);
+                                                      " --dump-logits " + out + (decode ? " --decode " : " ") +
+                                                      "--device cpu " + flags);
   EXPECT_EQ(r.status, 0) << flags << "\n" << r.err;
   return testing::read_all(out);
 }
