@@ -31,18 +31,20 @@ __global__ void moe_resolve_kernel(const int32_t* __restrict__ ids, int n_rows, 
   slot_rows[r] = r;
 }
 
-// One CTA per token, threads over the n columns.
+// Grid (ceil(n / kCombineThreads), n_tok): one thread per output element. (A first version used one CTA per
+// token looping over the columns: 15.7 us per decode token on the H200, ncu, 2026-11-30; latency of one SM.)
+constexpr int kCombineThreads = 128;
 __global__ void moe_combine_kernel(const float* __restrict__ rows, const int32_t* __restrict__ slot_rows,
                                    const float* __restrict__ weights, float* __restrict__ out, int k, int n) {
-  const int t = int(blockIdx.x);
-  for (int c = int(threadIdx.x); c < n; c += int(blockDim.x)) {
-    float s = 0.0f;
-    for (int j = 0; j < k; ++j) {
-      const int r = slot_rows[t * k + j];
-      s = fmaf(weights[t * k + j], rows[size_t(r) * size_t(n) + c], s);
-    }
-    out[size_t(t) * size_t(n) + c] = s;
+  const int t = int(blockIdx.y);
+  const int c = int(blockIdx.x) * kCombineThreads + int(threadIdx.x);
+  if (c >= n) return;
+  float s = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    const int r = slot_rows[t * k + j];
+    s = fmaf(weights[t * k + j], rows[size_t(r) * size_t(n) + c], s);
   }
+  out[size_t(t) * size_t(n) + c] = s;
 }
 
 }  // namespace
@@ -63,15 +65,16 @@ Status moe_resolve(const MoeResolveArgs& a, Stream& stream) {
 }
 
 Status moe_combine(const MoeCombineArgs& a, Stream& stream) {
-  if (a.n_tok < 1 || a.n_tok > INT_MAX || a.k < 1 || a.n < 1 || a.n_tok * a.k > INT_MAX || a.n > INT_MAX) {
+  if (a.n_tok < 1 || a.n_tok > 65535 || a.k < 1 || a.n < 1 || a.n_tok * a.k > INT_MAX || a.n > INT_MAX) {
     return Status::error(format("moe_combine: n_tok=%lld, k=%lld, n=%lld out of range", (long long)a.n_tok,
                                 (long long)a.k, (long long)a.n));
   }
   if (a.rows == nullptr || a.slot_rows == nullptr || a.weights == nullptr || a.out == nullptr) {
     return Status::error("moe_combine: null device pointer");
   }
-  moe_combine_kernel<<<unsigned(a.n_tok), 256, 0, stream.raw()>>>(a.rows, a.slot_rows, a.weights, a.out, int(a.k),
-                                                                   int(a.n));
+  const dim3 grid(unsigned((a.n + kCombineThreads - 1) / kCombineThreads), unsigned(a.n_tok));
+  moe_combine_kernel<<<grid, kCombineThreads, 0, stream.raw()>>>(a.rows, a.slot_rows, a.weights, a.out, int(a.k),
+                                                                 int(a.n));
   CUDA_CHECK(cudaGetLastError());
   return Status();
 }
