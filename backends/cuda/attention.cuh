@@ -24,12 +24,16 @@ struct SplitPlan {
   int n_splits = 0;
 };
 
-// Enough splits for about two waves of CTAs over sm_count SMs (n_head_kv CTAs per split), at most max_splits
-// and at most one per chunk. Short contexts get one split: no partials, no combine kernel.
+// Enough splits for about kWaves CTAs per SM (n_head_kv CTAs per split), at most max_splits and at most one per
+// chunk. Short contexts get one split: no partials, no combine kernel. A CTA is latency-bound (its chunks are
+// processed one after the other, 4 warps): with 2 CTAs per SM (the first plan) decode at 64K context read K/V
+// at ~0.2 TB/s on the H200 (bench, 2026-11-30: 30 t/s on the 30B-A3B geometry, 117 at 2K), so the plan now
+// aims at 8.
+constexpr int kWaves = 8;
 MAGNETAR_HD SplitPlan plan_splits(int64_t rows, int64_t n_head_kv, int sm_count, int max_splits) {
   SplitPlan p;
   p.n_chunks = int((rows + kChunk - 1) / kChunk);
-  int64_t want = (2 * int64_t(sm_count) + n_head_kv - 1) / n_head_kv;
+  int64_t want = (kWaves * int64_t(sm_count) + n_head_kv - 1) / n_head_kv;
   if (want > max_splits) want = max_splits;
   if (want > p.n_chunks) want = p.n_chunks;
   if (want < 1) want = 1;

@@ -37,8 +37,8 @@ Status dequantize_q8_0(const void* src, float* dst, int64_t n);
 // Everything below works on the current device (device 0 unless the caller selected another).
 
 // An owned device allocation (cudaMalloc, so 256-byte aligned). Move-only; freed on destruction.
-// upload/download are synchronous with respect to the host (cudaMemcpy) and meant for load time and tests,
-// not for the decode loop.
+// upload/download are synchronous with respect to the host and the device (the bytes have landed when they
+// return, whatever stream reads them next) and meant for load time and tests, not for the decode loop.
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
@@ -319,7 +319,7 @@ Status store_kv(const StoreKvArgs& args, Stream& stream);
 inline constexpr int64_t kMaxAttentionGroup = 16;
 inline constexpr int64_t kMaxAttentionHeadDim = 256;
 // Most pieces one decode query's context is split into (split-K); see attention.cu.
-inline constexpr int64_t kMaxAttentionSplits = 64;
+inline constexpr int64_t kMaxAttentionSplits = 512;
 
 // Device scratch of attention's split-K decode: per query head and split, the partial output, max and sum.
 // Sized once for the largest head count and head size (not the context: the split count is bounded), so no

@@ -47,7 +47,13 @@ Status DeviceBuffer::upload(const void* src, size_t bytes, size_t offset) {
     return Status::error(format("DeviceBuffer::upload: %zu bytes at offset %zu exceed the buffer's %zu", bytes,
                                 offset, bytes_));
   }
-  if (bytes != 0) CUDA_CHECK(cudaMemcpy(static_cast<char*>(data_) + offset, src, bytes, cudaMemcpyHostToDevice));
+  if (bytes != 0) {
+    CUDA_CHECK(cudaMemcpy(static_cast<char*>(data_) + offset, src, bytes, cudaMemcpyHostToDevice));
+    // From pageable memory cudaMemcpy returns once the bytes are staged, before the DMA has landed, and only the
+    // legacy default stream is ordered after it: a kernel on one of our non-blocking streams could read the old
+    // contents (seen: CudaOps tests failing on their last rows). Wait for the copy itself.
+    CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  }
   return Status();
 }
 

@@ -120,6 +120,7 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
       .act_row_bytes = size_t(args.cols) * sizeof(float),
       .y = args.y,
       .n_vectors = int(args.n_vectors),
+      .group = {},
   };
   if (!quantized) {
     detail::launch_matvec_float(args.type, launch, stream.raw());

@@ -541,11 +541,11 @@ TEST(CudaOps, AttentionMatchesReference) {
     int bad = 0;
     for (int64_t t = 0; t < c.n_tok && bad < 5; ++t) {
       const int64_t pos = c.pos0 + t, lo = first_row(c, pos), n_att = pos - lo + 1;
-      // Chunks per split: attention.cuh's plan_splits restated (decode: about two waves of CTAs, at most 64
-      // splits, at most one per chunk; prefill: one split of all chunks).
+      // Chunks per split: attention.cuh's plan_splits restated (decode: about 8 CTAs per SM, at most
+      // kMaxAttentionSplits splits, at most one per chunk; prefill: one split of all chunks).
       const int64_t chunks = (n_att + 127) / 128;
       const int64_t want = std::max<int64_t>(
-          1, std::min({(2 * int64_t(ws.sm_count()) + HK - 1) / HK, cuda::kMaxAttentionSplits, chunks}));
+          1, std::min({(8 * int64_t(ws.sm_count()) + HK - 1) / HK, cuda::kMaxAttentionSplits, chunks}));
       const int64_t per_split = c.n_tok == 1 ? (chunks + want - 1) / want : chunks;
       for (int64_t h = 0; h < H; ++h) {
         const int64_t hk = h / group;
