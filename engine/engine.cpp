@@ -43,6 +43,7 @@ struct Engine::Impl {
   std::unique_ptr<kv::DiskCache> disk_kv;  // --kv-disk-dir
   models::RoutingCounts uses;              // every session's routing, for expert_map() (MoE models)
   bool on_gpu = false;                     // the model runs on the CUDA device (weights, KV and scratch there)
+  bool gpu_tier = false;                   // ... with routed experts in host memory through a GPU pool
 };
 
 namespace {
@@ -149,25 +150,54 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   if (!gpu.present) return forced ? fall_back("no CUDA device (or this build has no CUDA backend)") : Status();
   if (!entry.load_cuda) return fall_back("architecture '" + std::string(entry.name) + "' has no CUDA forward pass yet");
   if (o.kv_type == KvType::kF32) return fall_back("the CUDA backend keeps KV in F16 (--kv-type f32 runs on the CPU)");
-  if (o.experts == ExpertMode::kStream || o.experts == ExpertMode::kMmap) {
-    return fall_back("streamed or mapped experts run on the CPU (the GPU expert tier is not implemented yet)");
-  }
-  constexpr uint64_t kReserve = 1ull << 30;  // the CUDA context, cuBLAS-free kernels' launch state, fragmentation
-  const uint64_t need = impl.file->file_bytes() + session_kv_bytes(impl) + session_scratch_bytes(impl) + kReserve;
+  if (o.gpu_cache_gb < 0) return Status::error("--gpu-cache-gb must be >= 0");
+  constexpr uint64_t kReserve = 1ull << 30;  // the CUDA context, the kernels' launch state, fragmentation
   const double gib = double(1ull << 30);
-  if (need > gpu.free_bytes) {
-    return fall_back(format("%s: the model needs %.1f GiB (weights, one session's KV and scratch, 1 GiB reserve), "
-                            "%.1f GiB free", gpu.name.c_str(), double(need) / gib, double(gpu.free_bytes) / gib));
+  const experts::ExpertLayout* layout = impl.model->expert_layout();
+  const uint64_t expert_bytes = layout ? layout->total_expert_bytes() : 0;
+  const uint64_t kv_scratch = session_kv_bytes(impl) + session_scratch_bytes(impl) + kReserve;
+  const uint64_t resident_need = impl.file->file_bytes() + kv_scratch;
+  const uint64_t fixed_need = impl.file->file_bytes() - std::min(impl.file->file_bytes(), expert_bytes) + kv_scratch;
+  // The pool: asked for, or needed because the experts do not fit (or asked to stay in host memory).
+  uint64_t pool = uint64_t(o.gpu_cache_gb * gib);
+  const bool host_experts = o.experts == ExpertMode::kStream || o.experts == ExpertMode::kMmap;
+  if (pool == 0 && expert_bytes > 0 && (host_experts || resident_need > gpu.free_bytes)) {
+    pool = gpu.free_bytes > fixed_need ? std::min(gpu.free_bytes - fixed_need, expert_bytes) : 0;
+    if (pool == 0) {
+      return fall_back(format("%s: the non-expert weights, one session's KV and scratch need %.1f GiB, %.1f GiB free",
+                              gpu.name.c_str(), double(fixed_need) / gib, double(gpu.free_bytes) / gib));
+    }
   }
-  Result<std::unique_ptr<models::Model>> model = entry.load_cuda(*impl.file, o.n_batch);
+  if (pool == 0 && resident_need > gpu.free_bytes) {
+    return fall_back(format("%s: the model needs %.1f GiB (weights, one session's KV and scratch, 1 GiB reserve), "
+                            "%.1f GiB free", gpu.name.c_str(), double(resident_need) / gib, double(gpu.free_bytes) / gib));
+  }
+  if (pool > 0 && fixed_need + pool > gpu.free_bytes) {
+    return fall_back(format("%s: --gpu-cache-gb %.2f plus the non-expert weights, KV and scratch (%.1f GiB) exceed the "
+                            "%.1f GiB free", gpu.name.c_str(), o.gpu_cache_gb, double(fixed_need) / gib,
+                            double(gpu.free_bytes) / gib));
+  }
+  Result<std::unique_ptr<models::Model>> model = entry.load_cuda(*impl.file, o.n_batch, pool);
   if (!model.ok()) return fall_back(model.status().message());
   impl.model = std::move(model).value();
   impl.on_gpu = true;
-  impl.plan_text = format("device: CUDA %s: every weight resident (%.1f GiB), KV in F16 on the GPU (%.2f GiB per "
-                          "session), %.1f of %.1f GiB free before load",
-                          gpu.name.c_str(), double(impl.file->file_bytes()) / gib,
-                          double(session_kv_bytes(impl)) / gib, double(gpu.free_bytes) / gib,
-                          double(gpu.total_bytes) / gib);
+  impl.gpu_tier = pool > 0;
+  if (impl.gpu_tier) {
+    const models::Model::GpuTierStats t = impl.model->gpu_tier_stats();
+    impl.plan_text = format("device: CUDA %s: non-expert weights resident (%.1f GiB), routed experts (%.1f GiB) from "
+                            "host memory through a GPU pool of %llu experts (%.2f GiB, LRU), KV in F16 on the GPU "
+                            "(%.2f GiB per session), %.1f of %.1f GiB free before load",
+                            gpu.name.c_str(), double(impl.file->file_bytes() - expert_bytes) / gib,
+                            double(expert_bytes) / gib, (unsigned long long)t.slots,
+                            double(t.slots * t.slot_bytes) / gib, double(session_kv_bytes(impl)) / gib,
+                            double(gpu.free_bytes) / gib, double(gpu.total_bytes) / gib);
+  } else {
+    impl.plan_text = format("device: CUDA %s: every weight resident (%.1f GiB), KV in F16 on the GPU (%.2f GiB per "
+                            "session), %.1f of %.1f GiB free before load",
+                            gpu.name.c_str(), double(impl.file->file_bytes()) / gib,
+                            double(session_kv_bytes(impl)) / gib, double(gpu.free_bytes) / gib,
+                            double(gpu.total_bytes) / gib);
+  }
   return Status();
 }
 
@@ -223,10 +253,22 @@ ExpertStats to_public(const experts::LayerStats& t) {
 }  // namespace
 
 ExpertStats Engine::expert_stats() const {
-  if (!impl_->store) return ExpertStats{};
-  ExpertStats out = to_public(impl_->store->stats().total());
-  out.store = impl_->store->describe();
-  out.evictions = impl_->store->stats().evictions;
+  ExpertStats out;
+  if (impl_->store) {
+    out = to_public(impl_->store->stats().total());
+    out.store = impl_->store->describe();
+    out.evictions = impl_->store->stats().evictions;
+  }
+  if (impl_->gpu_tier) {
+    const models::Model::GpuTierStats t = impl_->model->gpu_tier_stats();
+    out.gpu_tier = true;
+    out.gpu_slots = t.slots;
+    out.gpu_hits = t.hits;
+    out.gpu_misses = t.misses;
+    out.gpu_evictions = t.evictions;
+    out.gpu_bytes_h2d = t.bytes_h2d;
+    out.gpu_miss_seconds = t.h2d_seconds;
+  }
   return out;
 }
 
@@ -245,11 +287,16 @@ ExpertStats& ExpertStats::operator+=(const ExpertStats& o) {
   reads += o.reads, bytes_read += o.bytes_read, read_seconds += o.read_seconds, wait_seconds += o.wait_seconds;
   prefetch_issued += o.prefetch_issued, prefetch_used += o.prefetch_used, prefetch_wasted += o.prefetch_wasted;
   predicted += o.predicted, acquired_with_hint += o.acquired_with_hint;
+  gpu_tier = o.gpu_tier;
+  gpu_slots = o.gpu_slots;
+  gpu_hits += o.gpu_hits, gpu_misses += o.gpu_misses, gpu_evictions += o.gpu_evictions;
+  gpu_bytes_h2d += o.gpu_bytes_h2d, gpu_miss_seconds += o.gpu_miss_seconds;
   return *this;
 }
 
 void Engine::reset_expert_stats() {
   if (impl_->store) impl_->store->reset_stats();
+  impl_->model->reset_gpu_tier_stats();
 }
 Engine::~Engine() = default;
 
@@ -287,7 +334,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
   impl->options.n_batch = std::min(impl->options.n_batch, impl->options.n_ctx);
   impl->pool = std::make_unique<cpu::ThreadPool>(impl->options.n_threads);
   MAGNETAR_RETURN_IF_ERROR(choose_device(*impl, *entry, path));
-  if (!impl->on_gpu) MAGNETAR_RETURN_IF_ERROR(plan_experts(*impl, path));
+  if (!impl->on_gpu || impl->gpu_tier) MAGNETAR_RETURN_IF_ERROR(plan_experts(*impl, path));
   MAGNETAR_RETURN_IF_ERROR(open_disk_kv(*impl));
   if (hp.n_expert > 0) impl->uses = {.n_expert = hp.n_expert, .counts = std::vector<uint64_t>(size_t(hp.n_layer * hp.n_expert))};
 

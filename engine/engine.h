@@ -66,6 +66,10 @@ struct EngineOptions {
   int64_t n_batch = 512;      // tokens per forward call during prefill (bounds scratch memory)
   KvType kv_type = KvType::kF16;
   Device device = Device::kAuto;
+  // CUDA: bytes of the GPU expert pool in GiB. 0: every weight resident on the GPU when the model fits its free
+  // memory, else (or with --stream / --mmap) the largest pool that fits; > 0: that pool, the experts staying in
+  // host memory (the RAM store / mapped file) and the recently used ones cached on the GPU.
+  double gpu_cache_gb = 0;
   bool profile = false;       // time every op of the forward pass (Session::op_profile)
   bool count_routing = false; // count expert selections per layer (Session::expert_counts)
   ExpertMode experts = ExpertMode::kAuto;
@@ -92,6 +96,10 @@ struct ExpertStats {
   double read_seconds = 0, wait_seconds = 0;
   uint64_t prefetch_issued = 0, prefetch_used = 0, prefetch_wasted = 0;
   uint64_t predicted = 0, acquired_with_hint = 0;  // prefetch accuracy: predicted / acquired_with_hint
+  // The GPU expert pool (device cuda with a pool): experts found there / copied up from host memory.
+  bool gpu_tier = false;
+  uint64_t gpu_slots = 0, gpu_hits = 0, gpu_misses = 0, gpu_evictions = 0, gpu_bytes_h2d = 0;
+  double gpu_miss_seconds = 0;  // the miss path: waiting for the host store, then the copies
 
   // Sums the counters of two periods (`store` and `streamed` are taken from `other`).
   ExpertStats& operator+=(const ExpertStats& other);

@@ -112,15 +112,26 @@ class Model {
   virtual Status forward(cpu::ThreadPool& pool, Workspace& ws, const ForwardArgs& args) const = 0;
   // Where the routed experts live in the file (null for dense models).
   virtual const experts::ExpertLayout* expert_layout() const { return nullptr; }
+
+  // A GPU expert tier's counters since load or the last reset (all zero without one).
+  struct GpuTierStats {
+    uint64_t slots = 0, slot_bytes = 0;
+    uint64_t hits = 0, misses = 0, evictions = 0, bytes_h2d = 0;
+    double h2d_seconds = 0;  // wall time of the miss path: host store wait + copies
+  };
+  virtual GpuTierStats gpu_tier_stats() const { return {}; }
+  virtual void reset_gpu_tier_stats() {}
 };
 
 // One row per architecture (models/registry.cpp).
 struct Architecture {
   const char* name;  // general.architecture
   Result<std::unique_ptr<Model>> (*load)(const gguf::Model& file);
-  // Loads every weight into the memory of the CUDA device, with scratch for forward calls of up to n_batch
-  // tokens; null when the architecture has no CUDA forward pass or this build no CUDA backend.
-  Result<std::unique_ptr<Model>> (*load_cuda)(const gguf::Model& file, int64_t n_batch);
+  // Loads the model onto the CUDA device, with scratch for forward calls of up to n_batch tokens: every weight
+  // when expert_pool_bytes is 0, else every weight but the routed experts, which then come from the forward
+  // call's ExpertSource (or the mapped file) through a device pool of that many bytes. Null when the
+  // architecture has no CUDA forward pass or this build no CUDA backend.
+  Result<std::unique_ptr<Model>> (*load_cuda)(const gguf::Model& file, int64_t n_batch, uint64_t expert_pool_bytes);
 };
 
 // The first CUDA device: absent when this build has no CUDA backend or the machine no GPU.

@@ -226,7 +226,7 @@ int bench_main(int argc, char** argv) {
       nlohmann::json row = {{"depth", depth},         {"prefill_tokens", step}, {"prefill_tps", pp_tps},
                             {"decode_tokens", gen},   {"decode_tps", tg_tps},   {"threads", engine->options().n_threads},
                             {"model", info.path},     {"cpu", cpu_model()},     {"version", MAGNETAR_VERSION}};
-      if (pp_experts.streamed) {
+      if (pp_experts.streamed || pp_experts.gpu_tier) {
         row["prefill_experts"] = expert_summary_json(pp_experts, pp_seconds, step * reps);
         row["decode_experts"] = expert_summary_json(tg_experts, tg_seconds, gen * reps);
       }
@@ -236,7 +236,7 @@ int bench_main(int argc, char** argv) {
     } else {
       std::printf("%10lld %10lld %14.2f %10lld %14.2f\n", (long long)depth, (long long)step, pp_tps, (long long)gen,
                   tg_tps);
-      if (pp_experts.streamed) {
+      if (pp_experts.streamed || pp_experts.gpu_tier) {
         std::printf("  prefill %s\n", expert_summary(pp_experts, pp_seconds, step * reps).c_str());
         if (gen > 0) std::printf("  decode  %s\n", expert_summary(tg_experts, tg_seconds, gen * reps).c_str());
       }

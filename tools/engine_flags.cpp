@@ -11,7 +11,11 @@ void ModelFlags::add_to(cli::Args& args) {
   args.option("--batch", &batch, "N", "prompt tokens per forward pass (bounds scratch memory)");
   args.option("--kv-type", &kv_type, "f16|f32", "KV cache precision");
   args.option("--device", &device, "auto|cpu|cuda",
-              "where the model runs (auto: the GPU when there is one and the whole model fits its free memory)");
+              "where the model runs (auto: the GPU when there is one and the model fits it, whole or with its experts "
+              "tiered)");
+  args.option("--gpu-cache-gb", &gpu_cache_gb, "N",
+              "CUDA: GPU expert pool in GiB; routed experts stay in host memory and the recently used are cached on "
+              "the GPU (0: every weight on the GPU when it fits, else the largest pool that does)");
   args.flag("--resident", &resident, "keep every routed expert in memory (mapped); refused when it does not fit");
   args.flag("--mmap", &mmap, "map every weight and let the page cache decide, unchecked (llama.cpp's way; thrashes when the model exceeds RAM)");
   args.flag("--stream", &stream, "stream routed experts from disk through the RAM expert cache");
@@ -56,6 +60,10 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
     std::fprintf(stderr, "magnetar %s: --kv-disk-gb must be >= 0 and --kv-block >= 1\n", command);
     return nullptr;
   }
+  if (gpu_cache_gb < 0) {
+    std::fprintf(stderr, "magnetar %s: --gpu-cache-gb must be >= 0\n", command);
+    return nullptr;
+  }
   if (cache_gb < 0 || queue_depth < 1 || queue_depth > 4096) {
     std::fprintf(stderr, "magnetar %s: --cache-gb must be >= 0 and --queue-depth in 1..4096\n", command);
     return nullptr;
@@ -63,6 +71,7 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
   EngineOptions options{.n_threads = int(threads), .n_ctx = ctx, .n_batch = batch,
                         .kv_type = kv_type == "f32" ? KvType::kF32 : KvType::kF16,
                         .device = device == "cpu" ? Device::kCpu : device == "cuda" ? Device::kCuda : Device::kAuto,
+                        .gpu_cache_gb = gpu_cache_gb,
                         .profile = profile,
                         .experts = resident ? ExpertMode::kResident
                                    : mmap ? ExpertMode::kMmap
@@ -79,7 +88,8 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
   // The plan is news when experts stream, KV goes to disk or a GPU present could not be used (a resident plan,
   // on the CPU or the GPU, is the ordinary case); --show-plan prints it always.
   if (!engine.value()->memory_plan().empty() &&
-      (show_plan || engine.value()->expert_stats().streamed || engine.value()->kv_disk_stats().enabled ||
+      (show_plan || engine.value()->expert_stats().streamed || engine.value()->expert_stats().gpu_tier ||
+       engine.value()->kv_disk_stats().enabled ||
        engine.value()->memory_plan().find("device: CPU (") != std::string::npos)) {
     std::fprintf(stderr, "%s\n", engine.value()->memory_plan().c_str());
   }
@@ -91,9 +101,17 @@ double ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
 }  // namespace
 
 std::string expert_summary(const ExpertStats& s, double seconds, int64_t tokens) {
-  if (!s.streamed) return "";
+  std::string gpu;
+  if (s.gpu_tier) {
+    gpu = format("GPU pool: hit %.1f%% of %llu | copied up %.2f MiB/token, %.2f GB/s while copying, %.0f%% of the time",
+                 100 * ratio(double(s.gpu_hits), double(s.gpu_hits + s.gpu_misses)),
+                 (unsigned long long)(s.gpu_hits + s.gpu_misses),
+                 ratio(double(s.gpu_bytes_h2d), double(tokens)) / double(1 << 20),
+                 ratio(double(s.gpu_bytes_h2d), s.gpu_miss_seconds) / 1e9, 100 * ratio(s.gpu_miss_seconds, seconds));
+  }
+  if (!s.streamed) return gpu;
   const uint64_t acquired = s.hits + s.inflight_hits + s.misses;
-  std::string line = format(
+  std::string line = (gpu.empty() ? "" : gpu + "\n") + format(
       "experts: hit %.1f%% of %llu | read %.2f MiB/token, %.0f MB/s over %.2f s, waited %.0f%%",
       100 * ratio(double(s.hits), double(acquired)), (unsigned long long)acquired,
       ratio(double(s.bytes_read), double(tokens)) / double(1 << 20), ratio(double(s.bytes_read), seconds) / 1e6, seconds,
@@ -115,7 +133,9 @@ nlohmann::json expert_summary_json(const ExpertStats& s, double seconds, int64_t
           {"disk_mb_s", ratio(double(s.bytes_read), seconds) / 1e6}, {"wait_fraction", ratio(s.wait_seconds, seconds)},
           {"prefetch_issued", s.prefetch_issued}, {"prefetch_used", s.prefetch_used},
           {"prefetch_wasted", s.prefetch_wasted},
-          {"prediction_recall", ratio(double(s.predicted), double(s.acquired_with_hint))}};
+          {"prediction_recall", ratio(double(s.predicted), double(s.acquired_with_hint))},
+          {"gpu_hits", s.gpu_hits}, {"gpu_misses", s.gpu_misses}, {"gpu_evictions", s.gpu_evictions},
+          {"gpu_bytes_h2d", s.gpu_bytes_h2d}, {"gpu_miss_seconds", s.gpu_miss_seconds}};
 }
 
 void SamplingFlags::add_to(cli::Args& args) {

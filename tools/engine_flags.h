@@ -17,6 +17,7 @@ struct ModelFlags {
   int64_t batch = 512;
   std::string kv_type = "f16";
   std::string device = "auto";
+  float gpu_cache_gb = 0;
   bool resident = false, stream = false, mmap = false;
   float cache_gb = 0;
   std::string cache_policy = "lfu";

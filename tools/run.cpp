@@ -207,7 +207,7 @@ int run_main(int argc, char** argv) {
   std::fprintf(stderr, "load %.2f s | prompt %zu tokens, %.2f t/s | generated %lld tokens, %.2f t/s | %d threads\n",
                engine->load_seconds(), tokens.size(), double(tokens.size()) / prompt_seconds, (long long)generated,
                st.decode_seconds > 0 ? double(st.decode_tokens) / st.decode_seconds : 0.0, engine->options().n_threads);
-  if (const ExpertStats es = engine->expert_stats(); es.streamed) {
+  if (const ExpertStats es = engine->expert_stats(); es.streamed || es.gpu_tier) {
     std::fprintf(stderr, "%s\n", expert_summary(es, prompt_seconds + st.decode_seconds,
                                                  int64_t(tokens.size()) + generated).c_str());
   }

@@ -14,9 +14,17 @@
 // (DeviceKv) and kv::KvCache tracks which rows of which copy are current; rows are copied only when a disk
 // restore wrote the host or a checkpoint reads it.
 //
-// Not here yet (issue #6): mma (tensor-core) prefill GEMMs, CUDA graphs, the GPU expert tier for models larger
-// than device memory, per-op profiles (Session::op_profile stays empty on CUDA).
+// Tiered mode (load_qwen3_cuda with expert_pool_bytes > 0, for models whose experts do not fit the device):
+// the routed experts stay in host memory (the engine's RAM expert store, which streams from disk, or the mapped
+// file) and a device pool of fixed slots caches the recently used ones (LRU; the current layer's experts are
+// pinned; misses are copied up before the layer's expert launches). The same kernels compute the same rows, so
+// the logits are bit-identical to the resident mode.
+//
+// Not here yet (issue #6): mma (tensor-core) prefill GEMMs, CUDA graphs, popularity admission and overlap of
+// the pool's copies with compute, the CPU expert lane, per-op profiles (Session::op_profile stays empty).
 #include <algorithm>
+#include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -78,9 +86,9 @@ bool is_quantized(quant::Type t) { return quant::traits(t).is_quantized; }
 
 class Qwen3Cuda final : public Model {
  public:
-  Qwen3Cuda(Qwen3Bound bound, const gguf::Model& file, int64_t n_batch)
+  Qwen3Cuda(Qwen3Bound bound, const gguf::Model& file, int64_t n_batch, uint64_t pool_bytes)
       : hp_(std::move(bound.hp)), w_(std::move(bound.w)), layout_(std::move(bound.layout)), file_(file),
-        n_batch_(n_batch) {}
+        n_batch_(n_batch), pool_bytes_(pool_bytes) {}
   Status init();
 
   const HParams& hparams() const override { return hp_; }
@@ -90,6 +98,12 @@ class Qwen3Cuda final : public Model {
   }
   Status forward(cpu::ThreadPool& pool, Workspace& ws, const ForwardArgs& args) const override;
   const experts::ExpertLayout* expert_layout() const override { return layout_.get(); }
+  GpuTierStats gpu_tier_stats() const override { return tier_stats_; }
+  void reset_gpu_tier_stats() override {
+    const uint64_t slots = tier_stats_.slots;
+    tier_stats_ = {};
+    tier_stats_.slots = slots;
+  }
 
  private:
   Result<DevTensor> upload(const Tensor& t);
@@ -103,6 +117,11 @@ class Qwen3Cuda final : public Model {
   Status moe_ffn(const DevLayer& L, int64_t il, int64_t n, const ForwardArgs& args) const;
   Status dense_ffn(const DevLayer& L, int64_t n) const;
   Result<DeviceKv*> mirror_of(kv::KvCache& cache) const;
+  // Tiered mode: the device pointers of `active`'s experts in the pool, loading the misses from `source`.
+  Status pool_acquire(int64_t il, std::span<const int32_t> active, experts::ExpertSource& source) const;
+  // Items for rows grouped by expert (host), from ids already on the host; ptr(e) gives expert e's weights.
+  template <typename PtrOf>
+  int64_t group_rows_on_host(const int32_t* h_ids, int64_t n, PtrOf ptr_of, int64_t* max_n) const;
 
   HParams hp_;
   qwen3::Weights w_;
@@ -122,6 +141,26 @@ class Qwen3Cuda final : public Model {
   mutable DeviceBuffer positions_, items_, x_rows_, slot_rows_, logits_;
   mutable cuda::PinnedBuffer h_x_, h_positions_, h_ids_, h_items_, h_logits_;
   int64_t act_row_max_ = 0;  // bytes of the largest quantized activation row
+
+  // ---- the GPU expert tier (pool_bytes_ > 0): experts stay in host memory (the engine's RAM store, or the
+  // mapped file) and the recently used ones are cached in fixed device slots, LRU, the current layer's pinned.
+  uint64_t pool_bytes_ = 0;
+  std::unique_ptr<experts::MappedExperts> mapped_;  // the source when forward() gets none
+  mutable DeviceBuffer pool_;
+  size_t part_cap_[3] = {0, 0, 0};                 // bytes reserved per part in a slot
+  size_t slot_bytes_ = 0;
+  struct Slot {
+    int32_t layer = -1, expert = -1;
+    uint64_t last_use = 0;
+  };
+  mutable std::vector<Slot> slots_;
+  mutable std::vector<int32_t> slot_of_;          // [n_layer * n_expert] -> slot, -1 when not in the pool
+  mutable uint64_t tick_ = 0;
+  mutable std::vector<const void*> pool_ptrs_;    // [n_expert * 3] of the layer being computed
+  mutable std::vector<int32_t> active_, misses_;
+  mutable std::vector<experts::ExpertPtrs> host_ptrs_;
+  mutable std::vector<uint8_t> seen_;
+  mutable GpuTierStats tier_stats_;
 };
 
 Result<DeviceBuffer> Qwen3Cuda::device_buffer(size_t bytes) { return DeviceBuffer::allocate(std::max<size_t>(bytes, 256)); }
@@ -168,7 +207,16 @@ Status Qwen3Cuda::init() {
     MAGNETAR_ASSIGN_OR_RETURN(d.q_norm, upload(L.q_norm));
     MAGNETAR_ASSIGN_OR_RETURN(d.k_norm, upload(L.k_norm));
     MAGNETAR_ASSIGN_OR_RETURN(d.ffn_norm, upload(L.ffn_norm));
-    if (L.moe()) {
+    if (L.moe() && pool_bytes_ > 0) {
+      d.moe = true;
+      MAGNETAR_ASSIGN_OR_RETURN(d.gate_inp, upload(L.gate_inp));
+      d.exp_type = L.gate_exps.type;
+      d.down_type = L.down_exps.type;
+      const size_t parts[3] = {size_t(L.gate_exps.ne[1]) * L.gate_exps.row_bytes,
+                               size_t(L.up_exps.ne[1]) * L.up_exps.row_bytes,
+                               size_t(L.down_exps.ne[1]) * L.down_exps.row_bytes};
+      for (int p = 0; p < 3; ++p) part_cap_[p] = std::max(part_cap_[p], align256(parts[p]));
+    } else if (L.moe()) {
       d.moe = true;
       MAGNETAR_ASSIGN_OR_RETURN(d.gate_inp, upload(L.gate_inp));
       d.exp_type = L.gate_exps.type;
@@ -207,6 +255,25 @@ Status Qwen3Cuda::init() {
       MAGNETAR_ASSIGN_OR_RETURN(d.ffn_down, upload(L.ffn_down));
     }
     layers_.push_back(std::move(d));
+  }
+
+  // ---- the expert pool (tiered mode) ------------------------------------------------------------------------
+  if (pool_bytes_ > 0 && X > 0) {
+    slot_bytes_ = part_cap_[0] + part_cap_[1] + part_cap_[2];
+    const uint64_t n_slots = pool_bytes_ / slot_bytes_;
+    if (n_slots < uint64_t(X)) {  // a layer's experts must fit at once (a prefill chunk touches most of them)
+      return Status::error(format("the GPU expert pool of %.2f GiB holds %llu experts; it needs at least one layer's "
+                                  "%lld (%.2f GiB)", double(pool_bytes_) / double(1ull << 30),
+                                  (unsigned long long)n_slots, (long long)X,
+                                  double(slot_bytes_) * double(X) / double(1ull << 30)));
+    }
+    MAGNETAR_ASSIGN_OR_RETURN(pool_, device_buffer(n_slots * slot_bytes_));
+    slots_.resize(n_slots);
+    slot_of_.assign(size_t(hp_.n_layer * X), -1);
+    pool_ptrs_.resize(size_t(X) * 3);
+    tier_stats_.slots = n_slots;
+    tier_stats_.slot_bytes = slot_bytes_;
+    mapped_ = std::make_unique<experts::MappedExperts>(file_, *layout_);
   }
 
   // ---- scratch -----------------------------------------------------------------------------------------------
@@ -353,6 +420,95 @@ Status Qwen3Cuda::dense_ffn(const DevLayer& L, int64_t n) const {
   return linear(L.ffn_down, gate, proj_.as<float>(), n);
 }
 
+template <typename PtrOf>
+int64_t Qwen3Cuda::group_rows_on_host(const int32_t* h_ids, int64_t n, PtrOf ptr_of, int64_t* max_n) const {
+  const int64_t X = hp_.n_expert, K = hp_.n_expert_used, R = n * K;
+  auto* h_items = h_items_.as<GroupItem>();
+  auto* h_x_rows = reinterpret_cast<int32_t*>(h_items + R + X);
+  int32_t* h_slot_rows = h_x_rows + R;
+  std::vector<int32_t> begin(size_t(X) + 1, 0);
+  for (int64_t r = 0; r < R; ++r) begin[size_t(h_ids[r]) + 1]++;
+  for (int64_t e = 0; e < X; ++e) begin[size_t(e) + 1] += begin[size_t(e)];
+  std::vector<int32_t> fill(begin.begin(), begin.end() - 1);
+  for (int64_t r = 0; r < R; ++r) {  // r = t * K + j
+    const int32_t row = fill[size_t(h_ids[r])]++;
+    h_x_rows[row] = int32_t(r / K);
+    h_slot_rows[r] = row;
+  }
+  int64_t n_items = 0;
+  *max_n = 1;
+  for (int64_t e = 0; e < X; ++e) {
+    for (int32_t r0 = begin[size_t(e)]; r0 < begin[size_t(e) + 1]; r0 += int32_t(kVec)) {
+      GroupItem& it = h_items[n_items++];
+      for (int p = 0; p < 3; ++p) it.w[p] = ptr_of(e, p);
+      it.row0 = r0;
+      it.n = std::min<int32_t>(int32_t(kVec), begin[size_t(e) + 1] - r0);
+      *max_n = std::max<int64_t>(*max_n, it.n);
+    }
+  }
+  stream_.copy(items_.data(), h_items, size_t(n_items) * sizeof(GroupItem));
+  stream_.copy(x_rows_.data(), h_x_rows, size_t(R) * 4);
+  stream_.copy(slot_rows_.data(), h_slot_rows, size_t(R) * 4);
+  return n_items;
+}
+
+Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, experts::ExpertSource& source) const {
+  const int64_t X = hp_.n_expert;
+  ++tick_;
+  misses_.clear();
+  for (const int32_t e : active) {
+    const int32_t s = slot_of_[size_t(il * X + e)];
+    if (s >= 0) {
+      slots_[size_t(s)].last_use = tick_;
+      tier_stats_.hits++;
+    } else {
+      misses_.push_back(e);
+    }
+  }
+  if (!misses_.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    host_ptrs_.resize(misses_.size());
+    std::vector<uint8_t> ready(misses_.size());
+    source.acquire(il, misses_, host_ptrs_, ready);
+    experts::Pinned pinned(source);  // released once the copies below have landed
+    MAGNETAR_RETURN_IF_ERROR(source.wait(host_ptrs_));
+    for (size_t i = 0; i < misses_.size(); ++i) {
+      // The least recently used slot that this layer's experts do not hold (the pool has >= n_expert slots).
+      size_t victim = SIZE_MAX;
+      for (size_t s = 0; s < slots_.size(); ++s) {
+        if (slots_[s].last_use != tick_ && (victim == SIZE_MAX || slots_[s].last_use < slots_[victim].last_use)) {
+          victim = s;
+        }
+      }
+      MAGNETAR_CHECK(victim != SIZE_MAX);
+      Slot& slot = slots_[victim];
+      if (slot.layer >= 0) {
+        slot_of_[size_t(slot.layer * X + slot.expert)] = -1;
+        tier_stats_.evictions++;
+      }
+      slot = {.layer = int32_t(il), .expert = misses_[i], .last_use = tick_};
+      slot_of_[size_t(il * X + misses_[i])] = int32_t(victim);
+      uint8_t* dst = static_cast<uint8_t*>(pool_.data()) + victim * slot_bytes_;
+      for (int p = 0; p < 3; ++p) {
+        const size_t bytes = size_t(layout_->extent(il, misses_[i], experts::Part(p)).bytes);
+        stream_.copy(dst, host_ptrs_[i].part[p], bytes);
+        dst += part_cap_[p];
+        tier_stats_.bytes_h2d += bytes;
+      }
+      tier_stats_.misses++;
+    }
+    stream_.synchronize();
+    tier_stats_.h2d_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  for (const int32_t e : active) {
+    const uint8_t* base = static_cast<uint8_t*>(pool_.data()) + size_t(slot_of_[size_t(il * X + e)]) * slot_bytes_;
+    pool_ptrs_[size_t(e) * 3] = base;
+    pool_ptrs_[size_t(e) * 3 + 1] = base + part_cap_[0];
+    pool_ptrs_[size_t(e) * 3 + 2] = base + part_cap_[0] + part_cap_[1];
+  }
+  return Status();
+}
+
 Status Qwen3Cuda::moe_ffn(const DevLayer& L, int64_t il, int64_t n, const ForwardArgs& args) const {
   const int64_t E = hp_.n_embd, X = hp_.n_expert, K = hp_.n_expert_used, F = hp_.n_ff_exp;
   const int64_t R = n * K;
@@ -368,40 +524,31 @@ Status Qwen3Cuda::moe_ffn(const DevLayer& L, int64_t il, int64_t n, const Forwar
   auto* x_rows = x_rows_.as<int32_t>();
   auto* slot_rows = slot_rows_.as<int32_t>();
   int64_t n_items = R, max_n = 1;
-  if (n <= kVec) {
-    // Decode: one item per (token, slot), built on the device.
+  if (n <= kVec && pool_bytes_ == 0) {
+    // Decode, every expert resident: one item per (token, slot), built on the device.
     MAGNETAR_RETURN_IF_ERROR(cuda::moe_resolve({.ids = ids, .n_rows = R, .k = K, .table = L.table, .n_expert = X,
                                                 .items = items, .x_rows = x_rows, .slot_rows = slot_rows}, stream_));
   } else {
-    // Prefill: rows grouped by expert (in token order within an expert), up to kVec rows per item.
+    // Prefill, or the tiered mode: the ids come to the host, rows are grouped by expert (token order within an
+    // expert, up to kVec rows per item) and the items point at the resident copy or the pool slot.
     int32_t* h_ids = h_ids_.as<int32_t>() + il * n_batch_ * K;
     if (!args.routing) stream_.copy(h_ids, ids, size_t(R) * 4);
     stream_.synchronize();
-    auto* h_items = h_items_.as<GroupItem>();
-    auto* h_x_rows = reinterpret_cast<int32_t*>(h_items + R + X);
-    int32_t* h_slot_rows = h_x_rows + R;
-    std::vector<int32_t> begin(size_t(X) + 1, 0);
-    for (int64_t r = 0; r < R; ++r) begin[size_t(h_ids[r]) + 1]++;
-    for (int64_t e = 0; e < X; ++e) begin[size_t(e) + 1] += begin[size_t(e)];
-    std::vector<int32_t> fill(begin.begin(), begin.end() - 1);
-    for (int64_t r = 0; r < R; ++r) {  // r = t * K + j
-      const int32_t row = fill[size_t(h_ids[r])]++;
-      h_x_rows[row] = int32_t(r / K);
-      h_slot_rows[r] = row;
-    }
-    n_items = 0;
-    for (int64_t e = 0; e < X; ++e) {
-      for (int32_t r0 = begin[size_t(e)]; r0 < begin[size_t(e) + 1]; r0 += int32_t(kVec)) {
-        GroupItem& it = h_items[n_items++];
-        for (int p = 0; p < 3; ++p) it.w[p] = L.host_table[size_t(e) * 3 + size_t(p)];
-        it.row0 = r0;
-        it.n = std::min<int32_t>(int32_t(kVec), begin[size_t(e) + 1] - r0);
-        max_n = std::max<int64_t>(max_n, it.n);
+    if (pool_bytes_ > 0) {
+      active_.clear();
+      std::vector<uint8_t>& seen = seen_;
+      seen.assign(size_t(X), 0);
+      for (int64_t r = 0; r < R; ++r) seen[size_t(h_ids[r])] = 1;
+      for (int32_t e = 0; e < int32_t(X); ++e) {
+        if (seen[size_t(e)]) active_.push_back(e);
       }
+      MAGNETAR_RETURN_IF_ERROR(pool_acquire(il, active_, args.experts ? *args.experts : *mapped_));
+      n_items = group_rows_on_host(h_ids, n, [&](int64_t e, int p) { return pool_ptrs_[size_t(e) * 3 + size_t(p)]; },
+                                   &max_n);
+    } else {
+      n_items = group_rows_on_host(h_ids, n, [&](int64_t e, int p) { return L.host_table[size_t(e) * 3 + size_t(p)]; },
+                                   &max_n);
     }
-    stream_.copy(items, h_items, size_t(n_items) * sizeof(GroupItem));
-    stream_.copy(x_rows, h_x_rows, size_t(R) * 4);
-    stream_.copy(slot_rows, h_slot_rows, size_t(R) * 4);
   }
   // gate and up in one launch over [2, R, F]; the input is each token's normed hidden state.
   float* gate = gu_.as<float>();
@@ -521,9 +668,10 @@ Status Qwen3Cuda::forward(cpu::ThreadPool&, Workspace&, const ForwardArgs& args)
 
 }  // namespace
 
-Result<std::unique_ptr<Model>> load_qwen3_cuda(const gguf::Model& file, int64_t n_batch) {
+Result<std::unique_ptr<Model>> load_qwen3_cuda(const gguf::Model& file, int64_t n_batch, uint64_t expert_pool_bytes) {
   MAGNETAR_ASSIGN_OR_RETURN(Qwen3Bound bound, bind_qwen3(file));
-  auto model = std::make_unique<Qwen3Cuda>(std::move(bound), file, n_batch);
+  if (!bound.layout) expert_pool_bytes = 0;  // dense: nothing to tier
+  auto model = std::make_unique<Qwen3Cuda>(std::move(bound), file, n_batch, expert_pool_bytes);
   MAGNETAR_RETURN_IF_ERROR(model->init());
   return std::unique_ptr<Model>(std::move(model));
 }

@@ -194,5 +194,59 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaEngine,
                                            Variant{quant::Type::Q4_K, true}),
                          variant_name);
 
+
+// ---- the GPU expert tier ------------------------------------------------------------------------------------------
+
+// The bundled demo model (16 MoE layers of 8 experts): resident on the GPU against the tiered mode with a pool of
+// ~14 experts (every layer evicts), experts in host memory mapped or streamed through a small RAM cache. The
+// same kernels compute the same rows wherever the weights came from: logits bit-identical, prefill and decode.
+TEST(CudaTier, PoolEqualsResidentBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const std::string demo = std::string(MAGNETAR_SOURCE_DIR) + "/models/magnetar-demo-q8_0.gguf";
+  auto run = [&](double gpu_cache_gb, bool stream, std::vector<std::vector<float>>* logits) {
+    EngineOptions o;
+    o.n_threads = 2;
+    o.n_ctx = 128;
+    o.n_batch = 16;
+    o.device = Device::kCuda;
+    o.gpu_cache_gb = gpu_cache_gb;
+    if (stream) {
+      o.experts = ExpertMode::kStream;
+      o.stream.cache_gb = 0.007;
+      o.stream.census = false;
+    }
+    auto engine = Engine::load(demo, o);
+    ASSERT_TRUE(engine.ok()) << engine.status().message();
+    EXPECT_EQ(engine.value()->expert_stats().gpu_tier, gpu_cache_gb > 0 || stream) << engine.value()->memory_plan();
+    auto s = engine.value()->new_session();
+    ASSERT_TRUE(s.ok());
+    std::vector<int32_t> tokens = prompt(40, 4);  // 3 prefill chunks
+    ASSERT_OK(s.value()->sync(tokens));
+    for (int i = 0; i < 24; ++i) {
+      logits->emplace_back(s.value()->logits().begin(), s.value()->logits().end());
+      ASSERT_OK(s.value()->step(argmax(s.value()->logits())));
+    }
+    if (gpu_cache_gb > 0) {
+      const ExpertStats st = engine.value()->expert_stats();
+      std::printf("[cuda] tier %.3f GiB%s: %llu slots, hits %llu, misses %llu, evictions %llu\n", gpu_cache_gb,
+                  stream ? " + streamed host cache" : "", (unsigned long long)st.gpu_slots,
+                  (unsigned long long)st.gpu_hits, (unsigned long long)st.gpu_misses,
+                  (unsigned long long)st.gpu_evictions);
+      EXPECT_GT(st.gpu_evictions, 0u) << "the pool is meant to be too small for the model";
+    }
+  };
+  std::vector<std::vector<float>> resident, pooled, streamed;
+  run(0, false, &resident);
+  run(0.003, false, &pooled);
+  run(0.003, true, &streamed);
+  ASSERT_EQ(resident.size(), 24u);
+  ASSERT_EQ(pooled.size(), resident.size());
+  ASSERT_EQ(streamed.size(), resident.size());
+  for (size_t i = 0; i < resident.size(); ++i) {
+    EXPECT_EQ(pooled[i], resident[i]) << "token " << i << " (GPU pool, mapped host experts)";
+    EXPECT_EQ(streamed[i], resident[i]) << "token " << i << " (GPU pool, streamed host experts)";
+  }
+}
+
 }  // namespace
 }  // namespace magnetar

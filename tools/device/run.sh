@@ -8,6 +8,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/magnetar-out}
 mkdir -p "$OUT"
 filter=${1:-.}
+tests=${2:-}  # a ctest -R regex: run only those tests and no benchmarks (a quick check on a warm machine)
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 
 # Build dependencies the image lacks (nlohmann-json, libpcre2-dev, liburing-dev, cpp-httplib and what its .pc
@@ -36,7 +37,8 @@ fi
 
 # `run.sh --model-bench`: the CUDA forward pass on a synthetic Qwen3-30B-A3B-geometry Q4_K model (ANCHORS.md's
 # llama.cpp figures are for this geometry on this GPU), with the build-device/ of an earlier call on the same
-# (still warm) machine: pp512 / tg128 and pp2048 (medians of 5), then decode at depth 2K, 16K and 64K.
+# (still warm) machine: pp512 / tg128 and pp2048 (medians of 5), decode at depth 2K to 64K, then the experts
+# tiered (GPU pool + RAM cache + disk).
 if [ "$filter" = "--model-bench" ]; then
   bin=build-device/tools/magnetar
   if [ ! -x "$bin" ]; then  # a fresh machine: build the binary only
@@ -52,6 +54,10 @@ if [ "$filter" = "--model-bench" ]; then
   "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 2048 --gen 16 --reps 5 --ctx 4096 2>&1 | tail -4
   "$bin" bench -m "$model" --device cuda --ctx 67700 --ctx-start 2048 --ctx-max 65536 --step 2048 --gen 64 --reps 1 \
     --batch 2048 2>&1 | grep -E "^ *(2048|16384|32768|65536) |depth|magnetar" | head -12
+  # The consumer-GPU setting: ~4 GiB of GPU memory in all (non-expert weights ~1.4 GiB, a 2.25 GiB expert pool,
+  # KV and scratch) and an 8 GiB RAM expert cache streaming from disk (O_DIRECT: the page cache does not help).
+  "$bin" bench -m "$model" --device cuda --gpu-cache-gb 2.25 --stream --cache-gb 8 --no-census --show-plan \
+    --ctx-start 0 --ctx-max 0 --step 128 --gen 64 --reps 3 2>&1 | tail -12
   exit 0
 fi
 
@@ -67,9 +73,10 @@ else
   log "build ok"
 fi
 
-(cd build-device && ctest --output-on-failure -j 8 --timeout 600) >"$OUT/ctest.log" 2>&1
+(cd build-device && ctest --output-on-failure -j 8 --timeout 600 ${tests:+-R "$tests"}) >"$OUT/ctest.log" 2>&1
 log "ctest exit $?: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
 grep -E "Failed|\*\*\*|SKIP" "$OUT/ctest.log" | head -30 | tee -a "$OUT/summary.txt"
+if [ -n "$tests" ]; then cat "$OUT/summary.txt"; exit 0; fi
 ./build-device/tests/magnetar_kernel_tests --gtest_brief=1 >"$OUT/kernel_tests.log" 2>&1
 log "kernel tests (this CPU's ISAs) exit $?: $(tail -1 "$OUT/kernel_tests.log")"
 
