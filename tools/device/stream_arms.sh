@@ -19,7 +19,7 @@ packed=$dir/q235-12-q4k.packed.gguf
   || { echo "pack failed"; tail -5 "$res/pack.log"; exit 1; }
 dd if="$model" of=/dev/null bs=4M count=1000 iflag=direct 2>&1 | tail -1 | tee "$res/dd.txt"
 export MAGNETAR=$bin
-common="--cache-gb 4 --no-census -t $(nproc)"
+common="--device cpu --cache-gb 4 --no-census -t $(nproc)"
 STEP=64 GEN=4 REPS=5 bash bench/stream_bench.sh "$model" "$res/prefill-std" \
   "measured:$common" "adjacent:$common --read-gap-kib 0" 2>&1 | tee -a "$res/summary.txt"
 STEP=64 GEN=4 REPS=5 bash bench/stream_bench.sh "$packed" "$res/prefill-packed" \
