@@ -262,10 +262,10 @@ Status Qwen3Cuda::init() {
     slot_bytes_ = part_cap_[0] + part_cap_[1] + part_cap_[2];
     const uint64_t n_slots = pool_bytes_ / slot_bytes_;
     if (n_slots < uint64_t(X)) {  // a layer's experts must fit at once (a prefill chunk touches most of them)
-      return Status::error(format("the GPU expert pool of %.2f GiB holds %llu experts; it needs at least one layer's "
-                                  "%lld (%.2f GiB)", double(pool_bytes_) / double(1ull << 30),
+      return Status::error(format("the GPU expert pool of %.1f MiB holds %llu experts; it needs at least one layer's "
+                                  "%lld (%.1f MiB)", double(pool_bytes_) / double(1 << 20),
                                   (unsigned long long)n_slots, (long long)X,
-                                  double(slot_bytes_) * double(X) / double(1ull << 30)));
+                                  double(slot_bytes_) * double(X) / double(1 << 20)));
     }
     MAGNETAR_ASSIGN_OR_RETURN(pool_, device_buffer(n_slots * slot_bytes_));
     slots_.resize(n_slots);
