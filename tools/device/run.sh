@@ -54,7 +54,7 @@ if [ "$filter" = "--model-bench" ]; then
   "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 2048 --gen 16 --reps 5 --ctx 4096 2>&1 | tail -4
   "$bin" bench -m "$model" --device cuda --ctx 67700 --ctx-start 2048 --ctx-max 65536 --step 2048 --gen 64 --reps 1 \
     --batch 2048 2>&1 | grep -E "^ *(2048|16384|32768|65536) |depth|magnetar" | head -12
-  # The consumer-GPU setting: ~4 GiB of GPU memory in all (non-expert weights ~1.4 GiB, a 2.25 GiB expert pool,
+  # The consumer-GPU setting: ~4 GiB of GPU memory in all (non-expert weights ~1.0 GiB, a 2.25 GiB expert pool,
   # KV and scratch) and an 8 GiB RAM expert cache streaming from disk (O_DIRECT: the page cache does not help).
   "$bin" bench -m "$model" --device cuda --gpu-cache-gb 2.25 --stream --cache-gb 8 --no-census --show-plan \
     --ctx-start 0 --ctx-max 0 --step 128 --gen 64 --reps 3 2>&1 | tail -12
