@@ -223,7 +223,7 @@ struct Lexer {
               }
             }
           }
-          append_utf8(out, u >= 0xD800 && u <= 0xDFFF ? 0xFFFD : u);
+          append_utf8(u >= 0xD800 && u <= 0xDFFF ? kReplacementChar : u, out);
           break;
         }
         default: *out += '\\'; *out += e;

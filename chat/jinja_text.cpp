@@ -6,57 +6,19 @@
 
 namespace magnetar::chat::jinja {
 
+// A thin adapter over base/utf8.h's decoder, kept for the Jinja engine's byte-exact behaviour (it is tested
+// for parity with @huggingface/jinja): an ill-formed sequence is skipped one byte at a time, so a truncated
+// "\xE2\x82" reads as two U+FFFD (utf16_length 2) where base/'s maximal-subpart rule gives one, js_upper
+// keeps each invalid byte as it is, and callers that walk text one step at a time never jump over a byte
+// that starts a valid sequence. Both accept exactly the well-formed sequences.
 uint32_t decode_utf8(std::string_view s, size_t* i) {
-  const auto byte = [&](size_t k) { return uint32_t(uint8_t(s[k])); };
-  const uint32_t b0 = byte(*i);
-  if (b0 < 0x80) {
-    ++*i;
-    return b0;
+  const Utf8Step step = magnetar::decode_utf8(s, *i);
+  if (step.kind == Utf8Kind::kChar) {
+    *i += size_t(step.length);
+    return step.cp;
   }
-  int n = 0;
-  uint32_t cp = 0, min = 0;
-  if ((b0 & 0xE0) == 0xC0)
-    n = 1, cp = b0 & 0x1F, min = 0x80;
-  else if ((b0 & 0xF0) == 0xE0)
-    n = 2, cp = b0 & 0x0F, min = 0x800;
-  else if ((b0 & 0xF8) == 0xF0)
-    n = 3, cp = b0 & 0x07, min = 0x10000;
-  if (n == 0 || *i + size_t(n) >= s.size()) {
-    ++*i;
-    return 0xFFFD;
-  }
-  for (int k = 1; k <= n; ++k) {
-    const uint32_t b = byte(*i + k);
-    if ((b & 0xC0) != 0x80) {
-      ++*i;
-      return 0xFFFD;
-    }
-    cp = (cp << 6) | (b & 0x3F);
-  }
-  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-    ++*i;
-    return 0xFFFD;
-  }
-  *i += size_t(n) + 1;
-  return cp;
-}
-
-void append_utf8(std::string* out, uint32_t cp) {
-  if (cp < 0x80) {
-    out->push_back(char(cp));
-  } else if (cp < 0x800) {
-    out->push_back(char(0xC0 | (cp >> 6)));
-    out->push_back(char(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(char(0xE0 | (cp >> 12)));
-    out->push_back(char(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(char(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(char(0xF0 | (cp >> 18)));
-    out->push_back(char(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(char(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(char(0x80 | (cp & 0x3F)));
-  }
+  ++*i;
+  return kReplacementChar;
 }
 
 namespace {
@@ -127,12 +89,12 @@ std::string from_utf16(std::u16string_view s) {
   for (size_t i = 0; i < s.size(); ++i) {
     const uint32_t u = s[i];
     if (u >= 0xD800 && u <= 0xDBFF && i + 1 < s.size() && s[i + 1] >= 0xDC00 && s[i + 1] <= 0xDFFF) {
-      append_utf8(&out, 0x10000 + ((u - 0xD800) << 10) + (uint32_t(s[i + 1]) - 0xDC00));
+      append_utf8(0x10000 + ((u - 0xD800) << 10) + (uint32_t(s[i + 1]) - 0xDC00), &out);
       ++i;
     } else if (u >= 0xD800 && u <= 0xDFFF) {
-      append_utf8(&out, 0xFFFD);
+      append_utf8(kReplacementChar, &out);
     } else {
-      append_utf8(&out, u);
+      append_utf8(u, &out);
     }
   }
   return out;
@@ -231,7 +193,7 @@ std::string map_string(std::string_view s, bool upper) {
     } else if (cp == 0xFFFD && !(i - start == 3)) {
       out.append(s.substr(start, i - start));  // keep invalid bytes as they were
     } else {
-      append_utf8(&out, map_case(cp, upper));
+      append_utf8(map_case(cp, upper), &out);
     }
   }
   return out;

@@ -8,12 +8,14 @@
 #include <string>
 #include <string_view>
 
+#include "base/utf8.h"
+
 namespace magnetar::chat::jinja {
 
 // Decodes the code point at s[*i] and advances *i; an invalid or truncated sequence reads as U+FFFD and
-// advances one byte.
+// advances one byte (so each such byte is one U+FFFD, not each maximal subpart as in base/utf8.h). Encoding
+// is base/utf8.h's append_utf8.
 uint32_t decode_utf8(std::string_view s, size_t* i);
-void append_utf8(std::string* out, uint32_t cp);
 
 // Bytes of the JS whitespace or line terminator at s[i] (what /\s/ and String.prototype.trim match), or 0.
 size_t js_space_len(std::string_view s, size_t i);

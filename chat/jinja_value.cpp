@@ -216,7 +216,7 @@ void json_quote(std::string_view s, bool ensure_ascii, std::string* out) {
         escape_unit(cp);
       }
     } else {
-      append_utf8(out, cp);
+      append_utf8(cp, out);
     }
   }
   *out += '"';

@@ -13,7 +13,7 @@
 
 namespace magnetar::tokenizer {
 
-// Part of the tokenizer's API since before they moved to base/.
+// Re-exported: tokenizer code and its callers name them as tokenizer:: functions, as before the move.
 using magnetar::append_utf8;
 using magnetar::decode_utf8;
 using magnetar::is_valid_utf8;
