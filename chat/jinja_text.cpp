@@ -6,11 +6,12 @@
 
 namespace magnetar::chat::jinja {
 
-// A thin adapter over base/utf8.h's decoder, kept for the Jinja engine's byte-exact behaviour (it is tested
-// for parity with @huggingface/jinja): an ill-formed sequence is skipped one byte at a time, so a truncated
-// "\xE2\x82" reads as two U+FFFD (utf16_length 2) where base/'s maximal-subpart rule gives one, js_upper
-// keeps each invalid byte as it is, and callers that walk text one step at a time never jump over a byte
-// that starts a valid sequence. Both accept exactly the well-formed sequences.
+// A thin adapter over base/utf8.h's decoder that keeps the Jinja engine's behaviour byte for byte (it is
+// tested for parity with @huggingface/jinja): an ill-formed sequence is consumed one byte at a time, not one
+// maximal subpart at a time, so a truncated "\xE2\x82" reads as two U+FFFD (utf16_length 2, not 1), and
+// map_string below tells an invalid byte (1 byte) from a real U+FFFD (3 bytes) by the bytes consumed, which a
+// 3-byte subpart such as a truncated "\xF1\x80\x80" would break. Both accept exactly the well-formed
+// sequences.
 uint32_t decode_utf8(std::string_view s, size_t* i) {
   const Utf8Step step = magnetar::decode_utf8(s, *i);
   if (step.kind == Utf8Kind::kChar) {

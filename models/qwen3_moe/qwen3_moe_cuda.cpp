@@ -24,7 +24,7 @@
 // the pool's copies with compute, the CPU expert lane, per-op profiles (Session::op_profile stays empty).
 #include <algorithm>
 #include <chrono>
-#include <climits>
+#include <cstdint>
 #include <cmath>
 #include <cstring>
 #include <memory>
