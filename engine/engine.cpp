@@ -382,6 +382,12 @@ ExpertMap Engine::expert_map() const {
   } else {
     map.tier.assign(map.uses.size(), ExpertMap::kResident);
   }
+  if (impl_->gpu_tier) {
+    const std::vector<uint8_t> on_gpu = impl_->model->gpu_cached();
+    for (size_t i = 0; i < on_gpu.size() && i < map.tier.size(); ++i) {
+      if (on_gpu[i]) map.tier[i] = ExpertMap::kGpu;
+    }
+  }
   return map;
 }
 

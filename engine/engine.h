@@ -107,7 +107,8 @@ struct ExpertStats {
 
 // Where each routed expert is and how often it was used: the web UI's expert map. Empty for dense models.
 struct ExpertMap {
-  enum Tier : uint8_t { kDisk = 0, kRam = 1, kResident = 2 };  // kRam: in the streamed cache; kResident: mapped
+  // kRam: in the streamed cache; kResident: mapped (CPU) or uploaded (GPU); kGpu: in the GPU expert pool now
+  enum Tier : uint8_t { kDisk = 0, kRam = 1, kResident = 2, kGpu = 3 };
   int64_t n_layer = 0, n_expert = 0;
   std::vector<uint8_t> tier;   // [n_layer * n_expert]
   std::vector<uint64_t> uses;  // [n_layer * n_expert]: times a token was routed to it since load

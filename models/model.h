@@ -120,6 +120,8 @@ class Model {
     double h2d_seconds = 0;  // wall time of the miss path: host store wait + copies
   };
   virtual GpuTierStats gpu_tier_stats() const { return {}; }
+  // [n_layer * n_expert]: 1 where the expert is in the GPU pool now (empty without one).
+  virtual std::vector<uint8_t> gpu_cached() const { return {}; }
   virtual void reset_gpu_tier_stats() {}
 };
 

@@ -80,7 +80,15 @@ json experts_json(const ExpertStats& s) {
           {"prefetch_used", s.prefetch_used},
           {"prefetch_wasted", s.prefetch_wasted},
           {"predicted", s.predicted},
-          {"acquired_with_hint", s.acquired_with_hint}};
+          {"acquired_with_hint", s.acquired_with_hint},
+          {"gpu_tier", s.gpu_tier},
+          {"gpu_slots", s.gpu_slots},
+          {"gpu_hits", s.gpu_hits},
+          {"gpu_misses", s.gpu_misses},
+          {"gpu_hit_rate", s.gpu_tier && s.gpu_hits + s.gpu_misses > 0
+                               ? json(ratio(double(s.gpu_hits), double(s.gpu_hits + s.gpu_misses)))
+                               : json()},
+          {"gpu_bytes_h2d", s.gpu_bytes_h2d}};
 }
 
 json kv_disk_json(const KvDiskStats& s) {
@@ -101,14 +109,15 @@ json kv_disk_json(const KvDiskStats& s) {
 
 json status_json(const Engine& engine, const WorkerStats& w, const std::string& model_id) {
   // How many experts sit in each tier now (from the published map).
-  uint64_t in_tier[3] = {0, 0, 0};
+  uint64_t in_tier[4] = {0, 0, 0, 0};
   for (uint8_t t : w.expert_map.tier) {
-    if (t < 3) in_tier[t]++;
+    if (t < 4) in_tier[t]++;
   }
   json experts = experts_json(w.experts);
   experts["in_tier"] = {{"disk", in_tier[ExpertMap::kDisk]},
                         {"ram", in_tier[ExpertMap::kRam]},
-                        {"resident", in_tier[ExpertMap::kResident]}};
+                        {"resident", in_tier[ExpertMap::kResident]},
+                        {"gpu", in_tier[ExpertMap::kGpu]}};
   return {{"model", model_json(engine, model_id)},
           {"plan", engine.memory_plan()},
           {"worker",
@@ -145,7 +154,7 @@ json expert_map_json(const ExpertMap& map) {
   // Indexed by ExpertMap::Tier.
   return {{"n_layer", map.n_layer},
           {"n_expert", map.n_expert},
-          {"tiers", {"disk", "ram", "resident"}},
+          {"tiers", {"disk", "ram", "resident", "gpu"}},
           {"tier", std::move(tier)},
           {"uses", std::move(uses)}};
 }

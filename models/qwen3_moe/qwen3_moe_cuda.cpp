@@ -99,6 +99,11 @@ class Qwen3Cuda final : public Model {
   Status forward(cpu::ThreadPool& pool, Workspace& ws, const ForwardArgs& args) const override;
   const experts::ExpertLayout* expert_layout() const override { return layout_.get(); }
   GpuTierStats gpu_tier_stats() const override { return tier_stats_; }
+  std::vector<uint8_t> gpu_cached() const override {
+    std::vector<uint8_t> out(slot_of_.size());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = slot_of_[i] >= 0;
+    return out;
+  }
   void reset_gpu_tier_stats() override {
     const uint64_t slots = tier_stats_.slots;
     tier_stats_ = {};

@@ -621,13 +621,18 @@
       ['tokens', `${fmtInt(w.prompt_tokens)} prompt, ${fmtInt(w.generated_tokens)} generated`],
       ['KV reuse (RAM)', fmtPct(w.kv_reuse_rate) + ` of prompt tokens (${fmtInt(w.cached_tokens)})`, 'kv-reuse'],
     ];
+    if (e.gpu_tier) {
+      rows.push(['experts, GPU pool', `${fmtPct(e.gpu_hit_rate)} hit rate (${fmtInt(e.gpu_hits)} of ` +
+                 `${fmtInt(e.gpu_hits + e.gpu_misses)}), ${fmtBytes(e.gpu_bytes_h2d)} copied up`]);
+    }
     if (e.streamed) {
       rows.push(['experts, RAM cache', `${fmtPct(e.hit_rate)} hit rate (${fmtInt(e.hits)} of ${fmtInt(e.acquired)})`,
                  'hit-rate']);
       if (e.inflight_hits > 0) rows.push(['experts, in flight', fmtPct(e.inflight_hit_rate) + ' (prefetched)']);
       rows.push(['experts, disk', `${fmtPct(e.acquired ? e.misses / e.acquired : null)} missed: ` +
                  `${fmtInt(e.reads)} reads, ${fmtBytes(e.bytes_read)}`]);
-      rows.push(['experts now', `${e.in_tier.ram} in RAM, ${e.in_tier.disk} on disk`]);
+      rows.push(['experts now', (e.gpu_tier ? `${e.in_tier.gpu} on the GPU, ` : '') +
+                 `${e.in_tier.ram} in RAM, ${e.in_tier.disk} on disk`]);
     } else {
       rows.push(['experts', m.n_expert ? '100.0% resident (mapped in RAM)' : 'no routed experts', 'hit-rate']);
     }
@@ -697,11 +702,12 @@
     const bg = cssColor('--map-bg');
     ctx.fillStyle = `rgb(${bg.join(',')})`;
     ctx.fillRect(0, 0, width, height);
-    const colors = [cssColor('--tier-disk'), cssColor('--tier-ram'), cssColor('--tier-resident')];
+    const colors = [cssColor('--tier-disk'), cssColor('--tier-ram'), cssColor('--tier-resident'),
+                    cssColor('--tier-gpu')];
     let maxUses = 0;
     for (const row of map.uses) for (const u of row) maxUses = Math.max(maxUses, u);
     const gap = cell >= 6 ? 1 : 0;
-    const counts = [0, 0, 0];
+    const counts = [0, 0, 0, 0];
     for (let l = 0; l < map.n_layer; l++) {
       for (let e = 0; e < map.n_expert; e++) {
         const t = map.tier[l][e];
@@ -742,7 +748,7 @@
       tip.hidden = true;
       return;
     }
-    const tierNames = { disk: 'on disk', ram: 'in the RAM cache', resident: 'resident' };
+    const tierNames = { disk: 'on disk', ram: 'in the RAM cache', resident: 'resident', gpu: 'in the GPU pool' };
     const tier = map.tiers[map.tier[l][e]];
     tip.textContent = `layer ${l}, expert ${e}: ${tierNames[tier] || tier}, ${fmtInt(map.uses[l][e])} uses`;
     tip.hidden = false;

@@ -140,7 +140,8 @@ TEST_F(WebUi, StatusShape) {
   EXPECT_DOUBLE_EQ(e["hit_rate"].get<double>(), double(e["hits"].get<uint64_t>()) / double(acquired));
   EXPECT_GT(e["bytes_read"].get<uint64_t>(), 0u);  // a cold cache read experts from disk
   const json& in_tier = e["in_tier"];
-  EXPECT_EQ(in_tier["disk"].get<int64_t>() + in_tier["ram"].get<int64_t>() + in_tier["resident"].get<int64_t>(),
+  EXPECT_EQ(in_tier["disk"].get<int64_t>() + in_tier["ram"].get<int64_t>() + in_tier["resident"].get<int64_t>() +
+                in_tier["gpu"].get<int64_t>(),
             kDemoLayers * kDemoExperts);
   EXPECT_GT(in_tier["ram"].get<int64_t>(), 0);
   EXPECT_EQ(in_tier["resident"], 0);
@@ -166,7 +167,7 @@ TEST_F(WebUi, ExpertMapCountsEveryRoutedToken) {
   for (const json* map : {&before, &after}) {
     EXPECT_EQ((*map)["n_layer"], kDemoLayers);
     EXPECT_EQ((*map)["n_expert"], kDemoExperts);
-    EXPECT_EQ((*map)["tiers"], json({"disk", "ram", "resident"}));
+    EXPECT_EQ((*map)["tiers"], json({"disk", "ram", "resident", "gpu"}));
     ASSERT_EQ((*map)["tier"].size(), size_t(kDemoLayers));
     ASSERT_EQ((*map)["uses"].size(), size_t(kDemoLayers));
     for (int64_t l = 0; l < kDemoLayers; ++l) {
