@@ -95,6 +95,10 @@ TEST(ChatJinja, StringMethodsAndIndexing) {
   EXPECT_EQ(render("{{ 'abcdef'[1:4] }} {{ 'abcdef'[::-1] }} {{ 'abcdef'[-2:] }} {{ 'abc'[-1] }} {{ 'abc'[0] }}"),
             "bcd fedcba ef c a");
   EXPECT_EQ(render("{{ 'a😀b'[::-1] }}"), "b😀a");  // slices count code points
+  // Invalid UTF-8 reads as one U+FFFD per byte (not per maximal subpart: chat/jinja_text.cpp), and case
+  // mapping keeps those bytes as they are.
+  EXPECT_EQ(render("{{ 'a\xE2\x82' | length }} {{ '\xF1\x80\x80' | length }}"), "3 3");
+  EXPECT_EQ(render("{{ '\xF1\x80\x80x\xE2\x82'.upper() }}"), "\xF1\x80\x80X\xE2\x82");
 }
 
 TEST(ChatJinja, ListsAndSlices) {
