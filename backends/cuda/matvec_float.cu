@@ -10,6 +10,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
+#include "backends/cuda/grouping.cuh"
 #include "backends/cuda/launch.h"
 
 namespace magnetar::cuda::detail {
@@ -88,21 +89,11 @@ __global__ void __launch_bounds__(kThreads)
     matvec_float_kernel(const uint8_t* __restrict__ weights, size_t row_bytes, int rows, int cols,
                         const float* __restrict__ x, float* __restrict__ y, int n_vectors, int warps_per_row,
                         Grouping g) {
-  int row0 = 0;
-  if (g.items != nullptr) {  // as in mmvq.cu
-    const GroupItem& item = g.items[blockIdx.y];
-    weights = static_cast<const uint8_t*>(item.w[g.part + int(blockIdx.z)]);
-    if (weights == nullptr) return;
-    row0 = item.row0;
-    n_vectors = item.n;
-    y += size_t(blockIdx.z) * g.y_part_stride;
-  }
+  int row0;
+  if (!resolve_group(g, weights, row0, n_vectors, y)) return;  // uniform over the CTA
   const float* x_v[kMaxVectors];
 #pragma unroll
-  for (int v = 0; v < kMaxVectors; ++v) {
-    const int r = row0 + (v < n_vectors ? v : 0);
-    x_v[v] = x + size_t(g.act_rows != nullptr ? g.act_rows[r] : r) * size_t(cols);
-  }
+  for (int v = 0; v < kMaxVectors; ++v) x_v[v] = x + group_act_row(g, row0 + (v < n_vectors ? v : 0)) * size_t(cols);
   y += size_t(row0) * size_t(rows);
   const int warp = int(threadIdx.x) / kWarpSize;
   const int lane = int(threadIdx.x) % kWarpSize;

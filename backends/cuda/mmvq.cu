@@ -34,6 +34,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
+#include "backends/cuda/grouping.cuh"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/mmvq.cuh"
 
@@ -65,20 +66,12 @@ __global__ void __launch_bounds__(kThreads)
   using Ops = mmvq::MmvqType<T>;
   using Block = typename Ops::Block;
   using Act = typename Ops::Act;
-  int row0 = 0;
-  if (g.items != nullptr) {
-    const GroupItem& item = g.items[blockIdx.y];
-    weights = static_cast<const uint8_t*>(item.w[g.part + int(blockIdx.z)]);
-    if (weights == nullptr) return;  // uniform over the CTA
-    row0 = item.row0;
-    n_vectors = item.n;
-    y += size_t(blockIdx.z) * g.y_part_stride;
-  }
+  int row0;
+  if (!resolve_group(g, weights, row0, n_vectors, y)) return;  // uniform over the CTA
   const Act* a_v[kMaxVectors];
 #pragma unroll
   for (int v = 0; v < kMaxVectors; ++v) {
-    const int r = row0 + (v < n_vectors ? v : 0);
-    a_v[v] = reinterpret_cast<const Act*>(act + size_t(g.act_rows != nullptr ? g.act_rows[r] : r) * act_row_bytes);
+    a_v[v] = reinterpret_cast<const Act*>(act + group_act_row(g, row0 + (v < n_vectors ? v : 0)) * act_row_bytes);
   }
   y += size_t(row0) * size_t(rows);
   const int warp = int(threadIdx.x) / kWarpSize;

@@ -1,0 +1,35 @@
+// The CTA prologue of a grouped matrix-vector launch (launch.h's Grouping), shared by mmvq.cu and
+// matvec_float.cu: which weights, output rows and activation rows this CTA's item names.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backends/cuda/launch.h"
+
+namespace magnetar::cuda::detail {
+
+// For a grouped launch: points *weights at item blockIdx.y's part (part + blockIdx.z), sets its first output row
+// and vector count and moves y to the part's outputs. False when that weight is null ("not on this device"): the
+// whole CTA then returns without writing. A plain launch (no items) keeps its arguments and row 0.
+// (Templates so that the kernels' __restrict__ pointers bind by reference.)
+template <typename WeightPtr, typename OutPtr>
+__device__ __forceinline__ bool resolve_group(const Grouping& g, WeightPtr& weights, int& row0, int& n_vectors,
+                                              OutPtr& y) {
+  row0 = 0;
+  if (g.items == nullptr) return true;
+  const GroupItem& item = g.items[blockIdx.y];
+  weights = static_cast<const uint8_t*>(item.w[g.part + int(blockIdx.z)]);
+  if (weights == nullptr) return false;
+  row0 = item.row0;
+  n_vectors = item.n;
+  y += size_t(blockIdx.z) * g.y_part_stride;
+  return true;
+}
+
+// The activation row that output row r reads.
+__device__ __forceinline__ size_t group_act_row(const Grouping& g, int r) {
+  return size_t(g.act_rows != nullptr ? g.act_rows[r] : r);
+}
+
+}  // namespace magnetar::cuda::detail
