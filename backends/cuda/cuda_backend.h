@@ -215,6 +215,45 @@ struct MoeCombineArgs {
 };
 Status moe_combine(const MoeCombineArgs& args, Stream& stream);
 
+// ---- quantized matrix-matrix products for prefill (mmq.cu) ------------------------------------------------------
+// Int8 tensor-core (mma.sync, sm_80+) products of a quantized weight matrix with many already quantized
+// activation rows: y[r] = W x[r]. Each output equals the reference vec_dot of the weight row with the
+// activation row (traits(type).vec_dot_type blocks, as quantize_activations writes them) up to the float
+// rounding of the scale products and of the summation, like matvec. Both calls only queue work on `stream`
+// and allocate nothing; a bad type, shape, pointer or alignment returns a Status naming it and queues nothing.
+// Weight types: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL MXFP4 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS.
+
+struct MatmulArgs {
+  quant::Type type = quant::Type::Q4_0;  // a quantized weight type (list above)
+  const void* weights = nullptr;         // [rows, row_size(type, cols)] bytes, 16-byte aligned
+  int64_t rows = 0;                      // 1..INT_MAX
+  int64_t cols = 0;                      // a positive multiple of type's block size
+  const void* x = nullptr;               // [n, row_size(vec_dot_type, cols)] bytes, 4-byte aligned
+  float* y = nullptr;                    // [n, rows] float32, written (not accumulated), 4-byte aligned
+  int64_t n = 0;                         // activation rows, >= 1
+};
+Status matmul_q(const MatmulArgs& args, Stream& stream);
+
+// The routed experts of a layer in one launch: for each item (GroupItem; its n may be any positive count,
+// not only up to kMaxMatvecVectors) and each of its n_parts weights starting at `part` (0 gate, 1 up,
+// 2 down): y rows row0 .. row0 + n - 1 of part z (at y + z * y_part_stride floats) = W x rows, where output
+// row r reads activation row x_rows[r] (r when x_rows is null). A null weight pointer leaves that item's
+// rows of that part untouched. Items must not overlap in output rows (each row written once: no atomics).
+struct GroupedMatmulArgs {
+  quant::Type type = quant::Type::Q4_0;
+  const GroupItem* items = nullptr;  // [n_items], device
+  int64_t n_items = 0;               // 1..65535
+  int part = 0;
+  int n_parts = 1;                   // 1..3 - part
+  int64_t rows = 0;                  // of each weight: [rows, row_size(type, cols)], 16-byte aligned
+  int64_t cols = 0;
+  const void* x = nullptr;           // [*, row_size(vec_dot_type, cols)], 4-byte aligned (quantize_activations)
+  const int32_t* x_rows = nullptr;   // device: x row of output row r; null: row r
+  float* y = nullptr;                // output row r at y + r * rows
+  int64_t y_part_stride = 0;         // floats between the outputs of consecutive parts
+};
+Status grouped_matmul_q(const GroupedMatmulArgs& args, Stream& stream);
+
 // Quantizes n_vectors rows of `cols` float32 activations (x: [n_vectors, cols], device) into `act_type`
 // blocks (Q8_0, Q8_1 or Q8_K; out: [n_vectors, row_size(act_type, cols)] bytes, device), byte-identical
 // with the reference quantizer quant::traits(act_type).from_float. matvec calls this itself; it is public

@@ -1,0 +1,453 @@
+// Quantized matrix-matrix product for prefill on int8 tensor cores: y[r] = W x[r] for many activation rows r,
+// W [rows, cols] in a quantized weight type, x already quantized to the type's activation format (Q8_0, Q8_1
+// or Q8_K, quantize_q8.cu). The per-type unpacking lives in mmq.cuh (MmqType<T>, ActSlice); this file is the
+// tiling, the mma and the host-side argument checks of matmul_q / grouped_matmul_q (cuda_backend.h).
+//
+// Math. Both operands are cut into slices of kSlice elements (32, or 16 for Q2_K/Q3_K/Q6_K) that share one
+// scale: w = scale_w * q_w + offset_w, x = d_x * q_x, so one output is
+//   sum over slices of (scale_w * d_x) * isum(q_w, q_x) + offset_w * sum_x,     sum_x = d_x * sum(q_x)
+// (mmq.cuh states the exactness of the split). isum is one mma.sync per (16 x 8 tile, slice):
+// m16n8k32 for slices of 32, m16n8k16 for slices of 16, s8 x s8 -> s32, started from zero for every slice;
+// the scales are applied in registers (per output and slice: the int32 -> float conversion, the product
+// scale_w * d_x and one FMA, one more FMA with an offset) into float32 accumulators. No atomics, a fixed order of every float operation: deterministic.
+//
+// Tiling. A CTA of 256 threads (8 warps) computes kTileX = 64 activation rows x kTileW = 128 weight rows of
+// y (MMA's M dimension = activation rows, so a thread's C fragment holds two adjacent weight rows of one
+// output row: 4 lanes write 8 consecutive floats). Warps are 2 (x) x 4 (w), each 32 x 32 = 2 x 4 mma tiles.
+// Per K-step of kStepK = 128 elements:
+//   1. every thread unpacks kTileW * kStepK / kSlice / 256 weight slices (2 or 4) and 64 * kStepK / kSlice /
+//      256 activation slices (1 or 2) into shared memory: int8 quants [row][k] (rows padded to 144 bytes so
+//      that the fragment loads are free of bank conflicts: row r starts at bank 4r) and per (row, slice)
+//      float scale / offset, d_x / sum_x;
+//   2. __syncthreads, then per slice each warp loads its A (x) and B (w) fragments as 32-bit words from
+//      shared memory, runs 8 mma, scales the int32 results into its 32 float accumulators; __syncthreads.
+// Shared memory: 64 * 144 + 128 * 144 bytes of quants (27 KiB) + (64 + 128) * 2 floats per slice of the
+// K-step (12 KiB for 8 slices of 16, 6 KiB for 4 of 32) + 64 row pointers: <= 39.5 KiB, static (no dynamic
+// shared memory opt-in needed).
+// Tails: weight rows >= rows and activation rows >= the tile's count are unpacked as zeros and not written;
+// K-steps past cols (legacy types whose cols are not a multiple of 128) are zero slices.
+// Grid: x = weight-row tiles (fastest: the CTAs that run together share one activation tile, so x comes
+// from L1/L2 and each weight tile is re-read once per 64 activation rows, from L2 when the matrix fits its
+// 50 MB); y = activation-row tiles (matmul_q) or items (grouped: a CTA loops over its item's rows in chunks
+// of 64, so tiles never straddle items); z = the part (gate, up, down) of a grouped launch.
+//
+// Counts per K-step of one CTA (Q4_0, 4.5 bits per weight; slices of 32): global reads 128 * 128 * 4.5 / 8
+// = 9 KiB of weights and 64 * 128 * 34 / 32 = 8.5 KiB of activations (mostly L2 hits, see above); 64 * 128
+// * 128 = 1 M int8 multiply-adds = 2.1 M int ops, i.e. ~120 ops per byte. The tensor work is 256 mma.sync
+// (32 per warp); the scalar work around it is larger: the epilogue is ~4 instructions per output and slice
+// (cvt, fmul, 1-2 FMA) = 8 K output-slices * 4 / 32 = ~1 K warp instructions, the unpacking ~100-150
+// instructions per 32-element slice (byte loads: the blocks are 17/18/22/34 bytes, not word aligned) for 512
+// weight + 256 activation slices = ~3 K warp instructions. So the expected bound is instruction issue in the
+// unpacking and the epilogue, not HBM and not the tensor cores: at ~4 K warp instructions per 2.1 M ops and
+// 4 issue slots per SM per clock, ~2 K ops per SM-clock, ~500 T int ops/s on 132 SMs at 1.98 GHz as a
+// ceiling, realistically a fraction of it (latency of the global loads in step 1 is not overlapped with the
+// mma of step 2: no double buffering yet). These are estimates from instruction counts, NOT measurements:
+// the kernel has not run on a GPU yet (tests/cuda/cuda_mmq_test.cpp is its correctness check).
+// Next steps, each to be measured: cp.async double buffering of the raw blocks, word-wide unpacking of the
+// aligned types, ldmatrix fragment loads, smaller x tiles for items with few rows.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cuda_check.cuh"
+#include "backends/cuda/mmq.cuh"
+
+namespace magnetar::cuda {
+namespace {
+
+using quant::Type;
+
+constexpr int kThreads = 256;
+constexpr int kTileX = 64;    // activation rows per CTA tile (mma M)
+constexpr int kTileW = 128;   // weight rows per CTA tile (mma N)
+constexpr int kStepK = 128;   // elements per K-step
+constexpr int kRowBytes = kStepK + 16;  // padded shared row: bank 4r for row r, conflict-free fragments
+constexpr int kWarpsX = 2;    // warp grid 2 x 4, 32 x 32 outputs per warp
+constexpr int kWarpsW = 4;
+constexpr int kWarpX = kTileX / kWarpsX;  // 32: two m16 tiles
+constexpr int kWarpW = kTileW / kWarpsW;  // 32: four n8 tiles
+constexpr int kMTiles = kWarpX / 16;
+constexpr int kNTiles = kWarpW / 8;
+static_assert(kWarpsX * kWarpsW * 32 == kThreads);
+
+// One (pointer, shape) view of the work of a launch; grouped launches read their items on the device.
+struct MmqParams {
+  const uint8_t* weights;  // plain launches
+  size_t row_bytes;        // bytes of one weight row
+  int rows;
+  int cols;
+  const uint8_t* x;
+  size_t x_row_bytes;
+  float* y;
+  int n;                   // plain launches: activation rows
+  const GroupItem* items;  // grouped launches (null: plain)
+  int part;
+  const int32_t* x_rows;
+  size_t y_part_stride;
+};
+
+__device__ __forceinline__ void mma_k32(int (&c)[4], const int (&a)[4], const int (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ void mma_k16(int (&c)[4], const int (&a)[4], const int (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(b[0]));
+}
+
+__device__ __forceinline__ int lds32(const int8_t* p) { return *reinterpret_cast<const int*>(p); }
+
+template <int kSlice>
+__device__ __forceinline__ void store_slice(int8_t* dst, const int8_t (&q)[kSlice]) {
+#pragma unroll
+  for (int w = 0; w < kSlice / 4; ++w) {
+    const uint32_t v = uint32_t(uint8_t(q[4 * w])) | uint32_t(uint8_t(q[4 * w + 1])) << 8 |
+                       uint32_t(uint8_t(q[4 * w + 2])) << 16 | uint32_t(uint8_t(q[4 * w + 3])) << 24;
+    reinterpret_cast<uint32_t*>(dst)[w] = v;
+  }
+}
+
+template <Type T>
+struct Smem {
+  static constexpr int kSlices = kStepK / mmq::MmqType<T>::kSlice;  // per K-step
+  static_assert(kTileW * kSlices % kThreads == 0 && kTileX * kSlices % kThreads == 0);
+  alignas(16) int8_t x[kTileX][kRowBytes];
+  alignas(16) int8_t w[kTileW][kRowBytes];
+  float x_d[kSlices][kTileX];
+  float x_sum[kSlices][kTileX];
+  float w_scale[kSlices][kTileW];
+  float w_offset[kSlices][kTileW];
+  const uint8_t* x_row[kTileX];  // activation row of each tile row (null past the tile's count)
+};
+
+// One tile: weight rows w0 .. w0 + kTileW - 1 of `weights`, activation rows sm.x_row[0 .. n_x - 1], output
+// row i of the tile at y_rows + i * rows. Every thread of the CTA calls it (it synchronizes).
+template <Type T>
+__device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const MmqParams& p, int w0, int n_x,
+                         float* __restrict__ y_rows) {
+  using Ops = mmq::MmqType<T>;
+  using Block = typename Ops::Block;
+  using Act = typename Ops::Act;
+  constexpr int kSlice = Ops::kSlice;
+  constexpr int kSlices = kStepK / kSlice;
+  const int tid = int(threadIdx.x);
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int g = lane / 4;  // mma groupID
+  const int t = lane % 4;  // thread in group
+  const int wx0 = (warp / kWarpsW) * kWarpX;
+  const int ww0 = (warp % kWarpsW) * kWarpW;
+
+  float acc[kMTiles][kNTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+
+  for (int k0 = 0; k0 < p.cols; k0 += kStepK) {
+    // 1. unpack this K-step's weight and activation slices into shared memory
+#pragma unroll
+    for (int i = 0; i < kTileW * kSlices / kThreads; ++i) {
+      const int u = tid + i * kThreads;
+      const int r = u / kSlices;
+      const int s = u % kSlices;
+      const int k = k0 + s * kSlice;
+      int8_t q[kSlice];
+      float scale = 0.0f, offset = 0.0f;
+      if (w0 + r < p.rows && k < p.cols) {
+        const Block* row = reinterpret_cast<const Block*>(weights + size_t(w0 + r) * p.row_bytes);
+        Ops::unpack(row[k / Ops::kBlockElems], (k % Ops::kBlockElems) / kSlice, q, &scale, &offset);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kSlice; ++i) q[i] = 0;
+      }
+      store_slice<kSlice>(&sm.w[r][s * kSlice], q);
+      sm.w_scale[s][r] = scale;
+      sm.w_offset[s][r] = offset;
+    }
+#pragma unroll
+    for (int i = 0; i < kTileX * kSlices / kThreads; ++i) {
+      const int u = tid + i * kThreads;
+      const int r = u / kSlices;
+      const int s = u % kSlices;
+      const int k = k0 + s * kSlice;
+      int8_t q[kSlice];
+      float d = 0.0f, sum = 0.0f;
+      if (r < n_x && k < p.cols) {
+        const Act* row = reinterpret_cast<const Act*>(sm.x_row[r]);
+        mmq::ActSlice<Act, kSlice>::view(row[k / Ops::kActBlockElems], (k % Ops::kActBlockElems) / kSlice, q, &d,
+                                         &sum);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kSlice; ++i) q[i] = 0;
+      }
+      store_slice<kSlice>(&sm.x[r][s * kSlice], q);
+      sm.x_d[s][r] = d;
+      sm.x_sum[s][r] = sum;
+    }
+    __syncthreads();
+
+    // 2. per slice: 2 x 4 mma per warp, then the scales into the float accumulators
+#pragma unroll
+    for (int s = 0; s < kSlices; ++s) {
+      const int kb = s * kSlice + 4 * t;
+      int a[kMTiles][4];
+      int b[kNTiles][2];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        const int r = wx0 + 16 * mt + g;
+        a[mt][0] = lds32(&sm.x[r][kb]);
+        a[mt][1] = lds32(&sm.x[r + 8][kb]);
+        if (kSlice == 32) {
+          a[mt][2] = lds32(&sm.x[r][kb + 16]);
+          a[mt][3] = lds32(&sm.x[r + 8][kb + 16]);
+        } else {
+          a[mt][2] = a[mt][3] = 0;
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        const int c = ww0 + 8 * nt + g;
+        b[nt][0] = lds32(&sm.w[c][kb]);
+        b[nt][1] = kSlice == 32 ? lds32(&sm.w[c][kb + 16]) : 0;
+      }
+      float xd[kMTiles][2], xs[kMTiles][2], ws[kNTiles][2], wo[kNTiles][2];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = wx0 + 16 * mt + g + 8 * h;
+          xd[mt][h] = sm.x_d[s][r];
+          xs[mt][h] = Ops::kHasOffset ? sm.x_sum[s][r] : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int c = ww0 + 8 * nt + 2 * t + h;
+          ws[nt][h] = sm.w_scale[s][c];
+          wo[nt][h] = Ops::kHasOffset ? sm.w_offset[s][c] : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          int c[4] = {0, 0, 0, 0};
+          if (kSlice == 32) {
+            mma_k32(c, a[mt], b[nt]);
+          } else {
+            mma_k16(c, a[mt], b[nt]);
+          }
+          // c[i]: activation row g + 8 (i / 2) of the m16 tile, weight row 2t + i % 2 of the n8 tile
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            float v = __fmaf_rn(ws[nt][i % 2] * xd[mt][i / 2], float(c[i]), acc[mt][nt][i]);
+            if (Ops::kHasOffset) v = __fmaf_rn(wo[nt][i % 2], xs[mt][i / 2], v);
+            acc[mt][nt][i] = v;
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = wx0 + 16 * mt + g + 8 * (i / 2);
+        const int c = w0 + ww0 + 8 * nt + 2 * t + i % 2;
+        if (r < n_x && c < p.rows) y_rows[size_t(r) * size_t(p.rows) + size_t(c)] = acc[mt][nt][i];
+      }
+    }
+  }
+}
+
+// Grid: (ceil(rows / kTileW), plain: ceil(n / kTileX) | grouped: n_items, grouped: n_parts).
+template <Type T>
+__global__ void __launch_bounds__(kThreads) mmq_kernel(const MmqParams p) {
+  __shared__ Smem<T> sm;
+  const int w0 = int(blockIdx.x) * kTileW;
+  const int tid = int(threadIdx.x);
+  if (p.items == nullptr) {
+    const int x0 = int(blockIdx.y) * kTileX;
+    const int n_x = min(kTileX, p.n - x0);
+    if (tid < kTileX) sm.x_row[tid] = tid < n_x ? p.x + size_t(x0 + tid) * p.x_row_bytes : nullptr;
+    __syncthreads();
+    mmq_tile<T>(sm, p.weights, p, w0, n_x, p.y + size_t(x0) * size_t(p.rows));
+    return;
+  }
+  const GroupItem& item = p.items[blockIdx.y];
+  const uint8_t* weights = static_cast<const uint8_t*>(item.w[p.part + int(blockIdx.z)]);
+  if (weights == nullptr) return;  // uniform over the CTA: "not on this device"
+  float* y = p.y + size_t(blockIdx.z) * p.y_part_stride;
+  for (int x0 = 0; x0 < item.n; x0 += kTileX) {
+    const int n_x = min(kTileX, item.n - x0);
+    if (tid < kTileX) {
+      const int r = item.row0 + x0 + tid;
+      sm.x_row[tid] =
+          tid < n_x ? p.x + size_t(p.x_rows != nullptr ? p.x_rows[r] : r) * p.x_row_bytes : nullptr;
+    }
+    __syncthreads();  // also orders this chunk's x_row writes after the previous chunk's last reads
+    mmq_tile<T>(sm, weights, p, w0, n_x, y + size_t(item.row0 + x0) * size_t(p.rows));
+    __syncthreads();
+  }
+}
+
+// ---- host side: the supported types, argument checks, launches ---------------------------------------------
+
+struct TypeInfo {
+  const char* name;
+  int block_elems;
+  size_t block_bytes;
+  size_t act_block_bytes;
+  int act_block_elems;
+  void (*launch)(dim3 grid, const MmqParams& p, cudaStream_t stream);
+};
+
+template <Type T>
+void launch_type(dim3 grid, const MmqParams& p, cudaStream_t stream) {
+  mmq_kernel<T><<<grid, kThreads, 0, stream>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+template <Type T>
+TypeInfo info_of(const char* name) {
+  using Ops = mmq::MmqType<T>;
+  return TypeInfo{name, Ops::kBlockElems, sizeof(typename Ops::Block), sizeof(typename Ops::Act),
+                  Ops::kActBlockElems, launch_type<T>};
+}
+
+bool find_type(Type type, TypeInfo* out) {
+  switch (type) {
+    case Type::Q4_0: *out = info_of<Type::Q4_0>("Q4_0"); return true;
+    case Type::Q4_1: *out = info_of<Type::Q4_1>("Q4_1"); return true;
+    case Type::Q5_0: *out = info_of<Type::Q5_0>("Q5_0"); return true;
+    case Type::Q5_1: *out = info_of<Type::Q5_1>("Q5_1"); return true;
+    case Type::Q8_0: *out = info_of<Type::Q8_0>("Q8_0"); return true;
+    case Type::IQ4_NL: *out = info_of<Type::IQ4_NL>("IQ4_NL"); return true;
+    case Type::MXFP4: *out = info_of<Type::MXFP4>("MXFP4"); return true;
+    case Type::Q2_K: *out = info_of<Type::Q2_K>("Q2_K"); return true;
+    case Type::Q3_K: *out = info_of<Type::Q3_K>("Q3_K"); return true;
+    case Type::Q4_K: *out = info_of<Type::Q4_K>("Q4_K"); return true;
+    case Type::Q5_K: *out = info_of<Type::Q5_K>("Q5_K"); return true;
+    case Type::Q6_K: *out = info_of<Type::Q6_K>("Q6_K"); return true;
+    case Type::IQ4_XS: *out = info_of<Type::IQ4_XS>("IQ4_XS"); return true;
+    default: return false;
+  }
+}
+
+// The name of any quant::Type (the trait table, quant/quant.h, is C++20 and not reachable from nvcc here).
+const char* type_label(Type type) {
+  switch (type) {
+    case Type::F32: return "F32";
+    case Type::F16: return "F16";
+    case Type::BF16: return "BF16";
+    case Type::Q8_1: return "Q8_1";
+    case Type::Q8_K: return "Q8_K";
+    default: {
+      TypeInfo info;
+      return find_type(type, &info) ? info.name : nullptr;
+    }
+  }
+}
+
+bool aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
+
+// The checks matmul_q and grouped_matmul_q share: type, shape. Fills `info`.
+Status check_type_and_shape(const char* op, Type type, int64_t rows, int64_t cols, TypeInfo* info) {
+  if (!find_type(type, info)) {
+    const char* label = type_label(type);
+    return Status::error(format("%s: no int8 matrix-matrix kernel for %s%s (quantized weight types only)", op,
+                                label ? label : "weight type id ", label ? "" : std::to_string(unsigned(type)).c_str()));
+  }
+  if (rows < 1 || rows > INT_MAX) {
+    return Status::error(format("%s: rows=%lld is outside 1..%d", op, (long long)rows, INT_MAX));
+  }
+  if (cols < 1 || cols % info->block_elems != 0 || cols > INT_MAX - kStepK) {
+    return Status::error(format("%s: cols=%lld is not a positive multiple of %s's block of %d (at most %d)", op,
+                                (long long)cols, info->name, info->block_elems, INT_MAX - kStepK));
+  }
+  return Status();
+}
+
+MmqParams params(const TypeInfo& info, int64_t rows, int64_t cols, const void* x, float* y) {
+  MmqParams p{};
+  p.row_bytes = size_t(cols / info.block_elems) * info.block_bytes;
+  p.rows = int(rows);
+  p.cols = int(cols);
+  p.x = static_cast<const uint8_t*>(x);
+  p.x_row_bytes = size_t(cols / info.act_block_elems) * info.act_block_bytes;
+  p.y = y;
+  return p;
+}
+
+unsigned row_tiles(int64_t rows) { return unsigned((rows + kTileW - 1) / kTileW); }
+
+}  // namespace
+
+Status matmul_q(const MatmulArgs& args, Stream& stream) {
+  TypeInfo info;
+  MAGNETAR_RETURN_IF_ERROR(check_type_and_shape("matmul_q", args.type, args.rows, args.cols, &info));
+  if (args.n < 1 || args.n > int64_t(kTileX) * 65535) {
+    return Status::error(format("matmul_q: n=%lld is outside 1..%lld", (long long)args.n,
+                                (long long)(int64_t(kTileX) * 65535)));
+  }
+  if (args.weights == nullptr || args.x == nullptr || args.y == nullptr) {
+    return Status::error("matmul_q: null device pointer (weights, x or y)");
+  }
+  if (!aligned(args.weights, 16)) return Status::error("matmul_q: weights must be 16-byte aligned");
+  if (!aligned(args.x, 4) || !aligned(args.y, 4)) return Status::error("matmul_q: x and y must be 4-byte aligned");
+  MmqParams p = params(info, args.rows, args.cols, args.x, args.y);
+  p.weights = static_cast<const uint8_t*>(args.weights);
+  p.n = int(args.n);
+  info.launch(dim3(row_tiles(args.rows), unsigned((args.n + kTileX - 1) / kTileX), 1), p, stream.raw());
+  return Status();
+}
+
+Status grouped_matmul_q(const GroupedMatmulArgs& args, Stream& stream) {
+  TypeInfo info;
+  MAGNETAR_RETURN_IF_ERROR(check_type_and_shape("grouped_matmul_q", args.type, args.rows, args.cols, &info));
+  if (args.n_items < 1 || args.n_items > 65535) {
+    return Status::error(format("grouped_matmul_q: n_items=%lld is outside 1..65535", (long long)args.n_items));
+  }
+  if (args.part < 0 || args.n_parts < 1 || args.part + args.n_parts > 3) {
+    return Status::error(format("grouped_matmul_q: parts %d..%d are not within gate, up, down", args.part,
+                                args.part + args.n_parts - 1));
+  }
+  if (args.n_parts > 1 && args.y_part_stride < args.rows) {
+    return Status::error(format("grouped_matmul_q: y_part_stride=%lld is smaller than rows=%lld",
+                                (long long)args.y_part_stride, (long long)args.rows));
+  }
+  if (args.items == nullptr || args.x == nullptr || args.y == nullptr) {
+    return Status::error("grouped_matmul_q: null device pointer (items, x or y)");
+  }
+  if (!aligned(args.items, alignof(GroupItem)) || !aligned(args.x, 4) || !aligned(args.y, 4) ||
+      !aligned(args.x_rows, 4)) {
+    return Status::error("grouped_matmul_q: items, x, x_rows and y must be aligned");
+  }
+  MmqParams p = params(info, args.rows, args.cols, args.x, args.y);
+  p.items = args.items;
+  p.part = args.part;
+  p.x_rows = args.x_rows;
+  p.y_part_stride = size_t(args.y_part_stride);
+  info.launch(dim3(row_tiles(args.rows), unsigned(args.n_items), unsigned(args.n_parts)), p, stream.raw());
+  return Status();
+}
+
+}  // namespace magnetar::cuda

@@ -1,0 +1,338 @@
+// Per-type slice unpackers of the quantized matrix-matrix product (mmq.cu): the weight block and the
+// activation block cut into "slices" of kSlice elements that share one scale, as signed int8 quants plus
+// per-slice floats, so that a tensor-core int8 mma can take the integer part of every slice.
+//
+// Contract of MmqType<T>::unpack(w, slice, q, &scale, &offset), slice in 0 .. kSlicesPerBlock - 1: for
+// each element i of the slice (block element slice * kSlice + i), the reference dequantization
+// (quant/ref: dequantize_*) of that element equals, bit for bit, the float expression
+// scale * float(q[i]) + offset evaluated without FMA contraction (offset is 0 for the types whose
+// kHasOffset is false, and then the value is scale * float(q[i]) exactly). Every reference dequantizer
+// computes its value as (per-slice float) * (small integer) [+ or - per-slice float], so the split is exact:
+//   Q4_0  q = nibble - 8,         scale = d                    Q4_1  q = nibble, scale = d, offset = m
+//   Q5_0  q = 5-bit - 16,         scale = d                    Q5_1  q = 5-bit,  scale = d, offset = m
+//   Q8_0  q = qs,                 scale = d                    IQ4_NL q = kIQ4NLValues[nibble], scale = d
+//   MXFP4 q = kMXFP4Values[nibble], scale = 2^(e-128) (the "half" E8M0 of mmvq.cuh / quant/fp16.h)
+//   Q2_K  q = 2-bit, scale = d * (sc & 15), offset = -(dmin * (sc >> 4))         (slices of 16)
+//   Q3_K  q = 3-bit - 4 * !hbit, scale = d * s6                                   (slices of 16)
+//   Q4_K  q = nibble, scale = d * sc6, offset = -(dmin * m6)                      (slices of 32)
+//   Q5_K  q = 5-bit,  scale = d * sc6, offset = -(dmin * m6)                      (slices of 32)
+//   Q6_K  q = 6-bit - 32, scale = d * sc8                                         (slices of 16)
+//   IQ4_XS q = kIQ4NLValues[nibble], scale = d * s6                               (slices of 32)
+// (d * (sc & 15) etc. are the same float products the reference forms, and x - y == x + (-y) in IEEE.)
+//
+// The activation side (ActSlice<Act>::view): the slice's int8 quants, its scale d_x and its sum
+// d_x * sum(q_x) where the reference dot needs one: Q8_1's s field (which covers its 32 elements), Q8_K's
+// d * bsums (16 elements per entry; two entries for a slice of 32). Q8_0 carries no sum and is only paired
+// with offset-free weight types; its sum is reported as 0 and never used.
+//
+// Then for one weight row and one activation row, in exact arithmetic,
+//   vec_dot = sum over slices of scale_w * d_x * isum(q_w, q_x) + offset_w * sum_x
+// which is the same sum of terms as the reference's (its integer dots per sub-block, its min terms via
+// bsums or s) regrouped; only the float rounding of the scale products and of the summation differs.
+//
+// Everything here is __host__ __device__ and free of intrinsics (it builds on mmvq.cuh's helpers, whose
+// host fallbacks are scalar), so tests/cuda/cuda_mmq_host_test.cu checks it against the reference without
+// a GPU.
+#pragma once
+
+#include <cstdint>
+
+#include "backends/cuda/mmvq.cuh"
+#include "quant/formats.h"
+
+namespace magnetar::cuda::mmq {
+
+using quant::Type;
+using mmvq::e8m0_to_float_half;
+using mmvq::fp16_to_float;
+
+// The four signed bytes of a 32-bit word into q[0..3].
+MAGNETAR_HD void store_word(int8_t* q, uint32_t w) {
+  for (int i = 0; i < 4; ++i) q[i] = int8_t(uint8_t(w >> (8 * i)));
+}
+
+MAGNETAR_HD uint32_t load_u32_bytes(const uint8_t* p) { return uint32_t(mmvq::load_a1(p)); }
+
+// Nibbles j (low) and j + 16 (high) of the 16 bytes qs, mapped with `map` (bytes in, signed bytes out),
+// into q[0..31]: the element order of Q4_0, Q4_1, IQ4_NL, MXFP4 and of one IQ4_XS sub-block.
+template <typename Map>
+MAGNETAR_HD void unpack_nibbles32(const uint8_t* qs, int8_t* q, Map map) {
+  for (int w = 0; w < 4; ++w) {
+    const uint32_t v = load_u32_bytes(qs + 4 * w);
+    store_word(q + 4 * w, map(v & 0x0F0F0F0Fu));
+    store_word(q + 16 + 4 * w, map((v >> 4) & 0x0F0F0F0Fu));
+  }
+}
+
+// ---- the per-type table ------------------------------------------------------------------------------------
+
+template <Type T>
+struct MmqType;  // no definition: a type without a kernel fails to compile where it is instantiated
+
+// Common members: Block, Act (the reference's activation format), kBlockElems, kActBlockElems, kSlice,
+// kSlicesPerBlock, kHasOffset, and unpack().
+
+template <>
+struct MmqType<Type::Q4_0> {
+  using Block = quant::BlockQ4_0;
+  using Act = quant::BlockQ8_0;
+  static constexpr int kBlockElems = quant::kQK32, kActBlockElems = quant::kQK32, kSlice = 32, kSlicesPerBlock = 1;
+  static constexpr bool kHasOffset = false;
+  static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, int8_t* q, float* scale, float* offset) {
+    unpack_nibbles32(b.qs, q, [](uint32_t v) { return mmvq::sub_bytes(int(v), 0x08080808); });
+    *scale = fp16_to_float(b.d);
+    *offset = 0.0f;
+  }
+};
+
+template <>
+struct MmqType<Type::Q4_1> {
+  using Block = quant::BlockQ4_1;
+  using Act = quant::BlockQ8_1;
+  static constexpr int kBlockElems = quant::kQK32, kActBlockElems = quant::kQK32, kSlice = 32, kSlicesPerBlock = 1;
+  static constexpr bool kHasOffset = true;
+  static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, int8_t* q, float* scale, float* offset) {
+    unpack_nibbles32(b.qs, q, [](uint32_t v) { return int(v); });
+    *scale = fp16_to_float(b.d);
+    *offset = fp16_to_float(b.m);
+  }
+};
+
+// Q5_0 / Q5_1: nibbles as Q4_0 plus bit j of qh as bit 4 of element j; minus 16 for Q5_0.
+MAGNETAR_HD void unpack_q5(const uint8_t* qs, const uint8_t* qh_bytes, int bias, int8_t* q) {
+  const uint32_t qh = load_u32_bytes(qh_bytes);
+  for (int w = 0; w < 4; ++w) {
+    const uint32_t v = load_u32_bytes(qs + 4 * w);
+    const int lo = int(v & 0x0F0F0F0Fu) | mmvq::spread_bit4((qh >> (4 * w)) & 0xF);
+    const int hi = int((v >> 4) & 0x0F0F0F0Fu) | mmvq::spread_bit4((qh >> (16 + 4 * w)) & 0xF);
+    store_word(q + 4 * w, uint32_t(mmvq::sub_bytes(lo, bias)));
+    store_word(q + 16 + 4 * w, uint32_t(mmvq::sub_bytes(hi, bias)));
+  }
+}
+
+template <>
+struct MmqType<Type::Q5_0> {
+  using Block = quant::BlockQ5_0;
+  using Act = quant::BlockQ8_0;
+  static constexpr int kBlockElems = quant::kQK32, kActBlockElems = quant::kQK32, kSlice = 32, kSlicesPerBlock = 1;
+  static constexpr bool kHasOffset = false;
+  static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, int8_t* q, float* scale, float* offset) {
+    unpack_q5(b.qs, b.qh, 0x10101010, q);
+    *scale = fp16_to_float(b.d);
+    *offset = 0.0f;
+  }
+};
+
+template <>
+struct MmqType<Type::Q5_1> {
+  using Block = quant::BlockQ5_1;
+  using Act = quant::BlockQ8_1;
+  static constexpr int kBlockElems = quant::kQK32, kActBlockElems = quant::kQK32, kSlice = 32, kSlicesPerBlock = 1;
+  static constexpr bool kHasOffset = true;
+  static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, int8_t* q, float* scale, float* offset) {
+    unpack_q5(b.qs, b.qh, 0, q);
+    *scale = fp16_to_float(b.d);
+    *offset = fp16_to_float(b.m);
+  }
+};
+
+template <>
+struct MmqType<Type::Q8_0> {
+  using Block = quant::BlockQ8_0;
+  using Act = quant::BlockQ8_0;
+  static constexpr int kBlockElems = quant::kQK32, kActBlockElems = quant::kQK32, kSlice = 32, kSlicesPerBlock = 1;
+  static constexpr bool kHasOffset = false;
+  static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, int8_t* q, float* scale, float* offset) {
+    for (int w = 0; w < 8; ++w) store_word(q + 4 * w, uint32_t(mmvq::load_a2(mmvq::bytes(b.qs) + 4 * w)));
+    *scale = fp16_to_float(b.d);
+    *offset = 0.0f;
+  }
+};
+
+template <>
+struct MmqType<Type::IQ4_NL> {
+  using Block = quant::BlockIQ4_NL;
+  using Act = quant::BlockQ8_0;
+  static constexpr int kBlockElems = quant::kQK32, kActBlockElems = quant::kQK32, kSlice = 32, kSlicesPerBlock = 1;
+  static constexpr bool kHasOffset = false;
+  static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, int8_t* q, float* scale, float* offset) {
+    unpack_nibbles32(b.qs, q, [](uint32_t v) { return mmvq::lookup_iq4nl(v); });
+    *scale = fp16_to_float(b.d);
+    *offset = 0.0f;
+  }
+};
+
+template <>
+struct MmqType<Type::MXFP4> {
+  using Block = quant::BlockMXFP4;
+  using Act = quant::BlockQ8_0;
+  static constexpr int kBlockElems = quant::kQK32, kActBlockElems = quant::kQK32, kSlice = 32, kSlicesPerBlock = 1;
+  static constexpr bool kHasOffset = false;
+  static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, int8_t* q, float* scale, float* offset) {
+    unpack_nibbles32(b.qs, q, [](uint32_t v) { return mmvq::lookup_mxfp4(v); });
+    *scale = e8m0_to_float_half(b.e);
+    *offset = 0.0f;
+  }
+};
+
+// Q2_K: slice j (16 elements 16j .. 16j+15) = half h = j / 8, shift s = (j % 8) / 2, bytes
+// qs[32h + 16 (j % 2) ..] (element 128h + 32s + l is bits 2s..2s+1 of qs[32h + l]).
+template <>
+struct MmqType<Type::Q2_K> {
+  using Block = quant::BlockQ2_K;
+  using Act = quant::BlockQ8_K;
+  static constexpr int kBlockElems = quant::kQK_K, kActBlockElems = quant::kQK_K, kSlice = 16, kSlicesPerBlock = 16;
+  static constexpr bool kHasOffset = true;
+  static MAGNETAR_HD void unpack(const Block& b, int j, int8_t* q, float* scale, float* offset) {
+    const uint8_t* qs = b.qs + 32 * (j / 8) + 16 * (j % 2);
+    const int shift = 2 * ((j % 8) / 2);
+    for (int w = 0; w < 4; ++w) store_word(q + 4 * w, (load_u32_bytes(qs + 4 * w) >> shift) & 0x03030303u);
+    const float d = fp16_to_float(b.d);
+    const float dmin = fp16_to_float(b.dmin);
+    *scale = d * float(b.scales[j] & 0xF);
+    *offset = -(dmin * float(b.scales[j] >> 4));
+  }
+};
+
+// Q3_K: low bits as Q2_K; the high bit of element e = 16j + l is bit e / 32 = j / 2 of hmask[e % 32].
+template <>
+struct MmqType<Type::Q3_K> {
+  using Block = quant::BlockQ3_K;
+  using Act = quant::BlockQ8_K;
+  static constexpr int kBlockElems = quant::kQK_K, kActBlockElems = quant::kQK_K, kSlice = 16, kSlicesPerBlock = 16;
+  static constexpr bool kHasOffset = false;
+  static MAGNETAR_HD void unpack(const Block& b, int j, int8_t* q, float* scale, float* offset) {
+    const uint8_t* qs = b.qs + 32 * (j / 8) + 16 * (j % 2);
+    const uint8_t* hm = b.hmask + 16 * (j % 2);
+    const int shift = 2 * ((j % 8) / 2);
+    const int hshift = j / 2;
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t low = (load_u32_bytes(qs + 4 * w) >> shift) & 0x03030303u;
+      const uint32_t high = (load_u32_bytes(hm + 4 * w) >> hshift) & 0x01010101u;
+      store_word(q + 4 * w, uint32_t(mmvq::sub_bytes(int(low | (high << 2)), 0x04040404)));
+    }
+    *scale = fp16_to_float(b.d) * float(mmvq::q3_k_scale(b.scales, j));
+    *offset = 0.0f;
+  }
+};
+
+// Q4_K / Q5_K: slice s = 2k + h is sub-block s of 32: the low (h = 0) or high (h = 1) nibbles of
+// qs[32k .. 32k+31]; Q5_K's 5th bit of its element l is bit s of qh[l].
+template <>
+struct MmqType<Type::Q4_K> {
+  using Block = quant::BlockQ4_K;
+  using Act = quant::BlockQ8_K;
+  static constexpr int kBlockElems = quant::kQK_K, kActBlockElems = quant::kQK_K, kSlice = 32, kSlicesPerBlock = 8;
+  static constexpr bool kHasOffset = true;
+  static MAGNETAR_HD void unpack(const Block& b, int s, int8_t* q, float* scale, float* offset) {
+    const uint8_t* qs = b.qs + 32 * (s / 2);
+    const int shift = 4 * (s % 2);
+    for (int w = 0; w < 8; ++w) store_word(q + 4 * w, (load_u32_bytes(qs + 4 * w) >> shift) & 0x0F0F0F0Fu);
+    int sc, m;
+    mmvq::scale_min_k4(s, b.scales, &sc, &m);
+    *scale = fp16_to_float(b.d) * float(sc);
+    *offset = -(fp16_to_float(b.dmin) * float(m));
+  }
+};
+
+template <>
+struct MmqType<Type::Q5_K> {
+  using Block = quant::BlockQ5_K;
+  using Act = quant::BlockQ8_K;
+  static constexpr int kBlockElems = quant::kQK_K, kActBlockElems = quant::kQK_K, kSlice = 32, kSlicesPerBlock = 8;
+  static constexpr bool kHasOffset = true;
+  static MAGNETAR_HD void unpack(const Block& b, int s, int8_t* q, float* scale, float* offset) {
+    const uint8_t* qs = b.qs + 32 * (s / 2);
+    const int shift = 4 * (s % 2);
+    for (int w = 0; w < 8; ++w) {
+      const uint32_t low = (load_u32_bytes(qs + 4 * w) >> shift) & 0x0F0F0F0Fu;
+      const uint32_t high = (load_u32_bytes(b.qh + 4 * w) >> s) & 0x01010101u;
+      store_word(q + 4 * w, low | (high << 4));
+    }
+    int sc, m;
+    mmvq::scale_min_k4(s, b.scales, &sc, &m);
+    *scale = fp16_to_float(b.d) * float(sc);
+    *offset = -(fp16_to_float(b.dmin) * float(m));
+  }
+};
+
+// Q6_K: slice j = 16 elements of 128h + 32g + l, h = j / 8, g = (j % 8) / 2, l in [16 (j % 2), +16): low 4
+// bits in ql[64h + 32 (g & 1) + l] (low nibble for g < 2, high otherwise), high 2 bits in bits 2g..2g+1 of
+// qh[32h + l]; minus 32.
+template <>
+struct MmqType<Type::Q6_K> {
+  using Block = quant::BlockQ6_K;
+  using Act = quant::BlockQ8_K;
+  static constexpr int kBlockElems = quant::kQK_K, kActBlockElems = quant::kQK_K, kSlice = 16, kSlicesPerBlock = 16;
+  static constexpr bool kHasOffset = false;
+  static MAGNETAR_HD void unpack(const Block& b, int j, int8_t* q, float* scale, float* offset) {
+    const int h = j / 8;
+    const int g = (j % 8) / 2;
+    const int l0 = 16 * (j % 2);
+    const uint8_t* ql = b.ql + 64 * h + 32 * (g & 1) + l0;
+    const uint8_t* qh = b.qh + 32 * h + l0;
+    const int lshift = 4 * (g / 2);
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t low = (load_u32_bytes(ql + 4 * w) >> lshift) & 0x0F0F0F0Fu;
+      const uint32_t high = (load_u32_bytes(qh + 4 * w) >> (2 * g)) & 0x03030303u;
+      store_word(q + 4 * w, uint32_t(mmvq::sub_bytes(int(low | (high << 4)), 0x20202020)));
+    }
+    *scale = fp16_to_float(b.d) * float(b.scales[j]);
+    *offset = 0.0f;
+  }
+};
+
+// IQ4_XS: slice ib = sub-block ib of 32, nibble order as IQ4_NL within qs[16 ib ..].
+template <>
+struct MmqType<Type::IQ4_XS> {
+  using Block = quant::BlockIQ4_XS;
+  using Act = quant::BlockQ8_K;
+  static constexpr int kBlockElems = quant::kQK_K, kActBlockElems = quant::kQK_K, kSlice = 32, kSlicesPerBlock = 8;
+  static constexpr bool kHasOffset = false;
+  static MAGNETAR_HD void unpack(const Block& b, int ib, int8_t* q, float* scale, float* offset) {
+    unpack_nibbles32(b.qs + 16 * ib, q, [](uint32_t v) { return mmvq::lookup_iq4nl(v); });
+    const int ls = (((b.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((b.scales_h >> (2 * ib)) & 3) << 4)) - 32;
+    *scale = fp16_to_float(b.d) * float(ls);
+    *offset = 0.0f;
+  }
+};
+
+// ---- the activation side -----------------------------------------------------------------------------------
+
+// view(a, slice, q, &d, &sum): the kSlice quants of slice `slice` of the block, its scale and (where the
+// format has one) d * sum(q). kSlice is 32 for Q8_0 / Q8_1 (one slice per block), 16 or 32 for Q8_K.
+template <typename Act, int kSlice>
+struct ActSlice;
+
+template <>
+struct ActSlice<quant::BlockQ8_0, 32> {
+  static MAGNETAR_HD void view(const quant::BlockQ8_0& a, int /*slice*/, int8_t* q, float* d, float* sum) {
+    for (int w = 0; w < 8; ++w) store_word(q + 4 * w, uint32_t(mmvq::load_a2(mmvq::bytes(a.qs) + 4 * w)));
+    *d = fp16_to_float(a.d);
+    *sum = 0.0f;  // no s field: only offset-free weight types pair with Q8_0
+  }
+};
+
+template <>
+struct ActSlice<quant::BlockQ8_1, 32> {
+  static MAGNETAR_HD void view(const quant::BlockQ8_1& a, int /*slice*/, int8_t* q, float* d, float* sum) {
+    for (int w = 0; w < 8; ++w) store_word(q + 4 * w, uint32_t(mmvq::load_a4(mmvq::bytes(a.qs) + 4 * w)));
+    *d = fp16_to_float(a.d);
+    *sum = fp16_to_float(a.s);
+  }
+};
+
+template <int kSlice>
+struct ActSlice<quant::BlockQ8_K, kSlice> {
+  static_assert(kSlice == 16 || kSlice == 32);
+  static MAGNETAR_HD void view(const quant::BlockQ8_K& a, int slice, int8_t* q, float* d, float* sum) {
+    const uint8_t* qs = mmvq::bytes(a.qs) + kSlice * slice;
+    for (int w = 0; w < kSlice / 4; ++w) store_word(q + 4 * w, uint32_t(mmvq::load_a4(qs + 4 * w)));
+    int bsum = a.bsums[(kSlice / 16) * slice];
+    if (kSlice == 32) bsum += a.bsums[2 * slice + 1];
+    *d = a.d;
+    *sum = a.d * float(bsum);
+  }
+};
+
+}  // namespace magnetar::cuda::mmq
