@@ -394,6 +394,7 @@ ExpertMap Engine::expert_map() const {
 KvDiskStats Engine::kv_disk_stats() const {
   KvDiskStats out;
   if (!impl_->disk_kv) return out;
+  impl_->disk_kv->flush();  // blocks still being written count once they are on disk
   const kv::DiskCacheStats s = impl_->disk_kv->stats();
   out.enabled = true;
   out.where = impl_->disk_kv->describe();
@@ -407,6 +408,8 @@ KvDiskStats Engine::kv_disk_stats() const {
   out.bytes_written = s.bytes_written;
   out.bytes_read = s.bytes_read;
   out.save_seconds = s.save_seconds;
+  out.blocks_failed = s.blocks_failed;
+  out.copy_seconds = s.copy_seconds;
   out.restore_seconds = s.restore_seconds;
   return out;
 }
@@ -475,17 +478,16 @@ struct Session::Impl {
   // `from` are valid in the KV cache) and keeps logits as asked. Calls `progress` after each chunk (when set);
   // on its false, or a failed forward, truncates `tokens` to the computed prefix.
   Status compute(int64_t from, Logits mode, const SyncProgress& progress = {});
-  // Disk KV: saves the full blocks of tokens[0, n_valid) not saved yet, when [from, n_valid) completed one. A
-  // failed save is a warning (the computation stands; the disk may be full).
+  // Disk KV: queues the full blocks of tokens[0, n_valid) not saved yet, when [from, n_valid) completed one (their
+  // rows are copied now, the files written in the background). A failed save is a warning (the computation
+  // stands; the disk may be full).
   void checkpoint(int64_t from, int64_t n_valid);
 };
 
 void Session::Impl::checkpoint(int64_t from, int64_t n_valid) {
   kv::DiskCache* disk = engine->disk_kv.get();
   if (!disk || n_valid / disk->block_tokens() == from / disk->block_tokens()) return;
-  if (Status st = disk->save(std::span<const int32_t>(tokens).first(size_t(n_valid)), n_valid, *kv); !st.ok()) {
-    std::fprintf(stderr, "magnetar: disk KV: %s\n", st.message().c_str());
-  }
+  disk->save_async(std::span<const int32_t>(tokens).first(size_t(n_valid)), n_valid, *kv);
 }
 
 Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

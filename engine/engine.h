@@ -85,6 +85,8 @@ struct KvDiskStats {
   uint64_t blocks_saved = 0, blocks_restored = 0, blocks_evicted = 0, blocks_rejected = 0;
   uint64_t tokens_restored = 0, bytes_written = 0, bytes_read = 0;
   double save_seconds = 0, restore_seconds = 0;
+  uint64_t blocks_failed = 0;  // background saves that could not be written
+  double copy_seconds = 0;     // compute-thread time spent copying blocks out for the background writer
 };
 
 // Expert cache statistics since load or the last reset (all zero when experts are resident).
@@ -146,7 +148,8 @@ class Engine {
   // The same per layer ([n_layer]; layers without routed experts stay zero); empty when resident.
   std::vector<ExpertStats> expert_layer_stats() const;
   void reset_expert_stats();
-  KvDiskStats kv_disk_stats() const;  // thread-safe
+  // Thread-safe; waits for the blocks being saved in the background (at most a couple of block writes).
+  KvDiskStats kv_disk_stats() const;
   // Like expert_stats(): not while a forward pass runs (the server's worker takes it between steps).
   ExpertMap expert_map() const;
 

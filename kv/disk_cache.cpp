@@ -168,6 +168,7 @@ std::vector<uint64_t> DiskCache::chain(std::span<const int32_t> tokens) const {
 
 int64_t DiskCache::match(std::span<const int32_t> tokens) const {
   const std::vector<uint64_t> keys = chain(tokens);
+  flush();
   std::lock_guard<std::mutex> lock(mu_);
   size_t n = 0;
   while (n < keys.size() && entries_.count(keys[n])) ++n;
@@ -224,11 +225,11 @@ Status DiskCache::scan() {
 // ---- save -----------------------------------------------------------------------------------------------
 
 Status DiskCache::write_block(uint64_t key, uint64_t parent, int64_t index, std::span<const int32_t> ids,
-                              const KvCache& kv) {
+                              std::span<const uint8_t* const> pieces, bool locked) {
   const int64_t B = options_.block_tokens;
   const uint64_t total = block_file_bytes(), tokens_bytes = pad_page(uint64_t(B) * 4);
-  const uint64_t rows = uint64_t(B) * row_bytes_, row0 = uint64_t(index * B) * row_bytes_;
-  auto& cache = const_cast<KvCache&>(kv);  // k()/v() are non-const accessors; nothing is written
+  const uint64_t rows = uint64_t(B) * row_bytes_;
+  MAGNETAR_CHECK(pieces.size() == size_t(2 * format_.n_layer));
 
   char tmp_name[40];
   std::snprintf(tmp_name, sizeof(tmp_name), "/.%016llx.tmp", (unsigned long long)key);
@@ -250,9 +251,7 @@ Status DiskCache::write_block(uint64_t key, uint64_t parent, int64_t index, std:
   };
   const std::vector<uint8_t> zeros(kPage, 0);
   bool ok = put(ids.data(), uint64_t(B) * 4) && put(zeros.data(), tokens_bytes - uint64_t(B) * 4);
-  for (int64_t l = 0; ok && l < format_.n_layer; ++l) {
-    ok = put(static_cast<const uint8_t*>(cache.k(l)) + row0, rows) && put(static_cast<const uint8_t*>(cache.v(l)) + row0, rows);
-  }
+  for (size_t p = 0; ok && p < pieces.size(); ++p) ok = put(pieces[p], rows);
   if (ok && at < total) ok = put(zeros.data(), total - at);
   Header h{};
   std::memcpy(h.magic, kMagic, 8);
@@ -282,6 +281,8 @@ Status DiskCache::write_block(uint64_t key, uint64_t parent, int64_t index, std:
   }
   Fd dir{::open(options_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
   if (dir.fd >= 0) ::fsync(dir.fd);
+  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+  if (!locked) lock.lock();
   entries_[key] = {.parent = parent, .index = index, .bytes = total, .restores = 0, .mtime = now_seconds()};
   stats_.blocks_saved++;
   stats_.bytes_written += total;
@@ -294,13 +295,21 @@ Status DiskCache::save(std::span<const int32_t> tokens, int64_t n_valid, KvCache
   const int64_t B = options_.block_tokens;
   const std::vector<uint64_t> keys = chain(tokens.first(size_t(n_valid / B * B)));
   kv.sync_host(n_valid / B * B);
+  flush();  // a block queued by save_async is written once
   const auto t0 = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mu_);
   bool wrote = false;
+  std::vector<const uint8_t*> pieces(size_t(2 * format_.n_layer));
   for (size_t b = 0; b < keys.size(); ++b) {
     if (entries_.count(keys[b])) continue;
     const uint64_t parent = b == 0 ? 0 : keys[b - 1];  // block 0's parent: 0
-    MAGNETAR_RETURN_IF_ERROR(write_block(keys[b], parent, int64_t(b), tokens.subspan(b * size_t(B), size_t(B)), kv));
+    const uint64_t row0 = uint64_t(b) * uint64_t(B) * row_bytes_;
+    for (int64_t l = 0; l < format_.n_layer; ++l) {
+      pieces[size_t(2 * l)] = static_cast<const uint8_t*>(kv.k(l)) + row0;
+      pieces[size_t(2 * l + 1)] = static_cast<const uint8_t*>(kv.v(l)) + row0;
+    }
+    MAGNETAR_RETURN_IF_ERROR(write_block(keys[b], parent, int64_t(b), tokens.subspan(b * size_t(B), size_t(B)), pieces,
+                                         /*locked=*/true));
     wrote = true;
   }
   if (wrote) {
@@ -308,6 +317,77 @@ Status DiskCache::save(std::span<const int32_t> tokens, int64_t n_valid, KvCache
     enforce_budget();
   }
   return Status();
+}
+
+void DiskCache::save_async(std::span<const int32_t> tokens, int64_t n_valid, KvCache& kv) {
+  MAGNETAR_CHECK(n_valid >= 0 && n_valid <= int64_t(tokens.size()) && n_valid <= kv.n_ctx());
+  MAGNETAR_CHECK(kv.type() == format_.type && kv.row_elements() == format_.row_elements);
+  const int64_t B = options_.block_tokens;
+  const std::vector<uint64_t> keys = chain(tokens.first(size_t(n_valid / B * B)));
+  const uint64_t rows = uint64_t(B) * row_bytes_;
+  for (size_t b = 0; b < keys.size(); ++b) {
+    {
+      // Claim the block (so no other caller copies it too) once fewer than kMaxQueued blocks are held.
+      std::unique_lock<std::mutex> lock(mu_);
+      const auto claimed = [&] { return std::find(in_flight_.begin(), in_flight_.end(), keys[b]) != in_flight_.end(); };
+      changed_.wait(lock, [&] { return in_flight_.size() < kMaxQueued || claimed(); });
+      if (entries_.count(keys[b]) || claimed()) continue;
+      in_flight_.push_back(keys[b]);
+      if (!writer_.joinable()) writer_ = std::thread([this] { writer_loop(); });
+    }
+    kv.sync_host(int64_t(b + 1) * B);
+    const auto t0 = std::chrono::steady_clock::now();
+    Job job{.key = keys[b], .parent = b == 0 ? 0 : keys[b - 1], .index = int64_t(b),
+            .ids = std::vector<int32_t>(tokens.begin() + ptrdiff_t(b) * B, tokens.begin() + ptrdiff_t(b + 1) * B),
+            .payload = std::make_unique<uint8_t[]>(size_t(2 * format_.n_layer) * rows)};
+    const uint64_t row0 = uint64_t(b) * rows;
+    for (int64_t l = 0; l < format_.n_layer; ++l) {
+      std::memcpy(job.payload.get() + size_t(2 * l) * rows, static_cast<const uint8_t*>(kv.k(l)) + row0, rows);
+      std::memcpy(job.payload.get() + size_t(2 * l + 1) * rows, static_cast<const uint8_t*>(kv.v(l)) + row0, rows);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.copy_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    queue_.push_back(std::move(job));
+    changed_.notify_all();
+  }
+}
+
+void DiskCache::writer_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, and everything written
+    Job job = std::move(queue_.front());
+    queue_.pop_front();
+    changed_.notify_all();  // room in the queue
+    lock.unlock();
+    std::vector<const uint8_t*> pieces(size_t(2 * format_.n_layer));
+    const uint64_t rows = uint64_t(options_.block_tokens) * row_bytes_;
+    for (size_t p = 0; p < pieces.size(); ++p) pieces[p] = job.payload.get() + p * rows;
+    const auto t0 = std::chrono::steady_clock::now();
+    const Status st = write_block(job.key, job.parent, job.index, job.ids, pieces, /*locked=*/false);
+    if (!st.ok()) std::fprintf(stderr, "magnetar: disk KV: %s\n", st.message().c_str());
+    lock.lock();
+    stats_.save_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!st.ok()) stats_.blocks_failed++;
+    if (st.ok()) enforce_budget();
+    in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), job.key));
+    changed_.notify_all();
+  }
+}
+
+void DiskCache::flush() const {
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait(lock, [&] { return in_flight_.empty(); });
+}
+
+DiskCache::~DiskCache() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    changed_.notify_all();
+  }
+  if (writer_.joinable()) writer_.join();
 }
 
 // ---- restore --------------------------------------------------------------------------------------------
@@ -446,6 +526,7 @@ int64_t DiskCache::restore(std::span<const int32_t> tokens, int64_t from_block, 
   const std::vector<uint64_t> keys = chain(tokens.first(size_t(until_tokens)));
   const auto t0 = std::chrono::steady_clock::now();
   kv.sync_host(std::min(from_block * B, until_tokens));  // the rows before stay valid; the host copy must be too
+  flush();
   std::lock_guard<std::mutex> lock(mu_);
   int64_t b = from_block;
   for (; b < int64_t(keys.size()); ++b) {

@@ -20,15 +20,20 @@
 // reached again).
 //
 // Reads: O_DIRECT in 64 MiB chunks, double-buffered (the next chunk is read while the last is checked and copied
-// into the KV rows). Writes: streamed from the KV rows, hashed on the way.
+// into the KV rows). Writes: streamed from the KV rows (save) or from a copy of them (save_async: the copy is
+// taken on the caller's thread, the file written by a background writer), hashed on the way.
 //
-// Thread-safety: every public method may be called from any thread; they serialize on one mutex.
+// Thread-safety: every public method may be called from any thread; they serialize on one mutex, which the
+// background writer does not hold while it writes.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <deque>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -59,6 +64,8 @@ struct DiskCacheStats {
   uint64_t tokens_restored = 0;
   uint64_t bytes_written = 0, bytes_read = 0;
   double save_seconds = 0, restore_seconds = 0;
+  uint64_t blocks_failed = 0;    // background saves that could not be written (each also a warning)
+  double copy_seconds = 0;       // save_async: the caller's time copying rows out
 };
 
 class DiskCache {
@@ -81,6 +88,16 @@ class DiskCache {
   // 0..n_valid-1 must hold that timeline's KV), then enforces the budget. A write error is returned (nothing
   // partial is left under a block's name).
   Status save(std::span<const int32_t> tokens, int64_t n_valid, KvCache& kv);
+  // The same without waiting for the disk: the rows of each new block are copied out of `kv` now (the caller may
+  // overwrite them at once) and a background thread writes the files. At most kMaxQueued blocks are held (being
+  // copied, queued or written); a call that would hold more waits for the writer first, so the copies never take
+  // more than kMaxQueued blocks of memory. A failed write is a warning on stderr and counted
+  // (DiskCacheStats::blocks_failed).
+  void save_async(std::span<const int32_t> tokens, int64_t n_valid, KvCache& kv);
+  static constexpr size_t kMaxQueued = 2;
+  // Waits until every queued block is on disk (match and restore do it first: a queued block counts once written).
+  void flush() const;
+  ~DiskCache();  // flushes, then stops the writer
   DiskCacheStats stats() const;
   // "DIR: 12 blocks of 2,048 tokens (1.50 GiB of 8.00 GiB)"
   std::string describe() const;
@@ -99,7 +116,11 @@ class DiskCache {
   DiskCache(const DiskCacheOptions& options, const KvFormat& format);
   Status scan();
   std::string path_of(uint64_t key) const;
-  Status write_block(uint64_t key, uint64_t parent, int64_t index, std::span<const int32_t> ids, const KvCache& kv);
+  // Writes one block's file from its 2 * n_layer payload pieces (K then V rows of each layer, block_tokens rows
+  // each) and, with mu_ held by the caller or taken here (`locked`), records it in the index.
+  Status write_block(uint64_t key, uint64_t parent, int64_t index, std::span<const int32_t> ids,
+                     std::span<const uint8_t* const> pieces, bool locked);
+  void writer_loop();
   bool read_block(uint64_t key, uint64_t parent, int64_t index, std::span<const int32_t> ids, KvCache& kv);
   void enforce_budget();
   void remove_block(uint64_t key);
@@ -114,6 +135,19 @@ class DiskCache {
     void operator()(uint8_t* p) const { std::free(p); }
   };
   std::unique_ptr<uint8_t, AlignedFree> read_buffer_;  // restore's two 64 MiB chunks, guarded by mu_
+
+  // save_async's queue (guarded by mu_): blocks copied out and waiting for the writer, and the one it writes.
+  struct Job {
+    uint64_t key = 0, parent = 0;
+    int64_t index = 0;
+    std::vector<int32_t> ids;
+    std::unique_ptr<uint8_t[]> payload;  // [n_layer][K, V][block rows]
+  };
+  std::deque<Job> queue_;
+  std::vector<uint64_t> in_flight_;        // keys being copied, queued or written
+  mutable std::condition_variable changed_;  // queue_ / in_flight_ changed, or stopping_
+  bool stopping_ = false;
+  std::thread writer_;                     // started by the first save_async
 };
 
 }  // namespace magnetar::kv

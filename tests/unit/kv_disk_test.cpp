@@ -320,5 +320,55 @@ TEST_F(DiskKv, ABudgetBelowOneBlockIsRefusedNamingTheSizes) {
   EXPECT_NE(c.status().message().find("holds no block"), std::string::npos) << c.status().message();
 }
 
+// ---- save_async: copies on the caller's thread, files written in the background ----------------------------------
+
+TEST_F(DiskKv, AsyncSaveCopiesTheRowsSoTheCallerMayOverwriteThem) {
+  auto cache = open();
+  const std::vector<int32_t> t = timeline(70, 21);
+  KvCache kv(quant::Type::F32, kLayers, kCtx, kRow), want(quant::Type::F32, kLayers, kCtx, kRow);
+  compute(kv, t);
+  compute(want, t);
+  cache->save_async(t, 70, kv);
+  for (int64_t l = 0; l < kLayers; ++l) {  // the session moves on at once: its rows change under the writer
+    std::memset(kv.k(l), 0x5A, size_t(kCtx * kRow) * 4);
+    std::memset(kv.v(l), 0xA5, size_t(kCtx * kRow) * 4);
+  }
+  EXPECT_EQ(cache->match(t), 64);  // waits for the queued blocks
+  EXPECT_EQ(files(), 4u);
+  KvCache fresh(quant::Type::F32, kLayers, kCtx, kRow);
+  EXPECT_EQ(cache->restore(t, 0, 64, fresh), 64);
+  EXPECT_TRUE(same_rows(want, fresh, 64));
+  EXPECT_EQ(cache->stats().blocks_saved, 4u);
+  EXPECT_EQ(cache->stats().blocks_failed, 0u);
+  cache->save_async(t, 70, want);  // nothing new: nothing queued
+  cache->flush();
+  EXPECT_EQ(cache->stats().blocks_saved, 4u);
+}
+
+TEST_F(DiskKv, AsyncSavesOfManyThreadsWriteEachBlockOnceAndSurviveClosing) {
+  std::vector<std::vector<int32_t>> ts;
+  for (int i = 0; i < 4; ++i) ts.push_back(timeline(160, 30 + uint64_t(i % 2)));  // two distinct timelines, twice each
+  {
+    auto cache = open();
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 4; ++i) {
+      threads.emplace_back([&, i] {
+        KvCache kv(quant::Type::F32, kLayers, kCtx, kRow);
+        compute(kv, ts[size_t(i)]);
+        for (int64_t n = 16; n <= 160; n += 16) cache->save_async(ts[size_t(i)], n, kv);  // a block at a time
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }  // closing waits for the writer: nothing queued is lost
+  EXPECT_EQ(files(), 20u);  // 2 timelines x 10 blocks, each written once
+  auto reopened = open();
+  for (int i = 0; i < 2; ++i) {
+    KvCache kv(quant::Type::F32, kLayers, kCtx, kRow), fresh(quant::Type::F32, kLayers, kCtx, kRow);
+    compute(kv, ts[size_t(i)]);
+    EXPECT_EQ(reopened->restore(ts[size_t(i)], 0, 160, fresh), 160);
+    EXPECT_TRUE(same_rows(kv, fresh, 160)) << "timeline " << i;
+  }
+}
+
 }  // namespace
 }  // namespace magnetar::kv
