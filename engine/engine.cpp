@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <sys/statvfs.h>
 #include <thread>
@@ -208,8 +209,11 @@ Status open_disk_kv(Engine::Impl& impl) {
   if (o.gb < 0 || o.block_tokens < 1) return Status::error("--kv-disk-gb must be >= 0 and the block size >= 1");
   uint64_t budget = uint64_t(o.gb * double(1ull << 30));
   if (budget == 0) {
+    // The directory may not exist yet (DiskCache creates it): the free space of its nearest existing ancestor.
     struct statvfs fs;
-    const uint64_t free_bytes = ::statvfs(o.dir.c_str(), &fs) == 0 ? uint64_t(fs.f_bavail) * fs.f_frsize : 0;
+    std::filesystem::path at = std::filesystem::absolute(o.dir);
+    while (::statvfs(at.c_str(), &fs) != 0 && at.has_parent_path() && at != at.parent_path()) at = at.parent_path();
+    const uint64_t free_bytes = ::statvfs(at.c_str(), &fs) == 0 ? uint64_t(fs.f_bavail) * fs.f_frsize : 0;
     budget = std::min<uint64_t>(16ull << 30, free_bytes / 2);
   }
   const models::HParams& hp = impl.model->hparams();

@@ -112,11 +112,61 @@ int bench_sessions(Engine& engine, int64_t n, int64_t step, int64_t gen, int64_t
   return kExitOk;
 }
 
+// Time to first token for an n-token history (a conversation an agent resends), cold and from disk KV: per rep a
+// fresh random history plus a 64-token new turn is prefilled in a new session (cold: every token computed; the
+// full blocks go to --kv-disk-dir as they complete), then the same history with another 64-token turn in another
+// new session (hit: the saved blocks are restored, the rest computed). Prints the medians.
+int bench_ttft(Engine& engine, int64_t n, int64_t reps, int64_t seed, bool json) {
+  constexpr int64_t kTurn = 64;
+  std::mt19937_64 rng(uint64_t(seed) * 104729 + 7);
+  const int64_t vocab = engine.info().n_vocab;
+  std::vector<double> cold, hit;
+  int64_t restored = 0;
+  for (int64_t r = 0; r < reps; ++r) {
+    std::vector<int32_t> history(static_cast<size_t>(n + kTurn));
+    for (int32_t& t : history) t = int32_t(rng() % uint64_t(vocab));
+    for (const bool warm : {false, true}) {
+      if (warm) {
+        for (int64_t i = n; i < n + kTurn; ++i) history[size_t(i)] = int32_t(rng() % uint64_t(vocab));  // a new turn
+        (void)engine.kv_disk_stats();  // the cold run's blocks are all on disk before the clock starts
+      }
+      Result<std::unique_ptr<Session>> s = engine.new_session();
+      if (!s.ok()) {
+        std::fprintf(stderr, "magnetar bench: --ttft: %s\n", s.status().message().c_str());
+        return kExitFailure;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      if (Status st = s.value()->sync(history); !st.ok()) {
+        std::fprintf(stderr, "magnetar bench: --ttft: %s\n", st.message().c_str());
+        return kExitFailure;
+      }
+      (warm ? hit : cold).push_back(seconds(t0));
+      if (warm) restored = s.value()->stats().restored_tokens;
+    }
+  }
+  const KvDiskStats d = engine.kv_disk_stats();
+  const double gb_s = d.restore_seconds > 0 ? double(d.bytes_read) / d.restore_seconds / 1e9 : 0.0;
+  if (json) {
+    const nlohmann::json row = {{"history_tokens", n}, {"turn_tokens", kTurn}, {"ttft_cold_s", median(cold)},
+                                {"ttft_hit_s", median(hit)}, {"restored_tokens", restored}, {"restore_gb_s", gb_s},
+                                {"kv_bytes_per_token", d.blocks_saved ? double(d.bytes_written) / double(d.blocks_saved) /
+                                                                            double(engine.options().kv_disk.block_tokens)
+                                                                      : 0.0}};
+    std::printf("%s\n", row.dump().c_str());
+  } else {
+    std::printf("# time to first token, %lld-token history + %lld new tokens (median of %lld): cold %.2f s, from disk "
+                "KV %.2f s (%.1fx; %lld tokens restored, restores at %.2f GB/s)\n",
+                (long long)n, (long long)kTurn, (long long)reps, median(cold), median(hit),
+                median(cold) / std::max(median(hit), 1e-9), (long long)restored, gb_s);
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int bench_main(int argc, char** argv) {
   ModelFlags model;
-  int64_t ctx_start = 2048, ctx_max = 65536, step = 2048, gen = 128, reps = 3, seed = 1, sessions = 1;
+  int64_t ctx_start = 2048, ctx_max = 65536, step = 2048, gen = 128, reps = 3, seed = 1, sessions = 1, ttft = 0;
   bool json = false, csv = false, profile = false, expert_layers = false;
   cli::Args args("magnetar bench -m MODEL.gguf [--ctx-start N --ctx-max N --step N] [--gen N] [--reps N] [--json|--csv]",
                  "Measures prefill and decode tokens/s at growing context depths (median of --reps runs at each\n"
@@ -135,8 +185,26 @@ int bench_main(int argc, char** argv) {
   args.option("--sessions", &sessions, "N",
               "also decode N sessions at once (one batched forward pass per token, as `serve --parallel N` does) "
               "and print the aggregate tokens/s next to one session's");
+  args.option("--ttft", &ttft, "N",
+              "instead of the table: time to first token for an N-token history plus a 64-token turn, cold and then "
+              "restored from --kv-disk-dir (required)");
   if (std::optional<int> code = args.parse_or_exit(argc, argv, "bench")) return *code;
-  if (ctx_start < 0 || ctx_max < ctx_start || step < 1 || gen < 0 || reps < 1 || sessions < 1) {
+  if (ttft > 0) {
+    if (model.kv_disk_dir.empty()) {
+      std::fprintf(stderr, "magnetar bench: --ttft needs --kv-disk-dir DIR (where the history's KV is saved)\n");
+      return kExitBadInput;
+    }
+    if (model.ctx == 0) model.ctx = ttft + 64;
+    if (model.ctx < ttft + 64) {
+      std::fprintf(stderr, "magnetar bench: --ctx %lld is smaller than --ttft + 64 = %lld\n", (long long)model.ctx,
+                   (long long)(ttft + 64));
+      return kExitBadInput;
+    }
+    std::unique_ptr<Engine> engine = model.load("bench");
+    if (!engine) return kExitBadInput;
+    return bench_ttft(*engine, ttft, reps, seed, json);
+  }
+  if (ctx_start < 0 || ctx_max < ctx_start || step < 1 || gen < 0 || reps < 1 || sessions < 1 || ttft < 0) {
     std::fprintf(stderr, "magnetar bench: need 0 <= --ctx-start <= --ctx-max, --step >= 1, --gen >= 0, --reps >= 1, "
                  "--sessions >= 1\n");
     return kExitBadInput;

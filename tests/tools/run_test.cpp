@@ -144,6 +144,23 @@ TEST_F(RunTool, BenchReportsEveryDepth) {
   EXPECT_EQ(depths, (std::vector<int64_t>{0, 16, 32}));
 }
 
+// --ttft: a 100-token history + a 64-token turn, blocks of 16: the cold run saves blocks 0..9, the hit's new turn
+// differs from token 100 on, so it restores the 6 blocks (96 tokens) that hold only history.
+TEST_F(RunTool, BenchTimeToFirstTokenRestoresTheHistory) {
+  const Invocation r = magnetar("bench -m " + model() + " --ttft 100 --kv-disk-dir " + file("kv") +
+                                " --kv-block 16 --reps 2 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json row = nlohmann::json::parse(r.out);
+  EXPECT_EQ(row["history_tokens"], 100);
+  EXPECT_EQ(row["restored_tokens"], 96);
+  EXPECT_GT(row["ttft_cold_s"].get<double>(), 0.0);
+  EXPECT_GT(row["ttft_hit_s"].get<double>(), 0.0);
+  EXPECT_GT(row["kv_bytes_per_token"].get<double>(), 0.0);
+  const Invocation missing = magnetar("bench -m " + model() + " --ttft 100");
+  EXPECT_EQ(missing.status, 2);
+  EXPECT_NE(missing.err.find("--ttft needs --kv-disk-dir"), std::string::npos) << missing.err;
+}
+
 }  // namespace
 }  // namespace magnetar
 

@@ -61,6 +61,21 @@ if [ "$filter" = "--model-bench" ]; then
   exit 0
 fi
 
+# `run.sh --kv-ttft`: time to first token for a 100K-token history plus a new turn, cold vs restored from disk KV
+# (issue: disk KV), on the 30B-A3B geometry on the GPU (98 KiB of KV per token); builds the binary when needed.
+if [ "$filter" = "--kv-ttft" ]; then
+  bin=build-device/tools/magnetar
+  [ -d build-device ] || cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAGNETAR_CUDA=ON \
+    -DMAGNETAR_TESTS=OFF -DMAGNETAR_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$prefix/usr" >/dev/null 2>&1
+  cmake --build build-device -j "$(nproc)" --target magnetar >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+  model=/tmp/magnetar-q30-q4k.gguf
+  [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k -t "$(nproc)" -o "$model" >/dev/null 2>&1
+  rm -rf /tmp/magnetar-kv-ttft
+  "$bin" bench -m "$model" --device cuda --ttft 100000 --kv-disk-dir /tmp/magnetar-kv-ttft --kv-disk-gb 24 \
+    --batch 2048 --reps 1 2>&1 | tail -3
+  exit 0
+fi
+
 log "machine: $(lscpu | sed -n 's/^Model name: *//p') / $(nproc) cores / $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAGNETAR_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$prefix/usr" >"$OUT/configure.log" 2>&1 \
