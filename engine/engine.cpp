@@ -371,7 +371,16 @@ Result<int64_t> Engine::sessions_that_fit() const {
   const uint64_t available = experts::memory_budget(machine);
   const uint64_t reserve = experts::reserve_bytes(machine);
   const uint64_t free_bytes = available > reserve ? available - reserve : 0;
-  return int64_t(free_bytes / std::max<uint64_t>(1, session_bytes()));
+  int64_t fit = int64_t(free_bytes / std::max<uint64_t>(1, session_bytes()));
+  if (impl_->on_gpu) {
+    // Each session also takes its KV on the GPU, allocated at its first forward pass: what is free there now,
+    // less the 1 GiB reserve the load kept and the first session's share (not allocated yet, counted at load).
+    const models::GpuInfo gpu = models::gpu_info();
+    const uint64_t kv = std::max<uint64_t>(1, session_kv_bytes(*impl_));
+    const uint64_t usable = gpu.free_bytes > (1ull << 30) ? gpu.free_bytes - (1ull << 30) : 0;
+    fit = std::min(fit, std::max<int64_t>(0, int64_t(usable / kv) - 1));
+  }
+  return fit;
 }
 
 ExpertMap Engine::expert_map() const {

@@ -169,7 +169,8 @@ class Engine {
 
   Result<std::unique_ptr<Session>> new_session();
   // Memory one more session takes (its KV cache for options().n_ctx and its scratch), and how many such sessions
-  // fit in the memory available now beyond the memory planner's reserve (the server's --parallel default).
+  // fit in the memory available now beyond the memory planner's reserve (the server's --parallel default); on the
+  // GPU also in its free memory (each session's KV lives there too).
   uint64_t session_bytes() const;
   Result<int64_t> sessions_that_fit() const;
   // The decode steps of several sessions in one forward pass (per n_batch sessions), so concurrent sessions read
