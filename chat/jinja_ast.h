@@ -156,6 +156,19 @@ struct Program {
 // Limits against hostile templates (the template is read from an untrusted GGUF).
 constexpr int kMaxParseDepth = 200;  // nested expressions and blocks while parsing
 
+// Counts one level of recursion for as long as it lives (the parser and the evaluator check the count against
+// their limits).
+class DepthGuard {
+ public:
+  explicit DepthGuard(int* d) : d_(d) { ++*d_; }
+  ~DepthGuard() { --*d_; }
+  DepthGuard(const DepthGuard&) = delete;
+  DepthGuard& operator=(const DepthGuard&) = delete;
+
+ private:
+  int* d_;
+};
+
 Result<std::unique_ptr<Program>> parse_program(std::string_view source);
 
 }  // namespace magnetar::chat::jinja

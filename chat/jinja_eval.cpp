@@ -34,15 +34,6 @@ const Value* lookup(const Scope* s, const std::string& name) {
   return nullptr;
 }
 
-class DepthGuard {
- public:
-  explicit DepthGuard(int* d) : d_(d) { ++*d_; }
-  ~DepthGuard() { --*d_; }
-
- private:
-  int* d_;
-};
-
 constexpr const char kPrefix[] = "chat template ";
 
 }  // namespace

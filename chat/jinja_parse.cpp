@@ -69,16 +69,6 @@ class Parser {
   }
 
  private:
-  // Counts nesting; the parser recurses once per level of the template's nesting.
-  class DepthGuard {
-   public:
-    explicit DepthGuard(int* d) : d_(d) { ++*d_; }
-    ~DepthGuard() { --*d_; }
-
-   private:
-    int* d_;
-  };
-
   uint32_t pos() const { return cur_ < t_.size() ? t_[cur_].pos : uint32_t(source_.size()); }
   Status error_at(uint32_t at, const std::string& msg) const {
     return Status::error("chat template " + source_location(source_, at) + ": " + msg);

@@ -45,6 +45,7 @@ struct Engine::Impl {
   models::RoutingCounts uses;              // every session's routing, for expert_map() (MoE models)
   bool on_gpu = false;                     // the model runs on the CUDA device (weights, KV and scratch there)
   bool gpu_tier = false;                   // ... with routed experts in host memory through a GPU pool
+  std::string gpu_unused;                  // why auto stayed on the CPU although a GPU is present
 };
 
 namespace {
@@ -144,6 +145,7 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   const bool forced = o.device == Device::kCuda;
   auto fall_back = [&](const std::string& why) {
     if (forced) return Status::error(path + ": --device cuda: " + why);
+    impl.gpu_unused = why;
     impl.plan_text = "device: CPU (" + why + ")";
     return Status();
   };
@@ -235,6 +237,7 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 const std::string& Engine::memory_plan() const { return impl_->plan_text; }
 const char* Engine::device() const { return impl_->on_gpu ? "cuda" : "cpu"; }
+const std::string& Engine::gpu_unused() const { return impl_->gpu_unused; }
 
 namespace {
 ExpertStats to_public(const experts::LayerStats& t) {

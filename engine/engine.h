@@ -144,6 +144,8 @@ class Engine {
   const std::string& memory_plan() const;
   // "cpu" or "cuda" (the device chosen at load).
   const char* device() const;
+  // Why the model runs on the CPU although a usable GPU is present (--device auto); empty otherwise.
+  const std::string& gpu_unused() const;
   ExpertStats expert_stats() const;
   // The same per layer ([n_layer]; layers without routed experts stay zero); empty when resident.
   std::vector<ExpertStats> expert_layer_stats() const;

@@ -90,7 +90,7 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
   if (!engine.value()->memory_plan().empty() &&
       (show_plan || engine.value()->expert_stats().streamed || engine.value()->expert_stats().gpu_tier ||
        engine.value()->kv_disk_stats().enabled ||
-       engine.value()->memory_plan().find("device: CPU (") != std::string::npos)) {
+       !engine.value()->gpu_unused().empty())) {
     std::fprintf(stderr, "%s\n", engine.value()->memory_plan().c_str());
   }
   return std::move(engine).value();

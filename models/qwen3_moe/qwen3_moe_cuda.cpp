@@ -164,7 +164,9 @@ class Qwen3Cuda final : public Model {
   mutable std::vector<const void*> pool_ptrs_;    // [n_expert * 3] of the layer being computed
   mutable std::vector<int32_t> active_, misses_;
   mutable std::vector<experts::ExpertPtrs> host_ptrs_;
-  mutable std::vector<uint8_t> seen_;
+  mutable std::vector<uint8_t> seen_, ready_;
+  mutable std::vector<int32_t> expert_begin_, expert_fill_;  // group_rows_on_host's counting sort
+  mutable std::vector<DeviceKv*> mirrors_;                    // forward(): each sequence's device KV
   mutable GpuTierStats tier_stats_;
 };
 
@@ -431,10 +433,12 @@ int64_t Qwen3Cuda::group_rows_on_host(const int32_t* h_ids, int64_t n, PtrOf ptr
   auto* h_items = h_items_.as<GroupItem>();
   auto* h_x_rows = reinterpret_cast<int32_t*>(h_items + R + X);
   int32_t* h_slot_rows = h_x_rows + R;
-  std::vector<int32_t> begin(size_t(X) + 1, 0);
+  std::vector<int32_t>& begin = expert_begin_;  // [X + 1]: rows of expert e are [begin[e], begin[e + 1])
+  std::vector<int32_t>& fill = expert_fill_;
+  begin.assign(size_t(X) + 1, 0);
   for (int64_t r = 0; r < R; ++r) begin[size_t(h_ids[r]) + 1]++;
   for (int64_t e = 0; e < X; ++e) begin[size_t(e) + 1] += begin[size_t(e)];
-  std::vector<int32_t> fill(begin.begin(), begin.end() - 1);
+  fill.assign(begin.begin(), begin.end() - 1);
   for (int64_t r = 0; r < R; ++r) {  // r = t * K + j
     const int32_t row = fill[size_t(h_ids[r])]++;
     h_x_rows[row] = int32_t(r / K);
@@ -473,8 +477,8 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, expe
   if (!misses_.empty()) {
     const auto t0 = std::chrono::steady_clock::now();
     host_ptrs_.resize(misses_.size());
-    std::vector<uint8_t> ready(misses_.size());
-    source.acquire(il, misses_, host_ptrs_, ready);
+    ready_.resize(misses_.size());
+    source.acquire(il, misses_, host_ptrs_, ready_);
     experts::Pinned pinned(source);  // released once the copies below have landed
     MAGNETAR_RETURN_IF_ERROR(source.wait(host_ptrs_));
     for (size_t i = 0; i < misses_.size(); ++i) {
@@ -584,7 +588,8 @@ Status Qwen3Cuda::forward(cpu::ThreadPool&, Workspace&, const ForwardArgs& args)
   if (args.routing) MAGNETAR_CHECK(int64_t(args.routing->counts.size()) == hp_.n_layer * hp_.n_expert);
 
   // Each sequence's KV mirror, current up to its pos0.
-  std::vector<DeviceKv*> mirrors;
+  std::vector<DeviceKv*>& mirrors = mirrors_;
+  mirrors.clear();
   int32_t* h_pos = h_positions_.as<int32_t>();
   int64_t t = 0;
   for (const SeqSpan& seq : args.seqs) {

@@ -35,7 +35,12 @@
 namespace magnetar {
 namespace {
 
+using cuda_test::activations;
+using cuda_test::dequantize_ref;
 using cuda_test::gaussian;
+using cuda_test::poisoned;
+using cuda_test::quantize_ref;
+using cuda_test::quantized_tolerance;
 using cuda_test::Rng;
 
 using quant::Type;
@@ -48,51 +53,6 @@ constexpr int64_t kColCounts[] = {256, 512, 2816, 4096};
 constexpr int64_t kXCounts[] = {1, 7, 64, 200, 512};
 constexpr size_t kGuardFloats = 64;
 constexpr int64_t kFullCheckOps = int64_t(1) << 27;  // check every output below this many multiply-adds
-
-std::vector<float> activations(Rng& rng, int64_t n, int64_t cols) {
-  std::vector<float> x = gaussian(rng, size_t(n * cols));
-  for (int64_t v = 0; v < n; ++v) {
-    for (int k = 0; k < 3; ++k) {
-      const int64_t i = int64_t(rng.bits() % uint64_t(cols));
-      x[size_t(v * cols + i)] = (rng.bits() & 1 ? 40.0f : -40.0f) * (1.0f + float(k));
-    }
-  }
-  return x;
-}
-
-std::vector<uint8_t> quantize_ref(Type type, const std::vector<float>& x, int64_t cols) {
-  const int64_t n_rows = int64_t(x.size()) / cols;
-  const size_t row = quant::row_size(type, cols);
-  std::vector<uint8_t> q(row * size_t(n_rows));
-  for (int64_t r = 0; r < n_rows; ++r) quant::traits(type).from_float(x.data() + r * cols, q.data() + r * row, cols);
-  return q;
-}
-
-std::vector<float> dequantize_ref(Type type, const uint8_t* q, int64_t n) {
-  std::vector<float> x(static_cast<size_t>(n));
-  quant::traits(type).to_float(q, x.data(), n);
-  return x;
-}
-
-std::vector<float> poisoned(size_t n) { return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()); }
-
-// The bound of cuda_mmvq_test.cpp's quantized_tolerance: 2 (m + 3) u sum|t_k| with m <= n / 8 terms per
-// product on either side (mmq: at most two terms per slice of 16, scaled and offset; each rounded at most 3
-// times: the scale product, the product with the exactly converted int32 mma sum, the FMA) and sum|t_k| <=
-// 3 M, M = sum_i amax_block(i) |y_i|.
-double quantized_tolerance(int64_t block, const float* w, const float* y, int64_t n) {
-  double magnitude = 0;
-  for (int64_t b = 0; b < n; b += block) {
-    double amax = 0;
-    double ysum = 0;
-    for (int64_t i = b; i < b + block; ++i) {
-      amax = std::max(amax, std::fabs(double(w[i])));
-      ysum += std::fabs(double(y[i]));
-    }
-    magnitude += amax * ysum;
-  }
-  return 2.0 * (double(n) / 8.0 + 3.0) * std::ldexp(1.0, -24) * 3.0 * magnitude + 1e-30;
-}
 
 std::vector<Type> mmq_types() {
   std::vector<Type> types;

@@ -16,6 +16,7 @@
 #include "backends/cuda/mmvq.cuh"
 #include "quant/formats.h"
 #include "quant/ref/ref.h"
+#include "tests/cuda/quantized_tolerance.h"
 
 namespace magnetar {
 namespace {
@@ -122,16 +123,7 @@ TEST_P(MmvqHostTest, BlockDotsMatchReference) {
       std::vector<float> wd(static_cast<size_t>(n)), yd(static_cast<size_t>(n));
       c.dequantize(qx.data(), wd.data(), n);
       c.dequantize_act(qy.data(), yd.data(), n);
-      double magnitude = 0;
-      for (int64_t b = 0; b < n; b += c.block) {
-        double amax = 0, ysum = 0;
-        for (int64_t i = b; i < b + c.block; ++i) {
-          amax = std::max(amax, std::fabs(double(wd[size_t(i)])));
-          ysum += std::fabs(double(yd[size_t(i)]));
-        }
-        magnitude += amax * ysum;
-      }
-      const double tol = 2.0 * (double(n) / 8.0 + 3.0) * std::ldexp(1.0, -24) * 3.0 * magnitude + 1e-30;
+      const double tol = cuda_test::quantized_tolerance(c.block, wd.data(), yd.data(), n);
       EXPECT_LE(std::fabs(got - want), tol)
           << c.name << " n=" << n << " trial " << trial << ": reference " << want << ", mmvq " << got;
     }

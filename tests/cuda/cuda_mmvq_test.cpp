@@ -37,7 +37,12 @@
 namespace magnetar {
 namespace {
 
+using cuda_test::activations;
+using cuda_test::dequantize_ref;
 using cuda_test::gaussian;
+using cuda_test::poisoned;
+using cuda_test::quantize_ref;
+using cuda_test::quantized_tolerance;
 using cuda_test::Rng;
 
 using quant::Type;
@@ -51,71 +56,7 @@ constexpr int64_t kOddColCounts[] = {37, 4099};  // element types only: not a mu
 constexpr int64_t kMaxCols = 4099;
 constexpr size_t kGuardFloats = 64;  // poisoned floats after each output
 
-
-// ---- data -------------------------------------------------------------------------------------------------
-
-
-
-// n_vectors rows of activations: Gaussian with a few outliers per row (as residual streams have).
-std::vector<float> activations(Rng& rng, int64_t n_vectors, int64_t cols) {
-  std::vector<float> x = gaussian(rng, n_vectors * cols);
-  for (int64_t v = 0; v < n_vectors; ++v) {
-    for (int k = 0; k < 3; ++k) {
-      const int64_t i = int64_t(rng.bits() % uint64_t(cols));
-      x[size_t(v * cols + i)] = (rng.bits() & 1 ? 40.0f : -40.0f) * (1.0f + float(k));
-    }
-  }
-  return x;
-}
-
-std::vector<uint8_t> quantize_ref(Type type, const std::vector<float>& x) {
-  std::vector<uint8_t> q(quant::row_size(type, int64_t(x.size())));
-  quant::traits(type).from_float(x.data(), q.data(), int64_t(x.size()));
-  return q;
-}
-
-std::vector<float> dequantize_ref(Type type, const uint8_t* q, int64_t n) {
-  std::vector<float> x(static_cast<size_t>(n));
-  quant::traits(type).to_float(q, x.data(), n);
-  return x;
-}
-
-std::vector<float> poisoned(size_t n) { return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()); }
-
-// ---- tolerances ---------------------------------------------------------------------------------------------
-
-// Quantized types. The reference and the kernel both compute sum_k t_k over float terms t_k: per block or
-// block part an exact integer dot times float scales (the kernel splits each block into MmvqType<T>::kParts
-// parts with one scaled term each, plus one min term per part or block for Q4_1/Q5_1/Q2_K/Q4_K/Q5_K).
-// With u = 2^-24:
-//  - each term is rounded at most 3 times (the scale products, the product with the integer, which converts
-//    exactly as |sum| < 2^24), a relative error <= 3u;
-//  - a sum of m terms in ANY order and grouping (the reference's block order, the kernel's per-thread
-//    strides, warp shuffles and cross-warp sum) is within gamma_(m-1) * sum|t_k| of the exact sum
-//    (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., 4.2), gamma_j = j u / (1 - j u);
-//    FMAs only remove roundings.
-// So each is within (m + 3) u sum|t_k| of the exact value, and they differ by at most 2 (m + 3) u sum|t_k|.
-// m <= n / 8 for both (at most four terms per 32 elements: Q4_1/Q5_1 have two parts and a min term per
-// block, every other layout fewer). sum|t_k| <= 3 M, M = sum_i amax_b(i) |y_i| with amax_b the largest
-// |dequantized weight| of i's block and y the dequantized activations: the quantizers keep the scaled part
-// of a block within 2 amax_b and the min within amax_b (the derivation of tests/kernels/kernels_test.cpp,
-// whose bound this is with the kernel's larger m). Tight for 1-block rows, where a wrong element or scale
-// misses by orders of magnitude; worst-case (not typical) rounding for long ones.
-double quantized_tolerance(const TypeTraits& t, const float* w, const float* y, int64_t n) {
-  double magnitude = 0;
-  for (int64_t b = 0; b < n; b += t.block_size) {
-    double amax = 0;
-    double ysum = 0;
-    for (int64_t i = b; i < b + t.block_size; ++i) {
-      amax = std::max(amax, std::fabs(double(w[i])));
-      ysum += std::fabs(double(y[i]));
-    }
-    magnitude += amax * ysum;
-  }
-  const double m = double(n) / 8.0;
-  const double u = std::ldexp(1.0, -24);
-  return 2.0 * (m + 3.0) * u * 3.0 * magnitude + 1e-30;
-}
+// ---- tolerances (quantized types: cuda_test::quantized_tolerance) ------------------------------------------------
 
 // Element types: the kernel rounds each of the n products and n additions at most once (fmaf rounds the
 // pair once), so |kernel - exact| <= gamma_(n+1) sum|w_i x_i|; the double reference is exact to ~n 2^-53
@@ -172,7 +113,7 @@ TEST_P(CudaMatvecTest, MatchesReference) {
   for (int64_t cols : col_counts(t)) {
     const size_t row_bytes = quant::row_size(t.type, cols);
     // One matrix per width; the row counts take its first rows.
-    const std::vector<uint8_t> qw = quantize_ref(t.type, gaussian(rng, kMaxRows * cols));
+    const std::vector<uint8_t> qw = quantize_ref(t.type, gaussian(rng, kMaxRows * cols), cols);
     const std::vector<float> w = dequantize_ref(t.type, qw.data(), kMaxRows * cols);
     ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer w_dev, cuda::DeviceBuffer::allocate(qw.size()));
     ASSERT_OK(w_dev.upload(qw.data(), qw.size()));
@@ -248,7 +189,7 @@ TEST_P(CudaMatvecTest, MatchesReference) {
             double tol;
             if (quantized) {
               want = double(t.vec_dot(cols, qw.data() + size_t(r) * row_bytes, qx_v));
-              tol = quantized_tolerance(t, w_row, y_act.data(), cols);
+              tol = quantized_tolerance(t.block_size, w_row, y_act.data(), cols);
             } else {
               tol = float_tolerance(w_row, x.data() + size_t(v * cols), cols, &want);
             }
@@ -310,7 +251,7 @@ TEST(CudaQuantizeActivations, ByteIdenticalWithReference) {
         ASSERT_OK(q_dev.download(got.data(), got.size()));
         for (int64_t v = 0; v < n_vectors; ++v) {
           const std::vector<float> xv(x.begin() + v * cols, x.begin() + (v + 1) * cols);
-          const std::vector<uint8_t> want = quantize_ref(act_type, xv);
+          const std::vector<uint8_t> want = quantize_ref(act_type, xv, cols);
           const uint8_t* g = got.data() + size_t(v) * row;
           const auto mismatch = std::mismatch(want.begin(), want.end(), g);
           if (mismatch.first == want.end()) continue;

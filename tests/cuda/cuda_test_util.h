@@ -4,13 +4,17 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <utility>
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
+#include "quant/quant.h"
+#include "tests/cuda/quantized_tolerance.h"
 
 namespace magnetar::cuda_test {
 
@@ -49,5 +53,37 @@ inline std::vector<float> gaussian(Rng& rng, size_t n, float sigma = 1.0f) {
   for (float& f : v) f = sigma * rng.gaussian();
   return v;
 }
+
+// ---- the matrix products' tests (cuda_mmvq_test.cpp, cuda_mmq_test.cpp) ----------------------------------------
+
+// n rows of activations: Gaussian with a few outliers per row (as residual streams have).
+inline std::vector<float> activations(Rng& rng, int64_t n, int64_t cols) {
+  std::vector<float> x = gaussian(rng, size_t(n * cols));
+  for (int64_t v = 0; v < n; ++v) {
+    for (int k = 0; k < 3; ++k) {
+      const int64_t i = int64_t(rng.bits() % uint64_t(cols));
+      x[size_t(v * cols + i)] = (rng.bits() & 1 ? 40.0f : -40.0f) * (1.0f + float(k));
+    }
+  }
+  return x;
+}
+
+// Rows of `cols` values quantized with the reference quantizer of `type`, row after row.
+inline std::vector<uint8_t> quantize_ref(quant::Type type, const std::vector<float>& x, int64_t cols) {
+  const int64_t n_rows = int64_t(x.size()) / cols;
+  const size_t row = quant::row_size(type, cols);
+  std::vector<uint8_t> q(row * size_t(n_rows));
+  for (int64_t r = 0; r < n_rows; ++r) quant::traits(type).from_float(x.data() + r * cols, q.data() + r * row, cols);
+  return q;
+}
+
+inline std::vector<float> dequantize_ref(quant::Type type, const uint8_t* q, int64_t n) {
+  std::vector<float> x(static_cast<size_t>(n));
+  quant::traits(type).to_float(q, x.data(), n);
+  return x;
+}
+
+inline std::vector<float> poisoned(size_t n) { return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()); }
+
 
 }  // namespace magnetar::cuda_test
