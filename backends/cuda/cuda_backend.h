@@ -234,6 +234,9 @@ struct MatmulArgs {
 };
 Status matmul_q(const MatmulArgs& args, Stream& stream);
 
+// Whether matmul_q / grouped_matmul_q take this weight type (the list above).
+bool has_matmul_q(quant::Type type);
+
 // The routed experts of a layer in one launch: for each item (GroupItem; its n may be any positive count,
 // not only up to kMaxMatvecVectors) and each of its n_parts weights starting at `part` (0 gate, 1 up,
 // 2 down): y rows row0 .. row0 + n - 1 of part z (at y + z * y_part_stride floats) = W x rows, where output

@@ -401,6 +401,11 @@ unsigned row_tiles(int64_t rows) { return unsigned((rows + kTileW - 1) / kTileW)
 
 }  // namespace
 
+bool has_matmul_q(Type type) {
+  TypeInfo info;
+  return find_type(type, &info);
+}
+
 Status matmul_q(const MatmulArgs& args, Stream& stream) {
   TypeInfo info;
   MAGNETAR_RETURN_IF_ERROR(check_type_and_shape("matmul_q", args.type, args.rows, args.cols, &info));

@@ -4,7 +4,12 @@
 //                                      activation quantization included (two kernels per matvec)
 //   matvec_preq/<TYPE>/...             the same from activations quantized beforehand (x_quantized: one
 //                                      kernel), the case of matrices that share an x (q/k/v, gate/up, experts)
+//   prefill_mmq/<TYPE>/<rows>x<cols>/n<n> cuda::matmul_q (int8 tensor cores) of n activation rows quantized
+//                                      beforehand: the prefill path for quantized types
+//   prefill_mmvq/<TYPE>/...            the same product as n / 8 matvec launches of 8 rows: the baseline
+//                                      (prefill before mmq)
 // Shapes: 4096 x 4096 (7B-class projections) and 2048 x 7168 (a DeepSeek-V3-sized row length).
+// Prefill counters: us_per_product and int8_TOPS = 2 rows cols n / time (the H200's dense int8 peak is 1,979).
 //
 // The weights must stream from HBM, as a decode step's do, not from the H200's 50 MB L2 (a 4096 x 4096 Q4_0
 // matrix is 9.4 MB): the benchmark keeps enough distinct copies of the matrix for >= kFootprintBytes and one
@@ -43,6 +48,8 @@ constexpr int64_t kMaxCopies = 512;
 constexpr int64_t kDistinctRows = 16;      // rows quantized by the reference, then tiled (as bench/quant_bench)
 constexpr double kRooflineGBps = 4800.0;   // H200 HBM3e, vendor datasheet
 constexpr int64_t kVectorCounts[] = {1, 4};
+constexpr int64_t kPrefillRows = 512;  // pp512's chunk
+constexpr Type kPrefillTypes[] = {Type::Q4_0, Type::Q8_0, Type::Q4_K, Type::Q6_K};
 
 struct Shape {
   int64_t rows;
@@ -59,8 +66,8 @@ struct Setup {
   int64_t copies = 0;
   cuda::Stream stream;
   cuda::DeviceBuffer weights;  // [copies, copy_stride]
-  cuda::DeviceBuffer x;        // [kMaxMatvecVectors, cols] float32
-  cuda::DeviceBuffer y;        // [kMaxMatvecVectors, rows] float32
+  cuda::DeviceBuffer x;        // [kPrefillRows, cols] float32
+  cuda::DeviceBuffer y;        // [kPrefillRows, rows] float32
   cuda::DeviceBuffer xq;       // x quantized to the type's activation format (quantized types)
   cuda::MatvecWorkspace workspace;
 };
@@ -112,16 +119,16 @@ std::unique_ptr<Setup> build_setup(Type type, Shape shape) {
   for (int64_t c = 0; c < s->copies; ++c) {
     must_ok(s->weights.upload(matrix.data(), matrix.size(), size_t(c) * s->copy_stride), "upload");
   }
-  const std::vector<float> x = gaussian(gen, cuda::kMaxMatvecVectors * shape.cols);
+  const std::vector<float> x = gaussian(gen, kPrefillRows * shape.cols);
   s->x = must(cuda::DeviceBuffer::allocate(x.size() * sizeof(float)), "x");
   must_ok(s->x.upload(x.data(), x.size() * sizeof(float)), "upload x");
-  s->y = must(cuda::DeviceBuffer::allocate(size_t(cuda::kMaxMatvecVectors * shape.rows) * sizeof(float)), "y");
+  s->y = must(cuda::DeviceBuffer::allocate(size_t(kPrefillRows * shape.rows) * sizeof(float)), "y");
   s->workspace = must(cuda::MatvecWorkspace::create(shape.cols, cuda::kMaxMatvecVectors), "workspace");
   if (t.is_quantized) {
     const size_t act_row = quant::row_size(t.vec_dot_type, shape.cols);
-    s->xq = must(cuda::DeviceBuffer::allocate(act_row * size_t(cuda::kMaxMatvecVectors)), "xq");
-    must_ok(cuda::quantize_activations(t.vec_dot_type, s->x.as<float>(), s->xq.data(), shape.cols,
-                                       cuda::kMaxMatvecVectors, s->stream),
+    s->xq = must(cuda::DeviceBuffer::allocate(act_row * size_t(kPrefillRows)), "xq");
+    must_ok(cuda::quantize_activations(t.vec_dot_type, s->x.as<float>(), s->xq.data(), shape.cols, kPrefillRows,
+                                       s->stream),
             "quantize_activations");
     s->stream.synchronize();
   }
@@ -138,25 +145,15 @@ Setup& setup(Type type, Shape shape) {
   return *cached;
 }
 
-void bm_matvec(benchmark::State& state, Type type, Shape shape, int64_t n_vectors, bool prequantized) {
-  Setup& s = setup(type, shape);
+// Captures one call of `queue(c)` per weight copy c into a graph, then times graph launches with CUDA events.
+// Returns the seconds per call (one product on one copy).
+template <typename Queue>
+double time_per_copy(benchmark::State& state, Setup& s, Queue queue) {
   cudaStream_t stream = s.stream.raw();
-
-  // One graph: a matvec over every copy in turn.
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int64_t c = 0; c < s.copies; ++c) {
-    const cuda::MatvecArgs args{.type = type,
-                                .weights = s.weights.as<uint8_t>() + size_t(c) * s.copy_stride,
-                                .rows = shape.rows,
-                                .cols = shape.cols,
-                                .x = s.x.as<float>(),
-                                .y = s.y.as<float>(),
-                                .n_vectors = n_vectors,
-                                .x_quantized = prequantized ? s.xq.data() : nullptr};
-    must_ok(cuda::matvec(args, s.workspace, s.stream), "matvec");
-  }
+  for (int64_t c = 0; c < s.copies; ++c) queue(s.weights.as<uint8_t>() + size_t(c) * s.copy_stride);
   CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   cudaEvent_t start = nullptr;
@@ -174,21 +171,64 @@ void bm_matvec(benchmark::State& state, Type type, Shape shape, int64_t n_vector
     CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0;
     CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    state.SetIterationTime(double(ms) * 1e-3);  // one graph: s.copies matvecs
+    state.SetIterationTime(double(ms) * 1e-3);  // one graph: s.copies products
     total_seconds += double(ms) * 1e-3;
   }
-  const double matvecs = double(state.iterations()) * double(s.copies);
-  const double gbps = total_seconds > 0 ? double(s.matrix_bytes) * matvecs / total_seconds / 1e9 : 0;
-  state.SetBytesProcessed(int64_t(matvecs) * int64_t(s.matrix_bytes));
-  state.counters["us_per_matvec"] = matvecs > 0 ? total_seconds * 1e6 / matvecs : 0;
-  state.counters["weight_GBps"] = gbps;
-  state.counters["roofline_pct"] = 100.0 * gbps / kRooflineGBps;
   state.SetLabel(std::to_string(s.copies) + " copies of " + std::to_string(s.matrix_bytes) + " B");
-
   CUDA_CHECK(cudaEventDestroy(start));
   CUDA_CHECK(cudaEventDestroy(stop));
   CUDA_CHECK(cudaGraphExecDestroy(exec));
   CUDA_CHECK(cudaGraphDestroy(graph));
+  const double calls = double(state.iterations()) * double(s.copies);
+  return calls > 0 ? total_seconds / calls : 0;
+}
+
+void bm_matvec(benchmark::State& state, Type type, Shape shape, int64_t n_vectors, bool prequantized) {
+  Setup& s = setup(type, shape);
+  const double seconds = time_per_copy(state, s, [&](const uint8_t* weights) {
+    const cuda::MatvecArgs args{.type = type,
+                                .weights = weights,
+                                .rows = shape.rows,
+                                .cols = shape.cols,
+                                .x = s.x.as<float>(),
+                                .y = s.y.as<float>(),
+                                .n_vectors = n_vectors,
+                                .x_quantized = prequantized ? s.xq.data() : nullptr};
+    must_ok(cuda::matvec(args, s.workspace, s.stream), "matvec");
+  });
+  const double gbps = seconds > 0 ? double(s.matrix_bytes) / seconds / 1e9 : 0;
+  state.SetBytesProcessed(int64_t(double(state.iterations()) * double(s.copies)) * int64_t(s.matrix_bytes));
+  state.counters["us_per_matvec"] = seconds * 1e6;
+  state.counters["weight_GBps"] = gbps;
+  state.counters["roofline_pct"] = 100.0 * gbps / kRooflineGBps;
+}
+
+// n activation rows (quantized beforehand) through one weight matrix: mmq, or matvec launches of 8 rows.
+void bm_prefill(benchmark::State& state, Type type, Shape shape, int64_t n, bool mmq) {
+  Setup& s = setup(type, shape);
+  const size_t act_row = quant::row_size(quant::traits(type).vec_dot_type, shape.cols);
+  const double seconds = time_per_copy(state, s, [&](const uint8_t* weights) {
+    if (mmq) {
+      must_ok(cuda::matmul_q({.type = type, .weights = weights, .rows = shape.rows, .cols = shape.cols,
+                              .x = s.xq.data(), .y = s.y.as<float>(), .n = n},
+                             s.stream),
+              "matmul_q");
+      return;
+    }
+    for (int64_t c = 0; c < n; c += cuda::kMaxMatvecVectors) {
+      const cuda::MatvecArgs args{.type = type,
+                                  .weights = weights,
+                                  .rows = shape.rows,
+                                  .cols = shape.cols,
+                                  .x = s.x.as<float>() + c * shape.cols,
+                                  .y = s.y.as<float>() + c * shape.rows,
+                                  .n_vectors = std::min(cuda::kMaxMatvecVectors, n - c),
+                                  .x_quantized = s.xq.as<uint8_t>() + size_t(c) * act_row};
+      must_ok(cuda::matvec(args, s.workspace, s.stream), "matvec");
+    }
+  });
+  state.counters["us_per_product"] = seconds * 1e6;
+  state.counters["int8_TOPS"] = seconds > 0 ? 2.0 * double(shape.rows * shape.cols * n) / seconds / 1e12 : 0;
 }
 
 void register_all() {
@@ -205,6 +245,18 @@ void register_all() {
               ->UseManualTime()
               ->Unit(benchmark::kMicrosecond);
         }
+      }
+    }
+  }
+  for (const Type type : kPrefillTypes) {
+    for (const Shape& shape : kShapes) {
+      for (bool mmq : {true, false}) {
+        const std::string name = std::string(mmq ? "prefill_mmq/" : "prefill_mmvq/") +
+                                 std::string(quant::traits(type).name) + "/" + std::to_string(shape.rows) + "x" +
+                                 std::to_string(shape.cols) + "/n" + std::to_string(kPrefillRows);
+        benchmark::RegisterBenchmark(name.c_str(), bm_prefill, type, shape, kPrefillRows, mmq)
+            ->UseManualTime()
+            ->Unit(benchmark::kMicrosecond);
       }
     }
   }

@@ -7,8 +7,10 @@
 // + RoPE, F16 KV store and attention, output projection, add + norm, then the router (matvec, softmax top-k on
 // the device) and the experts as grouped launches: every (token, slot) row carries its expert's device
 // pointers (cuda::GroupItem). Decode (at most kMaxMatvecVectors tokens) builds those items on the device from
-// the router's ids; a prefill chunk downloads the ids once per layer and groups rows by expert on the host, so
-// each expert's weights are read once per 8 of its rows.
+// the router's ids; a prefill chunk downloads the ids once per layer and groups rows by expert on the host.
+// Products of more than kMaxMatvecVectors rows (prefill's projections and each expert's group of rows) run on
+// the int8 tensor-core kernel (cuda::matmul_q / grouped_matmul_q) when it takes the weight type, else as
+// matrix-vector launches of up to 8 rows.
 //
 // The host KV cache stays the session's official copy (disk checkpoints read it): the device holds a mirror
 // (DeviceKv) and kv::KvCache tracks which rows of which copy are current; rows are copied only when a disk
@@ -20,14 +22,16 @@
 // pinned; misses are copied up before the layer's expert launches). The same kernels compute the same rows, so
 // the logits are bit-identical to the resident mode.
 //
-// Not here yet (issue #6): mma (tensor-core) prefill GEMMs, CUDA graphs, popularity admission and overlap of
+// Not here yet (issue #6): CUDA graphs, popularity admission and overlap of
 // the pool's copies with compute, the CPU expert lane, per-op profiles (Session::op_profile stays empty).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "backends/cpu/kernels.h"
@@ -46,6 +50,21 @@ using cuda::GroupItem;
 using qwen3::Layer;
 
 constexpr int64_t kVec = cuda::kMaxMatvecVectors;
+// Prefill's grouped expert products (mmq) take up to one CTA tile of activation rows per item, so an expert
+// with many rows spreads over several CTAs instead of one CTA looping over them.
+constexpr int32_t kMmqItemRows = 64;
+
+// Products of more than kVec rows go to the int8 tensor-core kernel (mmq.cu) when it takes the weight type.
+// MAGNETAR_CUDA_MMQ=0 is a diagnostic switch (STYLE.md rule 17) that keeps them on the matrix-vector kernel
+// in chunks of kVec rows: the baseline of docs/benchmarks/2026-11-30-cuda-mmq.md.
+bool mmq_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("MAGNETAR_CUDA_MMQ");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return enabled;
+}
+bool use_mmq(quant::Type t, int64_t n) { return n > kVec && mmq_enabled() && cuda::has_matmul_q(t); }
 
 // A weight matrix in device memory: [rows, row_size(type, cols)] (ggml's ne[1] x ne[0]).
 struct DevTensor {
@@ -126,7 +145,9 @@ class Qwen3Cuda final : public Model {
   Status pool_acquire(int64_t il, std::span<const int32_t> active, experts::ExpertSource& source) const;
   // Items for rows grouped by expert (host), from ids already on the host; ptr(e) gives expert e's weights.
   template <typename PtrOf>
-  int64_t group_rows_on_host(const int32_t* h_ids, int64_t n, PtrOf ptr_of, int64_t* max_n) const;
+  // Items hold up to item_rows rows.
+  int64_t group_rows_on_host(const int32_t* h_ids, int64_t n, int32_t item_rows, PtrOf ptr_of,
+                             int64_t* max_n) const;
 
   HParams hp_;
   qwen3::Weights w_;
@@ -328,6 +349,10 @@ const void* Qwen3Cuda::quantize(quant::Type weight_type, const float* x, int64_t
 Status Qwen3Cuda::linear(const DevTensor& W, const float* x, float* y, int64_t n, const void* xq) const {
   const bool quantized = is_quantized(W.type);
   if (quantized && xq == nullptr) xq = quantize(W.type, x, W.cols, n, q_in_.data());
+  if (use_mmq(W.type, n)) {
+    return cuda::matmul_q({.type = W.type, .weights = W.p, .rows = W.rows, .cols = W.cols, .x = xq, .y = y, .n = n},
+                          stream_);
+  }
   const size_t act_row = quantized ? quant::row_size(quant::traits(W.type).vec_dot_type, W.cols) : 0;
   for (int64_t c = 0; c < n; c += kVec) {
     const int64_t nv = std::min(kVec, n - c);
@@ -428,7 +453,8 @@ Status Qwen3Cuda::dense_ffn(const DevLayer& L, int64_t n) const {
 }
 
 template <typename PtrOf>
-int64_t Qwen3Cuda::group_rows_on_host(const int32_t* h_ids, int64_t n, PtrOf ptr_of, int64_t* max_n) const {
+int64_t Qwen3Cuda::group_rows_on_host(const int32_t* h_ids, int64_t n, int32_t item_rows, PtrOf ptr_of,
+                                      int64_t* max_n) const {
   const int64_t X = hp_.n_expert, K = hp_.n_expert_used, R = n * K;
   auto* h_items = h_items_.as<GroupItem>();
   auto* h_x_rows = reinterpret_cast<int32_t*>(h_items + R + X);
@@ -447,11 +473,11 @@ int64_t Qwen3Cuda::group_rows_on_host(const int32_t* h_ids, int64_t n, PtrOf ptr
   int64_t n_items = 0;
   *max_n = 1;
   for (int64_t e = 0; e < X; ++e) {
-    for (int32_t r0 = begin[size_t(e)]; r0 < begin[size_t(e) + 1]; r0 += int32_t(kVec)) {
+    for (int32_t r0 = begin[size_t(e)]; r0 < begin[size_t(e) + 1]; r0 += item_rows) {
       GroupItem& it = h_items[n_items++];
       for (int p = 0; p < 3; ++p) it.w[p] = ptr_of(e, p);
       it.row0 = r0;
-      it.n = std::min<int32_t>(int32_t(kVec), begin[size_t(e) + 1] - r0);
+      it.n = std::min<int32_t>(item_rows, begin[size_t(e) + 1] - r0);
       *max_n = std::max<int64_t>(*max_n, it.n);
     }
   }
@@ -533,13 +559,16 @@ Status Qwen3Cuda::moe_ffn(const DevLayer& L, int64_t il, int64_t n, const Forwar
   auto* x_rows = x_rows_.as<int32_t>();
   auto* slot_rows = slot_rows_.as<int32_t>();
   int64_t n_items = R, max_n = 1;
+  // Prefill with an mmq-able expert type groups up to kMmqItemRows rows per item for grouped_matmul_q.
+  const bool mmq = use_mmq(L.exp_type, n) && cuda::has_matmul_q(L.down_type);
+  const int32_t item_rows = mmq ? kMmqItemRows : int32_t(kVec);
   if (n <= kVec && pool_bytes_ == 0) {
     // Decode, every expert resident: one item per (token, slot), built on the device.
     MAGNETAR_RETURN_IF_ERROR(cuda::moe_resolve({.ids = ids, .n_rows = R, .k = K, .table = L.table, .n_expert = X,
                                                 .items = items, .x_rows = x_rows, .slot_rows = slot_rows}, stream_));
   } else {
     // Prefill, or the tiered mode: the ids come to the host, rows are grouped by expert (token order within an
-    // expert, up to kVec rows per item) and the items point at the resident copy or the pool slot.
+    // expert, up to item_rows rows per item) and the items point at the resident copy or the pool slot.
     int32_t* h_ids = h_ids_.as<int32_t>() + il * n_batch_ * K;
     if (!args.routing) stream_.copy(h_ids, ids, size_t(R) * 4);
     stream_.synchronize();
@@ -552,10 +581,10 @@ Status Qwen3Cuda::moe_ffn(const DevLayer& L, int64_t il, int64_t n, const Forwar
         if (seen[size_t(e)]) active_.push_back(e);
       }
       MAGNETAR_RETURN_IF_ERROR(pool_acquire(il, active_, args.experts ? *args.experts : *mapped_));
-      n_items = group_rows_on_host(h_ids, n, [&](int64_t e, int p) { return pool_ptrs_[size_t(e) * 3 + size_t(p)]; },
+      n_items = group_rows_on_host(h_ids, n, item_rows, [&](int64_t e, int p) { return pool_ptrs_[size_t(e) * 3 + size_t(p)]; },
                                    &max_n);
     } else {
-      n_items = group_rows_on_host(h_ids, n, [&](int64_t e, int p) { return L.host_table[size_t(e) * 3 + size_t(p)]; },
+      n_items = group_rows_on_host(h_ids, n, item_rows, [&](int64_t e, int p) { return L.host_table[size_t(e) * 3 + size_t(p)]; },
                                    &max_n);
     }
   }
@@ -565,17 +594,30 @@ Status Qwen3Cuda::moe_ffn(const DevLayer& L, int64_t il, int64_t n, const Forwar
   const bool q_in = is_quantized(L.exp_type);
   const void* x = q_in ? quantize(L.exp_type, xn_.as<float>(), E, n, q_exp_.data())
                        : static_cast<const void*>(xn_.as<float>());
-  MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matvec({.type = L.exp_type, .items = items, .n_items = n_items, .part = 0,
-                                                 .n_parts = 2, .rows = F, .cols = E, .x = x, .x_rows = x_rows,
-                                                 .y = gate, .y_part_stride = R * F, .max_n = max_n}, stream_));
+  if (mmq) {
+    MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matmul_q({.type = L.exp_type, .items = items, .n_items = n_items,
+                                                     .part = 0, .n_parts = 2, .rows = F, .cols = E, .x = x,
+                                                     .x_rows = x_rows, .y = gate, .y_part_stride = R * F}, stream_));
+  } else {
+    MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matvec({.type = L.exp_type, .items = items, .n_items = n_items,
+                                                   .part = 0, .n_parts = 2, .rows = F, .cols = E, .x = x,
+                                                   .x_rows = x_rows, .y = gate, .y_part_stride = R * F,
+                                                   .max_n = max_n}, stream_));
+  }
   MAGNETAR_RETURN_IF_ERROR(cuda::swiglu(gate, up, R * F, stream_));
   const bool q_down = is_quantized(L.down_type);
   const void* h = q_down ? quantize(L.down_type, gate, F, R, q_in_.data())
                          : static_cast<const void*>(gate);
   float* down = down_.as<float>();
-  MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matvec({.type = L.down_type, .items = items, .n_items = n_items, .part = 2,
-                                                 .n_parts = 1, .rows = E, .cols = F, .x = h, .x_rows = nullptr,
-                                                 .y = down, .max_n = max_n}, stream_));
+  if (mmq) {
+    MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matmul_q({.type = L.down_type, .items = items, .n_items = n_items,
+                                                     .part = 2, .n_parts = 1, .rows = E, .cols = F, .x = h,
+                                                     .x_rows = nullptr, .y = down}, stream_));
+  } else {
+    MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matvec({.type = L.down_type, .items = items, .n_items = n_items,
+                                                   .part = 2, .n_parts = 1, .rows = E, .cols = F, .x = h,
+                                                   .x_rows = nullptr, .y = down, .max_n = max_n}, stream_));
+  }
   return cuda::moe_combine({.rows = down, .slot_rows = slot_rows, .weights = weights,
                             .out = proj_.as<float>(), .n_tok = n, .k = K, .n = E}, stream_);
 }

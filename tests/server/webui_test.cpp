@@ -2,6 +2,7 @@
 // GET /v1/experts/map, and the page itself in headless Chromium (tests/webui/webui.test.mjs, driven by playwright-core
 // from npm). The server runs the demo model streamed with a small expert cache (97 slots for 8 x 16 experts), so
 // the map has experts both on disk and in RAM; --no-census keeps each run cold and writes nothing next to the model.
+// --device cpu: on a GPU machine the hot experts would sit in the GPU pool instead (tests/cuda covers that tier).
 #include <filesystem>
 #include <numeric>
 
@@ -24,7 +25,7 @@ constexpr const char* kChromium = "/usr/bin/chromium";
 
 class WebUi : public ServeFixture {
  protected:
-  static void SetUpTestSuite() { start_server({"--stream", "--cache-gb", "0.02", "--no-census"}); }
+  static void SetUpTestSuite() { start_server({"--stream", "--cache-gb", "0.02", "--no-census", "--device", "cpu"}); }
 
   static json get(const std::string& path) {
     httplib::Client c = client();

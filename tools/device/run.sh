@@ -52,6 +52,9 @@ if [ "$filter" = "--model-bench" ]; then
   nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.max.sm --format=csv,noheader
   "$bin" bench -m "$model" --device cuda --show-plan --ctx-start 0 --ctx-max 0 --step 512 --gen 128 --reps 5 2>&1 | tail -8
   "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 2048 --gen 16 --reps 5 --ctx 4096 2>&1 | tail -4
+  echo "baseline: prefill on the matrix-vector kernel (MAGNETAR_CUDA_MMQ=0, a diagnostic switch)"
+  MAGNETAR_CUDA_MMQ=0 "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 16 --reps 5 \
+    2>&1 | tail -3
   "$bin" bench -m "$model" --device cuda --ctx 67700 --ctx-start 2048 --ctx-max 65536 --step 2048 --gen 64 --reps 1 \
     --batch 2048 2>&1 | grep -E "^ *(2048|16384|32768|65536) |depth|magnetar" | head -12
   # The consumer-GPU setting: ~4 GiB of GPU memory in all (non-expert weights ~1.0 GiB, a 2.25 GiB expert pool,
