@@ -123,6 +123,9 @@ class Model {
   // [n_layer * n_expert]: 1 where the expert is in the GPU pool now (empty without one).
   virtual std::vector<uint8_t> gpu_cached() const { return {}; }
   virtual void reset_gpu_tier_stats() {}
+  // A GPU tier copies experts from `source`'s host memory (ExpertSource::host_memory); the model may page-lock
+  // it for the copies. Called with null before the source goes away, so the model lets go of it first.
+  virtual Status attach_host_experts(experts::ExpertSource* /*source*/) { return Status(); }
 };
 
 // One row per architecture (models/registry.cpp).

@@ -88,6 +88,23 @@ class PinnedBuffer {
   size_t bytes_ = 0;
 };
 
+// Host memory allocated elsewhere (an mmap'd arena), page-locked and registered with the device while this
+// lives, so copies from it run at full bus speed and asynchronously (cudaHostRegister). The memory must outlive
+// the registration. Move-only.
+class HostRegistration {
+ public:
+  HostRegistration() = default;
+  static Result<HostRegistration> create(void* data, size_t bytes);
+  ~HostRegistration();
+  HostRegistration(HostRegistration&& other) noexcept;
+  HostRegistration& operator=(HostRegistration&& other) noexcept;
+  HostRegistration(const HostRegistration&) = delete;
+  HostRegistration& operator=(const HostRegistration&) = delete;
+
+ private:
+  void* data_ = nullptr;
+};
+
 // An owned CUDA stream (non-blocking with respect to the legacy default stream). Move-only.
 class Stream {
  public:

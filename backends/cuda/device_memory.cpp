@@ -113,6 +113,33 @@ Result<PinnedBuffer> PinnedBuffer::allocate(size_t bytes) {
   return Result<PinnedBuffer>(std::move(buf));
 }
 
+Result<HostRegistration> HostRegistration::create(void* data, size_t bytes) {
+  HostRegistration r;
+  if (data == nullptr || bytes == 0) return Result<HostRegistration>(std::move(r));
+  const cudaError_t err = cudaHostRegister(data, bytes, cudaHostRegisterDefault);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Status::error(format("cudaHostRegister of %.2f GiB of host memory failed: %s",
+                                double(bytes) / double(1ull << 30), cudaGetErrorString(err)));
+  }
+  r.data_ = data;
+  return Result<HostRegistration>(std::move(r));
+}
+
+HostRegistration::~HostRegistration() {
+  if (data_ != nullptr) CUDA_CHECK(cudaHostUnregister(data_));
+}
+
+HostRegistration::HostRegistration(HostRegistration&& other) noexcept : data_(std::exchange(other.data_, nullptr)) {}
+
+HostRegistration& HostRegistration::operator=(HostRegistration&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) CUDA_CHECK(cudaHostUnregister(data_));
+    data_ = std::exchange(other.data_, nullptr);
+  }
+  return *this;
+}
+
 PinnedBuffer::~PinnedBuffer() {
   if (data_ != nullptr) CUDA_CHECK(cudaFreeHost(data_));
 }

@@ -18,12 +18,12 @@
 //
 // Tiered mode (load_qwen3_cuda with expert_pool_bytes > 0, for models whose experts do not fit the device):
 // the routed experts stay in host memory (the engine's RAM expert store, which streams from disk, or the mapped
-// file) and a device pool of fixed slots caches the recently used ones (LRU; the current layer's experts are
-// pinned; misses are copied up before the layer's expert launches). The same kernels compute the same rows, so
+// file) and a device pool of fixed slots caches the popular ones (a miss evicts the least popular expert, by
+// decayed use counts, least recently used among equals; the current layer's experts are pinned; misses are copied up before the layer's expert launches, at bus speed when the RAM store's slots are
+// page-locked: attach_host_experts). The same kernels compute the same rows, so
 // the logits are bit-identical to the resident mode.
 //
-// Not here yet (issue #6): CUDA graphs, popularity admission and overlap of
-// the pool's copies with compute, the CPU expert lane, per-op profiles (Session::op_profile stays empty).
+// Not here yet (issue #6): CUDA graphs, overlap of the pool's copies with compute, the CPU expert lane, per-op profiles (Session::op_profile stays empty).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -128,6 +128,13 @@ class Qwen3Cuda final : public Model {
     tier_stats_ = {};
     tier_stats_.slots = slots;
   }
+  Status attach_host_experts(experts::ExpertSource* source) override {
+    host_registration_ = {};
+    if (source == nullptr || pool_bytes_ == 0 || source->host_memory().empty()) return Status();
+    const std::span<uint8_t> m = source->host_memory();
+    MAGNETAR_ASSIGN_OR_RETURN(host_registration_, cuda::HostRegistration::create(m.data(), m.size()));
+    return Status();
+  }
 
  private:
   Result<DevTensor> upload(const Tensor& t);
@@ -169,10 +176,12 @@ class Qwen3Cuda final : public Model {
   int64_t act_row_max_ = 0;  // bytes of the largest quantized activation row
 
   // ---- the GPU expert tier (pool_bytes_ > 0): experts stay in host memory (the engine's RAM store, or the
-  // mapped file) and the recently used ones are cached in fixed device slots, LRU, the current layer's pinned.
+  // mapped file) and the popular ones are cached in fixed device slots (popularity_ below), the current layer's
+  // pinned.
   uint64_t pool_bytes_ = 0;
   std::unique_ptr<experts::MappedExperts> mapped_;  // the source when forward() gets none
   mutable DeviceBuffer pool_;
+  cuda::HostRegistration host_registration_;  // the RAM store's slots, page-locked (attach_host_experts)
   size_t part_cap_[3] = {0, 0, 0};                 // bytes reserved per part in a slot
   size_t slot_bytes_ = 0;
   struct Slot {
@@ -182,6 +191,11 @@ class Qwen3Cuda final : public Model {
   mutable std::vector<Slot> slots_;
   mutable std::vector<int32_t> slot_of_;          // [n_layer * n_expert] -> slot, -1 when not in the pool
   mutable uint64_t tick_ = 0;
+  // Popularity of each (layer, expert): +1 per layer call that uses it, halved every kHalveTicks calls, so the
+  // pool follows a routing that drifts. A miss takes the slot of the least popular expert not in use (the
+  // least recently used among equals): a cold expert only ever displaces another cold one, the hot set stays.
+  static constexpr uint64_t kHalveTicks = 4096;
+  mutable std::vector<uint32_t> popularity_;      // [n_layer * n_expert]
   mutable std::vector<const void*> pool_ptrs_;    // [n_expert * 3] of the layer being computed
   mutable std::vector<int32_t> active_, misses_;
   mutable std::vector<experts::ExpertPtrs> host_ptrs_;
@@ -298,6 +312,7 @@ Status Qwen3Cuda::init() {
     MAGNETAR_ASSIGN_OR_RETURN(pool_, device_buffer(n_slots * slot_bytes_));
     slots_.resize(n_slots);
     slot_of_.assign(size_t(hp_.n_layer * X), -1);
+    popularity_.assign(size_t(hp_.n_layer * X), 0);
     pool_ptrs_.resize(size_t(X) * 3);
     tier_stats_.slots = n_slots;
     tier_stats_.slot_bytes = slot_bytes_;
@@ -489,9 +504,12 @@ int64_t Qwen3Cuda::group_rows_on_host(const int32_t* h_ids, int64_t n, int32_t i
 
 Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, experts::ExpertSource& source) const {
   const int64_t X = hp_.n_expert;
-  ++tick_;
+  if (++tick_ % kHalveTicks == 0) {
+    for (uint32_t& p : popularity_) p /= 2;
+  }
   misses_.clear();
   for (const int32_t e : active) {
+    popularity_[size_t(il * X + e)]++;
     const int32_t s = slot_of_[size_t(il * X + e)];
     if (s >= 0) {
       slots_[size_t(s)].last_use = tick_;
@@ -508,11 +526,20 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, expe
     experts::Pinned pinned(source);  // released once the copies below have landed
     MAGNETAR_RETURN_IF_ERROR(source.wait(host_ptrs_));
     for (size_t i = 0; i < misses_.size(); ++i) {
-      // The least recently used slot that this layer's experts do not hold (the pool has >= n_expert slots).
+      // The least popular slot that this layer's experts do not hold (the pool has >= n_expert slots); an empty
+      // slot first, then the least recently used among equals.
+      auto heat = [&](const Slot& sl) -> uint32_t {
+        return sl.layer < 0 ? 0 : popularity_[size_t(sl.layer * X + sl.expert)];
+      };
       size_t victim = SIZE_MAX;
+      uint32_t victim_heat = 0;
       for (size_t s = 0; s < slots_.size(); ++s) {
-        if (slots_[s].last_use != tick_ && (victim == SIZE_MAX || slots_[s].last_use < slots_[victim].last_use)) {
+        const Slot& sl = slots_[s];
+        if (sl.last_use == tick_) continue;
+        const uint32_t h = heat(sl);
+        if (victim == SIZE_MAX || h < victim_heat || (h == victim_heat && sl.last_use < slots_[victim].last_use)) {
           victim = s;
+          victim_heat = h;
         }
       }
       MAGNETAR_CHECK(victim != SIZE_MAX);
