@@ -195,7 +195,8 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
                             "%.1f GiB free", gpu.name.c_str(), o.gpu_cache_gb, double(fixed_need) / gib,
                             double(gpu.free_bytes) / gib));
   }
-  Result<std::unique_ptr<models::Model>> model = entry.load_cuda(*impl.file, o.n_batch, pool);
+  Result<std::unique_ptr<models::Model>> model =
+      entry.load_cuda(*impl.file, {.n_batch = o.n_batch, .expert_pool_bytes = pool, .cpu_experts = o.cpu_experts});
   if (!model.ok()) return fall_back(model.status().message());
   impl.model = std::move(model).value();
   impl.on_gpu = true;
@@ -209,12 +210,16 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
                             double(expert_bytes) / gib, (unsigned long long)t.slots,
                             double(t.slots * t.slot_bytes) / gib, double(session_kv_bytes(impl)) / gib,
                             double(gpu.free_bytes) / gib, double(gpu.total_bytes) / gib);
+    if (o.cpu_experts) {
+      impl.plan_text += "\n  CPU expert lane (--cpu-experts): cold experts that miss the pool are computed on the CPU";
+    }
   } else {
     impl.plan_text = format("device: CUDA %s: every weight resident (%.1f GiB), KV in F16 on the GPU (%.2f GiB per "
                             "session), %.1f of %.1f GiB free before load",
                             gpu.name.c_str(), double(impl.file->file_bytes()) / gib,
                             double(session_kv_bytes(impl)) / gib, double(gpu.free_bytes) / gib,
                             double(gpu.total_bytes) / gib);
+    if (o.cpu_experts) impl.plan_text += "\n  --cpu-experts: every expert is on the GPU, the CPU lane stays idle";
   }
   return Status();
 }
@@ -290,6 +295,9 @@ ExpertStats Engine::expert_stats() const {
     out.gpu_evictions = t.evictions;
     out.gpu_bytes_h2d = t.bytes_h2d;
     out.gpu_miss_seconds = t.h2d_seconds;
+    out.gpu_cpu_experts = t.cpu_experts;
+    out.gpu_cpu_rows = t.cpu_rows;
+    out.gpu_cpu_seconds = t.cpu_seconds;
   }
   return out;
 }
@@ -313,6 +321,7 @@ ExpertStats& ExpertStats::operator+=(const ExpertStats& o) {
   gpu_slots = o.gpu_slots;
   gpu_hits += o.gpu_hits, gpu_misses += o.gpu_misses, gpu_evictions += o.gpu_evictions;
   gpu_bytes_h2d += o.gpu_bytes_h2d, gpu_miss_seconds += o.gpu_miss_seconds;
+  gpu_cpu_experts += o.gpu_cpu_experts, gpu_cpu_rows += o.gpu_cpu_rows, gpu_cpu_seconds += o.gpu_cpu_seconds;
   return *this;
 }
 

@@ -70,6 +70,9 @@ struct EngineOptions {
   // memory, else (or with --stream / --mmap) the largest pool that fits; > 0: that pool, the experts staying in
   // host memory (the RAM store / mapped file) and the recently used ones cached on the GPU.
   double gpu_cache_gb = 0;
+  // CUDA, experts tiered: a routed expert that misses the GPU pool and is no hotter than the pool's coldest is
+  // computed on the CPU from host memory (while the GPU computes the rest) instead of copied up.
+  bool cpu_experts = false;
   bool profile = false;       // time every op of the forward pass (Session::op_profile)
   bool count_routing = false; // count expert selections per layer (Session::expert_counts)
   ExpertMode experts = ExpertMode::kAuto;
@@ -102,6 +105,10 @@ struct ExpertStats {
   bool gpu_tier = false;
   uint64_t gpu_slots = 0, gpu_hits = 0, gpu_misses = 0, gpu_evictions = 0, gpu_bytes_h2d = 0;
   double gpu_miss_seconds = 0;  // the miss path: waiting for the host store, then the copies
+  // The CPU expert lane (--cpu-experts): pool misses computed on the CPU instead of copied up (not in gpu_misses).
+  uint64_t gpu_cpu_experts = 0, gpu_cpu_rows = 0;
+  double gpu_cpu_seconds = 0;
+  uint64_t gpu_lookups() const { return gpu_hits + gpu_misses + gpu_cpu_experts; }
 
   // Sums the counters of two periods (`store` and `streamed` are taken from `other`).
   ExpertStats& operator+=(const ExpertStats& other);

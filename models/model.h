@@ -118,6 +118,8 @@ class Model {
     uint64_t slots = 0, slot_bytes = 0;
     uint64_t hits = 0, misses = 0, evictions = 0, bytes_h2d = 0;
     double h2d_seconds = 0;  // wall time of the miss path: host store wait + copies
+    uint64_t cpu_experts = 0, cpu_rows = 0;  // CPU lane: experts (per layer call) and rows computed there
+    double cpu_seconds = 0;                  // wall time of the CPU lane (runs while the GPU computes)
   };
   virtual GpuTierStats gpu_tier_stats() const { return {}; }
   // [n_layer * n_expert]: 1 where the expert is in the GPU pool now (empty without one).
@@ -128,15 +130,23 @@ class Model {
   virtual Status attach_host_experts(experts::ExpertSource* /*source*/) { return Status(); }
 };
 
+// How a model is put on the CUDA device (Architecture::load_cuda).
+struct CudaLoad {
+  int64_t n_batch = 512;           // scratch for forward calls of up to this many tokens
+  uint64_t expert_pool_bytes = 0;  // 0: every weight on the device; > 0: the routed experts tiered (below)
+  bool cpu_experts = false;        // tiered: cold experts that miss the pool are computed on the CPU (the lane)
+};
+
 // One row per architecture (models/registry.cpp).
 struct Architecture {
   const char* name;  // general.architecture
   Result<std::unique_ptr<Model>> (*load)(const gguf::Model& file);
   // Loads the model onto the CUDA device, with scratch for forward calls of up to n_batch tokens: every weight
   // when expert_pool_bytes is 0, else every weight but the routed experts, which then come from the forward
-  // call's ExpertSource (or the mapped file) through a device pool of that many bytes. Null when the
+  // call's ExpertSource (or the mapped file) through a device pool of that many bytes, and with cpu_experts
+  // the cold ones that miss it are computed on the CPU from host memory instead of copied up. Null when the
   // architecture has no CUDA forward pass or this build no CUDA backend.
-  Result<std::unique_ptr<Model>> (*load_cuda)(const gguf::Model& file, int64_t n_batch, uint64_t expert_pool_bytes);
+  Result<std::unique_ptr<Model>> (*load_cuda)(const gguf::Model& file, const CudaLoad& options);
 };
 
 // The first CUDA device: absent when this build has no CUDA backend or the machine no GPU.

@@ -85,8 +85,9 @@ json experts_json(const ExpertStats& s) {
           {"gpu_slots", s.gpu_slots},
           {"gpu_hits", s.gpu_hits},
           {"gpu_misses", s.gpu_misses},
-          {"gpu_hit_rate", s.gpu_tier && s.gpu_hits + s.gpu_misses > 0
-                               ? json(ratio(double(s.gpu_hits), double(s.gpu_hits + s.gpu_misses)))
+          {"gpu_cpu_experts", s.gpu_cpu_experts},
+          {"gpu_hit_rate", s.gpu_tier && s.gpu_lookups() > 0
+                               ? json(ratio(double(s.gpu_hits), double(s.gpu_lookups())))
                                : json()},
           {"gpu_bytes_h2d", s.gpu_bytes_h2d}};
 }

@@ -16,6 +16,9 @@ void ModelFlags::add_to(cli::Args& args) {
   args.option("--gpu-cache-gb", &gpu_cache_gb, "N",
               "CUDA: GPU expert pool in GiB; routed experts stay in host memory and the recently used are cached on "
               "the GPU (0: every weight on the GPU when it fits, else the largest pool that does)");
+  args.flag("--cpu-experts", &cpu_experts,
+            "CUDA, experts tiered: compute cold experts that miss the GPU pool on the CPU, in parallel with the GPU, "
+            "instead of copying them up");
   args.flag("--resident", &resident, "keep every routed expert in memory (mapped); refused when it does not fit");
   args.flag("--mmap", &mmap, "map every weight and let the page cache decide, unchecked (llama.cpp's way; thrashes when the model exceeds RAM)");
   args.flag("--stream", &stream, "stream routed experts from disk through the RAM expert cache");
@@ -72,6 +75,7 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
                         .kv_type = kv_type == "f32" ? KvType::kF32 : KvType::kF16,
                         .device = device == "cpu" ? Device::kCpu : device == "cuda" ? Device::kCuda : Device::kAuto,
                         .gpu_cache_gb = gpu_cache_gb,
+                        .cpu_experts = cpu_experts,
                         .profile = profile,
                         .experts = resident ? ExpertMode::kResident
                                    : mmap ? ExpertMode::kMmap
@@ -104,10 +108,14 @@ std::string expert_summary(const ExpertStats& s, double seconds, int64_t tokens)
   std::string gpu;
   if (s.gpu_tier) {
     gpu = format("GPU pool: hit %.1f%% of %llu | copied up %.2f MiB/token, %.2f GB/s while copying, %.0f%% of the time",
-                 100 * ratio(double(s.gpu_hits), double(s.gpu_hits + s.gpu_misses)),
-                 (unsigned long long)(s.gpu_hits + s.gpu_misses),
+                 100 * ratio(double(s.gpu_hits), double(s.gpu_lookups())), (unsigned long long)s.gpu_lookups(),
                  ratio(double(s.gpu_bytes_h2d), double(tokens)) / double(1 << 20),
                  ratio(double(s.gpu_bytes_h2d), s.gpu_miss_seconds) / 1e9, 100 * ratio(s.gpu_miss_seconds, seconds));
+    if (s.gpu_cpu_experts > 0) {
+      gpu += format(" | CPU lane: %.1f%% of lookups, %llu rows, busy %.0f%% of the time",
+                    100 * ratio(double(s.gpu_cpu_experts), double(s.gpu_lookups())),
+                    (unsigned long long)s.gpu_cpu_rows, 100 * ratio(s.gpu_cpu_seconds, seconds));
+    }
   }
   if (!s.streamed) return gpu;
   const uint64_t acquired = s.hits + s.inflight_hits + s.misses;
@@ -135,7 +143,9 @@ nlohmann::json expert_summary_json(const ExpertStats& s, double seconds, int64_t
           {"prefetch_wasted", s.prefetch_wasted},
           {"prediction_recall", ratio(double(s.predicted), double(s.acquired_with_hint))},
           {"gpu_hits", s.gpu_hits}, {"gpu_misses", s.gpu_misses}, {"gpu_evictions", s.gpu_evictions},
-          {"gpu_bytes_h2d", s.gpu_bytes_h2d}, {"gpu_miss_seconds", s.gpu_miss_seconds}};
+          {"gpu_bytes_h2d", s.gpu_bytes_h2d}, {"gpu_miss_seconds", s.gpu_miss_seconds},
+          {"gpu_cpu_experts", s.gpu_cpu_experts}, {"gpu_cpu_rows", s.gpu_cpu_rows},
+          {"gpu_cpu_seconds", s.gpu_cpu_seconds}};
 }
 
 void SamplingFlags::add_to(cli::Args& args) {

@@ -18,6 +18,7 @@ struct ModelFlags {
   std::string kv_type = "f16";
   std::string device = "auto";
   float gpu_cache_gb = 0;
+  bool cpu_experts = false;
   bool resident = false, stream = false, mmap = false;
   float cache_gb = 0;
   std::string cache_policy = "lfu";

@@ -171,7 +171,7 @@ int check_routing(const std::string& path, int64_t n_tokens, int64_t threads, ui
   // Mapped like llama.cpp: the check reads the routers and touches whatever experts the tokens pick, whatever
   // the model's size.
   EngineOptions options{.n_threads = int(threads), .n_ctx = n_tokens, .n_batch = std::min<int64_t>(n_tokens, 256),
-                        .count_routing = true, .experts = ExpertMode::kMmap, .stream = {}};
+                        .count_routing = true, .experts = ExpertMode::kMmap, .stream = {}, .kv_disk = {}};
   Result<std::unique_ptr<Engine>> engine = Engine::load(path, options);
   if (!engine.ok()) {
     std::fprintf(stderr, "magnetar synth --check: %s\n", engine.status().message().c_str());

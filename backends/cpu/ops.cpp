@@ -133,6 +133,17 @@ void matmul(ThreadPool& pool, std::span<const MatmulJob> jobs) {
 
 // ---- elementwise -----------------------------------------------------------------------------------------
 
+void swiglu(ThreadPool& pool, float* gate, const float* up, int64_t count) {
+  auto body = [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  };
+  if (count < 8192) {
+    body(0, count, 0);
+  } else {
+    pool.parallel_for(count, body);
+  }
+}
+
 void rms_norm(ThreadPool& pool, const float* x, const float* w, float* y, int64_t n_rows, int64_t n, float eps) {
   auto body = [&](int64_t b, int64_t e, int) {
     for (int64_t r = b; r < e; ++r) {

@@ -44,6 +44,9 @@ struct MatmulJob {
 void matmul(ThreadPool& pool, std::span<const MatmulJob> jobs);
 inline void matmul(ThreadPool& pool, const MatmulJob& job) { matmul(pool, std::span<const MatmulJob>(&job, 1)); }
 
+// gate[i] = silu(gate[i]) * up[i] for count elements (SwiGLU, in place into gate).
+void swiglu(ThreadPool& pool, float* gate, const float* up, int64_t count);
+
 // y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, for n_rows rows of n (in place allowed).
 void rms_norm(ThreadPool& pool, const float* x, const float* w, float* y, int64_t n_rows, int64_t n, float eps);
 

@@ -198,18 +198,6 @@ void Qwen3Model::attention_block(cpu::ThreadPool& pool, Qwen3Workspace& ws, std:
   cpu::matmul(pool, {.w = L.wo.data, .type = L.wo.type, .n_in = q_dim, .n_out = E, .x = ao, .y = ws.proj.data(), .ldy = E});
 }
 
-// h = silu(gate) * up over [rows, n_ff], in place into gate.
-void swiglu(cpu::ThreadPool& pool, float* gate, const float* up, int64_t count) {
-  auto body = [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
-  };
-  if (count < 8192) {
-    body(0, count, 0);
-  } else {
-    pool.parallel_for(count, body);
-  }
-}
-
 void Qwen3Model::dense_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L, int64_t n) const {
   const int64_t E = hp_.n_embd, F = hp_.n_ff;
   OpTimer timer(ws.profile, Op::kDenseFfn);
@@ -220,7 +208,7 @@ void Qwen3Model::dense_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Laye
       {.w = L.ffn_up.data, .type = L.ffn_up.type, .n_in = E, .n_out = F, .x = xu, .y = ws.up.data(), .ldy = F},
   };
   cpu::matmul(pool, jobs);
-  swiglu(pool, ws.gate.data(), ws.up.data(), n * F);
+  cpu::swiglu(pool, ws.gate.data(), ws.up.data(), n * F);
   const PreparedInput h = cpu::prepare_input(pool, L.ffn_down.type, ws.gate.data(), F, F, n, ws.qa.data());
   cpu::matmul(pool, {.w = L.ffn_down.data, .type = L.ffn_down.type, .n_in = F, .n_out = E, .x = h, .y = ws.proj.data(), .ldy = E});
 }
@@ -323,7 +311,7 @@ void Qwen3Model::run_experts(cpu::ThreadPool& pool, Qwen3Workspace& ws, const La
   for (const size_t i : which) {
     const int32_t e = ws.active[i];
     const int64_t r0 = ws.expert_begin[size_t(e)], cnt = ws.expert_begin[size_t(e) + 1] - r0;
-    swiglu(pool, ws.gate.data() + r0 * F, ws.up.data() + r0 * F, cnt * F);
+    cpu::swiglu(pool, ws.gate.data() + r0 * F, ws.up.data() + r0 * F, cnt * F);
     const PreparedInput he = cpu::prepare_input(pool, L.down_exps.type, ws.gate.data() + r0 * F, F, F, cnt,
                                                 ws.qd.data() + size_t(r0) * down_row);
     jobs.push_back({.w = ws.ptrs[i].part[2], .type = L.down_exps.type, .n_in = F, .n_out = E, .x = he,

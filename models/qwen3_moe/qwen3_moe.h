@@ -11,6 +11,6 @@ namespace magnetar::models {
 
 Result<std::unique_ptr<Model>> load_qwen3(const gguf::Model& file);
 // qwen3_moe_cuda.cpp (CUDA builds only).
-Result<std::unique_ptr<Model>> load_qwen3_cuda(const gguf::Model& file, int64_t n_batch, uint64_t expert_pool_bytes);
+Result<std::unique_ptr<Model>> load_qwen3_cuda(const gguf::Model& file, const CudaLoad& options);
 
 }  // namespace magnetar::models

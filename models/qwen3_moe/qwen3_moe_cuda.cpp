@@ -19,11 +19,18 @@
 // Tiered mode (load_qwen3_cuda with expert_pool_bytes > 0, for models whose experts do not fit the device):
 // the routed experts stay in host memory (the engine's RAM expert store, which streams from disk, or the mapped
 // file) and a device pool of fixed slots caches the popular ones (a miss evicts the least popular expert, by
-// decayed use counts, least recently used among equals; the current layer's experts are pinned; misses are copied up before the layer's expert launches, at bus speed when the RAM store's slots are
-// page-locked: attach_host_experts). The same kernels compute the same rows, so
-// the logits are bit-identical to the resident mode.
+// decayed use counts, least recently used among equals; the current layer's experts are pinned). Misses are
+// copied up before the layer's expert launches, at bus speed when the RAM store's slots are page-locked
+// (attach_host_experts). The same kernels compute the same rows, so the logits are bit-identical to the
+// resident mode.
 //
-// Not here yet (issue #6): CUDA graphs, overlap of the pool's copies with compute, the CPU expert lane, per-op profiles (Session::op_profile stays empty).
+// The CPU expert lane (CudaLoad::cpu_experts, tiered mode): a miss with few rows (decode) that is no hotter than
+// the pool's coldest expert is not copied up; its group item carries null pointers (the GPU skips it), the CPU
+// computes its rows from host memory with the CPU backend's kernels while the GPU computes the others, and the
+// rows are uploaded before the combine. Those rows carry the CPU kernels' rounding (not bit-identical).
+//
+// Not here yet (issue #6): CUDA graphs, overlap of the pool's copies with compute, per-op profiles
+// (Session::op_profile stays empty).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -34,7 +41,10 @@
 #include <string_view>
 #include <vector>
 
+#include <optional>
+
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/ops.h"
 #include "backends/cuda/cuda_backend.h"
 #include "experts/layout.h"
 #include "experts/source.h"
@@ -105,9 +115,9 @@ bool is_quantized(quant::Type t) { return quant::traits(t).is_quantized; }
 
 class Qwen3Cuda final : public Model {
  public:
-  Qwen3Cuda(Qwen3Bound bound, const gguf::Model& file, int64_t n_batch, uint64_t pool_bytes)
+  Qwen3Cuda(Qwen3Bound bound, const gguf::Model& file, const CudaLoad& o)
       : hp_(std::move(bound.hp)), w_(std::move(bound.w)), layout_(std::move(bound.layout)), file_(file),
-        n_batch_(n_batch), pool_bytes_(pool_bytes) {}
+        n_batch_(o.n_batch), pool_bytes_(o.expert_pool_bytes), cpu_lane_(o.cpu_experts && o.expert_pool_bytes > 0) {}
   Status init();
 
   const HParams& hparams() const override { return hp_; }
@@ -145,11 +155,16 @@ class Qwen3Cuda final : public Model {
   const void* quantize(quant::Type weight_type, const float* x, int64_t cols, int64_t n, void* out) const;
   Status attention_block(const DevLayer& L, int64_t il, std::span<const SeqSpan> seqs,
                          std::span<DeviceKv* const> mirrors, int64_t n) const;
-  Status moe_ffn(const DevLayer& L, int64_t il, int64_t n, const ForwardArgs& args) const;
+  Status moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, int64_t n, const ForwardArgs& args) const;
   Status dense_ffn(const DevLayer& L, int64_t n) const;
   Result<DeviceKv*> mirror_of(kv::KvCache& cache) const;
-  // Tiered mode: the device pointers of `active`'s experts in the pool, loading the misses from `source`.
-  Status pool_acquire(int64_t il, std::span<const int32_t> active, experts::ExpertSource& source) const;
+  // Tiered mode: the device pointers of `active`'s experts in the pool (pool_ptrs_), loading the misses from
+  // `source`; with the CPU lane, the cold misses with at most kCpuLaneMaxRows rows (rows[e]) go to lane_ (null
+  // pool pointers, host pointers in lane_ptrs_) instead. Leaves the layer acquired from `source` in `held`.
+  Status pool_acquire(int64_t il, std::span<const int32_t> active, std::span<const int32_t> rows,
+                      experts::ExpertSource& source, std::optional<experts::Pinned>& held) const;
+  // The CPU lane: lane_'s rows (grouped order, expert_begin_) computed on the CPU from h_xn_, uploaded into down_.
+  void run_cpu_lane(cpu::ThreadPool& pool, const DevLayer& L, int64_t n) const;
   // Items for rows grouped by expert (host), from ids already on the host; ptr(e) gives expert e's weights.
   template <typename PtrOf>
   // Items hold up to item_rows rows.
@@ -197,12 +212,23 @@ class Qwen3Cuda final : public Model {
   static constexpr uint64_t kHalveTicks = 4096;
   mutable std::vector<uint32_t> popularity_;      // [n_layer * n_expert]
   mutable std::vector<const void*> pool_ptrs_;    // [n_expert * 3] of the layer being computed
-  mutable std::vector<int32_t> active_, misses_;
+  mutable std::vector<int32_t> active_, misses_, rows_of_;
   mutable std::vector<experts::ExpertPtrs> host_ptrs_;
-  mutable std::vector<uint8_t> seen_, ready_;
+  mutable std::vector<uint8_t> ready_;
   mutable std::vector<int32_t> expert_begin_, expert_fill_;  // group_rows_on_host's counting sort
   mutable std::vector<DeviceKv*> mirrors_;                    // forward(): each sequence's device KV
   mutable GpuTierStats tier_stats_;
+
+  // ---- the CPU expert lane (cpu_lane_: tiered mode with CudaLoad::cpu_experts) ----------------------------------
+  // Decode rows only: an expert with more rows is worth the copy (the GPU then computes all of them at once).
+  static constexpr int32_t kCpuLaneMaxRows = 4;
+  bool cpu_lane_ = false;
+  mutable std::vector<int32_t> lane_;                   // experts of the current layer computed on the CPU
+  mutable std::vector<experts::ExpertPtrs> lane_ptrs_;  // their host weights
+  mutable cuda::PinnedBuffer h_xn_, h_down_;            // [n_batch, E] the layer's normed input; [R, E] lane rows
+  mutable std::vector<uint8_t> lane_xt_, lane_xg_, lane_h_;  // prepared input per token, per row; down input
+  mutable std::vector<float> lane_gu_;                  // [2, R, F] gate then up
+  mutable std::vector<cpu::MatmulJob> lane_jobs_;
 };
 
 Result<DeviceBuffer> Qwen3Cuda::device_buffer(size_t bytes) { return DeviceBuffer::allocate(std::max<size_t>(bytes, 256)); }
@@ -349,6 +375,15 @@ Status Qwen3Cuda::init() {
   MAGNETAR_ASSIGN_OR_RETURN(h_items_, cuda::PinnedBuffer::allocate(
                                           (R + size_t(std::max<int64_t>(X, 1))) * sizeof(GroupItem) + 2 * R * 4));
   MAGNETAR_ASSIGN_OR_RETURN(h_logits_, cuda::PinnedBuffer::allocate(size_t(kVec) * size_t(hp_.n_vocab) * f));
+  if (cpu_lane_) {
+    const size_t F = size_t(hp_.n_ff_exp), row = std::max(size_t(max_cols) * f, size_t(act_row_max_));
+    MAGNETAR_ASSIGN_OR_RETURN(h_xn_, cuda::PinnedBuffer::allocate(B * size_t(E) * f));
+    MAGNETAR_ASSIGN_OR_RETURN(h_down_, cuda::PinnedBuffer::allocate(R * size_t(E) * f));
+    lane_xt_.resize(B * row);
+    lane_xg_.resize(R * row);
+    lane_h_.resize(R * row);
+    lane_gu_.resize(2 * R * F);
+  }
   stream_.synchronize();
   return Status();
 }
@@ -502,12 +537,14 @@ int64_t Qwen3Cuda::group_rows_on_host(const int32_t* h_ids, int64_t n, int32_t i
   return n_items;
 }
 
-Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, experts::ExpertSource& source) const {
+Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std::span<const int32_t> rows,
+                               experts::ExpertSource& source, std::optional<experts::Pinned>& held) const {
   const int64_t X = hp_.n_expert;
   if (++tick_ % kHalveTicks == 0) {
     for (uint32_t& p : popularity_) p /= 2;
   }
   misses_.clear();
+  lane_.clear();
   for (const int32_t e : active) {
     popularity_[size_t(il * X + e)]++;
     const int32_t s = slot_of_[size_t(il * X + e)];
@@ -518,19 +555,38 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, expe
       misses_.push_back(e);
     }
   }
-  if (!misses_.empty()) {
+  auto heat = [&](const Slot& sl) -> uint32_t { return sl.layer < 0 ? 0 : popularity_[size_t(sl.layer * X + sl.expert)]; };
+  if (cpu_lane_ && !misses_.empty()) {
+    // A miss enters the pool only when it is hotter than the coldest expert it could displace; the others with
+    // few rows are computed on the CPU.
+    uint32_t coldest = UINT32_MAX;
+    for (const Slot& sl : slots_) {
+      if (sl.last_use != tick_) coldest = std::min(coldest, heat(sl));
+    }
+    size_t kept = 0;
+    for (const int32_t e : misses_) {
+      if (rows[size_t(e)] <= kCpuLaneMaxRows && popularity_[size_t(il * X + e)] <= coldest) {
+        lane_.push_back(e);
+      } else {
+        misses_[kept++] = e;
+      }
+    }
+    misses_.resize(kept);
+  }
+  if (!misses_.empty() || !lane_.empty()) {
     const auto t0 = std::chrono::steady_clock::now();
+    const size_t n_copy = misses_.size();
+    misses_.insert(misses_.end(), lane_.begin(), lane_.end());  // one acquire for the layer: copies, then the lane
     host_ptrs_.resize(misses_.size());
     ready_.resize(misses_.size());
     source.acquire(il, misses_, host_ptrs_, ready_);
-    experts::Pinned pinned(source);  // released once the copies below have landed
+    held.emplace(source);  // released by the caller once the copies have landed and the lane has run
     MAGNETAR_RETURN_IF_ERROR(source.wait(host_ptrs_));
-    for (size_t i = 0; i < misses_.size(); ++i) {
+    lane_ptrs_.assign(host_ptrs_.begin() + std::ptrdiff_t(n_copy), host_ptrs_.end());
+    misses_.resize(n_copy);
+    for (size_t i = 0; i < n_copy; ++i) {
       // The least popular slot that this layer's experts do not hold (the pool has >= n_expert slots); an empty
       // slot first, then the least recently used among equals.
-      auto heat = [&](const Slot& sl) -> uint32_t {
-        return sl.layer < 0 ? 0 : popularity_[size_t(sl.layer * X + sl.expert)];
-      };
       size_t victim = SIZE_MAX;
       uint32_t victim_heat = 0;
       for (size_t s = 0; s < slots_.size(); ++s) {
@@ -559,11 +615,16 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, expe
       }
       tier_stats_.misses++;
     }
-    stream_.synchronize();
-    tier_stats_.h2d_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (n_copy > 0) {
+      stream_.synchronize();
+      tier_stats_.h2d_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
   }
   for (const int32_t e : active) {
-    const uint8_t* base = static_cast<uint8_t*>(pool_.data()) + size_t(slot_of_[size_t(il * X + e)]) * slot_bytes_;
+    const int32_t s = slot_of_[size_t(il * X + e)];
+    for (int p = 0; p < 3; ++p) pool_ptrs_[size_t(e) * 3 + size_t(p)] = nullptr;  // the CPU lane's: not on the GPU
+    if (s < 0) continue;
+    const uint8_t* base = static_cast<uint8_t*>(pool_.data()) + size_t(s) * slot_bytes_;
     pool_ptrs_[size_t(e) * 3] = base;
     pool_ptrs_[size_t(e) * 3 + 1] = base + part_cap_[0];
     pool_ptrs_[size_t(e) * 3 + 2] = base + part_cap_[0] + part_cap_[1];
@@ -571,7 +632,54 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, expe
   return Status();
 }
 
-Status Qwen3Cuda::moe_ffn(const DevLayer& L, int64_t il, int64_t n, const ForwardArgs& args) const {
+void Qwen3Cuda::run_cpu_lane(cpu::ThreadPool& pool, const DevLayer& L, int64_t n) const {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t E = hp_.n_embd, F = hp_.n_ff_exp, X = hp_.n_expert, R = n * hp_.n_expert_used;
+  const int32_t* h_x_rows = reinterpret_cast<const int32_t*>(h_items_.as<GroupItem>() + R + X);
+  const std::vector<int32_t>& begin = expert_begin_;
+  // The tokens' input prepared for the expert weights once, then gathered per row (rows in grouped order).
+  const cpu::PreparedInput xt = cpu::prepare_input(pool, L.exp_type, h_xn_.as<float>(), E, E, n, lane_xt_.data());
+  float* gate = lane_gu_.data();
+  float* up = gate + R * F;
+  std::vector<cpu::MatmulJob>& jobs = lane_jobs_;
+  jobs.clear();
+  for (size_t j = 0; j < lane_.size(); ++j) {
+    const int32_t r0 = begin[size_t(lane_[j])], cnt = begin[size_t(lane_[j]) + 1] - r0;
+    uint8_t* xg = lane_xg_.data() + size_t(r0) * xt.row_bytes;
+    for (int32_t r = 0; r < cnt; ++r) {
+      std::memcpy(xg + size_t(r) * xt.row_bytes,
+                  static_cast<const uint8_t*>(xt.data) + size_t(h_x_rows[r0 + r]) * xt.row_bytes, xt.row_bytes);
+    }
+    const cpu::PreparedInput x{.data = xg, .row_bytes = xt.row_bytes, .n_tok = cnt, .is_float = xt.is_float};
+    jobs.push_back({.w = lane_ptrs_[j].part[0], .type = L.exp_type, .n_in = E, .n_out = F, .x = x,
+                    .y = gate + int64_t(r0) * F, .ldy = F});
+    jobs.push_back({.w = lane_ptrs_[j].part[1], .type = L.exp_type, .n_in = E, .n_out = F, .x = x,
+                    .y = up + int64_t(r0) * F, .ldy = F});
+  }
+  cpu::matmul(pool, jobs);
+  jobs.clear();
+  const size_t h_row = cpu::prepare_input_bytes(L.down_type, F, 1);
+  float* down = h_down_.as<float>();
+  for (size_t j = 0; j < lane_.size(); ++j) {
+    const int32_t r0 = begin[size_t(lane_[j])], cnt = begin[size_t(lane_[j]) + 1] - r0;
+    cpu::swiglu(pool, gate + int64_t(r0) * F, up + int64_t(r0) * F, int64_t(cnt) * F);
+    const cpu::PreparedInput h = cpu::prepare_input(pool, L.down_type, gate + int64_t(r0) * F, F, F, cnt,
+                                                    lane_h_.data() + size_t(r0) * h_row);
+    jobs.push_back({.w = lane_ptrs_[j].part[2], .type = L.down_type, .n_in = F, .n_out = E, .x = h,
+                    .y = down + int64_t(r0) * E, .ldy = E});
+  }
+  cpu::matmul(pool, jobs);
+  for (const int32_t e : lane_) {
+    const int32_t r0 = begin[size_t(e)], cnt = begin[size_t(e) + 1] - r0;
+    stream_.copy(down_.as<float>() + int64_t(r0) * E, down + int64_t(r0) * E, size_t(cnt) * size_t(E) * sizeof(float));
+    tier_stats_.cpu_rows += uint64_t(cnt);
+  }
+  tier_stats_.cpu_experts += lane_.size();
+  tier_stats_.cpu_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, int64_t n,
+                          const ForwardArgs& args) const {
   const int64_t E = hp_.n_embd, X = hp_.n_expert, K = hp_.n_expert_used, F = hp_.n_ff_exp;
   const int64_t R = n * K;
   float* router = router_.as<float>();
@@ -589,6 +697,8 @@ Status Qwen3Cuda::moe_ffn(const DevLayer& L, int64_t il, int64_t n, const Forwar
   // Prefill with an mmq-able expert type groups up to kMmqItemRows rows per item for grouped_matmul_q.
   const bool mmq = use_mmq(L.exp_type, n) && cuda::has_matmul_q(L.down_type);
   const int32_t item_rows = mmq ? kMmqItemRows : int32_t(kVec);
+  std::optional<experts::Pinned> held;  // tiered: the layer's experts acquired from the host source
+  lane_.clear();
   if (n <= kVec && pool_bytes_ == 0) {
     // Decode, every expert resident: one item per (token, slot), built on the device.
     MAGNETAR_RETURN_IF_ERROR(cuda::moe_resolve({.ids = ids, .n_rows = R, .k = K, .table = L.table, .n_expert = X,
@@ -598,16 +708,16 @@ Status Qwen3Cuda::moe_ffn(const DevLayer& L, int64_t il, int64_t n, const Forwar
     // expert, up to item_rows rows per item) and the items point at the resident copy or the pool slot.
     int32_t* h_ids = h_ids_.as<int32_t>() + il * n_batch_ * K;
     if (!args.routing) stream_.copy(h_ids, ids, size_t(R) * 4);
+    if (cpu_lane_) stream_.copy(h_xn_.as<float>(), xn_.as<float>(), size_t(n * E) * sizeof(float));
     stream_.synchronize();
     if (pool_bytes_ > 0) {
       active_.clear();
-      std::vector<uint8_t>& seen = seen_;
-      seen.assign(size_t(X), 0);
-      for (int64_t r = 0; r < R; ++r) seen[size_t(h_ids[r])] = 1;
+      rows_of_.assign(size_t(X), 0);
+      for (int64_t r = 0; r < R; ++r) rows_of_[size_t(h_ids[r])]++;
       for (int32_t e = 0; e < int32_t(X); ++e) {
-        if (seen[size_t(e)]) active_.push_back(e);
+        if (rows_of_[size_t(e)] > 0) active_.push_back(e);
       }
-      MAGNETAR_RETURN_IF_ERROR(pool_acquire(il, active_, args.experts ? *args.experts : *mapped_));
+      MAGNETAR_RETURN_IF_ERROR(pool_acquire(il, active_, rows_of_, args.experts ? *args.experts : *mapped_, held));
       n_items = group_rows_on_host(h_ids, n, item_rows, [&](int64_t e, int p) { return pool_ptrs_[size_t(e) * 3 + size_t(p)]; },
                                    &max_n);
     } else {
@@ -645,13 +755,15 @@ Status Qwen3Cuda::moe_ffn(const DevLayer& L, int64_t il, int64_t n, const Forwar
                                                    .part = 2, .n_parts = 1, .rows = E, .cols = F, .x = h,
                                                    .x_rows = nullptr, .y = down, .max_n = max_n}, stream_));
   }
+  // The CPU lane's rows, computed while the GPU runs the launches above, then uploaded into their rows of down.
+  if (!lane_.empty()) run_cpu_lane(pool, L, n);
   return cuda::moe_combine({.rows = down, .slot_rows = slot_rows, .weights = weights,
                             .out = proj_.as<float>(), .n_tok = n, .k = K, .n = E}, stream_);
 }
 
 // ---- forward ------------------------------------------------------------------------------------------------------
 
-Status Qwen3Cuda::forward(cpu::ThreadPool&, Workspace&, const ForwardArgs& args) const {
+Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& args) const {
   const int64_t n = args.n_tok, E = hp_.n_embd, V = hp_.n_vocab;
   MAGNETAR_CHECK(n >= 1 && n <= n_batch_ && !args.seqs.empty());
   if (args.routing) MAGNETAR_CHECK(int64_t(args.routing->counts.size()) == hp_.n_layer * hp_.n_expert);
@@ -703,7 +815,7 @@ Status Qwen3Cuda::forward(cpu::ThreadPool&, Workspace&, const ForwardArgs& args)
     MAGNETAR_RETURN_IF_ERROR(attention_block(L, int64_t(il), args.seqs, mirrors, n));
     MAGNETAR_RETURN_IF_ERROR(cuda::add_rms_norm({.x = x, .residual = proj, .weight = L.ffn_norm.f32(), .y = xn,
                                                  .n_rows = n, .n_cols = E, .eps = hp_.rms_eps}, stream_));
-    MAGNETAR_RETURN_IF_ERROR(L.moe ? moe_ffn(L, int64_t(il), n, args) : dense_ffn(L, n));
+    MAGNETAR_RETURN_IF_ERROR(L.moe ? moe_ffn(pool, L, int64_t(il), n, args) : dense_ffn(L, n));
   }
   MAGNETAR_RETURN_IF_ERROR(cuda::add_rms_norm({.x = x, .residual = proj, .weight = output_norm_.f32(), .y = xn,
                                                .n_rows = n, .n_cols = E, .eps = hp_.rms_eps}, stream_));
@@ -747,10 +859,11 @@ Status Qwen3Cuda::forward(cpu::ThreadPool&, Workspace&, const ForwardArgs& args)
 
 }  // namespace
 
-Result<std::unique_ptr<Model>> load_qwen3_cuda(const gguf::Model& file, int64_t n_batch, uint64_t expert_pool_bytes) {
+Result<std::unique_ptr<Model>> load_qwen3_cuda(const gguf::Model& file, const CudaLoad& options) {
   MAGNETAR_ASSIGN_OR_RETURN(Qwen3Bound bound, bind_qwen3(file));
-  if (!bound.layout) expert_pool_bytes = 0;  // dense: nothing to tier
-  auto model = std::make_unique<Qwen3Cuda>(std::move(bound), file, n_batch, expert_pool_bytes);
+  CudaLoad o = options;
+  if (!bound.layout) o.expert_pool_bytes = 0;  // dense: nothing to tier
+  auto model = std::make_unique<Qwen3Cuda>(std::move(bound), file, o);
   MAGNETAR_RETURN_IF_ERROR(model->init());
   return std::unique_ptr<Model>(std::move(model));
 }

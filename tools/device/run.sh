@@ -64,6 +64,26 @@ if [ "$filter" = "--model-bench" ]; then
   exit 0
 fi
 
+# `run.sh --tier-bench`: only the consumer-GPU setting (experts tiered: a 2.25 GiB GPU pool, an 8 GiB RAM cache
+# over disk), without and with the CPU expert lane, on uniform routing and on a skewed one (`synth --skew 1`);
+# builds the binary when needed.
+if [ "$filter" = "--tier-bench" ]; then
+  bin=build-device/tools/magnetar
+  [ -d build-device ] || cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAGNETAR_CUDA=ON \
+    -DMAGNETAR_TESTS=OFF -DMAGNETAR_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$prefix/usr" >/dev/null 2>&1
+  cmake --build build-device -j "$(nproc)" --target magnetar >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+  for skew in 0 1; do
+    model=/tmp/magnetar-q30-q4k-skew$skew.gguf
+    [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k --skew $skew -t "$(nproc)" -o "$model" >/dev/null 2>&1
+    for lane in "" --cpu-experts; do
+      echo "== skew $skew ${lane:-(no CPU lane)}"
+      "$bin" bench -m "$model" --device cuda --gpu-cache-gb 2.25 --stream --cache-gb 8 --no-census $lane --show-plan \
+        --ctx-start 0 --ctx-max 0 --step 128 --gen 64 --reps 3 2>&1 | grep -E "page-locked|CPU expert lane|^ +0 |pool|experts:"
+    done
+  done
+  exit 0
+fi
+
 # `run.sh --kv-ttft`: time to first token for a 100K-token history plus a new turn, cold vs restored from disk KV
 # (issue: disk KV), on the 30B-A3B geometry on the GPU (98 KiB of KV per token); builds the binary when needed.
 if [ "$filter" = "--kv-ttft" ]; then
