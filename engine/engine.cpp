@@ -11,6 +11,7 @@
 #include "backends/cpu/threadpool.h"
 #include "experts/machine.h"
 #include "experts/planner.h"
+#include "experts/policy.h"
 #include "experts/census.h"
 #include "experts/store.h"
 #include "gguf/reader.h"
@@ -169,6 +170,10 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   if (!entry.load_cuda) return fall_back("architecture '" + std::string(entry.name) + "' has no CUDA forward pass yet");
   if (o.kv_type == KvType::kF32) return fall_back("the CUDA backend keeps KV in F16 (--kv-type f32 runs on the CPU)");
   if (o.gpu_cache_gb < 0) return Status::error("--gpu-cache-gb must be >= 0");
+  if (!experts::make_policy(o.gpu_cache_policy, 1, 1.0)) {
+    return Status::error("--gpu-cache-policy must be one of " + std::string(experts::kPolicyNames) + ", got '" +
+                         o.gpu_cache_policy + "'");
+  }
   constexpr uint64_t kReserve = 1ull << 30;  // the CUDA context, the kernels' launch state, fragmentation
   const double gib = double(1ull << 30);
   const experts::ExpertLayout* layout = impl.model->expert_layout();
@@ -196,7 +201,8 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
                             double(gpu.free_bytes) / gib));
   }
   Result<std::unique_ptr<models::Model>> model =
-      entry.load_cuda(*impl.file, {.n_batch = o.n_batch, .expert_pool_bytes = pool, .cpu_experts = o.cpu_experts});
+      entry.load_cuda(*impl.file, {.n_batch = o.n_batch, .expert_pool_bytes = pool, .cpu_experts = o.cpu_experts,
+                                   .policy = o.gpu_cache_policy});
   if (!model.ok()) return fall_back(model.status().message());
   impl.model = std::move(model).value();
   impl.on_gpu = true;
@@ -204,12 +210,13 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   if (impl.gpu_tier) {
     const models::Model::GpuTierStats t = impl.model->gpu_tier_stats();
     impl.plan_text = format("device: CUDA %s: non-expert weights resident (%.1f GiB), routed experts (%.1f GiB) from "
-                            "host memory through a GPU pool of %llu experts (%.2f GiB, the popular ones), KV in F16 on the GPU "
+                            "host memory through a GPU pool of %llu experts (%.2f GiB, %s), KV in F16 on the GPU "
                             "(%.2f GiB per session), %.1f of %.1f GiB free before load",
                             gpu.name.c_str(), double(impl.file->file_bytes() - expert_bytes) / gib,
                             double(expert_bytes) / gib, (unsigned long long)t.slots,
-                            double(t.slots * t.slot_bytes) / gib, double(session_kv_bytes(impl)) / gib,
-                            double(gpu.free_bytes) / gib, double(gpu.total_bytes) / gib);
+                            o.gpu_cache_policy.c_str(), double(t.slots * t.slot_bytes) / gib,
+                            double(session_kv_bytes(impl)) / gib, double(gpu.free_bytes) / gib,
+                            double(gpu.total_bytes) / gib);
     if (o.cpu_experts) {
       impl.plan_text += "\n  CPU expert lane (--cpu-experts): cold experts that miss the pool are computed on the CPU";
     }

@@ -73,6 +73,8 @@ struct EngineOptions {
   // CUDA, experts tiered: a routed expert that misses the GPU pool and is no hotter than the pool's coldest is
   // computed on the CPU from host memory (while the GPU computes the rest) instead of copied up.
   bool cpu_experts = false;
+  // CUDA, experts tiered: the GPU pool's eviction, "lru" or "lfu" (experts/policy.h).
+  std::string gpu_cache_policy = "lru";
   bool profile = false;       // time every op of the forward pass (Session::op_profile)
   bool count_routing = false; // count expert selections per layer (Session::expert_counts)
   ExpertMode experts = ExpertMode::kAuto;

@@ -16,6 +16,8 @@ void ModelFlags::add_to(cli::Args& args) {
   args.option("--gpu-cache-gb", &gpu_cache_gb, "N",
               "CUDA: GPU expert pool in GiB; routed experts stay in host memory and the recently used are cached on "
               "the GPU (0: every weight on the GPU when it fits, else the largest pool that does)");
+  args.option("--gpu-cache-policy", &gpu_cache_policy, "lru|lfu",
+              "CUDA, experts tiered: GPU pool eviction, least recently used or frequency with decay");
   args.flag("--cpu-experts", &cpu_experts,
             "CUDA, experts tiered: compute cold experts that miss the GPU pool on the CPU, in parallel with the GPU, "
             "instead of copying them up");
@@ -76,6 +78,7 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
                         .device = device == "cpu" ? Device::kCpu : device == "cuda" ? Device::kCuda : Device::kAuto,
                         .gpu_cache_gb = gpu_cache_gb,
                         .cpu_experts = cpu_experts,
+                        .gpu_cache_policy = gpu_cache_policy,
                         .profile = profile,
                         .experts = resident ? ExpertMode::kResident
                                    : mmap ? ExpertMode::kMmap

@@ -18,14 +18,14 @@
 //
 // Tiered mode (load_qwen3_cuda with expert_pool_bytes > 0, for models whose experts do not fit the device):
 // the routed experts stay in host memory (the engine's RAM expert store, which streams from disk, or the mapped
-// file) and a device pool of fixed slots caches the popular ones (a miss evicts the least popular expert, by
-// decayed use counts, least recently used among equals; the current layer's experts are pinned). Misses are
+// file) and a device pool of fixed slots caches some (a miss evicts the lowest-scored expert of the pool's
+// experts::CachePolicy, lru or lfu; the current layer's experts are pinned). Misses are
 // copied up before the layer's expert launches, at bus speed when the RAM store's slots are page-locked
 // (attach_host_experts). The same kernels compute the same rows, so the logits are bit-identical to the
 // resident mode.
 //
-// The CPU expert lane (CudaLoad::cpu_experts, tiered mode): a miss with few rows (decode) that is no hotter than
-// the pool's coldest expert is not copied up; its group item carries null pointers (the GPU skips it), the CPU
+// The CPU expert lane (CudaLoad::cpu_experts, tiered mode): a miss with few rows (decode) that the policy scores
+// no higher than the pool's lowest-scored expert (before this use) is not copied up; its group item carries null pointers (the GPU skips it), the CPU
 // computes its rows from host memory with the CPU backend's kernels while the GPU computes the others, and the
 // rows are uploaded before the combine. Those rows carry the CPU kernels' rounding (not bit-identical).
 //
@@ -47,6 +47,7 @@
 #include "backends/cpu/ops.h"
 #include "backends/cuda/cuda_backend.h"
 #include "experts/layout.h"
+#include "experts/policy.h"
 #include "experts/source.h"
 #include "models/model.h"
 #include "models/qwen3_moe/qwen3_moe.h"
@@ -117,7 +118,8 @@ class Qwen3Cuda final : public Model {
  public:
   Qwen3Cuda(Qwen3Bound bound, const gguf::Model& file, const CudaLoad& o)
       : hp_(std::move(bound.hp)), w_(std::move(bound.w)), layout_(std::move(bound.layout)), file_(file),
-        n_batch_(o.n_batch), pool_bytes_(o.expert_pool_bytes), cpu_lane_(o.cpu_experts && o.expert_pool_bytes > 0) {}
+        n_batch_(o.n_batch), pool_bytes_(o.expert_pool_bytes), policy_name_(o.policy),
+        cpu_lane_(o.cpu_experts && o.expert_pool_bytes > 0) {}
   Status init();
 
   const HParams& hparams() const override { return hp_; }
@@ -191,9 +193,9 @@ class Qwen3Cuda final : public Model {
   int64_t act_row_max_ = 0;  // bytes of the largest quantized activation row
 
   // ---- the GPU expert tier (pool_bytes_ > 0): experts stay in host memory (the engine's RAM store, or the
-  // mapped file) and the popular ones are cached in fixed device slots (popularity_ below), the current layer's
-  // pinned.
+  // mapped file) and some are cached in fixed device slots (policy_ decides), the current layer's pinned.
   uint64_t pool_bytes_ = 0;
+  std::string policy_name_;
   std::unique_ptr<experts::MappedExperts> mapped_;  // the source when forward() gets none
   mutable DeviceBuffer pool_;
   cuda::HostRegistration host_registration_;  // the RAM store's slots, page-locked (attach_host_experts)
@@ -205,12 +207,8 @@ class Qwen3Cuda final : public Model {
   };
   mutable std::vector<Slot> slots_;
   mutable std::vector<int32_t> slot_of_;          // [n_layer * n_expert] -> slot, -1 when not in the pool
-  mutable uint64_t tick_ = 0;
-  // Popularity of each (layer, expert): +1 per layer call that uses it, halved every kHalveTicks calls, so the
-  // pool follows a routing that drifts. A miss takes the slot of the least popular expert not in use (the
-  // least recently used among equals): a cold expert only ever displaces another cold one, the hot set stays.
-  static constexpr uint64_t kHalveTicks = 4096;
-  mutable std::vector<uint32_t> popularity_;      // [n_layer * n_expert]
+  mutable uint64_t tick_ = 0;                     // + 1 per MoE layer call
+  std::unique_ptr<experts::CachePolicy> policy_;  // keys layer * n_expert + expert; a miss evicts the lowest score
   mutable std::vector<const void*> pool_ptrs_;    // [n_expert * 3] of the layer being computed
   mutable std::vector<int32_t> active_, misses_, rows_of_;
   mutable std::vector<experts::ExpertPtrs> host_ptrs_;
@@ -338,7 +336,11 @@ Status Qwen3Cuda::init() {
     MAGNETAR_ASSIGN_OR_RETURN(pool_, device_buffer(n_slots * slot_bytes_));
     slots_.resize(n_slots);
     slot_of_.assign(size_t(hp_.n_layer * X), -1);
-    popularity_.assign(size_t(hp_.n_layer * X), 0);
+    // lfu's half-life: 16 tokens, the RAM store's default (experts::StoreOptions::half_life_tokens), in ticks.
+    policy_ = experts::make_policy(policy_name_, size_t(hp_.n_layer * X), 16.0 * double(hp_.n_layer));
+    if (!policy_) {
+      return Status::error("unknown GPU expert pool policy '" + policy_name_ + "' (" + experts::kPolicyNames + ")");
+    }
     pool_ptrs_.resize(size_t(X) * 3);
     tier_stats_.slots = n_slots;
     tier_stats_.slot_bytes = slot_bytes_;
@@ -540,32 +542,33 @@ int64_t Qwen3Cuda::group_rows_on_host(const int32_t* h_ids, int64_t n, int32_t i
 Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std::span<const int32_t> rows,
                                experts::ExpertSource& source, std::optional<experts::Pinned>& held) const {
   const int64_t X = hp_.n_expert;
-  if (++tick_ % kHalveTicks == 0) {
-    for (uint32_t& p : popularity_) p /= 2;
-  }
+  ++tick_;
   misses_.clear();
   lane_.clear();
   for (const int32_t e : active) {
-    popularity_[size_t(il * X + e)]++;
     const int32_t s = slot_of_[size_t(il * X + e)];
     if (s >= 0) {
       slots_[size_t(s)].last_use = tick_;
+      policy_->touch(uint32_t(il * X + e), tick_);
       tier_stats_.hits++;
     } else {
       misses_.push_back(e);
     }
   }
-  auto heat = [&](const Slot& sl) -> uint32_t { return sl.layer < 0 ? 0 : popularity_[size_t(sl.layer * X + sl.expert)]; };
+  // An empty slot scores lowest; a slot of the current layer is never evicted (score() is not asked for it).
+  auto score = [&](const Slot& sl) {
+    return sl.layer < 0 ? -1.0 : policy_->score(uint32_t(sl.layer * X + sl.expert), tick_);
+  };
   if (cpu_lane_ && !misses_.empty()) {
-    // A miss enters the pool only when it is hotter than the coldest expert it could displace; the others with
-    // few rows are computed on the CPU.
-    uint32_t coldest = UINT32_MAX;
+    // A miss enters the pool only when the policy scores it (before this use) above the lowest-scored expert it
+    // could displace; the others with few rows are computed on the CPU.
+    double lowest = INFINITY;
     for (const Slot& sl : slots_) {
-      if (sl.last_use != tick_) coldest = std::min(coldest, heat(sl));
+      if (sl.last_use != tick_) lowest = std::min(lowest, score(sl));
     }
     size_t kept = 0;
     for (const int32_t e : misses_) {
-      if (rows[size_t(e)] <= kCpuLaneMaxRows && popularity_[size_t(il * X + e)] <= coldest) {
+      if (rows[size_t(e)] <= kCpuLaneMaxRows && policy_->score(uint32_t(il * X + e), tick_) <= lowest) {
         lane_.push_back(e);
       } else {
         misses_[kept++] = e;
@@ -573,6 +576,8 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
     }
     misses_.resize(kept);
   }
+  for (const int32_t e : misses_) policy_->touch(uint32_t(il * X + e), tick_);
+  for (const int32_t e : lane_) policy_->touch(uint32_t(il * X + e), tick_);
   if (!misses_.empty() || !lane_.empty()) {
     const auto t0 = std::chrono::steady_clock::now();
     const size_t n_copy = misses_.size();
@@ -585,17 +590,17 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
     lane_ptrs_.assign(host_ptrs_.begin() + std::ptrdiff_t(n_copy), host_ptrs_.end());
     misses_.resize(n_copy);
     for (size_t i = 0; i < n_copy; ++i) {
-      // The least popular slot that this layer's experts do not hold (the pool has >= n_expert slots); an empty
+      // The lowest-scored slot that this layer's experts do not hold (the pool has >= n_expert slots); an empty
       // slot first, then the least recently used among equals.
       size_t victim = SIZE_MAX;
-      uint32_t victim_heat = 0;
+      double victim_score = 0;
       for (size_t s = 0; s < slots_.size(); ++s) {
         const Slot& sl = slots_[s];
         if (sl.last_use == tick_) continue;
-        const uint32_t h = heat(sl);
-        if (victim == SIZE_MAX || h < victim_heat || (h == victim_heat && sl.last_use < slots_[victim].last_use)) {
+        const double h = score(sl);
+        if (victim == SIZE_MAX || h < victim_score || (h == victim_score && sl.last_use < slots_[victim].last_use)) {
           victim = s;
-          victim_heat = h;
+          victim_score = h;
         }
       }
       MAGNETAR_CHECK(victim != SIZE_MAX);
