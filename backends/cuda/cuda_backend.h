@@ -282,7 +282,7 @@ Status quantize_activations(quant::Type act_type, const float* x, void* out, int
                             Stream& stream);
 
 // ---- the non-matmul ops of the forward pass (rms_norm.cu, rope.cu, qk_norm_rope.cu, swiglu.cu, route_topk.cu,
-// store_kv.cu, attention.cu) ------------------------------------------------------------------------------------------
+// store_kv.cu, attention.cu, attention_prefill.cu) --------------------------------------------------------------------
 // Each op is the CUDA twin of a CPU op (backends/cpu/ops.h, models/qwen3_moe/qwen3_moe.cpp) with the same
 // layouts and the same formula; tests/cuda/cuda_ops_test.cpp states how close each must be. All pointers are
 // device pointers (float32 buffers 4-byte aligned unless stated); every call only queues work on `stream`
@@ -409,7 +409,8 @@ class AttentionWorkspace {
 //     max, sum and output to the workspace, and a combine kernel merges the splits.
 //   n_tok > 1 (prefill): one CTA per (token, KV head) runs the same online softmax over all its chunks and
 //     writes the output directly. NOT a flash-attention tiling: the K/V rows are re-read for every query
-//     token (from L2 when the context fits there), so prefill attention costs O(n_tok * context) reads.
+//     token (from L2 when the context fits there), so prefill attention costs O(n_tok * context) reads
+//     (attention_prefill_mma below is the tiled one).
 struct AttentionArgs {
   const float* q = nullptr;           // [n_tok, n_head, head_dim]
   const uint16_t* k_cache = nullptr;  // [n_ctx, n_head_kv, head_dim] F16 bits, 16-byte aligned, rows 0..pos0+n_tok-1
@@ -424,5 +425,15 @@ struct AttentionArgs {
   float scale = 1.0f;
 };
 Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Stream& stream);
+
+// Same contract as attention() for n_tok >= 1 (same AttentionArgs, same masking incl. window, same layouts), but
+// computed with f16 tensor-core products (attention_prefill.cu, flash-attention-2 tiling: one CTA per tile of query
+// tokens and KV head, so each K/V row is read once per tile of tokens instead of once per token): Q * scale is
+// rounded to f16, scores and the softmax in f32, P rounded to f16 for P V, f32 accumulation. Not bit-identical
+// with attention(); tests/cuda/cuda_ops_test.cpp states the bound. Supported: head_dim 64, 128 or 256, any group
+// up to kMaxAttentionGroup; k_cache and v_cache 16-byte aligned (attention() needs it of k_cache only). Any other
+// shape returns a Status (callers fall back to attention()). Allocates nothing (no workspace); a bad argument
+// returns a Status naming it and queues nothing. Meant for prefill: with few query tokens it keeps few SMs busy.
+Status attention_prefill_mma(const AttentionArgs& args, Stream& stream);
 
 }  // namespace magnetar::cuda

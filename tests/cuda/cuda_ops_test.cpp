@@ -1,7 +1,7 @@
 // The non-matmul ops of the forward pass on the GPU (rms_norm, add_rms_norm, rope_neox, qk_norm_rope, swiglu,
-// route_topk, store_kv, attention) against the scalar CPU formulas (STYLE.md rule 7). Needs a GPU: without one every
-// test that launches a kernel reports SKIPPED, never passed; the argument checks (RejectsBadArguments) need no device
-// and always run.
+// route_topk, store_kv, attention, attention_prefill_mma) against the scalar CPU formulas (STYLE.md rule 7). Needs a
+// GPU: without one every test that launches a kernel reports SKIPPED, never passed; the argument checks
+// (RejectsBadArguments) need no device and always run.
 //
 // The references restate the CPU ops (backends/cpu/ops.cpp, models/qwen3_moe/qwen3_moe.cpp) in scalar code,
 // step for step where the op is exact and in double where it is not; this executable does not link
@@ -30,9 +30,15 @@
 //                           integers, so every sum is exact and out = fl(sum / count) bit for bit: a dropped,
 //                           doubled or misplaced row, a wrong window edge or a wrong V head fails exactly.
 //                           Rows past the attended range hold F16 NaN, so reading one poisons the output.
+//   attention_prefill_mma   (random data) per element: the bound derived above prefill_mma_expect() from the f16
+//                           rounding of Q and P (2^-11 each), ex2.approx and the f32 sums, against the same double
+//                           reference; many tokens per call against one call per token within twice that bound.
+//                           (exact data) the K = 0 check above holds bit for bit (ex2(0) = 1, integer sums exact).
 // Shapes: rows 1, 7, 33 (and long rows through the CTA path), head_dim 64, 96, 128, 256, n_head/n_head_kv 8/2,
 // 4/4, 32/4, 16/1; contexts 1, 17, 300, 5000, 20000 (several splits, a partial last chunk, several chunks per
 // split), windows that cut inside a chunk; prefill of 7 and 33 tokens after 0, 17 and 300 cached rows.
+// attention_prefill_mma: prefill_mma_cases() (groups 1, 3, 4, 8, 16; head_dim 64, 128, 256; 1 to 200 tokens after
+// 0 or 1000 rows; windows 0, 1, 100, 5000).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -471,9 +477,40 @@ struct AttnData {
   std::vector<uint16_t> k, v;  // [n_rows, n_head_kv, head_dim] F16 bits
 };
 
-// Runs the GPU op on the data; rows past pos0 + n_tok - 1 are F16 NaN.
+int64_t n_rows_of(const AttnCase& c) { return c.pos0 + c.n_tok + 5; }  // 5 NaN rows past the last position
+
+// kRandom: Gaussian K and V. kUniformScores: K = 0 (every score 0) and V integers in [-8, 8].
+enum class AttnFill { kRandom, kUniformScores };
+
+// Gaussian q; K/V rows 0 .. pos0 + n_tok - 1 filled as `fill` says, the rows past them F16 NaN.
+AttnData attention_data(Rng& rng, const AttnCase& c, AttnFill fill) {
+  const uint16_t nan16 = 0x7e00;
+  const int64_t HK = c.shape.n_head_kv, D = c.shape.head_dim;
+  const int64_t rows = n_rows_of(c), valid = c.pos0 + c.n_tok;
+  AttnData d;
+  d.q = gaussian(rng, size_t(c.n_tok * c.shape.n_head * D));
+  d.k.assign(size_t(rows * HK * D), nan16);
+  d.v.assign(size_t(rows * HK * D), nan16);
+  for (size_t i = 0; i < size_t(valid * HK * D); ++i) {
+    if (fill == AttnFill::kRandom) {
+      d.k[i] = quant::float_to_fp16(rng.gaussian());
+      d.v[i] = quant::float_to_fp16(rng.gaussian());
+    } else {
+      d.k[i] = quant::float_to_fp16(0.0f);
+      d.v[i] = quant::float_to_fp16(float(int(rng.bits() % 17) - 8));
+    }
+  }
+  return d;
+}
+
+// The op under test: attention (split-K decode, per-token prefill) or attention_prefill_mma (tensor cores).
+enum class AttnOp { kAttention, kPrefillMma };
+
+const char* op_name(AttnOp op) { return op == AttnOp::kAttention ? "attention" : "attention_prefill_mma"; }
+
+// Runs the GPU op on the data; rows past pos0 + n_tok - 1 are F16 NaN. attention_prefill_mma does not use `ws`.
 std::vector<float> run_attention(const AttnCase& c, const AttnData& d, cuda::AttentionWorkspace& ws,
-                                 cuda::Stream& stream) {
+                                 cuda::Stream& stream, AttnOp op = AttnOp::kAttention) {
   const size_t out_n = size_t(c.n_tok * c.shape.n_head * c.shape.head_dim);
   auto dq = to_device(d.q);
   auto dk = to_device(d.k);
@@ -481,24 +518,23 @@ std::vector<float> run_attention(const AttnCase& c, const AttnData& d, cuda::Att
   auto dout = cuda::DeviceBuffer::allocate(out_n * sizeof(float));
   EXPECT_TRUE(dq.ok() && dk.ok() && dv.ok() && dout.ok());
   if (!dq.ok() || !dk.ok() || !dv.ok() || !dout.ok()) return {};
-  const Status s = cuda::attention({.q = dq->as<float>(),
-                                    .k_cache = dk->as<uint16_t>(),
-                                    .v_cache = dv->as<uint16_t>(),
-                                    .out = dout->as<float>(),
-                                    .n_tok = c.n_tok,
-                                    .pos0 = c.pos0,
-                                    .n_head = c.shape.n_head,
-                                    .n_head_kv = c.shape.n_head_kv,
-                                    .head_dim = c.shape.head_dim,
-                                    .window = c.window,
-                                    .scale = float(1.0 / std::sqrt(double(c.shape.head_dim)))},
-                                   ws, stream);
-  EXPECT_TRUE(s.ok()) << s.message();
+  const cuda::AttentionArgs args{.q = dq->as<float>(),
+                                 .k_cache = dk->as<uint16_t>(),
+                                 .v_cache = dv->as<uint16_t>(),
+                                 .out = dout->as<float>(),
+                                 .n_tok = c.n_tok,
+                                 .pos0 = c.pos0,
+                                 .n_head = c.shape.n_head,
+                                 .n_head_kv = c.shape.n_head_kv,
+                                 .head_dim = c.shape.head_dim,
+                                 .window = c.window,
+                                 .scale = float(1.0 / std::sqrt(double(c.shape.head_dim)))};
+  const Status s =
+      op == AttnOp::kAttention ? cuda::attention(args, ws, stream) : cuda::attention_prefill_mma(args, stream);
+  EXPECT_TRUE(s.ok()) << op_name(op) << ": " << s.message();
   stream.synchronize();
   return from_device<float>(*dout, out_n);
 }
-
-int64_t n_rows_of(const AttnCase& c) { return c.pos0 + c.n_tok + 5; }  // 5 NaN rows past the last position
 
 int64_t first_row(const AttnCase& c, int64_t pos) {
   return c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0;
@@ -523,18 +559,9 @@ TEST(CudaOps, AttentionMatchesReference) {
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
   ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(32, 256));
   Rng rng(kSeed + 7);
-  const uint16_t nan16 = 0x7e00;
   for (const AttnCase& c : attention_cases()) {
     const int64_t H = c.shape.n_head, HK = c.shape.n_head_kv, D = c.shape.head_dim, group = H / HK;
-    const int64_t rows = n_rows_of(c), valid = c.pos0 + c.n_tok;
-    AttnData d;
-    d.q = gaussian(rng, size_t(c.n_tok * H * D));
-    d.k.assign(size_t(rows * HK * D), nan16);
-    d.v.assign(size_t(rows * HK * D), nan16);
-    for (size_t i = 0; i < size_t(valid * HK * D); ++i) {
-      d.k[i] = quant::float_to_fp16(rng.gaussian());
-      d.v[i] = quant::float_to_fp16(rng.gaussian());
-    }
+    const AttnData d = attention_data(rng, c, AttnFill::kRandom);
     const std::vector<float> got = run_attention(c, d, ws, stream);
     ASSERT_EQ(got.size(), size_t(c.n_tok * H * D)) << describe(c);
     const double scale = double(float(1.0 / std::sqrt(double(D))));
@@ -593,24 +620,17 @@ TEST(CudaOps, AttentionMatchesReference) {
 
 // K = 0: all scores 0, every exp factor exactly 1, so out = mean of V over the attended rows; V holds integers
 // in [-8, 8] (exact in F16, every partial sum exact in float), so the result is fl(sum / count) exactly.
-TEST(CudaOps, AttentionUniformScoresExact) {
-  SKIP_WITHOUT_GPU();
+// attention_prefill_mma too: Q * 0 = 0 in the tensor core, ex2.approx(0) is exactly 1 (PTX ISA 9.7.3.21), the f16
+// P = 1 is exact, and the tensor core's sums of integers of magnitude < 2^24 are exact (it keeps at least float's
+// 24 bits below the largest term), so its result is the same fl(sum / count) (one IEEE division at the end).
+void expect_uniform_scores_exact(AttnOp op, const std::vector<AttnCase>& cases, uint64_t seed) {
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
   ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(32, 256));
-  Rng rng(kSeed + 8);
-  const uint16_t nan16 = 0x7e00;
-  for (const AttnCase& c : attention_cases()) {
+  Rng rng(seed);
+  for (const AttnCase& c : cases) {
     const int64_t H = c.shape.n_head, HK = c.shape.n_head_kv, D = c.shape.head_dim, group = H / HK;
-    const int64_t rows = n_rows_of(c), valid = c.pos0 + c.n_tok;
-    AttnData d;
-    d.q = gaussian(rng, size_t(c.n_tok * H * D));
-    d.k.assign(size_t(rows * HK * D), nan16);
-    d.v.assign(size_t(rows * HK * D), nan16);
-    for (size_t i = 0; i < size_t(valid * HK * D); ++i) {
-      d.k[i] = quant::float_to_fp16(0.0f);
-      d.v[i] = quant::float_to_fp16(float(int(rng.bits() % 17) - 8));
-    }
-    const std::vector<float> got = run_attention(c, d, ws, stream);
+    const AttnData d = attention_data(rng, c, AttnFill::kUniformScores);
+    const std::vector<float> got = run_attention(c, d, ws, stream, op);
     ASSERT_EQ(got.size(), size_t(c.n_tok * H * D)) << describe(c);
     int bad = 0;
     for (int64_t t = 0; t < c.n_tok; ++t) {
@@ -624,13 +644,213 @@ TEST(CudaOps, AttentionUniformScoresExact) {
           const float want = float(double(sum) / double(pos - lo + 1));
           const float g = got[size_t((t * H + h) * D + e)];
           if (g != want && bad++ < 5) {
-            ADD_FAILURE() << describe(c) << " token " << t << " head " << h << " element " << e << ": got " << g
-                          << ", want " << want;
+            ADD_FAILURE() << op_name(op) << " " << describe(c) << " token " << t << " head " << h << " element " << e
+                          << ": got " << g << ", want " << want;
           }
         }
       }
     }
   }
+}
+
+TEST(CudaOps, AttentionUniformScoresExact) {
+  SKIP_WITHOUT_GPU();
+  expect_uniform_scores_exact(AttnOp::kAttention, attention_cases(), kSeed + 8);
+}
+
+// ---- attention_prefill_mma -----------------------------------------------------------------------------------
+
+// A full grid (groups 1, 4, 8 through n_head/n_head_kv 2/2, 8/2, 16/2; head_dim 64 and 128; 1, 7, 64 and 200
+// tokens; empty and 1000-row histories; no window and a window of 100) and beyond it: group 3 (42 tokens per CTA,
+// 2 idle rows), group 16 with one KV head, head_dim 256 (64 rows per CTA, 32-row K/V tiles), a window of one row and
+// a window longer than the history (folded into none).
+std::vector<AttnCase> prefill_mma_cases() {
+  std::vector<AttnCase> cases;
+  const AttnShape grid[] = {{2, 2, 64}, {8, 2, 64}, {16, 2, 64}, {2, 2, 128}, {8, 2, 128}, {16, 2, 128}};
+  for (const AttnShape& s : grid) {
+    for (const int64_t n_tok : {1, 7, 64, 200}) {
+      for (const int64_t pos0 : {0, 1000}) {
+        for (const int64_t window : {0, 100}) cases.push_back({s, n_tok, pos0, window});
+      }
+    }
+  }
+  const AttnShape more[] = {{6, 2, 128}, {16, 1, 128}, {8, 2, 256}};
+  for (const AttnShape& s : more) {
+    for (const int64_t n_tok : {7, 200}) {
+      for (const int64_t pos0 : {0, 1000}) {
+        for (const int64_t window : {0, 100}) cases.push_back({s, n_tok, pos0, window});
+      }
+    }
+  }
+  cases.push_back({{8, 2, 128}, 64, 1000, 1});
+  cases.push_back({{8, 2, 128}, 64, 1000, 5000});
+  return cases;
+}
+
+// The exact output (double, over the same F16 K/V and float q: what cpu::attention computes up to its own float
+// rounding) and the bound on attention_prefill_mma's error, per element [n_tok, n_head, head_dim].
+//
+// Derivation (attention_prefill.cu lists the kernel's arithmetic). u = 2^-24; gamma(n, w) = n w / (1 - n w). For one
+// query row: S_j = scale q.k_j the exact scores, M = max S_j, p_j = e^(S_j - M), l = sum p_j, w_j = p_j / l.
+//   Scores. The kernel's q' = f16(f32(q c)), c = f32(scale log2 e), is within |q c| (2^-11 + 3u) + 2^-25 of q c
+//   (f16's unit roundoff 2^-11, or half its subnormal spacing 2^-25 below 2^-14; u each for c and the product). The
+//   products q' k are exact in the tensor core; its sums truncate (<= 1 ulp = 2u of the largest term per addition,
+//   D/16 chained mma of 16 products + C: gamma(2D + 16, 2u) of sum |q' k| covers it). In natural units (times ln 2,
+//   and ln 2 c = scale) each score is off by at most
+//     E_j = scale sum_d |q_d k_jd| (2^-11 + 3u + gamma(2D + 16, 2u)) + ln 2 2^-25 sum_d |k_jd|.
+//   Exponentials. p_j = ex2(s_j - m) with m the running max: the subtraction rounds (u |s - m| <= 2u max|S| after
+//   ln 2), ex2.approx is within 2 ulp of the rounded result (<= 2.5 ulp <= 5u relative); every rescale factor alpha
+//   (<= one per tile) multiplies the keys before it by another such error (5u, and the telescoping subtractions
+//   m_old - m_new add <= 2u max|S| in all). The running maxima cancel otherwise, so each key's weight is off by a
+//   factor e^(d_j) apart from a factor common to all keys, |d_j| <= delta = max_j E_j + 4u max|S| + 5u (tiles + 1).
+//   Normalized weights then move by a factor in [e^(-2 delta), e^(2 delta)]:
+//     |d out| <= (e^(2 delta) - 1) sum_j w_j |v_jd|.
+//   P to f16. The numerator uses f16(p), the denominator the f32 p: on the running max's scale the rounding is <=
+//   max(2^-11 p, 2^-25), and the later rescales (<= 1) only shrink it, so on the final scale <= max(2^-11 p_j,
+//   2^-25) per key, with the kernel's p_j and l within e^(2 delta) of the exact ones:
+//     |d out| <= e^(4 delta) sum_j max(2^-11 p_j, 2^-25) |v_jd| / l.
+//   Sums. The P V chain (tensor-core truncation, 2u per addition, <= keys loaded + 4 per tile; the f32 rescales),
+//   the f32 sum l (thread partials, then the quad) and the final division:
+//     |d out| <= e^(2 delta) (2 gamma(N, 2u) + u) sum_j w_j |v_jd|, N = 2 (rows attended + 192) + 4 tiles.
+//   A CTA spans <= 128 tokens and a tile is >= 32 keys: tiles <= (rows attended + 128) / 32 + 2.
+// The bound is the sum of the three, times 1.01, plus 1e-30. It assumes the tensor core keeps at least float's 24
+// bits below the largest term of its sums (measured on V100/T4/A100 by Fasi et al. 2021; a Hopper that kept fewer
+// would fail here, not pass silently). Typical size: head_dim 128, Gaussian data: E ~ 4e-3, bound ~ 1e-2 sum w|v|.
+struct AttnExpect {
+  std::vector<double> want, tol;  // [n_tok, n_head, head_dim]
+};
+
+AttnExpect prefill_mma_expect(const AttnCase& c, const AttnData& d) {
+  const int64_t H = c.shape.n_head, HK = c.shape.n_head_kv, D = c.shape.head_dim, group = H / HK;
+  const double scale = double(float(1.0 / std::sqrt(double(D))));  // as run_attention passes it
+  const double f16_u = std::ldexp(1.0, -11), f16_sub = std::ldexp(1.0, -25), ln2 = std::log(2.0);
+  auto gamma = [](double n, double w) { return n * w / (1.0 - n * w); };
+  const double score_rel = f16_u + 3.0 * kU + gamma(double(2 * D + 16), 2.0 * kU);
+  std::vector<double> kf(d.k.size()), vf(d.v.size());
+  for (size_t i = 0; i < kf.size(); ++i) {
+    kf[i] = double(quant::fp16_to_float(d.k[i]));
+    vf[i] = double(quant::fp16_to_float(d.v[i]));
+  }
+  AttnExpect x;
+  x.want.resize(size_t(c.n_tok * H * D));
+  x.tol.resize(x.want.size());
+  for (int64_t t = 0; t < c.n_tok; ++t) {
+    const int64_t pos = c.pos0 + t, lo = first_row(c, pos), n_att = pos - lo + 1;
+    const double tiles = double((n_att + 128) / 32 + 2);
+    const double acc = 2.0 * gamma(2.0 * double(n_att + 192) + 4.0 * tiles, 2.0 * kU) + kU;
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t hk = h / group;
+      const float* q = d.q.data() + (t * H + h) * D;
+      std::vector<double> p(static_cast<size_t>(n_att));
+      double m = -INFINITY, s_abs = 0, e_max = 0;
+      for (int64_t j = lo; j <= pos; ++j) {
+        const double* kr = kf.data() + (j * HK + hk) * D;
+        double dot = 0, mag = 0, ksum = 0;
+        for (int64_t e = 0; e < D; ++e) {
+          dot += double(q[e]) * kr[e];
+          mag += std::fabs(double(q[e]) * kr[e]);
+          ksum += std::fabs(kr[e]);
+        }
+        const double sj = scale * dot;
+        p[size_t(j - lo)] = sj;
+        m = std::max(m, sj);
+        s_abs = std::max(s_abs, std::fabs(sj));
+        e_max = std::max(e_max, scale * mag * score_rel + ln2 * f16_sub * ksum);
+      }
+      const double delta = e_max + 4.0 * kU * s_abs + 5.0 * kU * (tiles + 1.0);
+      double l = 0;
+      for (double& pj : p) {
+        pj = std::exp(pj - m);
+        l += pj;
+      }
+      for (int64_t e = 0; e < D; ++e) {
+        double num = 0, wv = 0, rounding = 0;
+        for (int64_t j = lo; j <= pos; ++j) {
+          const double pj = p[size_t(j - lo)], vv = vf[size_t((j * HK + hk) * D + e)];
+          num += pj * vv;
+          wv += pj * std::fabs(vv);
+          rounding += std::max(f16_u * pj, f16_sub) * std::fabs(vv);
+        }
+        const size_t i = size_t((t * H + h) * D + e);
+        x.want[i] = num / l;
+        x.tol[i] = 1.01 * ((std::expm1(2.0 * delta) + std::exp(2.0 * delta) * acc) * wv / l +
+                           std::exp(4.0 * delta) * rounding / l) +
+                   1e-30;
+      }
+    }
+  }
+  return x;
+}
+
+TEST(CudaOps, AttentionPrefillMmaMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  cuda::AttentionWorkspace ws;  // not used by attention_prefill_mma
+  Rng rng(kSeed + 9);
+  for (const AttnCase& c : prefill_mma_cases()) {
+    const AttnData d = attention_data(rng, c, AttnFill::kRandom);
+    const std::vector<float> got = run_attention(c, d, ws, stream, AttnOp::kPrefillMma);
+    const AttnExpect x = prefill_mma_expect(c, d);
+    ASSERT_EQ(got.size(), x.want.size()) << describe(c);
+    int bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (!(std::fabs(double(got[i]) - x.want[i]) <= x.tol[i]) && bad++ < 5) {
+        const int64_t D = c.shape.head_dim, H = c.shape.n_head;
+        ADD_FAILURE() << describe(c) << " token " << int64_t(i) / (H * D) << " head " << int64_t(i) / D % H
+                      << " element " << int64_t(i) % D << ": got " << got[i] << ", want " << x.want[i] << " (tolerance "
+                      << x.tol[i] << ")";
+      }
+    }
+  }
+}
+
+// Many tokens in one call (CTAs of up to 128 tokens, tiles starting at the window of the CTA's first token) against
+// the same tokens one call each (n_tok = 1: tiles start at the token's own window): different tile boundaries,
+// rescale sequences and summation orders, so not bit-identical; both are within the bound of the exact result, so
+// they are within twice the bound of each other. Cases: a group-8 tile over a 1000-row history, two CTAs of group 1,
+// a window inside a 200-token batch, head_dim 256.
+TEST(CudaOps, AttentionPrefillMmaTileMatchesSingleTokens) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  cuda::AttentionWorkspace ws;
+  Rng rng(kSeed + 10);
+  const AttnCase cases[] = {
+      {{16, 2, 128}, 64, 1000, 0}, {{2, 2, 128}, 200, 0, 0}, {{8, 2, 64}, 200, 1000, 100}, {{8, 2, 256}, 70, 0, 0}};
+  for (const AttnCase& c : cases) {
+    const int64_t H = c.shape.n_head, D = c.shape.head_dim;
+    const AttnData d = attention_data(rng, c, AttnFill::kRandom);
+    const std::vector<float> batched = run_attention(c, d, ws, stream, AttnOp::kPrefillMma);
+    ASSERT_EQ(batched.size(), size_t(c.n_tok * H * D)) << describe(c);
+    const AttnExpect x = prefill_mma_expect(c, d);
+    int bad = 0;
+    for (int64_t t = 0; t < c.n_tok; ++t) {
+      const AttnCase one{c.shape, 1, c.pos0 + t, c.window};
+      AttnData d1;
+      d1.q.assign(d.q.begin() + t * H * D, d.q.begin() + (t + 1) * H * D);
+      d1.k = d.k;  // rows past pos0 + t are attended by neither call's token t
+      d1.v = d.v;
+      const std::vector<float> single = run_attention(one, d1, ws, stream, AttnOp::kPrefillMma);
+      ASSERT_EQ(single.size(), size_t(H * D)) << describe(one);
+      for (int64_t i = 0; i < H * D; ++i) {
+        const size_t k = size_t(t * H * D + i);
+        if (!(std::fabs(double(batched[k]) - double(single[size_t(i)])) <= 2.0 * x.tol[k]) && bad++ < 5) {
+          ADD_FAILURE() << describe(c) << " token " << t << " head " << i / D << " element " << i % D << ": batched "
+                        << batched[k] << ", alone " << single[size_t(i)] << " (tolerance " << 2.0 * x.tol[k] << ")";
+        }
+      }
+    }
+  }
+}
+
+// The exact K = 0 check above, on prefill_mma_cases() and on attention()'s cases with a supported head_dim (decode
+// contexts of up to 20000 rows: many tiles, windows of 4096 that start inside a tile).
+TEST(CudaOps, AttentionPrefillMmaUniformScoresExact) {
+  SKIP_WITHOUT_GPU();
+  std::vector<AttnCase> cases = prefill_mma_cases();
+  for (const AttnCase& c : attention_cases()) {
+    if (c.shape.head_dim == 64 || c.shape.head_dim == 128 || c.shape.head_dim == 256) cases.push_back(c);
+  }
+  expect_uniform_scores_exact(AttnOp::kPrefillMma, cases, kSeed + 11);
 }
 
 // ---- argument checks (no device needed) ---------------------------------------------------------------------
@@ -686,6 +906,39 @@ TEST(CudaOps, RejectsBadArguments) {
   a = good;
   a.window = -1;
   fails(cuda::attention(a, ws, stream), "attention");
+
+  // attention_prefill_mma: the same contract, head_dim 64, 128 or 256 only, v_cache 16-byte aligned.
+  const char* mma = "attention_prefill_mma";
+  for (const int64_t head_dim : {96, 100, 32, 512}) {  // multiples of 8 or 16 without a kernel, and off the grid
+    a = good;
+    a.head_dim = head_dim;
+    fails(cuda::attention_prefill_mma(a, stream), mma);
+  }
+  a = good;
+  a.n_head = 64;
+  a.n_head_kv = 2;  // group 32 > kMaxAttentionGroup
+  fails(cuda::attention_prefill_mma(a, stream), mma);
+  a = good;
+  a.n_head_kv = 3;  // does not divide n_head
+  fails(cuda::attention_prefill_mma(a, stream), mma);
+  a = good;
+  a.q = nullptr;
+  fails(cuda::attention_prefill_mma(a, stream), mma);
+  a = good;
+  a.v_cache = nullptr;
+  fails(cuda::attention_prefill_mma(a, stream), mma);
+  a = good;
+  a.v_cache = h + 1;  // 2-byte aligned: enough for attention(), not for cp.async
+  fails(cuda::attention_prefill_mma(a, stream), mma);
+  a = good;
+  a.out = f;  // aliases q
+  fails(cuda::attention_prefill_mma(a, stream), mma);
+  a = good;
+  a.n_tok = 0;
+  fails(cuda::attention_prefill_mma(a, stream), mma);
+  a = good;
+  a.window = -1;
+  fails(cuda::attention_prefill_mma(a, stream), mma);
 }
 
 }  // namespace
