@@ -19,15 +19,15 @@
 // Tiered mode (load_qwen3_cuda with expert_pool_bytes > 0, for models whose experts do not fit the device):
 // the routed experts stay in host memory (the engine's RAM expert store, which streams from disk, or the mapped
 // file) and a device pool of fixed slots caches some (a miss evicts the lowest-scored expert of the pool's
-// experts::CachePolicy, lru or lfu; the current layer's experts are pinned). Misses are
-// copied up before the layer's expert launches, at bus speed when the RAM store's slots are page-locked
-// (attach_host_experts). The same kernels compute the same rows, so the logits are bit-identical to the
-// resident mode.
+// experts::CachePolicy, lru or lfu; the current layer's experts are pinned). Misses are copied up before the
+// layer's expert launches, at bus speed when the RAM store's slots are page-locked (attach_host_experts). The
+// same kernels compute the same rows, so the logits are bit-identical to the resident mode.
 //
 // The CPU expert lane (CudaLoad::cpu_experts, tiered mode): a miss with few rows (decode) that the policy scores
-// no higher than the pool's lowest-scored expert (before this use) is not copied up; its group item carries null pointers (the GPU skips it), the CPU
-// computes its rows from host memory with the CPU backend's kernels while the GPU computes the others, and the
-// rows are uploaded before the combine. Those rows carry the CPU kernels' rounding (not bit-identical).
+// no higher than the pool's lowest-scored expert (before this use) is not copied up; its group item carries
+// null pointers (the GPU skips it), the CPU computes its rows from host memory with the CPU backend's kernels
+// while the GPU computes the others, and the rows are uploaded before the combine. Those rows carry the CPU
+// kernels' rounding (not bit-identical).
 //
 // Not here yet (issue #6): CUDA graphs, overlap of the pool's copies with compute, per-op profiles
 // (Session::op_profile stays empty).
@@ -38,10 +38,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
-
-#include <optional>
 
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/ops.h"
@@ -67,7 +66,7 @@ constexpr int32_t kMmqItemRows = 64;
 
 // Products of more than kVec rows go to the int8 tensor-core kernel (mmq.cu) when it takes the weight type.
 // MAGNETAR_CUDA_MMQ=0 is a diagnostic switch (STYLE.md rule 17) that keeps them on the matrix-vector kernel
-// in chunks of kVec rows: the baseline of docs/benchmarks/2026-11-30-cuda-mmq.md.
+// in chunks of kVec rows: the baseline of docs/benchmarks/2026-11-30-cuda-forward.md's mmq section.
 bool mmq_enabled() {
   static const bool enabled = [] {
     const char* v = std::getenv("MAGNETAR_CUDA_MMQ");
@@ -167,9 +166,9 @@ class Qwen3Cuda final : public Model {
                       experts::ExpertSource& source, std::optional<experts::Pinned>& held) const;
   // The CPU lane: lane_'s rows (grouped order, expert_begin_) computed on the CPU from h_xn_, uploaded into down_.
   void run_cpu_lane(cpu::ThreadPool& pool, const DevLayer& L, int64_t n) const;
-  // Items for rows grouped by expert (host), from ids already on the host; ptr(e) gives expert e's weights.
+  // Items of up to item_rows rows grouped by expert (host), from ids already on the host; ptr(e) gives expert
+  // e's weights.
   template <typename PtrOf>
-  // Items hold up to item_rows rows.
   int64_t group_rows_on_host(const int32_t* h_ids, int64_t n, int32_t item_rows, PtrOf ptr_of,
                              int64_t* max_n) const;
 

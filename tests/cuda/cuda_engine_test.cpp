@@ -42,11 +42,12 @@ std::string variant_name(const ::testing::TestParamInfo<Variant>& info) {
   return std::string(quant::traits(info.param.type).name) + (info.param.k_quant_rows ? "_k256" : "");
 }
 
-std::unique_ptr<Engine> load(const std::string& path, Device device, const KvDiskOptions& disk = {}) {
+std::unique_ptr<Engine> load(const std::string& path, Device device, const KvDiskOptions& disk = {},
+                             int64_t n_ctx = 128, int64_t n_batch = 32) {
   EngineOptions options;
   options.n_threads = 2;
-  options.n_ctx = 128;
-  options.n_batch = 32;
+  options.n_ctx = n_ctx;
+  options.n_batch = n_batch;
   options.device = device;
   options.experts = ExpertMode::kResident;
   options.kv_disk = disk;
@@ -229,26 +230,19 @@ TEST(CudaDemo, PrefillScoresTextLikeTheCpu) {
   };
   std::vector<int32_t> tokens;
   auto score = [&](Device device) -> Scored {
-    EngineOptions o;
-    o.n_threads = 2;
-    o.n_ctx = 512;
-    o.n_batch = 512;
-    o.device = device;
-    o.experts = ExpertMode::kResident;
-    auto engine = Engine::load(demo, o);
-    EXPECT_TRUE(engine.ok()) << engine.status().message();
-    if (!engine.ok()) return {};
+    const std::unique_ptr<Engine> engine = load(demo, device, {}, 512, 512);
+    if (!engine) return {};
     if (tokens.empty()) {
-      auto t = engine.value()->tokenize(text, false);
+      auto t = engine->tokenize(text, false);
       EXPECT_TRUE(t.ok());
       if (!t.ok()) return {};
       tokens.assign(t.value().begin(), t.value().begin() + std::min<size_t>(t.value().size(), 512));
     }
-    auto s = engine.value()->new_session();
+    auto s = engine->new_session();
     EXPECT_TRUE(s.ok());
     if (!s.ok() || !s.value()->sync(tokens, Logits::kAll).ok()) return {};
     const std::span<const float> all = s.value()->all_logits();
-    const size_t V = size_t(engine.value()->info().n_vocab);
+    const size_t V = size_t(engine->info().n_vocab);
     Scored out;
     for (size_t p = 0; p + 1 < tokens.size(); ++p) {
       const std::span<const float> row = all.subspan(p * V, V);
