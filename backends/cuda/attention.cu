@@ -271,30 +271,40 @@ Result<AttentionWorkspace> AttentionWorkspace::create(int64_t max_heads, int64_t
 
 // ---- attention ------------------------------------------------------------------------------------------------
 
-Status attention(const AttentionArgs& a, AttentionWorkspace& workspace, Stream& stream) {
+namespace attn {
+
+Status check_args(const char* op, const AttentionArgs& a, uintptr_t v_align) {
   if (a.n_tok < 1 || a.n_tok > 65535 || a.pos0 < 0 || a.pos0 > INT_MAX - a.n_tok) {
-    return Status::error(format("attention: n_tok=%lld must be in 1..65535 and pos0=%lld non-negative",
+    return Status::error(format("%s: n_tok=%lld must be in 1..65535 and pos0=%lld non-negative", op,
                                 (long long)a.n_tok, (long long)a.pos0));
   }
   if (a.n_head < 1 || a.n_head_kv < 1 || a.n_head_kv > 65535 || a.n_head % a.n_head_kv != 0 ||
       a.n_head / a.n_head_kv > kMaxAttentionGroup) {
-    return Status::error(
-        format("attention: n_head=%lld, n_head_kv=%lld: n_head_kv must divide n_head with a group "
-               "of at most %lld",
-               (long long)a.n_head, (long long)a.n_head_kv, (long long)kMaxAttentionGroup));
+    return Status::error(format("%s: n_head=%lld, n_head_kv=%lld: n_head_kv must divide n_head with a group of at "
+                                "most %lld",
+                                op, (long long)a.n_head, (long long)a.n_head_kv, (long long)kMaxAttentionGroup));
   }
+  if (a.window < 0) return Status::error(format("%s: window=%lld must be >= 0", op, (long long)a.window));
+  if (a.q == nullptr || a.k_cache == nullptr || a.v_cache == nullptr || a.out == nullptr) {
+    return Status::error(format("%s: null device pointer (q, k_cache, v_cache or out)", op));
+  }
+  if (!ops::aligned(a.q, 4) || !ops::aligned(a.k_cache, 16) || !ops::aligned(a.v_cache, v_align) ||
+      !ops::aligned(a.out, 4)) {
+    return Status::error(format("%s: k_cache must be 16-byte, v_cache %d-byte, q and out 4-byte aligned", op,
+                                int(v_align)));
+  }
+  if (a.out == a.q) return Status::error(format("%s: out must not alias q", op));
+  return Status();
+}
+
+}  // namespace attn
+
+Status attention(const AttentionArgs& a, AttentionWorkspace& workspace, Stream& stream) {
+  MAGNETAR_RETURN_IF_ERROR(attn::check_args("attention", a, 2));
   if (a.head_dim < 8 || a.head_dim % 8 != 0 || a.head_dim > kMaxAttentionHeadDim) {
     return Status::error(format("attention: head_dim=%lld must be a multiple of 8 in 8..%lld", (long long)a.head_dim,
                                 (long long)kMaxAttentionHeadDim));
   }
-  if (a.window < 0) return Status::error(format("attention: window=%lld must be >= 0", (long long)a.window));
-  if (a.q == nullptr || a.k_cache == nullptr || a.v_cache == nullptr || a.out == nullptr) {
-    return Status::error("attention: null device pointer");
-  }
-  if (!ops::aligned(a.q, 4) || !ops::aligned(a.k_cache, 16) || !ops::aligned(a.v_cache, 2) || !ops::aligned(a.out, 4)) {
-    return Status::error("attention: k_cache must be 16-byte, v_cache 2-byte, q and out 4-byte aligned");
-  }
-  if (a.out == a.q) return Status::error("attention: out must not alias q");
 
   const int64_t group = a.n_head / a.n_head_kv;
   Params p;  // C++17 (nvcc): no designated initializers

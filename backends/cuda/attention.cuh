@@ -1,10 +1,13 @@
 // Split-K bookkeeping of attention.cu, shared with the host test (tests/cuda/cuda_ops_host_test.cu): how a
 // query's context is cut into chunks and splits, and the online-softmax rescaling that lets chunks and splits
-// be processed separately and merged.
+// be processed separately and merged. Also the argument checks both attention ops share (attention.cu,
+// attention_prefill.cu).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+
+#include "backends/cuda/cuda_backend.h"
 
 #ifndef MAGNETAR_HD
 #define MAGNETAR_HD __host__ __device__ __forceinline__
@@ -59,5 +62,9 @@ MAGNETAR_HD float rescale(SoftmaxState& st, float chunk_max) {
   st.l *= alpha;
   return alpha;
 }
+
+// The argument checks attention() and attention_prefill_mma() share (`op` names the caller in the message): counts,
+// heads and group, window, pointers, alignment (v_cache to v_align bytes), aliasing. Host only.
+Status check_args(const char* op, const AttentionArgs& a, uintptr_t v_align);
 
 }  // namespace magnetar::cuda::attn

@@ -87,6 +87,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "backends/cuda/attention.cuh"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
 #include "backends/cuda/ops_common.cuh"
@@ -434,32 +435,11 @@ int rows_per_cta(int64_t head_dim) {
 }  // namespace
 
 Status attention_prefill_mma(const AttentionArgs& a, Stream& stream) {
-  if (a.n_tok < 1 || a.n_tok > 65535 || a.pos0 < 0 || a.pos0 > INT_MAX - a.n_tok) {
-    return Status::error(format("attention_prefill_mma: n_tok=%lld must be in 1..65535 and pos0=%lld non-negative",
-                                (long long)a.n_tok, (long long)a.pos0));
-  }
-  if (a.n_head < 1 || a.n_head_kv < 1 || a.n_head_kv > 65535 || a.n_head % a.n_head_kv != 0 ||
-      a.n_head / a.n_head_kv > kMaxAttentionGroup) {
-    return Status::error(
-        format("attention_prefill_mma: n_head=%lld, n_head_kv=%lld: n_head_kv must divide n_head with a group of "
-               "at most %lld",
-               (long long)a.n_head, (long long)a.n_head_kv, (long long)kMaxAttentionGroup));
-  }
+  MAGNETAR_RETURN_IF_ERROR(attn::check_args("attention_prefill_mma", a, 16));  // cp.async: 16-byte V pieces
   if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) {
     return Status::error(format("attention_prefill_mma: head_dim=%lld has no kernel (64, 128, 256; use attention())",
                                 (long long)a.head_dim));
   }
-  if (a.window < 0) {
-    return Status::error(format("attention_prefill_mma: window=%lld must be >= 0", (long long)a.window));
-  }
-  if (a.q == nullptr || a.k_cache == nullptr || a.v_cache == nullptr || a.out == nullptr) {
-    return Status::error("attention_prefill_mma: null device pointer (q, k_cache, v_cache or out)");
-  }
-  if (!ops::aligned(a.q, 4) || !ops::aligned(a.k_cache, 16) || !ops::aligned(a.v_cache, 16) ||
-      !ops::aligned(a.out, 4)) {
-    return Status::error("attention_prefill_mma: k_cache and v_cache must be 16-byte, q and out 4-byte aligned");
-  }
-  if (a.out == a.q) return Status::error("attention_prefill_mma: out must not alias q");
 
   const int64_t group = a.n_head / a.n_head_kv;
   const int tokens_per_cta = rows_per_cta(a.head_dim) / int(group);
