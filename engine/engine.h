@@ -68,13 +68,14 @@ struct EngineOptions {
   Device device = Device::kAuto;
   // CUDA: bytes of the GPU expert pool in GiB. 0: every weight resident on the GPU when the model fits its free
   // memory, else (or with --stream / --mmap) the largest pool that fits; > 0: that pool, the experts staying in
-  // host memory (the RAM store / mapped file) and the recently used ones cached on the GPU.
+  // host memory (the RAM store / mapped file) and the most used ones (gpu_cache_policy) cached on the GPU.
   double gpu_cache_gb = 0;
   // CUDA, experts tiered: a routed expert that misses the GPU pool and is no hotter than the pool's coldest is
   // computed on the CPU from host memory (while the GPU computes the rest) instead of copied up.
   bool cpu_experts = false;
-  // CUDA, experts tiered: the GPU pool's eviction, "lru" or "lfu" (experts/policy.h).
-  std::string gpu_cache_policy = "lru";
+  // CUDA, experts tiered: the GPU pool's eviction, "lfu" or "lru" (experts/policy.h); lfu measured better on
+  // skewed routing (docs/benchmarks/2026-11-30-cuda-forward.md), as the RAM store's default.
+  std::string gpu_cache_policy = "lfu";
   bool profile = false;       // time every op of the forward pass (Session::op_profile)
   bool count_routing = false; // count expert selections per layer (Session::expert_counts)
   ExpertMode experts = ExpertMode::kAuto;

@@ -135,7 +135,7 @@ struct CudaLoad {
   int64_t n_batch = 512;           // scratch for forward calls of up to this many tokens
   uint64_t expert_pool_bytes = 0;  // 0: every weight on the device; > 0: the routed experts tiered (below)
   bool cpu_experts = false;        // tiered: cold experts that miss the pool are computed on the CPU (the lane)
-  std::string policy = "lru";      // tiered: the pool's eviction (experts::make_policy: lru, lfu)
+  std::string policy = "lfu";      // tiered: the pool's eviction (experts::make_policy: lfu, lru)
 };
 
 // One row per architecture (models/registry.cpp).

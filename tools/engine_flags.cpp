@@ -14,10 +14,10 @@ void ModelFlags::add_to(cli::Args& args) {
               "where the model runs (auto: the GPU when there is one and the model fits it, whole or with its experts "
               "tiered)");
   args.option("--gpu-cache-gb", &gpu_cache_gb, "N",
-              "CUDA: GPU expert pool in GiB; routed experts stay in host memory and the recently used are cached on "
+              "CUDA: GPU expert pool in GiB; routed experts stay in host memory and the most used are cached on "
               "the GPU (0: every weight on the GPU when it fits, else the largest pool that does)");
-  args.option("--gpu-cache-policy", &gpu_cache_policy, "lru|lfu",
-              "CUDA, experts tiered: GPU pool eviction, least recently used or frequency with decay");
+  args.option("--gpu-cache-policy", &gpu_cache_policy, "lfu|lru",
+              "CUDA, experts tiered: GPU pool eviction, frequency with decay or least recently used");
   args.flag("--cpu-experts", &cpu_experts,
             "CUDA, experts tiered: compute cold experts that miss the GPU pool on the CPU, in parallel with the GPU, "
             "instead of copying them up");

@@ -19,7 +19,7 @@ struct ModelFlags {
   std::string device = "auto";
   float gpu_cache_gb = 0;
   bool cpu_experts = false;
-  std::string gpu_cache_policy = "lru";
+  std::string gpu_cache_policy = "lfu";
   bool resident = false, stream = false, mmap = false;
   float cache_gb = 0;
   std::string cache_policy = "lfu";
