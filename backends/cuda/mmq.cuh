@@ -69,15 +69,21 @@ MAGNETAR_HD void unpack_nibbles32(const uint8_t* qs, int8_t* q, Map map) {
 template <Type T>
 struct MmqType;  // no definition: a type without a kernel fails to compile where it is instantiated
 
-// Common members: Block, Act (the reference's activation format), kBlockElems, kActBlockElems, kSlice,
-// kSlicesPerBlock, kHasOffset, and unpack().
+// Members: those of Shape (below) and unpack().
+
+// What every type states: its block, the reference's activation block (same element count), the slice length
+// (32, or 16 for Q2_K/Q3_K/Q6_K) and whether its slices carry an offset.
+template <typename B, typename A, int BlockElems, int Slice, bool Offset>
+struct Shape {
+  using Block = B;
+  using Act = A;
+  static constexpr int kBlockElems = BlockElems, kActBlockElems = BlockElems, kSlice = Slice;
+  static constexpr int kSlicesPerBlock = BlockElems / Slice;
+  static constexpr bool kHasOffset = Offset;
+};
 
 template <>
-struct MmqType<Type::Q4_0> {
-  using Block = quant::BlockQ4_0;
-  using Act = quant::BlockQ8_0;
-  static constexpr int kBlockElems = quant::kQK32, kActBlockElems = quant::kQK32, kSlice = 32, kSlicesPerBlock = 1;
-  static constexpr bool kHasOffset = false;
+struct MmqType<Type::Q4_0> : Shape<quant::BlockQ4_0, quant::BlockQ8_0, quant::kQK32, 32, false> {
   static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, int8_t* q, float* scale, float* offset) {
     unpack_nibbles32(b.qs, q, [](uint32_t v) { return mmvq::sub_bytes(int(v), 0x08080808); });
     *scale = fp16_to_float(b.d);
@@ -86,11 +92,7 @@ struct MmqType<Type::Q4_0> {
 };
 
 template <>
-struct MmqType<Type::Q4_1> {
-  using Block = quant::BlockQ4_1;
-  using Act = quant::BlockQ8_1;
-  static constexpr int kBlockElems = quant::kQK32, kActBlockElems = quant::kQK32, kSlice = 32, kSlicesPerBlock = 1;
-  static constexpr bool kHasOffset = true;
+struct MmqType<Type::Q4_1> : Shape<quant::BlockQ4_1, quant::BlockQ8_1, quant::kQK32, 32, true> {
   static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, int8_t* q, float* scale, float* offset) {
     unpack_nibbles32(b.qs, q, [](uint32_t v) { return int(v); });
     *scale = fp16_to_float(b.d);
@@ -111,11 +113,7 @@ MAGNETAR_HD void unpack_q5(const uint8_t* qs, const uint8_t* qh_bytes, int bias,
 }
 
 template <>
-struct MmqType<Type::Q5_0> {
-  using Block = quant::BlockQ5_0;
-  using Act = quant::BlockQ8_0;
-  static constexpr int kBlockElems = quant::kQK32, kActBlockElems = quant::kQK32, kSlice = 32, kSlicesPerBlock = 1;
-  static constexpr bool kHasOffset = false;
+struct MmqType<Type::Q5_0> : Shape<quant::BlockQ5_0, quant::BlockQ8_0, quant::kQK32, 32, false> {
   static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, int8_t* q, float* scale, float* offset) {
     unpack_q5(b.qs, b.qh, 0x10101010, q);
     *scale = fp16_to_float(b.d);
@@ -124,11 +122,7 @@ struct MmqType<Type::Q5_0> {
 };
 
 template <>
-struct MmqType<Type::Q5_1> {
-  using Block = quant::BlockQ5_1;
-  using Act = quant::BlockQ8_1;
-  static constexpr int kBlockElems = quant::kQK32, kActBlockElems = quant::kQK32, kSlice = 32, kSlicesPerBlock = 1;
-  static constexpr bool kHasOffset = true;
+struct MmqType<Type::Q5_1> : Shape<quant::BlockQ5_1, quant::BlockQ8_1, quant::kQK32, 32, true> {
   static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, int8_t* q, float* scale, float* offset) {
     unpack_q5(b.qs, b.qh, 0, q);
     *scale = fp16_to_float(b.d);
@@ -137,11 +131,7 @@ struct MmqType<Type::Q5_1> {
 };
 
 template <>
-struct MmqType<Type::Q8_0> {
-  using Block = quant::BlockQ8_0;
-  using Act = quant::BlockQ8_0;
-  static constexpr int kBlockElems = quant::kQK32, kActBlockElems = quant::kQK32, kSlice = 32, kSlicesPerBlock = 1;
-  static constexpr bool kHasOffset = false;
+struct MmqType<Type::Q8_0> : Shape<quant::BlockQ8_0, quant::BlockQ8_0, quant::kQK32, 32, false> {
   static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, int8_t* q, float* scale, float* offset) {
     for (int w = 0; w < 8; ++w) store_word(q + 4 * w, uint32_t(mmvq::load_a2(mmvq::bytes(b.qs) + 4 * w)));
     *scale = fp16_to_float(b.d);
@@ -150,11 +140,7 @@ struct MmqType<Type::Q8_0> {
 };
 
 template <>
-struct MmqType<Type::IQ4_NL> {
-  using Block = quant::BlockIQ4_NL;
-  using Act = quant::BlockQ8_0;
-  static constexpr int kBlockElems = quant::kQK32, kActBlockElems = quant::kQK32, kSlice = 32, kSlicesPerBlock = 1;
-  static constexpr bool kHasOffset = false;
+struct MmqType<Type::IQ4_NL> : Shape<quant::BlockIQ4_NL, quant::BlockQ8_0, quant::kQK32, 32, false> {
   static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, int8_t* q, float* scale, float* offset) {
     unpack_nibbles32(b.qs, q, [](uint32_t v) { return mmvq::lookup_iq4nl(v); });
     *scale = fp16_to_float(b.d);
@@ -163,11 +149,7 @@ struct MmqType<Type::IQ4_NL> {
 };
 
 template <>
-struct MmqType<Type::MXFP4> {
-  using Block = quant::BlockMXFP4;
-  using Act = quant::BlockQ8_0;
-  static constexpr int kBlockElems = quant::kQK32, kActBlockElems = quant::kQK32, kSlice = 32, kSlicesPerBlock = 1;
-  static constexpr bool kHasOffset = false;
+struct MmqType<Type::MXFP4> : Shape<quant::BlockMXFP4, quant::BlockQ8_0, quant::kQK32, 32, false> {
   static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, int8_t* q, float* scale, float* offset) {
     unpack_nibbles32(b.qs, q, [](uint32_t v) { return mmvq::lookup_mxfp4(v); });
     *scale = e8m0_to_float_half(b.e);
@@ -178,11 +160,7 @@ struct MmqType<Type::MXFP4> {
 // Q2_K: slice j (16 elements 16j .. 16j+15) = half h = j / 8, shift s = (j % 8) / 2, bytes
 // qs[32h + 16 (j % 2) ..] (element 128h + 32s + l is bits 2s..2s+1 of qs[32h + l]).
 template <>
-struct MmqType<Type::Q2_K> {
-  using Block = quant::BlockQ2_K;
-  using Act = quant::BlockQ8_K;
-  static constexpr int kBlockElems = quant::kQK_K, kActBlockElems = quant::kQK_K, kSlice = 16, kSlicesPerBlock = 16;
-  static constexpr bool kHasOffset = true;
+struct MmqType<Type::Q2_K> : Shape<quant::BlockQ2_K, quant::BlockQ8_K, quant::kQK_K, 16, true> {
   static MAGNETAR_HD void unpack(const Block& b, int j, int8_t* q, float* scale, float* offset) {
     const uint8_t* qs = b.qs + 32 * (j / 8) + 16 * (j % 2);
     const int shift = 2 * ((j % 8) / 2);
@@ -196,11 +174,7 @@ struct MmqType<Type::Q2_K> {
 
 // Q3_K: low bits as Q2_K; the high bit of element e = 16j + l is bit e / 32 = j / 2 of hmask[e % 32].
 template <>
-struct MmqType<Type::Q3_K> {
-  using Block = quant::BlockQ3_K;
-  using Act = quant::BlockQ8_K;
-  static constexpr int kBlockElems = quant::kQK_K, kActBlockElems = quant::kQK_K, kSlice = 16, kSlicesPerBlock = 16;
-  static constexpr bool kHasOffset = false;
+struct MmqType<Type::Q3_K> : Shape<quant::BlockQ3_K, quant::BlockQ8_K, quant::kQK_K, 16, false> {
   static MAGNETAR_HD void unpack(const Block& b, int j, int8_t* q, float* scale, float* offset) {
     const uint8_t* qs = b.qs + 32 * (j / 8) + 16 * (j % 2);
     const uint8_t* hm = b.hmask + 16 * (j % 2);
@@ -219,11 +193,7 @@ struct MmqType<Type::Q3_K> {
 // Q4_K / Q5_K: slice s = 2k + h is sub-block s of 32: the low (h = 0) or high (h = 1) nibbles of
 // qs[32k .. 32k+31]; Q5_K's 5th bit of its element l is bit s of qh[l].
 template <>
-struct MmqType<Type::Q4_K> {
-  using Block = quant::BlockQ4_K;
-  using Act = quant::BlockQ8_K;
-  static constexpr int kBlockElems = quant::kQK_K, kActBlockElems = quant::kQK_K, kSlice = 32, kSlicesPerBlock = 8;
-  static constexpr bool kHasOffset = true;
+struct MmqType<Type::Q4_K> : Shape<quant::BlockQ4_K, quant::BlockQ8_K, quant::kQK_K, 32, true> {
   static MAGNETAR_HD void unpack(const Block& b, int s, int8_t* q, float* scale, float* offset) {
     const uint8_t* qs = b.qs + 32 * (s / 2);
     const int shift = 4 * (s % 2);
@@ -236,11 +206,7 @@ struct MmqType<Type::Q4_K> {
 };
 
 template <>
-struct MmqType<Type::Q5_K> {
-  using Block = quant::BlockQ5_K;
-  using Act = quant::BlockQ8_K;
-  static constexpr int kBlockElems = quant::kQK_K, kActBlockElems = quant::kQK_K, kSlice = 32, kSlicesPerBlock = 8;
-  static constexpr bool kHasOffset = true;
+struct MmqType<Type::Q5_K> : Shape<quant::BlockQ5_K, quant::BlockQ8_K, quant::kQK_K, 32, true> {
   static MAGNETAR_HD void unpack(const Block& b, int s, int8_t* q, float* scale, float* offset) {
     const uint8_t* qs = b.qs + 32 * (s / 2);
     const int shift = 4 * (s % 2);
@@ -260,11 +226,7 @@ struct MmqType<Type::Q5_K> {
 // bits in ql[64h + 32 (g & 1) + l] (low nibble for g < 2, high otherwise), high 2 bits in bits 2g..2g+1 of
 // qh[32h + l]; minus 32.
 template <>
-struct MmqType<Type::Q6_K> {
-  using Block = quant::BlockQ6_K;
-  using Act = quant::BlockQ8_K;
-  static constexpr int kBlockElems = quant::kQK_K, kActBlockElems = quant::kQK_K, kSlice = 16, kSlicesPerBlock = 16;
-  static constexpr bool kHasOffset = false;
+struct MmqType<Type::Q6_K> : Shape<quant::BlockQ6_K, quant::BlockQ8_K, quant::kQK_K, 16, false> {
   static MAGNETAR_HD void unpack(const Block& b, int j, int8_t* q, float* scale, float* offset) {
     const int h = j / 8;
     const int g = (j % 8) / 2;
@@ -284,11 +246,7 @@ struct MmqType<Type::Q6_K> {
 
 // IQ4_XS: slice ib = sub-block ib of 32, nibble order as IQ4_NL within qs[16 ib ..].
 template <>
-struct MmqType<Type::IQ4_XS> {
-  using Block = quant::BlockIQ4_XS;
-  using Act = quant::BlockQ8_K;
-  static constexpr int kBlockElems = quant::kQK_K, kActBlockElems = quant::kQK_K, kSlice = 32, kSlicesPerBlock = 8;
-  static constexpr bool kHasOffset = false;
+struct MmqType<Type::IQ4_XS> : Shape<quant::BlockIQ4_XS, quant::BlockQ8_K, quant::kQK_K, 32, false> {
   static MAGNETAR_HD void unpack(const Block& b, int ib, int8_t* q, float* scale, float* offset) {
     unpack_nibbles32(b.qs + 16 * ib, q, [](uint32_t v) { return mmvq::lookup_iq4nl(v); });
     const int ls = (((b.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((b.scales_h >> (2 * ib)) & 3) << 4)) - 32;

@@ -48,6 +48,7 @@
 #include "experts/layout.h"
 #include "experts/policy.h"
 #include "experts/source.h"
+#include "experts/store.h"
 #include "models/model.h"
 #include "models/qwen3_moe/qwen3_moe.h"
 #include "models/qwen3_moe/weights.h"
@@ -208,6 +209,7 @@ class Qwen3Cuda final : public Model {
   mutable std::vector<int32_t> slot_of_;          // [n_layer * n_expert] -> slot, -1 when not in the pool
   mutable uint64_t tick_ = 0;                     // + 1 per MoE layer call
   std::unique_ptr<experts::CachePolicy> policy_;  // keys layer * n_expert + expert; a miss evicts the lowest score
+  mutable std::vector<double> slot_score_;        // pool_acquire: each slot's score in this call
   mutable std::vector<const void*> pool_ptrs_;    // [n_expert * 3] of the layer being computed
   mutable std::vector<int32_t> active_, misses_, rows_of_;
   mutable std::vector<experts::ExpertPtrs> host_ptrs_;
@@ -335,8 +337,9 @@ Status Qwen3Cuda::init() {
     MAGNETAR_ASSIGN_OR_RETURN(pool_, device_buffer(n_slots * slot_bytes_));
     slots_.resize(n_slots);
     slot_of_.assign(size_t(hp_.n_layer * X), -1);
-    // lfu's half-life: 16 tokens, the RAM store's default (experts::StoreOptions::half_life_tokens), in ticks.
-    policy_ = experts::make_policy(policy_name_, size_t(hp_.n_layer * X), 16.0 * double(hp_.n_layer));
+    // lfu's half-life: the RAM store's default, in ticks (one per layer call).
+    policy_ = experts::make_policy(policy_name_, size_t(hp_.n_layer * X),
+                                   experts::StoreOptions{}.half_life_tokens * double(hp_.n_layer));
     if (!policy_) {
       return Status::error("unknown GPU expert pool policy '" + policy_name_ + "' (" + experts::kPolicyNames + ")");
     }
@@ -554,17 +557,21 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
       misses_.push_back(e);
     }
   }
-  // An empty slot scores lowest; a slot of the current layer is never evicted (score() is not asked for it).
-  auto score = [&](const Slot& sl) {
-    return sl.layer < 0 ? -1.0 : policy_->score(uint32_t(sl.layer * X + sl.expert), tick_);
-  };
+  // Each slot's score, once per call (lfu's is an exp() per slot; nothing touched below changes it): an empty slot
+  // scores lowest, a slot of the current layer is not evictable (+inf).
+  if (!misses_.empty()) {
+    slot_score_.resize(slots_.size());
+    for (size_t s = 0; s < slots_.size(); ++s) {
+      const Slot& sl = slots_[s];
+      slot_score_[s] = sl.last_use == tick_ ? INFINITY
+                       : sl.layer < 0       ? -1.0
+                                            : policy_->score(uint32_t(sl.layer * X + sl.expert), tick_);
+    }
+  }
   if (cpu_lane_ && !misses_.empty()) {
     // A miss enters the pool only when the policy scores it (before this use) above the lowest-scored expert it
     // could displace; the others with few rows are computed on the CPU.
-    double lowest = INFINITY;
-    for (const Slot& sl : slots_) {
-      if (sl.last_use != tick_) lowest = std::min(lowest, score(sl));
-    }
+    const double lowest = *std::min_element(slot_score_.begin(), slot_score_.end());
     size_t kept = 0;
     for (const int32_t e : misses_) {
       if (rows[size_t(e)] <= kCpuLaneMaxRows && policy_->score(uint32_t(il * X + e), tick_) <= lowest) {
@@ -592,17 +599,15 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
       // The lowest-scored slot that this layer's experts do not hold (the pool has >= n_expert slots); an empty
       // slot first, then the least recently used among equals.
       size_t victim = SIZE_MAX;
-      double victim_score = 0;
       for (size_t s = 0; s < slots_.size(); ++s) {
-        const Slot& sl = slots_[s];
-        if (sl.last_use == tick_) continue;
-        const double h = score(sl);
-        if (victim == SIZE_MAX || h < victim_score || (h == victim_score && sl.last_use < slots_[victim].last_use)) {
+        if (slot_score_[s] == INFINITY) continue;
+        if (victim == SIZE_MAX || slot_score_[s] < slot_score_[victim] ||
+            (slot_score_[s] == slot_score_[victim] && slots_[s].last_use < slots_[victim].last_use)) {
           victim = s;
-          victim_score = h;
         }
       }
       MAGNETAR_CHECK(victim != SIZE_MAX);
+      slot_score_[victim] = INFINITY;  // this layer's now
       Slot& slot = slots_[victim];
       if (slot.layer >= 0) {
         slot_of_[size_t(slot.layer * X + slot.expert)] = -1;

@@ -28,6 +28,15 @@ if ls .device-deps/*.deb >/dev/null 2>&1; then
   export CPATH="$prefix/usr/include/x86_64-linux-gnu:$prefix/usr/include${CPATH:+:$CPATH}"
 fi
 
+# The bench modes below need only the magnetar binary: configured here on a fresh machine (tests and benches off),
+# rebuilt incrementally in the build-device/ of an earlier call on a warm one. Sets bin.
+bin=build-device/tools/magnetar
+build_magnetar() {
+  [ -d build-device ] || cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAGNETAR_CUDA=ON \
+    -DMAGNETAR_TESTS=OFF -DMAGNETAR_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$prefix/usr" >/dev/null 2>&1
+  cmake --build build-device -j "$(nproc)" --target magnetar >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+}
+
 # `run.sh --stream-arms`: only the expert-streaming and disk-KV arms (tools/device/stream_arms.sh), with the
 # build-device/ of an earlier call on the same (still warm) machine.
 if [ "$filter" = "--stream-arms" ]; then
@@ -40,12 +49,7 @@ fi
 # (still warm) machine: pp512 / tg128 and pp2048 (medians of 5), decode at depth 2K to 64K, then the experts
 # tiered (GPU pool + RAM cache + disk).
 if [ "$filter" = "--model-bench" ]; then
-  bin=build-device/tools/magnetar
-  if [ ! -x "$bin" ]; then  # a fresh machine: build the binary only
-    cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAGNETAR_CUDA=ON -DMAGNETAR_TESTS=OFF \
-      -DMAGNETAR_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$prefix/usr" >/dev/null 2>&1
-  fi
-  cmake --build build-device -j "$(nproc)" --target magnetar >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+  build_magnetar
   model=/tmp/magnetar-q30-q4k.gguf
   [ -f "$model" ] || { /usr/bin/time -f "synth %e s" "$bin" synth --preset qwen3-30b-a3b --type q4_k -t "$(nproc)" \
     -o "$model" 2>&1 | tail -2; }
@@ -68,10 +72,7 @@ fi
 # over disk), without and with the CPU expert lane, on uniform routing and on a skewed one (`synth --skew 1`);
 # builds the binary when needed.
 if [ "$filter" = "--tier-bench" ]; then
-  bin=build-device/tools/magnetar
-  [ -d build-device ] || cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAGNETAR_CUDA=ON \
-    -DMAGNETAR_TESTS=OFF -DMAGNETAR_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$prefix/usr" >/dev/null 2>&1
-  cmake --build build-device -j "$(nproc)" --target magnetar >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+  build_magnetar
   for skew in 0 1; do
     model=/tmp/magnetar-q30-q4k-skew$skew.gguf
     [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k --skew $skew -t "$(nproc)" -o "$model" >/dev/null 2>&1
@@ -87,10 +88,7 @@ fi
 # `run.sh --kv-ttft`: time to first token for a 100K-token history plus a new turn, cold vs restored from disk KV
 # (issue: disk KV), on the 30B-A3B geometry on the GPU (98 KiB of KV per token); builds the binary when needed.
 if [ "$filter" = "--kv-ttft" ]; then
-  bin=build-device/tools/magnetar
-  [ -d build-device ] || cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAGNETAR_CUDA=ON \
-    -DMAGNETAR_TESTS=OFF -DMAGNETAR_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$prefix/usr" >/dev/null 2>&1
-  cmake --build build-device -j "$(nproc)" --target magnetar >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+  build_magnetar
   model=/tmp/magnetar-q30-q4k.gguf
   [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k -t "$(nproc)" -o "$model" >/dev/null 2>&1
   rm -rf /tmp/magnetar-kv-ttft
