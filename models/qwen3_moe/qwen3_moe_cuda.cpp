@@ -77,6 +77,19 @@ bool mmq_enabled() {
 }
 bool use_mmq(quant::Type t, int64_t n) { return n > kVec && mmq_enabled() && cuda::has_matmul_q(t); }
 
+// Prefill attention of a sequence with at least kMmaAttentionTokens new tokens runs on the f16 tensor-core kernel
+// (attention_prefill_mma: each K/V row read once per tile of tokens); fewer tokens, other head sizes and
+// MAGNETAR_CUDA_ATTN_MMA=0 (a diagnostic switch, the baseline of the depth benchmark) take attention(), which reads
+// each K/V row once per token but spreads a short chunk over more SMs.
+constexpr int64_t kMmaAttentionTokens = 64;
+bool use_attention_mma(int64_t n_tok, int64_t head_dim) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("MAGNETAR_CUDA_ATTN_MMA");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return enabled && n_tok >= kMmaAttentionTokens && (head_dim == 64 || head_dim == 128 || head_dim == 256);
+}
+
 // A weight matrix in device memory: [rows, row_size(type, cols)] (ggml's ne[1] x ne[0]).
 struct DevTensor {
   const void* p = nullptr;
@@ -484,11 +497,12 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
                                              .row0 = seq.pos0}, stream_));
     MAGNETAR_RETURN_IF_ERROR(cuda::store_kv({.x = v + t0 * kv_dim, .cache = vc, .n_tok = seq.n_tok, .n = kv_dim,
                                              .row0 = seq.pos0}, stream_));
-    MAGNETAR_RETURN_IF_ERROR(cuda::attention(
-        {.q = q + t0 * q_dim, .k_cache = kc, .v_cache = vc, .out = attn_.as<float>() + t0 * q_dim,
-         .n_tok = seq.n_tok, .pos0 = seq.pos0, .n_head = hp_.n_head, .n_head_kv = hp_.n_head_kv, .head_dim = D,
-         .window = L.window, .scale = float(1.0 / std::sqrt(double(D)))},
-        attn_ws_, stream_));
+    const cuda::AttentionArgs args{
+        .q = q + t0 * q_dim, .k_cache = kc, .v_cache = vc, .out = attn_.as<float>() + t0 * q_dim,
+        .n_tok = seq.n_tok, .pos0 = seq.pos0, .n_head = hp_.n_head, .n_head_kv = hp_.n_head_kv, .head_dim = D,
+        .window = L.window, .scale = float(1.0 / std::sqrt(double(D)))};
+    MAGNETAR_RETURN_IF_ERROR(use_attention_mma(seq.n_tok, D) ? cuda::attention_prefill_mma(args, stream_)
+                                                             : cuda::attention(args, attn_ws_, stream_));
     t0 += seq.n_tok;
   }
   return linear(L.wo, attn_.as<float>(), proj_.as<float>(), n);

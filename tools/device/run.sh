@@ -85,6 +85,37 @@ if [ "$filter" = "--tier-bench" ]; then
   exit 0
 fi
 
+# `run.sh --attn-prefill`: prefill at depth with the tensor-core attention (attention_prefill_mma) and without it
+# (MAGNETAR_CUDA_ATTN_MMA=0, the baseline), 2,048-token chunks up to 32K, then pp512 / pp2048 with it.
+if [ "$filter" = "--attn-prefill" ]; then
+  build_magnetar
+  model=/tmp/magnetar-q30-q4k.gguf
+  [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k -t "$(nproc)" -o "$model" >/dev/null 2>&1
+  for mma in 1 0; do
+    echo "== MAGNETAR_CUDA_ATTN_MMA=$mma"
+    MAGNETAR_CUDA_ATTN_MMA=$mma "$bin" bench -m "$model" --device cuda --ctx 34000 --ctx-start 2048 --ctx-max 32768 \
+      --step 2048 --gen 16 --reps 1 --batch 2048 2>&1 | grep -E "^ *(2048|8192|16384|32768) |depth"
+  done
+  "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 16 --reps 5 2>&1 | tail -2
+  "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 2048 --gen 16 --reps 5 --ctx 4096 2>&1 | tail -2
+  exit 0
+fi
+
+# `run.sh --profile-decode`: GPU time per kernel of decode (ncu, 2 tokens' worth of launches after warm-up) on the
+# resident 30B-A3B geometry; with nsys when the image has it, the wall time per token and the launch gaps.
+if [ "$filter" = "--profile-decode" ]; then
+  build_magnetar
+  model=/tmp/magnetar-q30-q4k.gguf
+  [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k -t "$(nproc)" -o "$model" >/dev/null 2>&1
+  per_token=${PER_TOKEN_LAUNCHES:-1100}
+  ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip $((per_token * 4)) \
+    --launch-count $((per_token * 2)) --print-summary per-kernel "$bin" run -m "$model" --device cuda --tokens 1,2,3 \
+    -n 8 >"$OUT/ncu.txt" 2>&1
+  echo "ncu exit $?"
+  grep -cE "gpu__time_duration.sum" "$OUT/ncu.txt"  # the per-kernel table is $OUT/ncu.txt
+  exit 0
+fi
+
 # `run.sh --kv-ttft`: time to first token for a 100K-token history plus a new turn, cold vs restored from disk KV
 # (issue: disk KV), on the 30B-A3B geometry on the GPU (98 KiB of KV per token); builds the binary when needed.
 if [ "$filter" = "--kv-ttft" ]; then
