@@ -23,6 +23,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <utility>
 
@@ -55,7 +56,26 @@ struct Params {
   int chunks_per_split;
   int n_splits;
   float scale;
+  // Decode in a CUDA graph: pos0 read here at run time, the plan made on the device (plan_splits with
+  // sm_count and max_splits); the grid has room for the largest plan.
+  const int32_t* pos0_device;
+  int sm_count;
+  int max_splits;
 };
+
+// The position of the first query token, the chunks per split and the split count this launch runs with.
+struct RunPlan {
+  int64_t pos0;
+  int chunks_per_split;
+  int n_splits;
+};
+__device__ __forceinline__ RunPlan run_plan(const Params& p) {
+  if (p.pos0_device == nullptr) return {p.pos0, p.chunks_per_split, p.n_splits};
+  const int64_t pos0 = *p.pos0_device;
+  const int64_t rows = p.window > 0 && p.window < pos0 + 1 ? p.window : pos0 + 1;
+  const attn::SplitPlan plan = attn::plan_splits(rows, p.kv_row / p.head_dim, p.sm_count, p.max_splits);
+  return {pos0, plan.n_splits > 1 ? plan.chunks_per_split : INT_MAX, plan.n_splits};
+}
 
 // Grid: (n_splits, n_head_kv, n_tok); n_splits > 1 only with n_tok == 1.
 template <int kMaxGroup>
@@ -72,11 +92,13 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
   const int tid = int(threadIdx.x);
   const int D = p.head_dim;
   const int G = p.group;
-  const int64_t pos = p.pos0 + t;
+  const RunPlan plan = run_plan(p);
+  if (split >= plan.n_splits) return;  // a graph's grid sized for a longer context: the whole CTA leaves
+  const int64_t pos = plan.pos0 + t;
   const int64_t lo = p.window > 0 && pos - p.window + 1 > 0 ? pos - p.window + 1 : 0;
   const int n_chunks = int((pos - lo + kChunk) / kChunk);  // ceil((pos - lo + 1) / kChunk)
-  const int c_begin = split * p.chunks_per_split;
-  const int c_end = min(n_chunks, c_begin + p.chunks_per_split);
+  const int c_begin = split * plan.chunks_per_split;
+  const int c_end = min(n_chunks, c_begin + plan.chunks_per_split);
 
   const float* q = p.q + (size_t(t) * size_t(p.n_head) + size_t(hk) * size_t(G)) * size_t(D);
   for (int i = tid; i < G * D; i += kThreads) q_s[i] = q[i];
@@ -206,10 +228,10 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g) {
       if (g >= G) continue;
-      if (p.n_splits == 1) {
+      if (plan.n_splits == 1) {
         p.out[(size_t(t) * size_t(p.n_head) + size_t(h0 + g)) * size_t(D) + size_t(d)] = acc[dd][g] / state_s[g].l;
       } else {
-        float* rec = p.partials + (size_t(h0 + g) * size_t(p.n_splits) + size_t(split)) * size_t(D + 2);
+        float* rec = p.partials + (size_t(h0 + g) * size_t(plan.n_splits) + size_t(split)) * size_t(D + 2);
         rec[d] = acc[dd][g];
         if (d == 0) {
           rec[D] = state_s[g].m;
@@ -220,10 +242,15 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
   }
 }
 
-// Merges the n_splits partials of each query head of a decode token: grid n_head, kThreads threads.
-__global__ void __launch_bounds__(kThreads)
-    attention_combine_kernel(const float* __restrict__ partials, float* __restrict__ out, int n_splits, int head_dim) {
+// Merges the n_splits partials of each query head of a decode token: grid n_head, kThreads threads. A run plan of
+// one split (a graph's launch at a short context) has nothing to merge: attention_kernel wrote the output.
+__global__ void __launch_bounds__(kThreads) attention_combine_kernel(const Params p) {
   __shared__ float w_s[kMaxAttentionSplits];
+  const int n_splits = run_plan(p).n_splits;
+  if (n_splits == 1) return;
+  const float* __restrict__ partials = p.partials;
+  float* __restrict__ out = p.out;
+  const int head_dim = p.head_dim;
   const int h = int(blockIdx.x);
   const int stride = head_dim + 2;
   const float* base = partials + size_t(h) * size_t(n_splits) * size_t(stride);
@@ -322,20 +349,34 @@ Status attention(const AttentionArgs& a, AttentionWorkspace& workspace, Stream& 
   p.chunks_per_split = INT_MAX;
   p.n_splits = 1;
   p.scale = a.scale;
-  if (a.n_tok == 1) {
+  p.pos0_device = a.pos0_device;
+  p.sm_count = workspace.sm_count();
+  p.max_splits = int(kMaxAttentionSplits);
+  int grid_splits = 1;
+  if (a.pos0_device != nullptr) {
+    if (a.n_tok != 1 || a.max_rows < 1 || a.max_rows > INT_MAX) {
+      return Status::error(format("attention: pos0_device takes n_tok=1 (got %lld) and max_rows in 1..%d (got %lld)",
+                                  (long long)a.n_tok, INT_MAX, (long long)a.max_rows));
+    }
+    // Room for the largest plan of any row count up to max_rows: one split per chunk up to the target.
+    const int64_t rows = a.window > 0 && a.window < a.max_rows ? a.window : a.max_rows;
+    const int target = attn::split_target(a.n_head_kv, workspace.sm_count(), int(kMaxAttentionSplits));
+    grid_splits = int(std::min<int64_t>((rows + attn::kChunk - 1) / attn::kChunk, target));
+  } else if (a.n_tok == 1) {
     const int64_t rows = a.window > 0 && a.window < a.pos0 + 1 ? a.window : a.pos0 + 1;
     const attn::SplitPlan plan = attn::plan_splits(rows, a.n_head_kv, workspace.sm_count(), int(kMaxAttentionSplits));
     if (plan.n_splits > 1) {
-      if (a.n_head > workspace.max_heads() || a.head_dim > workspace.max_head_dim()) {
-        return Status::error(format("attention: %lld heads of %lld exceed the workspace (%lld heads of %lld)",
-                                    (long long)a.n_head, (long long)a.head_dim, (long long)workspace.max_heads(),
-                                    (long long)workspace.max_head_dim()));
-      }
       p.chunks_per_split = plan.chunks_per_split;
       p.n_splits = plan.n_splits;
     }
+    grid_splits = p.n_splits;
   }
-  const dim3 grid(unsigned(p.n_splits), unsigned(a.n_head_kv), unsigned(a.n_tok));
+  if (grid_splits > 1 && (a.n_head > workspace.max_heads() || a.head_dim > workspace.max_head_dim())) {
+    return Status::error(format("attention: %lld heads of %lld exceed the workspace (%lld heads of %lld)",
+                                (long long)a.n_head, (long long)a.head_dim, (long long)workspace.max_heads(),
+                                (long long)workspace.max_head_dim()));
+  }
+  const dim3 grid(unsigned(grid_splits), unsigned(a.n_head_kv), unsigned(a.n_tok));
   if (group <= 4) {
     launch<4>(p, grid, stream.raw());
   } else if (group <= 8) {
@@ -343,9 +384,8 @@ Status attention(const AttentionArgs& a, AttentionWorkspace& workspace, Stream& 
   } else {
     launch<16>(p, grid, stream.raw());
   }
-  if (p.n_splits > 1) {
-    attention_combine_kernel<<<unsigned(a.n_head), kThreads, 0, stream.raw()>>>(p.partials, a.out, p.n_splits,
-                                                                                int(a.head_dim));
+  if (grid_splits > 1) {
+    attention_combine_kernel<<<unsigned(a.n_head), kThreads, 0, stream.raw()>>>(p);
     CUDA_CHECK(cudaGetLastError());
   }
   return Status();

@@ -33,11 +33,15 @@ struct SplitPlan {
 // at ~0.2 TB/s on the H200 (bench, 2026-11-30: 30 t/s on the 30B-A3B geometry, 117 at 2K), so the plan now
 // aims at 8.
 constexpr int kWaves = 8;
+// The split count aimed at (before the cap of one split per chunk): no plan has more splits.
+MAGNETAR_HD int split_target(int64_t n_head_kv, int sm_count, int max_splits) {
+  const int64_t want = (kWaves * int64_t(sm_count) + n_head_kv - 1) / n_head_kv;
+  return int(want > max_splits ? max_splits : want);
+}
 MAGNETAR_HD SplitPlan plan_splits(int64_t rows, int64_t n_head_kv, int sm_count, int max_splits) {
   SplitPlan p;
   p.n_chunks = int((rows + kChunk - 1) / kChunk);
-  int64_t want = (kWaves * int64_t(sm_count) + n_head_kv - 1) / n_head_kv;
-  if (want > max_splits) want = max_splits;
+  int64_t want = split_target(n_head_kv, sm_count, max_splits);
   if (want > p.n_chunks) want = p.n_chunks;
   if (want < 1) want = 1;
   p.chunks_per_split = int((p.n_chunks + want - 1) / want);

@@ -13,7 +13,8 @@
 #include "base/status.h"
 #include "quant/formats.h"
 
-struct CUstream_st;  // the CUDA runtime's stream object; cudaStream_t is CUstream_st*
+struct CUstream_st;     // the CUDA runtime's stream object; cudaStream_t is CUstream_st*
+struct CUgraphExec_st;  // an instantiated CUDA graph; cudaGraphExec_t is CUgraphExec_st*
 
 namespace magnetar::cuda {
 
@@ -125,6 +126,32 @@ class Stream {
 
  private:
   CUstream_st* stream_ = nullptr;
+};
+
+// A recorded sequence of one stream's work (a CUDA graph), replayed with one launch: the decode step's hundreds of
+// small kernels without a host launch each. Kernel arguments are frozen at capture, so what changes between
+// replays must be read from device memory (positions, cache rows) or come through fixed pinned buffers (copies
+// are replayed from the same addresses). Move-only.
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph();
+  Graph(Graph&& other) noexcept;
+  Graph& operator=(Graph&& other) noexcept;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  // Starts recording `stream`: until end_capture, work queued on it from this thread is recorded, not run.
+  static void begin_capture(Stream& stream);
+  // Stops recording and instantiates what was recorded; a capture CUDA refused (an operation that cannot be
+  // recorded was queued) is a Status, and the stream is usable again either way.
+  static Result<Graph> end_capture(Stream& stream);
+  // Queues one replay on `stream`.
+  void launch(Stream& stream) const;
+  bool empty() const { return exec_ == nullptr; }
+
+ private:
+  CUgraphExec_st* exec_ = nullptr;
 };
 
 // ---- matrix-vector products for decode ------------------------------------------------------------------
@@ -370,6 +397,9 @@ struct StoreKvArgs {
   int64_t n_tok = 0;
   int64_t n = 0;
   int64_t row0 = 0;
+  // When set, row0 is read from this device int when the kernel runs (a CUDA graph replays the launch for each
+  // new position) and `row0` above is ignored; the caller guarantees the rows fit the cache.
+  const int32_t* row0_device = nullptr;
 };
 Status store_kv(const StoreKvArgs& args, Stream& stream);
 
@@ -423,6 +453,12 @@ struct AttentionArgs {
   int64_t head_dim = 0;   // a multiple of 8, <= kMaxAttentionHeadDim
   int64_t window = 0;     // > 0: attend only to the last `window` positions (sliding window)
   float scale = 1.0f;
+  // Decode (n_tok == 1, attention() only): when set, pos0 is read from this device int when the kernels run (a
+  // CUDA graph replays the launch for each new position) and `pos0` above is ignored. The grid is then sized for
+  // max_rows cached rows (the cache's length, >= the row count at any replay) and each CTA derives the split plan
+  // of the actual row count on the device (the same plan_splits); CTAs past it return at once.
+  const int32_t* pos0_device = nullptr;
+  int64_t max_rows = 0;
 };
 Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Stream& stream);
 

@@ -97,6 +97,48 @@ void Stream::copy(void* dst, const void* src, size_t bytes) {
   if (bytes != 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
 }
 
+// ---- Graph --------------------------------------------------------------------------------------------------------
+
+Graph::~Graph() {
+  if (exec_ != nullptr) CUDA_CHECK(cudaGraphExecDestroy(exec_));
+}
+
+Graph::Graph(Graph&& other) noexcept : exec_(std::exchange(other.exec_, nullptr)) {}
+
+Graph& Graph::operator=(Graph&& other) noexcept {
+  if (this != &other) {
+    if (exec_ != nullptr) CUDA_CHECK(cudaGraphExecDestroy(exec_));
+    exec_ = std::exchange(other.exec_, nullptr);
+  }
+  return *this;
+}
+
+void Graph::begin_capture(Stream& stream) {
+  // Thread-local: other threads' CUDA calls (the RAM tier, the disk KV writer) neither join nor break it.
+  CUDA_CHECK(cudaStreamBeginCapture(stream.raw(), cudaStreamCaptureModeThreadLocal));
+}
+
+Result<Graph> Graph::end_capture(Stream& stream) {
+  cudaGraph_t graph = nullptr;
+  const cudaError_t err = cudaStreamEndCapture(stream.raw(), &graph);
+  if (err != cudaSuccess || graph == nullptr) {
+    (void)cudaGetLastError();
+    if (graph != nullptr) CUDA_CHECK(cudaGraphDestroy(graph));
+    return Status::error(format("CUDA graph capture failed: %s", cudaGetErrorString(err)));
+  }
+  Graph g;
+  const cudaError_t inst = cudaGraphInstantiate(&g.exec_, graph, 0);
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  if (inst != cudaSuccess) {
+    (void)cudaGetLastError();
+    g.exec_ = nullptr;
+    return Status::error(format("CUDA graph instantiation failed: %s", cudaGetErrorString(inst)));
+  }
+  return Result<Graph>(std::move(g));
+}
+
+void Graph::launch(Stream& stream) const { CUDA_CHECK(cudaGraphLaunch(exec_, stream.raw())); }
+
 // ---- PinnedBuffer ---------------------------------------------------------------------------------------------------
 
 Result<PinnedBuffer> PinnedBuffer::allocate(size_t bytes) {

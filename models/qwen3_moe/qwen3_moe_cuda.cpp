@@ -29,8 +29,13 @@
 // while the GPU computes the others, and the rows are uploaded before the combine. Those rows carry the CPU
 // kernels' rounding (not bit-identical).
 //
-// Not here yet (issue #6): CUDA graphs, overlap of the pool's copies with compute, per-op profiles
-// (Session::op_profile stays empty).
+// Decode steps with every weight resident replay a CUDA graph of the whole pass (decode_graph): the token's
+// position is read on the device (KV store row, attention's length and split plan), the embeddings and positions
+// come up from, and the logits go down to, fixed pinned buffers, so one capture serves every later step of the same
+// sequences.
+//
+// Not here yet (issue #6): overlap of the pool's copies with compute, per-op profiles (Session::op_profile stays
+// empty).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -77,6 +82,17 @@ bool mmq_enabled() {
 }
 bool use_mmq(quant::Type t, int64_t n) { return n > kVec && mmq_enabled() && cuda::has_matmul_q(t); }
 
+// Decode steps (every sequence one new token, every weight resident) replay a CUDA graph of the whole forward pass,
+// captured once per batch shape (the sequences' KV mirrors): one launch instead of ~1,100. MAGNETAR_CUDA_GRAPH=0
+// is a diagnostic switch (STYLE.md rule 17) that launches every kernel from the host: the graph's baseline.
+bool graphs_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("MAGNETAR_CUDA_GRAPH");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return enabled;
+}
+
 // Prefill attention of a sequence with at least kMmaAttentionTokens new tokens runs on the f16 tensor-core kernel
 // (attention_prefill_mma: each K/V row read once per tile of tokens); fewer tokens, other head sizes and
 // MAGNETAR_CUDA_ATTN_MMA=0 (a diagnostic switch, the baseline of the depth benchmark) take attention(), which reads
@@ -113,6 +129,7 @@ class DeviceKv final : public kv::KvCache::Mirror {
  public:
   std::vector<DeviceBuffer> k, v;
   size_t row_bytes = 0;
+  uint64_t id = 0;  // unique per mirror made by this process: the decode graphs' key (an address may be reused)
   void download(kv::KvCache& cache, int64_t from, int64_t to) override {
     const size_t off = size_t(from) * row_bytes, n = size_t(to - from) * row_bytes;
     for (size_t l = 0; l < k.size(); ++l) {
@@ -173,6 +190,11 @@ class Qwen3Cuda final : public Model {
   Status moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, int64_t n, const ForwardArgs& args) const;
   Status dense_ffn(const DevLayer& L, int64_t n) const;
   Result<DeviceKv*> mirror_of(kv::KvCache& cache) const;
+  // Queues the forward pass from the host input buffers (h_x_, h_positions_) up to the final norm; returns the
+  // head's input rows (xn_, or each sequence's last row gathered) in *head_in.
+  Status enqueue_layers(cpu::ThreadPool& pool, const ForwardArgs& args, int64_t n, const float** head_in) const;
+  // The decode graph of args' batch shape, captured on first use (graphs_, least recently used evicted).
+  Result<const cuda::Graph*> decode_graph(cpu::ThreadPool& pool, const ForwardArgs& args, int64_t n) const;
   // Tiered mode: the device pointers of `active`'s experts in the pool (pool_ptrs_), loading the misses from
   // `source`; with the CPU lane, the cold misses with at most kCpuLaneMaxRows rows (rows[e]) go to lane_ (null
   // pool pointers, host pointers in lane_ptrs_) instead. Leaves the layer acquired from `source` in `held`.
@@ -230,6 +252,19 @@ class Qwen3Cuda final : public Model {
   mutable std::vector<int32_t> expert_begin_, expert_fill_;  // group_rows_on_host's counting sort
   mutable std::vector<DeviceKv*> mirrors_;                    // forward(): each sequence's device KV
   mutable GpuTierStats tier_stats_;
+
+  // ---- decode graphs (graphs_enabled()): the forward pass of a decode step, captured per batch shape -----------
+  // The key: the routing copy on or off, then each sequence's mirror id in batch order (one token each).
+  struct DecodeGraph {
+    std::vector<uint64_t> key;
+    cuda::Graph graph;
+    uint64_t last_use = 0;
+  };
+  static constexpr size_t kMaxDecodeGraphs = 8;  // a server's few live batch shapes; the least recent goes
+  mutable std::vector<DecodeGraph> graphs_;
+  mutable std::vector<uint64_t> graph_key_;
+  mutable uint64_t graph_tick_ = 0;
+  mutable uint64_t next_mirror_id_ = 1;
 
   // ---- the CPU expert lane (cpu_lane_: tiered mode with CudaLoad::cpu_experts) ----------------------------------
   // Decode rows only: an expert with more rows is worth the copy (the GPU then computes all of them at once).
@@ -449,6 +484,7 @@ Result<DeviceKv*> Qwen3Cuda::mirror_of(kv::KvCache& cache) const {
     m->k.push_back(std::move(k).value());
     m->v.push_back(std::move(v).value());
   }
+  m->id = next_mirror_id_++;
   DeviceKv* raw = m.get();
   cache.set_mirror(std::move(m));
   return raw;
@@ -493,14 +529,17 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
     const SeqSpan& seq = seqs[s];
     auto* kc = mirrors[s]->k[size_t(il)].as<uint16_t>();
     auto* vc = mirrors[s]->v[size_t(il)].as<uint16_t>();
+    // A decode token's position is read on the device (positions_), so a decode graph replays these launches.
+    const int32_t* pos0_device = seq.n_tok == 1 ? pos + t0 : nullptr;
     MAGNETAR_RETURN_IF_ERROR(cuda::store_kv({.x = k + t0 * kv_dim, .cache = kc, .n_tok = seq.n_tok, .n = kv_dim,
-                                             .row0 = seq.pos0}, stream_));
+                                             .row0 = seq.pos0, .row0_device = pos0_device}, stream_));
     MAGNETAR_RETURN_IF_ERROR(cuda::store_kv({.x = v + t0 * kv_dim, .cache = vc, .n_tok = seq.n_tok, .n = kv_dim,
-                                             .row0 = seq.pos0}, stream_));
+                                             .row0 = seq.pos0, .row0_device = pos0_device}, stream_));
     const cuda::AttentionArgs args{
         .q = q + t0 * q_dim, .k_cache = kc, .v_cache = vc, .out = attn_.as<float>() + t0 * q_dim,
         .n_tok = seq.n_tok, .pos0 = seq.pos0, .n_head = hp_.n_head, .n_head_kv = hp_.n_head_kv, .head_dim = D,
-        .window = L.window, .scale = float(1.0 / std::sqrt(double(D)))};
+        .window = L.window, .scale = float(1.0 / std::sqrt(double(D))), .pos0_device = pos0_device,
+        .max_rows = seq.kv->n_ctx()};
     MAGNETAR_RETURN_IF_ERROR(use_attention_mma(seq.n_tok, D) ? cuda::attention_prefill_mma(args, stream_)
                                                              : cuda::attention(args, attn_ws_, stream_));
     t0 += seq.n_tok;
@@ -813,18 +852,57 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
     t += seq.n_tok;
   }
   MAGNETAR_CHECK(t == n);
-  // Embeddings: dequantized on the host (n rows of the table) and sent up with the positions.
+  // Embeddings: dequantized on the host (n rows of the table) into the pinned buffer the upload reads.
   const quant::ToFloatFn embed = cpu::kernels(w_.token_embd.type).dequantize;
   float* hx = h_x_.as<float>();
   for (int64_t i = 0; i < n; ++i) {
     MAGNETAR_CHECK(args.tokens[i] >= 0 && args.tokens[i] < V);
     embed(w_.token_embd.row(args.tokens[i]), hx + i * E, E);
   }
+
+  float* h_logits = h_logits_.as<float>();
+  bool graphed = graphs_enabled() && n <= kVec && pool_bytes_ == 0;
+  for (const SeqSpan& seq : args.seqs) graphed = graphed && seq.n_tok == 1;
+  if (graphed) {
+    // One token per sequence: n head rows (<= kVec) come back in one copy, recorded in the graph.
+    MAGNETAR_ASSIGN_OR_RETURN(const cuda::Graph* graph, decode_graph(pool, args, n));
+    graph->launch(stream_);
+    stream_.synchronize();
+    std::memcpy(args.logits, h_logits, size_t(n * V) * sizeof(float));
+  } else {
+    const float* head_in = nullptr;
+    MAGNETAR_RETURN_IF_ERROR(enqueue_layers(pool, args, n, &head_in));
+    const int64_t n_out = args.all_logits ? n : int64_t(args.seqs.size());
+    float* d_logits = logits_.as<float>();
+    for (int64_t c = 0; c < n_out; c += kVec) {
+      const int64_t nv = std::min(kVec, n_out - c);
+      MAGNETAR_RETURN_IF_ERROR(linear(head_, head_in + c * E, d_logits, nv));
+      stream_.copy(h_logits, d_logits, size_t(nv * V) * sizeof(float));
+      stream_.synchronize();
+      std::memcpy(args.logits + c * V, h_logits, size_t(nv * V) * sizeof(float));
+    }
+  }
+  for (const SeqSpan& seq : args.seqs) seq.kv->wrote_device(seq.pos0, seq.pos0 + seq.n_tok);
+  if (args.routing) {
+    const int64_t K = hp_.n_expert_used;
+    for (int64_t il = 0; il < hp_.n_layer; ++il) {
+      if (!layers_[size_t(il)].moe) continue;
+      const int32_t* h_ids = h_ids_.as<int32_t>() + il * n_batch_ * K;
+      for (int64_t r = 0; r < n * K; ++r) args.routing->counts[size_t(il * hp_.n_expert + h_ids[r])]++;
+    }
+  }
+  return Status();
+}
+
+Status Qwen3Cuda::enqueue_layers(cpu::ThreadPool& pool, const ForwardArgs& args, int64_t n,
+                                 const float** head_in) const {
+  const int64_t E = hp_.n_embd;
+  const std::vector<DeviceKv*>& mirrors = mirrors_;
   float* x = x_.as<float>();
   float* xn = xn_.as<float>();
   float* proj = proj_.as<float>();
-  stream_.copy(x, hx, size_t(n * E) * sizeof(float));
-  stream_.copy(positions_.data(), h_pos, size_t(n) * 4);
+  stream_.copy(x, h_x_.as<float>(), size_t(n * E) * sizeof(float));
+  stream_.copy(positions_.data(), h_positions_.as<int32_t>(), size_t(n) * 4);
 
   for (size_t il = 0; il < layers_.size(); ++il) {
     const DevLayer& L = layers_[il];
@@ -843,10 +921,8 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
   MAGNETAR_RETURN_IF_ERROR(cuda::add_rms_norm({.x = x, .residual = proj, .weight = output_norm_.f32(), .y = xn,
                                                .n_rows = n, .n_cols = E, .eps = hp_.rms_eps}, stream_));
   // The head's input rows: every token, or each sequence's last (gathered when they are not already adjacent).
-  const float* head_in = xn;
-  int64_t n_out = n;
+  *head_in = xn;
   if (!args.all_logits) {
-    n_out = int64_t(args.seqs.size());
     bool adjacent = true;
     for (const SeqSpan& seq : args.seqs) adjacent = adjacent && seq.n_tok == 1;
     if (!adjacent) {
@@ -856,28 +932,38 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
         end += seq.n_tok;
         stream_.copy(gathered + i++ * E, xn + (end - 1) * E, size_t(E) * sizeof(float));
       }
-      head_in = gathered;
-    }
-  }
-  float* d_logits = logits_.as<float>();
-  float* h_logits = h_logits_.as<float>();
-  for (int64_t c = 0; c < n_out; c += kVec) {
-    const int64_t nv = std::min(kVec, n_out - c);
-    MAGNETAR_RETURN_IF_ERROR(linear(head_, head_in + c * E, d_logits, nv));
-    stream_.copy(h_logits, d_logits, size_t(nv * V) * sizeof(float));
-    stream_.synchronize();
-    std::memcpy(args.logits + c * V, h_logits, size_t(nv * V) * sizeof(float));
-  }
-  for (const SeqSpan& seq : args.seqs) seq.kv->wrote_device(seq.pos0, seq.pos0 + seq.n_tok);
-  if (args.routing) {
-    const int64_t K = hp_.n_expert_used;
-    for (int64_t il = 0; il < hp_.n_layer; ++il) {
-      if (!layers_[size_t(il)].moe) continue;
-      const int32_t* h_ids = h_ids_.as<int32_t>() + il * n_batch_ * K;
-      for (int64_t r = 0; r < n * K; ++r) args.routing->counts[size_t(il * hp_.n_expert + h_ids[r])]++;
+      *head_in = gathered;
     }
   }
   return Status();
+}
+
+Result<const cuda::Graph*> Qwen3Cuda::decode_graph(cpu::ThreadPool& pool, const ForwardArgs& args, int64_t n) const {
+  std::vector<uint64_t>& key = graph_key_;
+  key.assign(1, args.routing != nullptr ? 1 : 0);
+  for (const DeviceKv* m : mirrors_) key.push_back(m->id);
+  ++graph_tick_;
+  for (DecodeGraph& g : graphs_) {
+    if (g.key == key) {
+      g.last_use = graph_tick_;
+      return &g.graph;
+    }
+  }
+  // Capture: the launches are recorded, not run. A failing op still ends the capture before returning.
+  cuda::Graph::begin_capture(stream_);
+  const float* head_in = nullptr;
+  Status st = enqueue_layers(pool, args, n, &head_in);
+  if (st.ok()) st = linear(head_, head_in, logits_.as<float>(), n);
+  if (st.ok()) stream_.copy(h_logits_.as<float>(), logits_.as<float>(), size_t(n * hp_.n_vocab) * sizeof(float));
+  Result<cuda::Graph> graph = cuda::Graph::end_capture(stream_);
+  MAGNETAR_RETURN_IF_ERROR(st);
+  MAGNETAR_RETURN_IF_ERROR(graph.status());
+  if (graphs_.size() == kMaxDecodeGraphs) {
+    graphs_.erase(std::min_element(graphs_.begin(), graphs_.end(),
+                                   [](const DecodeGraph& a, const DecodeGraph& b) { return a.last_use < b.last_use; }));
+  }
+  graphs_.push_back({.key = key, .graph = std::move(graph).value(), .last_use = graph_tick_});
+  return &graphs_.back().graph;
 }
 
 }  // namespace

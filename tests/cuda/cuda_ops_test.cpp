@@ -437,6 +437,33 @@ TEST(CudaOps, StoreKvBitIdenticalToCpuF16) {
   }
 }
 
+// The row read from device memory (row0_device, how a decode graph stores KV), in a graph captured once and
+// replayed for two rows: each replay writes its row, `row0` is ignored.
+TEST(CudaOps, StoreKvRowFromDeviceInAGraph) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  Rng rng(kSeed + 61);
+  const int64_t n = 512, n_rows = 40;
+  const std::vector<float> x = gaussian(rng, size_t(n), 4.0f);
+  std::vector<uint16_t> want(size_t(n_rows * n), 0xBEEF);
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dx, to_device(x));
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dc, to_device(want));
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer drow, to_device(std::vector<int32_t>{0}));
+  cuda::Graph::begin_capture(stream);
+  const Status st = cuda::store_kv(
+      {.x = dx.as<float>(), .cache = dc.as<uint16_t>(), .n_tok = 1, .n = n, .row0 = 999, .row0_device = drow.as<int32_t>()},
+      stream);
+  ASSERT_OK_AND_ASSIGN(cuda::Graph graph, cuda::Graph::end_capture(stream));
+  ASSERT_OK(st);
+  for (const int32_t row : {7, 31}) {
+    ASSERT_OK(drow.upload(&row, sizeof row));
+    graph.launch(stream);
+    stream.synchronize();
+    for (int64_t i = 0; i < n; ++i) want[size_t(row * n + i)] = quant::float_to_fp16(x[size_t(i)]);
+    ASSERT_EQ(from_device<uint16_t>(dc, want.size()), want) << "row " << row;
+  }
+}
+
 // ---- attention -----------------------------------------------------------------------------------------------
 
 struct AttnShape {
@@ -613,6 +640,58 @@ TEST(CudaOps, AttentionMatchesReference) {
                           << ", want " << want << " (tolerance " << tol << ")";
           }
         }
+      }
+    }
+  }
+}
+
+// Decode with the position read from device memory (pos0_device, the decode graph's form) in a graph captured
+// once with a grid sized for a longer cache (max_rows): replayed at each decode case's position it gives the same
+// bits as attention() with that pos0 from the host (the same split plan, made on the device), including the
+// cases of one split (no combine) and of several chunks per split.
+TEST(CudaOps, AttentionDecodePositionFromDeviceInAGraph) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(32, 256));
+  Rng rng(kSeed + 62);
+  const AttnShape shapes[] = {{32, 4, 128}, {16, 1, 96}};
+  for (const AttnShape& shape : shapes) {
+    for (const int64_t window : {int64_t(0), int64_t(4096)}) {
+      const int64_t max_rows = 25000;
+      // One cache of max_rows random rows; each case reads its first pos0 + 1.
+      const AttnData d = attention_data(rng, {shape, 1, max_rows - 1, 0}, AttnFill::kRandom);
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dq, to_device(d.q));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dk, to_device(d.k));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dv, to_device(d.v));
+      const size_t out_n = size_t(shape.n_head * shape.head_dim);
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dout, cuda::DeviceBuffer::allocate(out_n * sizeof(float)));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dpos, to_device(std::vector<int32_t>{0}));
+      cuda::AttentionArgs args{.q = dq.as<float>(), .k_cache = dk.as<uint16_t>(), .v_cache = dv.as<uint16_t>(),
+                               .out = dout.as<float>(), .n_tok = 1, .pos0 = 0, .n_head = shape.n_head,
+                               .n_head_kv = shape.n_head_kv, .head_dim = shape.head_dim, .window = window,
+                               .scale = float(1.0 / std::sqrt(double(shape.head_dim)))};
+      cuda::AttentionArgs graphed = args;
+      graphed.pos0 = 12345;  // ignored
+      graphed.pos0_device = dpos.as<int32_t>();
+      graphed.max_rows = max_rows;
+      cuda::Graph::begin_capture(stream);
+      const Status st = cuda::attention(graphed, ws, stream);
+      ASSERT_OK_AND_ASSIGN(cuda::Graph graph, cuda::Graph::end_capture(stream));
+      ASSERT_OK(st);
+      for (const int64_t pos : {int64_t(0), int64_t(16), int64_t(299), int64_t(4999), int64_t(19999),
+                                max_rows - 1}) {
+        args.pos0 = pos;
+        ASSERT_OK(cuda::attention(args, ws, stream));
+        stream.synchronize();
+        const std::vector<float> want = from_device<float>(dout, out_n);
+        ASSERT_OK(dout.upload(std::vector<float>(out_n, NAN).data(), out_n * sizeof(float)));
+        const int32_t p32 = int32_t(pos);
+        ASSERT_OK(dpos.upload(&p32, sizeof p32));
+        graph.launch(stream);
+        stream.synchronize();
+        const std::vector<float> got = from_device<float>(dout, out_n);
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data(), out_n * sizeof(float)))
+            << "n_head " << shape.n_head << " head_dim " << shape.head_dim << " window " << window << " pos " << pos;
       }
     }
   }
@@ -905,6 +984,13 @@ TEST(CudaOps, RejectsBadArguments) {
   fails(cuda::attention(a, ws, stream), "attention");
   a = good;
   a.window = -1;
+  fails(cuda::attention(a, ws, stream), "attention");
+  int32_t pos = 0;
+  a = good;
+  a.pos0_device = &pos;  // max_rows 0
+  fails(cuda::attention(a, ws, stream), "attention");
+  a.max_rows = 100;
+  a.n_tok = 2;  // decode only
   fails(cuda::attention(a, ws, stream), "attention");
 
   // attention_prefill_mma: the same contract, head_dim 64, 128 or 256 only, v_cache 16-byte aligned.

@@ -56,6 +56,9 @@ if [ "$filter" = "--model-bench" ]; then
   nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.max.sm --format=csv,noheader
   "$bin" bench -m "$model" --device cuda --show-plan --ctx-start 0 --ctx-max 0 --step 512 --gen 128 --reps 5 2>&1 | tail -8
   "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 2048 --gen 16 --reps 5 --ctx 4096 2>&1 | tail -4
+  echo "baseline: decode launched kernel by kernel (MAGNETAR_CUDA_GRAPH=0, a diagnostic switch)"
+  MAGNETAR_CUDA_GRAPH=0 "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 128 --reps 5 \
+    2>&1 | tail -2
   echo "baseline: prefill on the matrix-vector kernel (MAGNETAR_CUDA_MMQ=0, a diagnostic switch)"
   MAGNETAR_CUDA_MMQ=0 "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 16 --reps 5 \
     2>&1 | tail -3
