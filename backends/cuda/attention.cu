@@ -15,11 +15,12 @@
 //            chunk, 32 KB at head_dim 128, stay in L1 while the warp's loads walk them) and dots it with the
 //            group's queries, held in shared memory (broadcast reads);
 //   softmax: one warp per query head: chunk max, online rescale (attention.cuh), exp(s - m) written back;
-//   p * V:   thread d (and, for head_dim < 128, 128 / head_dim interleaved row subsets) accumulates output
-//            element d of every query head of the group; V reads are coalesced along the row.
-// Not yet measured (no GPU on the machine this was written on). Known limits: the score phase reads K with one
-// row per thread (uncoalesced per instruction, served by L1); prefill re-reads K/V per query token (a flash-
-// attention tiling that shares K/V tiles across query rows is the next step, issue 6).
+//   p * V:   thread tid takes 8 output elements of every query head of the group (one 16-byte V load per row)
+//            for a subset of each chunk's rows (D / 8 threads per row, 128 / (D / 8) subsets); the subsets'
+//            sums are kept across chunks and folded once at the end, in subset order (deterministic).
+// The K and V loops are unrolled so several 16-byte loads are in flight per thread: with one dependent 2-byte V
+// load per row and a runtime-length K loop (the first version) a decode step's 1-chunk attention took 16 us per
+// layer and 64K-context decode read K/V at ~0.8 TB/s (H200, 2026-11-30).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -39,7 +40,7 @@ using attn::kChunk;
 constexpr int kThreads = attn::kChunk;
 constexpr int kWarps = kThreads / ops::kWarpSize;
 constexpr int kMaxHeadDim = int(kMaxAttentionHeadDim);
-constexpr int kMaxDims = (kMaxHeadDim + kThreads - 1) / kThreads;  // output elements per thread per head
+constexpr int kFold = 4;  // query heads whose p * V sums are folded at a time (red_s: 16 KB)
 
 struct Params {
   const float* q;     // [n_tok, n_head, head_dim]
@@ -82,7 +83,7 @@ template <int kMaxGroup>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
   __shared__ __align__(16) float q_s[kMaxGroup * kMaxHeadDim];  // [group, head_dim]
   __shared__ float p_s[kMaxGroup][kChunk];                      // scores, then exp(s - m)
-  __shared__ float red_s[kMaxGroup * kThreads];                 // cross-part sums of p * V
+  __shared__ __align__(16) float red_s[kFold][kThreads * 8];    // the row subsets' sums of p * V, kFold heads
   __shared__ attn::SoftmaxState state_s[kMaxGroup];
   __shared__ float alpha_s[kMaxGroup];
 
@@ -105,16 +106,19 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
   if (tid < G) state_s[tid] = attn::SoftmaxState();
   __syncthreads();
 
-  // p * V split: Dp threads per row subset, n_parts subsets (thread tid: element tid % Dp, subset tid / Dp).
-  const int dp = D < kThreads ? D : kThreads;
-  const int n_parts = kThreads / dp;
-  const int part = tid / dp;
+  // p * V: thread tid takes elements 8e .. 8e + 7 of the output (one 16-byte V load per row), e = tid % n_vec, for
+  // the rows part, part + n_parts, ... of each chunk (n_vec = D / 8 threads per row, n_parts row subsets); the
+  // subsets' sums are folded once, after the last chunk.
+  const int n_vec = D / 8;
+  const int n_parts = kThreads / n_vec;
+  const int part = tid / n_vec;
+  const int e8 = (tid % n_vec) * 8;
   const bool pv_thread = part < n_parts;
-  float acc[kMaxDims][kMaxGroup];
+  float acc[8][kMaxGroup];
 #pragma unroll
-  for (int dd = 0; dd < kMaxDims; ++dd) {
+  for (int k = 0; k < 8; ++k) {
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) acc[dd][g] = 0.0f;
+    for (int g = 0; g < kMaxGroup; ++g) acc[k][g] = 0.0f;
   }
 
   const size_t head_off = size_t(hk) * size_t(D);
@@ -122,12 +126,13 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
     const int64_t j0 = lo + int64_t(c) * kChunk;
     const int len = int(pos + 1 - j0 < kChunk ? pos + 1 - j0 : kChunk);
 
-    // Scores of row j0 + tid.
+    // Scores of row j0 + tid (the loop unrolled so that a row's 16-byte loads are in flight together).
     if (tid < len) {
       const uint16_t* krow = p.k + size_t(j0 + tid) * size_t(p.kv_row) + head_off;
       float s[kMaxGroup];
 #pragma unroll
       for (int g = 0; g < kMaxGroup; ++g) s[g] = 0.0f;
+#pragma unroll 8
       for (int d = 0; d < D; d += 8) {
         const uint4 raw = *reinterpret_cast<const uint4*>(krow + d);
         const float2 k01 = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
@@ -179,20 +184,27 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
     // Accumulate p * V.
     if (pv_thread) {
 #pragma unroll
-      for (int dd = 0; dd < kMaxDims; ++dd) {
-        const int d = tid % dp + dd * dp;
-        if (d < D) {
+      for (int g = 0; g < kMaxGroup; ++g) {
+        if (g < G) {
 #pragma unroll
-          for (int g = 0; g < kMaxGroup; ++g) {
-            if (g < G) acc[dd][g] *= alpha_s[g];
-          }
-          const uint16_t* vcol = p.v + size_t(j0) * size_t(p.kv_row) + head_off + size_t(d);
-          for (int i = part; i < len; i += n_parts) {
-            const float vv = __half2float(__ushort_as_half(vcol[size_t(i) * size_t(p.kv_row)]));
+          for (int k = 0; k < 8; ++k) acc[k][g] *= alpha_s[g];
+        }
+      }
+      const uint16_t* vcol = p.v + size_t(j0) * size_t(p.kv_row) + head_off + size_t(e8);
+#pragma unroll 4
+      for (int i = part; i < len; i += n_parts) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(vcol + size_t(i) * size_t(p.kv_row));
+        const float2 v01 = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+        const float2 v23 = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+        const float2 v45 = __half22float2(*reinterpret_cast<const __half2*>(&raw.z));
+        const float2 v67 = __half22float2(*reinterpret_cast<const __half2*>(&raw.w));
+        const float v[8] = {v01.x, v01.y, v23.x, v23.y, v45.x, v45.y, v67.x, v67.y};
 #pragma unroll
-            for (int g = 0; g < kMaxGroup; ++g) {
-              if (g < G) acc[dd][g] += p_s[g][i] * vv;
-            }
+        for (int g = 0; g < kMaxGroup; ++g) {
+          if (g < G) {
+            const float pg = p_s[g][i];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) acc[k][g] += pg * v[k];
           }
         }
       }
@@ -200,45 +212,37 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
     __syncthreads();  // p_s and alpha_s are rewritten by the next chunk
   }
 
-  // Fold the row subsets (head_dim < 128 only; then one element per thread).
-  if (n_parts > 1) {
-    if (pv_thread && part > 0) {
+  // Fold the row subsets, kFold query heads at a time, in subset order (deterministic), and write the output (one
+  // split) or the split's partial record.
+  const int h0 = hk * G;
 #pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g) {
-        if (g < G) red_s[((part - 1) * G + g) * dp + tid % dp] = acc[0][g];
+  for (int g0 = 0; g0 < kMaxGroup; g0 += kFold) {
+    if (g0 >= G) break;
+    if (pv_thread) {
+#pragma unroll
+      for (int gg = 0; gg < kFold; ++gg) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) red_s[gg][tid * 8 + k] = acc[k][g0 + gg];
       }
     }
     __syncthreads();
-    if (part == 0) {
-      for (int k = 1; k < n_parts; ++k) {
-#pragma unroll
-        for (int g = 0; g < kMaxGroup; ++g) {
-          if (g < G) acc[0][g] += red_s[((k - 1) * G + g) * dp + tid];
-        }
-      }
-    }
-  }
-  if (part != 0) return;
-
-  const int h0 = hk * G;
-#pragma unroll
-  for (int dd = 0; dd < kMaxDims; ++dd) {
-    const int d = tid + dd * dp;
-    if (d >= D) continue;
-#pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
-      if (g >= G) continue;
+    for (int o = tid; o < kFold * D; o += kThreads) {
+      const int gg = o / D, d = o % D, g = g0 + gg;
+      if (g >= G) break;
+      float sum = 0.0f;
+      for (int k = 0; k < n_parts; ++k) sum += red_s[gg][(k * n_vec + d / 8) * 8 + d % 8];
       if (plan.n_splits == 1) {
-        p.out[(size_t(t) * size_t(p.n_head) + size_t(h0 + g)) * size_t(D) + size_t(d)] = acc[dd][g] / state_s[g].l;
+        p.out[(size_t(t) * size_t(p.n_head) + size_t(h0 + g)) * size_t(D) + size_t(d)] = sum / state_s[g].l;
       } else {
         float* rec = p.partials + (size_t(h0 + g) * size_t(plan.n_splits) + size_t(split)) * size_t(D + 2);
-        rec[d] = acc[dd][g];
+        rec[d] = sum;
         if (d == 0) {
           rec[D] = state_s[g].m;
           rec[D + 1] = state_s[g].l;
         }
       }
     }
+    __syncthreads();  // red_s is rewritten by the next heads
   }
 }
 
@@ -327,7 +331,7 @@ Status check_args(const char* op, const AttentionArgs& a, uintptr_t v_align) {
 }  // namespace attn
 
 Status attention(const AttentionArgs& a, AttentionWorkspace& workspace, Stream& stream) {
-  MAGNETAR_RETURN_IF_ERROR(attn::check_args("attention", a, 2));
+  MAGNETAR_RETURN_IF_ERROR(attn::check_args("attention", a, 16));  // 16-byte K and V loads
   if (a.head_dim < 8 || a.head_dim % 8 != 0 || a.head_dim > kMaxAttentionHeadDim) {
     return Status::error(format("attention: head_dim=%lld must be a multiple of 8 in 8..%lld", (long long)a.head_dim,
                                 (long long)kMaxAttentionHeadDim));

@@ -444,7 +444,7 @@ class AttentionWorkspace {
 struct AttentionArgs {
   const float* q = nullptr;           // [n_tok, n_head, head_dim]
   const uint16_t* k_cache = nullptr;  // [n_ctx, n_head_kv, head_dim] F16 bits, 16-byte aligned, rows 0..pos0+n_tok-1
-  const uint16_t* v_cache = nullptr;  // same layout as k_cache
+  const uint16_t* v_cache = nullptr;  // same layout and alignment as k_cache
   float* out = nullptr;               // [n_tok, n_head, head_dim]; must not alias q
   int64_t n_tok = 0;
   int64_t pos0 = 0;
@@ -467,7 +467,7 @@ Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Strea
 // tokens and KV head, so each K/V row is read once per tile of tokens instead of once per token): Q * scale is
 // rounded to f16, scores and the softmax in f32, P rounded to f16 for P V, f32 accumulation. Not bit-identical
 // with attention(); tests/cuda/cuda_ops_test.cpp states the bound. Supported: head_dim 64, 128 or 256, any group
-// up to kMaxAttentionGroup; k_cache and v_cache 16-byte aligned (attention() needs it of k_cache only). Any other
+// up to kMaxAttentionGroup; k_cache and v_cache 16-byte aligned (as attention() needs). Any other
 // shape returns a Status (callers fall back to attention()). Allocates nothing (no workspace); a bad argument
 // returns a Status naming it and queues nothing. Meant for prefill: with few query tokens it keeps few SMs busy.
 Status attention_prefill_mma(const AttentionArgs& args, Stream& stream);

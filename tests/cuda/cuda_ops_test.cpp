@@ -1014,8 +1014,9 @@ TEST(CudaOps, RejectsBadArguments) {
   a.v_cache = nullptr;
   fails(cuda::attention_prefill_mma(a, stream), mma);
   a = good;
-  a.v_cache = h + 1;  // 2-byte aligned: enough for attention(), not for cp.async
+  a.v_cache = h + 1;  // 2-byte aligned: both load V 16 bytes at a time
   fails(cuda::attention_prefill_mma(a, stream), mma);
+  fails(cuda::attention(a, ws, stream), "attention");
   a = good;
   a.out = f;  // aliases q
   fails(cuda::attention_prefill_mma(a, stream), mma);
