@@ -95,7 +95,7 @@ bool graphs_enabled() {
 
 // Prefill attention of a sequence with at least kMmaAttentionTokens new tokens runs on the f16 tensor-core kernel
 // (attention_prefill_mma: each K/V row read once per tile of tokens); fewer tokens, other head sizes and
-// MAGNETAR_CUDA_ATTN_MMA=0 (a diagnostic switch, the baseline of the depth benchmark) take attention(), which reads
+// MAGNETAR_CUDA_ATTN_MMA=0 (a diagnostic switch: run.sh --attn-prefill's baseline) take attention(), which reads
 // each K/V row once per token but spreads a short chunk over more SMs.
 constexpr int64_t kMmaAttentionTokens = 64;
 bool use_attention_mma(int64_t n_tok, int64_t head_dim) {

@@ -96,7 +96,7 @@ if [ "$filter" = "--attn-prefill" ]; then
   [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k -t "$(nproc)" -o "$model" >/dev/null 2>&1
   for mma in 1 0; do
     echo "== MAGNETAR_CUDA_ATTN_MMA=$mma"
-    MAGNETAR_CUDA_ATTN_MMA=$mma "$bin" bench -m "$model" --device cuda --ctx 34000 --ctx-start 2048 --ctx-max 32768 \
+    MAGNETAR_CUDA_ATTN_MMA=$mma "$bin" bench -m "$model" --device cuda --ctx 34900 --ctx-start 2048 --ctx-max 32768 \
       --step 2048 --gen 16 --reps 1 --batch 2048 2>&1 | grep -E "^ *(2048|8192|16384|32768) |depth"
   done
   "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 16 --reps 5 2>&1 | tail -2
