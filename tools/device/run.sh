@@ -68,6 +68,9 @@ if [ "$filter" = "--model-bench" ]; then
   # KV and scratch) and an 8 GiB RAM expert cache streaming from disk (O_DIRECT: the page cache does not help).
   "$bin" bench -m "$model" --device cuda --gpu-cache-gb 2.25 --stream --cache-gb 8 --no-census --show-plan \
     --ctx-start 0 --ctx-max 0 --step 128 --gen 64 --reps 3 2>&1 | tail -12
+  echo "the same with --gpu-cache-policy lru (the default is lfu)"
+  "$bin" bench -m "$model" --device cuda --gpu-cache-gb 2.25 --stream --cache-gb 8 --no-census \
+    --gpu-cache-policy lru --ctx-start 0 --ctx-max 0 --step 128 --gen 64 --reps 3 2>&1 | tail -5
   exit 0
 fi
 
@@ -101,6 +104,22 @@ if [ "$filter" = "--attn-prefill" ]; then
   done
   "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 16 --reps 5 2>&1 | tail -2
   "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 2048 --gen 16 --reps 5 --ctx 4096 2>&1 | tail -2
+  exit 0
+fi
+
+# `run.sh --attn-bench`: the attention kernels alone (bench/cuda/attention_bench.cpp: decode at 2K-64K context,
+# a 2,048-token prefill chunk at 0-64K, medians of 5), then one ncu --set full report of the decode kernel at 64K
+# ($OUT/ncu_attention.txt; the key lines printed). Needs the benchmarks built (a full run.sh call before it).
+if [ "$filter" = "--attn-bench" ]; then
+  b=build-device/bench/magnetar_bench_cuda_attention
+  [ -x "$b" ] || { echo "no $b: run a full run.sh call first"; exit 1; }
+  "$b" --benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_min_time=0.05s 2>&1 | \
+    grep -E "median|^Run|kv" | sed 's/ \+/ /g'
+  ncu --set full -k regex:attention_kernel --launch-count 1 "$b" --benchmark_filter='attention_decode/ctx65536' \
+    --benchmark_min_time=0.01s >"$OUT/ncu_attention.txt" 2>&1
+  echo "ncu exit $?"
+  grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Theoretical Occupancy|\
+Block Limit|L1/TEX Hit|L2 Hit|Issue Slots Busy|No Eligible|Stall|One or More" "$OUT/ncu_attention.txt" | head -40
   exit 0
 fi
 
