@@ -18,9 +18,10 @@
 //   p * V:   thread tid takes 8 output elements of every query head of the group (one 16-byte V load per row)
 //            for a subset of each chunk's rows (D / 8 threads per row, 128 / (D / 8) subsets); the subsets'
 //            sums are kept across chunks and folded once at the end, in subset order (deterministic).
-// The K and V loops are unrolled so several 16-byte loads are in flight per thread: with one dependent 2-byte V
-// load per row and a runtime-length K loop (the first version) a decode step's 1-chunk attention took 16 us per
-// layer and 64K-context decode read K/V at ~0.8 TB/s (H200, 2026-11-30).
+// The K and V loops are unrolled so several 16-byte loads are in flight per thread. Against the first version (one
+// 2-byte V load per row and thread) this took decode on the 30B-A3B geometry from 135 to 178 t/s at a short
+// context, but not the depth: at 64K, K/V still come at ~0.9 TB/s, and ncu still shows ~18 us for a one-chunk
+// decode call (H200, 2026-11-30, docs/benchmarks/2026-11-30-cuda-decode-graph.md). Not profiled at depth yet.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 

@@ -232,20 +232,6 @@ struct GroupedMatvecArgs {
 };
 Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream);
 
-// Decode routing turned into items on the device (no host round trip, so a decode step can be captured in a
-// graph): row r = token r / k, slot r % k gets item r = the weights table[ids[r]] (table: [n_expert] device
-// pointer triples gate, up, down), row0 r, n 1; x_rows[r] = r / k; slot_rows[r] = r.
-struct MoeResolveArgs {
-  const int32_t* ids = nullptr;        // [n_rows]
-  int64_t n_rows = 0;
-  int64_t k = 1;
-  const void* const* table = nullptr;  // [n_expert * 3]
-  int64_t n_expert = 0;
-  GroupItem* items = nullptr;          // [n_rows]
-  int32_t* x_rows = nullptr;           // [n_rows]
-  int32_t* slot_rows = nullptr;        // [n_rows]
-};
-Status moe_resolve(const MoeResolveArgs& args, Stream& stream);
 
 // out[t] = sum over j < k, in order, of weights[t * k + j] * rows[slot_rows[t * k + j]] (each row n floats).
 struct MoeCombineArgs {
@@ -371,6 +357,31 @@ struct QkNormRopeArgs {
 };
 Status qk_norm_rope(const QkNormRopeArgs& args, Stream& stream);
 
+// A layer's attention inputs in one launch: q normed and rotated in place (qk_norm_rope), k normed and rotated and
+// stored as F16 into k_cache, v stored as F16 into v_cache, token t at cache row row0 + t (store_kv's layout and
+// rounding). Bit-identical with qk_norm_rope(q), qk_norm_rope(k), store_kv(k), store_kv(v); k itself is not
+// written. head_dim as qk_norm_rope.
+struct QkvPrepareArgs {
+  float* q = nullptr;                  // [n_tok, n_head, head_dim]
+  const float* q_weight = nullptr;     // [head_dim]
+  const float* k = nullptr;            // [n_tok, n_head_kv, head_dim]
+  const float* k_weight = nullptr;     // [head_dim]
+  const float* v = nullptr;            // [n_tok, n_head_kv, head_dim]
+  uint16_t* k_cache = nullptr;         // [>= row0 + n_tok, n_head_kv, head_dim] F16 bits
+  uint16_t* v_cache = nullptr;         // same layout
+  const int32_t* positions = nullptr;  // [n_tok]: RoPE positions
+  int64_t n_tok = 0;
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t head_dim = 0;
+  float eps = 1e-6f;
+  float theta = 1e6f;
+  int64_t row0 = 0;
+  // When set, row0 is read from this device int when the kernel runs (store_kv's row0_device: a decode graph).
+  const int32_t* row0_device = nullptr;
+};
+Status qkv_prepare(const QkvPrepareArgs& args, Stream& stream);
+
 // gate[i] = silu(gate[i]) * up[i] = gate / (1 + exp(-gate)) * up, for i < count (in place into gate).
 Status swiglu(float* gate, const float* up, int64_t count, Stream& stream);
 
@@ -386,6 +397,13 @@ struct RouteArgs {
   int64_t n_expert = 0;   // 1..1024
   int64_t k = 0;          // 1..min(n_expert, 32)
   bool normalize = true;  // norm_topk_prob
+  // Optional (decode): the chosen experts turned into grouped-matvec items in the same launch (no host round trip,
+  // so a decode step can be captured in a graph), when table is set: row r = token r / k, slot r % k gets item
+  // r = the weights table[ids[r]] (pointer triples gate, up, down), row0 r, n 1; x_rows[r] = r / k; slot_rows[r] = r.
+  const void* const* table = nullptr;  // [n_expert * 3]
+  GroupItem* items = nullptr;          // [n_tok * k]
+  int32_t* x_rows = nullptr;           // [n_tok * k]
+  int32_t* slot_rows = nullptr;        // [n_tok * k]
 };
 Status route_topk(const RouteArgs& args, Stream& stream);
 

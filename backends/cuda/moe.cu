@@ -1,9 +1,8 @@
-// The MoE block's glue around grouped_matvec: decode routing turned into per-row items on the device
-// (moe_resolve) and the weighted sum of each token's expert outputs (moe_combine).
+// The MoE block's glue after the grouped expert products: the weighted sum of each token's expert outputs
+// (moe_combine). (Decode's items are built by route_topk.)
 //
-// Both are tiny next to the expert matvecs: resolve touches 40 bytes per (token, slot) row; combine reads k
-// rows of n floats per token and writes one (decode, k 8, n 2048: 72 KiB, ~30 ns of HBM at 4.8 TB/s, so a
-// launch's ~3 us of latency is the cost).
+// Combine reads k rows of n floats per token and writes one (decode, k 8, n 2048: 72 KiB, ~30 ns of HBM at
+// 4.8 TB/s, so a launch's ~3 us of latency is the cost).
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -13,23 +12,6 @@
 
 namespace magnetar::cuda {
 namespace {
-
-__global__ void moe_resolve_kernel(const int32_t* __restrict__ ids, int n_rows, int k,
-                                   const void* const* __restrict__ table, GroupItem* __restrict__ items,
-                                   int32_t* __restrict__ x_rows, int32_t* __restrict__ slot_rows) {
-  const int r = int(blockIdx.x * blockDim.x + threadIdx.x);
-  if (r >= n_rows) return;
-  const int e = ids[r];
-  GroupItem item;
-  item.w[0] = table[3 * e];
-  item.w[1] = table[3 * e + 1];
-  item.w[2] = table[3 * e + 2];
-  item.row0 = r;
-  item.n = 1;
-  items[r] = item;
-  x_rows[r] = r / k;
-  slot_rows[r] = r;
-}
 
 // Grid (ceil(n / kCombineThreads), n_tok): one thread per output element. (A first version used one CTA per
 // token looping over the columns: 15.7 us per decode token on the H200, ncu, 2026-11-30; latency of one SM.)
@@ -48,21 +30,6 @@ __global__ void moe_combine_kernel(const float* __restrict__ rows, const int32_t
 }
 
 }  // namespace
-
-Status moe_resolve(const MoeResolveArgs& a, Stream& stream) {
-  if (a.n_rows < 1 || a.n_rows > INT_MAX || a.k < 1 || a.n_rows % a.k != 0) {
-    return Status::error(format("moe_resolve: %lld rows are not whole tokens of k=%lld", (long long)a.n_rows,
-                                (long long)a.k));
-  }
-  if (a.ids == nullptr || a.table == nullptr || a.items == nullptr || a.x_rows == nullptr || a.slot_rows == nullptr) {
-    return Status::error("moe_resolve: null device pointer");
-  }
-  const int threads = 128;
-  moe_resolve_kernel<<<unsigned((a.n_rows + threads - 1) / threads), threads, 0, stream.raw()>>>(
-      a.ids, int(a.n_rows), int(a.k), a.table, a.items, a.x_rows, a.slot_rows);
-  CUDA_CHECK(cudaGetLastError());
-  return Status();
-}
 
 Status moe_combine(const MoeCombineArgs& a, Stream& stream) {
   if (a.n_tok < 1 || a.n_tok > 65535 || a.k < 1 || a.n < 1 || a.n_tok * a.k > INT_MAX || a.n > INT_MAX) {

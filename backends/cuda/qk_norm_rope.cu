@@ -1,14 +1,17 @@
-// Qwen3's per-head q/k RMSNorm fused with NeoX RoPE, in place: for each head row of x [n_tok, n_head,
-// head_dim], y = rms_norm(row) * weight (rms_norm.cu's formula), then the rotation of rope.cu at the token's
-// position. Bit-identical with rms_norm (n_rows = n_tok * n_head, n_cols = head_dim) followed by rope_neox:
-// same per-warp summation order of the squares, same scale, same cos/sin (rope.cuh) and the same unfused float
-// products. It removes one read and one write of q and k and one launch per tensor.
+// Qwen3's per-head q/k RMSNorm fused with NeoX RoPE: for each head row of x [n_tok, n_head, head_dim],
+// y = rms_norm(row) * weight (rms_norm.cu's formula), then the rotation of rope.cu at the token's position.
+// Bit-identical with rms_norm (n_rows = n_tok * n_head, n_cols = head_dim) followed by rope_neox: same per-warp
+// summation order of the squares, same scale, same cos/sin (rope.cuh) and the same unfused float products.
+// qk_norm_rope does q (or k) in place; qkv_prepare does a layer's q in place and k and v straight into the F16 KV
+// cache (store_kv's rounding), one launch where the unfused path takes four (q and k norm + RoPE, K and V stores)
+// and one read and write of k fewer.
 //
 // One warp per head row; lane l holds elements l, l + 32, ... (head_dim / 32 of them), so for head_dim a
 // multiple of 64 the rotation pairs (i, i + head_dim / 2) sit in the same lane and need no exchange.
 // Cost: 8 bytes per element (read and write x), ~10 flops, plus head_dim / 2 double pow/sin/cos per row
 // (recomputed per head: 2 * 64 per row at head_dim 128, negligible next to a decode step's launch latency;
 // prefill at thousands of tokens pays ~10 us per layer for it on an H200's FP64 units).
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -24,47 +27,112 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kRowsPerCta = kThreads / ops::kWarpSize;
 
-// Grid: ceil(n_tok * n_head / kRowsPerCta) CTAs; row r is head r % n_head of token r / n_head.
-// kPerLane = head_dim / 32 (2, 4, 6 or 8), a template argument so that e[] stays in registers.
+// What one launch does, per token: n_q query head rows normed and rotated in place; with n_k > 0 also n_k key head
+// rows normed and rotated, written as F16 into k_cache at the token's cache row, and n_k value head rows written
+// as F16 into v_cache (qkv_prepare).
+struct Rows {
+  float* q;
+  const float* q_weight;
+  const float* k;
+  const float* k_weight;
+  const float* v;
+  uint16_t* k_cache;
+  uint16_t* v_cache;
+  const int32_t* positions;
+  const int32_t* row0_device;  // the first token's cache row, read at run time; else row0
+  int64_t row0;
+  int n_rows;  // n_tok * (n_q + 2 * n_k)
+  int n_q;
+  int n_k;
+  float eps;
+  float theta;
+};
+
+// Grid: ceil(n_rows / kRowsPerCta) CTAs, one warp per head row; row r is slot r % (n_q + 2 n_k) of token
+// r / (n_q + 2 n_k): the q heads, then the k heads, then the v heads. kPerLane = head_dim / 32 (2, 4, 6 or 8), a
+// template argument so that e[] stays in registers.
 template <int kPerLane>
-__global__ void __launch_bounds__(kThreads)
-    qk_norm_rope_kernel(float* __restrict__ x, const float* __restrict__ w, const int32_t* __restrict__ positions,
-                        int n_rows, int n_head, int head_dim, float eps, float theta) {
+__global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const Rows r) {
+  constexpr int kHeadDim = kPerLane * ops::kWarpSize;
   const int lane = int(threadIdx.x) % ops::kWarpSize;
   const int row = int(blockIdx.x) * kRowsPerCta + int(threadIdx.x) / ops::kWarpSize;
-  if (row >= n_rows) return;  // whole warps: no barrier below
-  float* v = x + size_t(row) * size_t(head_dim);
+  if (row >= r.n_rows) return;  // whole warps: no barrier below
+  const int per_tok = r.n_q + 2 * r.n_k;
+  const int t = row / per_tok;
+  const int h = row % per_tok;
+  const float* src;
+  const float* w;
+  float* out = nullptr;          // f32 destination (q, in place)
+  uint16_t* out16 = nullptr;     // F16 destination (a cache row)
+  if (h < r.n_q) {
+    out = r.q + (size_t(t) * size_t(r.n_q) + size_t(h)) * kHeadDim;
+    src = out;
+    w = r.q_weight;
+  } else {
+    const int64_t cache_row = (r.row0_device != nullptr ? int64_t(*r.row0_device) : r.row0) + t;
+    const int hk = h < r.n_q + r.n_k ? h - r.n_q : h - r.n_q - r.n_k;
+    const size_t in_off = (size_t(t) * size_t(r.n_k) + size_t(hk)) * kHeadDim;
+    const size_t cache_off = (size_t(cache_row) * size_t(r.n_k) + size_t(hk)) * kHeadDim;
+    if (h >= r.n_q + r.n_k) {  // a value head: F16 conversion only (store_kv's rounding)
+      const float* v = r.v + in_off;
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) {
+        r.v_cache[cache_off + lane + k * ops::kWarpSize] = __half_as_ushort(__float2half_rn(v[lane + k * ops::kWarpSize]));
+      }
+      return;
+    }
+    src = r.k + in_off;
+    w = r.k_weight;
+    out16 = r.k_cache + cache_off;
+  }
   float e[kPerLane];
   double sum = 0;
 #pragma unroll
   for (int k = 0; k < kPerLane; ++k) {
-    e[k] = v[lane + k * ops::kWarpSize];
+    e[k] = src[lane + k * ops::kWarpSize];
     sum += double(e[k]) * double(e[k]);
   }
   sum = ops::warp_sum(sum);
-  const float scale = float(1.0 / sqrt(sum / double(head_dim) + double(eps)));
+  const float scale = float(1.0 / sqrt(sum / double(kHeadDim) + double(r.eps)));
 #pragma unroll
   for (int k = 0; k < kPerLane; ++k) e[k] = __fmul_rn(__fmul_rn(e[k], scale), w[lane + k * ops::kWarpSize]);
-  const int32_t pos = positions[row / n_head];
+  const int32_t pos = r.positions[t];
   constexpr int kHalf = kPerLane / 2;  // element i + head_dim / 2 is slot k + kHalf of the same lane
 #pragma unroll
   for (int k = 0; k < kHalf; ++k) {
     float c, s;
-    rope::cos_sin(pos, lane + k * ops::kWarpSize, head_dim, theta, &c, &s);
+    rope::cos_sin(pos, lane + k * ops::kWarpSize, kHeadDim, r.theta, &c, &s);
     const float a = e[k];
     const float b = e[k + kHalf];
-    v[lane + k * ops::kWarpSize] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    v[lane + (k + kHalf) * ops::kWarpSize] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    const float lo = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    const float hi = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    if (out != nullptr) {
+      out[lane + k * ops::kWarpSize] = lo;
+      out[lane + (k + kHalf) * ops::kWarpSize] = hi;
+    } else {
+      out16[lane + k * ops::kWarpSize] = __half_as_ushort(__float2half_rn(lo));
+      out16[lane + (k + kHalf) * ops::kWarpSize] = __half_as_ushort(__float2half_rn(hi));
+    }
   }
 }
 
-template <int kPerLane>
-void launch(float* x, const float* w, const int32_t* positions, int64_t rows, int64_t n_head, float eps, float theta,
-            cudaStream_t stream) {
-  const unsigned grid = unsigned((rows + kRowsPerCta - 1) / kRowsPerCta);
-  qk_norm_rope_kernel<kPerLane>
-      <<<grid, kThreads, 0, stream>>>(x, w, positions, int(rows), int(n_head), kPerLane * ops::kWarpSize, eps, theta);
+void launch(const Rows& r, int64_t head_dim, cudaStream_t stream) {
+  const unsigned grid = unsigned((r.n_rows + kRowsPerCta - 1) / kRowsPerCta);
+  switch (head_dim) {
+    case 64: qk_norm_rope_kernel<2><<<grid, kThreads, 0, stream>>>(r); break;
+    case 128: qk_norm_rope_kernel<4><<<grid, kThreads, 0, stream>>>(r); break;
+    case 192: qk_norm_rope_kernel<6><<<grid, kThreads, 0, stream>>>(r); break;
+    default: qk_norm_rope_kernel<8><<<grid, kThreads, 0, stream>>>(r); break;
+  }
   CUDA_CHECK(cudaGetLastError());
+}
+
+Status check_head_dim(const char* op, int64_t head_dim) {
+  if (head_dim < 64 || head_dim % 64 != 0 || head_dim > kMaxQkNormRopeHeadDim) {
+    return Status::error(format("%s: head_dim=%lld must be a multiple of 64 in 64..%lld", op, (long long)head_dim,
+                                (long long)kMaxQkNormRopeHeadDim));
+  }
+  return Status();
 }
 
 }  // namespace
@@ -74,23 +142,58 @@ Status qk_norm_rope(const QkNormRopeArgs& a, Stream& stream) {
     return Status::error(
         format("qk_norm_rope: n_tok=%lld, n_head=%lld out of range", (long long)a.n_tok, (long long)a.n_head));
   }
-  if (a.head_dim < 64 || a.head_dim % 64 != 0 || a.head_dim > kMaxQkNormRopeHeadDim) {
-    return Status::error(format("qk_norm_rope: head_dim=%lld must be a multiple of 64 in 64..%lld",
-                                (long long)a.head_dim, (long long)kMaxQkNormRopeHeadDim));
-  }
+  MAGNETAR_RETURN_IF_ERROR(check_head_dim("qk_norm_rope", a.head_dim));
   if (a.x == nullptr || a.weight == nullptr || a.positions == nullptr) {
     return Status::error("qk_norm_rope: null device pointer");
   }
   if (!ops::aligned(a.x, 4) || !ops::aligned(a.weight, 4) || !ops::aligned(a.positions, 4)) {
     return Status::error("qk_norm_rope: x, weight and positions must be 4-byte aligned");
   }
-  const int64_t rows = a.n_tok * a.n_head;
-  switch (a.head_dim) {
-    case 64: launch<2>(a.x, a.weight, a.positions, rows, a.n_head, a.eps, a.theta, stream.raw()); break;
-    case 128: launch<4>(a.x, a.weight, a.positions, rows, a.n_head, a.eps, a.theta, stream.raw()); break;
-    case 192: launch<6>(a.x, a.weight, a.positions, rows, a.n_head, a.eps, a.theta, stream.raw()); break;
-    default: launch<8>(a.x, a.weight, a.positions, rows, a.n_head, a.eps, a.theta, stream.raw()); break;
+  Rows r{};
+  r.q = a.x;
+  r.q_weight = a.weight;
+  r.positions = a.positions;
+  r.n_rows = int(a.n_tok * a.n_head);
+  r.n_q = int(a.n_head);
+  r.eps = a.eps;
+  r.theta = a.theta;
+  launch(r, a.head_dim, stream.raw());
+  return Status();
+}
+
+Status qkv_prepare(const QkvPrepareArgs& a, Stream& stream) {
+  if (a.n_tok < 1 || a.n_head < 1 || a.n_head_kv < 1 || a.n_head > INT_MAX / 4 || a.n_head_kv > INT_MAX / 4 ||
+      a.n_tok > INT_MAX / (a.n_head + 2 * a.n_head_kv) || (a.row0_device == nullptr && a.row0 < 0)) {
+    return Status::error(format("qkv_prepare: n_tok=%lld, n_head=%lld, n_head_kv=%lld, row0=%lld out of range",
+                                (long long)a.n_tok, (long long)a.n_head, (long long)a.n_head_kv, (long long)a.row0));
   }
+  MAGNETAR_RETURN_IF_ERROR(check_head_dim("qkv_prepare", a.head_dim));
+  if (a.q == nullptr || a.q_weight == nullptr || a.k == nullptr || a.k_weight == nullptr || a.v == nullptr ||
+      a.k_cache == nullptr || a.v_cache == nullptr || a.positions == nullptr) {
+    return Status::error("qkv_prepare: null device pointer");
+  }
+  if (!ops::aligned(a.q, 4) || !ops::aligned(a.q_weight, 4) || !ops::aligned(a.k, 4) || !ops::aligned(a.k_weight, 4) ||
+      !ops::aligned(a.v, 4) || !ops::aligned(a.k_cache, 2) || !ops::aligned(a.v_cache, 2) ||
+      !ops::aligned(a.positions, 4) || !ops::aligned(a.row0_device, 4)) {
+    return Status::error("qkv_prepare: float and int pointers must be 4-byte, the caches 2-byte aligned");
+  }
+  Rows r{};
+  r.q = a.q;
+  r.q_weight = a.q_weight;
+  r.k = a.k;
+  r.k_weight = a.k_weight;
+  r.v = a.v;
+  r.k_cache = a.k_cache;
+  r.v_cache = a.v_cache;
+  r.positions = a.positions;
+  r.row0_device = a.row0_device;
+  r.row0 = a.row0;
+  r.n_rows = int(a.n_tok * (a.n_head + 2 * a.n_head_kv));
+  r.n_q = int(a.n_head);
+  r.n_k = int(a.n_head_kv);
+  r.eps = a.eps;
+  r.theta = a.theta;
+  launch(r, a.head_dim, stream.raw());
   return Status();
 }
 

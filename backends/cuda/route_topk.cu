@@ -3,6 +3,8 @@
 // exponentiated in double, the sum in double, weight = float(exp / sum), renormalized as float(w / sum of the
 // k float weights in double)).
 //
+// With a table (decode), lane j also writes moe_resolve's item for the token's slot j (one launch fewer).
+//
 // One warp per token: the logits go to shared memory, lane-strided max and double sum, then k rounds of a
 // warp arg-max (route_topk.cuh). Cost per token: 4 * n_expert bytes read, 8 * k written, n_expert double
 // exps (~20 instructions each) and k * (n_expert / 32 + 10) compare steps: a decode token (128 experts, k 8)
@@ -25,7 +27,8 @@ using route::kLanes;
 
 __global__ void __launch_bounds__(kLanes)
     route_topk_kernel(const float* __restrict__ logits, int32_t* __restrict__ ids, float* __restrict__ weights,
-                      int n_expert, int k, bool normalize) {
+                      int n_expert, int k, bool normalize, const void* const* __restrict__ table,
+                      GroupItem* __restrict__ items, int32_t* __restrict__ x_rows, int32_t* __restrict__ slot_rows) {
   __shared__ float l_s[route::kMaxExperts];
   const int t = int(blockIdx.x);
   const int lane = int(threadIdx.x);
@@ -62,7 +65,19 @@ __global__ void __launch_bounds__(kLanes)
     top_sum += double(w);
     if (lane == j) {
       my_weight = w;
-      ids[size_t(t) * size_t(k) + j] = id;
+      const int r = t * k + j;
+      ids[r] = id;
+      if (table != nullptr) {  // moe_resolve's item for row r
+        GroupItem item;
+        item.w[0] = table[3 * id];
+        item.w[1] = table[3 * id + 1];
+        item.w[2] = table[3 * id + 2];
+        item.row0 = r;
+        item.n = 1;
+        items[r] = item;
+        x_rows[r] = t;
+        slot_rows[r] = r;
+      }
     }
   }
   if (lane < k) {
@@ -73,7 +88,7 @@ __global__ void __launch_bounds__(kLanes)
 }  // namespace
 
 Status route_topk(const RouteArgs& a, Stream& stream) {
-  if (a.n_tok < 1 || a.n_tok > INT_MAX)
+  if (a.n_tok < 1 || a.n_tok > INT_MAX / route::kMaxK)
     return Status::error(format("route_topk: n_tok=%lld out of range", (long long)a.n_tok));
   if (a.n_expert < 1 || a.n_expert > route::kMaxExperts) {
     return Status::error(
@@ -88,8 +103,12 @@ Status route_topk(const RouteArgs& a, Stream& stream) {
   if (!ops::aligned(a.logits, 4) || !ops::aligned(a.ids, 4) || !ops::aligned(a.weights, 4)) {
     return Status::error("route_topk: logits, ids and weights must be 4-byte aligned");
   }
+  if (a.table != nullptr && (a.items == nullptr || a.x_rows == nullptr || a.slot_rows == nullptr)) {
+    return Status::error("route_topk: a table needs items, x_rows and slot_rows");
+  }
   route_topk_kernel<<<unsigned(a.n_tok), kLanes, 0, stream.raw()>>>(a.logits, a.ids, a.weights, int(a.n_expert),
-                                                                    int(a.k), a.normalize);
+                                                                    int(a.k), a.normalize, a.table, a.items,
+                                                                    a.x_rows, a.slot_rows);
   CUDA_CHECK(cudaGetLastError());
   return Status();
 }

@@ -4,7 +4,7 @@
 // allocates except a new session's first one, which gives its KV cache a device mirror) and each session's KV.
 //
 // Per layer: rms_norm (fused with the previous residual add), q/k/v matvecs from one quantized input, q/k norm
-// + RoPE, F16 KV store and attention, output projection, add + norm, then the router (matvec, softmax top-k on
+// + RoPE and the F16 KV store (one launch), attention, output projection, add + norm, then the router (matvec, softmax top-k on
 // the device) and the experts as grouped launches: every (token, slot) row carries its expert's device
 // pointers (cuda::GroupItem). Decode (at most kMaxMatvecVectors tokens) builds those items on the device from
 // the router's ids; a prefill chunk downloads the ids once per layer and groups rows by expert on the host.
@@ -70,26 +70,26 @@ constexpr int64_t kVec = cuda::kMaxMatvecVectors;
 // with many rows spreads over several CTAs instead of one CTA looping over them.
 constexpr int32_t kMmqItemRows = 64;
 
+// A diagnostic switch (STYLE.md rule 17): on unless the environment variable is "0".
+bool switch_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || std::string_view(v) != "0";
+}
+
 // Products of more than kVec rows go to the int8 tensor-core kernel (mmq.cu) when it takes the weight type.
-// MAGNETAR_CUDA_MMQ=0 is a diagnostic switch (STYLE.md rule 17) that keeps them on the matrix-vector kernel
-// in chunks of kVec rows: the baseline of docs/benchmarks/2026-11-30-cuda-forward.md's mmq section.
+// MAGNETAR_CUDA_MMQ=0 keeps them on the matrix-vector kernel in chunks of kVec rows: the baseline of
+// docs/benchmarks/2026-11-30-cuda-forward.md's mmq section.
 bool mmq_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("MAGNETAR_CUDA_MMQ");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
+  static const bool enabled = switch_on("MAGNETAR_CUDA_MMQ");
   return enabled;
 }
 bool use_mmq(quant::Type t, int64_t n) { return n > kVec && mmq_enabled() && cuda::has_matmul_q(t); }
 
 // Decode steps (every sequence one new token, every weight resident) replay a CUDA graph of the whole forward pass,
 // captured once per batch shape (the sequences' KV mirrors): one launch instead of ~1,100. MAGNETAR_CUDA_GRAPH=0
-// is a diagnostic switch (STYLE.md rule 17) that launches every kernel from the host: the graph's baseline.
+// launches every kernel from the host: the graph's baseline.
 bool graphs_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("MAGNETAR_CUDA_GRAPH");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
+  static const bool enabled = switch_on("MAGNETAR_CUDA_GRAPH");
   return enabled;
 }
 
@@ -99,10 +99,7 @@ bool graphs_enabled() {
 // each K/V row once per token but spreads a short chunk over more SMs.
 constexpr int64_t kMmaAttentionTokens = 64;
 bool use_attention_mma(int64_t n_tok, int64_t head_dim) {
-  static const bool enabled = [] {
-    const char* v = std::getenv("MAGNETAR_CUDA_ATTN_MMA");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
+  static const bool enabled = switch_on("MAGNETAR_CUDA_ATTN_MMA");
   return enabled && n_tok >= kMmaAttentionTokens && (head_dim == 64 || head_dim == 128 || head_dim == 256);
 }
 
@@ -507,14 +504,10 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
   MAGNETAR_RETURN_IF_ERROR(linear(L.wk, xn, k, n, xq));
   MAGNETAR_RETURN_IF_ERROR(linear(L.wv, xn, v, n, xq));
   const int32_t* pos = positions_.as<int32_t>();
-  if (D % 64 == 0 && D <= cuda::kMaxQkNormRopeHeadDim) {
-    MAGNETAR_RETURN_IF_ERROR(cuda::qk_norm_rope({.x = q, .weight = L.q_norm.f32(), .positions = pos, .n_tok = n,
-                                                 .n_head = hp_.n_head, .head_dim = D, .eps = hp_.rms_eps,
-                                                 .theta = hp_.rope_theta}, stream_));
-    MAGNETAR_RETURN_IF_ERROR(cuda::qk_norm_rope({.x = k, .weight = L.k_norm.f32(), .positions = pos, .n_tok = n,
-                                                 .n_head = hp_.n_head_kv, .head_dim = D, .eps = hp_.rms_eps,
-                                                 .theta = hp_.rope_theta}, stream_));
-  } else {
+  // Head sizes qk_norm_rope takes: q/k norm + RoPE and the K/V stores in one launch per sequence (qkv_prepare);
+  // others: norm, RoPE, then the stores, op by op.
+  const bool fused = D % 64 == 0 && D <= cuda::kMaxQkNormRopeHeadDim;
+  if (!fused) {
     MAGNETAR_RETURN_IF_ERROR(cuda::rms_norm({.x = q, .weight = L.q_norm.f32(), .y = q, .n_rows = n * hp_.n_head,
                                              .n_cols = D, .eps = hp_.rms_eps}, stream_));
     MAGNETAR_RETURN_IF_ERROR(cuda::rms_norm({.x = k, .weight = L.k_norm.f32(), .y = k, .n_rows = n * hp_.n_head_kv,
@@ -531,10 +524,19 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
     auto* vc = mirrors[s]->v[size_t(il)].as<uint16_t>();
     // A decode token's position is read on the device (positions_), so a decode graph replays these launches.
     const int32_t* pos0_device = seq.n_tok == 1 ? pos + t0 : nullptr;
-    MAGNETAR_RETURN_IF_ERROR(cuda::store_kv({.x = k + t0 * kv_dim, .cache = kc, .n_tok = seq.n_tok, .n = kv_dim,
-                                             .row0 = seq.pos0, .row0_device = pos0_device}, stream_));
-    MAGNETAR_RETURN_IF_ERROR(cuda::store_kv({.x = v + t0 * kv_dim, .cache = vc, .n_tok = seq.n_tok, .n = kv_dim,
-                                             .row0 = seq.pos0, .row0_device = pos0_device}, stream_));
+    if (fused) {
+      MAGNETAR_RETURN_IF_ERROR(cuda::qkv_prepare(
+          {.q = q + t0 * q_dim, .q_weight = L.q_norm.f32(), .k = k + t0 * kv_dim, .k_weight = L.k_norm.f32(),
+           .v = v + t0 * kv_dim, .k_cache = kc, .v_cache = vc, .positions = pos + t0, .n_tok = seq.n_tok,
+           .n_head = hp_.n_head, .n_head_kv = hp_.n_head_kv, .head_dim = D, .eps = hp_.rms_eps,
+           .theta = hp_.rope_theta, .row0 = seq.pos0, .row0_device = pos0_device},
+          stream_));
+    } else {
+      MAGNETAR_RETURN_IF_ERROR(cuda::store_kv({.x = k + t0 * kv_dim, .cache = kc, .n_tok = seq.n_tok, .n = kv_dim,
+                                               .row0 = seq.pos0, .row0_device = pos0_device}, stream_));
+      MAGNETAR_RETURN_IF_ERROR(cuda::store_kv({.x = v + t0 * kv_dim, .cache = vc, .n_tok = seq.n_tok, .n = kv_dim,
+                                               .row0 = seq.pos0, .row0_device = pos0_device}, stream_));
+    }
     const cuda::AttentionArgs args{
         .q = q + t0 * q_dim, .k_cache = kc, .v_cache = vc, .out = attn_.as<float>() + t0 * q_dim,
         .n_tok = seq.n_tok, .pos0 = seq.pos0, .n_head = hp_.n_head, .n_head_kv = hp_.n_head_kv, .head_dim = D,
@@ -747,25 +749,25 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   float* router = router_.as<float>();
   auto* ids = ids_.as<int32_t>();
   auto* weights = weights_.as<float>();
-  MAGNETAR_RETURN_IF_ERROR(linear(L.gate_inp, xn_.as<float>(), router, n));
-  MAGNETAR_RETURN_IF_ERROR(cuda::route_topk({.logits = router, .ids = ids, .weights = weights, .n_tok = n,
-                                             .n_expert = X, .k = K, .normalize = hp_.norm_topk_prob}, stream_));
-  if (args.routing) stream_.copy(h_ids_.as<int32_t>() + il * n_batch_ * K, ids, size_t(R) * 4);
-
   auto* items = items_.as<GroupItem>();
   auto* x_rows = x_rows_.as<int32_t>();
   auto* slot_rows = slot_rows_.as<int32_t>();
+  // Decode with every expert resident: one item per (token, slot), built on the device by the router's launch.
+  const bool resolve = n <= kVec && pool_bytes_ == 0;
+  MAGNETAR_RETURN_IF_ERROR(linear(L.gate_inp, xn_.as<float>(), router, n));
+  MAGNETAR_RETURN_IF_ERROR(cuda::route_topk({.logits = router, .ids = ids, .weights = weights, .n_tok = n,
+                                             .n_expert = X, .k = K, .normalize = hp_.norm_topk_prob,
+                                             .table = resolve ? L.table : nullptr, .items = items, .x_rows = x_rows,
+                                             .slot_rows = slot_rows}, stream_));
+  if (args.routing) stream_.copy(h_ids_.as<int32_t>() + il * n_batch_ * K, ids, size_t(R) * 4);
+
   int64_t n_items = R, max_n = 1;
   // Prefill with an mmq-able expert type groups up to kMmqItemRows rows per item for grouped_matmul_q.
   const bool mmq = use_mmq(L.exp_type, n) && cuda::has_matmul_q(L.down_type);
   const int32_t item_rows = mmq ? kMmqItemRows : int32_t(kVec);
   std::optional<experts::Pinned> held;  // tiered: the layer's experts acquired from the host source
   lane_.clear();
-  if (n <= kVec && pool_bytes_ == 0) {
-    // Decode, every expert resident: one item per (token, slot), built on the device.
-    MAGNETAR_RETURN_IF_ERROR(cuda::moe_resolve({.ids = ids, .n_rows = R, .k = K, .table = L.table, .n_expert = X,
-                                                .items = items, .x_rows = x_rows, .slot_rows = slot_rows}, stream_));
-  } else {
+  if (!resolve) {
     // Prefill, or the tiered mode: the ids come to the host, rows are grouped by expert (token order within an
     // expert, up to item_rows rows per item) and the items point at the resident copy or the pool slot.
     int32_t* h_ids = h_ids_.as<int32_t>() + il * n_batch_ * K;

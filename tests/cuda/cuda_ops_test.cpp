@@ -413,6 +413,51 @@ TEST(CudaOps, RouteTopkMatchesCpu) {
   }
 }
 
+// route_topk with a table (decode): the items built in the same launch follow the chosen ids exactly: row
+// r = t * k + j gets table[3 id], table[3 id + 1], table[3 id + 2], row0 r, n 1; x_rows[r] = t; slot_rows[r] = r.
+// The table holds distinct fake pointers (never dereferenced).
+TEST(CudaOps, RouteTopkBuildsDecodeItems) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  Rng rng(kSeed + 64);
+  for (const int64_t n_expert : {int64_t(16), int64_t(128)}) {
+    for (const int64_t n_tok : {int64_t(1), int64_t(8)}) {
+      const int64_t k = 8, R = n_tok * k;
+      std::vector<uintptr_t> table(size_t(n_expert * 3));
+      for (size_t i = 0; i < table.size(); ++i) table[i] = 0x1000 + 0x40 * i;
+      const std::vector<float> logits = gaussian(rng, size_t(n_tok * n_expert), 2.0f);
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dl, to_device(logits));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dt, to_device(table));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer di, cuda::DeviceBuffer::allocate(size_t(R) * 4));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dw, cuda::DeviceBuffer::allocate(size_t(R) * 4));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer items, cuda::DeviceBuffer::allocate(size_t(R) * sizeof(cuda::GroupItem)));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer x_rows, cuda::DeviceBuffer::allocate(size_t(R) * 4));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer slot_rows, cuda::DeviceBuffer::allocate(size_t(R) * 4));
+      ASSERT_OK(cuda::route_topk({.logits = dl.as<float>(), .ids = di.as<int32_t>(), .weights = dw.as<float>(),
+                                  .n_tok = n_tok, .n_expert = n_expert, .k = k, .normalize = true,
+                                  .table = dt.as<const void*>(), .items = items.as<cuda::GroupItem>(),
+                                  .x_rows = x_rows.as<int32_t>(), .slot_rows = slot_rows.as<int32_t>()},
+                                 stream));
+      stream.synchronize();
+      const std::vector<int32_t> ids = from_device<int32_t>(di, size_t(R));
+      const std::vector<cuda::GroupItem> got = from_device<cuda::GroupItem>(items, size_t(R));
+      const std::vector<int32_t> xr = from_device<int32_t>(x_rows, size_t(R));
+      const std::vector<int32_t> sr = from_device<int32_t>(slot_rows, size_t(R));
+      for (int64_t r = 0; r < R; ++r) {
+        const size_t e = size_t(ids[size_t(r)]);
+        ASSERT_LT(e, size_t(n_expert));
+        for (size_t p = 0; p < 3; ++p) {
+          ASSERT_EQ(reinterpret_cast<uintptr_t>(got[size_t(r)].w[p]), table[3 * e + p]) << "row " << r << " part " << p;
+        }
+        ASSERT_EQ(got[size_t(r)].row0, int32_t(r));
+        ASSERT_EQ(got[size_t(r)].n, 1);
+        ASSERT_EQ(xr[size_t(r)], int32_t(r / k));
+        ASSERT_EQ(sr[size_t(r)], int32_t(r));
+      }
+    }
+  }
+}
+
 // ---- store_kv --------------------------------------------------------------------------------------------------
 
 TEST(CudaOps, StoreKvBitIdenticalToCpuF16) {
@@ -433,6 +478,75 @@ TEST(CudaOps, StoreKvBitIdenticalToCpuF16) {
                                stream));
       stream.synchronize();
       ASSERT_EQ(from_device<uint16_t>(dc, want.size()), want) << "n " << n << " n_tok " << n_tok;
+    }
+  }
+}
+
+// qkv_prepare (one launch) against the four ops it replaces: qk_norm_rope of q and of k, store_kv of k and v;
+// q, the K cache and the V cache bit-identical (the cache rows outside the tokens' untouched), with row0 from the
+// host and from device memory.
+TEST(CudaOps, QkvPrepareBitIdenticalToNormRopeAndStores) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  Rng rng(kSeed + 63);
+  struct Heads {
+    int64_t n_head, n_head_kv;
+  };
+  for (const int64_t n_tok : {int64_t(1), int64_t(5), int64_t(70)}) {
+    for (const Heads heads : {Heads{32, 4}, Heads{8, 8}, Heads{6, 2}}) {
+      for (const int64_t head_dim : {int64_t(64), int64_t(128), int64_t(256)}) {
+        for (const bool device_row : {false, true}) {
+          const int64_t HK = heads.n_head_kv, row0 = 3, n_rows = row0 + n_tok + 2, kv = HK * head_dim;
+          std::vector<int32_t> pos(static_cast<size_t>(n_tok));
+          for (int64_t t = 0; t < n_tok; ++t) pos[size_t(t)] = int32_t(rng.bits() % 40000);
+          const std::vector<float> q = gaussian(rng, size_t(n_tok * heads.n_head * head_dim), 2.0f);
+          const std::vector<float> k = gaussian(rng, size_t(n_tok * kv), 2.0f);
+          const std::vector<float> v = gaussian(rng, size_t(n_tok * kv), 3.0f);
+          const std::vector<float> qw = gaussian(rng, size_t(head_dim));
+          const std::vector<float> kw = gaussian(rng, size_t(head_dim));
+          const std::vector<uint16_t> guard(size_t(n_rows * kv), 0xBEEF);
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer q1, to_device(q));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer q2, to_device(q));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer k1, to_device(k));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer k2, to_device(k));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dv, to_device(v));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dqw, to_device(qw));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dkw, to_device(kw));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dp, to_device(pos));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer drow, to_device(std::vector<int32_t>{int32_t(row0)}));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer kc1, to_device(guard));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer vc1, to_device(guard));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer kc2, to_device(guard));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer vc2, to_device(guard));
+          ASSERT_OK(cuda::qkv_prepare({.q = q1.as<float>(), .q_weight = dqw.as<float>(), .k = k1.as<float>(),
+                                       .k_weight = dkw.as<float>(), .v = dv.as<float>(), .k_cache = kc1.as<uint16_t>(),
+                                       .v_cache = vc1.as<uint16_t>(), .positions = dp.as<int32_t>(), .n_tok = n_tok,
+                                       .n_head = heads.n_head, .n_head_kv = HK, .head_dim = head_dim, .eps = 1e-6f,
+                                       .theta = 1e6f, .row0 = device_row ? 999 : row0,
+                                       .row0_device = device_row ? drow.as<int32_t>() : nullptr},
+                                      stream));
+          ASSERT_OK(cuda::qk_norm_rope({.x = q2.as<float>(), .weight = dqw.as<float>(), .positions = dp.as<int32_t>(),
+                                        .n_tok = n_tok, .n_head = heads.n_head, .head_dim = head_dim, .eps = 1e-6f,
+                                        .theta = 1e6f},
+                                       stream));
+          ASSERT_OK(cuda::qk_norm_rope({.x = k2.as<float>(), .weight = dkw.as<float>(), .positions = dp.as<int32_t>(),
+                                        .n_tok = n_tok, .n_head = HK, .head_dim = head_dim, .eps = 1e-6f,
+                                        .theta = 1e6f},
+                                       stream));
+          ASSERT_OK(cuda::store_kv({.x = k2.as<float>(), .cache = kc2.as<uint16_t>(), .n_tok = n_tok, .n = kv,
+                                    .row0 = row0}, stream));
+          ASSERT_OK(cuda::store_kv({.x = dv.as<float>(), .cache = vc2.as<uint16_t>(), .n_tok = n_tok, .n = kv,
+                                    .row0 = row0}, stream));
+          stream.synchronize();
+          const std::string what = "n_tok " + std::to_string(n_tok) + " heads " + std::to_string(heads.n_head) + "/" +
+                                   std::to_string(HK) + " head_dim " + std::to_string(head_dim) +
+                                   (device_row ? " row0 on the device" : "");
+          const std::vector<float> qa = from_device<float>(q1, q.size()), qb = from_device<float>(q2, q.size());
+          ASSERT_EQ(0, std::memcmp(qa.data(), qb.data(), qa.size() * sizeof(float))) << what;
+          ASSERT_EQ(from_device<uint16_t>(kc1, guard.size()), from_device<uint16_t>(kc2, guard.size())) << what;
+          ASSERT_EQ(from_device<uint16_t>(vc1, guard.size()), from_device<uint16_t>(vc2, guard.size())) << what;
+        }
+      }
     }
   }
 }
@@ -958,7 +1072,25 @@ TEST(CudaOps, RejectsBadArguments) {
         "route_topk");
   fails(cuda::route_topk({.logits = f, .ids = ids, .weights = f, .n_tok = 1, .n_expert = 2000, .k = 8}, stream),
         "route_topk");
+  const void* table[3] = {};
+  fails(cuda::route_topk({.logits = f, .ids = ids, .weights = f, .n_tok = 1, .n_expert = 1, .k = 1, .table = table},
+                         stream),
+        "route_topk");  // a table without items
   fails(cuda::store_kv({.x = f, .cache = h, .n_tok = 1, .n = 8, .row0 = -1}, stream), "store_kv");
+  const cuda::QkvPrepareArgs qkv{.q = f, .q_weight = f, .k = f, .k_weight = f, .v = f, .k_cache = h, .v_cache = h,
+                                 .positions = ids, .n_tok = 1, .n_head = 2, .n_head_kv = 1, .head_dim = 64};
+  cuda::QkvPrepareArgs bad = qkv;
+  bad.head_dim = 96;  // not a multiple of 64
+  fails(cuda::qkv_prepare(bad, stream), "qkv_prepare");
+  bad = qkv;
+  bad.v = nullptr;
+  fails(cuda::qkv_prepare(bad, stream), "qkv_prepare");
+  bad = qkv;
+  bad.row0 = -1;
+  fails(cuda::qkv_prepare(bad, stream), "qkv_prepare");
+  bad = qkv;
+  bad.n_head_kv = 0;
+  fails(cuda::qkv_prepare(bad, stream), "qkv_prepare");
   const cuda::AttentionArgs good{.q = f,
                                  .k_cache = h,
                                  .v_cache = h,
