@@ -22,6 +22,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
+#include "bench/cuda/cuda_bench.h"
 #include "quant/fp16.h"
 
 namespace magnetar {
@@ -35,21 +36,8 @@ constexpr int64_t kChunk = 2048;                             // prefill chunk (b
 constexpr double kRooflineGBps = 4800.0;                     // H200 HBM3e, vendor datasheet
 constexpr int64_t kContexts[] = {2048, 16384, 65536};
 
-template <typename T>
-T must(Result<T> r, const char* what) {
-  if (!r.ok()) {
-    std::fprintf(stderr, "magnetar_bench_cuda_attention: %s: %s\n", what, r.status().message().c_str());
-    std::abort();
-  }
-  return std::move(r).value();
-}
-
-void must_ok(const Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "magnetar_bench_cuda_attention: %s: %s\n", what, s.message().c_str());
-    std::abort();
-  }
-}
+using bench::must;
+using bench::must_ok;
 
 // Device buffers shared by every benchmark: K and V of `regions` regions of kMaxCtx rows (Gaussian values, 4,096
 // random rows tiled), the queries of a prefill chunk, the output and the decode position.
@@ -193,15 +181,6 @@ void register_all() {
 }  // namespace magnetar
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  if (magnetar::cuda::device_count() == 0) {
-    std::printf("magnetar_bench_cuda_attention: no CUDA device, nothing measured\n");
-    return 0;
-  }
-  magnetar::register_all();
-  benchmark::AddCustomContext("kv", "32/4 heads x 128, F16; >= 1 GiB of K/V read per timed graph (HBM, not L2)");
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  return magnetar::bench::cuda_main(argc, argv, "magnetar_bench_cuda_attention", magnetar::register_all, "kv",
+                                    "32/4 heads x 128, F16; >= 1 GiB of K/V read per timed graph (HBM, not L2)");
 }

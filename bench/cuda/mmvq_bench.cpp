@@ -35,6 +35,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
+#include "bench/cuda/cuda_bench.h"
 #include "quant/quant.h"
 
 namespace magnetar {
@@ -79,21 +80,8 @@ std::vector<float> gaussian(std::mt19937_64& gen, int64_t n) {
   return v;
 }
 
-template <typename T>
-T must(Result<T> r, const char* what) {
-  if (!r.ok()) {
-    std::fprintf(stderr, "magnetar_bench_cuda: %s: %s\n", what, r.status().message().c_str());
-    std::abort();
-  }
-  return std::move(r).value();
-}
-
-void must_ok(const Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "magnetar_bench_cuda: %s: %s\n", what, s.message().c_str());
-    std::abort();
-  }
-}
+using bench::must;
+using bench::must_ok;
 
 std::unique_ptr<Setup> build_setup(Type type, Shape shape) {
   const TypeTraits& t = quant::traits(type);
@@ -266,15 +254,6 @@ void register_all() {
 }  // namespace magnetar
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  if (magnetar::cuda::device_count() == 0) {
-    std::printf("magnetar_bench_cuda: no CUDA device, nothing measured\n");
-    return 0;
-  }
-  magnetar::register_all();
-  benchmark::AddCustomContext("weights", ">= 1 GiB of distinct matrix copies per benchmark (HBM, not L2)");
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  return magnetar::bench::cuda_main(argc, argv, "magnetar_bench_cuda", magnetar::register_all, "weights",
+                                    ">= 1 GiB of distinct matrix copies per benchmark (HBM, not L2)");
 }
