@@ -3,7 +3,8 @@
 // exponentiated in double, the sum in double, weight = float(exp / sum), renormalized as float(w / sum of the
 // k float weights in double)).
 //
-// With a table (decode), lane j also writes moe_resolve's item for the token's slot j (one launch fewer).
+// With a table (decode), lane j also writes the grouped-matvec item of the token's slot j (RouteArgs::table), so
+// decode needs no separate launch to turn ids into items.
 //
 // One warp per token: the logits go to shared memory, lane-strided max and double sum, then k rounds of a
 // warp arg-max (route_topk.cuh). Cost per token: 4 * n_expert bytes read, 8 * k written, n_expert double
@@ -67,7 +68,7 @@ __global__ void __launch_bounds__(kLanes)
       my_weight = w;
       const int r = t * k + j;
       ids[r] = id;
-      if (table != nullptr) {  // moe_resolve's item for row r
+      if (table != nullptr) {  // row r's item for the grouped expert launches
         GroupItem item;
         item.w[0] = table[3 * id];
         item.w[1] = table[3 * id + 1];
