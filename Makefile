@@ -13,6 +13,9 @@ DEMO_MODEL ?= models/magnetar-demo-q8_0.gguf
 DEMO_CHAT = Who are you?\nWhat does the word "light" mean?\nQuote Genesis 1:1.\nWhat does os.getcwd() do in Python?\nTell me a fortune.\n
 ASAN_SUITES = magnetar_gguf_tests magnetar_quant_tests magnetar_conformance_tests
 space := $(subst ,, )
+# A new build folder gets Ninja (scripts/setup.sh installs it; it schedules the 2-core box better than make's
+# recursive build: ~45 s of make test's build); an existing folder keeps the generator it was made with.
+generator = $(if $(wildcard $(1)/CMakeCache.txt),,-G Ninja)
 
 .PHONY: all deps build demo test test-asan bench lint format fuzz clean
 
@@ -22,7 +25,7 @@ deps:
 	@bash scripts/setup.sh
 
 build: deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	@cmake -S . -B $(BUILD) $(call generator,$(BUILD)) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
 demo: build
@@ -35,7 +38,7 @@ test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
 
 test-asan: deps
-	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMAGNETAR_SANITIZE=address,undefined \
+	@cmake -S . -B $(BUILD)-asan $(call generator,$(BUILD)-asan) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMAGNETAR_SANITIZE=address,undefined \
 	  -DMAGNETAR_CUDA=OFF -DMAGNETAR_BENCH=OFF >/dev/null
 	@cmake --build $(BUILD)-asan -j $(JOBS) --target $(ASAN_SUITES)
 	@cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) -L '$(subst $(space),|,$(ASAN_SUITES))' --timeout 600
@@ -51,7 +54,7 @@ format:
 
 fuzz:
 	@bash scripts/setup.sh fuzz
-	@cmake -S . -B $(BUILD)-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DMAGNETAR_FUZZ=ON -DMAGNETAR_SANITIZE=fuzzer-no-link,address,undefined \
+	@cmake -S . -B $(BUILD)-fuzz $(call generator,$(BUILD)-fuzz) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DMAGNETAR_FUZZ=ON -DMAGNETAR_SANITIZE=fuzzer-no-link,address,undefined \
 	  -DMAGNETAR_CUDA=OFF -DMAGNETAR_TESTS=OFF -DMAGNETAR_BENCH=OFF >/dev/null
 	@cmake --build $(BUILD)-fuzz -j $(JOBS) --target magnetar_fuzz_gguf
 	@mkdir -p $(BUILD)-fuzz/corpus
