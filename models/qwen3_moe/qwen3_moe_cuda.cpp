@@ -262,6 +262,7 @@ class Qwen3Cuda final : public Model {
   mutable std::vector<uint64_t> graph_key_;
   mutable uint64_t graph_tick_ = 0;
   mutable uint64_t next_mirror_id_ = 1;
+  mutable bool graphs_failed_ = false;  // a capture failed: decode launches kernel by kernel from then on
 
   // ---- the CPU expert lane (cpu_lane_: tiered mode with CudaLoad::cpu_experts) ----------------------------------
   // Decode rows only: an expert with more rows is worth the copy (the GPU then computes all of them at once).
@@ -863,15 +864,23 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
   }
 
   float* h_logits = h_logits_.as<float>();
-  bool graphed = graphs_enabled() && n <= kVec && pool_bytes_ == 0;
+  bool graphed = graphs_enabled() && !graphs_failed_ && n <= kVec && pool_bytes_ == 0;
   for (const SeqSpan& seq : args.seqs) graphed = graphed && seq.n_tok == 1;
   if (graphed) {
-    // One token per sequence: n head rows (<= kVec) come back in one copy, recorded in the graph.
-    MAGNETAR_ASSIGN_OR_RETURN(const cuda::Graph* graph, decode_graph(pool, args, n));
-    graph->launch(stream_);
-    stream_.synchronize();
-    std::memcpy(args.logits, h_logits, size_t(n * V) * sizeof(float));
-  } else {
+    // One token per sequence: n head rows (<= kVec) come back in one copy, recorded in the graph. A capture the
+    // driver refuses turns graphs off for this model: the launches below then run one by one (an op's own error
+    // comes back from them as it would have from the capture).
+    const Result<const cuda::Graph*> graph = decode_graph(pool, args, n);
+    if (graph.ok()) {
+      graph.value()->launch(stream_);
+      stream_.synchronize();
+      std::memcpy(args.logits, h_logits, size_t(n * V) * sizeof(float));
+    } else {
+      graphs_failed_ = true;
+      graphed = false;
+    }
+  }
+  if (!graphed) {
     const float* head_in = nullptr;
     MAGNETAR_RETURN_IF_ERROR(enqueue_layers(pool, args, n, &head_in));
     const int64_t n_out = args.all_logits ? n : int64_t(args.seqs.size());
