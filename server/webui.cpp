@@ -86,6 +86,7 @@ json experts_json(const ExpertStats& s) {
           {"gpu_hits", s.gpu_hits},
           {"gpu_misses", s.gpu_misses},
           {"gpu_cpu_experts", s.gpu_cpu_experts},
+          {"gpu_lookups", s.gpu_lookups()},
           {"gpu_hit_rate", s.gpu_tier && s.gpu_lookups() > 0
                                ? json(ratio(double(s.gpu_hits), double(s.gpu_lookups())))
                                : json()},

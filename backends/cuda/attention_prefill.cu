@@ -434,9 +434,11 @@ int rows_per_cta(int64_t head_dim) {
 
 }  // namespace
 
+bool has_attention_prefill_mma(int64_t head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
+
 Status attention_prefill_mma(const AttentionArgs& a, Stream& stream) {
   MAGNETAR_RETURN_IF_ERROR(attn::check_args("attention_prefill_mma", a, 16));  // cp.async: 16-byte V pieces
-  if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) {
+  if (!has_attention_prefill_mma(a.head_dim)) {
     return Status::error(format("attention_prefill_mma: head_dim=%lld has no kernel (64, 128, 256; use attention())",
                                 (long long)a.head_dim));
   }

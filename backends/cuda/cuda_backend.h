@@ -489,5 +489,7 @@ Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Strea
 // shape returns a Status (callers fall back to attention()). Allocates nothing (no workspace); a bad argument
 // returns a Status naming it and queues nothing. Meant for prefill: with few query tokens it keeps few SMs busy.
 Status attention_prefill_mma(const AttentionArgs& args, Stream& stream);
+// Whether attention_prefill_mma has a kernel for this head size (64, 128, 256).
+bool has_attention_prefill_mma(int64_t head_dim);
 
 }  // namespace magnetar::cuda

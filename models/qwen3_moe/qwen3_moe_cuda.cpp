@@ -100,7 +100,7 @@ bool graphs_enabled() {
 constexpr int64_t kMmaAttentionTokens = 64;
 bool use_attention_mma(int64_t n_tok, int64_t head_dim) {
   static const bool enabled = switch_on("MAGNETAR_CUDA_ATTN_MMA");
-  return enabled && n_tok >= kMmaAttentionTokens && (head_dim == 64 || head_dim == 128 || head_dim == 256);
+  return enabled && n_tok >= kMmaAttentionTokens && cuda::has_attention_prefill_mma(head_dim);
 }
 
 // A weight matrix in device memory: [rows, row_size(type, cols)] (ggml's ne[1] x ne[0]).

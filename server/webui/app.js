@@ -623,7 +623,7 @@
     ];
     if (e.gpu_tier) {
       rows.push(['experts, GPU pool', `${fmtPct(e.gpu_hit_rate)} hit rate (${fmtInt(e.gpu_hits)} of ` +
-                 `${fmtInt(e.gpu_hits + e.gpu_misses + e.gpu_cpu_experts)}), ${fmtBytes(e.gpu_bytes_h2d)} copied up`]);
+                 `${fmtInt(e.gpu_lookups)}), ${fmtBytes(e.gpu_bytes_h2d)} copied up`]);
     }
     if (e.streamed) {
       rows.push(['experts, RAM cache', `${fmtPct(e.hit_rate)} hit rate (${fmtInt(e.hits)} of ${fmtInt(e.acquired)})`,
