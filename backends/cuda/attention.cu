@@ -37,7 +37,10 @@
 namespace magnetar::cuda {
 namespace {
 
+using attn::exp2_approx;
 using attn::kChunk;
+using attn::mma_f16;
+using attn::pack_half2;
 constexpr int kThreads = attn::kChunk;
 constexpr int kWarps = kThreads / ops::kWarpSize;
 constexpr int kMaxHeadDim = int(kMaxAttentionHeadDim);
@@ -318,6 +321,255 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(const Param
   }
 }
 
+// ---- decode on tensor cores (attention_decode_mma) ------------------------------------------------------------
+//
+// Same grid, split plan, partial records and combine as attention_kernel; inside a CTA the 4 warps take the
+// split's rows 16 at a time (warp w: rows j_begin + 16 w, + 64, ...), each with its own online softmax, and
+// merge at the end. Per 16-row step, the group's query heads (padded to 8 or 16) against the 16 keys:
+//   S = Q K^T    mma m16n8k16: A = Q (rows = heads; group <= 8 leaves rows 8..15 zero), B = K ("col": one key per
+//                lane group g). Both fragments come straight from memory, no shared memory: the dot product does not
+//                care in which order the dims are summed, so lane (g, t) reads 16-byte pieces t, t + 4, ... of key
+//                g's row (4 lanes read 64 contiguous bytes) and the same pieces of its Q rows; piece i feeds the k16
+//                steps 2i and 2i + 1 (its halves 0-3 and 4-7). Q is scaled by scale * log2(e) and rounded to f16
+//                once, kept in registers for the whole split.
+//   softmax      C layout: lane (g, t) has head g (and g + 8), keys 2t, 2t + 1 of each n8 tile: max over the quad.
+//   O^T += V^T P^T  mma with A = V^T (rows = dims, k = keys) and B = P^T: the score accumulators of keys 2t, 2t + 1
+//                and 2t + 8, 2t + 9 of head g are exactly B's registers (k = keys, column = head g): no shuffle.
+//                A needs two keys of one dim per register: lane (g, t) reads dims g D/8 .. g D/8 + D/8 - 1 of keys
+//                2t, 2t + 1, 2t + 8, 2t + 9 (8 lanes read a whole 2 D-byte row) and pairs them with a byte permute
+//                (prmt); its half2 register r of a key is the dims (row g, row g + 8) of m16 tile r, i.e. the output
+//                dims are permuted too, undone when O is written.
+// Counts per step (head_dim 128, group 8): 16 rows x 512 bytes of K/V (16 16-byte loads per lane), 16 + 8 mma,
+// 32 prmt, ~40 other instructions for the softmax: ~1 instruction per 80 bytes, against ~2,900 per warp per
+// 128-row chunk of the FP32 kernel above (2 instructions per 16 bytes). Half of the score mma is padding (8 heads
+// in 16 rows) and none of P V (8 heads fill n8): the tensor work is far below the memory time at any depth.
+// Registers (ptxas sm_90): see has_attention_decode_mma for the shapes that fit.
+template <int D, int kHT>  // kHT: n8 tiles of query heads (group <= 8: 1, <= 16: 2)
+__global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Params p) {
+  constexpr int kK = D / 32;   // 16-byte K pieces per key and lane
+  constexpr int kMT = D / 16;  // m16 tiles of O^T (dims); also half2 V registers per key and lane
+  constexpr int kV = D / 64;   // 16-byte V pieces per key and lane
+  constexpr int kHeads = 8 * kHT;
+  constexpr int kStep = 16;    // keys per warp step
+  static_assert(D % 64 == 0 && (kHT == 1 || kHT == 2));
+  __shared__ __align__(16) float o_s[kHeads][D];
+  __shared__ float m_s[kWarps][kHeads], l_s[kWarps][kHeads], w_s[kWarps][kHeads];
+  __shared__ float big_m_s[kHeads], big_l_s[kHeads];
+
+  const int split = int(blockIdx.x);
+  const int hk = int(blockIdx.y);
+  const int tok = int(blockIdx.z);
+  const int tid = int(threadIdx.x);
+  const int warp = tid / ops::kWarpSize;
+  const int lane = tid % ops::kWarpSize;
+  const int g = lane / 4;  // mma groupID
+  const int t = lane % 4;  // mma threadID_in_group
+  const int G = p.group;
+  const RunPlan plan = run_plan(p);
+  if (split >= plan.n_splits) return;  // a graph's grid sized for a longer context: the whole CTA leaves
+  const int64_t pos = plan.pos0 + tok;
+  const int64_t lo = p.window > 0 && pos - p.window + 1 > 0 ? pos - p.window + 1 : 0;
+  const int64_t j_begin = lo + int64_t(split) * int64_t(plan.chunks_per_split) * kChunk;
+  const int64_t j_end = min(pos + 1, j_begin + int64_t(plan.chunks_per_split) * kChunk);
+
+  // Q fragments: qa[kk] for k16 step kk = 2i + s holds dims 8(t + 4i) + 4s + {0, 1} (registers 0, 1) and + {2, 3}
+  // (registers 2, 3) of head g (registers 0, 2) and head g + 8 (1, 3); zero for heads past the group.
+  const float q_scale = p.scale * 1.4426950408889634f;
+  uint32_t qa[D / 16][4];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = g + 8 * r;
+    const bool valid = h < G && (r == 0 || kHT == 2);
+    const float4* q4 = reinterpret_cast<const float4*>(
+        p.q + (size_t(tok) * size_t(p.n_head) + size_t(hk * G + (valid ? h : 0))) * size_t(D));
+#pragma unroll
+    for (int i = 0; i < kK; ++i) {
+      float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+      if (valid) {
+        a = q4[2 * (t + 4 * i)];
+        b = q4[2 * (t + 4 * i) + 1];
+      }
+      qa[2 * i][r] = pack_half2(a.x * q_scale, a.y * q_scale);
+      qa[2 * i][r + 2] = pack_half2(a.z * q_scale, a.w * q_scale);
+      qa[2 * i + 1][r] = pack_half2(b.x * q_scale, b.y * q_scale);
+      qa[2 * i + 1][r + 2] = pack_half2(b.z * q_scale, b.w * q_scale);
+    }
+  }
+
+  float m_run[kHT], l_run[kHT];
+  float o[kHT][kMT][4];
+#pragma unroll
+  for (int ht = 0; ht < kHT; ++ht) {
+    m_run[ht] = -INFINITY;
+    l_run[ht] = 0.0f;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[ht][mt][e] = 0.0f;
+    }
+  }
+
+  const uint16_t* k_head = p.k + size_t(hk) * size_t(D);
+  const uint16_t* v_head = p.v + size_t(hk) * size_t(D) + size_t(g) * size_t(D / 8);
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  for (int64_t j = j_begin + kStep * warp; j < j_end; j += kStep * kWarps) {
+    // K of keys j + g (n8 tile 0) and j + 8 + g (tile 1); V of keys j + 2t + {0, 1, 8, 9}. Rows at or past j_end
+    // are not read (the cache may end there; V must be 0, not NaN, where P is 0).
+    uint4 kr[2][kK], vr[4][kV];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int64_t key = j + 8 * nt + g;
+      const uint4* src = reinterpret_cast<const uint4*>(k_head + size_t(key) * size_t(p.kv_row)) + t;
+#pragma unroll
+      for (int i = 0; i < kK; ++i) kr[nt][i] = key < j_end ? src[4 * i] : zero;
+    }
+#pragma unroll
+    for (int kq = 0; kq < 4; ++kq) {
+      const int64_t key = j + 2 * t + (kq & 1) + 8 * (kq >> 1);
+      const uint4* src = reinterpret_cast<const uint4*>(v_head + size_t(key) * size_t(p.kv_row));
+#pragma unroll
+      for (int u = 0; u < kV; ++u) vr[kq][u] = key < j_end ? src[u] : zero;
+    }
+
+    // Scores (log2 units): s[nt][e] = head g (e < 2) or g + 8 (e >= 2), key j + 8 nt + 2t + e % 2.
+    float s[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kK; ++i) {
+        mma_f16(s[nt], qa[2 * i], kr[nt][i].x, kr[nt][i].y);
+        mma_f16(s[nt], qa[2 * i + 1], kr[nt][i].z, kr[nt][i].w);
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (j + 8 * nt + 2 * t + e >= j_end) s[nt][e] = s[nt][e + 2] = -INFINITY;
+      }
+    }
+
+    // Online softmax per head; s becomes p = 2^(s - m). The outputs' columns are heads 2t, 2t + 1 (of the head
+    // tile), whose factors live in lanes 4 (2t) and 4 (2t + 1).
+    uint32_t pb[kHT][2];
+#pragma unroll
+    for (int ht = 0; ht < kHT; ++ht) {
+      float mx = fmaxf(fmaxf(s[0][2 * ht], s[0][2 * ht + 1]), fmaxf(s[1][2 * ht], s[1][2 * ht + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_run[ht], mx);
+      const float ref = m_new == -INFINITY ? 0.0f : m_new;  // every key so far masked: p = alpha = 0, not NaN
+      const float alpha = exp2_approx(m_run[ht] - ref);
+      m_run[ht] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          s[nt][2 * ht + e] = exp2_approx(s[nt][2 * ht + e] - ref);
+          sum += s[nt][2 * ht + e];
+        }
+      }
+      l_run[ht] = l_run[ht] * alpha + sum;
+      const float a0 = __shfl_sync(0xffffffffu, alpha, 8 * t);
+      const float a1 = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        o[ht][mt][0] *= a0;
+        o[ht][mt][1] *= a1;
+        o[ht][mt][2] *= a0;
+        o[ht][mt][3] *= a1;
+      }
+      pb[ht][0] = pack_half2(s[0][2 * ht], s[0][2 * ht + 1]);
+      pb[ht][1] = pack_half2(s[1][2 * ht], s[1][2 * ht + 1]);
+    }
+
+    // O^T += V^T P^T, m16 tile mt = dims (g D/8 + 2 mt, + 1) as rows (g, g + 8).
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      uint32_t x[4];
+#pragma unroll
+      for (int kq = 0; kq < 4; ++kq) {
+        const uint4& w = vr[kq][mt / 4];
+        x[kq] = mt % 4 == 0 ? w.x : mt % 4 == 1 ? w.y : mt % 4 == 2 ? w.z : w.w;
+      }
+      const uint32_t a[4] = {__byte_perm(x[0], x[1], 0x5410), __byte_perm(x[0], x[1], 0x7632),
+                             __byte_perm(x[2], x[3], 0x5410), __byte_perm(x[2], x[3], 0x7632)};
+#pragma unroll
+      for (int ht = 0; ht < kHT; ++ht) mma_f16(o[ht][mt], a, pb[ht][0], pb[ht][1]);
+    }
+  }
+
+  // Merge the warps: each head's max M over the warps, warp w's weight 2^(m_w - M), the denominator; then the
+  // weighted outputs summed warp by warp (fixed order: deterministic).
+#pragma unroll
+  for (int ht = 0; ht < kHT; ++ht) {
+    float l = l_run[ht];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (t == 0) {
+      m_s[warp][8 * ht + g] = m_run[ht];
+      l_s[warp][8 * ht + g] = l;
+    }
+  }
+  __syncthreads();
+  if (tid < kHeads) {
+    float m = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, m_s[w][tid]);
+    const float ref = m == -INFINITY ? 0.0f : m;
+    float l = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float wt = exp2_approx(m_s[w][tid] - ref);
+      w_s[w][tid] = wt;
+      l += wt * l_s[w][tid];
+    }
+    big_m_s[tid] = m;
+    big_l_s[tid] = l;
+  }
+  __syncthreads();
+  for (int w = 0; w < kWarps; ++w) {
+    if (warp == w) {
+#pragma unroll
+      for (int ht = 0; ht < kHT; ++ht) {
+        const int h0 = 8 * ht + 2 * t;
+        const float w0 = w_s[w][h0], w1 = w_s[w][h0 + 1];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          const int d = g * (D / 8) + 2 * mt;
+          const float c[4] = {o[ht][mt][0] * w0, o[ht][mt][1] * w1, o[ht][mt][2] * w0, o[ht][mt][3] * w1};
+          if (w == 0) {
+            o_s[h0][d] = c[0];
+            o_s[h0 + 1][d] = c[1];
+            o_s[h0][d + 1] = c[2];
+            o_s[h0 + 1][d + 1] = c[3];
+          } else {
+            o_s[h0][d] += c[0];
+            o_s[h0 + 1][d] += c[1];
+            o_s[h0][d + 1] += c[2];
+            o_s[h0 + 1][d + 1] += c[3];
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  // The output (one split) or the split's partial record (max in natural units, as attention_kernel writes it).
+  const int h_first = hk * G;
+  for (int i = tid; i < G * D; i += kThreads) {
+    const int h = i / D, d = i % D;
+    if (plan.n_splits == 1) {
+      p.out[(size_t(tok) * size_t(p.n_head) + size_t(h_first + h)) * size_t(D) + size_t(d)] = o_s[h][d] / big_l_s[h];
+    } else {
+      float* rec = p.partials + (size_t(h_first + h) * size_t(plan.n_splits) + size_t(split)) * size_t(D + 2);
+      rec[d] = o_s[h][d];
+      if (d == 0) {
+        rec[D] = big_m_s[h] * 0.6931471805599453f;
+        rec[D + 1] = big_l_s[h];
+      }
+    }
+  }
+}
+
 template <int kMaxGroup>
 void launch(const Params& p, dim3 grid, cudaStream_t stream) {
   attention_kernel<kMaxGroup><<<grid, kThreads, 0, stream>>>(p);
@@ -377,15 +629,12 @@ Status check_args(const char* op, const AttentionArgs& a, uintptr_t v_align) {
 
 }  // namespace attn
 
-Status attention(const AttentionArgs& a, AttentionWorkspace& workspace, Stream& stream) {
-  MAGNETAR_RETURN_IF_ERROR(attn::check_args("attention", a, 16));  // 16-byte K and V loads
-  if (a.head_dim < 8 || a.head_dim % 8 != 0 || a.head_dim > kMaxAttentionHeadDim) {
-    return Status::error(format("attention: head_dim=%lld must be a multiple of 8 in 8..%lld", (long long)a.head_dim,
-                                (long long)kMaxAttentionHeadDim));
-  }
+namespace {
 
-  const int64_t group = a.n_head / a.n_head_kv;
-  Params p;  // C++17 (nvcc): no designated initializers
+// The kernel parameters and the grid's split count of one call of attention() or attention_decode_mma() (`op` names
+// it in errors), after the checks both share.
+Status plan_call(const char* op, const AttentionArgs& a, AttentionWorkspace& workspace, Params& p, int& grid_splits) {
+  MAGNETAR_RETURN_IF_ERROR(attn::check_args(op, a, 16));  // 16-byte K and V loads
   p.q = a.q;
   p.k = a.k_cache;
   p.v = a.v_cache;
@@ -396,17 +645,17 @@ Status attention(const AttentionArgs& a, AttentionWorkspace& workspace, Stream& 
   p.window = a.window;
   p.n_head = int(a.n_head);
   p.head_dim = int(a.head_dim);
-  p.group = int(group);
+  p.group = int(a.n_head / a.n_head_kv);
   p.chunks_per_split = INT_MAX;
   p.n_splits = 1;
   p.scale = a.scale;
   p.pos0_device = a.pos0_device;
   p.sm_count = workspace.sm_count();
   p.max_splits = int(kMaxAttentionSplits);
-  int grid_splits = 1;
+  grid_splits = 1;
   if (a.pos0_device != nullptr) {
     if (a.n_tok != 1 || a.max_rows < 1 || a.max_rows > INT_MAX) {
-      return Status::error(format("attention: pos0_device takes n_tok=1 (got %lld) and max_rows in 1..%d (got %lld)",
+      return Status::error(format("%s: pos0_device takes n_tok=1 (got %lld) and max_rows in 1..%d (got %lld)", op,
                                   (long long)a.n_tok, INT_MAX, (long long)a.max_rows));
     }
     // Room for the largest plan of any row count up to max_rows: one split per chunk up to the target.
@@ -423,22 +672,76 @@ Status attention(const AttentionArgs& a, AttentionWorkspace& workspace, Stream& 
     grid_splits = p.n_splits;
   }
   if (grid_splits > 1 && (a.n_head > workspace.max_heads() || a.head_dim > workspace.max_head_dim())) {
-    return Status::error(format("attention: %lld heads of %lld exceed the workspace (%lld heads of %lld)",
+    return Status::error(format("%s: %lld heads of %lld exceed the workspace (%lld heads of %lld)", op,
                                 (long long)a.n_head, (long long)a.head_dim, (long long)workspace.max_heads(),
                                 (long long)workspace.max_head_dim()));
   }
+  return Status();
+}
+
+void launch_combine(const Params& p, int grid_splits, int64_t n_head, cudaStream_t stream) {
+  if (grid_splits == 1) return;
+  attention_combine_kernel<<<unsigned(n_head), kThreads, 0, stream>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+template <int D, int kHT>
+void launch_decode_mma(const Params& p, dim3 grid, cudaStream_t stream) {
+  attention_decode_mma_kernel<D, kHT><<<grid, kThreads, 0, stream>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+Status attention(const AttentionArgs& a, AttentionWorkspace& workspace, Stream& stream) {
+  if (a.head_dim < 8 || a.head_dim % 8 != 0 || a.head_dim > kMaxAttentionHeadDim) {
+    return Status::error(format("attention: head_dim=%lld must be a multiple of 8 in 8..%lld", (long long)a.head_dim,
+                                (long long)kMaxAttentionHeadDim));
+  }
+  Params p;  // C++17 (nvcc): no designated initializers
+  int grid_splits = 1;
+  MAGNETAR_RETURN_IF_ERROR(plan_call("attention", a, workspace, p, grid_splits));
   const dim3 grid(unsigned(grid_splits), unsigned(a.n_head_kv), unsigned(a.n_tok));
-  if (group <= 4) {
+  if (p.group <= 4) {
     launch<4>(p, grid, stream.raw());
-  } else if (group <= 8) {
+  } else if (p.group <= 8) {
     launch<8>(p, grid, stream.raw());
   } else {
     launch<16>(p, grid, stream.raw());
   }
-  if (grid_splits > 1) {
-    attention_combine_kernel<<<unsigned(a.n_head), kThreads, 0, stream.raw()>>>(p);
-    CUDA_CHECK(cudaGetLastError());
+  launch_combine(p, grid_splits, a.n_head, stream.raw());
+  return Status();
+}
+
+bool has_attention_decode_mma(int64_t head_dim, int64_t group) {
+  if (group < 1 || group > kMaxAttentionGroup) return false;
+  return head_dim == 64 || head_dim == 128 || (head_dim == 256 && group <= 8);
+}
+
+Status attention_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, Stream& stream) {
+  if (a.n_head_kv > 0 && !has_attention_decode_mma(a.head_dim, a.n_head / a.n_head_kv)) {
+    return Status::error(format("attention_decode_mma: head_dim=%lld with group %lld has no kernel (head_dim 64 or "
+                                "128 with a group up to 16, 256 with a group up to 8; use attention())",
+                                (long long)a.head_dim, (long long)(a.n_head / a.n_head_kv)));
   }
+  if (!ops::aligned(a.q, 16)) return Status::error("attention_decode_mma: q must be 16-byte aligned");
+  Params p;
+  int grid_splits = 1;
+  MAGNETAR_RETURN_IF_ERROR(plan_call("attention_decode_mma", a, workspace, p, grid_splits));
+  const dim3 grid(unsigned(grid_splits), unsigned(a.n_head_kv), unsigned(a.n_tok));
+  const bool two = p.group > 8;
+  switch (a.head_dim) {
+    case 64:
+      two ? launch_decode_mma<64, 2>(p, grid, stream.raw()) : launch_decode_mma<64, 1>(p, grid, stream.raw());
+      break;
+    case 128:
+      two ? launch_decode_mma<128, 2>(p, grid, stream.raw()) : launch_decode_mma<128, 1>(p, grid, stream.raw());
+      break;
+    default:
+      launch_decode_mma<256, 1>(p, grid, stream.raw());
+      break;
+  }
+  launch_combine(p, grid_splits, a.n_head, stream.raw());
   return Status();
 }
 

@@ -9,6 +9,10 @@
 
 #include "backends/cuda/cuda_backend.h"
 
+#ifdef __CUDACC__
+#include <cuda_fp16.h>
+#endif
+
 #ifndef MAGNETAR_HD
 #define MAGNETAR_HD __host__ __device__ __forceinline__
 #endif
@@ -66,6 +70,31 @@ MAGNETAR_HD float rescale(SoftmaxState& st, float chunk_max) {
   st.l *= alpha;
   return alpha;
 }
+
+#ifdef __CUDACC__
+// Tensor-core helpers of the two f16 mma kernels (attention_prefill.cu, attention.cu's decode kernel).
+
+// c += A B for one 16x8 tile, f16 inputs, f32 accumulators (mma.m16n8k16, A row-major, B column-major).
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 2^x, ex2.approx.ftz: within 2 ulp of the rounded result, exactly 1 at 0 and +0 at -inf (PTX ISA 9.7.3.21).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two floats rounded to f16 (nearest even), `lo` in the lower 16 bits.
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+#endif
 
 // The argument checks attention() and attention_prefill_mma() share (`op` names the caller in the message): counts,
 // heads and group, window, pointers, alignment (v_cache to v_align bytes), aliasing. Host only.

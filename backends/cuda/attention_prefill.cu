@@ -95,6 +95,10 @@
 namespace magnetar::cuda {
 namespace {
 
+using attn::exp2_approx;
+using attn::mma_f16;
+using attn::pack_half2;
+
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / ops::kWarpSize;
 
@@ -151,26 +155,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(address)
                : "memory");
-}
-
-// c += A B for one 16x8 tile, f16 inputs, f32 accumulators.
-__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Two floats rounded to f16 (nearest even), `lo` in the lower 16 bits.
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
 }
 
 // Grid: (query tiles, n_head_kv); kThreads threads; Tile<D>::kSmemBytes of dynamic shared memory.

@@ -480,6 +480,17 @@ struct AttentionArgs {
 };
 Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Stream& stream);
 
+// Same contract as attention() (same AttentionArgs incl. pos0_device, same split plan and workspace), computed on f16
+// tensor cores (attention.cu's decode kernel): Q * scale rounded to f16, scores and softmax in f32, P rounded to f16
+// for P V, f32 accumulation -- the numerics of attention_prefill_mma, whose bound tests/cuda/cuda_ops_test.cpp states
+// for both. Each CTA's 4 warps take 16 cached rows at a time straight from memory into mma fragments (no shared
+// memory staging), so a split's rows are read with ~1 instruction per 80 bytes instead of attention()'s ~1 per 8.
+// Meant for decode (n_tok == 1: split-K); n_tok > 1 runs one CTA per (token, KV head) as attention() does.
+// Supported (has_attention_decode_mma): head_dim 64 or 128 with a group up to 16, 256 with a group up to 8; q 16-byte
+// aligned. Any other shape returns a Status (callers fall back to attention()).
+Status attention_decode_mma(const AttentionArgs& args, AttentionWorkspace& workspace, Stream& stream);
+bool has_attention_decode_mma(int64_t head_dim, int64_t group);
+
 // Same contract as attention() for n_tok >= 1 (same AttentionArgs, same masking incl. window, same layouts), but
 // computed with f16 tensor-core products (attention_prefill.cu, flash-attention-2 tiling: one CTA per tile of query
 // tokens and KV head, so each K/V row is read once per tile of tokens instead of once per token): Q * scale is

@@ -1,7 +1,8 @@
 // CUDA attention benchmarks (Google Benchmark, manual time from CUDA events) on the Qwen3-30B-A3B attention shape
 // (32 query heads, 4 KV heads, head_dim 128, F16 KV: 2 KiB of K and V per cached row):
 //   attention_decode/ctx<C>        cuda::attention of one token over C cached rows, as a decode graph queues it
-//                                  (position read from device memory, grid sized for kMaxCtx rows)
+//                                  (position read from device memory, grid sized for kMaxCtx rows): the baseline
+//   attention_decode_mma/ctx<C>    the same on cuda::attention_decode_mma (tensor cores)
 //   attention_prefill_mma/ctx<C>   cuda::attention_prefill_mma of a kChunk-token chunk after C cached rows
 //   attention_prefill_rows/ctx<C>  the same chunk on cuda::attention (per-token CTAs): the baseline
 // One iteration replays a CUDA graph of `copies` calls, each over its own region of K/V (>= kFootprintBytes in all,
@@ -136,7 +137,7 @@ void counters(benchmark::State& state, double seconds, int64_t ctx_rows, double 
   state.counters["TFLOPS"] = seconds > 0 ? 4.0 * double(kHeads * kHeadDim) * pairs / seconds / 1e12 : 0;
 }
 
-void bm_decode(benchmark::State& state, int64_t ctx) {
+void bm_decode(benchmark::State& state, int64_t ctx, bool mma) {
   Setup& s = setup();
   const int32_t pos = int32_t(ctx - 1);
   must_ok(s.positions.upload(&pos, sizeof pos), "position");
@@ -145,7 +146,8 @@ void bm_decode(benchmark::State& state, int64_t ctx) {
     cuda::AttentionArgs a = args_for(s, k, v, 1, 0);
     a.pos0_device = s.positions.as<int32_t>();
     a.max_rows = ctx;
-    must_ok(cuda::attention(a, s.workspace, s.stream), "attention");
+    must_ok(mma ? cuda::attention_decode_mma(a, s.workspace, s.stream) : cuda::attention(a, s.workspace, s.stream),
+            "attention");
   });
   counters(state, seconds, ctx, double(ctx));
 }
@@ -162,9 +164,10 @@ void bm_prefill(benchmark::State& state, int64_t ctx, bool mma) {
 
 void register_all() {
   for (const int64_t ctx : kContexts) {
-    benchmark::RegisterBenchmark(("attention_decode/ctx" + std::to_string(ctx)).c_str(), bm_decode, ctx)
-        ->UseManualTime()
-        ->Unit(benchmark::kMicrosecond);
+    for (const bool mma : {true, false}) {
+      const std::string name = std::string(mma ? "attention_decode_mma/ctx" : "attention_decode/ctx") + std::to_string(ctx);
+      benchmark::RegisterBenchmark(name.c_str(), bm_decode, ctx, mma)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    }
   }
   for (const int64_t ctx : {int64_t(0), int64_t(16384), int64_t(65536)}) {
     for (const bool mma : {true, false}) {

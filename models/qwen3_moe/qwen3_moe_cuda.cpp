@@ -93,14 +93,21 @@ bool graphs_enabled() {
   return enabled;
 }
 
-// Prefill attention of a sequence with at least kMmaAttentionTokens new tokens runs on the f16 tensor-core kernel
-// (attention_prefill_mma: each K/V row read once per tile of tokens); fewer tokens, other head sizes and
-// MAGNETAR_CUDA_ATTN_MMA=0 (a diagnostic switch: run.sh --attn-prefill's baseline) take attention(), which reads
-// each K/V row once per token but spreads a short chunk over more SMs.
+// Attention runs on f16 tensor cores where a kernel has the shape: a sequence with at least kMmaAttentionTokens new
+// tokens on attention_prefill_mma (each K/V row read once per tile of tokens), fewer (decode) on
+// attention_decode_mma (split-K, one CTA per token and split); the other shapes on attention() (FP32 cores).
+// Diagnostic switches, the baselines of run.sh: MAGNETAR_CUDA_ATTN_MMA=0 keeps prefill (--attn-prefill) and
+// MAGNETAR_CUDA_DECODE_MMA=0 decode (--model-bench) on attention().
 constexpr int64_t kMmaAttentionTokens = 64;
-bool use_attention_mma(int64_t n_tok, int64_t head_dim) {
-  static const bool enabled = switch_on("MAGNETAR_CUDA_ATTN_MMA");
-  return enabled && n_tok >= kMmaAttentionTokens && cuda::has_attention_prefill_mma(head_dim);
+Status attend(const cuda::AttentionArgs& args, int64_t group, cuda::AttentionWorkspace& ws, cuda::Stream& stream) {
+  static const bool prefill_mma = switch_on("MAGNETAR_CUDA_ATTN_MMA");
+  static const bool decode_mma = switch_on("MAGNETAR_CUDA_DECODE_MMA");
+  if (args.n_tok >= kMmaAttentionTokens) {
+    if (prefill_mma && cuda::has_attention_prefill_mma(args.head_dim)) return cuda::attention_prefill_mma(args, stream);
+  } else if (decode_mma && cuda::has_attention_decode_mma(args.head_dim, group)) {
+    return cuda::attention_decode_mma(args, ws, stream);
+  }
+  return cuda::attention(args, ws, stream);
 }
 
 // A weight matrix in device memory: [rows, row_size(type, cols)] (ggml's ne[1] x ne[0]).
@@ -543,8 +550,7 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
         .n_tok = seq.n_tok, .pos0 = seq.pos0, .n_head = hp_.n_head, .n_head_kv = hp_.n_head_kv, .head_dim = D,
         .window = L.window, .scale = float(1.0 / std::sqrt(double(D))), .pos0_device = pos0_device,
         .max_rows = seq.kv->n_ctx()};
-    MAGNETAR_RETURN_IF_ERROR(use_attention_mma(seq.n_tok, D) ? cuda::attention_prefill_mma(args, stream_)
-                                                             : cuda::attention(args, attn_ws_, stream_));
+    MAGNETAR_RETURN_IF_ERROR(attend(args, hp_.n_head / hp_.n_head_kv, attn_ws_, stream_));
     t0 += seq.n_tok;
   }
   return linear(L.wo, attn_.as<float>(), proj_.as<float>(), n);

@@ -30,7 +30,7 @@
 //                           integers, so every sum is exact and out = fl(sum / count) bit for bit: a dropped,
 //                           doubled or misplaced row, a wrong window edge or a wrong V head fails exactly.
 //                           Rows past the attended range hold F16 NaN, so reading one poisons the output.
-//   attention_prefill_mma   (random data) per element: the bound derived above prefill_mma_expect() from the f16
+//   attention_prefill_mma   (random data) per element: the bound derived above mma_expect() from the f16
 //                           rounding of Q and P (2^-11 each), ex2.approx and the f32 sums, against the same double
 //                           reference; many tokens per call against one call per token within twice that bound.
 //                           (exact data) the K = 0 check above holds bit for bit (ex2(0) = 1, integer sums exact).
@@ -644,10 +644,27 @@ AttnData attention_data(Rng& rng, const AttnCase& c, AttnFill fill) {
   return d;
 }
 
-// The op under test: attention (split-K decode, per-token prefill) or attention_prefill_mma (tensor cores).
-enum class AttnOp { kAttention, kPrefillMma };
+// The op under test: attention (split-K decode, per-token prefill), attention_prefill_mma or attention_decode_mma
+// (tensor cores).
+enum class AttnOp { kAttention, kPrefillMma, kDecodeMma };
 
-const char* op_name(AttnOp op) { return op == AttnOp::kAttention ? "attention" : "attention_prefill_mma"; }
+const char* op_name(AttnOp op) {
+  return op == AttnOp::kAttention    ? "attention"
+         : op == AttnOp::kPrefillMma ? "attention_prefill_mma"
+                                     : "attention_decode_mma";
+}
+
+Status run_op(AttnOp op, const cuda::AttentionArgs& args, cuda::AttentionWorkspace& ws, cuda::Stream& stream) {
+  switch (op) {
+    case AttnOp::kAttention:
+      return cuda::attention(args, ws, stream);
+    case AttnOp::kPrefillMma:
+      return cuda::attention_prefill_mma(args, stream);
+    case AttnOp::kDecodeMma:
+      break;
+  }
+  return cuda::attention_decode_mma(args, ws, stream);
+}
 
 // Runs the GPU op on the data; rows past pos0 + n_tok - 1 are F16 NaN. attention_prefill_mma does not use `ws`.
 std::vector<float> run_attention(const AttnCase& c, const AttnData& d, cuda::AttentionWorkspace& ws,
@@ -670,8 +687,7 @@ std::vector<float> run_attention(const AttnCase& c, const AttnData& d, cuda::Att
                                  .head_dim = c.shape.head_dim,
                                  .window = c.window,
                                  .scale = float(1.0 / std::sqrt(double(c.shape.head_dim)))};
-  const Status s =
-      op == AttnOp::kAttention ? cuda::attention(args, ws, stream) : cuda::attention_prefill_mma(args, stream);
+  const Status s = run_op(op, args, ws, stream);
   EXPECT_TRUE(s.ok()) << op_name(op) << ": " << s.message();
   stream.synchronize();
   return from_device<float>(*dout, out_n);
@@ -762,13 +778,11 @@ TEST(CudaOps, AttentionMatchesReference) {
 // Decode with the position read from device memory (pos0_device, the decode graph's form) in a graph captured
 // once with a grid sized for a longer cache (max_rows): replayed at each decode case's position it gives the same
 // bits as attention() with that pos0 from the host (the same split plan, made on the device), including the
-// cases of one split (no combine) and of several chunks per split.
-TEST(CudaOps, AttentionDecodePositionFromDeviceInAGraph) {
-  SKIP_WITHOUT_GPU();
+// cases of one split (no combine) and of several chunks per split. For attention() and attention_decode_mma().
+void expect_graph_position_matches_host(AttnOp op, const std::vector<AttnShape>& shapes, uint64_t seed) {
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
   ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(32, 256));
-  Rng rng(kSeed + 62);
-  const AttnShape shapes[] = {{32, 4, 128}, {16, 1, 96}};
+  Rng rng(seed);
   for (const AttnShape& shape : shapes) {
     for (const int64_t window : {int64_t(0), int64_t(4096)}) {
       const int64_t max_rows = 25000;
@@ -789,13 +803,13 @@ TEST(CudaOps, AttentionDecodePositionFromDeviceInAGraph) {
       graphed.pos0_device = dpos.as<int32_t>();
       graphed.max_rows = max_rows;
       cuda::Graph::begin_capture(stream);
-      const Status st = cuda::attention(graphed, ws, stream);
+      const Status st = run_op(op, graphed, ws, stream);
       ASSERT_OK_AND_ASSIGN(cuda::Graph graph, cuda::Graph::end_capture(stream));
       ASSERT_OK(st);
       for (const int64_t pos : {int64_t(0), int64_t(16), int64_t(299), int64_t(4999), int64_t(19999),
                                 max_rows - 1}) {
         args.pos0 = pos;
-        ASSERT_OK(cuda::attention(args, ws, stream));
+        ASSERT_OK(run_op(op, args, ws, stream));
         stream.synchronize();
         const std::vector<float> want = from_device<float>(dout, out_n);
         ASSERT_OK(dout.upload(std::vector<float>(out_n, NAN).data(), out_n * sizeof(float)));
@@ -805,10 +819,16 @@ TEST(CudaOps, AttentionDecodePositionFromDeviceInAGraph) {
         stream.synchronize();
         const std::vector<float> got = from_device<float>(dout, out_n);
         ASSERT_EQ(0, std::memcmp(got.data(), want.data(), out_n * sizeof(float)))
-            << "n_head " << shape.n_head << " head_dim " << shape.head_dim << " window " << window << " pos " << pos;
+            << op_name(op) << " n_head " << shape.n_head << " head_dim " << shape.head_dim << " window " << window
+            << " pos " << pos;
       }
     }
   }
+}
+
+TEST(CudaOps, AttentionDecodePositionFromDeviceInAGraph) {
+  SKIP_WITHOUT_GPU();
+  expect_graph_position_matches_host(AttnOp::kAttention, {{32, 4, 128}, {16, 1, 96}}, kSeed + 62);
 }
 
 // K = 0: all scores 0, every exp factor exactly 1, so out = mean of V over the attended rows; V holds integers
@@ -818,7 +838,7 @@ TEST(CudaOps, AttentionDecodePositionFromDeviceInAGraph) {
 // 24 bits below the largest term), so its result is the same fl(sum / count) (one IEEE division at the end).
 void expect_uniform_scores_exact(AttnOp op, const std::vector<AttnCase>& cases, uint64_t seed) {
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
-  ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(32, 256));
+  ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(64, 256));
   Rng rng(seed);
   for (const AttnCase& c : cases) {
     const int64_t H = c.shape.n_head, HK = c.shape.n_head_kv, D = c.shape.head_dim, group = H / HK;
@@ -906,6 +926,10 @@ std::vector<AttnCase> prefill_mma_cases() {
 //   the f32 sum l (thread partials, then the quad) and the final division:
 //     |d out| <= e^(2 delta) (2 gamma(N, 2u) + u) sum_j w_j |v_jd|, N = 2 (rows attended + 192) + 4 tiles.
 //   A CTA spans <= 128 tokens and a tile is >= 32 keys: tiles <= (rows attended + 128) / 32 + 2.
+// attention_decode_mma (same arithmetic, tiles of 16 keys per warp, then the 4 warps merged with ex2 weights and
+// the splits combined with expf of the max difference after a conversion to natural units): tiles <= rows attended
+// / 16 + 4 rescales (the merge and the combine among them), another 4u max|S| for the conversion and the
+// combine's subtraction, and N grows by the merge and the combine's sums (<= kMaxAttentionSplits + 8).
 // The bound is the sum of the three, times 1.01, plus 1e-30. It assumes the tensor core keeps at least float's 24
 // bits below the largest term of its sums (measured on V100/T4/A100 by Fasi et al. 2021; a Hopper that kept fewer
 // would fail here, not pass silently). Typical size: head_dim 128, Gaussian data: E ~ 4e-3, bound ~ 1e-2 sum w|v|.
@@ -913,7 +937,8 @@ struct AttnExpect {
   std::vector<double> want, tol;  // [n_tok, n_head, head_dim]
 };
 
-AttnExpect prefill_mma_expect(const AttnCase& c, const AttnData& d) {
+AttnExpect mma_expect(const AttnCase& c, const AttnData& d, AttnOp op = AttnOp::kPrefillMma) {
+  const bool decode = op == AttnOp::kDecodeMma;
   const int64_t H = c.shape.n_head, HK = c.shape.n_head_kv, D = c.shape.head_dim, group = H / HK;
   const double scale = double(float(1.0 / std::sqrt(double(D))));  // as run_attention passes it
   const double f16_u = std::ldexp(1.0, -11), f16_sub = std::ldexp(1.0, -25), ln2 = std::log(2.0);
@@ -929,8 +954,9 @@ AttnExpect prefill_mma_expect(const AttnCase& c, const AttnData& d) {
   x.tol.resize(x.want.size());
   for (int64_t t = 0; t < c.n_tok; ++t) {
     const int64_t pos = c.pos0 + t, lo = first_row(c, pos), n_att = pos - lo + 1;
-    const double tiles = double((n_att + 128) / 32 + 2);
-    const double acc = 2.0 * gamma(2.0 * double(n_att + 192) + 4.0 * tiles, 2.0 * kU) + kU;
+    const double tiles = decode ? double(n_att / 16 + 4) : double((n_att + 128) / 32 + 2);
+    const double depth = 2.0 * double(n_att + 192) + 4.0 * tiles + (decode ? double(cuda::kMaxAttentionSplits + 8) : 0.0);
+    const double acc = 2.0 * gamma(depth, 2.0 * kU) + kU;
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = h / group;
       const float* q = d.q.data() + (t * H + h) * D;
@@ -950,7 +976,7 @@ AttnExpect prefill_mma_expect(const AttnCase& c, const AttnData& d) {
         s_abs = std::max(s_abs, std::fabs(sj));
         e_max = std::max(e_max, scale * mag * score_rel + ln2 * f16_sub * ksum);
       }
-      const double delta = e_max + 4.0 * kU * s_abs + 5.0 * kU * (tiles + 1.0);
+      const double delta = e_max + (decode ? 8.0 : 4.0) * kU * s_abs + 5.0 * kU * (tiles + 1.0);
       double l = 0;
       for (double& pj : p) {
         pj = std::exp(pj - m);
@@ -983,7 +1009,7 @@ TEST(CudaOps, AttentionPrefillMmaMatchesReference) {
   for (const AttnCase& c : prefill_mma_cases()) {
     const AttnData d = attention_data(rng, c, AttnFill::kRandom);
     const std::vector<float> got = run_attention(c, d, ws, stream, AttnOp::kPrefillMma);
-    const AttnExpect x = prefill_mma_expect(c, d);
+    const AttnExpect x = mma_expect(c, d);
     ASSERT_EQ(got.size(), x.want.size()) << describe(c);
     int bad = 0;
     for (size_t i = 0; i < got.size(); ++i) {
@@ -1014,7 +1040,7 @@ TEST(CudaOps, AttentionPrefillMmaTileMatchesSingleTokens) {
     const AttnData d = attention_data(rng, c, AttnFill::kRandom);
     const std::vector<float> batched = run_attention(c, d, ws, stream, AttnOp::kPrefillMma);
     ASSERT_EQ(batched.size(), size_t(c.n_tok * H * D)) << describe(c);
-    const AttnExpect x = prefill_mma_expect(c, d);
+    const AttnExpect x = mma_expect(c, d);
     int bad = 0;
     for (int64_t t = 0; t < c.n_tok; ++t) {
       const AttnCase one{c.shape, 1, c.pos0 + t, c.window};
@@ -1044,6 +1070,59 @@ TEST(CudaOps, AttentionPrefillMmaUniformScoresExact) {
     if (c.shape.head_dim == 64 || c.shape.head_dim == 128 || c.shape.head_dim == 256) cases.push_back(c);
   }
   expect_uniform_scores_exact(AttnOp::kPrefillMma, cases, kSeed + 11);
+}
+
+// ---- attention_decode_mma -------------------------------------------------------------------------------------
+
+// attention()'s cases with a kernel (head_dim 64, 128, 256; groups 1 to 16) plus decode at the shapes the model runs:
+// the 30B-A3B geometry (32 heads over 4 KV heads of 128) and a group of 16 (the 235B geometry's 64 over 4), at
+// contexts of 1, 15, 16, 17 rows (a warp step of 16 and its edges), one chunk and its edge (128, 129), a context that
+// gives one split per chunk and one of several chunks per split, with and without a window.
+std::vector<AttnCase> decode_mma_cases() {
+  std::vector<AttnCase> cases;
+  for (const AttnCase& c : attention_cases()) {
+    if (cuda::has_attention_decode_mma(c.shape.head_dim, c.shape.n_head / c.shape.n_head_kv)) cases.push_back(c);
+  }
+  const AttnShape shapes[] = {{32, 4, 128}, {16, 1, 128}, {64, 4, 128}, {32, 4, 64}};
+  for (const AttnShape& s : shapes) {
+    for (const int64_t ctx : {1, 15, 16, 17, 128, 129, 3000, 40000}) {
+      cases.push_back({s, 1, ctx - 1, 0});
+      if (ctx > 1000) cases.push_back({s, 1, ctx - 1, 1000});
+    }
+  }
+  return cases;
+}
+
+TEST(CudaOps, AttentionDecodeMmaMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(64, 256));
+  Rng rng(kSeed + 12);
+  for (const AttnCase& c : decode_mma_cases()) {
+    const AttnData d = attention_data(rng, c, AttnFill::kRandom);
+    const std::vector<float> got = run_attention(c, d, ws, stream, AttnOp::kDecodeMma);
+    const AttnExpect x = mma_expect(c, d, AttnOp::kDecodeMma);
+    ASSERT_EQ(got.size(), x.want.size()) << describe(c);
+    int bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (!(std::fabs(double(got[i]) - x.want[i]) <= x.tol[i]) && bad++ < 5) {
+        const int64_t D = c.shape.head_dim, H = c.shape.n_head;
+        ADD_FAILURE() << describe(c) << " token " << int64_t(i) / (H * D) << " head " << int64_t(i) / D % H
+                      << " element " << int64_t(i) % D << ": got " << got[i] << ", want " << x.want[i] << " (tolerance "
+                      << x.tol[i] << ")";
+      }
+    }
+  }
+}
+
+TEST(CudaOps, AttentionDecodeMmaUniformScoresExact) {
+  SKIP_WITHOUT_GPU();
+  expect_uniform_scores_exact(AttnOp::kDecodeMma, decode_mma_cases(), kSeed + 13);
+}
+
+TEST(CudaOps, AttentionDecodeMmaPositionFromDeviceInAGraph) {
+  SKIP_WITHOUT_GPU();
+  expect_graph_position_matches_host(AttnOp::kDecodeMma, {{32, 4, 128}, {16, 1, 128}, {8, 2, 64}}, kSeed + 14);
 }
 
 // ---- argument checks (no device needed) ---------------------------------------------------------------------
@@ -1158,6 +1237,39 @@ TEST(CudaOps, RejectsBadArguments) {
   a = good;
   a.window = -1;
   fails(cuda::attention_prefill_mma(a, stream), mma);
+
+  // attention_decode_mma: attention()'s checks, head_dim 64 or 128 (group <= 16) or 256 (group <= 8), q 16-byte
+  // aligned.
+  const char* dec = "attention_decode_mma";
+  EXPECT_TRUE(cuda::has_attention_decode_mma(128, 16));
+  EXPECT_TRUE(cuda::has_attention_decode_mma(256, 8));
+  EXPECT_FALSE(cuda::has_attention_decode_mma(256, 16));
+  EXPECT_FALSE(cuda::has_attention_decode_mma(96, 1));
+  for (const int64_t head_dim : {96, 100, 32, 512}) {
+    a = good;
+    a.head_dim = head_dim;
+    fails(cuda::attention_decode_mma(a, ws, stream), dec);
+  }
+  a = good;
+  a.n_head = 32;
+  a.n_head_kv = 2;
+  a.head_dim = 256;  // group 16 at head_dim 256: no kernel
+  fails(cuda::attention_decode_mma(a, ws, stream), dec);
+  a = good;
+  a.n_head_kv = 0;
+  fails(cuda::attention_decode_mma(a, ws, stream), dec);
+  a = good;
+  a.q = f + 1;  // 4-byte aligned: Q is read 16 bytes at a time
+  fails(cuda::attention_decode_mma(a, ws, stream), dec);
+  a = good;
+  a.v_cache = h + 1;
+  fails(cuda::attention_decode_mma(a, ws, stream), dec);
+  a = good;
+  a.out = f;  // aliases q
+  fails(cuda::attention_decode_mma(a, ws, stream), dec);
+  a = good;
+  a.pos0_device = &pos;  // max_rows 0
+  fails(cuda::attention_decode_mma(a, ws, stream), dec);
 }
 
 }  // namespace

@@ -56,6 +56,9 @@ if [ "$filter" = "--model-bench" ]; then
   nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.max.sm --format=csv,noheader
   "$bin" bench -m "$model" --device cuda --show-plan --ctx-start 0 --ctx-max 0 --step 512 --gen 128 --reps 5 2>&1 | tail -8
   "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 2048 --gen 16 --reps 5 --ctx 4096 2>&1 | tail -4
+  echo "baseline: decode attention on FP32 cores (MAGNETAR_CUDA_DECODE_MMA=0, a diagnostic switch)"
+  MAGNETAR_CUDA_DECODE_MMA=0 "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 128 \
+    --reps 5 2>&1 | tail -2
   echo "baseline: decode launched kernel by kernel (MAGNETAR_CUDA_GRAPH=0, a diagnostic switch)"
   MAGNETAR_CUDA_GRAPH=0 "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 128 --reps 5 \
     2>&1 | tail -2
@@ -64,6 +67,9 @@ if [ "$filter" = "--model-bench" ]; then
     2>&1 | tail -3
   "$bin" bench -m "$model" --device cuda --ctx 67700 --ctx-start 2048 --ctx-max 65536 --step 2048 --gen 64 --reps 1 \
     --batch 2048 2>&1 | grep -E "^ *(2048|16384|32768|65536) |depth|magnetar" | head -12
+  echo "baseline: the same depths with decode attention on FP32 cores (MAGNETAR_CUDA_DECODE_MMA=0)"
+  MAGNETAR_CUDA_DECODE_MMA=0 "$bin" bench -m "$model" --device cuda --ctx 67700 --ctx-start 2048 --ctx-max 65536 \
+    --step 2048 --gen 64 --reps 1 --batch 2048 2>&1 | grep -E "^ *(2048|16384|32768|65536) |depth" | head -12
   # The consumer-GPU setting: ~4 GiB of GPU memory in all (non-expert weights ~1.0 GiB, a 2.25 GiB expert pool,
   # KV and scratch) and an 8 GiB RAM expert cache streaming from disk (O_DIRECT: the page cache does not help).
   "$bin" bench -m "$model" --device cuda --gpu-cache-gb 2.25 --stream --cache-gb 8 --no-census --show-plan \
@@ -108,14 +114,16 @@ if [ "$filter" = "--attn-prefill" ]; then
 fi
 
 # `run.sh --attn-bench`: the attention kernels alone (bench/cuda/attention_bench.cpp: decode at 2K-64K context,
-# a 2,048-token prefill chunk at 0-64K, medians of 5), then one ncu --set full report of the decode kernel at 64K
-# ($OUT/ncu_attention.txt; the key lines printed). Needs the benchmarks built (a full run.sh call before it).
+# a 2,048-token prefill chunk at 0-64K, medians of 5), then one ncu --set full report of the tensor-core decode
+# kernel at 64K ($OUT/ncu_attention.txt; the key lines printed). Needs the benchmarks built (a full run.sh call before it).
 if [ "$filter" = "--attn-bench" ]; then
   b=build-device/bench/magnetar_bench_cuda_attention
   [ -x "$b" ] || { echo "no $b: run a full run.sh call first"; exit 1; }
-  "$b" --benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_min_time=0.05s 2>&1 | \
-    grep -E "median|^Run|kv" | sed 's/ \+/ /g'
-  ncu --set full -k regex:attention_kernel --launch-count 1 "$b" --benchmark_filter='attention_decode/ctx65536' \
+  "$b" --benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_min_time=0.05s \
+    >"$OUT/attn_bench.txt" 2>&1
+  grep -E "median|^Run" "$OUT/attn_bench.txt" | sed 's/ \+/ /g'
+  ncu --set full -k regex:attention_decode_mma_kernel --launch-count 1 "$b" \
+    --benchmark_filter='attention_decode_mma/ctx65536' \
     --benchmark_min_time=0.01s >"$OUT/ncu_attention.txt" 2>&1
   echo "ncu exit $?"
   grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Theoretical Occupancy|\
