@@ -317,6 +317,8 @@ Status rms_norm(const RmsNormArgs& args, Stream& stream);
 
 // The residual add fused with the next norm: x += residual, then y = rms_norm(x) * weight (one read of x and
 // residual, one write of x and y, instead of the add's separate pass). y must not alias x or residual.
+// Optionally y is also quantized in the same launch (y_quantized set): the bytes quantize_activations(y_type, y)
+// would write, for the quantized matrix products that read y (can_quantize_norm says which shapes).
 struct AddRmsNormArgs {
   float* x = nullptr;               // [n_rows, n_cols], updated in place
   const float* residual = nullptr;  // [n_rows, n_cols]
@@ -325,8 +327,16 @@ struct AddRmsNormArgs {
   int64_t n_rows = 0;
   int64_t n_cols = 0;
   float eps = 1e-6f;
+  quant::Type y_type = quant::Type::F32;  // with y_quantized: Q8_0, Q8_1 or Q8_K
+  void* y_quantized = nullptr;            // [n_rows, row_size(y_type, n_cols)] bytes, 4-byte aligned, or null
 };
 Status add_rms_norm(const AddRmsNormArgs& args, Stream& stream);
+// The longest row add_rms_norm quantizes (y is staged in shared memory: 32 KiB, under the 48 KiB a launch gets
+// without opting in, with the kernel's static shared memory).
+inline constexpr int64_t kMaxNormQuantizeCols = 8192;
+// Whether add_rms_norm can quantize rows of n_cols into y_type: Q8_0, Q8_1 or Q8_K, n_cols a multiple of the
+// type's block, at most kMaxNormQuantizeCols.
+bool can_quantize_norm(quant::Type y_type, int64_t n_cols);
 
 // NeoX rotary embedding in place (cpu::rope_neox): x [n_tok, n_head, head_dim], pairs (i, i + head_dim/2),
 // angle = double(positions[t]) * float(1 / theta^(2i / head_dim)). head_dim even, <= 1024.
@@ -384,6 +394,18 @@ Status qkv_prepare(const QkvPrepareArgs& args, Stream& stream);
 
 // gate[i] = silu(gate[i]) * up[i] = gate / (1 + exp(-gate)) * up, for i < count (in place into gate).
 Status swiglu(float* gate, const float* up, int64_t count, Stream& stream);
+// swiglu over [n_rows, n_cols] and the result quantized in the same launch: gate ends as swiglu() leaves it, out
+// holds the bytes quantize_activations(out_type, gate) would write. out_type Q8_0, Q8_1 or Q8_K; n_cols a multiple
+// of its block; out [n_rows, row_size(out_type, n_cols)] bytes, 4-byte aligned.
+struct SwigluQuantizeArgs {
+  float* gate = nullptr;
+  const float* up = nullptr;
+  int64_t n_rows = 0;
+  int64_t n_cols = 0;
+  quant::Type out_type = quant::Type::Q8_K;
+  void* out = nullptr;
+};
+Status swiglu_quantize(const SwigluQuantizeArgs& args, Stream& stream);
 
 // Router of a softmax-routed MoE (Qwen3Model::route() in models/qwen3_moe): per token, softmax over the
 // n_expert logits, the k largest (ties: the lower expert id first, as torch.topk on CPU),

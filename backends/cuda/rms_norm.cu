@@ -10,7 +10,16 @@
 // the FP32 rate) and ~n_cols/64 float-equivalents per row on consumer parts, still below the memory time.
 //
 // Work split: rows of up to 1024 elements (q/k norm: head_dim; small models' hidden rows) take one warp
-// each, 8 rows per 256-thread CTA; longer rows take a whole CTA of 256 threads.
+// each, 8 rows per 256-thread CTA; longer rows take a whole CTA of 1024 threads. A decode token's norm is one
+// CTA on one SM, so its time is the length of each warp's instruction chain: with 256 threads a 2048-wide row
+// took 7.1 us (ncu, H200, 2026-11-30: ~750 instructions per warp at ~9 cycles each, issue slots 0.15% busy);
+// 1024 threads cut each warp's share of the row and of its loads and stores by 4.
+//
+// add_rms_norm can also quantize y for the matrix products that read it (AddRmsNormArgs::y_quantized): y is
+// staged in shared memory as it is written, and the row's warps then quantize it block by block with
+// quantize_q8.cuh's code (the bytes of quantize_activations of y). On a decode token this replaces two
+// latency-bound launches (norm, then quantize) by one; the weight row is loaded before the reduction so its
+// latency overlaps the loads of x and residual.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -18,35 +27,43 @@
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
 #include "backends/cuda/ops_common.cuh"
+#include "backends/cuda/quantize_q8.cuh"
 
 namespace magnetar::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 256;      // CTA of the warp-per-row kernel
+constexpr int kRowCta = 1024;      // CTA of the CTA-per-row kernel
 constexpr int64_t kWarpRowMax = 1024;  // longest row that one warp takes
+using q8::Act;
 
 // kAdd: x_out = x + residual first (x_out == x in place; y separate). Otherwise y may equal x.
-template <int kRowThreads, bool kAdd>
-__global__ void __launch_bounds__(kThreads)
+// kA != kNone: y also quantized into yq (rows of yq_row_bytes), staged in dynamic shared memory (kRowsPerCta rows).
+template <int kRowThreads, bool kAdd, Act kA>
+__global__ void __launch_bounds__(kRowThreads == ops::kWarpSize ? kThreads : kRowThreads)
     rms_norm_kernel(const float* x, float* x_out, const float* __restrict__ residual, const float* __restrict__ w,
-                    float* y, int n_rows, int n_cols, float eps) {
-  constexpr int kRowsPerCta = kThreads / kRowThreads;
+                    float* y, int n_rows, int n_cols, float eps, uint8_t* __restrict__ yq, size_t yq_row_bytes) {
+  constexpr int kRowsPerCta = kRowThreads == ops::kWarpSize ? kThreads / ops::kWarpSize : 1;
+  extern __shared__ float stage[];  // kA != kNone: [kRowsPerCta][n_cols]
   const int t = int(threadIdx.x) % kRowThreads;
   const int row = int(blockIdx.x) * kRowsPerCta + int(threadIdx.x) / kRowThreads;
   const size_t off = size_t(row) * size_t(n_cols);
+  float* ys = stage + size_t(int(threadIdx.x) / kRowThreads) * size_t(n_cols);
 
   // The row's first kKeep * kRowThreads elements are loaded into registers in one unrolled pass (every load in
-  // flight at once) and reused for the output; longer rows loop over the rest. A loop of dependent loads and
-  // in-place stores (x and x_out alias) took 7.2 us per decode token's 2048-wide row on the H200 (ncu,
-  // 2026-11-30): load latency, not bandwidth. The sum's order per thread is unchanged.
-  constexpr int kKeep = kRowThreads == ops::kWarpSize ? 1024 / ops::kWarpSize : 16;
-  float kept[kKeep];
+  // flight at once) and reused for the output; longer rows loop over the rest.
+  constexpr int kKeep = kRowThreads == ops::kWarpSize ? 1024 / ops::kWarpSize : 8;
+  // A row of its own CTA (decode's hidden rows) loads its weights up front too; warp rows (q/k norms over many
+  // rows) keep their registers (2 CTAs per SM).
+  constexpr bool kLoadW = kRowThreads > ops::kWarpSize;
+  float kept[kKeep], wk[kLoadW ? kKeep : 1];
   double sum = 0;
   if (row < n_rows) {
 #pragma unroll
     for (int j = 0; j < kKeep; ++j) {
       const int i = t + j * kRowThreads;
       kept[j] = i < n_cols ? x[off + i] : 0.0f;
+      if (kLoadW) wk[kLoadW ? j : 0] = i < n_cols ? w[i] : 0.0f;
       if (kAdd && i < n_cols) kept[j] = __fadd_rn(kept[j], residual[off + i]);
     }
 #pragma unroll
@@ -81,26 +98,50 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int j = 0; j < kKeep; ++j) {
     const int i = t + j * kRowThreads;
-    if (i < n_cols) y[off + i] = __fmul_rn(__fmul_rn(kept[j], scale), w[i]);
+    if (i < n_cols) {
+      const float v = __fmul_rn(__fmul_rn(kept[j], scale), kLoadW ? wk[kLoadW ? j : 0] : w[i]);
+      y[off + i] = v;
+      if (kA != Act::kNone) ys[i] = v;
+    }
   }
   // The thread reads back only what it wrote itself (kAdd), so no barrier is needed.
   const float* src = kAdd ? x_out : x;
   for (int i = t + kKeep * kRowThreads; i < n_cols; i += kRowThreads) {
-    y[off + i] = __fmul_rn(__fmul_rn(src[off + i], scale), w[i]);
+    const float v = __fmul_rn(__fmul_rn(src[off + i], scale), w[i]);
+    y[off + i] = v;
+    if (kA != Act::kNone) ys[i] = v;
+  }
+  if constexpr (kA != Act::kNone) {
+    // The row's warps quantize its blocks from the staged y (one warp per row: it takes them all).
+    constexpr int kRowWarps = kRowThreads / ops::kWarpSize;
+    if (kRowWarps > 1) {
+      __syncthreads();  // one row per CTA: no thread left early
+    } else {
+      __syncwarp();
+    }
+    const int n_blocks = n_cols / q8::block_elems(kA);
+    uint8_t* dst = yq + size_t(row) * yq_row_bytes;
+    for (int b = t / ops::kWarpSize; b < n_blocks; b += kRowWarps) q8::block<kA>(ys, dst, b, t % ops::kWarpSize);
   }
 }
 
-template <bool kAdd>
+// Staged y per CTA of a quantizing launch: 8 rows of <= 1024 or one longer row.
+size_t stage_bytes(int64_t n_cols) {
+  return size_t(n_cols <= kWarpRowMax ? kThreads / ops::kWarpSize : 1) * size_t(n_cols) * sizeof(float);
+}
+
+template <bool kAdd, Act kA>
 void launch(const float* x, float* x_out, const float* residual, const float* w, float* y, int64_t n_rows,
-            int64_t n_cols, float eps, cudaStream_t stream) {
+            int64_t n_cols, float eps, uint8_t* yq, size_t yq_row_bytes, cudaStream_t stream) {
+  const size_t smem = kA == Act::kNone ? 0 : stage_bytes(n_cols);
   if (n_cols <= kWarpRowMax) {
     constexpr int kRows = kThreads / ops::kWarpSize;
     const unsigned grid = unsigned((n_rows + kRows - 1) / kRows);
-    rms_norm_kernel<ops::kWarpSize, kAdd>
-        <<<grid, kThreads, 0, stream>>>(x, x_out, residual, w, y, int(n_rows), int(n_cols), eps);
+    rms_norm_kernel<ops::kWarpSize, kAdd, kA>
+        <<<grid, kThreads, smem, stream>>>(x, x_out, residual, w, y, int(n_rows), int(n_cols), eps, yq, yq_row_bytes);
   } else {
-    rms_norm_kernel<kThreads, kAdd>
-        <<<unsigned(n_rows), kThreads, 0, stream>>>(x, x_out, residual, w, y, int(n_rows), int(n_cols), eps);
+    rms_norm_kernel<kRowCta, kAdd, kA><<<unsigned(n_rows), kRowCta, smem, stream>>>(
+        x, x_out, residual, w, y, int(n_rows), int(n_cols), eps, yq, yq_row_bytes);
   }
   CUDA_CHECK(cudaGetLastError());
 }
@@ -115,13 +156,19 @@ Status check_shape(const char* op, int64_t n_rows, int64_t n_cols) {
 
 }  // namespace
 
+bool can_quantize_norm(quant::Type y_type, int64_t n_cols) {
+  const int64_t block = y_type == quant::Type::Q8_K ? quant::kQK_K : quant::kQK32;
+  const bool act = y_type == quant::Type::Q8_0 || y_type == quant::Type::Q8_1 || y_type == quant::Type::Q8_K;
+  return act && n_cols >= 1 && n_cols % block == 0 && n_cols <= kMaxNormQuantizeCols;
+}
+
 Status rms_norm(const RmsNormArgs& a, Stream& stream) {
   MAGNETAR_RETURN_IF_ERROR(check_shape("rms_norm", a.n_rows, a.n_cols));
   if (a.x == nullptr || a.weight == nullptr || a.y == nullptr) return Status::error("rms_norm: null device pointer");
   if (!ops::aligned(a.x, 4) || !ops::aligned(a.weight, 4) || !ops::aligned(a.y, 4)) {
     return Status::error("rms_norm: x, weight and y must be 4-byte aligned");
   }
-  launch<false>(a.x, nullptr, nullptr, a.weight, a.y, a.n_rows, a.n_cols, a.eps, stream.raw());
+  launch<false, Act::kNone>(a.x, nullptr, nullptr, a.weight, a.y, a.n_rows, a.n_cols, a.eps, nullptr, 0, stream.raw());
   return Status();
 }
 
@@ -134,7 +181,34 @@ Status add_rms_norm(const AddRmsNormArgs& a, Stream& stream) {
     return Status::error("add_rms_norm: x, residual, weight and y must be 4-byte aligned");
   }
   if (a.y == a.x || a.y == a.residual) return Status::error("add_rms_norm: y must not alias x or residual");
-  launch<true>(a.x, a.x, a.residual, a.weight, a.y, a.n_rows, a.n_cols, a.eps, stream.raw());
+  auto* yq = static_cast<uint8_t*>(a.y_quantized);
+  if (yq == nullptr) {
+    launch<true, Act::kNone>(a.x, a.x, a.residual, a.weight, a.y, a.n_rows, a.n_cols, a.eps, nullptr, 0, stream.raw());
+    return Status();
+  }
+  if (!can_quantize_norm(a.y_type, a.n_cols)) {
+    return Status::error(format("add_rms_norm: y_type (id %d) with n_cols=%lld cannot be quantized here (Q8_0, Q8_1 "
+                                "or Q8_K, n_cols a multiple of the block and at most %lld)",
+                                int(a.y_type), (long long)a.n_cols, (long long)kMaxNormQuantizeCols));
+  }
+  if (!ops::aligned(yq, 4)) return Status::error("add_rms_norm: y_quantized must be 4-byte aligned");
+  const size_t row_bytes = a.y_type == quant::Type::Q8_K ? size_t(a.n_cols / quant::kQK_K) * sizeof(quant::BlockQ8_K)
+                           : a.y_type == quant::Type::Q8_1 ? size_t(a.n_cols / quant::kQK32) * sizeof(quant::BlockQ8_1)
+                                                           : size_t(a.n_cols / quant::kQK32) * sizeof(quant::BlockQ8_0);
+  switch (a.y_type) {
+    case quant::Type::Q8_0:
+      launch<true, Act::kQ8_0>(a.x, a.x, a.residual, a.weight, a.y, a.n_rows, a.n_cols, a.eps, yq, row_bytes,
+                               stream.raw());
+      break;
+    case quant::Type::Q8_1:
+      launch<true, Act::kQ8_1>(a.x, a.x, a.residual, a.weight, a.y, a.n_rows, a.n_cols, a.eps, yq, row_bytes,
+                               stream.raw());
+      break;
+    default:
+      launch<true, Act::kQ8_K>(a.x, a.x, a.residual, a.weight, a.y, a.n_rows, a.n_cols, a.eps, yq, row_bytes,
+                               stream.raw());
+      break;
+  }
   return Status();
 }
 

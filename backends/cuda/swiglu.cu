@@ -3,7 +3,9 @@
 //
 // Cost: 12 bytes per element (read gate and up, write gate), ~25 flops with the accurate expf (2 ulp; not
 // __expf, whose error grows with |x|). Memory-bound: a decode token's 8 experts x 768 elements are 74 KB,
-// launch-latency bound; a prefill batch streams at HBM speed.
+// launch-latency bound; a prefill batch streams at HBM speed. swiglu_quantize also quantizes the result for the
+// down projection in the same launch (one warp per activation block, quantize_q8.cuh's code): one latency-bound
+// launch instead of two on a decode token.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -11,6 +13,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
 #include "backends/cuda/ops_common.cuh"
+#include "backends/cuda/quantize_q8.cuh"
 
 namespace magnetar::cuda {
 namespace {
@@ -18,12 +21,44 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxCtas = 8192;  // grid-stride beyond this: enough CTAs to fill any current GPU
 
+__device__ __forceinline__ float silu_mul(float g, float u) { return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u); }
+
 __global__ void __launch_bounds__(kThreads)
     swiglu_kernel(float* __restrict__ gate, const float* __restrict__ up, int64_t count) {
   const int64_t stride = int64_t(gridDim.x) * kThreads;
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < count; i += stride) {
-    const float g = gate[i];
-    gate[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
+    gate[i] = silu_mul(gate[i], up[i]);
+  }
+}
+
+// Grid: ceil(n_blocks / warps per CTA); warp -> activation block gb (row gb / per_row), lane -> the elements
+// quantize_q8.cuh gives it (lane + 32k).
+template <q8::Act kA>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_quantize_kernel(float* __restrict__ gate, const float* __restrict__ up, int64_t n_cols, int64_t per_row,
+                           int64_t n_blocks, uint8_t* __restrict__ out, size_t out_row_bytes) {
+  constexpr int kWarps = kThreads / ops::kWarpSize;
+  constexpr int kElems = q8::block_elems(kA);
+  constexpr int kPerLane = kElems / ops::kWarpSize;
+  const int64_t gb = int64_t(blockIdx.x) * kWarps + threadIdx.x / ops::kWarpSize;
+  const int lane = int(threadIdx.x) % ops::kWarpSize;
+  if (gb >= n_blocks) return;  // whole warps leave together
+  const int64_t row = gb / per_row, b = gb % per_row;
+  const size_t base = size_t(row) * size_t(n_cols) + size_t(b) * kElems;
+  float v[kPerLane];
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const size_t i = base + size_t(lane + ops::kWarpSize * k);
+    v[k] = silu_mul(gate[i], up[i]);
+    gate[i] = v[k];
+  }
+  uint8_t* dst = out + size_t(row) * out_row_bytes;
+  if constexpr (kA == q8::Act::kQ8_K) {
+    q8::block_q8_k(v, reinterpret_cast<quant::BlockQ8_K*>(dst) + b, lane);
+  } else if constexpr (kA == q8::Act::kQ8_1) {
+    q8::block_q8_32<quant::BlockQ8_1, true>(v[0], reinterpret_cast<quant::BlockQ8_1*>(dst) + b, lane);
+  } else {
+    q8::block_q8_32<quant::BlockQ8_0, false>(v[0], reinterpret_cast<quant::BlockQ8_0*>(dst) + b, lane);
   }
 }
 
@@ -36,6 +71,44 @@ Status swiglu(float* gate, const float* up, int64_t count, Stream& stream) {
     return Status::error("swiglu: gate and up must be 4-byte aligned");
   const int64_t ctas = (count + kThreads - 1) / kThreads;
   swiglu_kernel<<<unsigned(ctas < kMaxCtas ? ctas : kMaxCtas), kThreads, 0, stream.raw()>>>(gate, up, count);
+  CUDA_CHECK(cudaGetLastError());
+  return Status();
+}
+
+Status swiglu_quantize(const SwigluQuantizeArgs& a, Stream& stream) {
+  const quant::Type t = a.out_type;
+  const bool act = t == quant::Type::Q8_0 || t == quant::Type::Q8_1 || t == quant::Type::Q8_K;
+  const int64_t block = t == quant::Type::Q8_K ? quant::kQK_K : quant::kQK32;
+  if (!act || a.n_rows < 1 || a.n_cols < 1 || a.n_cols % block != 0 || a.n_rows * a.n_cols / block > INT_MAX) {
+    return Status::error(format("swiglu_quantize: out_type (id %d) must be Q8_0, Q8_1 or Q8_K and n_rows=%lld, "
+                                "n_cols=%lld positive with n_cols a multiple of its block",
+                                int(t), (long long)a.n_rows, (long long)a.n_cols));
+  }
+  if (a.gate == nullptr || a.up == nullptr || a.out == nullptr) return Status::error("swiglu_quantize: null pointer");
+  if (!ops::aligned(a.gate, 4) || !ops::aligned(a.up, 4) || !ops::aligned(a.out, 4)) {
+    return Status::error("swiglu_quantize: gate, up and out must be 4-byte aligned");
+  }
+  const int64_t per_row = a.n_cols / block, n_blocks = a.n_rows * per_row;
+  const size_t row_bytes = t == quant::Type::Q8_K ? size_t(per_row) * sizeof(quant::BlockQ8_K)
+                           : t == quant::Type::Q8_1 ? size_t(per_row) * sizeof(quant::BlockQ8_1)
+                                                    : size_t(per_row) * sizeof(quant::BlockQ8_0);
+  constexpr int kWarps = kThreads / ops::kWarpSize;
+  const unsigned grid = unsigned((n_blocks + kWarps - 1) / kWarps);
+  auto* out = static_cast<uint8_t*>(a.out);
+  switch (t) {
+    case quant::Type::Q8_0:
+      swiglu_quantize_kernel<q8::Act::kQ8_0>
+          <<<grid, kThreads, 0, stream.raw()>>>(a.gate, a.up, a.n_cols, per_row, n_blocks, out, row_bytes);
+      break;
+    case quant::Type::Q8_1:
+      swiglu_quantize_kernel<q8::Act::kQ8_1>
+          <<<grid, kThreads, 0, stream.raw()>>>(a.gate, a.up, a.n_cols, per_row, n_blocks, out, row_bytes);
+      break;
+    default:
+      swiglu_quantize_kernel<q8::Act::kQ8_K>
+          <<<grid, kThreads, 0, stream.raw()>>>(a.gate, a.up, a.n_cols, per_row, n_blocks, out, row_bytes);
+      break;
+  }
   CUDA_CHECK(cudaGetLastError());
   return Status();
 }

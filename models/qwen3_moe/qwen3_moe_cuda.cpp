@@ -93,6 +93,14 @@ bool graphs_enabled() {
   return enabled;
 }
 
+// A norm whose output feeds quantized products writes the quantized rows too (add_rms_norm's y_quantized), and the
+// MoE's swiglu quantizes for the down projection (swiglu_quantize): two launches fewer per layer and token.
+// MAGNETAR_CUDA_FUSE=0 (a diagnostic switch: run.sh --model-bench's baseline) quantizes in separate launches.
+bool fusion_enabled() {
+  static const bool enabled = switch_on("MAGNETAR_CUDA_FUSE");
+  return enabled;
+}
+
 // Attention runs on f16 tensor cores where a kernel has the shape: a sequence with at least kMmaAttentionTokens new
 // tokens on attention_prefill_mma (each K/V row read once per tile of tokens), fewer (decode) on
 // attention_decode_mma (split-K, one CTA per token and split); the other shapes on attention() (FP32 cores).
@@ -148,6 +156,13 @@ class EmptyWorkspace : public Workspace {};
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 bool is_quantized(quant::Type t) { return quant::traits(t).is_quantized; }
 
+// Whether the q, k and v products share one quantized input: their weights pair with the same activation format.
+bool qkv_share_input(const DevLayer& L) {
+  return is_quantized(L.wq.type) && is_quantized(L.wk.type) && is_quantized(L.wv.type) &&
+         quant::traits(L.wq.type).vec_dot_type == quant::traits(L.wk.type).vec_dot_type &&
+         quant::traits(L.wq.type).vec_dot_type == quant::traits(L.wv.type).vec_dot_type;
+}
+
 class Qwen3Cuda final : public Model {
  public:
   Qwen3Cuda(Qwen3Bound bound, const gguf::Model& file, const CudaLoad& o)
@@ -189,10 +204,19 @@ class Qwen3Cuda final : public Model {
   // (xq: already done by the caller, else quantized here into q_in_).
   Status linear(const DevTensor& W, const float* x, float* y, int64_t n, const void* xq = nullptr) const;
   const void* quantize(quant::Type weight_type, const float* x, int64_t cols, int64_t n, void* out) const;
+  // xn_ quantized for weight_type's products, in q_exp_: by the norm that wrote xn_ (xn_act_), else here.
+  const void* quantize_xn(quant::Type weight_type, int64_t n) const;
+  // xn_ = norm(x_ += proj_) with `weight`; when the products reading xn_ quantize it (for `next`, the type of
+  // their weights; F32: none or not shared), the norm writes q_exp_ too.
+  Status add_norm(const float* weight, quant::Type next, int64_t n) const;
   Status attention_block(const DevLayer& L, int64_t il, std::span<const SeqSpan> seqs,
                          std::span<DeviceKv* const> mirrors, int64_t n) const;
   Status moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, int64_t n, const ForwardArgs& args) const;
   Status dense_ffn(const DevLayer& L, int64_t n) const;
+  // gate = swiglu(gate, up) over [rows, cols]; returns gate quantized for down_type's product (in q_in_; fused
+  // with the swiglu when it can be), or null when down_type is not quantized.
+  Result<const void*> swiglu_for(quant::Type down_type, float* gate, const float* up, int64_t rows,
+                                 int64_t cols) const;
   Result<DeviceKv*> mirror_of(kv::KvCache& cache) const;
   // Queues the forward pass from the host input buffers (h_x_, h_positions_) up to the final norm; returns the
   // head's input rows (xn_, or each sequence's last row gathered) in *head_in.
@@ -230,6 +254,7 @@ class Qwen3Cuda final : public Model {
   mutable DeviceBuffer positions_, items_, x_rows_, slot_rows_, logits_;
   mutable cuda::PinnedBuffer h_x_, h_positions_, h_ids_, h_items_, h_logits_;
   int64_t act_row_max_ = 0;  // bytes of the largest quantized activation row
+  mutable quant::Type xn_act_ = quant::Type::F32;  // q_exp_ holds xn_ in this format (F32: nothing)
 
   // ---- the GPU expert tier (pool_bytes_ > 0): experts stay in host memory (the engine's RAM store, or the
   // mapped file) and some are cached in fixed device slots (policy_ decides), the current layer's pinned.
@@ -453,6 +478,21 @@ const void* Qwen3Cuda::quantize(quant::Type weight_type, const float* x, int64_t
   return out;
 }
 
+const void* Qwen3Cuda::quantize_xn(quant::Type weight_type, int64_t n) const {
+  if (!is_quantized(weight_type)) return nullptr;
+  if (quant::traits(weight_type).vec_dot_type == xn_act_) return q_exp_.data();
+  return quantize(weight_type, xn_.as<float>(), hp_.n_embd, n, q_exp_.data());
+}
+
+Status Qwen3Cuda::add_norm(const float* weight, quant::Type next, int64_t n) const {
+  const quant::Type act = is_quantized(next) ? quant::traits(next).vec_dot_type : quant::Type::F32;
+  xn_act_ = fusion_enabled() && cuda::can_quantize_norm(act, hp_.n_embd) ? act : quant::Type::F32;
+  return cuda::add_rms_norm({.x = x_.as<float>(), .residual = proj_.as<float>(), .weight = weight, .y = xn_.as<float>(),
+                             .n_rows = n, .n_cols = hp_.n_embd, .eps = hp_.rms_eps, .y_type = xn_act_,
+                             .y_quantized = xn_act_ == quant::Type::F32 ? nullptr : q_exp_.data()},
+                            stream_);
+}
+
 Status Qwen3Cuda::linear(const DevTensor& W, const float* x, float* y, int64_t n, const void* xq) const {
   const bool quantized = is_quantized(W.type);
   if (quantized && xq == nullptr) xq = quantize(W.type, x, W.cols, n, q_in_.data());
@@ -497,17 +537,12 @@ Result<DeviceKv*> Qwen3Cuda::mirror_of(kv::KvCache& cache) const {
 
 Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const SeqSpan> seqs,
                                   std::span<DeviceKv* const> mirrors, int64_t n) const {
-  const int64_t E = hp_.n_embd, D = hp_.head_dim, q_dim = hp_.n_head * D, kv_dim = hp_.n_head_kv * D;
+  const int64_t D = hp_.head_dim, q_dim = hp_.n_head * D, kv_dim = hp_.n_head_kv * D;
   const float* xn = xn_.as<float>();
   float* q = q_.as<float>();
   float* k = k_.as<float>();
   float* v = v_.as<float>();
-  // One quantized input for q, k and v when their weights pair with the same activation format.
-  const bool shared = is_quantized(L.wq.type) && is_quantized(L.wk.type) &&
-                      is_quantized(L.wv.type) &&
-                      quant::traits(L.wq.type).vec_dot_type == quant::traits(L.wk.type).vec_dot_type &&
-                      quant::traits(L.wq.type).vec_dot_type == quant::traits(L.wv.type).vec_dot_type;
-  const void* xq = shared ? quantize(L.wq.type, xn, E, n, q_exp_.data()) : nullptr;
+  const void* xq = qkv_share_input(L) ? quantize_xn(L.wq.type, n) : nullptr;
   MAGNETAR_RETURN_IF_ERROR(linear(L.wq, xn, q, n, xq));
   MAGNETAR_RETURN_IF_ERROR(linear(L.wk, xn, k, n, xq));
   MAGNETAR_RETURN_IF_ERROR(linear(L.wv, xn, v, n, xq));
@@ -556,16 +591,32 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
   return linear(L.wo, attn_.as<float>(), proj_.as<float>(), n);
 }
 
+Result<const void*> Qwen3Cuda::swiglu_for(quant::Type down_type, float* gate, const float* up, int64_t rows,
+                                           int64_t cols) const {
+  if (!is_quantized(down_type)) {
+    MAGNETAR_RETURN_IF_ERROR(cuda::swiglu(gate, up, rows * cols, stream_));
+    return static_cast<const void*>(nullptr);
+  }
+  const quant::Type act = quant::traits(down_type).vec_dot_type;
+  if (fusion_enabled() && cols % quant::traits(act).block_size == 0) {
+    MAGNETAR_RETURN_IF_ERROR(cuda::swiglu_quantize(
+        {.gate = gate, .up = up, .n_rows = rows, .n_cols = cols, .out_type = act, .out = q_in_.data()}, stream_));
+    return static_cast<const void*>(q_in_.data());
+  }
+  MAGNETAR_RETURN_IF_ERROR(cuda::swiglu(gate, up, rows * cols, stream_));
+  return quantize(down_type, gate, cols, rows, q_in_.data());
+}
+
 Status Qwen3Cuda::dense_ffn(const DevLayer& L, int64_t n) const {
-  const int64_t F = hp_.n_ff, E = hp_.n_embd;
+  const int64_t F = hp_.n_ff;
   float* gate = gu_.as<float>();
   float* up = gate + n * F;
   const bool shared = L.ffn_gate.type == L.ffn_up.type;
-  const void* xq = shared ? quantize(L.ffn_gate.type, xn_.as<float>(), E, n, q_exp_.data()) : nullptr;
+  const void* xq = shared ? quantize_xn(L.ffn_gate.type, n) : nullptr;
   MAGNETAR_RETURN_IF_ERROR(linear(L.ffn_gate, xn_.as<float>(), gate, n, xq));
   MAGNETAR_RETURN_IF_ERROR(linear(L.ffn_up, xn_.as<float>(), up, n, xq));
-  MAGNETAR_RETURN_IF_ERROR(cuda::swiglu(gate, up, n * F, stream_));
-  return linear(L.ffn_down, gate, proj_.as<float>(), n);
+  MAGNETAR_ASSIGN_OR_RETURN(const void* h, swiglu_for(L.ffn_down.type, gate, up, n, F));
+  return linear(L.ffn_down, gate, proj_.as<float>(), n, h);
 }
 
 template <typename PtrOf>
@@ -800,8 +851,7 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   float* gate = gu_.as<float>();
   float* up = gate + R * F;
   const bool q_in = is_quantized(L.exp_type);
-  const void* x = q_in ? quantize(L.exp_type, xn_.as<float>(), E, n, q_exp_.data())
-                       : static_cast<const void*>(xn_.as<float>());
+  const void* x = q_in ? quantize_xn(L.exp_type, n) : static_cast<const void*>(xn_.as<float>());
   if (mmq) {
     MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matmul_q({.type = L.exp_type, .items = items, .n_items = n_items,
                                                      .part = 0, .n_parts = 2, .rows = F, .cols = E, .x = x,
@@ -812,10 +862,8 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
                                                    .x_rows = x_rows, .y = gate, .y_part_stride = R * F,
                                                    .max_n = max_n}, stream_));
   }
-  MAGNETAR_RETURN_IF_ERROR(cuda::swiglu(gate, up, R * F, stream_));
-  const bool q_down = is_quantized(L.down_type);
-  const void* h = q_down ? quantize(L.down_type, gate, F, R, q_in_.data())
-                         : static_cast<const void*>(gate);
+  MAGNETAR_ASSIGN_OR_RETURN(const void* h_q, swiglu_for(L.down_type, gate, up, R, F));
+  const void* h = h_q != nullptr ? h_q : static_cast<const void*>(gate);
   float* down = down_.as<float>();
   if (mmq) {
     MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matmul_q({.type = L.down_type, .items = items, .n_items = n_items,
@@ -917,26 +965,26 @@ Status Qwen3Cuda::enqueue_layers(cpu::ThreadPool& pool, const ForwardArgs& args,
   const std::vector<DeviceKv*>& mirrors = mirrors_;
   float* x = x_.as<float>();
   float* xn = xn_.as<float>();
-  float* proj = proj_.as<float>();
   stream_.copy(x, h_x_.as<float>(), size_t(n * E) * sizeof(float));
   stream_.copy(positions_.data(), h_positions_.as<int32_t>(), size_t(n) * 4);
 
   for (size_t il = 0; il < layers_.size(); ++il) {
     const DevLayer& L = layers_[il];
     if (il == 0) {
+      xn_act_ = quant::Type::F32;
       MAGNETAR_RETURN_IF_ERROR(cuda::rms_norm({.x = x, .weight = L.attn_norm.f32(), .y = xn, .n_rows = n, .n_cols = E,
                                                .eps = hp_.rms_eps}, stream_));
     } else {
-      MAGNETAR_RETURN_IF_ERROR(cuda::add_rms_norm({.x = x, .residual = proj, .weight = L.attn_norm.f32(), .y = xn,
-                                                   .n_rows = n, .n_cols = E, .eps = hp_.rms_eps}, stream_));
+      MAGNETAR_RETURN_IF_ERROR(add_norm(L.attn_norm.f32(), qkv_share_input(L) ? L.wq.type : quant::Type::F32, n));
     }
     MAGNETAR_RETURN_IF_ERROR(attention_block(L, int64_t(il), args.seqs, mirrors, n));
-    MAGNETAR_RETURN_IF_ERROR(cuda::add_rms_norm({.x = x, .residual = proj, .weight = L.ffn_norm.f32(), .y = xn,
-                                                 .n_rows = n, .n_cols = E, .eps = hp_.rms_eps}, stream_));
+    const quant::Type ffn_in = L.moe ? L.exp_type
+                               : L.ffn_gate.type == L.ffn_up.type ? L.ffn_gate.type
+                                                                  : quant::Type::F32;
+    MAGNETAR_RETURN_IF_ERROR(add_norm(L.ffn_norm.f32(), ffn_in, n));
     MAGNETAR_RETURN_IF_ERROR(L.moe ? moe_ffn(pool, L, int64_t(il), n, args) : dense_ffn(L, n));
   }
-  MAGNETAR_RETURN_IF_ERROR(cuda::add_rms_norm({.x = x, .residual = proj, .weight = output_norm_.f32(), .y = xn,
-                                               .n_rows = n, .n_cols = E, .eps = hp_.rms_eps}, stream_));
+  MAGNETAR_RETURN_IF_ERROR(add_norm(output_norm_.f32(), quant::Type::F32, n));
   // The head's input rows: every token, or each sequence's last (gathered when they are not already adjacent).
   *head_in = xn;
   if (!args.all_logits) {

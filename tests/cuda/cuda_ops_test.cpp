@@ -56,6 +56,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "quant/fp16.h"
+#include "quant/quant.h"
 
 namespace magnetar {
 namespace {
@@ -156,8 +157,8 @@ TEST(CudaOps, RmsNormMatchesCpu) {
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
   Rng rng(kSeed);
   for (const int64_t rows : {int64_t(1), int64_t(7), int64_t(33)}) {
-    for (const int64_t cols :
-         {int64_t(37), int64_t(64), int64_t(128), int64_t(1024), int64_t(1025), int64_t(2048), int64_t(4099)}) {
+    for (const int64_t cols : {int64_t(37), int64_t(64), int64_t(128), int64_t(1024), int64_t(1025), int64_t(2048),
+                               int64_t(4099), int64_t(8200)}) {
       for (const bool in_place : {false, true}) {
         std::vector<float> x = gaussian(rng, size_t(rows * cols));
         x[size_t(rng.bits() % x.size())] = 300.0f;  // an outlier, as residual streams have
@@ -211,7 +212,7 @@ TEST(CudaOps, AddRmsNormMatchesCpu) {
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
   Rng rng(kSeed + 2);
   for (const int64_t rows : {int64_t(1), int64_t(7), int64_t(33)}) {
-    for (const int64_t cols : {int64_t(37), int64_t(128), int64_t(2048), int64_t(4099)}) {
+    for (const int64_t cols : {int64_t(37), int64_t(128), int64_t(2048), int64_t(4099), int64_t(8200)}) {
       const std::vector<float> x = gaussian(rng, size_t(rows * cols));
       const std::vector<float> r = gaussian(rng, size_t(rows * cols), 0.5f);
       const std::vector<float> w = gaussian(rng, size_t(cols));
@@ -362,6 +363,126 @@ TEST(CudaOps, SwigluMatchesCpu) {
                       << ", want " << want[i];
         ++bad;
       }
+    }
+  }
+}
+
+// ---- quantizing in the producing op (add_rms_norm's y_quantized, swiglu_quantize) ------------------------------
+
+// The fused ops against the unfused pair on the GPU, bit for bit: the floats are those add_rms_norm / swiglu write
+// without quantizing, the bytes those quantize_activations writes for them (whose bytes the matvec tests check
+// against the reference quantizer). For Q8_0, Q8_1 and Q8_K; rows of one warp (<= 1024 columns, 8 per CTA, a last
+// CTA part-filled) and of one CTA, up to kMaxNormQuantizeCols.
+const quant::Type kActTypes[] = {quant::Type::Q8_0, quant::Type::Q8_1, quant::Type::Q8_K};
+
+struct FusedOut {
+  std::vector<float> x, y;  // add_rms_norm: x and y; swiglu: gate in x
+  std::vector<uint8_t> q;   // the quantized rows
+};
+
+// add_rms_norm(x, r, w) on a copy of x with y quantized to t: in the same launch (fuse) or by quantize_activations.
+FusedOut add_norm_quantized(const std::vector<float>& x, const std::vector<float>& r, const std::vector<float>& w,
+                            int64_t rows, int64_t cols, quant::Type t, bool fuse, cuda::Stream& stream) {
+  FusedOut o;
+  const size_t n = x.size(), qbytes = size_t(rows) * quant::row_size(t, cols);
+  auto dx = to_device(x);
+  auto dr = to_device(r);
+  auto dw = to_device(w);
+  auto dy = cuda::DeviceBuffer::allocate(n * sizeof(float));
+  auto dq = cuda::DeviceBuffer::allocate(qbytes);
+  if (!dx.ok() || !dr.ok() || !dw.ok() || !dy.ok() || !dq.ok()) {
+    ADD_FAILURE() << "device allocation";
+    return o;
+  }
+  const Status st = cuda::add_rms_norm({.x = dx->as<float>(), .residual = dr->as<float>(), .weight = dw->as<float>(),
+                                        .y = dy->as<float>(), .n_rows = rows, .n_cols = cols, .eps = 1e-6f,
+                                        .y_type = fuse ? t : quant::Type::F32,
+                                        .y_quantized = fuse ? dq->data() : nullptr},
+                                       stream);
+  EXPECT_TRUE(st.ok()) << st.message();
+  if (!fuse) {
+    EXPECT_TRUE(cuda::quantize_activations(t, dy->as<float>(), dq->data(), cols, rows, stream).ok());
+  }
+  stream.synchronize();
+  o.x = from_device<float>(*dx, n);
+  o.y = from_device<float>(*dy, n);
+  o.q = from_device<uint8_t>(*dq, qbytes);
+  return o;
+}
+
+// swiglu over [rows, cols] on copies, the result quantized to t: swiglu_quantize (fuse) or swiglu then
+// quantize_activations.
+FusedOut swiglu_quantized(const std::vector<float>& gate, const std::vector<float>& up, int64_t rows, int64_t cols,
+                          quant::Type t, bool fuse, cuda::Stream& stream) {
+  FusedOut o;
+  const size_t n = gate.size(), qbytes = size_t(rows) * quant::row_size(t, cols);
+  auto dg = to_device(gate);
+  auto du = to_device(up);
+  auto dq = cuda::DeviceBuffer::allocate(qbytes);
+  if (!dg.ok() || !du.ok() || !dq.ok()) {
+    ADD_FAILURE() << "device allocation";
+    return o;
+  }
+  if (fuse) {
+    const Status st = cuda::swiglu_quantize({.gate = dg->as<float>(), .up = du->as<float>(), .n_rows = rows,
+                                             .n_cols = cols, .out_type = t, .out = dq->data()},
+                                            stream);
+    EXPECT_TRUE(st.ok()) << st.message();
+  } else {
+    EXPECT_TRUE(cuda::swiglu(dg->as<float>(), du->as<float>(), int64_t(n), stream).ok());
+    EXPECT_TRUE(cuda::quantize_activations(t, dg->as<float>(), dq->data(), cols, rows, stream).ok());
+  }
+  stream.synchronize();
+  o.x = from_device<float>(*dg, n);
+  o.q = from_device<uint8_t>(*dq, qbytes);
+  return o;
+}
+
+void expect_same(const FusedOut& fused, const FusedOut& plain, const std::string& what) {
+  ASSERT_EQ(fused.x.size(), plain.x.size()) << what;
+  ASSERT_EQ(fused.y.size(), plain.y.size()) << what;
+  ASSERT_EQ(fused.q.size(), plain.q.size()) << what;
+  EXPECT_EQ(0, std::memcmp(fused.x.data(), plain.x.data(), plain.x.size() * sizeof(float))) << what << ": x";
+  EXPECT_EQ(0, std::memcmp(fused.y.data(), plain.y.data(), plain.y.size() * sizeof(float))) << what << ": y";
+  EXPECT_EQ(0, std::memcmp(fused.q.data(), plain.q.data(), plain.q.size())) << what << ": quantized bytes";
+}
+
+std::string shape_name(quant::Type t, int64_t rows, int64_t cols) {
+  return std::string(quant::type_name(t)) + " " + std::to_string(rows) + "x" + std::to_string(cols);
+}
+
+TEST(CudaOps, AddRmsNormQuantizeEqualsNormThenQuantize) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  Rng rng(kSeed + 40);
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 2048}, {3, 4096}, {9, 256}, {17, 1024}, {2, 1280}, {1, 8192}, {2, 7168}};
+  for (const quant::Type t : kActTypes) {
+    for (const auto& [rows, cols] : shapes) {
+      if (t == quant::Type::Q8_K && cols % 256 != 0) continue;
+      ASSERT_TRUE(cuda::can_quantize_norm(t, cols)) << shape_name(t, rows, cols);
+      std::vector<float> x = gaussian(rng, size_t(rows * cols));
+      std::vector<float> r = gaussian(rng, size_t(rows * cols), 0.5f);
+      const std::vector<float> w = gaussian(rng, size_t(cols));
+      std::fill(x.begin(), x.begin() + 256, 0.0f);  // x + r = 0 there: an all-zero first block
+      std::fill(r.begin(), r.begin() + 256, 0.0f);
+      expect_same(add_norm_quantized(x, r, w, rows, cols, t, true, stream),
+                  add_norm_quantized(x, r, w, rows, cols, t, false, stream), shape_name(t, rows, cols));
+    }
+  }
+}
+
+TEST(CudaOps, SwigluQuantizeEqualsSwigluThenQuantize) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  Rng rng(kSeed + 41);
+  const std::pair<int64_t, int64_t> shapes[] = {{8, 768}, {1, 256}, {37, 1536}, {300, 512}};
+  for (const quant::Type t : kActTypes) {
+    for (const auto& [rows, cols] : shapes) {
+      std::vector<float> gate = gaussian(rng, size_t(rows * cols), 4.0f);
+      const std::vector<float> up = gaussian(rng, size_t(rows * cols));
+      std::fill(gate.begin(), gate.begin() + 256, 0.0f);  // swiglu(0) = 0: an all-zero first block
+      expect_same(swiglu_quantized(gate, up, rows, cols, t, true, stream),
+                  swiglu_quantized(gate, up, rows, cols, t, false, stream), shape_name(t, rows, cols));
     }
   }
 }
@@ -1270,6 +1391,37 @@ TEST(CudaOps, RejectsBadArguments) {
   a = good;
   a.pos0_device = &pos;  // max_rows 0
   fails(cuda::attention_decode_mma(a, ws, stream), dec);
+
+  // Quantizing in the producing op: an activation format, n_cols a multiple of its block.
+  const cuda::AddRmsNormArgs norm{.x = f, .residual = f + 4, .weight = f, .y = f + 2, .n_rows = 1, .n_cols = 256,
+                                  .y_type = quant::Type::Q8_K, .y_quantized = h};
+  cuda::AddRmsNormArgs bad_norm = norm;
+  bad_norm.y_type = quant::Type::F16;
+  fails(cuda::add_rms_norm(bad_norm, stream), "add_rms_norm");
+  bad_norm = norm;
+  bad_norm.n_cols = 96;  // not a multiple of 256
+  fails(cuda::add_rms_norm(bad_norm, stream), "add_rms_norm");
+  bad_norm = norm;
+  bad_norm.n_cols = cuda::kMaxNormQuantizeCols + 256;
+  fails(cuda::add_rms_norm(bad_norm, stream), "add_rms_norm");
+  bad_norm = norm;
+  bad_norm.y_quantized = h + 1;  // 2-byte aligned
+  fails(cuda::add_rms_norm(bad_norm, stream), "add_rms_norm");
+  EXPECT_FALSE(cuda::can_quantize_norm(quant::Type::Q4_K, 256));
+  EXPECT_TRUE(cuda::can_quantize_norm(quant::Type::Q8_0, 96));
+  const cuda::SwigluQuantizeArgs sq{.gate = f, .up = f, .n_rows = 1, .n_cols = 256, .out = h};
+  cuda::SwigluQuantizeArgs bad_sq = sq;
+  bad_sq.out_type = quant::Type::Q4_0;
+  fails(cuda::swiglu_quantize(bad_sq, stream), "swiglu_quantize");
+  bad_sq = sq;
+  bad_sq.n_cols = 100;
+  fails(cuda::swiglu_quantize(bad_sq, stream), "swiglu_quantize");
+  bad_sq = sq;
+  bad_sq.n_rows = 0;
+  fails(cuda::swiglu_quantize(bad_sq, stream), "swiglu_quantize");
+  bad_sq = sq;
+  bad_sq.out = nullptr;
+  fails(cuda::swiglu_quantize(bad_sq, stream), "swiglu_quantize");
 }
 
 }  // namespace

@@ -59,6 +59,9 @@ if [ "$filter" = "--model-bench" ]; then
   echo "baseline: decode attention on FP32 cores (MAGNETAR_CUDA_DECODE_MMA=0, a diagnostic switch)"
   MAGNETAR_CUDA_DECODE_MMA=0 "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 128 \
     --reps 5 2>&1 | tail -2
+  echo "baseline: quantization in separate launches (MAGNETAR_CUDA_FUSE=0, a diagnostic switch)"
+  MAGNETAR_CUDA_FUSE=0 "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 128 \
+    --reps 5 2>&1 | tail -2
   echo "baseline: decode launched kernel by kernel (MAGNETAR_CUDA_GRAPH=0, a diagnostic switch)"
   MAGNETAR_CUDA_GRAPH=0 "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 128 --reps 5 \
     2>&1 | tail -2
@@ -143,6 +146,35 @@ if [ "$filter" = "--profile-decode" ]; then
     -n 8 >"$OUT/ncu.txt" 2>&1
   echo "ncu exit $?"
   grep -cE "gpu__time_duration.sum" "$OUT/ncu.txt"  # the per-kernel table is $OUT/ncu.txt
+  exit 0
+fi
+
+# `run.sh --decode-bench [VAR=VALUE]`: only pp512 / tg128 (medians of 5) on the resident 30B-A3B geometry, then the
+# same with the diagnostic switch VAR=VALUE (e.g. MAGNETAR_CUDA_FUSE=0) as the baseline measured in the same call.
+if [ "$filter" = "--decode-bench" ]; then
+  build_magnetar
+  model=/tmp/magnetar-q30-q4k.gguf
+  [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k -t "$(nproc)" -o "$model" >/dev/null 2>&1
+  for arm in "" ${2:+"$2"}; do
+    echo "== ${arm:-default}"
+    env $arm "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 128 --reps 5 2>&1 | tail -1
+  done
+  exit 0
+fi
+
+# `run.sh --ncu-kernel REGEX [SKIP]`: ncu --set full of one launch of the kernels whose name matches REGEX, after SKIP
+# (default 200) of them, while the resident 30B-A3B geometry decodes (environment switches pass through: compare a
+# kernel with MAGNETAR_CUDA_FUSE=0 and without). The key lines are printed; the report is $OUT/ncu_<n>.txt.
+if [ "$filter" = "--ncu-kernel" ]; then
+  build_magnetar
+  model=/tmp/magnetar-q30-q4k.gguf
+  [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k -t "$(nproc)" -o "$model" >/dev/null 2>&1
+  report="$OUT/ncu_$(ls "$OUT" | grep -c '^ncu_').txt"
+  ncu --set full -k "regex:$2" --launch-skip "${3:-200}" --launch-count 1 "$bin" run -m "$model" --device cuda \
+    --tokens 1,2,3 -n 8 >"$report" 2>&1
+  echo "ncu exit $? ($report)"
+  grep -E "^  [a-z_:<>, ]+\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|No Eligible|\
+Warp Cycles Per Issued|L2 Hit|spends" "$report" | cut -c1-400 | head -30
   exit 0
 fi
 

@@ -1,0 +1,117 @@
+// The activation quantizers of quantize_q8.cu as warp-level device functions, so that the ops whose output feeds a
+// quantized matrix product (rms_norm.cu's norms, swiglu.cu) can write the quantized row in the same launch. Same
+// arithmetic, same bytes: quantize_q8.cu's header says why they match the reference quantizers.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "quant/formats.h"
+
+namespace magnetar::cuda::q8 {
+
+constexpr int kWarpSize = 32;
+
+__device__ __forceinline__ uint16_t float_to_half_bits(float f) {
+  const __half h = __float2half_rn(f);
+  return __half_raw(h).x;
+}
+
+// One 32-element block (Q8_0, or Q8_1 with kWithSum), lane i holding element i. Every lane of the warp calls it.
+template <typename Block, bool kWithSum>
+__device__ __forceinline__ void block_q8_32(float xi, Block* blk, int lane) {
+  float amax = fabsf(xi);
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  }
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const int q = int(roundf(xi * id));
+  blk->qs[lane] = int8_t(q);
+  if constexpr (kWithSum) {
+    int sum = q;
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0) blk->s = float_to_half_bits(float(sum) * d);
+  }
+  if (lane == 0) blk->d = float_to_half_bits(d);
+}
+
+// One 256-element Q8_K super-block, lane holding elements lane + 32k in xs[k]. Every lane of the warp calls it.
+__device__ __forceinline__ void block_q8_k(const float (&xs)[quant::kQK_K / kWarpSize], quant::BlockQ8_K* blk,
+                                           int lane) {
+  constexpr int kPerLane = quant::kQK_K / kWarpSize;  // 8
+  // This lane's first element of largest magnitude (elements lane + 32k come in increasing order).
+  float amax = 0.0f;
+  float max = 0.0f;
+  int idx = quant::kQK_K;  // none yet
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const float ax = fabsf(xs[k]);
+    if (ax > amax) {
+      amax = ax;
+      max = xs[k];
+      idx = lane + kWarpSize * k;
+    }
+  }
+  // Across lanes: the larger magnitude wins, the lower index on equal magnitudes (the reference's scan keeps the
+  // first strict maximum).
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    const float o_amax = __shfl_xor_sync(0xffffffffu, amax, offset);
+    const float o_max = __shfl_xor_sync(0xffffffffu, max, offset);
+    const int o_idx = __shfl_xor_sync(0xffffffffu, idx, offset);
+    if (o_amax > amax || (o_amax == amax && o_idx < idx)) {
+      amax = o_amax;
+      max = o_max;
+      idx = o_idx;
+    }
+  }
+  if (amax == 0.0f) {  // uniform over the warp after the reduction
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) blk->qs[lane + kWarpSize * k] = 0;
+    if (lane < quant::kQK_K / 16) blk->bsums[lane] = 0;
+    if (lane == 0) blk->d = 0.0f;
+    return;
+  }
+  const float iscale = -127.0f / max;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const int q = min(__float2int_rn(iscale * xs[k]), 127);
+    blk->qs[lane + kWarpSize * k] = int8_t(q);
+    // Element lane + 32k is in 16-group 2k + lane / 16: sum over the half-warp.
+    int s = q;
+#pragma unroll
+    for (int offset = 8; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
+    if (lane % 16 == 0) blk->bsums[2 * k + lane / 16] = int16_t(s);
+  }
+  if (lane == 0) blk->d = 1.0f / iscale;
+}
+
+// Activation formats a fused op can write (quant::Type values as template arguments).
+enum class Act { kNone, kQ8_0, kQ8_1, kQ8_K };
+
+__host__ __device__ constexpr int block_elems(Act a) { return a == Act::kQ8_K ? quant::kQK_K : quant::kQK32; }
+
+// Block b of a row of `src` (shared or global memory, the row's first element at src) into the row's quantized
+// bytes at dst. Every lane of the warp calls it.
+template <Act kA>
+__device__ __forceinline__ void block(const float* src, uint8_t* dst, int b, int lane) {
+  if constexpr (kA == Act::kQ8_K) {
+    float xs[quant::kQK_K / kWarpSize];
+#pragma unroll
+    for (int k = 0; k < quant::kQK_K / kWarpSize; ++k) xs[k] = src[b * quant::kQK_K + lane + kWarpSize * k];
+    block_q8_k(xs, reinterpret_cast<quant::BlockQ8_K*>(dst) + b, lane);
+  } else if constexpr (kA == Act::kQ8_1) {
+    block_q8_32<quant::BlockQ8_1, true>(src[b * quant::kQK32 + lane], reinterpret_cast<quant::BlockQ8_1*>(dst) + b,
+                                        lane);
+  } else if constexpr (kA == Act::kQ8_0) {
+    block_q8_32<quant::BlockQ8_0, false>(src[b * quant::kQK32 + lane],
+                                         reinterpret_cast<quant::BlockQ8_0*>(dst) + b, lane);
+  }
+}
+
+}  // namespace magnetar::cuda::q8
