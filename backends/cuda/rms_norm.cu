@@ -17,9 +17,9 @@
 //
 // add_rms_norm can also quantize y for the matrix products that read it (AddRmsNormArgs::y_quantized): y is
 // staged in shared memory as it is written, and the row's warps then quantize it block by block with
-// quantize_q8.cuh's code (the bytes of quantize_activations of y). On a decode token this replaces two
-// latency-bound launches (norm, then quantize) by one; the weight row is loaded before the reduction so its
-// latency overlaps the loads of x and residual.
+// quantize_q8.cuh's code (the bytes of quantize_activations of y): one launch instead of two on a decode token,
+// but the model measured no gain from it (MAGNETAR_CUDA_FUSE in models/qwen3_moe/qwen3_moe_cuda.cpp). A row of its
+// own CTA loads its weights before the reduction so their latency overlaps the loads of x and residual.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -39,8 +39,11 @@ using q8::Act;
 
 // kAdd: x_out = x + residual first (x_out == x in place; y separate). Otherwise y may equal x.
 // kA != kNone: y also quantized into yq (rows of yq_row_bytes), staged in dynamic shared memory (kRowsPerCta rows).
-template <int kRowThreads, bool kAdd, Act kA>
-__global__ void __launch_bounds__(kRowThreads == ops::kWarpSize ? kThreads : kRowThreads)
+// kKeep: elements per thread held in registers (the row's first kKeep * kRowThreads), chosen at launch for the
+// CTA-per-row kernel so that a 2048-wide row does not issue the (predicated-off) instructions of 8 slots for 2.
+template <int kRowThreads, int kKeep, bool kAdd, Act kA>
+__global__ void __launch_bounds__(kRowThreads == ops::kWarpSize ? kThreads : kRowThreads,
+                                  kRowThreads == ops::kWarpSize ? 2 : 1)
     rms_norm_kernel(const float* x, float* x_out, const float* __restrict__ residual, const float* __restrict__ w,
                     float* y, int n_rows, int n_cols, float eps, uint8_t* __restrict__ yq, size_t yq_row_bytes) {
   constexpr int kRowsPerCta = kRowThreads == ops::kWarpSize ? kThreads / ops::kWarpSize : 1;
@@ -52,7 +55,6 @@ __global__ void __launch_bounds__(kRowThreads == ops::kWarpSize ? kThreads : kRo
 
   // The row's first kKeep * kRowThreads elements are loaded into registers in one unrolled pass (every load in
   // flight at once) and reused for the output; longer rows loop over the rest.
-  constexpr int kKeep = kRowThreads == ops::kWarpSize ? 1024 / ops::kWarpSize : 8;
   // A row of its own CTA (decode's hidden rows) loads its weights up front too; warp rows (q/k norms over many
   // rows) keep their registers (2 CTAs per SM).
   constexpr bool kLoadW = kRowThreads > ops::kWarpSize;
@@ -84,17 +86,27 @@ __global__ void __launch_bounds__(kRowThreads == ops::kWarpSize ? kThreads : kRo
     }
   }
   sum = ops::warp_sum(sum);
-  if (kRowThreads > ops::kWarpSize) {  // one row per CTA: combine the warps
+  float scale;
+  if constexpr (kRowThreads > ops::kWarpSize) {
+    // One row per CTA: warp 0 adds the warps' sums (a warp tree, fixed order) and makes the scale, once for the
+    // CTA (the double division and square root are ~100 instructions: every thread making it cost 1024 of them).
     constexpr int kWarps = kRowThreads / ops::kWarpSize;
+    static_assert(kWarps <= ops::kWarpSize);
     __shared__ double partial[kWarps];
-    const int warp = t / ops::kWarpSize;
-    if (t % ops::kWarpSize == 0) partial[warp] = sum;
+    __shared__ float scale_s;
+    const int warp = t / ops::kWarpSize, lane = t % ops::kWarpSize;
+    if (lane == 0) partial[warp] = sum;
     __syncthreads();
-    sum = 0;
-    for (int k = 0; k < kWarps; ++k) sum += partial[k];
+    if (warp == 0) {
+      const double total = ops::warp_sum(lane < kWarps ? partial[lane] : 0.0);
+      if (lane == 0) scale_s = float(1.0 / sqrt(total / double(n_cols) + double(eps)));
+    }
+    __syncthreads();
+    scale = scale_s;
+  } else {
+    if (row >= n_rows) return;
+    scale = float(1.0 / sqrt(sum / double(n_cols) + double(eps)));
   }
-  if (row >= n_rows) return;
-  const float scale = float(1.0 / sqrt(sum / double(n_cols) + double(eps)));
 #pragma unroll
   for (int j = 0; j < kKeep; ++j) {
     const int i = t + j * kRowThreads;
@@ -137,10 +149,16 @@ void launch(const float* x, float* x_out, const float* residual, const float* w,
   if (n_cols <= kWarpRowMax) {
     constexpr int kRows = kThreads / ops::kWarpSize;
     const unsigned grid = unsigned((n_rows + kRows - 1) / kRows);
-    rms_norm_kernel<ops::kWarpSize, kAdd, kA>
+    rms_norm_kernel<ops::kWarpSize, kWarpRowMax / ops::kWarpSize, kAdd, kA>
         <<<grid, kThreads, smem, stream>>>(x, x_out, residual, w, y, int(n_rows), int(n_cols), eps, yq, yq_row_bytes);
-  } else {
-    rms_norm_kernel<kRowCta, kAdd, kA><<<unsigned(n_rows), kRowCta, smem, stream>>>(
+  } else if (n_cols <= 2 * kRowCta) {
+    rms_norm_kernel<kRowCta, 2, kAdd, kA><<<unsigned(n_rows), kRowCta, smem, stream>>>(
+        x, x_out, residual, w, y, int(n_rows), int(n_cols), eps, yq, yq_row_bytes);
+  } else if (n_cols <= 4 * kRowCta) {
+    rms_norm_kernel<kRowCta, 4, kAdd, kA><<<unsigned(n_rows), kRowCta, smem, stream>>>(
+        x, x_out, residual, w, y, int(n_rows), int(n_cols), eps, yq, yq_row_bytes);
+  } else {  // longer rows loop over the rest
+    rms_norm_kernel<kRowCta, 8, kAdd, kA><<<unsigned(n_rows), kRowCta, smem, stream>>>(
         x, x_out, residual, w, y, int(n_rows), int(n_cols), eps, yq, yq_row_bytes);
   }
   CUDA_CHECK(cudaGetLastError());

@@ -6,12 +6,14 @@
 // With a table (decode), lane j also writes the grouped-matvec item of the token's slot j (RouteArgs::table), so
 // decode needs no separate launch to turn ids into items.
 //
-// One warp per token: the logits go to shared memory, lane-strided max and double sum, then k rounds of a
-// warp arg-max (route_topk.cuh). Cost per token: 4 * n_expert bytes read, 8 * k written, n_expert double
-// exps (~20 instructions each) and k * (n_expert / 32 + 10) compare steps: a decode token (128 experts, k 8)
-// is a few us of latency, bound by the launch and the serial rounds, not by memory. Ids are exact (only
-// comparisons); weights differ from the CPU's only where CUDA's double exp (<= 1 ulp) or the double sum's
-// order moves a value across a float rounding boundary (one float ulp).
+// One CTA of 128 threads per token: the logits go to shared memory; max and double sum over the CTA; each thread
+// ranks its experts against all (route_topk.cuh: the rank is the slot), so the selection is n_expert / 128 *
+// n_expert independent compares per thread instead of k dependent rounds of a warp arg-max. The rounds took
+// 10.3 us per decode token on the H200 (ncu 2026-11-30: one warp, ~1,900 instructions in a dependent chain, the
+// weight's double exp and the item's table loads inside each round; 6.8 us with those moved after the rounds).
+// Cost per token: 4 * n_expert bytes read, 8 * k written, n_expert double exps, n_expert^2 compares (128 experts:
+// 128 per thread; 1,024: 8,192). Ids are exact (only comparisons); weights differ from the CPU's only where CUDA's
+// double exp (<= 1 ulp) or the double sum's order moves a value across a float rounding boundary (one float ulp).
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -24,65 +26,62 @@
 namespace magnetar::cuda {
 namespace {
 
-using route::kLanes;
+using route::kThreads;
+constexpr int kWarps = kThreads / ops::kWarpSize;
 
-__global__ void __launch_bounds__(kLanes)
+// Grid: n_tok CTAs of kThreads. Thread i ranks experts i, i + kThreads, ... against all (route_topk.cuh); the
+// expert of rank j < k is slot j. Then lanes j < k of warp 0 make slot j's weight, id and item at once.
+__global__ void __launch_bounds__(kThreads)
     route_topk_kernel(const float* __restrict__ logits, int32_t* __restrict__ ids, float* __restrict__ weights,
                       int n_expert, int k, bool normalize, const void* const* __restrict__ table,
                       GroupItem* __restrict__ items, int32_t* __restrict__ x_rows, int32_t* __restrict__ slot_rows) {
   __shared__ float l_s[route::kMaxExperts];
+  __shared__ float max_s[kWarps];
+  __shared__ double sum_s[kWarps];
+  __shared__ int slot_s[route::kMaxK];
   const int t = int(blockIdx.x);
-  const int lane = int(threadIdx.x);
+  const int tid = int(threadIdx.x);
+  const int warp = tid / ops::kWarpSize, lane = tid % ops::kWarpSize;
   const float* row = logits + size_t(t) * size_t(n_expert);
   float mx = -INFINITY;
-  for (int e = lane; e < n_expert; e += kLanes) {
+  for (int e = tid; e < n_expert; e += kThreads) {
     l_s[e] = row[e];
     mx = fmaxf(mx, l_s[e]);
   }
   mx = ops::warp_max(mx);
-  double sum = 0;
-  for (int e = lane; e < n_expert; e += kLanes) sum += exp(double(__fsub_rn(l_s[e], mx)));
-  sum = ops::warp_sum(sum);
+  if (lane == 0) max_s[warp] = mx;
+  __syncthreads();
+  mx = max_s[0];
+  for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, max_s[w]);
 
-  // k rounds of a warp arg-max; lane j keeps winner j. Only comparisons in the rounds: the weights and the items
-  // are made afterwards by lanes 0 .. k - 1 at once (made inside the rounds, each round waited for lane j's
-  // double exp and its table loads: 10.3 us per decode token on the H200, ncu 2026-11-30).
-  uint32_t taken = 0;  // bit i: expert lane + 32 i is chosen
-  float my_v = 0.0f;
-  int my_id = 0;
-  for (int j = 0; j < k; ++j) {
-    float v;
-    int id;
-    route::lane_best(l_s, n_expert, lane, taken, &v, &id);
-#pragma unroll
-    for (int offset = kLanes / 2; offset > 0; offset /= 2) {
-      const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
-      const int oid = __shfl_xor_sync(0xffffffffu, id, offset);
-      if (route::ranks_before(ov, oid, v, id)) {
-        v = ov;
-        id = oid;
-      }
-    }
-    // Every lane now holds the same winner.
-    if (id % kLanes == lane) taken |= 1u << (id / kLanes);
-    if (lane == j) {
-      my_v = v;
-      my_id = id;
-    }
+  // The softmax denominator in double (exp of the float difference, as the CPU), and the ranks.
+  double part = 0;
+  for (int e = tid; e < n_expert; e += kThreads) {
+    part += exp(double(__fsub_rn(l_s[e], mx)));
+    const int rank = route::rank_of(l_s, n_expert, e);
+    if (rank < k) slot_s[rank] = e;
   }
-  const float w = lane < k ? float(exp(double(__fsub_rn(my_v, mx))) / sum) : 0.0f;
+  part = ops::warp_sum(part);
+  if (lane == 0) sum_s[warp] = part;
+  __syncthreads();
+  if (warp != 0) return;
+  double sum = 0;
+  for (int w = 0; w < kWarps; ++w) sum += sum_s[w];
+
+  const int id = lane < k ? slot_s[lane] : 0;
+  const float w = lane < k ? float(exp(double(__fsub_rn(l_s[id], mx))) / sum) : 0.0f;
   // The sum of the k weights in slot order (as the CPU adds them), then each renormalized.
   double top_sum = 0;
   for (int j = 0; j < k; ++j) top_sum += double(__shfl_sync(0xffffffffu, w, j));
   if (lane < k) {
     const int r = t * k + lane;
-    ids[r] = my_id;
+    ids[r] = id;
     weights[r] = normalize ? float(double(w) / top_sum) : w;
     if (table != nullptr) {  // row r's item for the grouped expert launches
       GroupItem item;
-      item.w[0] = table[3 * my_id];
-      item.w[1] = table[3 * my_id + 1];
-      item.w[2] = table[3 * my_id + 2];
+      item.w[0] = table[3 * id];
+      item.w[1] = table[3 * id + 1];
+      item.w[2] = table[3 * id + 2];
       item.row0 = r;
       item.n = 1;
       items[r] = item;
@@ -113,7 +112,7 @@ Status route_topk(const RouteArgs& a, Stream& stream) {
   if (a.table != nullptr && (a.items == nullptr || a.x_rows == nullptr || a.slot_rows == nullptr)) {
     return Status::error("route_topk: a table needs items, x_rows and slot_rows");
   }
-  route_topk_kernel<<<unsigned(a.n_tok), kLanes, 0, stream.raw()>>>(a.logits, a.ids, a.weights, int(a.n_expert),
+  route_topk_kernel<<<unsigned(a.n_tok), kThreads, 0, stream.raw()>>>(a.logits, a.ids, a.weights, int(a.n_expert),
                                                                     int(a.k), a.normalize, a.table, a.items,
                                                                     a.x_rows, a.slot_rows);
   CUDA_CHECK(cudaGetLastError());

@@ -1,13 +1,10 @@
-// Top-k selection of the MoE router, shared by the kernel (route_topk.cu, one warp per token) and the host
-// test (tests/cuda/cuda_ops_host_test.cu). Expert e belongs to lane e % 32 (bit e / 32 of the lane's `taken`
-// mask); each round every lane offers its best untaken expert and the warp keeps the best offer. "Best" is
-// the CPU route()'s order: the larger logit, and on equal logits the lower expert id (torch.topk on CPU). That
-// is a strict total order on (logit, id) for non-NaN logits, so the winner does not depend on the order in
-// which the offers are compared: the warp's butterfly and the host's loop pick the same expert.
+// Top-k selection of the MoE router, shared by the kernel (route_topk.cu) and the host test
+// (tests/cuda/cuda_ops_host_test.cu). "Before" is the CPU route()'s order: the larger logit, and on equal logits
+// the lower expert id (torch.topk on CPU). That is a strict total order on (logit, id) for non-NaN logits, so every
+// expert has a distinct rank (the number of experts before it) and the top k are the experts of rank < k, expert
+// of rank j in slot j: the kernel's threads rank their experts independently, no sequential rounds.
 #pragma once
 
-#include <climits>
-#include <cmath>
 #include <cstdint>
 
 #ifndef MAGNETAR_HD
@@ -16,27 +13,19 @@
 
 namespace magnetar::cuda::route {
 
-constexpr int kLanes = 32;
-constexpr int kMaxExperts = 32 * kLanes;  // one bit per expert in each lane's 32-bit mask
-constexpr int kMaxK = kLanes;             // lane j keeps the j-th weight
+constexpr int kThreads = 128;      // one CTA per token
+constexpr int kMaxExperts = 1024;  // the logits of a token stay in shared memory
+constexpr int kMaxK = 32;          // lane j of warp 0 keeps slot j
 
 // Whether (va, ia) is selected before (vb, ib).
 MAGNETAR_HD bool ranks_before(float va, int ia, float vb, int ib) { return va > vb || (va == vb && ia < ib); }
 
-// The best untaken expert among lane's (e = lane, lane + 32, ...), or id INT_MAX (ranks after every expert)
-// when the lane has none left.
-MAGNETAR_HD void lane_best(const float* logits, int n_expert, int lane, uint32_t taken, float* value, int* id) {
-  float bv = -INFINITY;
-  int bi = INT_MAX;
-  for (int e = lane, bit = 0; e < n_expert; e += kLanes, ++bit) {
-    if ((taken >> bit) & 1u) continue;
-    if (ranks_before(logits[e], e, bv, bi)) {
-      bv = logits[e];
-      bi = e;
-    }
-  }
-  *value = bv;
-  *id = bi;
+// How many experts are selected before expert e.
+MAGNETAR_HD int rank_of(const float* logits, int n_expert, int e) {
+  const float v = logits[e];
+  int rank = 0;
+  for (int o = 0; o < n_expert; ++o) rank += ranks_before(logits[o], o, v, e) ? 1 : 0;
+  return rank;
 }
 
 }  // namespace magnetar::cuda::route

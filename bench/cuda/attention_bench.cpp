@@ -165,7 +165,8 @@ void bm_prefill(benchmark::State& state, int64_t ctx, bool mma) {
 void register_all() {
   for (const int64_t ctx : kContexts) {
     for (const bool mma : {true, false}) {
-      const std::string name = std::string(mma ? "attention_decode_mma/ctx" : "attention_decode/ctx") + std::to_string(ctx);
+      const std::string name =
+          std::string(mma ? "attention_decode_mma/ctx" : "attention_decode/ctx") + std::to_string(ctx);
       benchmark::RegisterBenchmark(name.c_str(), bm_decode, ctx, mma)->UseManualTime()->Unit(benchmark::kMicrosecond);
     }
   }

@@ -93,11 +93,17 @@ bool graphs_enabled() {
   return enabled;
 }
 
-// A norm whose output feeds quantized products writes the quantized rows too (add_rms_norm's y_quantized), and the
-// MoE's swiglu quantizes for the down projection (swiglu_quantize): two launches fewer per layer and token.
-// MAGNETAR_CUDA_FUSE=0 (a diagnostic switch: run.sh --model-bench's baseline) quantizes in separate launches.
+// With MAGNETAR_CUDA_FUSE=1 a norm whose output feeds quantized products writes the quantized rows too
+// (add_rms_norm's y_quantized) and the MoE's swiglu quantizes for the down projection (swiglu_quantize): two
+// launches fewer per layer and token. Off by default: measured 2% slower on the H200 (tg128 247.6 vs 252.2 t/s,
+// and 246.8 vs 252.4 with the arms in the other order; docs/benchmarks/2026-11-30-cuda-decode-attention-mma.md):
+// the fused kernels do the quantization with fewer warps than the separate launch. An opt-in until the parts
+// are measured apart.
 bool fusion_enabled() {
-  static const bool enabled = switch_on("MAGNETAR_CUDA_FUSE");
+  static const bool enabled = [] {
+    const char* v = std::getenv("MAGNETAR_CUDA_FUSE");
+    return v != nullptr && std::string_view(v) == "1";
+  }();
   return enabled;
 }
 
@@ -431,7 +437,8 @@ Status Qwen3Cuda::init() {
   const size_t B = size_t(n_batch_), R = B * size_t(K), f = sizeof(float);
   // Quantized activation rows: Q8_1 (36 bytes per 32) or Q8_K (292 per 256) of up to max_cols (+ a block).
   act_row_max_ = int64_t(quant::row_size(quant::Type::Q8_K, (max_cols + 255) / 256 * 256));
-  act_row_max_ = std::max<int64_t>(act_row_max_, int64_t(quant::row_size(quant::Type::Q8_1, (max_cols + 31) / 32 * 32)));
+  act_row_max_ =
+      std::max<int64_t>(act_row_max_, int64_t(quant::row_size(quant::Type::Q8_1, (max_cols + 31) / 32 * 32)));
   MAGNETAR_ASSIGN_OR_RETURN(mv_ws_, cuda::MatvecWorkspace::create(max_cols, kVec));
   MAGNETAR_ASSIGN_OR_RETURN(attn_ws_, cuda::AttentionWorkspace::create(hp_.n_head, D));
   struct Want {

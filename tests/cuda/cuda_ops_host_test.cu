@@ -1,5 +1,5 @@
 // The host-callable logic of the forward-pass ops (backends/cuda/{rope,route_topk,attention}.cuh) run on the
-// HOST, so CI (no GPU) checks it: the RoPE angle formula against cpu::rope_neox's, the router's lane-split
+// HOST, so CI (no GPU) checks it: the RoPE angle formula against cpu::rope_neox's, the router's rank-based
 // top-k against the CPU route()'s partial_sort, and attention's split-K plan and online-softmax merge against
 // a direct softmax. The kernels themselves are checked on the GPU by cuda_ops_test.cpp.
 //
@@ -50,26 +50,13 @@ TEST(CudaOpsHost, RopeAnglesMatchCpuFormula) {
 
 // ---- router top-k ------------------------------------------------------------------------------------------
 
-// The kernel's selection, with the warp's lanes as a loop: each round every lane offers lane_best, the best
-// offer wins and is marked taken in its lane's mask.
-std::vector<int> warp_topk(const std::vector<float>& logits, int k) {
-  const int n = int(logits.size());
-  uint32_t taken[cuda::route::kLanes] = {};
-  std::vector<int> ids;
-  for (int j = 0; j < k; ++j) {
-    float bv = -INFINITY;
-    int bi = INT_MAX;
-    for (int lane = 0; lane < cuda::route::kLanes; ++lane) {
-      float v;
-      int id;
-      cuda::route::lane_best(logits.data(), n, lane, taken[lane], &v, &id);
-      if (cuda::route::ranks_before(v, id, bv, bi)) {
-        bv = v;
-        bi = id;
-      }
-    }
-    taken[bi % cuda::route::kLanes] |= 1u << (bi / cuda::route::kLanes);
-    ids.push_back(bi);
+// The kernel's selection: every expert's rank (route::rank_of), the expert of rank j < k in slot j; a slot left
+// empty or filled twice is -1 / -2 (ranks not distinct).
+std::vector<int> rank_topk(const std::vector<float>& logits, int k) {
+  std::vector<int> ids(size_t(k), -1);
+  for (int e = 0; e < int(logits.size()); ++e) {
+    const int rank = cuda::route::rank_of(logits.data(), int(logits.size()), e);
+    if (rank < k) ids[size_t(rank)] = ids[size_t(rank)] == -1 ? e : -2;
   }
   return ids;
 }
@@ -99,7 +86,7 @@ TEST(CudaOpsHost, RouterTopkMatchesCpuOrderWithTies) {
           const float g = dist(gen);
           l = mode == 0 ? g : mode == 1 ? std::round(2.0f * g) / 2.0f : 0.25f;
         }
-        EXPECT_EQ(warp_topk(logits, k), cpu_topk(logits, k)) << "n " << n << " k " << k << " mode " << mode;
+        EXPECT_EQ(rank_topk(logits, k), cpu_topk(logits, k)) << "n " << n << " k " << k << " mode " << mode;
       }
     }
   }

@@ -455,7 +455,8 @@ TEST(CudaOps, AddRmsNormQuantizeEqualsNormThenQuantize) {
   SKIP_WITHOUT_GPU();
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
   Rng rng(kSeed + 40);
-  const std::pair<int64_t, int64_t> shapes[] = {{1, 2048}, {3, 4096}, {9, 256}, {17, 1024}, {2, 1280}, {1, 8192}, {2, 7168}};
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 2048}, {3, 4096}, {9, 256}, {17, 1024},
+                                                {2, 1280}, {1, 8192}, {2, 7168}};
   for (const quant::Type t : kActTypes) {
     for (const auto& [rows, cols] : shapes) {
       if (t == quant::Type::Q8_K && cols % 256 != 0) continue;
@@ -685,9 +686,13 @@ TEST(CudaOps, StoreKvRowFromDeviceInAGraph) {
   ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dc, to_device(want));
   ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer drow, to_device(std::vector<int32_t>{0}));
   cuda::Graph::begin_capture(stream);
-  const Status st = cuda::store_kv(
-      {.x = dx.as<float>(), .cache = dc.as<uint16_t>(), .n_tok = 1, .n = n, .row0 = 999, .row0_device = drow.as<int32_t>()},
-      stream);
+  const Status st = cuda::store_kv({.x = dx.as<float>(),
+                                    .cache = dc.as<uint16_t>(),
+                                    .n_tok = 1,
+                                    .n = n,
+                                    .row0 = 999,
+                                    .row0_device = drow.as<int32_t>()},
+                                   stream);
   ASSERT_OK_AND_ASSIGN(cuda::Graph graph, cuda::Graph::end_capture(stream));
   ASSERT_OK(st);
   for (const int32_t row : {7, 31}) {
@@ -1076,7 +1081,8 @@ AttnExpect mma_expect(const AttnCase& c, const AttnData& d, AttnOp op = AttnOp::
   for (int64_t t = 0; t < c.n_tok; ++t) {
     const int64_t pos = c.pos0 + t, lo = first_row(c, pos), n_att = pos - lo + 1;
     const double tiles = decode ? double(n_att / 16 + 4) : double((n_att + 128) / 32 + 2);
-    const double depth = 2.0 * double(n_att + 192) + 4.0 * tiles + (decode ? double(cuda::kMaxAttentionSplits + 8) : 0.0);
+    const double depth =
+        2.0 * double(n_att + 192) + 4.0 * tiles + (decode ? double(cuda::kMaxAttentionSplits + 8) : 0.0);
     const double acc = 2.0 * gamma(depth, 2.0 * kU) + kU;
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = h / group;
