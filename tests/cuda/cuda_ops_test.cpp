@@ -1128,26 +1128,32 @@ AttnExpect mma_expect(const AttnCase& c, const AttnData& d, AttnOp op = AttnOp::
   return x;
 }
 
-TEST(CudaOps, AttentionPrefillMmaMatchesReference) {
-  SKIP_WITHOUT_GPU();
+// A tensor-core op (attention_prefill_mma or attention_decode_mma) on random data against the exact result, within
+// mma_expect's bound, element by element.
+void expect_mma_within_bound(AttnOp op, const std::vector<AttnCase>& cases, uint64_t seed) {
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
-  cuda::AttentionWorkspace ws;  // not used by attention_prefill_mma
-  Rng rng(kSeed + 9);
-  for (const AttnCase& c : prefill_mma_cases()) {
+  ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(64, 256));
+  Rng rng(seed);
+  for (const AttnCase& c : cases) {
     const AttnData d = attention_data(rng, c, AttnFill::kRandom);
-    const std::vector<float> got = run_attention(c, d, ws, stream, AttnOp::kPrefillMma);
-    const AttnExpect x = mma_expect(c, d);
-    ASSERT_EQ(got.size(), x.want.size()) << describe(c);
+    const std::vector<float> got = run_attention(c, d, ws, stream, op);
+    const AttnExpect x = mma_expect(c, d, op);
+    ASSERT_EQ(got.size(), x.want.size()) << op_name(op) << " " << describe(c);
     int bad = 0;
     for (size_t i = 0; i < got.size(); ++i) {
       if (!(std::fabs(double(got[i]) - x.want[i]) <= x.tol[i]) && bad++ < 5) {
         const int64_t D = c.shape.head_dim, H = c.shape.n_head;
-        ADD_FAILURE() << describe(c) << " token " << int64_t(i) / (H * D) << " head " << int64_t(i) / D % H
-                      << " element " << int64_t(i) % D << ": got " << got[i] << ", want " << x.want[i] << " (tolerance "
-                      << x.tol[i] << ")";
+        ADD_FAILURE() << op_name(op) << " " << describe(c) << " token " << int64_t(i) / (H * D) << " head "
+                      << int64_t(i) / D % H << " element " << int64_t(i) % D << ": got " << got[i] << ", want "
+                      << x.want[i] << " (tolerance " << x.tol[i] << ")";
       }
     }
   }
+}
+
+TEST(CudaOps, AttentionPrefillMmaMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  expect_mma_within_bound(AttnOp::kPrefillMma, prefill_mma_cases(), kSeed + 9);
 }
 
 // Many tokens in one call (CTAs of up to 128 tokens, tiles starting at the window of the CTA's first token) against
@@ -1222,24 +1228,7 @@ std::vector<AttnCase> decode_mma_cases() {
 
 TEST(CudaOps, AttentionDecodeMmaMatchesReference) {
   SKIP_WITHOUT_GPU();
-  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
-  ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(64, 256));
-  Rng rng(kSeed + 12);
-  for (const AttnCase& c : decode_mma_cases()) {
-    const AttnData d = attention_data(rng, c, AttnFill::kRandom);
-    const std::vector<float> got = run_attention(c, d, ws, stream, AttnOp::kDecodeMma);
-    const AttnExpect x = mma_expect(c, d, AttnOp::kDecodeMma);
-    ASSERT_EQ(got.size(), x.want.size()) << describe(c);
-    int bad = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (!(std::fabs(double(got[i]) - x.want[i]) <= x.tol[i]) && bad++ < 5) {
-        const int64_t D = c.shape.head_dim, H = c.shape.n_head;
-        ADD_FAILURE() << describe(c) << " token " << int64_t(i) / (H * D) << " head " << int64_t(i) / D % H
-                      << " element " << int64_t(i) % D << ": got " << got[i] << ", want " << x.want[i] << " (tolerance "
-                      << x.tol[i] << ")";
-      }
-    }
-  }
+  expect_mma_within_bound(AttnOp::kDecodeMma, decode_mma_cases(), kSeed + 12);
 }
 
 TEST(CudaOps, AttentionDecodeMmaUniformScoresExact) {

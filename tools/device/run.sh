@@ -36,6 +36,14 @@ build_magnetar() {
     -DMAGNETAR_TESTS=OFF -DMAGNETAR_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$prefix/usr" >/dev/null 2>&1
   cmake --build build-device -j "$(nproc)" --target magnetar >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
 }
+# The binary (build_magnetar) and the synthetic Qwen3-30B-A3B-geometry Q4_K model the bench modes run (made once per
+# machine, ~15 s). Sets bin and model.
+model=/tmp/magnetar-q30-q4k.gguf
+build_with_model() {
+  build_magnetar
+  [ -f "$model" ] || { /usr/bin/time -f "synth %e s" "$bin" synth --preset qwen3-30b-a3b --type q4_k -t "$(nproc)" \
+    -o "$model" 2>&1 | tail -2; }
+}
 
 # `run.sh --stream-arms`: only the expert-streaming and disk-KV arms (tools/device/stream_arms.sh), with the
 # build-device/ of an earlier call on the same (still warm) machine.
@@ -49,10 +57,7 @@ fi
 # (still warm) machine: pp512 / tg128 and pp2048 (medians of 5), decode at depth 2K to 64K, then the experts
 # tiered (GPU pool + RAM cache + disk).
 if [ "$filter" = "--model-bench" ]; then
-  build_magnetar
-  model=/tmp/magnetar-q30-q4k.gguf
-  [ -f "$model" ] || { /usr/bin/time -f "synth %e s" "$bin" synth --preset qwen3-30b-a3b --type q4_k -t "$(nproc)" \
-    -o "$model" 2>&1 | tail -2; }
+  build_with_model
   nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.max.sm --format=csv,noheader
   "$bin" bench -m "$model" --device cuda --show-plan --ctx-start 0 --ctx-max 0 --step 512 --gen 128 --reps 5 2>&1 | tail -8
   "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 2048 --gen 16 --reps 5 --ctx 4096 2>&1 | tail -4
@@ -105,9 +110,7 @@ fi
 # `run.sh --attn-prefill`: prefill at depth with the tensor-core attention (attention_prefill_mma) and without it
 # (MAGNETAR_CUDA_ATTN_MMA=0, the baseline), 2,048-token chunks up to 32K, then pp512 / pp2048 with it.
 if [ "$filter" = "--attn-prefill" ]; then
-  build_magnetar
-  model=/tmp/magnetar-q30-q4k.gguf
-  [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k -t "$(nproc)" -o "$model" >/dev/null 2>&1
+  build_with_model
   for mma in 1 0; do
     echo "== MAGNETAR_CUDA_ATTN_MMA=$mma"
     MAGNETAR_CUDA_ATTN_MMA=$mma "$bin" bench -m "$model" --device cuda --ctx 34900 --ctx-start 2048 --ctx-max 32768 \
@@ -139,9 +142,7 @@ fi
 # `run.sh --profile-decode`: GPU time per kernel of decode (ncu, 2 tokens' worth of launches after warm-up) on the
 # resident 30B-A3B geometry; with nsys when the image has it, the wall time per token and the launch gaps.
 if [ "$filter" = "--profile-decode" ]; then
-  build_magnetar
-  model=/tmp/magnetar-q30-q4k.gguf
-  [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k -t "$(nproc)" -o "$model" >/dev/null 2>&1
+  build_with_model
   per_token=${PER_TOKEN_LAUNCHES:-1100}
   ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip $((per_token * 4)) \
     --launch-count $((per_token * 2)) --print-summary per-kernel "$bin" run -m "$model" --device cuda --tokens 1,2,3 \
@@ -154,9 +155,7 @@ fi
 # `run.sh --decode-bench [VAR=VALUE]`: only pp512 / tg128 (medians of 5) on the resident 30B-A3B geometry, then the
 # same with the diagnostic switch VAR=VALUE (e.g. MAGNETAR_CUDA_FUSE=1) as the arm compared in the same call.
 if [ "$filter" = "--decode-bench" ]; then
-  build_magnetar
-  model=/tmp/magnetar-q30-q4k.gguf
-  [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k -t "$(nproc)" -o "$model" >/dev/null 2>&1
+  build_with_model
   for arm in "" ${2:+"$2"}; do
     echo "== ${arm:-default}"
     env $arm "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 128 --reps 5 2>&1 | tail -1
@@ -168,9 +167,7 @@ fi
 # (default 200) of them, while the resident 30B-A3B geometry decodes (environment switches pass through: compare a
 # kernel with MAGNETAR_CUDA_FUSE=1 and without). The key lines are printed; the report is $OUT/ncu_<n>.txt.
 if [ "$filter" = "--ncu-kernel" ]; then
-  build_magnetar
-  model=/tmp/magnetar-q30-q4k.gguf
-  [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k -t "$(nproc)" -o "$model" >/dev/null 2>&1
+  build_with_model
   report="$OUT/ncu_$(ls "$OUT" | grep -c '^ncu_').txt"
   ncu --set full -k "regex:$2" --launch-skip "${3:-200}" --launch-count 1 "$bin" run -m "$model" --device cuda \
     --tokens 1,2,3 -n 8 >"$report" 2>&1
@@ -183,9 +180,7 @@ fi
 # `run.sh --kv-ttft`: time to first token for a 100K-token history plus a new turn, cold vs restored from disk KV
 # (issue: disk KV), on the 30B-A3B geometry on the GPU (98 KiB of KV per token); builds the binary when needed.
 if [ "$filter" = "--kv-ttft" ]; then
-  build_magnetar
-  model=/tmp/magnetar-q30-q4k.gguf
-  [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k -t "$(nproc)" -o "$model" >/dev/null 2>&1
+  build_with_model
   rm -rf /tmp/magnetar-kv-ttft
   "$bin" bench -m "$model" --device cuda --ttft 100000 --kv-disk-dir /tmp/magnetar-kv-ttft --kv-disk-gb 24 \
     --batch 2048 --reps 1 2>&1 | tail -3
