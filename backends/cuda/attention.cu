@@ -1,5 +1,7 @@
 // Causal GQA attention over an F16 KV cache (cpu::attention with kv_type F16): decode with split-K, prefill
-// with the same per-(token, KV head) kernel run over the whole context.
+// with the same per-(token, KV head) kernel run over the whole context. Two kernels share the split plan, the
+// partial records and the combine: attention() on FP32 cores (below; every head size, the numerics of the CPU op)
+// and attention_decode_mma() on f16 tensor cores (further down; what the model's decode runs).
 //
 // Cost per query token and KV head over n context rows: K and V reads of 2 * n * head_dim * 2 bytes (shared by
 // the group of query heads), 4 * group * n * head_dim flops. Decode of Qwen3-30B-A3B (32 heads, 4 KV heads,
@@ -21,7 +23,10 @@
 // The K and V loops are unrolled so several 16-byte loads are in flight per thread. Against the first version (one
 // 2-byte V load per row and thread) this took decode on the 30B-A3B geometry from 135 to 178 t/s at a short
 // context, but not the depth: at 64K, K/V still come at ~0.9 TB/s, and ncu still shows ~18 us for a one-chunk
-// decode call (H200, 2026-11-30, docs/benchmarks/2026-11-30-cuda-decode-graph.md). Not profiled at depth yet.
+// decode call (H200, 2026-11-30, docs/benchmarks/2026-11-30-cuda-decode-graph.md). At 64K ncu showed 25% occupancy
+// (123 registers), issue slots 40% busy and DRAM 19.5%: the scores and p * V of 8 query heads on FP32 cores, ~2,900
+// instructions per warp per chunk. The tensor-core kernel takes a 64K call from 160 to 92 us and a 2K one from 33
+// to 12 us (docs/benchmarks/2026-11-30-cuda-decode-attention-mma.md).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
