@@ -192,6 +192,10 @@ struct MatvecArgs {
   // (x is not read and may be null; the workspace is not used), so the matrices that share one x (q/k/v,
   // gate/up, the experts of a layer) pay for its quantization once.
   const void* x_quantized = nullptr;
+  // 0: the default kernel. 1, 2 or 4: single-vector products of a type with mmvq.cu's rows kernel
+  // (has_matvec_rows_kernel) take it, with that many rows per warp (an activation part loaded once for them all).
+  // Being measured against the default (MAGNETAR_CUDA_MMVQ_ROWS in the model); other launches ignore it.
+  int rows_per_warp = 0;
 };
 
 // Queues y = W x on `stream`; returns once queued (the result is ready after stream.synchronize()).
@@ -229,8 +233,11 @@ struct GroupedMatvecArgs {
   float* y = nullptr;                // output row r at y + r * rows; part z at + z * y_part_stride floats
   int64_t y_part_stride = 0;
   int64_t max_n = 1;                 // the largest item n (1 selects the single-vector kernel)
+  int rows_per_warp = 0;             // as MatvecArgs::rows_per_warp (max_n == 1 only)
 };
 Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream);
+// Whether `type` has mmvq.cu's rows kernel (rows_per_warp 1, 2, 4): Q4_K.
+bool has_matvec_rows_kernel(quant::Type type);
 
 
 // out[t] = sum over j < k, in order, of weights[t * k + j] * rows[slot_rows[t * k + j]] (each row n floats).

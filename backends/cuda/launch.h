@@ -39,7 +39,11 @@ struct MatvecLaunch {
   float* y = nullptr;  // [n_vectors, rows]
   int n_vectors = 1;
   Grouping group;
+  int rows_per_warp = 0;  // MatvecArgs::rows_per_warp (1, 2, 4: mmvq's rows kernel where the type has one)
 };
+
+// Weight types with mmvq.cu's rows kernel (MatvecArgs::rows_per_warp): those whose MmvqType has an ActPart.
+constexpr bool mmvq_has_rows_kernel(quant::Type type) { return type == quant::Type::Q4_K; }
 
 // mmvq.cu: whether `type` has a quantized kernel, and the launch (a no-op returning false without one).
 bool mmvq_supports(quant::Type type);

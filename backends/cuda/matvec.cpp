@@ -39,6 +39,13 @@ Status check_vectors(const char* op, int64_t n_vectors) {
   return Status();
 }
 
+Status check_rows_per_warp(const char* op, int rows_per_warp) {
+  if (rows_per_warp != 0 && rows_per_warp != 1 && rows_per_warp != 2 && rows_per_warp != 4) {
+    return Status::error(format("%s: rows_per_warp=%d must be 0, 1, 2 or 4", op, rows_per_warp));
+  }
+  return Status();
+}
+
 }  // namespace
 
 // ---- MatvecWorkspace ----------------------------------------------------------------------------------------
@@ -101,6 +108,7 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
                                 (long long)args.cols, name.c_str(), (long long)t->block_size, INT_MAX / 8));
   }
   MAGNETAR_RETURN_IF_ERROR(check_vectors("matvec", args.n_vectors));
+  MAGNETAR_RETURN_IF_ERROR(check_rows_per_warp("matvec", args.rows_per_warp));
   if (args.x_quantized != nullptr && !quantized) {
     return Status::error(format("matvec: x_quantized is for quantized weight types, not %s", name.c_str()));
   }
@@ -121,6 +129,7 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
       .y = args.y,
       .n_vectors = int(args.n_vectors),
       .group = {},
+      .rows_per_warp = args.rows_per_warp,
   };
   if (!quantized) {
     detail::launch_matvec_float(args.type, launch, stream.raw());
@@ -146,6 +155,8 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
   return Status();
 }
 
+bool has_matvec_rows_kernel(quant::Type type) { return detail::mmvq_has_rows_kernel(type); }
+
 // ---- grouped_matvec ---------------------------------------------------------------------------------------------
 
 Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
@@ -167,6 +178,7 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
                                 (long long)args.cols, std::string(t->name).c_str()));
   }
   MAGNETAR_RETURN_IF_ERROR(check_vectors("grouped_matvec", args.max_n));
+  MAGNETAR_RETURN_IF_ERROR(check_rows_per_warp("grouped_matvec", args.rows_per_warp));
   if (args.items == nullptr || args.x == nullptr || args.y == nullptr) {
     return Status::error("grouped_matvec: null device pointer (items, x or y)");
   }
@@ -188,6 +200,7 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
                 .n_parts = args.n_parts,
                 .act_rows = args.x_rows,
                 .y_part_stride = size_t(args.y_part_stride)},
+      .rows_per_warp = args.rows_per_warp,
   };
   if (quantized) {
     detail::launch_mmvq(args.type, launch, stream.raw());

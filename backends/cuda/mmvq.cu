@@ -129,6 +129,56 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The rows kernel (MatvecLaunch::rows_per_warp = kRows; one vector, types with MmvqType<T>::ActPart: Q4_K).
+// ncu of the single-row kernel on a decode token's expert down projection (H200, 2026-11-30: 8 x 2048 rows x 768
+// Q4_K columns, 10.5 us, 676 GB/s) showed issue slots 56% busy and ~270 warp-instructions per row of 384 weight
+// bytes: each lane does one 16-byte part per row, so the row's setup, its activation loads (8 words, block sums,
+// scale) and its shuffle reduction are paid per 16 weight bytes. Here a warp takes kRows consecutive rows and each
+// lane the parts lane, lane + 32, ... of all of them: an activation part is loaded once for kRows rows, and the
+// setup once per warp. The reduction stays per row (5 shuffles). Each row's sum runs over its parts in lane order
+// and then the warp tree: not the single-row kernel's order where it puts 2 or 4 warps on a row.
+// Grid: ceil(rows / (kWarps * kRows)) x items x parts CTAs of kThreads.
+template <Type T, int kRows>
+__global__ void __launch_bounds__(kThreads)
+    mmvq_rows_kernel(const uint8_t* __restrict__ weights, size_t row_bytes, int rows, int blocks_per_row,
+                     const uint8_t* __restrict__ act, size_t act_row_bytes, float* __restrict__ y, Grouping g) {
+  using Ops = mmvq::MmvqType<T>;
+  using Block = typename Ops::Block;
+  using Act = typename Ops::Act;
+  int row0;
+  int n_vectors = 1;
+  if (!resolve_group(g, weights, row0, n_vectors, y)) return;  // uniform over the CTA
+  const Act* a = reinterpret_cast<const Act*>(act + group_act_row(g, row0) * act_row_bytes);
+  y += size_t(row0) * size_t(rows);
+  const int warp = int(threadIdx.x) / kWarpSize;
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int first = (int(blockIdx.x) * kWarps + warp) * kRows;
+  if (first >= rows) return;  // whole warps: no barrier below
+  const int items = blocks_per_row * Ops::kParts;
+  const uint8_t* w0 = weights + size_t(first) * row_bytes;
+
+  float acc[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+  for (int it = lane; it < items; it += kWarpSize) {
+    const int b = it / Ops::kParts;
+    const int part = it % Ops::kParts;
+    const typename Ops::ActPart x = Ops::act_part(a[b], part);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (first + r < rows) {
+        const Block* w = reinterpret_cast<const Block*>(w0 + size_t(r) * row_bytes);
+        acc[r] += Ops::dot_act(w[b], x, part);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const float sum = warp_sum(acc[r]);
+    if (lane == 0 && first + r < rows) y[first + r] = sum;
+  }
+}
+
 // Warps per row: 4 when the row has at least one item per thread of the CTA, fewer for short rows so that
 // threads are not left idle. Measured on the H200 (bench/cuda/mmvq_bench.cpp, 2026-11-30, v1, Q4_0 Q4_1
 // Q8_0 Q2_K Q4_K Q6_K IQ4_XS at 4096x4096 and 2048x7168): forcing 2 warps per row (unroll 4) was within
@@ -139,9 +189,31 @@ int warps_per_row(int64_t items_per_row) {
   return 1;
 }
 
+template <Type T, int kRows>
+void launch_rows(const MatvecLaunch& a, int blocks_per_row, cudaStream_t stream) {
+  const int rows_per_cta = kWarps * kRows;
+  const dim3 grid(unsigned((a.rows + rows_per_cta - 1) / rows_per_cta), unsigned(a.group.items ? a.group.n_items : 1),
+                  unsigned(a.group.items ? a.group.n_parts : 1));
+  mmvq_rows_kernel<T, kRows><<<grid, kThreads, 0, stream>>>(static_cast<const uint8_t*>(a.weights), a.row_bytes,
+                                                             int(a.rows), blocks_per_row,
+                                                             static_cast<const uint8_t*>(a.act), a.act_row_bytes,
+                                                             a.y, a.group);
+}
+
 template <Type T>
 void launch(const MatvecLaunch& a, cudaStream_t stream) {
   const int blocks_per_row = int(a.row_bytes / sizeof(typename mmvq::MmvqType<T>::Block));
+  if constexpr (mmvq_has_rows_kernel(T)) {
+    if (a.n_vectors == 1 && a.rows_per_warp > 0) {
+      switch (a.rows_per_warp) {
+        case 1: launch_rows<T, 1>(a, blocks_per_row, stream); break;
+        case 2: launch_rows<T, 2>(a, blocks_per_row, stream); break;
+        default: launch_rows<T, 4>(a, blocks_per_row, stream); break;
+      }
+      CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+  }
   const int wpr = warps_per_row(int64_t(blocks_per_row) * mmvq::MmvqType<T>::kParts);
   const int rows_per_cta = kWarps / wpr;
   const dim3 grid(unsigned((a.rows + rows_per_cta - 1) / rows_per_cta), unsigned(a.group.items ? a.group.n_items : 1),

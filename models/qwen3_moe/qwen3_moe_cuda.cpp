@@ -107,6 +107,19 @@ bool fusion_enabled() {
   return enabled;
 }
 
+// MAGNETAR_CUDA_MMVQ_ROWS=1, 2 or 4 sends the single-vector products of weight types with mmvq's rows kernel (Q4_K)
+// to it with that many rows per warp (MatvecArgs::rows_per_warp); unset or 0: the default kernel. Written to cut
+// the default kernel's instructions per weight byte (ncu: issue-bound), not yet measured on a GPU: an opt-in until
+// run.sh --decode-bench says which is faster.
+int mmvq_rows_per_warp() {
+  static const int rows = [] {
+    const char* v = std::getenv("MAGNETAR_CUDA_MMVQ_ROWS");
+    const std::string_view s = v != nullptr ? v : "0";
+    return s == "1" ? 1 : s == "2" ? 2 : s == "4" ? 4 : 0;
+  }();
+  return rows;
+}
+
 // Attention runs on f16 tensor cores where a kernel has the shape: a sequence with at least kMmaAttentionTokens new
 // tokens on attention_prefill_mma (each K/V row read once per tile of tokens), fewer (decode) on
 // attention_decode_mma (split-K, one CTA per token and split); the other shapes on attention() (FP32 cores).
@@ -512,7 +525,8 @@ Status Qwen3Cuda::linear(const DevTensor& W, const float* x, float* y, int64_t n
     const int64_t nv = std::min(kVec, n - c);
     MAGNETAR_RETURN_IF_ERROR(cuda::matvec(
         {.type = W.type, .weights = W.p, .rows = W.rows, .cols = W.cols, .x = x + c * W.cols, .y = y + c * W.rows,
-         .n_vectors = nv, .x_quantized = quantized ? static_cast<const uint8_t*>(xq) + size_t(c) * act_row : nullptr},
+         .n_vectors = nv, .x_quantized = quantized ? static_cast<const uint8_t*>(xq) + size_t(c) * act_row : nullptr,
+         .rows_per_warp = mmvq_rows_per_warp()},
         mv_ws_, stream_));
   }
   return Status();
@@ -867,7 +881,8 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
     MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matvec({.type = L.exp_type, .items = items, .n_items = n_items,
                                                    .part = 0, .n_parts = 2, .rows = F, .cols = E, .x = x,
                                                    .x_rows = x_rows, .y = gate, .y_part_stride = R * F,
-                                                   .max_n = max_n}, stream_));
+                                                   .max_n = max_n, .rows_per_warp = mmvq_rows_per_warp()},
+                                                  stream_));
   }
   MAGNETAR_ASSIGN_OR_RETURN(const void* h_q, swiglu_for(L.down_type, gate, up, R, F));
   const void* h = h_q != nullptr ? h_q : static_cast<const void*>(gate);
@@ -879,7 +894,9 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   } else {
     MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matvec({.type = L.down_type, .items = items, .n_items = n_items,
                                                    .part = 2, .n_parts = 1, .rows = E, .cols = F, .x = h,
-                                                   .x_rows = nullptr, .y = down, .max_n = max_n}, stream_));
+                                                   .x_rows = nullptr, .y = down, .max_n = max_n,
+                                                   .rows_per_warp = mmvq_rows_per_warp()},
+                                                  stream_));
   }
   // The CPU lane's rows, computed while the GPU runs the launches above, then uploaded into their rows of down.
   if (!lane_.empty()) run_cpu_lane(pool, L, n);

@@ -97,6 +97,13 @@ std::vector<int64_t> vector_counts(int64_t rows) {
   return {1, 2};
 }
 
+// The kernels a launch can take: the default (rows_per_warp 0) and, for one vector of a type with the rows
+// kernel, that kernel at 1, 2 and 4 rows per warp.
+std::vector<int> rows_per_warp_arms(Type type, int64_t n_vectors) {
+  if (n_vectors != 1 || !cuda::has_matvec_rows_kernel(type)) return {0};
+  return {0, 1, 2, 4};
+}
+
 class CudaMatvecTest : public testing::TestWithParam<Type> {};
 
 std::string type_case_name(const testing::TestParamInfo<Type>& info) { return std::string(quant::type_name(info.param)); }
@@ -108,7 +115,8 @@ TEST_P(CudaMatvecTest, MatchesReference) {
   const TypeTraits& act = quant::traits(t.vec_dot_type);
   Rng rng(kSeed ^ uint64_t(t.type));
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
-  ASSERT_OK_AND_ASSIGN(cuda::MatvecWorkspace workspace, cuda::MatvecWorkspace::create(kMaxCols, cuda::kMaxMatvecVectors));
+  ASSERT_OK_AND_ASSIGN(cuda::MatvecWorkspace workspace,
+                       cuda::MatvecWorkspace::create(kMaxCols, cuda::kMaxMatvecVectors));
 
   for (int64_t cols : col_counts(t)) {
     const size_t row_bytes = quant::row_size(t.type, cols);
@@ -120,88 +128,93 @@ TEST_P(CudaMatvecTest, MatchesReference) {
 
     for (int64_t rows : kRowCounts) {
       for (int64_t n_vectors : vector_counts(rows)) {
-        const std::string where = std::string(t.name) + " rows=" + std::to_string(rows) +
-                                  " cols=" + std::to_string(cols) + " n_vectors=" + std::to_string(n_vectors);
-        const std::vector<float> x = activations(rng, n_vectors, cols);
-        const size_t y_count = size_t(n_vectors * rows);
-        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer x_dev, cuda::DeviceBuffer::allocate(x.size() * sizeof(float)));
-        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer y_dev,
-                             cuda::DeviceBuffer::allocate((y_count + kGuardFloats) * sizeof(float)));
-        ASSERT_OK(x_dev.upload(x.data(), x.size() * sizeof(float)));
-        const std::vector<float> poison = poisoned(y_count + kGuardFloats);
-        ASSERT_OK(y_dev.upload(poison.data(), poison.size() * sizeof(float)));
-
-        ASSERT_OK(cuda::matvec({.type = t.type,
-                                .weights = w_dev.data(),
-                                .rows = rows,
-                                .cols = cols,
-                                .x = x_dev.as<float>(),
-                                .y = y_dev.as<float>(),
-                                .n_vectors = n_vectors},
-                               workspace, stream));
-        stream.synchronize();
-        std::vector<float> got(y_count + kGuardFloats);
-        ASSERT_OK(y_dev.download(got.data(), got.size() * sizeof(float)));
-        for (size_t i = y_count; i < got.size(); ++i) {
-          ASSERT_TRUE(std::isnan(got[i])) << where << ": wrote " << (i - y_count + 1) << " floats past the output";
-        }
-
-        // The activations matvec used, for the reference dot (quantized types).
-        std::vector<uint8_t> qx;
-        if (quantized) {
-          const size_t act_row = quant::row_size(act.type, cols);
-          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer qx_dev, cuda::DeviceBuffer::allocate(act_row * size_t(n_vectors)));
-          ASSERT_OK(cuda::quantize_activations(act.type, x_dev.as<float>(), qx_dev.data(), cols, n_vectors, stream));
-          stream.synchronize();
-          qx.resize(act_row * size_t(n_vectors));
-          ASSERT_OK(qx_dev.download(qx.data(), qx.size()));
-
-          // The same product from those pre-quantized activations (x_quantized): the same kernel on the same
-          // bytes, so bit-identical outputs.
+        for (const int rows_per_warp : rows_per_warp_arms(t.type, n_vectors)) {
+          const std::string where = std::string(t.name) + " rows=" + std::to_string(rows) +
+                                    " cols=" + std::to_string(cols) + " n_vectors=" + std::to_string(n_vectors) +
+                                    " rows_per_warp=" + std::to_string(rows_per_warp);
+          const std::vector<float> x = activations(rng, n_vectors, cols);
+          const size_t y_count = size_t(n_vectors * rows);
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer x_dev, cuda::DeviceBuffer::allocate(x.size() * sizeof(float)));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer y_dev,
+                               cuda::DeviceBuffer::allocate((y_count + kGuardFloats) * sizeof(float)));
+          ASSERT_OK(x_dev.upload(x.data(), x.size() * sizeof(float)));
+          const std::vector<float> poison = poisoned(y_count + kGuardFloats);
           ASSERT_OK(y_dev.upload(poison.data(), poison.size() * sizeof(float)));
+
           ASSERT_OK(cuda::matvec({.type = t.type,
                                   .weights = w_dev.data(),
                                   .rows = rows,
                                   .cols = cols,
-                                  .x = nullptr,
+                                  .x = x_dev.as<float>(),
                                   .y = y_dev.as<float>(),
                                   .n_vectors = n_vectors,
-                                  .x_quantized = qx_dev.data()},
+                                  .rows_per_warp = rows_per_warp},
                                  workspace, stream));
           stream.synchronize();
-          std::vector<float> again(got.size());
-          ASSERT_OK(y_dev.download(again.data(), again.size() * sizeof(float)));
-          EXPECT_EQ(std::memcmp(again.data(), got.data(), y_count * sizeof(float)), 0)
-              << where << ": x_quantized gives other outputs than x";
-        }
+          std::vector<float> got(y_count + kGuardFloats);
+          ASSERT_OK(y_dev.download(got.data(), got.size() * sizeof(float)));
+          for (size_t i = y_count; i < got.size(); ++i) {
+            ASSERT_TRUE(std::isnan(got[i])) << where << ": wrote " << (i - y_count + 1) << " floats past the output";
+          }
 
-        int64_t bad = 0;
-        for (int64_t v = 0; v < n_vectors; ++v) {
-          std::vector<float> y_act;  // dequantized activations of vector v (quantized types)
-          const uint8_t* qx_v = nullptr;
+          // The activations matvec used, for the reference dot (quantized types).
+          std::vector<uint8_t> qx;
           if (quantized) {
-            qx_v = qx.data() + size_t(v) * quant::row_size(act.type, cols);
-            y_act = dequantize_ref(act.type, qx_v, cols);
+            const size_t act_row = quant::row_size(act.type, cols);
+            ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer qx_dev, cuda::DeviceBuffer::allocate(act_row * size_t(n_vectors)));
+            ASSERT_OK(cuda::quantize_activations(act.type, x_dev.as<float>(), qx_dev.data(), cols, n_vectors, stream));
+            stream.synchronize();
+            qx.resize(act_row * size_t(n_vectors));
+            ASSERT_OK(qx_dev.download(qx.data(), qx.size()));
+
+            // The same product from those pre-quantized activations (x_quantized): the same kernel on the same
+            // bytes, so bit-identical outputs.
+            ASSERT_OK(y_dev.upload(poison.data(), poison.size() * sizeof(float)));
+            ASSERT_OK(cuda::matvec({.type = t.type,
+                                    .weights = w_dev.data(),
+                                    .rows = rows,
+                                    .cols = cols,
+                                    .x = nullptr,
+                                    .y = y_dev.as<float>(),
+                                    .n_vectors = n_vectors,
+                                    .x_quantized = qx_dev.data(),
+                                    .rows_per_warp = rows_per_warp},
+                                   workspace, stream));
+            stream.synchronize();
+            std::vector<float> again(got.size());
+            ASSERT_OK(y_dev.download(again.data(), again.size() * sizeof(float)));
+            EXPECT_EQ(std::memcmp(again.data(), got.data(), y_count * sizeof(float)), 0)
+                << where << ": x_quantized gives other outputs than x";
           }
-          for (int64_t r = 0; r < rows; ++r) {
-            const float* w_row = w.data() + size_t(r * cols);
-            double want;
-            double tol;
+
+          int64_t bad = 0;
+          for (int64_t v = 0; v < n_vectors; ++v) {
+            std::vector<float> y_act;  // dequantized activations of vector v (quantized types)
+            const uint8_t* qx_v = nullptr;
             if (quantized) {
-              want = double(t.vec_dot(cols, qw.data() + size_t(r) * row_bytes, qx_v));
-              tol = quantized_tolerance(t.block_size, w_row, y_act.data(), cols);
-            } else {
-              tol = float_tolerance(w_row, x.data() + size_t(v * cols), cols, &want);
+              qx_v = qx.data() + size_t(v) * quant::row_size(act.type, cols);
+              y_act = dequantize_ref(act.type, qx_v, cols);
             }
-            const float g = got[size_t(v * rows + r)];
-            if (std::fabs(double(g) - want) <= tol) continue;  // false for NaN: an unwritten output fails
-            if (++bad <= 5) {
-              ADD_FAILURE() << where << ": y[" << v << "][" << r << "] = " << g << ", reference " << want
-                            << ", |diff| " << std::fabs(double(g) - want) << " > bound " << tol;
+            for (int64_t r = 0; r < rows; ++r) {
+              const float* w_row = w.data() + size_t(r * cols);
+              double want;
+              double tol;
+              if (quantized) {
+                want = double(t.vec_dot(cols, qw.data() + size_t(r) * row_bytes, qx_v));
+                tol = quantized_tolerance(t.block_size, w_row, y_act.data(), cols);
+              } else {
+                tol = float_tolerance(w_row, x.data() + size_t(v * cols), cols, &want);
+              }
+              const float g = got[size_t(v * rows + r)];
+              if (std::fabs(double(g) - want) <= tol) continue;  // false for NaN: an unwritten output fails
+              if (++bad <= 5) {
+                ADD_FAILURE() << where << ": y[" << v << "][" << r << "] = " << g << ", reference " << want
+                              << ", |diff| " << std::fabs(double(g) - want) << " > bound " << tol;
+              }
             }
           }
+          EXPECT_EQ(bad, 0) << where << ": outputs outside the bound";
         }
-        EXPECT_EQ(bad, 0) << where << ": outputs outside the bound";
       }
     }
   }
@@ -311,6 +324,103 @@ TEST(CudaMatvec, RejectsBadArguments) {
   expect_error(call(ok), "workspace");
   expect_error(cuda::quantize_activations(Type::Q4_0, fake, fake, 256, 1, stream), "not an activation format");
   expect_error(cuda::quantize_activations(Type::Q8_K, fake, fake, 100, 1, stream), "cols=100");
+  a = ok;
+  a.rows_per_warp = 3;
+  expect_error(call(a), "rows_per_warp=3");
+  const cuda::GroupedMatvecArgs grouped{.type = Type::Q4_K, .items = reinterpret_cast<const cuda::GroupItem*>(fake),
+                                        .n_items = 1, .rows = 7, .cols = 256, .x = fake, .y = fake,
+                                        .rows_per_warp = 8};
+  expect_error(cuda::grouped_matvec(grouped, stream), "rows_per_warp=8");
+  EXPECT_TRUE(cuda::has_matvec_rows_kernel(Type::Q4_K));
+  EXPECT_FALSE(cuda::has_matvec_rows_kernel(Type::F32));
+}
+
+// ---- grouped_matvec ---------------------------------------------------------------------------------------------
+
+// grouped_matvec against matvec: each item's rows of each part are the plain product of that part's weights with the
+// item's activation row (x_rows), bit for bit (the same kernel on the same bytes); an item whose weights are null
+// ("not on this device") leaves its rows as they were; gate and up land y_part_stride apart. Q4_K with the default
+// kernel and the rows kernel at 1, 2 and 4 rows per warp (the decode path of the synthetic 30B-A3B model), and Q8_0.
+TEST(CudaMatvec, GroupedMatchesSingleProducts) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  cuda::MatvecWorkspace workspace;  // not used: x_quantized
+  Rng rng(kSeed + 77);
+  constexpr int64_t kRows = 768, kCols = 2048, kExperts = 3, kActRows = 4;
+  auto download = [](const cuda::DeviceBuffer& buf, size_t n) {
+    std::vector<float> v(n);
+    EXPECT_TRUE(buf.download(v.data(), n * sizeof(float)).ok());
+    return v;
+  };
+  const int32_t expert_of[] = {0, 2, 1, 0, -1};  // item -> expert; -1: null weights
+  const int32_t act_row_of[] = {3, 0, 2, 1, 0};  // output row -> activation row
+  constexpr int64_t kItems = int64_t(std::size(expert_of));
+  for (const Type type : {Type::Q4_K, Type::Q8_0}) {
+    const size_t row_bytes = quant::row_size(type, kCols);
+    const Type act_type = quant::traits(type).vec_dot_type;
+    const size_t act_row = quant::row_size(act_type, kCols);
+    std::vector<cuda::DeviceBuffer> w;  // [expert][part]
+    for (int64_t i = 0; i < kExperts * 2; ++i) {
+      const std::vector<uint8_t> qw = quantize_ref(type, gaussian(rng, kRows * kCols), kCols);
+      ASSERT_EQ(qw.size(), size_t(kRows) * row_bytes);
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer buf, cuda::DeviceBuffer::allocate(qw.size()));
+      ASSERT_OK(buf.upload(qw.data(), qw.size()));
+      w.push_back(std::move(buf));
+    }
+    const std::vector<float> x = activations(rng, kActRows, kCols);
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer x_dev, cuda::DeviceBuffer::allocate(x.size() * sizeof(float)));
+    ASSERT_OK(x_dev.upload(x.data(), x.size() * sizeof(float)));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer xq, cuda::DeviceBuffer::allocate(act_row * kActRows));
+    ASSERT_OK(cuda::quantize_activations(act_type, x_dev.as<float>(), xq.data(), kCols, kActRows, stream));
+    std::vector<cuda::GroupItem> items(static_cast<size_t>(kItems));
+    for (int64_t i = 0; i < kItems; ++i) {
+      const int32_t e = expert_of[i];
+      items[size_t(i)].w[0] = e < 0 ? nullptr : w[size_t(2 * e)].data();
+      items[size_t(i)].w[1] = e < 0 ? nullptr : w[size_t(2 * e + 1)].data();
+      items[size_t(i)].row0 = int32_t(i);
+      items[size_t(i)].n = 1;
+    }
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer items_dev, cuda::DeviceBuffer::allocate(sizeof(cuda::GroupItem) * kItems));
+    ASSERT_OK(items_dev.upload(items.data(), sizeof(cuda::GroupItem) * kItems));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer rows_dev, cuda::DeviceBuffer::allocate(sizeof(act_row_of)));
+    ASSERT_OK(rows_dev.upload(act_row_of, sizeof(act_row_of)));
+    const size_t y_count = size_t(2 * kItems * kRows);
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer y_dev, cuda::DeviceBuffer::allocate(y_count * sizeof(float)));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer one_dev, cuda::DeviceBuffer::allocate(kRows * sizeof(float)));
+    for (const int rows_per_warp : rows_per_warp_arms(type, 1)) {
+      const std::string where = std::string(quant::type_name(type)) + " rows_per_warp=" + std::to_string(rows_per_warp);
+      const std::vector<float> poison = poisoned(y_count);
+      ASSERT_OK(y_dev.upload(poison.data(), y_count * sizeof(float)));
+      ASSERT_OK(cuda::grouped_matvec({.type = type, .items = items_dev.as<cuda::GroupItem>(), .n_items = kItems,
+                                      .part = 0, .n_parts = 2, .rows = kRows, .cols = kCols, .x = xq.data(),
+                                      .x_rows = rows_dev.as<int32_t>(), .y = y_dev.as<float>(),
+                                      .y_part_stride = kItems * kRows, .max_n = 1, .rows_per_warp = rows_per_warp},
+                                     stream));
+      stream.synchronize();
+      const std::vector<float> got = download(y_dev, y_count);
+      for (int64_t i = 0; i < kItems; ++i) {
+        for (int p = 0; p < 2; ++p) {
+          const float* rows_got = got.data() + size_t((p * kItems + i) * kRows);
+          if (expert_of[i] < 0) {
+            for (int64_t r = 0; r < kRows; ++r) {
+              ASSERT_TRUE(std::isnan(rows_got[r])) << where << ": item " << i << " (null weights) row " << r;
+            }
+            continue;
+          }
+          ASSERT_OK(cuda::matvec({.type = type, .weights = w[size_t(2 * expert_of[i] + p)].data(), .rows = kRows,
+                                  .cols = kCols, .y = one_dev.as<float>(),
+                                  .x_quantized = static_cast<const uint8_t*>(xq.data()) +
+                                                 size_t(act_row_of[i]) * act_row,
+                                  .rows_per_warp = rows_per_warp},
+                                 workspace, stream));
+          stream.synchronize();
+          const std::vector<float> want = download(one_dev, size_t(kRows));
+          EXPECT_EQ(0, std::memcmp(rows_got, want.data(), size_t(kRows) * sizeof(float)))
+              << where << ": item " << i << " part " << p;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
