@@ -42,6 +42,11 @@ struct MatvecLaunch {
   int rows_per_warp = 0;  // MatvecArgs::rows_per_warp (1, 2, 4: mmvq's rows kernel where the type has one)
 };
 
+// matvec.cpp: whether `type` is an activation format (Q8_0, Q8_1, Q8_K), and the bytes of one row of `cols` of it
+// (cols a multiple of its block).
+bool is_activation_format(quant::Type type);
+size_t act_row_bytes(quant::Type act_type, int64_t cols);
+
 // Weight types with mmvq.cu's rows kernel (MatvecArgs::rows_per_warp): those whose MmvqType has an ActPart.
 constexpr bool mmvq_has_rows_kernel(quant::Type type) { return type == quant::Type::Q4_K; }
 

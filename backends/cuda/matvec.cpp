@@ -10,16 +10,22 @@
 #include "quant/quant.h"
 
 namespace magnetar::cuda {
-namespace {
+namespace detail {
 
-bool aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
-
-// Bytes of one row of `cols` activations in act_type; cols must be a multiple of its block size.
 size_t act_row_bytes(quant::Type act_type, int64_t cols) { return quant::row_size(act_type, cols); }
 
 bool is_activation_format(quant::Type type) {
   return type == quant::Type::Q8_0 || type == quant::Type::Q8_1 || type == quant::Type::Q8_K;
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::act_row_bytes;
+using detail::is_activation_format;
+
+bool aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
 
 // Room needed for n_vectors rows of cols activations in the largest format that a cols-wide row can use.
 size_t scratch_bytes_for(int64_t cols, int64_t n_vectors) {

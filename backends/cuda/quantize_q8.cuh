@@ -91,10 +91,16 @@ __device__ __forceinline__ void block_q8_k(const float (&xs)[quant::kQK_K / kWar
   if (lane == 0) blk->d = 1.0f / iscale;
 }
 
-// Activation formats a fused op can write (quant::Type values as template arguments).
+// Activation formats a fused op can write (quant::Type values as template arguments; act_of maps them).
 enum class Act { kNone, kQ8_0, kQ8_1, kQ8_K };
 
 __host__ __device__ constexpr int block_elems(Act a) { return a == Act::kQ8_K ? quant::kQK_K : quant::kQK32; }
+__host__ __device__ constexpr Act act_of(quant::Type t) {
+  return t == quant::Type::Q8_0   ? Act::kQ8_0
+         : t == quant::Type::Q8_1 ? Act::kQ8_1
+         : t == quant::Type::Q8_K ? Act::kQ8_K
+                                  : Act::kNone;
+}
 
 // Block b of a row of `src` (shared or global memory, the row's first element at src) into the row's quantized
 // bytes at dst. Every lane of the warp calls it.

@@ -26,6 +26,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
+#include "backends/cuda/launch.h"
 #include "backends/cuda/ops_common.cuh"
 #include "backends/cuda/quantize_q8.cuh"
 
@@ -175,9 +176,8 @@ Status check_shape(const char* op, int64_t n_rows, int64_t n_cols) {
 }  // namespace
 
 bool can_quantize_norm(quant::Type y_type, int64_t n_cols) {
-  const int64_t block = y_type == quant::Type::Q8_K ? quant::kQK_K : quant::kQK32;
-  const bool act = y_type == quant::Type::Q8_0 || y_type == quant::Type::Q8_1 || y_type == quant::Type::Q8_K;
-  return act && n_cols >= 1 && n_cols % block == 0 && n_cols <= kMaxNormQuantizeCols;
+  return detail::is_activation_format(y_type) && n_cols >= 1 && n_cols % q8::block_elems(q8::act_of(y_type)) == 0 &&
+         n_cols <= kMaxNormQuantizeCols;
 }
 
 Status rms_norm(const RmsNormArgs& a, Stream& stream) {
@@ -210,9 +210,7 @@ Status add_rms_norm(const AddRmsNormArgs& a, Stream& stream) {
                                 int(a.y_type), (long long)a.n_cols, (long long)kMaxNormQuantizeCols));
   }
   if (!ops::aligned(yq, 4)) return Status::error("add_rms_norm: y_quantized must be 4-byte aligned");
-  const size_t row_bytes = a.y_type == quant::Type::Q8_K ? size_t(a.n_cols / quant::kQK_K) * sizeof(quant::BlockQ8_K)
-                           : a.y_type == quant::Type::Q8_1 ? size_t(a.n_cols / quant::kQK32) * sizeof(quant::BlockQ8_1)
-                                                           : size_t(a.n_cols / quant::kQK32) * sizeof(quant::BlockQ8_0);
+  const size_t row_bytes = detail::act_row_bytes(a.y_type, a.n_cols);
   switch (a.y_type) {
     case quant::Type::Q8_0:
       launch<true, Act::kQ8_0>(a.x, a.x, a.residual, a.weight, a.y, a.n_rows, a.n_cols, a.eps, yq, row_bytes,

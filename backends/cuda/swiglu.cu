@@ -13,6 +13,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
+#include "backends/cuda/launch.h"
 #include "backends/cuda/ops_common.cuh"
 #include "backends/cuda/quantize_q8.cuh"
 
@@ -80,9 +81,8 @@ Status swiglu(float* gate, const float* up, int64_t count, Stream& stream) {
 
 Status swiglu_quantize(const SwigluQuantizeArgs& a, Stream& stream) {
   const quant::Type t = a.out_type;
-  const bool act = t == quant::Type::Q8_0 || t == quant::Type::Q8_1 || t == quant::Type::Q8_K;
-  const int64_t block = t == quant::Type::Q8_K ? quant::kQK_K : quant::kQK32;
-  if (!act || a.n_rows < 1 || a.n_cols < 1 || a.n_cols % block != 0 || a.n_rows * a.n_cols / block > INT_MAX) {
+  const int64_t block = q8::block_elems(q8::act_of(t));
+  if (!detail::is_activation_format(t) || a.n_rows < 1 || a.n_cols < 1 || a.n_cols % block != 0 || a.n_rows * a.n_cols / block > INT_MAX) {
     return Status::error(format("swiglu_quantize: out_type (id %d) must be Q8_0, Q8_1 or Q8_K and n_rows=%lld, "
                                 "n_cols=%lld positive with n_cols a multiple of its block",
                                 int(t), (long long)a.n_rows, (long long)a.n_cols));
@@ -92,9 +92,7 @@ Status swiglu_quantize(const SwigluQuantizeArgs& a, Stream& stream) {
     return Status::error("swiglu_quantize: gate, up and out must be 4-byte aligned");
   }
   const int64_t per_row = a.n_cols / block, n_blocks = a.n_rows * per_row;
-  const size_t row_bytes = t == quant::Type::Q8_K ? size_t(per_row) * sizeof(quant::BlockQ8_K)
-                           : t == quant::Type::Q8_1 ? size_t(per_row) * sizeof(quant::BlockQ8_1)
-                                                    : size_t(per_row) * sizeof(quant::BlockQ8_0);
+  const size_t row_bytes = detail::act_row_bytes(t, a.n_cols);
   constexpr int kWarps = kThreads / ops::kWarpSize;
   const unsigned grid = unsigned((n_blocks + kWarps - 1) / kWarps);
   auto* out = static_cast<uint8_t*>(a.out);
