@@ -90,6 +90,8 @@ __device__ __forceinline__ RunPlan run_plan(const Params& p) {
 // Grid: (n_splits, n_head_kv, n_tok); n_splits > 1 only with n_tok == 1.
 template <int kMaxGroup>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
+  ops::pdl_wait();
+  ops::pdl_trigger();
   __shared__ __align__(16) float q_s[kMaxGroup * kMaxHeadDim];  // [group, head_dim]
   __shared__ float p_s[kMaxGroup][kChunk];                      // scores, then exp(s - m)
   __shared__ __align__(16) float red_s[kFold][kThreads * 8];    // the row subsets' sums of p * V, kFold heads
@@ -262,6 +264,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
 // every thread, one dependent L2 load after the other: ~150 us per layer at 64K context (256 splits), most of
 // the decode time at depth.
 __global__ void __launch_bounds__(kThreads) attention_combine_kernel(const Params p) {
+  ops::pdl_wait();
+  ops::pdl_trigger();
   constexpr int kPerLane = kMaxHeadDim / ops::kWarpSize;
   __shared__ float w_s[kMaxAttentionSplits];
   __shared__ float o_s[kWarps][kMaxHeadDim];
@@ -351,6 +355,8 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(const Param
 // Registers (ptxas sm_90): see has_attention_decode_mma for the shapes that fit.
 template <int D, int kHT>  // kHT: n8 tiles of query heads (group <= 8: 1, <= 16: 2)
 __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Params p) {
+  ops::pdl_wait();
+  ops::pdl_trigger();
   constexpr int kK = D / 32;   // 16-byte K pieces per key and lane
   constexpr int kMT = D / 16;  // m16 tiles of O^T (dims); also half2 V registers per key and lane
   constexpr int kV = D / 64;   // 16-byte V pieces per key and lane
@@ -577,8 +583,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
 
 template <int kMaxGroup>
 void launch(const Params& p, dim3 grid, cudaStream_t stream) {
-  attention_kernel<kMaxGroup><<<grid, kThreads, 0, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(ops::launch(attention_kernel<kMaxGroup>, grid, kThreads, 0, stream, p));
 }
 
 }  // namespace
@@ -686,14 +691,12 @@ Status plan_call(const char* op, const AttentionArgs& a, AttentionWorkspace& wor
 
 void launch_combine(const Params& p, int grid_splits, int64_t n_head, cudaStream_t stream) {
   if (grid_splits == 1) return;
-  attention_combine_kernel<<<unsigned(n_head), kThreads, 0, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(ops::launch(attention_combine_kernel, unsigned(n_head), kThreads, 0, stream, p));
 }
 
 template <int D, int kHT>
 void launch_decode_mma(const Params& p, dim3 grid, cudaStream_t stream) {
-  attention_decode_mma_kernel<D, kHT><<<grid, kThreads, 0, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(ops::launch(attention_decode_mma_kernel<D, kHT>, grid, kThreads, 0, stream, p));
 }
 
 }  // namespace

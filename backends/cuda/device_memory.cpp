@@ -3,10 +3,13 @@
 // through CUDA_CHECK.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <string_view>
 #include <utility>
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
+#include "backends/cuda/launch.h"
 
 namespace magnetar::cuda {
 
@@ -196,6 +199,20 @@ PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
     bytes_ = std::exchange(other.bytes_, 0);
   }
   return *this;
+}
+
+// ---- programmatic dependent launch ----------------------------------------------------------------------------------
+
+bool detail::pdl_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("MAGNETAR_CUDA_PDL");
+    if (v != nullptr && std::string_view(v) == "0") return false;
+    int dev = 0, major = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    return major >= 9;
+  }();
+  return enabled;
 }
 
 // ---- device_info ------------------------------------------------------------------------------------------------------

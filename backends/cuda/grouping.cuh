@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "backends/cuda/launch.h"
+#include "backends/cuda/ops_common.cuh"
 
 namespace magnetar::cuda::detail {
 
@@ -25,6 +26,20 @@ __device__ __forceinline__ bool resolve_group(const Grouping& g, WeightPtr& weig
   n_vectors = item.n;
   y += size_t(blockIdx.z) * g.y_part_stride;
   return true;
+}
+
+// The first thing a matrix-vector CTA does (programmatic dependent launch, ops_common.cuh): a plain launch's weights
+// are no kernel's output, so thread 0 asks L2 for the CTA's rows [first, first + count) (clipped to rows) while the
+// kernel before it may still run; then every thread waits for that kernel (items, activations and y are written by
+// earlier kernels) and lets the next one start. A grouped launch learns its weights from its item: it only waits.
+__device__ __forceinline__ void matvec_prologue(const Grouping& g, const uint8_t* weights, size_t row_bytes, int first,
+                                                int count, int rows) {
+  if (g.items == nullptr && threadIdx.x == 0 && first < rows) {
+    const int n = first + count < rows ? count : rows - first;
+    ops::prefetch_l2(weights + size_t(first) * row_bytes, size_t(n) * row_bytes);
+  }
+  ops::pdl_wait();
+  ops::pdl_trigger();
 }
 
 // The activation row that output row r reads.

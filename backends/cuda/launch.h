@@ -47,6 +47,10 @@ struct MatvecLaunch {
 bool is_activation_format(quant::Type type);
 size_t act_row_bytes(quant::Type act_type, int64_t cols);
 
+// Whether kernels go out with programmatic dependent launch (ops_common.cuh's launch): on devices of compute
+// capability 9.0 and up, unless MAGNETAR_CUDA_PDL=0 (the baseline switch). Read once per process (device_memory.cpp).
+bool pdl_enabled();
+
 // Weight types with mmvq.cu's rows kernel (MatvecArgs::rows_per_warp): those whose MmvqType has an ActPart.
 constexpr bool mmvq_has_rows_kernel(quant::Type type) { return type == quant::Type::Q4_K; }
 

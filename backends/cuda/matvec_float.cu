@@ -89,6 +89,7 @@ __global__ void __launch_bounds__(kThreads)
     matvec_float_kernel(const uint8_t* __restrict__ weights, size_t row_bytes, int rows, int cols,
                         const float* __restrict__ x, float* __restrict__ y, int n_vectors, int warps_per_row,
                         Grouping g) {
+  matvec_prologue(g, weights, row_bytes, int(blockIdx.x) * (kWarps / warps_per_row), kWarps / warps_per_row, rows);
   int row0;
   if (!resolve_group(g, weights, row0, n_vectors, y)) return;  // uniform over the CTA
   const float* x_v[kMaxVectors];
@@ -177,9 +178,9 @@ void launch_with(const MatvecLaunch& a, int wpr, cudaStream_t stream) {
   const int rows_per_cta = kWarps / wpr;
   const dim3 grid(unsigned((a.rows + rows_per_cta - 1) / rows_per_cta), unsigned(a.group.items ? a.group.n_items : 1),
                   unsigned(a.group.items ? a.group.n_parts : 1));
-  matvec_float_kernel<T, kMaxVectors, kVectorized><<<grid, kThreads, 0, stream>>>(
-      static_cast<const uint8_t*>(a.weights), a.row_bytes, int(a.rows), int(a.cols),
-      static_cast<const float*>(a.act), a.y, a.n_vectors, wpr, a.group);
+  CUDA_CHECK(ops::launch(matvec_float_kernel<T, kMaxVectors, kVectorized>, grid, kThreads, 0, stream,
+                         static_cast<const uint8_t*>(a.weights), a.row_bytes, int(a.rows), int(a.cols),
+                         static_cast<const float*>(a.act), a.y, a.n_vectors, wpr, a.group));
 }
 
 template <Type T>
@@ -203,7 +204,6 @@ void launch(const MatvecLaunch& a, cudaStream_t stream) {
       launch_with<T, int(kMaxMatvecVectors), false>(a, wpr, stream);
     }
   }
-  CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace

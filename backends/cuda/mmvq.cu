@@ -37,6 +37,7 @@
 #include "backends/cuda/grouping.cuh"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/mmvq.cuh"
+#include "backends/cuda/ops_common.cuh"
 
 namespace magnetar::cuda::detail {
 namespace {
@@ -66,6 +67,7 @@ __global__ void __launch_bounds__(kThreads)
   using Ops = mmvq::MmvqType<T>;
   using Block = typename Ops::Block;
   using Act = typename Ops::Act;
+  matvec_prologue(g, weights, row_bytes, int(blockIdx.x) * (kWarps / warps_per_row), kWarps / warps_per_row, rows);
   int row0;
   if (!resolve_group(g, weights, row0, n_vectors, y)) return;  // uniform over the CTA
   const Act* a_v[kMaxVectors];
@@ -145,6 +147,7 @@ __global__ void __launch_bounds__(kThreads)
   using Ops = mmvq::MmvqType<T>;
   using Block = typename Ops::Block;
   using Act = typename Ops::Act;
+  matvec_prologue(g, weights, row_bytes, int(blockIdx.x) * kWarps * kRows, kWarps * kRows, rows);
   int row0;
   int n_vectors = 1;
   if (!resolve_group(g, weights, row0, n_vectors, y)) return;  // uniform over the CTA
@@ -194,10 +197,9 @@ void launch_rows(const MatvecLaunch& a, int blocks_per_row, cudaStream_t stream)
   const int rows_per_cta = kWarps * kRows;
   const dim3 grid(unsigned((a.rows + rows_per_cta - 1) / rows_per_cta), unsigned(a.group.items ? a.group.n_items : 1),
                   unsigned(a.group.items ? a.group.n_parts : 1));
-  mmvq_rows_kernel<T, kRows><<<grid, kThreads, 0, stream>>>(static_cast<const uint8_t*>(a.weights), a.row_bytes,
-                                                             int(a.rows), blocks_per_row,
-                                                             static_cast<const uint8_t*>(a.act), a.act_row_bytes,
-                                                             a.y, a.group);
+  CUDA_CHECK(ops::launch(mmvq_rows_kernel<T, kRows>, grid, kThreads, 0, stream, static_cast<const uint8_t*>(a.weights),
+                        a.row_bytes, int(a.rows), blocks_per_row, static_cast<const uint8_t*>(a.act), a.act_row_bytes,
+                        a.y, a.group));
 }
 
 template <Type T>
@@ -210,7 +212,6 @@ void launch(const MatvecLaunch& a, cudaStream_t stream) {
         case 2: launch_rows<T, 2>(a, blocks_per_row, stream); break;
         default: launch_rows<T, 4>(a, blocks_per_row, stream); break;
       }
-      CUDA_CHECK(cudaGetLastError());
       return;
     }
   }
@@ -221,13 +222,12 @@ void launch(const MatvecLaunch& a, cudaStream_t stream) {
   const auto* w = static_cast<const uint8_t*>(a.weights);
   const auto* x = static_cast<const uint8_t*>(a.act);
   if (a.n_vectors == 1) {
-    mmvq_kernel<T, 1><<<grid, kThreads, 0, stream>>>(w, a.row_bytes, int(a.rows), blocks_per_row, x,
-                                                      a.act_row_bytes, a.y, 1, wpr, a.group);
+    CUDA_CHECK(ops::launch(mmvq_kernel<T, 1>, grid, kThreads, 0, stream, w, a.row_bytes, int(a.rows), blocks_per_row, x,
+                           a.act_row_bytes, a.y, 1, wpr, a.group));
   } else {
-    mmvq_kernel<T, int(kMaxMatvecVectors)><<<grid, kThreads, 0, stream>>>(
-        w, a.row_bytes, int(a.rows), blocks_per_row, x, a.act_row_bytes, a.y, a.n_vectors, wpr, a.group);
+    CUDA_CHECK(ops::launch(mmvq_kernel<T, int(kMaxMatvecVectors)>, grid, kThreads, 0, stream, w, a.row_bytes,
+                           int(a.rows), blocks_per_row, x, a.act_row_bytes, a.y, a.n_vectors, wpr, a.group));
   }
-  CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
+#include "backends/cuda/ops_common.cuh"
 
 namespace magnetar::cuda {
 namespace {
@@ -18,6 +19,8 @@ namespace {
 constexpr int kCombineThreads = 128;
 __global__ void moe_combine_kernel(const float* __restrict__ rows, const int32_t* __restrict__ slot_rows,
                                    const float* __restrict__ weights, float* __restrict__ out, int k, int n) {
+  ops::pdl_wait();
+  ops::pdl_trigger();
   const int t = int(blockIdx.y);
   const int c = int(blockIdx.x) * kCombineThreads + int(threadIdx.x);
   if (c >= n) return;
@@ -40,9 +43,8 @@ Status moe_combine(const MoeCombineArgs& a, Stream& stream) {
     return Status::error("moe_combine: null device pointer");
   }
   const dim3 grid(unsigned((a.n + kCombineThreads - 1) / kCombineThreads), unsigned(a.n_tok));
-  moe_combine_kernel<<<grid, kCombineThreads, 0, stream.raw()>>>(a.rows, a.slot_rows, a.weights, a.out, int(a.k),
-                                                                 int(a.n));
-  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(ops::launch(moe_combine_kernel, grid, kCombineThreads, 0, stream.raw(), a.rows, a.slot_rows, a.weights,
+                         a.out, int(a.k), int(a.n)));
   return Status();
 }
 

@@ -1,9 +1,16 @@
-// Small helpers shared by the non-matmul ops of the forward pass (rms_norm.cu, rope.cu, swiglu.cu,
-// route_topk.cu, store_kv.cu, attention.cu): warp reductions and pointer checks. Device helpers only need
-// CUDA; host helpers are plain C++.
+// Small helpers shared by the kernels of the forward pass: warp reductions, pointer checks and the launch with
+// programmatic dependent launch. Device helpers only need CUDA; host helpers are plain C++.
 #pragma once
 
 #include <cstdint>
+
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "backends/cuda/launch.h"
+#endif
 
 namespace magnetar::cuda::ops {
 
@@ -29,6 +36,54 @@ __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
+}
+
+// Programmatic dependent launch (sm_90+). A decode token is ~900 small kernels in a row, and without it each one
+// starts only after the one before has finished and its grid has drained: launch and ramp-up are paid one after
+// the other. A kernel launched by launch() below may instead start as soon as every CTA of the kernel before it has
+// called pdl_trigger(). The rule that keeps it correct: a kernel calls pdl_wait() -- which returns once the kernels
+// before it have completed and their writes are visible -- before it reads anything an earlier kernel wrote or writes
+// anything an earlier kernel reads. Only work on data no kernel writes (weights: prefetch_l2) may come before.
+// Every kernel here calls pdl_wait() then pdl_trigger() first thing, so at most the next kernel is in flight early.
+// Both are no-ops in a kernel launched without the attribute and on older GPUs.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Asks L2 to fetch the 16-byte-aligned part of [p, p + bytes) (one instruction; a hint, nothing is waited for).
+__device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + 15) & ~uintptr_t(15);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) & ~uintptr_t(15);
+  if (end > begin) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(begin), "r"(uint32_t(end - begin)) : "memory");
+  }
+#endif
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with programmatic dependent launch where detail::pdl_enabled():
+// only for kernels that follow pdl_wait()'s rule. Returns the launch's error.
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = detail::pdl_enabled() ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 #endif
 

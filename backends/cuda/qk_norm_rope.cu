@@ -53,6 +53,8 @@ struct Rows {
 // template argument so that e[] stays in registers.
 template <int kPerLane>
 __global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const Rows r) {
+  ops::pdl_wait();
+  ops::pdl_trigger();
   constexpr int kHeadDim = kPerLane * ops::kWarpSize;
   const int lane = int(threadIdx.x) % ops::kWarpSize;
   const int row = int(blockIdx.x) * kRowsPerCta + int(threadIdx.x) / ops::kWarpSize;
@@ -119,12 +121,11 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const Rows r) {
 void launch(const Rows& r, int64_t head_dim, cudaStream_t stream) {
   const unsigned grid = unsigned((r.n_rows + kRowsPerCta - 1) / kRowsPerCta);
   switch (head_dim) {
-    case 64: qk_norm_rope_kernel<2><<<grid, kThreads, 0, stream>>>(r); break;
-    case 128: qk_norm_rope_kernel<4><<<grid, kThreads, 0, stream>>>(r); break;
-    case 192: qk_norm_rope_kernel<6><<<grid, kThreads, 0, stream>>>(r); break;
-    default: qk_norm_rope_kernel<8><<<grid, kThreads, 0, stream>>>(r); break;
+    case 64: CUDA_CHECK(ops::launch(qk_norm_rope_kernel<2>, grid, kThreads, 0, stream, r)); break;
+    case 128: CUDA_CHECK(ops::launch(qk_norm_rope_kernel<4>, grid, kThreads, 0, stream, r)); break;
+    case 192: CUDA_CHECK(ops::launch(qk_norm_rope_kernel<6>, grid, kThreads, 0, stream, r)); break;
+    default: CUDA_CHECK(ops::launch(qk_norm_rope_kernel<8>, grid, kThreads, 0, stream, r)); break;
   }
-  CUDA_CHECK(cudaGetLastError());
 }
 
 Status check_head_dim(const char* op, int64_t head_dim) {

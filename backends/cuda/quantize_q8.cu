@@ -19,6 +19,7 @@
 
 #include "backends/cuda/cuda_check.cuh"
 #include "backends/cuda/launch.h"
+#include "backends/cuda/ops_common.cuh"
 #include "backends/cuda/quantize_q8.cuh"
 #include "quant/formats.h"
 
@@ -36,6 +37,8 @@ template <q8::Act kA>
 __global__ void __launch_bounds__(kThreads)
     quantize_q8_kernel(const float* __restrict__ x, uint8_t* __restrict__ out, size_t out_row_bytes, int64_t cols,
                        int64_t blocks_per_row, int64_t n_blocks) {
+  ops::pdl_wait();
+  ops::pdl_trigger();
   const int64_t gb = int64_t(blockIdx.x) * kWarps + threadIdx.x / kWarpSize;
   const int lane = int(threadIdx.x) % kWarpSize;
   if (gb >= n_blocks) return;  // whole warps leave together: the shuffles stay full-warp
@@ -53,7 +56,7 @@ bool launch_quantize_q8(quant::Type act_type, const float* x, void* out, size_t 
   auto run = [&](auto kernel, int64_t block) {
     const int64_t per_row = cols / block;
     const int64_t n = per_row * n_vectors;
-    kernel<<<grid_for(n), kThreads, 0, stream>>>(x, dst, out_row_bytes, cols, per_row, n);
+    CUDA_CHECK(ops::launch(kernel, grid_for(n), kThreads, 0, stream, x, dst, out_row_bytes, cols, per_row, n));
   };
   switch (act_type) {
     case Type::Q8_0: run(quantize_q8_kernel<q8::Act::kQ8_0>, quant::kQK32); break;

@@ -60,13 +60,18 @@ __global__ void __launch_bounds__(kRowThreads == ops::kWarpSize ? kThreads : kRo
   // rows) keep their registers (2 CTAs per SM).
   constexpr bool kLoadW = kRowThreads > ops::kWarpSize;
   float kept[kKeep], wk[kLoadW ? kKeep : 1];
+  if constexpr (kLoadW) {  // the weights are no kernel's output: loaded before waiting for the kernel before
+#pragma unroll
+    for (int j = 0; j < kKeep; ++j) wk[j] = t + j * kRowThreads < n_cols ? w[t + j * kRowThreads] : 0.0f;
+  }
+  ops::pdl_wait();
+  ops::pdl_trigger();
   double sum = 0;
   if (row < n_rows) {
 #pragma unroll
     for (int j = 0; j < kKeep; ++j) {
       const int i = t + j * kRowThreads;
       kept[j] = i < n_cols ? x[off + i] : 0.0f;
-      if (kLoadW) wk[kLoadW ? j : 0] = i < n_cols ? w[i] : 0.0f;
       if (kAdd && i < n_cols) kept[j] = __fadd_rn(kept[j], residual[off + i]);
     }
 #pragma unroll
@@ -150,19 +155,15 @@ void launch(const float* x, float* x_out, const float* residual, const float* w,
   if (n_cols <= kWarpRowMax) {
     constexpr int kRows = kThreads / ops::kWarpSize;
     const unsigned grid = unsigned((n_rows + kRows - 1) / kRows);
-    rms_norm_kernel<ops::kWarpSize, kWarpRowMax / ops::kWarpSize, kAdd, kA>
-        <<<grid, kThreads, smem, stream>>>(x, x_out, residual, w, y, int(n_rows), int(n_cols), eps, yq, yq_row_bytes);
-  } else if (n_cols <= 2 * kRowCta) {
-    rms_norm_kernel<kRowCta, 2, kAdd, kA><<<unsigned(n_rows), kRowCta, smem, stream>>>(
-        x, x_out, residual, w, y, int(n_rows), int(n_cols), eps, yq, yq_row_bytes);
-  } else if (n_cols <= 4 * kRowCta) {
-    rms_norm_kernel<kRowCta, 4, kAdd, kA><<<unsigned(n_rows), kRowCta, smem, stream>>>(
-        x, x_out, residual, w, y, int(n_rows), int(n_cols), eps, yq, yq_row_bytes);
-  } else {  // longer rows loop over the rest
-    rms_norm_kernel<kRowCta, 8, kAdd, kA><<<unsigned(n_rows), kRowCta, smem, stream>>>(
-        x, x_out, residual, w, y, int(n_rows), int(n_cols), eps, yq, yq_row_bytes);
+    CUDA_CHECK(ops::launch(rms_norm_kernel<ops::kWarpSize, kWarpRowMax / ops::kWarpSize, kAdd, kA>, grid, kThreads,
+                           smem, stream, x, x_out, residual, w, y, int(n_rows), int(n_cols), eps, yq, yq_row_bytes));
+    return;
   }
-  CUDA_CHECK(cudaGetLastError());
+  auto* kernel = n_cols <= 2 * kRowCta   ? rms_norm_kernel<kRowCta, 2, kAdd, kA>
+                 : n_cols <= 4 * kRowCta ? rms_norm_kernel<kRowCta, 4, kAdd, kA>
+                                         : rms_norm_kernel<kRowCta, 8, kAdd, kA>;  // longer rows loop over the rest
+  CUDA_CHECK(ops::launch(kernel, unsigned(n_rows), kRowCta, smem, stream, x, x_out, residual, w, y, int(n_rows),
+                         int(n_cols), eps, yq, yq_row_bytes));
 }
 
 Status check_shape(const char* op, int64_t n_rows, int64_t n_cols) {

@@ -27,6 +27,8 @@ constexpr int kMaxHalf = 512;
 __global__ void __launch_bounds__(kThreads)
     rope_neox_kernel(float* __restrict__ x, const int32_t* __restrict__ positions, int n_head, int head_dim,
                      float theta) {
+  ops::pdl_wait();
+  ops::pdl_trigger();
   __shared__ float cs[kMaxHalf];
   __shared__ float sn[kMaxHalf];
   const int half = head_dim / 2;
@@ -63,8 +65,8 @@ Status rope_neox(const RopeArgs& a, Stream& stream) {
     return Status::error("rope_neox: x and positions must be 4-byte aligned");
   }
   const dim3 grid(unsigned(a.n_tok), unsigned((a.n_head + kHeadsPerCta - 1) / kHeadsPerCta));
-  rope_neox_kernel<<<grid, kThreads, 0, stream.raw()>>>(a.x, a.positions, int(a.n_head), int(a.head_dim), a.theta);
-  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(ops::launch(rope_neox_kernel, grid, kThreads, 0, stream.raw(), a.x, a.positions, int(a.n_head),
+                         int(a.head_dim), a.theta));
   return Status();
 }
 

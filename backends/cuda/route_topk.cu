@@ -35,6 +35,8 @@ __global__ void __launch_bounds__(kThreads)
     route_topk_kernel(const float* __restrict__ logits, int32_t* __restrict__ ids, float* __restrict__ weights,
                       int n_expert, int k, bool normalize, const void* const* __restrict__ table,
                       GroupItem* __restrict__ items, int32_t* __restrict__ x_rows, int32_t* __restrict__ slot_rows) {
+  ops::pdl_wait();
+  ops::pdl_trigger();
   __shared__ float l_s[route::kMaxExperts];
   __shared__ float max_s[kWarps];
   __shared__ double sum_s[kWarps];
@@ -112,10 +114,8 @@ Status route_topk(const RouteArgs& a, Stream& stream) {
   if (a.table != nullptr && (a.items == nullptr || a.x_rows == nullptr || a.slot_rows == nullptr)) {
     return Status::error("route_topk: a table needs items, x_rows and slot_rows");
   }
-  route_topk_kernel<<<unsigned(a.n_tok), kThreads, 0, stream.raw()>>>(a.logits, a.ids, a.weights, int(a.n_expert),
-                                                                    int(a.k), a.normalize, a.table, a.items,
-                                                                    a.x_rows, a.slot_rows);
-  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(ops::launch(route_topk_kernel, unsigned(a.n_tok), kThreads, 0, stream.raw(), a.logits, a.ids, a.weights,
+                         int(a.n_expert), int(a.k), a.normalize, a.table, a.items, a.x_rows, a.slot_rows));
   return Status();
 }
 

@@ -20,6 +20,8 @@ constexpr int64_t kMaxCtas = 8192;
 __global__ void __launch_bounds__(kThreads)
     store_kv_kernel(const float* __restrict__ x, uint16_t* __restrict__ out, int64_t count, int64_t n,
                     const int32_t* __restrict__ row0) {
+  ops::pdl_wait();
+  ops::pdl_trigger();
   if (row0 != nullptr) out += int64_t(*row0) * n;
   const int64_t stride = int64_t(gridDim.x) * kThreads;
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < count; i += stride) {
@@ -40,9 +42,8 @@ Status store_kv(const StoreKvArgs& a, Stream& stream) {
   }
   const int64_t count = a.n_tok * a.n;
   const int64_t ctas = (count + kThreads - 1) / kThreads;
-  store_kv_kernel<<<unsigned(ctas < kMaxCtas ? ctas : kMaxCtas), kThreads, 0, stream.raw()>>>(
-      a.x, a.row0_device != nullptr ? a.cache : a.cache + a.row0 * a.n, count, a.n, a.row0_device);
-  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(ops::launch(store_kv_kernel, unsigned(ctas < kMaxCtas ? ctas : kMaxCtas), kThreads, 0, stream.raw(), a.x,
+                         a.row0_device != nullptr ? a.cache : a.cache + a.row0 * a.n, count, a.n, a.row0_device));
   return Status();
 }
 

@@ -29,6 +29,8 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
 
 __global__ void __launch_bounds__(kThreads)
     swiglu_kernel(float* __restrict__ gate, const float* __restrict__ up, int64_t count) {
+  ops::pdl_wait();
+  ops::pdl_trigger();
   const int64_t stride = int64_t(gridDim.x) * kThreads;
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < count; i += stride) {
     gate[i] = silu_mul(gate[i], up[i]);
@@ -41,6 +43,8 @@ template <q8::Act kA>
 __global__ void __launch_bounds__(kThreads)
     swiglu_quantize_kernel(float* __restrict__ gate, const float* __restrict__ up, int64_t n_cols, int64_t per_row,
                            int64_t n_blocks, uint8_t* __restrict__ out, size_t out_row_bytes) {
+  ops::pdl_wait();
+  ops::pdl_trigger();
   constexpr int kWarps = kThreads / ops::kWarpSize;
   constexpr int kElems = q8::block_elems(kA);
   constexpr int kPerLane = kElems / ops::kWarpSize;
@@ -74,8 +78,8 @@ Status swiglu(float* gate, const float* up, int64_t count, Stream& stream) {
   if (!ops::aligned(gate, 4) || !ops::aligned(up, 4))
     return Status::error("swiglu: gate and up must be 4-byte aligned");
   const int64_t ctas = (count + kThreads - 1) / kThreads;
-  swiglu_kernel<<<unsigned(ctas < kMaxCtas ? ctas : kMaxCtas), kThreads, 0, stream.raw()>>>(gate, up, count);
-  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(ops::launch(swiglu_kernel, unsigned(ctas < kMaxCtas ? ctas : kMaxCtas), kThreads, 0, stream.raw(), gate,
+                         up, count));
   return Status();
 }
 
@@ -98,19 +102,18 @@ Status swiglu_quantize(const SwigluQuantizeArgs& a, Stream& stream) {
   auto* out = static_cast<uint8_t*>(a.out);
   switch (t) {
     case quant::Type::Q8_0:
-      swiglu_quantize_kernel<q8::Act::kQ8_0>
-          <<<grid, kThreads, 0, stream.raw()>>>(a.gate, a.up, a.n_cols, per_row, n_blocks, out, row_bytes);
+      CUDA_CHECK(ops::launch(swiglu_quantize_kernel<q8::Act::kQ8_0>, grid, kThreads, 0, stream.raw(), a.gate, a.up, a.n_cols,
+                             per_row, n_blocks, out, row_bytes));
       break;
     case quant::Type::Q8_1:
-      swiglu_quantize_kernel<q8::Act::kQ8_1>
-          <<<grid, kThreads, 0, stream.raw()>>>(a.gate, a.up, a.n_cols, per_row, n_blocks, out, row_bytes);
+      CUDA_CHECK(ops::launch(swiglu_quantize_kernel<q8::Act::kQ8_1>, grid, kThreads, 0, stream.raw(), a.gate, a.up, a.n_cols,
+                             per_row, n_blocks, out, row_bytes));
       break;
     default:
-      swiglu_quantize_kernel<q8::Act::kQ8_K>
-          <<<grid, kThreads, 0, stream.raw()>>>(a.gate, a.up, a.n_cols, per_row, n_blocks, out, row_bytes);
+      CUDA_CHECK(ops::launch(swiglu_quantize_kernel<q8::Act::kQ8_K>, grid, kThreads, 0, stream.raw(), a.gate, a.up, a.n_cols,
+                             per_row, n_blocks, out, row_bytes));
       break;
   }
-  CUDA_CHECK(cudaGetLastError());
   return Status();
 }
 

@@ -152,11 +152,11 @@ if [ "$filter" = "--profile-decode" ]; then
   exit 0
 fi
 
-# `run.sh --decode-bench [VAR=VALUE]`: only pp512 / tg128 (medians of 5) on the resident 30B-A3B geometry, then the
-# same with the diagnostic switch VAR=VALUE (e.g. MAGNETAR_CUDA_FUSE=1) as the arm compared in the same call.
+# `run.sh --decode-bench [VAR=VALUE ...]`: only pp512 / tg128 (medians of 5) on the resident 30B-A3B geometry, then the
+# same with each diagnostic switch VAR=VALUE (e.g. MAGNETAR_CUDA_FUSE=1) as the arms compared in the same call.
 if [ "$filter" = "--decode-bench" ]; then
   build_with_model
-  for arm in "" ${2:+"$2"}; do
+  for arm in "" "${@:2}"; do
     echo "== ${arm:-default}"
     env $arm "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 128 --reps 5 2>&1 | tail -1
   done
