@@ -360,7 +360,8 @@ Status rope_neox(const RopeArgs& args, Stream& stream);
 // Qwen3's q/k norm and RoPE in one pass, in place: each head row of x [n_tok, n_head, head_dim] is
 // rms_norm'ed with `weight` [head_dim], then rotated as rope_neox at positions[t]. Bit-identical with
 // rms_norm (n_rows = n_tok * n_head, n_cols = head_dim) followed by rope_neox, one read and write of x fewer.
-// head_dim a multiple of 64, <= kMaxQkNormRopeHeadDim.
+// head_dim a multiple of 64, <= kMaxQkNormRopeHeadDim. The positions (and qkv_prepare's row0_device) must be
+// copied from the host, not written by a kernel queued before it: they are read before waiting for that kernel.
 inline constexpr int64_t kMaxQkNormRopeHeadDim = 256;
 struct QkNormRopeArgs {
   float* x = nullptr;
@@ -429,7 +430,9 @@ struct RouteArgs {
   // Optional (decode): the chosen experts turned into grouped-matvec items in the same launch (no host round trip,
   // so a decode step can be captured in a graph), when table is set: row r = token r / k, slot r % k gets item
   // r = the weights table[ids[r]] (pointer triples gate, up, down), row0 r, n 1; x_rows[r] = r / k; slot_rows[r] = r.
-  const void* const* table = nullptr;  // [n_expert * 3]
+  // [n_expert * 3]; read before waiting for the kernel queued before (programmatic dependent launch): copied from the
+  // host, never written by a kernel.
+  const void* const* table = nullptr;
   GroupItem* items = nullptr;          // [n_tok * k]
   int32_t* x_rows = nullptr;           // [n_tok * k]
   int32_t* slot_rows = nullptr;        // [n_tok * k]

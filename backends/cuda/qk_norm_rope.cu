@@ -53,29 +53,41 @@ struct Rows {
 // template argument so that e[] stays in registers.
 template <int kPerLane>
 __global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const Rows r) {
-  ops::pdl_wait();
-  ops::pdl_trigger();
   constexpr int kHeadDim = kPerLane * ops::kWarpSize;
+  constexpr int kHalf = kPerLane / 2;  // element i + head_dim / 2 is slot k + kHalf of the same lane
   const int lane = int(threadIdx.x) % ops::kWarpSize;
   const int row = int(blockIdx.x) * kRowsPerCta + int(threadIdx.x) / ops::kWarpSize;
   if (row >= r.n_rows) return;  // whole warps: no barrier below
   const int per_tok = r.n_q + 2 * r.n_k;
   const int t = row / per_tok;
   const int h = row % per_tok;
+  const bool value = h >= r.n_q + r.n_k;
+  // Before waiting for the kernel before (ops_common.cuh): what no kernel writes -- the norm weights and the
+  // rotation's cos/sin (double pow/sin/cos, the longest chain here; the positions and cache row are copied from the
+  // host before the step's first kernel).
+  const float* w = h < r.n_q ? r.q_weight : r.k_weight;
+  float wk[kPerLane], c[kHalf], s[kHalf];
+  const int32_t pos = r.positions[t];
+  const int64_t cache_row = (r.row0_device != nullptr ? int64_t(*r.row0_device) : r.row0) + t;
+  if (!value) {
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) wk[k] = w[lane + k * ops::kWarpSize];
+#pragma unroll
+    for (int k = 0; k < kHalf; ++k) rope::cos_sin(pos, lane + k * ops::kWarpSize, kHeadDim, r.theta, &c[k], &s[k]);
+  }
+  ops::pdl_wait();
+  ops::pdl_trigger();
   const float* src;
-  const float* w;
   float* out = nullptr;          // f32 destination (q, in place)
   uint16_t* out16 = nullptr;     // F16 destination (a cache row)
   if (h < r.n_q) {
     out = r.q + (size_t(t) * size_t(r.n_q) + size_t(h)) * kHeadDim;
     src = out;
-    w = r.q_weight;
   } else {
-    const int64_t cache_row = (r.row0_device != nullptr ? int64_t(*r.row0_device) : r.row0) + t;
     const int hk = h < r.n_q + r.n_k ? h - r.n_q : h - r.n_q - r.n_k;
     const size_t in_off = (size_t(t) * size_t(r.n_k) + size_t(hk)) * kHeadDim;
     const size_t cache_off = (size_t(cache_row) * size_t(r.n_k) + size_t(hk)) * kHeadDim;
-    if (h >= r.n_q + r.n_k) {  // a value head: F16 conversion only (store_kv's rounding)
+    if (value) {  // a value head: F16 conversion only (store_kv's rounding)
       const float* v = r.v + in_off;
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
@@ -84,7 +96,6 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const Rows r) {
       return;
     }
     src = r.k + in_off;
-    w = r.k_weight;
     out16 = r.k_cache + cache_off;
   }
   float e[kPerLane];
@@ -97,17 +108,13 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const Rows r) {
   sum = ops::warp_sum(sum);
   const float scale = float(1.0 / sqrt(sum / double(kHeadDim) + double(r.eps)));
 #pragma unroll
-  for (int k = 0; k < kPerLane; ++k) e[k] = __fmul_rn(__fmul_rn(e[k], scale), w[lane + k * ops::kWarpSize]);
-  const int32_t pos = r.positions[t];
-  constexpr int kHalf = kPerLane / 2;  // element i + head_dim / 2 is slot k + kHalf of the same lane
+  for (int k = 0; k < kPerLane; ++k) e[k] = __fmul_rn(__fmul_rn(e[k], scale), wk[k]);
 #pragma unroll
   for (int k = 0; k < kHalf; ++k) {
-    float c, s;
-    rope::cos_sin(pos, lane + k * ops::kWarpSize, kHeadDim, r.theta, &c, &s);
     const float a = e[k];
     const float b = e[k + kHalf];
-    const float lo = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    const float hi = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    const float lo = __fsub_rn(__fmul_rn(a, c[k]), __fmul_rn(b, s[k]));
+    const float hi = __fadd_rn(__fmul_rn(b, c[k]), __fmul_rn(a, s[k]));
     if (out != nullptr) {
       out[lane + k * ops::kWarpSize] = lo;
       out[lane + (k + kHalf) * ops::kWarpSize] = hi;

@@ -35,14 +35,21 @@ __global__ void __launch_bounds__(kThreads)
     route_topk_kernel(const float* __restrict__ logits, int32_t* __restrict__ ids, float* __restrict__ weights,
                       int n_expert, int k, bool normalize, const void* const* __restrict__ table,
                       GroupItem* __restrict__ items, int32_t* __restrict__ x_rows, int32_t* __restrict__ slot_rows) {
-  ops::pdl_wait();
-  ops::pdl_trigger();
   __shared__ float l_s[route::kMaxExperts];
+  __shared__ double exp_s[route::kMaxExperts];
+  __shared__ const void* table_s[3 * route::kMaxExperts];
   __shared__ float max_s[kWarps];
   __shared__ double sum_s[kWarps];
   __shared__ int slot_s[route::kMaxK];
   const int t = int(blockIdx.x);
   const int tid = int(threadIdx.x);
+  // The expert table is no kernel's output (RouteArgs::table): staged before waiting for the kernel before, so the
+  // items at the end read shared memory instead of waiting on global loads that depend on the selection.
+  if (table != nullptr) {
+    for (int i = tid; i < 3 * n_expert; i += kThreads) table_s[i] = table[i];
+  }
+  ops::pdl_wait();
+  ops::pdl_trigger();
   const int warp = tid / ops::kWarpSize, lane = tid % ops::kWarpSize;
   const float* row = logits + size_t(t) * size_t(n_expert);
   float mx = -INFINITY;
@@ -59,7 +66,8 @@ __global__ void __launch_bounds__(kThreads)
   // The softmax denominator in double (exp of the float difference, as the CPU), and the ranks.
   double part = 0;
   for (int e = tid; e < n_expert; e += kThreads) {
-    part += exp(double(__fsub_rn(l_s[e], mx)));
+    exp_s[e] = exp(double(__fsub_rn(l_s[e], mx)));
+    part += exp_s[e];
     const int rank = route::rank_of(l_s, n_expert, e);
     if (rank < k) slot_s[rank] = e;
   }
@@ -71,7 +79,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int w = 0; w < kWarps; ++w) sum += sum_s[w];
 
   const int id = lane < k ? slot_s[lane] : 0;
-  const float w = lane < k ? float(exp(double(__fsub_rn(l_s[id], mx))) / sum) : 0.0f;
+  const float w = lane < k ? float(exp_s[id] / sum) : 0.0f;
   // The sum of the k weights in slot order (as the CPU adds them), then each renormalized.
   double top_sum = 0;
   for (int j = 0; j < k; ++j) top_sum += double(__shfl_sync(0xffffffffu, w, j));
@@ -81,9 +89,9 @@ __global__ void __launch_bounds__(kThreads)
     weights[r] = normalize ? float(double(w) / top_sum) : w;
     if (table != nullptr) {  // row r's item for the grouped expert launches
       GroupItem item;
-      item.w[0] = table[3 * id];
-      item.w[1] = table[3 * id + 1];
-      item.w[2] = table[3 * id + 2];
+      item.w[0] = table_s[3 * id];
+      item.w[1] = table_s[3 * id + 1];
+      item.w[2] = table_s[3 * id + 2];
       item.row0 = r;
       item.n = 1;
       items[r] = item;

@@ -107,14 +107,14 @@ bool fusion_enabled() {
   return enabled;
 }
 
-// MAGNETAR_CUDA_MMVQ_ROWS=1, 2 or 4 sends the single-vector products of weight types with mmvq's rows kernel (Q4_K)
-// to it with that many rows per warp (MatvecArgs::rows_per_warp); unset or 0: the default kernel. Written to cut
-// the default kernel's instructions per weight byte (ncu: issue-bound), not yet measured on a GPU: an opt-in until
-// run.sh --decode-bench says which is faster.
+// The single-vector products of weight types with mmvq's rows kernel (Q4_K) take it with one row per warp
+// (MatvecArgs::rows_per_warp): tg128 275.0 t/s against 270.4 with the default kernel (H200, run.sh --decode-bench,
+// 2026-11-30). MAGNETAR_CUDA_MMVQ_ROWS=0 is the default kernel (the baseline), =2 or =4 rows per warp (slower:
+// 246.6 and 217.0 t/s in an earlier call against 261.2 for one).
 int mmvq_rows_per_warp() {
   static const int rows = [] {
     const char* v = std::getenv("MAGNETAR_CUDA_MMVQ_ROWS");
-    const std::string_view s = v != nullptr ? v : "0";
+    const std::string_view s = v != nullptr ? v : "1";
     return s == "1" ? 1 : s == "2" ? 2 : s == "4" ? 4 : 0;
   }();
   return rows;
@@ -148,6 +148,7 @@ struct DevTensor {
 struct DevLayer {
   int64_t window = 0;
   DevTensor attn_norm, wq, wk, wv, wo, q_norm, k_norm, ffn_norm;
+  DevTensor wqkv;  // wq, wk, wv as one matrix when they share type and width (upload_qkv); p null otherwise
   DevTensor gate_inp, ffn_gate, ffn_up, ffn_down;
   bool moe = false;
   quant::Type exp_type = quant::Type::F32, down_type = quant::Type::F32;
@@ -218,6 +219,7 @@ class Qwen3Cuda final : public Model {
 
  private:
   Result<DevTensor> upload(const Tensor& t);
+  Status upload_qkv(const Layer& L, DevLayer& d);
   Result<DeviceBuffer> device_buffer(size_t bytes);
   // y [n, W.rows] = W x [n, W.cols]; quantized weights read x quantized in the matrix's activation format
   // (xq: already done by the caller, else quantized here into q_in_).
@@ -269,7 +271,7 @@ class Qwen3Cuda final : public Model {
   mutable cuda::Stream stream_;
   mutable cuda::MatvecWorkspace mv_ws_;
   mutable cuda::AttentionWorkspace attn_ws_;
-  mutable DeviceBuffer x_, xn_, proj_, q_, k_, v_, attn_, router_, ids_, weights_, gu_, down_, q_in_, q_exp_;
+  mutable DeviceBuffer x_, xn_, proj_, qkv_, attn_, router_, ids_, weights_, gu_, down_, q_in_, q_exp_;
   mutable DeviceBuffer positions_, items_, x_rows_, slot_rows_, logits_;
   mutable cuda::PinnedBuffer h_x_, h_positions_, h_ids_, h_items_, h_logits_;
   int64_t act_row_max_ = 0;  // bytes of the largest quantized activation row
@@ -339,6 +341,38 @@ Result<DevTensor> Qwen3Cuda::upload(const Tensor& t) {
   return d;
 }
 
+// q, k and v read the same input: when their weights share type and width they go to the device as one matrix
+// [q rows; k rows; v rows] and a decode token's three products are one launch (DevLayer::wqkv; wq/wk/wv point into
+// it for the separate launches of prefill). Otherwise each is uploaded alone.
+Status Qwen3Cuda::upload_qkv(const Layer& L, DevLayer& d) {
+  const Tensor* parts[] = {&L.wq, &L.wk, &L.wv};
+  DevTensor* outs[] = {&d.wq, &d.wk, &d.wv};
+  bool same = true;
+  for (const Tensor* t : parts) {
+    same = same && t->type == L.wq.type && t->ne[0] == L.wq.ne[0] && t->row_bytes == L.wq.row_bytes &&
+           t->ne[2] == 1 && t->ne[3] == 1 && (size_t(t->ne[1]) * t->row_bytes) % 256 == 0;
+  }
+  if (!same) {
+    for (int i = 0; i < 3; ++i) {
+      MAGNETAR_ASSIGN_OR_RETURN(*outs[i], upload(*parts[i]));
+    }
+    return Status();
+  }
+  int64_t rows = 0;
+  for (const Tensor* t : parts) rows += t->ne[1];
+  MAGNETAR_ASSIGN_OR_RETURN(DeviceBuffer buf, device_buffer(size_t(rows) * L.wq.row_bytes));
+  size_t off = 0;
+  for (int i = 0; i < 3; ++i) {
+    const size_t bytes = size_t(parts[i]->ne[1]) * parts[i]->row_bytes;
+    MAGNETAR_RETURN_IF_ERROR(buf.upload(parts[i]->data, bytes, off));
+    *outs[i] = DevTensor{.p = buf.as<uint8_t>() + off, .type = L.wq.type, .rows = parts[i]->ne[1], .cols = L.wq.ne[0]};
+    off += bytes;
+  }
+  d.wqkv = DevTensor{.p = buf.data(), .type = L.wq.type, .rows = rows, .cols = L.wq.ne[0]};
+  owned_.push_back(std::move(buf));
+  return Status();
+}
+
 Status Qwen3Cuda::init() {
   const int64_t E = hp_.n_embd, D = hp_.head_dim, X = hp_.n_expert, K = std::max<int64_t>(1, hp_.n_expert_used);
   const int64_t q_dim = hp_.n_head * D, kv_dim = hp_.n_head_kv * D;
@@ -364,9 +398,7 @@ Status Qwen3Cuda::init() {
     DevLayer d;
     d.window = L.window;
     MAGNETAR_ASSIGN_OR_RETURN(d.attn_norm, upload(L.attn_norm));
-    MAGNETAR_ASSIGN_OR_RETURN(d.wq, upload(L.wq));
-    MAGNETAR_ASSIGN_OR_RETURN(d.wk, upload(L.wk));
-    MAGNETAR_ASSIGN_OR_RETURN(d.wv, upload(L.wv));
+    MAGNETAR_RETURN_IF_ERROR(upload_qkv(L, d));
     MAGNETAR_ASSIGN_OR_RETURN(d.wo, upload(L.wo));
     MAGNETAR_ASSIGN_OR_RETURN(d.q_norm, upload(L.q_norm));
     MAGNETAR_ASSIGN_OR_RETURN(d.k_norm, upload(L.k_norm));
@@ -460,7 +492,7 @@ Status Qwen3Cuda::init() {
   };
   const Want wants[] = {
       {&x_, B * size_t(E) * f},           {&xn_, B * size_t(E) * f},          {&proj_, B * size_t(E) * f},
-      {&q_, B * size_t(q_dim) * f},       {&k_, B * size_t(kv_dim) * f},      {&v_, B * size_t(kv_dim) * f},
+      {&qkv_, B * size_t(q_dim + 2 * kv_dim) * f},
       {&attn_, B * size_t(q_dim) * f},    {&router_, B * size_t(std::max<int64_t>(X, 1)) * f},
       {&ids_, R * 4},                     {&weights_, R * f},                 {&gu_, 2 * R * size_t(ff) * f},
       {&down_, R * size_t(E) * f},        {&q_in_, std::max(B, R) * size_t(act_row_max_)},
@@ -560,13 +592,18 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
                                   std::span<DeviceKv* const> mirrors, int64_t n) const {
   const int64_t D = hp_.head_dim, q_dim = hp_.n_head * D, kv_dim = hp_.n_head_kv * D;
   const float* xn = xn_.as<float>();
-  float* q = q_.as<float>();
-  float* k = k_.as<float>();
-  float* v = v_.as<float>();
+  // qkv_: [n, q_dim] q, then [n, kv_dim] k, then v; for one token that is the merged matrix's output row.
+  float* q = qkv_.as<float>();
+  float* k = q + n * q_dim;
+  float* v = k + n * kv_dim;
   const void* xq = qkv_share_input(L) ? quantize_xn(L.wq.type, n) : nullptr;
-  MAGNETAR_RETURN_IF_ERROR(linear(L.wq, xn, q, n, xq));
-  MAGNETAR_RETURN_IF_ERROR(linear(L.wk, xn, k, n, xq));
-  MAGNETAR_RETURN_IF_ERROR(linear(L.wv, xn, v, n, xq));
+  if (n == 1 && L.wqkv.p != nullptr) {
+    MAGNETAR_RETURN_IF_ERROR(linear(L.wqkv, xn, q, 1, xq));
+  } else {
+    MAGNETAR_RETURN_IF_ERROR(linear(L.wq, xn, q, n, xq));
+    MAGNETAR_RETURN_IF_ERROR(linear(L.wk, xn, k, n, xq));
+    MAGNETAR_RETURN_IF_ERROR(linear(L.wv, xn, v, n, xq));
+  }
   const int32_t* pos = positions_.as<int32_t>();
   // Head sizes qk_norm_rope takes: q/k norm + RoPE and the K/V stores in one launch per sequence (qkv_prepare);
   // others: norm, RoPE, then the stores, op by op.
@@ -1015,7 +1052,7 @@ Status Qwen3Cuda::enqueue_layers(cpu::ThreadPool& pool, const ForwardArgs& args,
     bool adjacent = true;
     for (const SeqSpan& seq : args.seqs) adjacent = adjacent && seq.n_tok == 1;
     if (!adjacent) {
-      float* gathered = q_.as<float>();  // free again after the last layer
+      float* gathered = qkv_.as<float>();  // free again after the last layer
       int64_t end = 0, i = 0;
       for (const SeqSpan& seq : args.seqs) {
         end += seq.n_tok;
