@@ -193,8 +193,8 @@ struct MatvecArgs {
   // gate/up, the experts of a layer) pay for its quantization once.
   const void* x_quantized = nullptr;
   // 0: the default kernel. 1, 2 or 4: single-vector products of a type with mmvq.cu's rows kernel
-  // (has_matvec_rows_kernel) take it, with that many rows per warp (an activation part loaded once for them all).
-  // Being measured against the default (MAGNETAR_CUDA_MMVQ_ROWS in the model); other launches ignore it.
+  // (has_matvec_rows_kernel) take it, with that many rows per warp, or 4 for rows shorter than a warp's lanes
+  // (so that every lane has a part). The model asks for 1 (MAGNETAR_CUDA_MMVQ_ROWS); other launches ignore it.
   int rows_per_warp = 0;
 };
 
@@ -236,7 +236,7 @@ struct GroupedMatvecArgs {
   int rows_per_warp = 0;             // as MatvecArgs::rows_per_warp (max_n == 1 only)
 };
 Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream);
-// Whether `type` has mmvq.cu's rows kernel (rows_per_warp 1, 2, 4): Q4_K.
+// Whether `type` has mmvq.cu's rows kernel (rows_per_warp 1, 2, 4): Q4_K and Q8_0.
 bool has_matvec_rows_kernel(quant::Type type);
 
 
@@ -336,6 +336,11 @@ struct AddRmsNormArgs {
   float eps = 1e-6f;
   quant::Type y_type = quant::Type::F32;  // with y_quantized: Q8_0, Q8_1 or Q8_K
   void* y_quantized = nullptr;            // [n_rows, row_size(y_type, n_cols)] bytes, 4-byte aligned, or null
+  // Optional, together: the MoE combine in the same launch. Row r then adds moe_combine's sum over j < residual_k of
+  // residual_weights[r * k + j] * residual row residual_rows[r * k + j] (bit for bit moe_combine then the add).
+  const int32_t* residual_rows = nullptr;
+  const float* residual_weights = nullptr;
+  int64_t residual_k = 0;  // 1..64
 };
 Status add_rms_norm(const AddRmsNormArgs& args, Stream& stream);
 // The longest row add_rms_norm quantizes (y is staged in shared memory: 32 KiB, under the 48 KiB a launch gets

@@ -51,8 +51,11 @@ size_t act_row_bytes(quant::Type act_type, int64_t cols);
 // capability 9.0 and up, unless MAGNETAR_CUDA_PDL=0 (the baseline switch). Read once per process (device_memory.cpp).
 bool pdl_enabled();
 
-// Weight types with mmvq.cu's rows kernel (MatvecArgs::rows_per_warp): those whose MmvqType has an ActPart.
-constexpr bool mmvq_has_rows_kernel(quant::Type type) { return type == quant::Type::Q4_K; }
+// Weight types with mmvq.cu's rows kernel (MatvecArgs::rows_per_warp): those it was measured on (any type's block dot
+// would do).
+constexpr bool mmvq_has_rows_kernel(quant::Type type) {
+  return type == quant::Type::Q4_K || type == quant::Type::Q8_0;
+}
 
 // mmvq.cu: whether `type` has a quantized kernel, and the launch (a no-op returning false without one).
 bool mmvq_supports(quant::Type type);

@@ -131,14 +131,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The rows kernel (MatvecLaunch::rows_per_warp = kRows; one vector, types with MmvqType<T>::ActPart: Q4_K).
+// The rows kernel (MatvecLaunch::rows_per_warp; one vector, types with MmvqType<T>::ActPart: Q4_K).
 // ncu of the single-row kernel on a decode token's expert down projection (H200, 2026-11-30: 8 x 2048 rows x 768
 // Q4_K columns, 10.5 us, 676 GB/s) showed issue slots 56% busy and ~270 warp-instructions per row of 384 weight
-// bytes: each lane does one 16-byte part per row, so the row's setup, its activation loads (8 words, block sums,
-// scale) and its shuffle reduction are paid per 16 weight bytes. Here a warp takes kRows consecutive rows and each
-// lane the parts lane, lane + 32, ... of all of them: an activation part is loaded once for kRows rows, and the
-// setup once per warp. The reduction stays per row (5 shuffles). Each row's sum runs over its parts in lane order
-// and then the warp tree: not the single-row kernel's order where it puts 2 or 4 warps on a row.
+// bytes. Here a warp takes kRows consecutive rows, and their kRows * items parts are dealt to the lanes in order
+// (part f of the warp is row f / items, item f % items): one row per warp (kRows 1) for rows of at least 32 items
+// (2,048 Q4_K columns are 64: two 16-byte parts per lane), 4 rows for shorter ones so that no lane idles (the
+// expert down projection's 768 columns are 24 items: with one row per warp 8 lanes had nothing to do; 4 rows
+// are 96, three per lane). A lane adds its parts into its row's sum (a select per row), then the warp tree per row.
+// Measured (run.sh --decode-bench, H200, 2026-11-30): tg128 297.97 t/s against 286.70 with the default kernel
+// (MAGNETAR_CUDA_MMVQ_ROWS=0); kRows 2 and 4 with an activation part shared by the rows (each lane the same item of
+// every row) were slower than 1 (246.6 and 217.0 against 261.2 t/s).
 // Grid: ceil(rows / (kWarps * kRows)) x items x parts CTAs of kThreads.
 template <Type T, int kRows>
 __global__ void __launch_bounds__(kThreads)
@@ -158,27 +161,41 @@ __global__ void __launch_bounds__(kThreads)
   const int first = (int(blockIdx.x) * kWarps + warp) * kRows;
   if (first >= rows) return;  // whole warps: no barrier below
   const int items = blocks_per_row * Ops::kParts;
+  const int n_rows = rows - first < kRows ? rows - first : kRows;
   const uint8_t* w0 = weights + size_t(first) * row_bytes;
 
   float acc[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
-  for (int it = lane; it < items; it += kWarpSize) {
+  // Part f = lane + 32 j of the warp: row r, item it of that row, tracked without a division per step.
+  int r = 0, it = lane;
+  while (kRows > 1 && it >= items) {
+    it -= items;
+    ++r;
+  }
+#pragma unroll 2
+  for (; r < n_rows;) {
     const int b = it / Ops::kParts;
     const int part = it % Ops::kParts;
-    const typename Ops::ActPart x = Ops::act_part(a[b], part);
+    const Block* w = reinterpret_cast<const Block*>(w0 + size_t(r) * row_bytes);
+    const float v = Ops::dot(w[b], a[b], part);
+    if constexpr (kRows == 1) {
+      acc[0] += v;
+    } else {
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (first + r < rows) {
-        const Block* w = reinterpret_cast<const Block*>(w0 + size_t(r) * row_bytes);
-        acc[r] += Ops::dot_act(w[b], x, part);
-      }
+      for (int k = 0; k < kRows; ++k) acc[k] += k == r ? v : 0.0f;
+    }
+    it += kWarpSize;
+    while (it >= items) {
+      it -= items;
+      ++r;
+      if (kRows == 1) break;
     }
   }
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const float sum = warp_sum(acc[r]);
-    if (lane == 0 && first + r < rows) y[first + r] = sum;
+  for (int k = 0; k < kRows; ++k) {
+    const float sum = warp_sum(acc[k]);
+    if (lane == 0 && k < n_rows) y[first + k] = sum;
   }
 }
 
@@ -207,7 +224,8 @@ void launch(const MatvecLaunch& a, cudaStream_t stream) {
   const int blocks_per_row = int(a.row_bytes / sizeof(typename mmvq::MmvqType<T>::Block));
   if constexpr (mmvq_has_rows_kernel(T)) {
     if (a.n_vectors == 1 && a.rows_per_warp > 0) {
-      switch (a.rows_per_warp) {
+      // Rows shorter than a warp's lanes take 4 per warp (every lane busy), whatever was asked.
+      switch (blocks_per_row * mmvq::MmvqType<T>::kParts < kWarpSize ? 4 : a.rows_per_warp) {
         case 1: launch_rows<T, 1>(a, blocks_per_row, stream); break;
         case 2: launch_rows<T, 2>(a, blocks_per_row, stream); break;
         default: launch_rows<T, 4>(a, blocks_per_row, stream); break;

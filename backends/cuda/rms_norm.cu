@@ -20,6 +20,10 @@
 // quantize_q8.cuh's code (the bytes of quantize_activations of y): one launch instead of two on a decode token,
 // but the model measured no gain from it (MAGNETAR_CUDA_FUSE in models/qwen3_moe/qwen3_moe_cuda.cpp). A row of its
 // own CTA loads its weights before the reduction so their latency overlaps the loads of x and residual.
+//
+// add_rms_norm can also take the MoE combine of the layer before (AddRmsNormArgs::residual_rows): each element adds
+// the weighted sum of its token's k expert rows, moe_combine's fmaf chain, instead of a row that moe_combine wrote in
+// a launch of its own (decode: k = 8 rows of 2,048 floats read from L2 per token, one launch fewer per layer).
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -38,6 +42,24 @@ constexpr int kRowCta = 1024;      // CTA of the CTA-per-row kernel
 constexpr int64_t kWarpRowMax = 1024;  // longest row that one warp takes
 using q8::Act;
 
+// What add_rms_norm adds: residual rows, or (rows set) each row's MoE combine of k expert rows of residual, as
+// moe_combine sums them (AddRmsNormArgs::residual_rows).
+struct Residual {
+  const float* p = nullptr;
+  const int32_t* rows = nullptr;
+  const float* w = nullptr;
+  int k = 0;
+};
+
+__device__ __forceinline__ float residual_at(const Residual& r, int row, size_t off, int i, int n_cols) {
+  if (r.rows == nullptr) return r.p[off + i];
+  float s = 0.0f;
+  for (int j = 0; j < r.k; ++j) {
+    s = fmaf(r.w[row * r.k + j], r.p[size_t(r.rows[row * r.k + j]) * size_t(n_cols) + i], s);
+  }
+  return s;
+}
+
 // kAdd: x_out = x + residual first (x_out == x in place; y separate). Otherwise y may equal x.
 // kA != kNone: y also quantized into yq (rows of yq_row_bytes), staged in dynamic shared memory (kRowsPerCta rows).
 // kKeep: elements per thread held in registers (the row's first kKeep * kRowThreads), chosen at launch for the
@@ -45,7 +67,7 @@ using q8::Act;
 template <int kRowThreads, int kKeep, bool kAdd, Act kA>
 __global__ void __launch_bounds__(kRowThreads == ops::kWarpSize ? kThreads : kRowThreads,
                                   kRowThreads == ops::kWarpSize ? 2 : 1)
-    rms_norm_kernel(const float* x, float* x_out, const float* __restrict__ residual, const float* __restrict__ w,
+    rms_norm_kernel(const float* x, float* x_out, const Residual residual, const float* __restrict__ w,
                     float* y, int n_rows, int n_cols, float eps, uint8_t* __restrict__ yq, size_t yq_row_bytes) {
   constexpr int kRowsPerCta = kRowThreads == ops::kWarpSize ? kThreads / ops::kWarpSize : 1;
   extern __shared__ float stage[];  // kA != kNone: [kRowsPerCta][n_cols]
@@ -72,7 +94,7 @@ __global__ void __launch_bounds__(kRowThreads == ops::kWarpSize ? kThreads : kRo
     for (int j = 0; j < kKeep; ++j) {
       const int i = t + j * kRowThreads;
       kept[j] = i < n_cols ? x[off + i] : 0.0f;
-      if (kAdd && i < n_cols) kept[j] = __fadd_rn(kept[j], residual[off + i]);
+      if (kAdd && i < n_cols) kept[j] = __fadd_rn(kept[j], residual_at(residual, row, off, i, n_cols));
     }
 #pragma unroll
     for (int j = 0; j < kKeep; ++j) {
@@ -85,7 +107,7 @@ __global__ void __launch_bounds__(kRowThreads == ops::kWarpSize ? kThreads : kRo
     for (int i = t + kKeep * kRowThreads; i < n_cols; i += kRowThreads) {
       float v = x[off + i];
       if (kAdd) {
-        v = __fadd_rn(v, residual[off + i]);
+        v = __fadd_rn(v, residual_at(residual, row, off, i, n_cols));
         x_out[off + i] = v;
       }
       sum += double(v) * double(v);
@@ -149,7 +171,7 @@ size_t stage_bytes(int64_t n_cols) {
 }
 
 template <bool kAdd, Act kA>
-void launch(const float* x, float* x_out, const float* residual, const float* w, float* y, int64_t n_rows,
+void launch(const float* x, float* x_out, const Residual& residual, const float* w, float* y, int64_t n_rows,
             int64_t n_cols, float eps, uint8_t* yq, size_t yq_row_bytes, cudaStream_t stream) {
   const size_t smem = kA == Act::kNone ? 0 : stage_bytes(n_cols);
   if (n_cols <= kWarpRowMax) {
@@ -187,7 +209,7 @@ Status rms_norm(const RmsNormArgs& a, Stream& stream) {
   if (!ops::aligned(a.x, 4) || !ops::aligned(a.weight, 4) || !ops::aligned(a.y, 4)) {
     return Status::error("rms_norm: x, weight and y must be 4-byte aligned");
   }
-  launch<false, Act::kNone>(a.x, nullptr, nullptr, a.weight, a.y, a.n_rows, a.n_cols, a.eps, nullptr, 0, stream.raw());
+  launch<false, Act::kNone>(a.x, nullptr, Residual{}, a.weight, a.y, a.n_rows, a.n_cols, a.eps, nullptr, 0, stream.raw());
   return Status();
 }
 
@@ -200,9 +222,15 @@ Status add_rms_norm(const AddRmsNormArgs& a, Stream& stream) {
     return Status::error("add_rms_norm: x, residual, weight and y must be 4-byte aligned");
   }
   if (a.y == a.x || a.y == a.residual) return Status::error("add_rms_norm: y must not alias x or residual");
+  if ((a.residual_rows == nullptr) != (a.residual_weights == nullptr) ||
+      (a.residual_rows != nullptr && (a.residual_k < 1 || a.residual_k > 64 || a.n_rows * a.residual_k > INT_MAX))) {
+    return Status::error(format("add_rms_norm: residual_rows and residual_weights go together, with residual_k=%lld "
+                                "in 1..64", (long long)a.residual_k));
+  }
+  const Residual res{a.residual, a.residual_rows, a.residual_weights, int(a.residual_k)};
   auto* yq = static_cast<uint8_t*>(a.y_quantized);
   if (yq == nullptr) {
-    launch<true, Act::kNone>(a.x, a.x, a.residual, a.weight, a.y, a.n_rows, a.n_cols, a.eps, nullptr, 0, stream.raw());
+    launch<true, Act::kNone>(a.x, a.x, res, a.weight, a.y, a.n_rows, a.n_cols, a.eps, nullptr, 0, stream.raw());
     return Status();
   }
   if (!can_quantize_norm(a.y_type, a.n_cols)) {
@@ -214,15 +242,15 @@ Status add_rms_norm(const AddRmsNormArgs& a, Stream& stream) {
   const size_t row_bytes = detail::act_row_bytes(a.y_type, a.n_cols);
   switch (a.y_type) {
     case quant::Type::Q8_0:
-      launch<true, Act::kQ8_0>(a.x, a.x, a.residual, a.weight, a.y, a.n_rows, a.n_cols, a.eps, yq, row_bytes,
+      launch<true, Act::kQ8_0>(a.x, a.x, res, a.weight, a.y, a.n_rows, a.n_cols, a.eps, yq, row_bytes,
                                stream.raw());
       break;
     case quant::Type::Q8_1:
-      launch<true, Act::kQ8_1>(a.x, a.x, a.residual, a.weight, a.y, a.n_rows, a.n_cols, a.eps, yq, row_bytes,
+      launch<true, Act::kQ8_1>(a.x, a.x, res, a.weight, a.y, a.n_rows, a.n_cols, a.eps, yq, row_bytes,
                                stream.raw());
       break;
     default:
-      launch<true, Act::kQ8_K>(a.x, a.x, a.residual, a.weight, a.y, a.n_rows, a.n_cols, a.eps, yq, row_bytes,
+      launch<true, Act::kQ8_K>(a.x, a.x, res, a.weight, a.y, a.n_rows, a.n_cols, a.eps, yq, row_bytes,
                                stream.raw());
       break;
   }

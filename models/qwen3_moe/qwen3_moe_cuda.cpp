@@ -45,6 +45,7 @@
 #include <memory>
 #include <optional>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "backends/cpu/kernels.h"
@@ -93,18 +94,28 @@ bool graphs_enabled() {
   return enabled;
 }
 
-// With MAGNETAR_CUDA_FUSE=1 a norm whose output feeds quantized products writes the quantized rows too
-// (add_rms_norm's y_quantized) and the MoE's swiglu quantizes for the down projection (swiglu_quantize): two
-// launches fewer per layer and token. Off by default: measured 2% slower on the H200 (tg128 247.6 vs 252.2 t/s,
-// and 246.8 vs 252.4 with the arms in the other order; docs/benchmarks/2026-11-30-cuda-decode-attention-mma.md):
-// the fused kernels do the quantization with fewer warps than the separate launch. An opt-in until the parts
-// are measured apart.
-bool fusion_enabled() {
-  static const bool enabled = [] {
+// Launches folded into others, each one launch fewer per layer and decode token:
+//   kCombine     the MoE combine in the next add_rms_norm (AddRmsNormArgs::residual_rows);
+//   kNormQuant   a norm whose output feeds quantized products writes the quantized rows too (y_quantized);
+//   kSwigluQuant the MoE's swiglu quantizes for the down projection (swiglu_quantize).
+// MAGNETAR_CUDA_FUSE picks them: a comma list of combine, norm, swiglu; 1 for all, 0 for none; unset: the default
+// set, combine. norm and swiglu together measured 2% slower than neither on the H200 (tg128 247.6 vs 252.2 t/s, and
+// 269.1 vs 275.0 in a later call; docs/benchmarks/2026-11-30-cuda-decode-attention-mma.md).
+enum class Fusion { kCombine = 1, kNormQuant = 2, kSwigluQuant = 4 };
+bool fused(Fusion f) {
+  static const int set = [] {
     const char* v = std::getenv("MAGNETAR_CUDA_FUSE");
-    return v != nullptr && std::string_view(v) == "1";
+    if (v == nullptr) return int(Fusion::kCombine);
+    const std::string_view s = v;
+    if (s == "1") return 7;
+    int bits = 0;
+    for (const auto& [name, bit] : {std::pair{"combine", Fusion::kCombine}, std::pair{"norm", Fusion::kNormQuant},
+                                    std::pair{"swiglu", Fusion::kSwigluQuant}}) {
+      if (s.find(name) != std::string_view::npos) bits |= int(bit);
+    }
+    return bits;
   }();
-  return enabled;
+  return (set & int(f)) != 0;
 }
 
 // The single-vector products of weight types with mmvq's rows kernel (Q4_K) take it with one row per warp
@@ -292,6 +303,7 @@ class Qwen3Cuda final : public Model {
   };
   mutable std::vector<Slot> slots_;
   mutable std::vector<int32_t> slot_of_;          // [n_layer * n_expert] -> slot, -1 when not in the pool
+  mutable bool combine_pending_ = false;  // moe_ffn left its rows in down_ for the next add_norm to combine
   mutable uint64_t tick_ = 0;                     // + 1 per MoE layer call
   std::unique_ptr<experts::CachePolicy> policy_;  // keys layer * n_expert + expert; a miss evicts the lowest score
   mutable std::vector<double> slot_score_;        // pool_acquire: each slot's score in this call
@@ -538,10 +550,16 @@ const void* Qwen3Cuda::quantize_xn(quant::Type weight_type, int64_t n) const {
 
 Status Qwen3Cuda::add_norm(const float* weight, quant::Type next, int64_t n) const {
   const quant::Type act = is_quantized(next) ? quant::traits(next).vec_dot_type : quant::Type::F32;
-  xn_act_ = fusion_enabled() && cuda::can_quantize_norm(act, hp_.n_embd) ? act : quant::Type::F32;
-  return cuda::add_rms_norm({.x = x_.as<float>(), .residual = proj_.as<float>(), .weight = weight, .y = xn_.as<float>(),
-                             .n_rows = n, .n_cols = hp_.n_embd, .eps = hp_.rms_eps, .y_type = xn_act_,
-                             .y_quantized = xn_act_ == quant::Type::F32 ? nullptr : q_exp_.data()},
+  xn_act_ = fused(Fusion::kNormQuant) && cuda::can_quantize_norm(act, hp_.n_embd) ? act : quant::Type::F32;
+  // The MoE layer before left its expert rows uncombined (moe_ffn): they are this add's residual.
+  const bool combine = std::exchange(combine_pending_, false);
+  return cuda::add_rms_norm({.x = x_.as<float>(), .residual = combine ? down_.as<float>() : proj_.as<float>(),
+                             .weight = weight, .y = xn_.as<float>(), .n_rows = n, .n_cols = hp_.n_embd,
+                             .eps = hp_.rms_eps, .y_type = xn_act_,
+                             .y_quantized = xn_act_ == quant::Type::F32 ? nullptr : q_exp_.data(),
+                             .residual_rows = combine ? slot_rows_.as<int32_t>() : nullptr,
+                             .residual_weights = combine ? weights_.as<float>() : nullptr,
+                             .residual_k = combine ? hp_.n_expert_used : 0},
                             stream_);
 }
 
@@ -656,7 +674,7 @@ Result<const void*> Qwen3Cuda::swiglu_for(quant::Type down_type, float* gate, co
     return static_cast<const void*>(nullptr);
   }
   const quant::Type act = quant::traits(down_type).vec_dot_type;
-  if (fusion_enabled() && cols % quant::traits(act).block_size == 0) {
+  if (fused(Fusion::kSwigluQuant) && cols % quant::traits(act).block_size == 0) {
     MAGNETAR_RETURN_IF_ERROR(cuda::swiglu_quantize(
         {.gate = gate, .up = up, .n_rows = rows, .n_cols = cols, .out_type = act, .out = q_in_.data()}, stream_));
     return static_cast<const void*>(q_in_.data());
@@ -937,6 +955,10 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   }
   // The CPU lane's rows, computed while the GPU runs the launches above, then uploaded into their rows of down.
   if (!lane_.empty()) run_cpu_lane(pool, L, n);
+  if (fused(Fusion::kCombine) && K <= 64) {  // the next add_norm combines (add_rms_norm's residual_rows)
+    combine_pending_ = true;
+    return Status();
+  }
   return cuda::moe_combine({.rows = down, .slot_rows = slot_rows, .weights = weights,
                             .out = proj_.as<float>(), .n_tok = n, .k = K, .n = E}, stream_);
 }
@@ -1028,6 +1050,7 @@ Status Qwen3Cuda::enqueue_layers(cpu::ThreadPool& pool, const ForwardArgs& args,
   float* xn = xn_.as<float>();
   stream_.copy(x, h_x_.as<float>(), size_t(n * E) * sizeof(float));
   stream_.copy(positions_.data(), h_positions_.as<int32_t>(), size_t(n) * 4);
+  combine_pending_ = false;
 
   for (size_t il = 0; il < layers_.size(); ++il) {
     const DevLayer& L = layers_[il];
