@@ -167,40 +167,29 @@ __global__ void __launch_bounds__(kThreads)
   float acc[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
-  if constexpr (kRows == 1) {
-    // Two parts per step, both dots in one basic block so that the loads of the second are in flight with the
-    // first's (past the row's end the second repeats the first's part and is not added): the sum keeps the order
-    // of one part per step.
-    const Block* w = reinterpret_cast<const Block*>(w0);
-    for (int it = lane; it < items; it += 2 * kWarpSize) {
-      const bool second = it + kWarpSize < items;
-      const int it2 = second ? it + kWarpSize : it;
-      const float v1 = Ops::dot(w[it / Ops::kParts], a[it / Ops::kParts], it % Ops::kParts);
-      const float v2 = Ops::dot(w[it2 / Ops::kParts], a[it2 / Ops::kParts], it2 % Ops::kParts);
-      acc[0] += v1;
-      if (second) acc[0] += v2;
-    }
-    const float sum = warp_sum(acc[0]);
-    if (lane == 0) y[first] = sum;
-    return;
-  }
   // Part f = lane + 32 j of the warp: row r, item it of that row, tracked without a division per step.
   int r = 0, it = lane;
-  while (it >= items) {
+  while (kRows > 1 && it >= items) {
     it -= items;
     ++r;
   }
-  while (r < n_rows) {
+#pragma unroll 2
+  for (; r < n_rows;) {
     const int b = it / Ops::kParts;
     const int part = it % Ops::kParts;
     const Block* w = reinterpret_cast<const Block*>(w0 + size_t(r) * row_bytes);
     const float v = Ops::dot(w[b], a[b], part);
+    if constexpr (kRows == 1) {
+      acc[0] += v;
+    } else {
 #pragma unroll
-    for (int k = 0; k < kRows; ++k) acc[k] += k == r ? v : 0.0f;
+      for (int k = 0; k < kRows; ++k) acc[k] += k == r ? v : 0.0f;
+    }
     it += kWarpSize;
     while (it >= items) {
       it -= items;
       ++r;
+      if (kRows == 1) break;
     }
   }
 #pragma unroll
