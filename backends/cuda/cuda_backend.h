@@ -234,10 +234,6 @@ struct GroupedMatvecArgs {
   int64_t y_part_stride = 0;
   int64_t max_n = 1;                 // the largest item n (1 selects the single-vector kernel)
   int rows_per_warp = 0;             // as MatvecArgs::rows_per_warp (max_n == 1 only)
-  // Optional: the CTAs of each item ask L2 for prefetch_bytes of its weight w[prefetch_part] between them (a hint:
-  // the next launch's weights, e.g. the experts' down projection during gate/up, stream in while this one computes).
-  int prefetch_part = -1;            // -1: none; else 0..2
-  int64_t prefetch_bytes = 0;
 };
 Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream);
 // Whether `type` has mmvq.cu's rows kernel (rows_per_warp 1, 2, 4): Q4_K and Q8_0.
@@ -445,9 +441,6 @@ struct RouteArgs {
   GroupItem* items = nullptr;          // [n_tok * k]
   int32_t* x_rows = nullptr;           // [n_tok * k]
   int32_t* slot_rows = nullptr;        // [n_tok * k]
-  // Optional, with table: L2 is asked for the first prefetch_bytes of each chosen expert's gate and up weights (a
-  // hint, so that the grouped gate/up launch after this one finds them on chip).
-  int64_t prefetch_bytes = 0;
 };
 Status route_topk(const RouteArgs& args, Stream& stream);
 

@@ -20,15 +20,6 @@ __device__ __forceinline__ bool resolve_group(const Grouping& g, WeightPtr& weig
   row0 = 0;
   if (g.items == nullptr) return true;
   const GroupItem& item = g.items[blockIdx.y];
-  if (g.prefetch_part >= 0 && threadIdx.x == 0) {  // this CTA's share of the item's next weights
-    const auto* next = static_cast<const uint8_t*>(item.w[g.prefetch_part]);
-    const size_t n_ctas = size_t(gridDim.x) * gridDim.z, cta = size_t(blockIdx.z) * gridDim.x + blockIdx.x;
-    const size_t share = (g.prefetch_bytes / n_ctas + 16) & ~size_t(15);
-    if (next != nullptr && cta * share < g.prefetch_bytes) {
-      const size_t n = g.prefetch_bytes - cta * share;
-      ops::prefetch_l2(next + cta * share, n < share ? n : share);
-    }
-  }
   weights = static_cast<const uint8_t*>(item.w[g.part + int(blockIdx.z)]);
   if (weights == nullptr) return false;
   row0 = item.row0;

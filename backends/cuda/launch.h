@@ -24,8 +24,6 @@ struct Grouping {
   int n_parts = 1;
   const int32_t* act_rows = nullptr;
   size_t y_part_stride = 0;
-  int prefetch_part = -1;  // GroupedMatvecArgs::prefetch_part / prefetch_bytes
-  size_t prefetch_bytes = 0;
 };
 
 // One matrix-vector launch, for quantized (mmvq.cu) and float (matvec_float.cu) weights alike.

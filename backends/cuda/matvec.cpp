@@ -185,10 +185,6 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
   }
   MAGNETAR_RETURN_IF_ERROR(check_vectors("grouped_matvec", args.max_n));
   MAGNETAR_RETURN_IF_ERROR(check_rows_per_warp("grouped_matvec", args.rows_per_warp));
-  if (args.prefetch_part < -1 || args.prefetch_part > 2 || args.prefetch_bytes < 0) {
-    return Status::error(format("grouped_matvec: prefetch_part=%d (-1..2) or prefetch_bytes=%lld (>= 0) out of range",
-                                args.prefetch_part, (long long)args.prefetch_bytes));
-  }
   if (args.items == nullptr || args.x == nullptr || args.y == nullptr) {
     return Status::error("grouped_matvec: null device pointer (items, x or y)");
   }
@@ -209,9 +205,7 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
                 .part = args.part,
                 .n_parts = args.n_parts,
                 .act_rows = args.x_rows,
-                .y_part_stride = size_t(args.y_part_stride),
-                .prefetch_part = args.prefetch_bytes > 0 ? args.prefetch_part : -1,
-                .prefetch_bytes = size_t(args.prefetch_bytes)},
+                .y_part_stride = size_t(args.y_part_stride)},
       .rows_per_warp = args.rows_per_warp,
   };
   if (quantized) {

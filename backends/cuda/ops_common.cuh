@@ -58,14 +58,11 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
-// Asks L2 to fetch the 16-byte-aligned part of [p, p + bytes), at most its first GiB (one instruction; a hint,
-// nothing is waited for). p null: nothing.
+// Asks L2 to fetch the 16-byte-aligned part of [p, p + bytes) (one instruction; a hint, nothing is waited for).
 __device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (p == nullptr) return;
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + 15) & ~uintptr_t(15);
-  uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) & ~uintptr_t(15);
-  if (end > begin + (uintptr_t(1) << 30)) end = begin + (uintptr_t(1) << 30);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) & ~uintptr_t(15);
   if (end > begin) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(begin), "r"(uint32_t(end - begin)) : "memory");
   }

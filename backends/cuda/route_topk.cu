@@ -34,8 +34,7 @@ constexpr int kWarps = kThreads / ops::kWarpSize;
 __global__ void __launch_bounds__(kThreads)
     route_topk_kernel(const float* __restrict__ logits, int32_t* __restrict__ ids, float* __restrict__ weights,
                       int n_expert, int k, bool normalize, const void* const* __restrict__ table,
-                      GroupItem* __restrict__ items, int32_t* __restrict__ x_rows, int32_t* __restrict__ slot_rows,
-                      size_t prefetch_bytes) {
+                      GroupItem* __restrict__ items, int32_t* __restrict__ x_rows, int32_t* __restrict__ slot_rows) {
   __shared__ float l_s[route::kMaxExperts];
   __shared__ double exp_s[route::kMaxExperts];
   __shared__ const void* table_s[3 * route::kMaxExperts];
@@ -93,10 +92,6 @@ __global__ void __launch_bounds__(kThreads)
       item.w[0] = table_s[3 * id];
       item.w[1] = table_s[3 * id + 1];
       item.w[2] = table_s[3 * id + 2];
-      if (prefetch_bytes > 0) {  // the grouped gate/up launch reads these next
-        ops::prefetch_l2(item.w[0], prefetch_bytes);
-        ops::prefetch_l2(item.w[1], prefetch_bytes);
-      }
       item.row0 = r;
       item.n = 1;
       items[r] = item;
@@ -119,9 +114,6 @@ Status route_topk(const RouteArgs& a, Stream& stream) {
     return Status::error(format("route_topk: k=%lld is outside 1..min(n_expert=%lld, %d)", (long long)a.k,
                                 (long long)a.n_expert, route::kMaxK));
   }
-  if (a.prefetch_bytes < 0) {
-    return Status::error(format("route_topk: prefetch_bytes=%lld is negative", (long long)a.prefetch_bytes));
-  }
   if (a.logits == nullptr || a.ids == nullptr || a.weights == nullptr)
     return Status::error("route_topk: null device pointer");
   if (!ops::aligned(a.logits, 4) || !ops::aligned(a.ids, 4) || !ops::aligned(a.weights, 4)) {
@@ -131,8 +123,7 @@ Status route_topk(const RouteArgs& a, Stream& stream) {
     return Status::error("route_topk: a table needs items, x_rows and slot_rows");
   }
   CUDA_CHECK(ops::launch(route_topk_kernel, unsigned(a.n_tok), kThreads, 0, stream.raw(), a.logits, a.ids, a.weights,
-                         int(a.n_expert), int(a.k), a.normalize, a.table, a.items, a.x_rows, a.slot_rows,
-                         size_t(a.table != nullptr && a.prefetch_bytes > 0 ? a.prefetch_bytes : 0)));
+                         int(a.n_expert), int(a.k), a.normalize, a.table, a.items, a.x_rows, a.slot_rows));
   return Status();
 }
 

@@ -131,21 +131,6 @@ int mmvq_rows_per_warp() {
   return rows;
 }
 
-// Expert weights asked of L2 before the launch that reads them (a hint; decode with every expert resident):
-//   kGate  route_topk, once it has chosen, for each chosen expert's gate and up (RouteArgs::prefetch_bytes);
-//   kDown  the grouped gate/up launch for the same experts' down projection (GroupedMatvecArgs::prefetch_part).
-// MAGNETAR_CUDA_PREFETCH: a comma list of gate, down; 0 for none (the baseline); unset: both.
-enum class Prefetch { kGate = 1, kDown = 2 };
-bool prefetched(Prefetch p) {
-  static const int set = [] {
-    const char* v = std::getenv("MAGNETAR_CUDA_PREFETCH");
-    if (v == nullptr) return 3;
-    const std::string_view s = v;
-    return (s.find("gate") != std::string_view::npos ? 1 : 0) | (s.find("down") != std::string_view::npos ? 2 : 0);
-  }();
-  return (set & int(p)) != 0;
-}
-
 // Attention runs on f16 tensor cores where a kernel has the shape: a sequence with at least kMmaAttentionTokens new
 // tokens on attention_prefill_mma (each K/V row read once per tile of tokens), fewer (decode) on
 // attention_decode_mma (split-K, one CTA per token and split); the other shapes on attention() (FP32 cores).
@@ -907,11 +892,7 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   MAGNETAR_RETURN_IF_ERROR(cuda::route_topk({.logits = router, .ids = ids, .weights = weights, .n_tok = n,
                                              .n_expert = X, .k = K, .normalize = hp_.norm_topk_prob,
                                              .table = resolve ? L.table : nullptr, .items = items, .x_rows = x_rows,
-                                             .slot_rows = slot_rows,
-                                             .prefetch_bytes = prefetched(Prefetch::kGate)
-                                                                   ? F * int64_t(quant::row_size(L.exp_type, E))
-                                                                   : 0},
-                                            stream_));
+                                             .slot_rows = slot_rows}, stream_));
   if (args.routing) stream_.copy(h_ids_.as<int32_t>() + il * n_batch_ * K, ids, size_t(R) * 4);
 
   int64_t n_items = R, max_n = 1;
@@ -955,11 +936,7 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
     MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matvec({.type = L.exp_type, .items = items, .n_items = n_items,
                                                    .part = 0, .n_parts = 2, .rows = F, .cols = E, .x = x,
                                                    .x_rows = x_rows, .y = gate, .y_part_stride = R * F,
-                                                   .max_n = max_n, .rows_per_warp = mmvq_rows_per_warp(),
-                                                   .prefetch_part = 2,
-                                                   .prefetch_bytes = prefetched(Prefetch::kDown) && resolve
-                                                                         ? E * int64_t(quant::row_size(L.down_type, F))
-                                                                         : 0},
+                                                   .max_n = max_n, .rows_per_warp = mmvq_rows_per_warp()},
                                                   stream_));
   }
   MAGNETAR_ASSIGN_OR_RETURN(const void* h_q, swiglu_for(L.down_type, gate, up, R, F));

@@ -331,10 +331,6 @@ TEST(CudaMatvec, RejectsBadArguments) {
                                         .n_items = 1, .rows = 7, .cols = 256, .x = fake, .y = fake,
                                         .rows_per_warp = 8};
   expect_error(cuda::grouped_matvec(grouped, stream), "rows_per_warp=8");
-  cuda::GroupedMatvecArgs bad_prefetch = grouped;
-  bad_prefetch.rows_per_warp = 0;
-  bad_prefetch.prefetch_part = 3;
-  expect_error(cuda::grouped_matvec(bad_prefetch, stream), "prefetch_part=3");
   EXPECT_TRUE(cuda::has_matvec_rows_kernel(Type::Q4_K));
   EXPECT_FALSE(cuda::has_matvec_rows_kernel(Type::F32));
 }
@@ -344,8 +340,7 @@ TEST(CudaMatvec, RejectsBadArguments) {
 // grouped_matvec against matvec: each item's rows of each part are the plain product of that part's weights with the
 // item's activation row (x_rows), bit for bit (the same kernel on the same bytes); an item whose weights are null
 // ("not on this device") leaves its rows as they were; gate and up land y_part_stride apart. Q4_K with the default
-// kernel and the rows kernel at 1, 2 and 4 rows per warp (the decode path of the synthetic 30B-A3B model), and Q8_0;
-// each launch also prefetches every item's up weights (a hint that must change nothing; the null item skips it).
+// kernel and the rows kernel at 1, 2 and 4 rows per warp (the decode path of the synthetic 30B-A3B model), and Q8_0.
 TEST(CudaMatvec, GroupedMatchesSingleProducts) {
   SKIP_WITHOUT_GPU();
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
@@ -399,8 +394,7 @@ TEST(CudaMatvec, GroupedMatchesSingleProducts) {
       ASSERT_OK(cuda::grouped_matvec({.type = type, .items = items_dev.as<cuda::GroupItem>(), .n_items = kItems,
                                       .part = 0, .n_parts = 2, .rows = kRows, .cols = kCols, .x = xq.data(),
                                       .x_rows = rows_dev.as<int32_t>(), .y = y_dev.as<float>(),
-                                      .y_part_stride = kItems * kRows, .max_n = 1, .rows_per_warp = rows_per_warp,
-                                      .prefetch_part = 1, .prefetch_bytes = int64_t(kRows * row_bytes)},
+                                      .y_part_stride = kItems * kRows, .max_n = 1, .rows_per_warp = rows_per_warp},
                                      stream));
       stream.synchronize();
       const std::vector<float> got = download(y_dev, y_count);

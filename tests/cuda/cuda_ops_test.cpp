@@ -1325,10 +1325,6 @@ TEST(CudaOps, RejectsBadArguments) {
   fails(cuda::qk_norm_rope({.x = f, .weight = f, .positions = ids, .n_tok = 1, .n_head = 1, .head_dim = 96}, stream),
         "qk_norm_rope");
   fails(cuda::swiglu(f, f, 0, stream), "swiglu");
-  fails(cuda::route_topk({.logits = f, .ids = ids, .weights = f, .n_tok = 1, .n_expert = 4, .k = 2,
-                          .prefetch_bytes = -1},
-                         stream),
-        "prefetch_bytes");
   fails(cuda::route_topk({.logits = f, .ids = ids, .weights = f, .n_tok = 1, .n_expert = 4, .k = 5}, stream),
         "route_topk");
   fails(cuda::route_topk({.logits = f, .ids = ids, .weights = f, .n_tok = 1, .n_expert = 2000, .k = 8}, stream),
