@@ -90,6 +90,14 @@ if [ "$filter" = "--model-bench" ]; then
   exit 0
 fi
 
+# `run.sh --depth-bench`: only decode at depth 2K to 64K (2,048-token prefill chunks) on the resident 30B-A3B geometry.
+if [ "$filter" = "--depth-bench" ]; then
+  build_with_model
+  "$bin" bench -m "$model" --device cuda --ctx 67700 --ctx-start 2048 --ctx-max 65536 --step 2048 --gen 64 --reps 1 \
+    --batch 2048 2>&1 | grep -E "^ *(2048|16384|32768|65536) |depth"
+  exit 0
+fi
+
 # `run.sh --tier-bench`: only the consumer-GPU setting (experts tiered: a 2.25 GiB GPU pool, an 8 GiB RAM cache
 # over disk), without and with the CPU expert lane, on uniform routing and on a skewed one (`synth --skew 1`);
 # builds the binary when needed.
