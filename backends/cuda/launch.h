@@ -49,6 +49,7 @@ size_t act_row_bytes(quant::Type act_type, int64_t cols);
 
 // Whether kernels go out with programmatic dependent launch (ops_common.cuh's launch): on devices of compute
 // capability 9.0 and up, unless MAGNETAR_CUDA_PDL=0 (the baseline switch). Read once per process (device_memory.cpp).
+// H200, tg128 on the 30B-A3B geometry: 312.5 t/s with it, 281.8 without (docs/benchmarks/2026-11-30-cuda-decode-pdl.md).
 bool pdl_enabled();
 
 // Weight types with mmvq.cu's rows kernel (MatvecArgs::rows_per_warp): those it was measured on (any type's block dot

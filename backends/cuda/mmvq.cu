@@ -139,9 +139,10 @@ __global__ void __launch_bounds__(kThreads)
 // (2,048 Q4_K columns are 64: two 16-byte parts per lane), 4 rows for shorter ones so that no lane idles (the
 // expert down projection's 768 columns are 24 items: with one row per warp 8 lanes had nothing to do; 4 rows
 // are 96, three per lane). A lane adds its parts into its row's sum (a select per row), then the warp tree per row.
-// Measured (run.sh --decode-bench, H200, 2026-11-30): tg128 297.97 t/s against 286.70 with the default kernel
-// (MAGNETAR_CUDA_MMVQ_ROWS=0); kRows 2 and 4 with an activation part shared by the rows (each lane the same item of
-// every row) were slower than 1 (246.6 and 217.0 against 261.2 t/s).
+// Measured (run.sh --decode-bench, H200, 2026-11-30, docs/benchmarks/2026-11-30-cuda-decode-pdl.md): tg128 315.0 t/s
+// against 290.0 with the default kernel (MAGNETAR_CUDA_MMVQ_ROWS=0); asking 2 or 4 rows per warp for the long rows
+// too was slower (306.6 and 284.6 against 315.4). Two parts per step for one row per warp (the second's loads in
+// flight with the first's) changed nothing (315.4, gate/up 10.1 us in ncu either way) and was left out.
 // Grid: ceil(rows / (kWarps * kRows)) x items x parts CTAs of kThreads.
 template <Type T, int kRows>
 __global__ void __launch_bounds__(kThreads)

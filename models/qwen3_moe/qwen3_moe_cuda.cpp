@@ -99,8 +99,8 @@ bool graphs_enabled() {
 //   kNormQuant   a norm whose output feeds quantized products writes the quantized rows too (y_quantized);
 //   kSwigluQuant the MoE's swiglu quantizes for the down projection (swiglu_quantize).
 // MAGNETAR_CUDA_FUSE picks them: a comma list of combine, norm, swiglu; 1 for all, 0 for none; unset: the default
-// set, combine. norm and swiglu together measured 2% slower than neither on the H200 (tg128 247.6 vs 252.2 t/s, and
-// 269.1 vs 275.0 in a later call; docs/benchmarks/2026-11-30-cuda-decode-attention-mma.md).
+// set, combine. H200, tg128 (run.sh --decode-bench, docs/benchmarks/2026-11-30-cuda-decode-pdl.md): combine 315.0 t/s,
+// none 313.0, combine + norm 314.0, combine + swiglu 305.9 (swiglu_quantize's 8 elements per lane lengthen the chain).
 enum class Fusion { kCombine = 1, kNormQuant = 2, kSwigluQuant = 4 };
 bool fused(Fusion f) {
   static const int set = [] {
@@ -118,10 +118,10 @@ bool fused(Fusion f) {
   return (set & int(f)) != 0;
 }
 
-// The single-vector products of weight types with mmvq's rows kernel (Q4_K) take it with one row per warp
-// (MatvecArgs::rows_per_warp): tg128 275.0 t/s against 270.4 with the default kernel (H200, run.sh --decode-bench,
-// 2026-11-30). MAGNETAR_CUDA_MMVQ_ROWS=0 is the default kernel (the baseline), =2 or =4 rows per warp (slower:
-// 246.6 and 217.0 t/s in an earlier call against 261.2 for one).
+// The single-vector products of weight types with mmvq's rows kernel (Q4_K, Q8_0) take it with one row per warp,
+// short rows with 4 (MatvecArgs::rows_per_warp): tg128 315.0 t/s against 290.0 with the default kernel (H200,
+// run.sh --decode-bench, 2026-11-30). MAGNETAR_CUDA_MMVQ_ROWS=0 is the default kernel (the baseline), =2 or =4 ask
+// that many rows per warp for long rows too (slower: 306.6 and 284.6 against 315.4).
 int mmvq_rows_per_warp() {
   static const int rows = [] {
     const char* v = std::getenv("MAGNETAR_CUDA_MMVQ_ROWS");
