@@ -151,7 +151,7 @@ fi
 # resident 30B-A3B geometry; with nsys when the image has it, the wall time per token and the launch gaps.
 if [ "$filter" = "--profile-decode" ]; then
   build_with_model
-  per_token=${PER_TOKEN_LAUNCHES:-910}
+  per_token=${PER_TOKEN_LAUNCHES:-766}  # launches per decode token of the 30B-A3B geometry
   ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip $((per_token * 4)) \
     --launch-count $((per_token * 2)) --print-summary per-kernel "$bin" run -m "$model" --device cuda --tokens 1,2,3 \
     -n 8 >"$OUT/ncu.txt" 2>&1
