@@ -41,8 +41,9 @@
 // unpacking and the epilogue, not HBM and not the tensor cores: at ~4 K warp instructions per 2.1 M ops and
 // 4 issue slots per SM per clock, ~2 K ops per SM-clock, ~500 T int ops/s on 132 SMs at 1.98 GHz as a
 // ceiling, realistically a fraction of it (latency of the global loads in step 1 is not overlapped with the
-// mma of step 2: no double buffering yet). These are estimates from instruction counts, NOT measurements:
-// the kernel has not run on a GPU yet (tests/cuda/cuda_mmq_test.cpp is its correctness check).
+// mma of step 2: no double buffering yet). These are estimates from instruction counts; what was measured is the
+// whole prefill (H200, 30B-A3B geometry Q4_K: pp512 5,182 t/s, 0.53x llama.cpp,
+// docs/benchmarks/2026-11-30-cuda-decode-pdl.md), not this kernel alone (run.sh --profile-prefill does that).
 // Next steps, each to be measured: cp.async double buffering of the raw blocks, word-wide unpacking of the
 // aligned types, ldmatrix fragment loads, smaller x tiles for items with few rows.
 #include <cuda_runtime.h>

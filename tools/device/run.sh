@@ -160,6 +160,17 @@ if [ "$filter" = "--profile-decode" ]; then
   exit 0
 fi
 
+# `run.sh --profile-prefill`: GPU time per kernel of one 512-token prefill (ncu, every launch of the prompt's forward
+# pass; the per-kernel table is $OUT/ncu_prefill.txt) on the resident 30B-A3B geometry.
+if [ "$filter" = "--profile-prefill" ]; then
+  build_with_model
+  ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel "$bin" run -m "$model" \
+    --device cuda --tokens "$(seq -s, 1 512)" -n 1 >"$OUT/ncu_prefill.txt" 2>&1
+  echo "ncu exit $?"
+  grep -cE "gpu__time_duration.sum" "$OUT/ncu_prefill.txt"
+  exit 0
+fi
+
 # `run.sh --decode-bench [VAR=VALUE ...]`: only pp512 / tg128 (medians of 5) on the resident 30B-A3B geometry, then the
 # same with each diagnostic switch VAR=VALUE (e.g. MAGNETAR_CUDA_FUSE=1) as the arms compared in the same call.
 if [ "$filter" = "--decode-bench" ]; then
