@@ -12,22 +12,18 @@
 #include "backends/cuda/cuda_check.cuh"
 #include "backends/cuda/grouping.cuh"
 #include "backends/cuda/launch.h"
+#include "backends/cuda/ops_common.cuh"
 
 namespace magnetar::cuda::detail {
 namespace {
 
+using ops::kWarpSize;
+using ops::warp_sum;
 using quant::Type;
 
-constexpr int kWarpSize = 32;
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / kWarpSize;
 constexpr int kChunk = 8;  // elements per vectorized step
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
 
 __device__ __forceinline__ float half_bits_to_float(uint32_t h) {
   __half_raw raw;

@@ -42,18 +42,13 @@
 namespace magnetar::cuda::detail {
 namespace {
 
+using ops::kWarpSize;
+using ops::warp_sum;
 using quant::Type;
 
-constexpr int kWarpSize = 32;
 constexpr int kThreads = 128;  // per CTA: 4 warps
 constexpr int kWarps = kThreads / kWarpSize;
 constexpr int kUnrollItems = 2;  // 2 and 4 (with 1, 2 warps per row) measured alike, see warps_per_row
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
 
 // Grid: ceil(rows / (kWarps / warps_per_row)) CTAs of kThreads. warps_per_row is 1, 2 or 4.
 // kMaxVectors is 1 (the common decode case, no per-vector loop overhead) or kMaxMatvecVectors.
@@ -131,7 +126,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The rows kernel (MatvecLaunch::rows_per_warp; one vector, types with MmvqType<T>::ActPart: Q4_K).
+// The rows kernel (MatvecLaunch::rows_per_warp; one vector, the types of launch.h's mmvq_has_rows_kernel).
 // ncu of the single-row kernel on a decode token's expert down projection (H200, 2026-11-30: 8 x 2048 rows x 768
 // Q4_K columns, 10.5 us, 676 GB/s) showed issue slots 56% busy and ~270 warp-instructions per row of 384 weight
 // bytes. Here a warp takes kRows consecutive rows, and their kRows * items parts are dealt to the lanes in order

@@ -102,22 +102,28 @@ __host__ __device__ constexpr Act act_of(quant::Type t) {
                                   : Act::kNone;
 }
 
-// Block b of a row of `src` (shared or global memory, the row's first element at src) into the row's quantized
-// bytes at dst. Every lane of the warp calls it.
+// Block b of a row into the row's quantized bytes at dst, the lane holding the block's elements lane + 32k in
+// xs[k] (one for Q8_0/Q8_1, eight for Q8_K). Every lane of the warp calls it.
 template <Act kA>
-__device__ __forceinline__ void block(const float* src, uint8_t* dst, int b, int lane) {
+__device__ __forceinline__ void block_regs(const float (&xs)[block_elems(kA) / kWarpSize], uint8_t* dst, int b,
+                                           int lane) {
   if constexpr (kA == Act::kQ8_K) {
-    float xs[quant::kQK_K / kWarpSize];
-#pragma unroll
-    for (int k = 0; k < quant::kQK_K / kWarpSize; ++k) xs[k] = src[b * quant::kQK_K + lane + kWarpSize * k];
     block_q8_k(xs, reinterpret_cast<quant::BlockQ8_K*>(dst) + b, lane);
   } else if constexpr (kA == Act::kQ8_1) {
-    block_q8_32<quant::BlockQ8_1, true>(src[b * quant::kQK32 + lane], reinterpret_cast<quant::BlockQ8_1*>(dst) + b,
-                                        lane);
+    block_q8_32<quant::BlockQ8_1, true>(xs[0], reinterpret_cast<quant::BlockQ8_1*>(dst) + b, lane);
   } else if constexpr (kA == Act::kQ8_0) {
-    block_q8_32<quant::BlockQ8_0, false>(src[b * quant::kQK32 + lane],
-                                         reinterpret_cast<quant::BlockQ8_0*>(dst) + b, lane);
+    block_q8_32<quant::BlockQ8_0, false>(xs[0], reinterpret_cast<quant::BlockQ8_0*>(dst) + b, lane);
   }
+}
+
+// The same with the block read from a row of `src` (shared or global memory, the row's first element at src).
+template <Act kA>
+__device__ __forceinline__ void block(const float* src, uint8_t* dst, int b, int lane) {
+  constexpr int kElems = block_elems(kA);
+  float xs[kElems / kWarpSize];
+#pragma unroll
+  for (int k = 0; k < kElems / kWarpSize; ++k) xs[k] = src[b * kElems + lane + kWarpSize * k];
+  block_regs<kA>(xs, dst, b, lane);
 }
 
 }  // namespace magnetar::cuda::q8

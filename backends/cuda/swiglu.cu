@@ -60,14 +60,7 @@ __global__ void __launch_bounds__(kThreads)
     v[k] = silu_mul(gate[i], up[i]);
     gate[i] = v[k];
   }
-  uint8_t* dst = out + size_t(row) * out_row_bytes;
-  if constexpr (kA == q8::Act::kQ8_K) {
-    q8::block_q8_k(v, reinterpret_cast<quant::BlockQ8_K*>(dst) + b, lane);
-  } else if constexpr (kA == q8::Act::kQ8_1) {
-    q8::block_q8_32<quant::BlockQ8_1, true>(v[0], reinterpret_cast<quant::BlockQ8_1*>(dst) + b, lane);
-  } else {
-    q8::block_q8_32<quant::BlockQ8_0, false>(v[0], reinterpret_cast<quant::BlockQ8_0*>(dst) + b, lane);
-  }
+  q8::block_regs<kA>(v, out + size_t(row) * out_row_bytes, int(b), lane);
 }
 
 }  // namespace

@@ -107,7 +107,7 @@ bool fused(Fusion f) {
     const char* v = std::getenv("MAGNETAR_CUDA_FUSE");
     if (v == nullptr) return int(Fusion::kCombine);
     const std::string_view s = v;
-    if (s == "1") return 7;
+    if (s == "1") return int(Fusion::kCombine) | int(Fusion::kNormQuant) | int(Fusion::kSwigluQuant);
     int bits = 0;
     for (const auto& [name, bit] : {std::pair{"combine", Fusion::kCombine}, std::pair{"norm", Fusion::kNormQuant},
                                     std::pair{"swiglu", Fusion::kSwigluQuant}}) {
@@ -238,9 +238,12 @@ class Qwen3Cuda final : public Model {
   const void* quantize(quant::Type weight_type, const float* x, int64_t cols, int64_t n, void* out) const;
   // xn_ quantized for weight_type's products, in q_exp_: by the norm that wrote xn_ (xn_act_), else here.
   const void* quantize_xn(quant::Type weight_type, int64_t n) const;
-  // xn_ = norm(x_ += proj_) with `weight`; when the products reading xn_ quantize it (for `next`, the type of
-  // their weights; F32: none or not shared), the norm writes q_exp_ too.
-  Status add_norm(const float* weight, quant::Type next, int64_t n) const;
+  // xn_ = norm(x_ += proj_) with `weight`, or with `combine` norm(x_ += the MoE combine of down_'s rows, which the
+  // MoE layer before left uncombined: combine_in_norm); when the products reading xn_ quantize it (for `next`, the
+  // type of their weights; F32: none or not shared), the norm writes q_exp_ too.
+  Status add_norm(const float* weight, quant::Type next, int64_t n, bool combine = false) const;
+  // Whether an MoE layer leaves its expert rows for the next add_norm to combine (Fusion::kCombine).
+  bool combine_in_norm() const { return fused(Fusion::kCombine) && hp_.n_expert_used <= 64; }
   Status attention_block(const DevLayer& L, int64_t il, std::span<const SeqSpan> seqs,
                          std::span<DeviceKv* const> mirrors, int64_t n) const;
   Status moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, int64_t n, const ForwardArgs& args) const;
@@ -303,7 +306,6 @@ class Qwen3Cuda final : public Model {
   };
   mutable std::vector<Slot> slots_;
   mutable std::vector<int32_t> slot_of_;          // [n_layer * n_expert] -> slot, -1 when not in the pool
-  mutable bool combine_pending_ = false;  // moe_ffn left its rows in down_ for the next add_norm to combine
   mutable uint64_t tick_ = 0;                     // + 1 per MoE layer call
   std::unique_ptr<experts::CachePolicy> policy_;  // keys layer * n_expert + expert; a miss evicts the lowest score
   mutable std::vector<double> slot_score_;        // pool_acquire: each slot's score in this call
@@ -548,11 +550,9 @@ const void* Qwen3Cuda::quantize_xn(quant::Type weight_type, int64_t n) const {
   return quantize(weight_type, xn_.as<float>(), hp_.n_embd, n, q_exp_.data());
 }
 
-Status Qwen3Cuda::add_norm(const float* weight, quant::Type next, int64_t n) const {
+Status Qwen3Cuda::add_norm(const float* weight, quant::Type next, int64_t n, bool combine) const {
   const quant::Type act = is_quantized(next) ? quant::traits(next).vec_dot_type : quant::Type::F32;
   xn_act_ = fused(Fusion::kNormQuant) && cuda::can_quantize_norm(act, hp_.n_embd) ? act : quant::Type::F32;
-  // The MoE layer before left its expert rows uncombined (moe_ffn): they are this add's residual.
-  const bool combine = std::exchange(combine_pending_, false);
   return cuda::add_rms_norm({.x = x_.as<float>(), .residual = combine ? down_.as<float>() : proj_.as<float>(),
                              .weight = weight, .y = xn_.as<float>(), .n_rows = n, .n_cols = hp_.n_embd,
                              .eps = hp_.rms_eps, .y_type = xn_act_,
@@ -955,10 +955,7 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   }
   // The CPU lane's rows, computed while the GPU runs the launches above, then uploaded into their rows of down.
   if (!lane_.empty()) run_cpu_lane(pool, L, n);
-  if (fused(Fusion::kCombine) && K <= 64) {  // the next add_norm combines (add_rms_norm's residual_rows)
-    combine_pending_ = true;
-    return Status();
-  }
+  if (combine_in_norm()) return Status();  // the next add_norm combines (add_rms_norm's residual_rows)
   return cuda::moe_combine({.rows = down, .slot_rows = slot_rows, .weights = weights,
                             .out = proj_.as<float>(), .n_tok = n, .k = K, .n = E}, stream_);
 }
@@ -1050,8 +1047,8 @@ Status Qwen3Cuda::enqueue_layers(cpu::ThreadPool& pool, const ForwardArgs& args,
   float* xn = xn_.as<float>();
   stream_.copy(x, h_x_.as<float>(), size_t(n * E) * sizeof(float));
   stream_.copy(positions_.data(), h_positions_.as<int32_t>(), size_t(n) * 4);
-  combine_pending_ = false;
 
+  bool combine = false;  // the layer before was an MoE layer whose rows the next add_norm combines
   for (size_t il = 0; il < layers_.size(); ++il) {
     const DevLayer& L = layers_[il];
     if (il == 0) {
@@ -1059,7 +1056,8 @@ Status Qwen3Cuda::enqueue_layers(cpu::ThreadPool& pool, const ForwardArgs& args,
       MAGNETAR_RETURN_IF_ERROR(cuda::rms_norm({.x = x, .weight = L.attn_norm.f32(), .y = xn, .n_rows = n, .n_cols = E,
                                                .eps = hp_.rms_eps}, stream_));
     } else {
-      MAGNETAR_RETURN_IF_ERROR(add_norm(L.attn_norm.f32(), qkv_share_input(L) ? L.wq.type : quant::Type::F32, n));
+      MAGNETAR_RETURN_IF_ERROR(
+          add_norm(L.attn_norm.f32(), qkv_share_input(L) ? L.wq.type : quant::Type::F32, n, combine));
     }
     MAGNETAR_RETURN_IF_ERROR(attention_block(L, int64_t(il), args.seqs, mirrors, n));
     const quant::Type ffn_in = L.moe ? L.exp_type
@@ -1067,8 +1065,9 @@ Status Qwen3Cuda::enqueue_layers(cpu::ThreadPool& pool, const ForwardArgs& args,
                                                                   : quant::Type::F32;
     MAGNETAR_RETURN_IF_ERROR(add_norm(L.ffn_norm.f32(), ffn_in, n));
     MAGNETAR_RETURN_IF_ERROR(L.moe ? moe_ffn(pool, L, int64_t(il), n, args) : dense_ffn(L, n));
+    combine = L.moe && combine_in_norm();
   }
-  MAGNETAR_RETURN_IF_ERROR(add_norm(output_norm_.f32(), quant::Type::F32, n));
+  MAGNETAR_RETURN_IF_ERROR(add_norm(output_norm_.f32(), quant::Type::F32, n, combine));
   // The head's input rows: every token, or each sequence's last (gathered when they are not already adjacent).
   *head_in = xn;
   if (!args.all_logits) {

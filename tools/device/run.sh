@@ -45,6 +45,13 @@ build_with_model() {
     -o "$model" 2>&1 | tail -2; }
 }
 
+# Decode over 64 tokens at depth 2K, 16K, 32K and 64K (2,048-token prefill chunks) of the model, with the environment
+# switches given as arguments (VAR=VALUE ...).
+depth_arm() {
+  env "$@" "$bin" bench -m "$model" --device cuda --ctx 67700 --ctx-start 2048 --ctx-max 65536 --step 2048 --gen 64 \
+    --reps 1 --batch 2048 2>&1 | grep -E "^ *(2048|16384|32768|65536) |depth" | head -12
+}
+
 # `run.sh --stream-arms`: only the expert-streaming and disk-KV arms (tools/device/stream_arms.sh), with the
 # build-device/ of an earlier call on the same (still warm) machine.
 if [ "$filter" = "--stream-arms" ]; then
@@ -73,11 +80,9 @@ if [ "$filter" = "--model-bench" ]; then
   echo "baseline: prefill on the matrix-vector kernel (MAGNETAR_CUDA_MMQ=0, a diagnostic switch)"
   MAGNETAR_CUDA_MMQ=0 "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 16 --reps 5 \
     2>&1 | tail -3
-  "$bin" bench -m "$model" --device cuda --ctx 67700 --ctx-start 2048 --ctx-max 65536 --step 2048 --gen 64 --reps 1 \
-    --batch 2048 2>&1 | grep -E "^ *(2048|16384|32768|65536) |depth|magnetar" | head -12
+  depth_arm
   echo "baseline: the same depths with decode attention on FP32 cores (MAGNETAR_CUDA_DECODE_MMA=0)"
-  MAGNETAR_CUDA_DECODE_MMA=0 "$bin" bench -m "$model" --device cuda --ctx 67700 --ctx-start 2048 --ctx-max 65536 \
-    --step 2048 --gen 64 --reps 1 --batch 2048 2>&1 | grep -E "^ *(2048|16384|32768|65536) |depth" | head -12
+  depth_arm MAGNETAR_CUDA_DECODE_MMA=0
   # The consumer-GPU setting: ~4 GiB of GPU memory in all (non-expert weights ~1.0 GiB, a 2.25 GiB expert pool,
   # KV and scratch) and an 8 GiB RAM expert cache streaming from disk (O_DIRECT: the page cache does not help).
   # SKIP_TIERED=1 leaves it out (~90 s: when the device budget is short and only resident kernels changed).
@@ -93,8 +98,7 @@ fi
 # `run.sh --depth-bench`: only decode at depth 2K to 64K (2,048-token prefill chunks) on the resident 30B-A3B geometry.
 if [ "$filter" = "--depth-bench" ]; then
   build_with_model
-  "$bin" bench -m "$model" --device cuda --ctx 67700 --ctx-start 2048 --ctx-max 65536 --step 2048 --gen 64 --reps 1 \
-    --batch 2048 2>&1 | grep -E "^ *(2048|16384|32768|65536) |depth"
+  depth_arm
   exit 0
 fi
 
