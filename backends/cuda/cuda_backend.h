@@ -294,6 +294,14 @@ struct GroupedMatmulArgs {
 };
 Status grouped_matmul_q(const GroupedMatmulArgs& args, Stream& stream);
 
+// ---- float matrix-matrix product for prefill (matmul_float.cu) -----------------------------------------------------
+// y[r] = W x[r] for F32, F16 or BF16 weights (MatmulArgs: type one of those, x [n, cols] float32 activations,
+// y [n, rows] written): each output a float32 fused multiply-add chain over k in order, the bound matvec's float
+// path states. Reads the matrix once per 64 activation rows (matvec: once per kMaxMatvecVectors). Only queues
+// work; a bad type, shape, pointer or alignment returns a Status naming it and queues nothing.
+bool has_matmul_float(quant::Type type);
+Status matmul_float(const MatmulArgs& args, Stream& stream);
+
 // Quantizes n_vectors rows of `cols` float32 activations (x: [n_vectors, cols], device) into `act_type`
 // blocks (Q8_0, Q8_1 or Q8_K; out: [n_vectors, row_size(act_type, cols)] bytes, device), byte-identical
 // with the reference quantizer quant::traits(act_type).from_float. matvec calls this itself; it is public

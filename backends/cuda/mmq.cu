@@ -107,13 +107,18 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], const int (&a)[4], const in
 
 __device__ __forceinline__ int lds32(const int8_t* p) { return *reinterpret_cast<const int*>(p); }
 
+// float(c) for |c| < 2^22 by an integer add and a float subtract (full-rate pipes) instead of I2F, which runs at
+// 16 results per clock per SM on sm_90, 1/8 of the FMA rate: the biggest single cost of the epilogue, one conversion
+// per output and slice. Exact: 1.5 * 2^23 + c is representable for such c. A slice's integer dot is at most
+// 32 * 127 * 127 < 2^19 in magnitude (the largest quants: Q8_0 weights; MXFP4's 12 and IQ4_NL's 127 are smaller).
+__device__ __forceinline__ float exact_float(int c) { return __int_as_float(c + 0x4B400000) - 12582912.0f; }
+
+// The kSlice / 4 words of a slice into shared memory (16-byte aligned: rows are 144 bytes, slices 16 or 32).
 template <int kSlice>
-__device__ __forceinline__ void store_slice(int8_t* dst, const int8_t (&q)[kSlice]) {
+__device__ __forceinline__ void store_slice(int8_t* dst, const uint32_t (&q)[kSlice / 4]) {
 #pragma unroll
-  for (int w = 0; w < kSlice / 4; ++w) {
-    const uint32_t v = uint32_t(uint8_t(q[4 * w])) | uint32_t(uint8_t(q[4 * w + 1])) << 8 |
-                       uint32_t(uint8_t(q[4 * w + 2])) << 16 | uint32_t(uint8_t(q[4 * w + 3])) << 24;
-    reinterpret_cast<uint32_t*>(dst)[w] = v;
+  for (int w = 0; w < kSlice / 4; w += 4) {
+    reinterpret_cast<uint4*>(dst)[w / 4] = make_uint4(q[w], q[w + 1], q[w + 2], q[w + 3]);
   }
 }
 
@@ -123,10 +128,8 @@ struct Smem {
   static_assert(kTileW * kSlices % kThreads == 0 && kTileX * kSlices % kThreads == 0);
   alignas(16) int8_t x[kTileX][kRowBytes];
   alignas(16) int8_t w[kTileW][kRowBytes];
-  float x_d[kSlices][kTileX];
-  float x_sum[kSlices][kTileX];
-  float w_scale[kSlices][kTileW];
-  float w_offset[kSlices][kTileW];
+  float2 x_ds[kSlices][kTileX];   // (d_x, sum_x): one 8-byte load per fragment row
+  float2 w_so[kSlices][kTileW];   // (scale_w, offset_w)
   const uint8_t* x_row[kTileX];  // activation row of each tile row (null past the tile's count)
 };
 
@@ -164,18 +167,17 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
       const int r = u / kSlices;
       const int s = u % kSlices;
       const int k = k0 + s * kSlice;
-      int8_t q[kSlice];
+      uint32_t q[kSlice / 4];
       float scale = 0.0f, offset = 0.0f;
       if (w0 + r < p.rows && k < p.cols) {
         const Block* row = reinterpret_cast<const Block*>(weights + size_t(w0 + r) * p.row_bytes);
         Ops::unpack(row[k / Ops::kBlockElems], (k % Ops::kBlockElems) / kSlice, q, &scale, &offset);
       } else {
 #pragma unroll
-        for (int i = 0; i < kSlice; ++i) q[i] = 0;
+        for (int i = 0; i < kSlice / 4; ++i) q[i] = 0;
       }
       store_slice<kSlice>(&sm.w[r][s * kSlice], q);
-      sm.w_scale[s][r] = scale;
-      sm.w_offset[s][r] = offset;
+      sm.w_so[s][r] = make_float2(scale, offset);
     }
 #pragma unroll
     for (int i = 0; i < kTileX * kSlices / kThreads; ++i) {
@@ -183,7 +185,7 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
       const int r = u / kSlices;
       const int s = u % kSlices;
       const int k = k0 + s * kSlice;
-      int8_t q[kSlice];
+      uint32_t q[kSlice / 4];
       float d = 0.0f, sum = 0.0f;
       if (r < n_x && k < p.cols) {
         const Act* row = reinterpret_cast<const Act*>(sm.x_row[r]);
@@ -191,11 +193,10 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
                                          &sum);
       } else {
 #pragma unroll
-        for (int i = 0; i < kSlice; ++i) q[i] = 0;
+        for (int i = 0; i < kSlice / 4; ++i) q[i] = 0;
       }
       store_slice<kSlice>(&sm.x[r][s * kSlice], q);
-      sm.x_d[s][r] = d;
-      sm.x_sum[s][r] = sum;
+      sm.x_ds[s][r] = make_float2(d, sum);
     }
     __syncthreads();
 
@@ -228,18 +229,18 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
       for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int r = wx0 + 16 * mt + g + 8 * h;
-          xd[mt][h] = sm.x_d[s][r];
-          xs[mt][h] = Ops::kHasOffset ? sm.x_sum[s][r] : 0.0f;
+          const float2 ds = sm.x_ds[s][wx0 + 16 * mt + g + 8 * h];
+          xd[mt][h] = ds.x;
+          xs[mt][h] = Ops::kHasOffset ? ds.y : 0.0f;
         }
       }
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int c = ww0 + 8 * nt + 2 * t + h;
-          ws[nt][h] = sm.w_scale[s][c];
-          wo[nt][h] = Ops::kHasOffset ? sm.w_offset[s][c] : 0.0f;
+          const float2 so = sm.w_so[s][ww0 + 8 * nt + 2 * t + h];
+          ws[nt][h] = so.x;
+          wo[nt][h] = Ops::kHasOffset ? so.y : 0.0f;
         }
       }
 #pragma unroll
@@ -255,7 +256,7 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
           // c[i]: activation row g + 8 (i / 2) of the m16 tile, weight row 2t + i % 2 of the n8 tile
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            float v = __fmaf_rn(ws[nt][i % 2] * xd[mt][i / 2], float(c[i]), acc[mt][nt][i]);
+            float v = __fmaf_rn(ws[nt][i % 2] * xd[mt][i / 2], exact_float(c[i]), acc[mt][nt][i]);
             if (Ops::kHasOffset) v = __fmaf_rn(wo[nt][i % 2], xs[mt][i / 2], v);
             acc[mt][nt][i] = v;
           }

@@ -2,8 +2,9 @@
 // activation block cut into "slices" of kSlice elements that share one scale, as signed int8 quants plus
 // per-slice floats, so that a tensor-core int8 mma can take the integer part of every slice.
 //
-// Contract of MmqType<T>::unpack(w, slice, q, &scale, &offset), slice in 0 .. kSlicesPerBlock - 1: for
-// each element i of the slice (block element slice * kSlice + i), the reference dequantization
+// Contract of MmqType<T>::unpack(w, slice, q, &scale, &offset), slice in 0 .. kSlicesPerBlock - 1, q the
+// kSlice / 4 words of the slice (element i = signed byte i % 4 of word i / 4, the layout the mma fragments
+// read): for each element i of the slice (block element slice * kSlice + i), the reference dequantization
 // (quant/ref: dequantize_*) of that element equals, bit for bit, the float expression
 // scale * float(q[i]) + offset evaluated without FMA contraction (offset is 0 for the types whose
 // kHasOffset is false, and then the value is scale * float(q[i]) exactly). Every reference dequantizer
@@ -30,6 +31,11 @@
 // which is the same sum of terms as the reference's (its integer dots per sub-block, its min terms via
 // bsums or s) regrouped; only the float rounding of the scale products and of the summation differs.
 //
+// Loads: each type reads its words with the widest load its block layout allows when rows start 16-byte aligned
+// (mmq.cu's contract): 16 bytes for Q4_K / Q5_K (144- and 176-byte blocks, quants at offsets 16 and 48), 4 for
+// the 4-byte multiples (Q4_1, Q5_1, Q2_K, IQ4_XS, Q8_1, Q8_K), 2 for the 2-byte ones, bytes only for MXFP4 (17-byte
+// blocks). A slice is a handful of wide loads and word operations, never byte loads and byte repacking.
+//
 // Everything here is __host__ __device__ and free of intrinsics (it builds on mmvq.cuh's helpers, whose
 // host fallbacks are scalar), so tests/cuda/cuda_mmq_host_test.cu checks it against the reference without
 // a GPU.
@@ -46,21 +52,31 @@ using quant::Type;
 using mmvq::e8m0_to_float_half;
 using mmvq::fp16_to_float;
 
-// The four signed bytes of a 32-bit word into q[0..3].
-MAGNETAR_HD void store_word(int8_t* q, uint32_t w) {
-  for (int i = 0; i < 4; ++i) q[i] = int8_t(uint8_t(w >> (8 * i)));
+// The word at p from storage aligned to A bytes (A = 1, 2 or 4; 16: four words by one 16-byte load).
+template <int A>
+MAGNETAR_HD uint32_t load_word(const uint8_t* p) {
+  if constexpr (A >= 4) return uint32_t(mmvq::load_a4(p));
+  if constexpr (A == 2) return uint32_t(mmvq::load_a2(p));
+  return uint32_t(mmvq::load_a1(p));
+}
+template <int A>
+MAGNETAR_HD void load_words(const uint8_t* p, uint32_t* w, int n) {
+  if constexpr (A == 16) {
+    for (int i = 0; i < n; i += 4) mmvq::load_a16(p + 4 * i, reinterpret_cast<int*>(w + i));
+  } else {
+    for (int i = 0; i < n; ++i) w[i] = load_word<A>(p + 4 * i);
+  }
 }
 
-MAGNETAR_HD uint32_t load_u32_bytes(const uint8_t* p) { return uint32_t(mmvq::load_a1(p)); }
-
-// Nibbles j (low) and j + 16 (high) of the 16 bytes qs, mapped with `map` (bytes in, signed bytes out),
-// into q[0..31]: the element order of Q4_0, Q4_1, IQ4_NL, MXFP4 and of one IQ4_XS sub-block.
-template <typename Map>
-MAGNETAR_HD void unpack_nibbles32(const uint8_t* qs, int8_t* q, Map map) {
+// Nibbles j (low) and j + 16 (high) of the 16 bytes qs (aligned to A), mapped with `map` (bytes in, signed bytes
+// out), into words q[0..7]: the element order of Q4_0, Q4_1, IQ4_NL, MXFP4 and of one IQ4_XS sub-block.
+template <int A, typename Map>
+MAGNETAR_HD void unpack_nibbles32(const uint8_t* qs, uint32_t* q, Map map) {
+  uint32_t v[4];
+  load_words<A>(qs, v, 4);
   for (int w = 0; w < 4; ++w) {
-    const uint32_t v = load_u32_bytes(qs + 4 * w);
-    store_word(q + 4 * w, map(v & 0x0F0F0F0Fu));
-    store_word(q + 16 + 4 * w, map((v >> 4) & 0x0F0F0F0Fu));
+    q[w] = uint32_t(map(v[w] & 0x0F0F0F0Fu));
+    q[4 + w] = uint32_t(map((v[w] >> 4) & 0x0F0F0F0Fu));
   }
 }
 
@@ -84,8 +100,8 @@ struct Shape {
 
 template <>
 struct MmqType<Type::Q4_0> : Shape<quant::BlockQ4_0, quant::BlockQ8_0, quant::kQK32, 32, false> {
-  static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, int8_t* q, float* scale, float* offset) {
-    unpack_nibbles32(b.qs, q, [](uint32_t v) { return mmvq::sub_bytes(int(v), 0x08080808); });
+  static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, uint32_t* q, float* scale, float* offset) {
+    unpack_nibbles32<2>(b.qs, q, [](uint32_t v) { return mmvq::sub_bytes(int(v), 0x08080808); });
     *scale = fp16_to_float(b.d);
     *offset = 0.0f;
   }
@@ -93,29 +109,31 @@ struct MmqType<Type::Q4_0> : Shape<quant::BlockQ4_0, quant::BlockQ8_0, quant::kQ
 
 template <>
 struct MmqType<Type::Q4_1> : Shape<quant::BlockQ4_1, quant::BlockQ8_1, quant::kQK32, 32, true> {
-  static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, int8_t* q, float* scale, float* offset) {
-    unpack_nibbles32(b.qs, q, [](uint32_t v) { return int(v); });
+  static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, uint32_t* q, float* scale, float* offset) {
+    unpack_nibbles32<4>(b.qs, q, [](uint32_t v) { return v; });
     *scale = fp16_to_float(b.d);
     *offset = fp16_to_float(b.m);
   }
 };
 
 // Q5_0 / Q5_1: nibbles as Q4_0 plus bit j of qh as bit 4 of element j; minus 16 for Q5_0.
-MAGNETAR_HD void unpack_q5(const uint8_t* qs, const uint8_t* qh_bytes, int bias, int8_t* q) {
-  const uint32_t qh = load_u32_bytes(qh_bytes);
+template <int A>
+MAGNETAR_HD void unpack_q5(const uint8_t* qs, const uint8_t* qh_bytes, int bias, uint32_t* q) {
+  const uint32_t qh = load_word<A>(qh_bytes);
+  uint32_t v[4];
+  load_words<A>(qs, v, 4);
   for (int w = 0; w < 4; ++w) {
-    const uint32_t v = load_u32_bytes(qs + 4 * w);
-    const int lo = int(v & 0x0F0F0F0Fu) | mmvq::spread_bit4((qh >> (4 * w)) & 0xF);
-    const int hi = int((v >> 4) & 0x0F0F0F0Fu) | mmvq::spread_bit4((qh >> (16 + 4 * w)) & 0xF);
-    store_word(q + 4 * w, uint32_t(mmvq::sub_bytes(lo, bias)));
-    store_word(q + 16 + 4 * w, uint32_t(mmvq::sub_bytes(hi, bias)));
+    const int lo = int(v[w] & 0x0F0F0F0Fu) | mmvq::spread_bit4((qh >> (4 * w)) & 0xF);
+    const int hi = int((v[w] >> 4) & 0x0F0F0F0Fu) | mmvq::spread_bit4((qh >> (16 + 4 * w)) & 0xF);
+    q[w] = uint32_t(mmvq::sub_bytes(lo, bias));
+    q[4 + w] = uint32_t(mmvq::sub_bytes(hi, bias));
   }
 }
 
 template <>
 struct MmqType<Type::Q5_0> : Shape<quant::BlockQ5_0, quant::BlockQ8_0, quant::kQK32, 32, false> {
-  static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, int8_t* q, float* scale, float* offset) {
-    unpack_q5(b.qs, b.qh, 0x10101010, q);
+  static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, uint32_t* q, float* scale, float* offset) {
+    unpack_q5<2>(b.qs, b.qh, 0x10101010, q);
     *scale = fp16_to_float(b.d);
     *offset = 0.0f;
   }
@@ -123,8 +141,8 @@ struct MmqType<Type::Q5_0> : Shape<quant::BlockQ5_0, quant::BlockQ8_0, quant::kQ
 
 template <>
 struct MmqType<Type::Q5_1> : Shape<quant::BlockQ5_1, quant::BlockQ8_1, quant::kQK32, 32, true> {
-  static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, int8_t* q, float* scale, float* offset) {
-    unpack_q5(b.qs, b.qh, 0, q);
+  static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, uint32_t* q, float* scale, float* offset) {
+    unpack_q5<4>(b.qs, b.qh, 0, q);
     *scale = fp16_to_float(b.d);
     *offset = fp16_to_float(b.m);
   }
@@ -132,8 +150,8 @@ struct MmqType<Type::Q5_1> : Shape<quant::BlockQ5_1, quant::BlockQ8_1, quant::kQ
 
 template <>
 struct MmqType<Type::Q8_0> : Shape<quant::BlockQ8_0, quant::BlockQ8_0, quant::kQK32, 32, false> {
-  static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, int8_t* q, float* scale, float* offset) {
-    for (int w = 0; w < 8; ++w) store_word(q + 4 * w, uint32_t(mmvq::load_a2(mmvq::bytes(b.qs) + 4 * w)));
+  static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, uint32_t* q, float* scale, float* offset) {
+    load_words<2>(mmvq::bytes(b.qs), q, 8);
     *scale = fp16_to_float(b.d);
     *offset = 0.0f;
   }
@@ -141,8 +159,8 @@ struct MmqType<Type::Q8_0> : Shape<quant::BlockQ8_0, quant::BlockQ8_0, quant::kQ
 
 template <>
 struct MmqType<Type::IQ4_NL> : Shape<quant::BlockIQ4_NL, quant::BlockQ8_0, quant::kQK32, 32, false> {
-  static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, int8_t* q, float* scale, float* offset) {
-    unpack_nibbles32(b.qs, q, [](uint32_t v) { return mmvq::lookup_iq4nl(v); });
+  static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, uint32_t* q, float* scale, float* offset) {
+    unpack_nibbles32<2>(b.qs, q, [](uint32_t v) { return mmvq::lookup_iq4nl(v); });
     *scale = fp16_to_float(b.d);
     *offset = 0.0f;
   }
@@ -150,8 +168,8 @@ struct MmqType<Type::IQ4_NL> : Shape<quant::BlockIQ4_NL, quant::BlockQ8_0, quant
 
 template <>
 struct MmqType<Type::MXFP4> : Shape<quant::BlockMXFP4, quant::BlockQ8_0, quant::kQK32, 32, false> {
-  static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, int8_t* q, float* scale, float* offset) {
-    unpack_nibbles32(b.qs, q, [](uint32_t v) { return mmvq::lookup_mxfp4(v); });
+  static MAGNETAR_HD void unpack(const Block& b, int /*slice*/, uint32_t* q, float* scale, float* offset) {
+    unpack_nibbles32<1>(b.qs, q, [](uint32_t v) { return mmvq::lookup_mxfp4(v); });
     *scale = e8m0_to_float_half(b.e);
     *offset = 0.0f;
   }
@@ -161,10 +179,10 @@ struct MmqType<Type::MXFP4> : Shape<quant::BlockMXFP4, quant::BlockQ8_0, quant::
 // qs[32h + 16 (j % 2) ..] (element 128h + 32s + l is bits 2s..2s+1 of qs[32h + l]).
 template <>
 struct MmqType<Type::Q2_K> : Shape<quant::BlockQ2_K, quant::BlockQ8_K, quant::kQK_K, 16, true> {
-  static MAGNETAR_HD void unpack(const Block& b, int j, int8_t* q, float* scale, float* offset) {
+  static MAGNETAR_HD void unpack(const Block& b, int j, uint32_t* q, float* scale, float* offset) {
     const uint8_t* qs = b.qs + 32 * (j / 8) + 16 * (j % 2);
     const int shift = 2 * ((j % 8) / 2);
-    for (int w = 0; w < 4; ++w) store_word(q + 4 * w, (load_u32_bytes(qs + 4 * w) >> shift) & 0x03030303u);
+    for (int w = 0; w < 4; ++w) q[w] = (load_word<4>(qs + 4 * w) >> shift) & 0x03030303u;
     const float d = fp16_to_float(b.d);
     const float dmin = fp16_to_float(b.dmin);
     *scale = d * float(b.scales[j] & 0xF);
@@ -175,15 +193,15 @@ struct MmqType<Type::Q2_K> : Shape<quant::BlockQ2_K, quant::BlockQ8_K, quant::kQ
 // Q3_K: low bits as Q2_K; the high bit of element e = 16j + l is bit e / 32 = j / 2 of hmask[e % 32].
 template <>
 struct MmqType<Type::Q3_K> : Shape<quant::BlockQ3_K, quant::BlockQ8_K, quant::kQK_K, 16, false> {
-  static MAGNETAR_HD void unpack(const Block& b, int j, int8_t* q, float* scale, float* offset) {
+  static MAGNETAR_HD void unpack(const Block& b, int j, uint32_t* q, float* scale, float* offset) {
     const uint8_t* qs = b.qs + 32 * (j / 8) + 16 * (j % 2);
     const uint8_t* hm = b.hmask + 16 * (j % 2);
     const int shift = 2 * ((j % 8) / 2);
     const int hshift = j / 2;
     for (int w = 0; w < 4; ++w) {
-      const uint32_t low = (load_u32_bytes(qs + 4 * w) >> shift) & 0x03030303u;
-      const uint32_t high = (load_u32_bytes(hm + 4 * w) >> hshift) & 0x01010101u;
-      store_word(q + 4 * w, uint32_t(mmvq::sub_bytes(int(low | (high << 2)), 0x04040404)));
+      const uint32_t low = (load_word<2>(qs + 4 * w) >> shift) & 0x03030303u;
+      const uint32_t high = (load_word<2>(hm + 4 * w) >> hshift) & 0x01010101u;
+      q[w] = uint32_t(mmvq::sub_bytes(int(low | (high << 2)), 0x04040404));
     }
     *scale = fp16_to_float(b.d) * float(mmvq::q3_k_scale(b.scales, j));
     *offset = 0.0f;
@@ -194,10 +212,11 @@ struct MmqType<Type::Q3_K> : Shape<quant::BlockQ3_K, quant::BlockQ8_K, quant::kQ
 // qs[32k .. 32k+31]; Q5_K's 5th bit of its element l is bit s of qh[l].
 template <>
 struct MmqType<Type::Q4_K> : Shape<quant::BlockQ4_K, quant::BlockQ8_K, quant::kQK_K, 32, true> {
-  static MAGNETAR_HD void unpack(const Block& b, int s, int8_t* q, float* scale, float* offset) {
+  static MAGNETAR_HD void unpack(const Block& b, int s, uint32_t* q, float* scale, float* offset) {
     const uint8_t* qs = b.qs + 32 * (s / 2);
     const int shift = 4 * (s % 2);
-    for (int w = 0; w < 8; ++w) store_word(q + 4 * w, (load_u32_bytes(qs + 4 * w) >> shift) & 0x0F0F0F0Fu);
+    load_words<16>(qs, q, 8);
+    for (int w = 0; w < 8; ++w) q[w] = (q[w] >> shift) & 0x0F0F0F0Fu;
     int sc, m;
     mmvq::scale_min_k4(s, b.scales, &sc, &m);
     *scale = fp16_to_float(b.d) * float(sc);
@@ -207,14 +226,13 @@ struct MmqType<Type::Q4_K> : Shape<quant::BlockQ4_K, quant::BlockQ8_K, quant::kQ
 
 template <>
 struct MmqType<Type::Q5_K> : Shape<quant::BlockQ5_K, quant::BlockQ8_K, quant::kQK_K, 32, true> {
-  static MAGNETAR_HD void unpack(const Block& b, int s, int8_t* q, float* scale, float* offset) {
+  static MAGNETAR_HD void unpack(const Block& b, int s, uint32_t* q, float* scale, float* offset) {
     const uint8_t* qs = b.qs + 32 * (s / 2);
     const int shift = 4 * (s % 2);
-    for (int w = 0; w < 8; ++w) {
-      const uint32_t low = (load_u32_bytes(qs + 4 * w) >> shift) & 0x0F0F0F0Fu;
-      const uint32_t high = (load_u32_bytes(b.qh + 4 * w) >> s) & 0x01010101u;
-      store_word(q + 4 * w, low | (high << 4));
-    }
+    uint32_t qh[8];
+    load_words<16>(qs, q, 8);
+    load_words<16>(b.qh, qh, 8);
+    for (int w = 0; w < 8; ++w) q[w] = ((q[w] >> shift) & 0x0F0F0F0Fu) | (((qh[w] >> s) & 0x01010101u) << 4);
     int sc, m;
     mmvq::scale_min_k4(s, b.scales, &sc, &m);
     *scale = fp16_to_float(b.d) * float(sc);
@@ -227,7 +245,7 @@ struct MmqType<Type::Q5_K> : Shape<quant::BlockQ5_K, quant::BlockQ8_K, quant::kQ
 // qh[32h + l]; minus 32.
 template <>
 struct MmqType<Type::Q6_K> : Shape<quant::BlockQ6_K, quant::BlockQ8_K, quant::kQK_K, 16, false> {
-  static MAGNETAR_HD void unpack(const Block& b, int j, int8_t* q, float* scale, float* offset) {
+  static MAGNETAR_HD void unpack(const Block& b, int j, uint32_t* q, float* scale, float* offset) {
     const int h = j / 8;
     const int g = (j % 8) / 2;
     const int l0 = 16 * (j % 2);
@@ -235,9 +253,9 @@ struct MmqType<Type::Q6_K> : Shape<quant::BlockQ6_K, quant::BlockQ8_K, quant::kQ
     const uint8_t* qh = b.qh + 32 * h + l0;
     const int lshift = 4 * (g / 2);
     for (int w = 0; w < 4; ++w) {
-      const uint32_t low = (load_u32_bytes(ql + 4 * w) >> lshift) & 0x0F0F0F0Fu;
-      const uint32_t high = (load_u32_bytes(qh + 4 * w) >> (2 * g)) & 0x03030303u;
-      store_word(q + 4 * w, uint32_t(mmvq::sub_bytes(int(low | (high << 4)), 0x20202020)));
+      const uint32_t low = (load_word<2>(ql + 4 * w) >> lshift) & 0x0F0F0F0Fu;
+      const uint32_t high = (load_word<2>(qh + 4 * w) >> (2 * g)) & 0x03030303u;
+      q[w] = uint32_t(mmvq::sub_bytes(int(low | (high << 4)), 0x20202020));
     }
     *scale = fp16_to_float(b.d) * float(b.scales[j]);
     *offset = 0.0f;
@@ -247,8 +265,8 @@ struct MmqType<Type::Q6_K> : Shape<quant::BlockQ6_K, quant::BlockQ8_K, quant::kQ
 // IQ4_XS: slice ib = sub-block ib of 32, nibble order as IQ4_NL within qs[16 ib ..].
 template <>
 struct MmqType<Type::IQ4_XS> : Shape<quant::BlockIQ4_XS, quant::BlockQ8_K, quant::kQK_K, 32, false> {
-  static MAGNETAR_HD void unpack(const Block& b, int ib, int8_t* q, float* scale, float* offset) {
-    unpack_nibbles32(b.qs + 16 * ib, q, [](uint32_t v) { return mmvq::lookup_iq4nl(v); });
+  static MAGNETAR_HD void unpack(const Block& b, int ib, uint32_t* q, float* scale, float* offset) {
+    unpack_nibbles32<4>(b.qs + 16 * ib, q, [](uint32_t v) { return mmvq::lookup_iq4nl(v); });
     const int ls = (((b.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((b.scales_h >> (2 * ib)) & 3) << 4)) - 32;
     *scale = fp16_to_float(b.d) * float(ls);
     *offset = 0.0f;
@@ -264,8 +282,8 @@ struct ActSlice;
 
 template <>
 struct ActSlice<quant::BlockQ8_0, 32> {
-  static MAGNETAR_HD void view(const quant::BlockQ8_0& a, int /*slice*/, int8_t* q, float* d, float* sum) {
-    for (int w = 0; w < 8; ++w) store_word(q + 4 * w, uint32_t(mmvq::load_a2(mmvq::bytes(a.qs) + 4 * w)));
+  static MAGNETAR_HD void view(const quant::BlockQ8_0& a, int /*slice*/, uint32_t* q, float* d, float* sum) {
+    load_words<2>(mmvq::bytes(a.qs), q, 8);
     *d = fp16_to_float(a.d);
     *sum = 0.0f;  // no s field: only offset-free weight types pair with Q8_0
   }
@@ -273,8 +291,8 @@ struct ActSlice<quant::BlockQ8_0, 32> {
 
 template <>
 struct ActSlice<quant::BlockQ8_1, 32> {
-  static MAGNETAR_HD void view(const quant::BlockQ8_1& a, int /*slice*/, int8_t* q, float* d, float* sum) {
-    for (int w = 0; w < 8; ++w) store_word(q + 4 * w, uint32_t(mmvq::load_a4(mmvq::bytes(a.qs) + 4 * w)));
+  static MAGNETAR_HD void view(const quant::BlockQ8_1& a, int /*slice*/, uint32_t* q, float* d, float* sum) {
+    load_words<4>(mmvq::bytes(a.qs), q, 8);
     *d = fp16_to_float(a.d);
     *sum = fp16_to_float(a.s);
   }
@@ -283,9 +301,9 @@ struct ActSlice<quant::BlockQ8_1, 32> {
 template <int kSlice>
 struct ActSlice<quant::BlockQ8_K, kSlice> {
   static_assert(kSlice == 16 || kSlice == 32);
-  static MAGNETAR_HD void view(const quant::BlockQ8_K& a, int slice, int8_t* q, float* d, float* sum) {
+  static MAGNETAR_HD void view(const quant::BlockQ8_K& a, int slice, uint32_t* q, float* d, float* sum) {
     const uint8_t* qs = mmvq::bytes(a.qs) + kSlice * slice;
-    for (int w = 0; w < kSlice / 4; ++w) store_word(q + 4 * w, uint32_t(mmvq::load_a4(qs + 4 * w)));
+    load_words<4>(qs, q, kSlice / 4);
     int bsum = a.bsums[(kSlice / 16) * slice];
     if (kSlice == 32) bsum += a.bsums[2 * slice + 1];
     *d = a.d;

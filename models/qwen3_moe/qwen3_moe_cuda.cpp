@@ -77,9 +77,9 @@ bool switch_on(const char* name) {
   return v == nullptr || std::string_view(v) != "0";
 }
 
-// Products of more than kVec rows go to the int8 tensor-core kernel (mmq.cu) when it takes the weight type.
-// MAGNETAR_CUDA_MMQ=0 keeps them on the matrix-vector kernel in chunks of kVec rows: the baseline of
-// docs/benchmarks/2026-11-30-cuda-forward.md's mmq section.
+// Products of more than kVec rows go to the int8 tensor-core kernel (mmq.cu) when it takes the weight type, float
+// weights (the router) to matmul_float.cu. MAGNETAR_CUDA_MMQ=0 keeps both on the matrix-vector kernels in chunks
+// of kVec rows: the baseline of docs/benchmarks/2026-11-30-cuda-forward.md's mmq section.
 bool mmq_enabled() {
   static const bool enabled = switch_on("MAGNETAR_CUDA_MMQ");
   return enabled;
@@ -569,6 +569,10 @@ Status Qwen3Cuda::linear(const DevTensor& W, const float* x, float* y, int64_t n
   if (use_mmq(W.type, n)) {
     return cuda::matmul_q({.type = W.type, .weights = W.p, .rows = W.rows, .cols = W.cols, .x = xq, .y = y, .n = n},
                           stream_);
+  }
+  if (n > kVec && mmq_enabled() && cuda::has_matmul_float(W.type)) {
+    return cuda::matmul_float({.type = W.type, .weights = W.p, .rows = W.rows, .cols = W.cols, .x = x, .y = y, .n = n},
+                              stream_);
   }
   const size_t act_row = quantized ? quant::row_size(quant::traits(W.type).vec_dot_type, W.cols) : 0;
   for (int64_t c = 0; c < n; c += kVec) {

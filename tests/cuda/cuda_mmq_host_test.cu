@@ -71,13 +71,16 @@ bool same_bits(float a, float b) {
   return ua == ub || (a == 0.0f && b == 0.0f);  // +0 and -0 are the same weight
 }
 
+// Element i of a slice unpacked as words (mmq.cuh's contract: signed byte i % 4 of word i / 4).
+int element(const uint32_t* q, int i) { return int(int8_t(uint8_t(q[i / 4] >> (8 * (i % 4))))); }
+
 template <Type T>
 void check_weights(const void* w, const float* want, int64_t nb, SliceCheck* out, std::string* first) {
   using Ops = cuda::mmq::MmqType<T>;
   const auto* blocks = static_cast<const typename Ops::Block*>(w);
   for (int64_t b = 0; b < nb; ++b) {
     for (int s = 0; s < Ops::kSlicesPerBlock; ++s) {
-      int8_t q[Ops::kSlice];
+      uint32_t q[Ops::kSlice / 4];
       float scale = 0, offset = 0;
       Ops::unpack(blocks[b], s, q, &scale, &offset);
       if (!Ops::kHasOffset && offset != 0.0f) {
@@ -85,7 +88,7 @@ void check_weights(const void* w, const float* want, int64_t nb, SliceCheck* out
         if (first->empty()) *first = "nonzero offset for a type without offsets";
       }
       for (int i = 0; i < Ops::kSlice; ++i) {
-        const float got = scale * float(q[i]) + offset;
+        const float got = scale * float(element(q, i)) + offset;
         const float ref = want[b * Ops::kBlockElems + s * Ops::kSlice + i];
         ++out->values;
         if (same_bits(got, ref)) continue;
@@ -106,15 +109,15 @@ void check_acts(const void* a, const float* want, int64_t nb, SliceCheck* out, s
   constexpr int kActSlices = Ops::kActBlockElems / Ops::kSlice;
   for (int64_t b = 0; b < nb * Ops::kBlockElems / Ops::kActBlockElems; ++b) {
     for (int s = 0; s < kActSlices; ++s) {
-      int8_t q[Ops::kSlice];
+      uint32_t q[Ops::kSlice / 4];
       float d = 0, sum = 0;
       View::view(blocks[b], s, q, &d, &sum);
       int isum = 0;
       for (int i = 0; i < Ops::kSlice; ++i) {
-        isum += q[i];
+        isum += element(q, i);
         const float ref = want[b * Ops::kActBlockElems + s * Ops::kSlice + i];
         ++out->values;
-        if (same_bits(d * float(q[i]), ref)) continue;
+        if (same_bits(d * float(element(q, i)), ref)) continue;
         if (++out->mismatches == 1) *first = "activation block " + std::to_string(b) + " slice " + std::to_string(s);
       }
       // Q8_1's s is d * sum(q) rounded to fp16 (from the unrounded d): within fp16 rounding of it. Q8_K: the
@@ -143,12 +146,12 @@ float mmq_row(const void* w, const void* a, int64_t nb) {
   const auto* ab = static_cast<const typename Ops::Act*>(a);
   float acc = 0.0f;
   for (int64_t k = 0; k < nb * Ops::kBlockElems; k += Ops::kSlice) {
-    int8_t qw[Ops::kSlice], qx[Ops::kSlice];
+    uint32_t qw[Ops::kSlice / 4], qx[Ops::kSlice / 4];
     float scale, offset, d, sum;
     Ops::unpack(wb[k / Ops::kBlockElems], int(k % Ops::kBlockElems) / Ops::kSlice, qw, &scale, &offset);
     View::view(ab[k / Ops::kActBlockElems], int(k % Ops::kActBlockElems) / Ops::kSlice, qx, &d, &sum);
     int isum = 0;
-    for (int i = 0; i < Ops::kSlice; ++i) isum += int(qw[i]) * int(qx[i]);
+    for (int i = 0; i < Ops::kSlice; ++i) isum += element(qw, i) * element(qx, i);
     acc = std::fma(scale * d, float(isum), acc);
     if (Ops::kHasOffset) acc = std::fma(offset, sum, acc);
   }

@@ -335,6 +335,71 @@ TEST(CudaMatvec, RejectsBadArguments) {
   EXPECT_FALSE(cuda::has_matvec_rows_kernel(Type::F32));
 }
 
+// ---- matmul_float ----------------------------------------------------------------------------------------------
+
+// The float matrix-matrix product (matmul_float.cu: the prefill router) within float_tolerance of a double dot
+// product of the exactly representable weights with the float32 activations, for F32, F16 and BF16 at shapes that
+// cut every tile edge (64 rows, 64 activation rows, K-steps of 16): rows 1, 65, 128; cols 1, 37, 2048; n 9, 64,
+// 130. Outputs sit before poisoned guard floats: every output written, nothing past the end. Bad arguments fail.
+TEST(CudaMatmulFloat, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(kSeed ^ 0xf10a7);
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  for (Type type : {Type::F32, Type::F16, Type::BF16}) {
+    for (int64_t cols : {int64_t(1), int64_t(37), int64_t(2048)}) {
+      for (int64_t rows : {int64_t(1), int64_t(65), int64_t(128)}) {
+        for (int64_t n : {int64_t(9), int64_t(64), int64_t(130)}) {
+          const std::string where = std::string(quant::type_name(type)) + " rows=" + std::to_string(rows) +
+                                    " cols=" + std::to_string(cols) + " n=" + std::to_string(n);
+          const std::vector<uint8_t> qw = quantize_ref(type, gaussian(rng, size_t(rows * cols)), cols);
+          const std::vector<float> w = dequantize_ref(type, qw.data(), rows * cols);
+          const std::vector<float> x = activations(rng, n, cols);
+          const size_t y_count = size_t(n * rows);
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer w_dev, cuda::DeviceBuffer::allocate(qw.size()));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer x_dev, cuda::DeviceBuffer::allocate(x.size() * sizeof(float)));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer y_dev,
+                               cuda::DeviceBuffer::allocate((y_count + kGuardFloats) * sizeof(float)));
+          ASSERT_OK(w_dev.upload(qw.data(), qw.size()));
+          ASSERT_OK(x_dev.upload(x.data(), x.size() * sizeof(float)));
+          const std::vector<float> poison = poisoned(y_count + kGuardFloats);
+          ASSERT_OK(y_dev.upload(poison.data(), poison.size() * sizeof(float)));
+          ASSERT_OK(cuda::matmul_float({.type = type, .weights = w_dev.data(), .rows = rows, .cols = cols,
+                                        .x = x_dev.data(), .y = y_dev.as<float>(), .n = n},
+                                       stream));
+          stream.synchronize();
+          std::vector<float> got(y_count + kGuardFloats);
+          ASSERT_OK(y_dev.download(got.data(), got.size() * sizeof(float)));
+          for (size_t i = y_count; i < got.size(); ++i) {
+            ASSERT_TRUE(std::isnan(got[i])) << where << ": wrote " << (i - y_count + 1) << " floats past the output";
+          }
+          int64_t bad = 0;
+          for (int64_t v = 0; v < n; ++v) {
+            for (int64_t r = 0; r < rows; ++r) {
+              double want;
+              const double tol = float_tolerance(w.data() + size_t(r * cols), x.data() + size_t(v * cols), cols, &want);
+              const float g = got[size_t(v * rows + r)];
+              if (std::fabs(double(g) - want) <= tol) continue;  // false for NaN: an unwritten output fails
+              if (++bad <= 5) {
+                ADD_FAILURE() << where << ": y[" << v << "][" << r << "] = " << g << ", reference " << want
+                              << " > bound " << tol;
+              }
+            }
+          }
+          EXPECT_EQ(bad, 0) << where;
+        }
+      }
+    }
+  }
+  // Bad arguments: a Status naming the problem, nothing queued.
+  cuda::MatmulArgs a{.type = Type::Q4_K, .weights = &rng, .rows = 4, .cols = 16, .x = &rng, .y = nullptr, .n = 9};
+  const Status not_float = cuda::matmul_float(a, stream);
+  EXPECT_NE(not_float.message().find("not F32, F16 or BF16"), std::string::npos) << not_float.message();
+  a.type = Type::F32;
+  const Status null_y = cuda::matmul_float(a, stream);
+  EXPECT_NE(null_y.message().find("null"), std::string::npos) << null_y.message();
+  EXPECT_FALSE(cuda::has_matmul_float(Type::Q8_0));
+}
+
 // ---- grouped_matvec ---------------------------------------------------------------------------------------------
 
 // grouped_matvec against matvec: each item's rows of each part are the plain product of that part's weights with the

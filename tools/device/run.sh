@@ -160,7 +160,7 @@ if [ "$filter" = "--profile-decode" ]; then
     --launch-count $((per_token * 2)) --print-summary per-kernel "$bin" run -m "$model" --device cuda --tokens 1,2,3 \
     -n 8 >"$OUT/ncu.txt" 2>&1
   echo "ncu exit $?"
-  grep -cE "gpu__time_duration.sum" "$OUT/ncu.txt"  # the per-kernel table is $OUT/ncu.txt
+  python3 tools/device/ncu_table.py "$OUT/ncu.txt" 30  # the whole report is $OUT/ncu.txt
   exit 0
 fi
 
@@ -171,7 +171,7 @@ if [ "$filter" = "--profile-prefill" ]; then
   ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel "$bin" run -m "$model" \
     --device cuda --tokens "$(seq -s, 1 512)" -n 1 >"$OUT/ncu_prefill.txt" 2>&1
   echo "ncu exit $?"
-  grep -cE "gpu__time_duration.sum" "$OUT/ncu_prefill.txt"
+  python3 tools/device/ncu_table.py "$OUT/ncu_prefill.txt" 30
   exit 0
 fi
 
