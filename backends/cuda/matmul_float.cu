@@ -4,14 +4,16 @@
 // model keeps; before this kernel those went through matvec 8 activation rows per launch, re-reading the matrix
 // n / 8 times (the 30B-A3B router at 512 tokens: 64 launches of 7.2 us per layer, 20% of the prefill's GPU time).
 //
-// Tiling: a CTA of 256 threads computes 64 activation rows x 64 weight rows; per K-step of 16 both tiles are
-// staged in shared memory as float (weights converted on the way: F16 via __half2float, BF16 by a shift; both
-// exact), each thread then runs 16 steps of a 4 x 4 outer product. Thread (tx, ty) = (tid % 16, tid / 16) owns
-// weight rows w0 + tx + 16 j and activation rows x0 + ty + 16 i, so a warp's stores cover 16 consecutive
-// outputs of two rows, and its shared reads are conflict-free (weights) or broadcast (activations).
-// Counts per K-step: 256 FMA and 128 shared loads per thread (4 B each): bound by shared-memory bandwidth at
-// about half the FP32 peak, ~30 TFLOPS on an H200 as a ceiling; the 30B-A3B router at 512 tokens is 0.27
-// GFLOP, ~10-20 us. Tails (rows, cols, n not multiples of the tiles) are zero-filled and not written.
+// Tiling: the 30B-A3B router is only 128 weight rows, so big output tiles leave most SMs idle (64 x 64 tiles at 512
+// tokens: 16 CTAs, 222 us per layer, measured). A CTA computes 16 activation rows x 32 weight rows (128 CTAs for the
+// router at 512 tokens) and splits K over its 8 warps: per K-step of 128 both tiles are staged in shared memory as
+// float (weights converted on the way: F16 via __half2float, BF16 by a shift; both exact), warp w runs k = 16 w ..
+// 16 w + 15 of every step as a 4 x 4 outer product per lane (16 FMA per 8 shared loads), and at the end the 8
+// partial sums of each output are added in warp order (deterministic). Each output: 8 FMA chains of cols / 8 in
+// order plus 7 additions, within the bound of one chain (matvec_float.cu's).
+// Counts: 0.27 GFLOP for the router at 512 tokens, ~2 us of the H200's FP32 peak; staging reads the weights once per
+// 16 activation rows (L2-resident: 1 MB). Tails (rows, cols, n not multiples of the tiles) are zero-filled and not
+// written.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -26,9 +28,11 @@ namespace {
 using quant::Type;
 
 constexpr int kThreads = 256;
-constexpr int kTile = 64;   // activation rows and weight rows per CTA
-constexpr int kStepK = 16;  // elements per K-step
-constexpr int kPad = 4;     // shared row padding (floats)
+constexpr int kWarps = kThreads / 32;
+constexpr int kTileX = 16;   // activation rows per CTA
+constexpr int kTileW = 32;   // weight rows per CTA
+constexpr int kStepK = 128;  // elements per staged K-step: 16 per warp
+constexpr int kWarpK = kStepK / kWarps;
 
 template <Type T>
 __device__ __forceinline__ float weight_at(const uint8_t* row, int k) {
@@ -45,33 +49,40 @@ template <Type T>
 __global__ void __launch_bounds__(kThreads)
     matmul_float_kernel(const uint8_t* __restrict__ weights, size_t row_bytes, int rows, int cols,
                         const float* __restrict__ x, float* __restrict__ y, int n) {
-  __shared__ float xs[kStepK][kTile + kPad];
-  __shared__ float ws[kStepK][kTile + kPad];
+  // [k][row], rows padded to an odd count of floats: the transposing stores are conflict-free.
+  __shared__ float xs[kStepK][kTileX + 1];
+  __shared__ float ws[kStepK][kTileW + 1];
+  __shared__ float partial[kWarps][kTileX * kTileW];
   const int tid = int(threadIdx.x);
-  const int tx = tid % 16;
-  const int ty = tid / 16;
-  const int w0 = int(blockIdx.x) * kTile;
-  const int x0 = int(blockIdx.y) * kTile;
+  const int warp = tid / 32;
+  const int lx = (tid % 32) / 8;  // activation rows lx + 4 i
+  const int lw = tid % 8;         // weight rows lw + 8 j
+  const int w0 = int(blockIdx.x) * kTileW;
+  const int x0 = int(blockIdx.y) * kTileX;
   float acc[4][4] = {};
   for (int k0 = 0; k0 < cols; k0 += kStepK) {
-    // Stage: element u of the 64 x 16 tile is row u / 16, k u % 16 (a half-warp reads 64 consecutive bytes).
+    // Stage: element u of a tile is row u / kStepK, k u % kStepK (a warp reads 128 consecutive bytes of a row).
 #pragma unroll
-    for (int i = 0; i < kTile * kStepK / kThreads; ++i) {
+    for (int i = 0; i < kTileX * kStepK / kThreads; ++i) {
       const int u = tid + i * kThreads;
-      const int r = u / kStepK;
-      const int k = k0 + u % kStepK;
-      const bool in_k = k < cols;
-      xs[u % kStepK][r] = in_k && x0 + r < n ? x[size_t(x0 + r) * size_t(cols) + size_t(k)] : 0.0f;
-      ws[u % kStepK][r] = in_k && w0 + r < rows ? weight_at<T>(weights + size_t(w0 + r) * row_bytes, k) : 0.0f;
+      const int r = u / kStepK, k = k0 + u % kStepK;
+      xs[u % kStepK][r] = k < cols && x0 + r < n ? x[size_t(x0 + r) * size_t(cols) + size_t(k)] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kTileW * kStepK / kThreads; ++i) {
+      const int u = tid + i * kThreads;
+      const int r = u / kStepK, k = k0 + u % kStepK;
+      ws[u % kStepK][r] = k < cols && w0 + r < rows ? weight_at<T>(weights + size_t(w0 + r) * row_bytes, k) : 0.0f;
     }
     __syncthreads();
 #pragma unroll
-    for (int k = 0; k < kStepK; ++k) {
+    for (int kk = 0; kk < kWarpK; ++kk) {
+      const int k = warp * kWarpK + kk;
       float a[4], b[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) a[i] = xs[k][ty + 16 * i];
+      for (int i = 0; i < 4; ++i) a[i] = xs[k][lx + 4 * i];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) b[j] = ws[k][tx + 16 * j];
+      for (int j = 0; j < 4; ++j) b[j] = ws[k][lw + 8 * j];
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -80,20 +91,22 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
   }
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int r = x0 + ty + 16 * i;
-    if (r >= n) continue;
+  for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int c = w0 + tx + 16 * j;
-      if (c < rows) y[size_t(r) * size_t(rows) + size_t(c)] = acc[i][j];
-    }
+    for (int j = 0; j < 4; ++j) partial[warp][(lx + 4 * i) * kTileW + lw + 8 * j] = acc[i][j];
+  __syncthreads();
+  for (int o = tid; o < kTileX * kTileW; o += kThreads) {
+    const int r = x0 + o / kTileW, c = w0 + o % kTileW;
+    float sum = partial[0][o];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) sum += partial[w][o];
+    if (r < n && c < rows) y[size_t(r) * size_t(rows) + size_t(c)] = sum;
   }
 }
 
 template <Type T>
 void launch(const MatmulArgs& a, size_t row_bytes, cudaStream_t stream) {
-  const dim3 grid(unsigned((a.rows + kTile - 1) / kTile), unsigned((a.n + kTile - 1) / kTile));
+  const dim3 grid(unsigned((a.rows + kTileW - 1) / kTileW), unsigned((a.n + kTileX - 1) / kTileX));
   matmul_float_kernel<T><<<grid, kThreads, 0, stream>>>(static_cast<const uint8_t*>(a.weights), row_bytes,
                                                          int(a.rows), int(a.cols), static_cast<const float*>(a.x),
                                                          a.y, int(a.n));
@@ -108,13 +121,13 @@ Status matmul_float(const MatmulArgs& args, Stream& stream) {
   if (!has_matmul_float(args.type)) {
     return Status::error(format("matmul_float: weight type id %u is not F32, F16 or BF16", unsigned(args.type)));
   }
-  if (args.rows < 1 || args.rows > INT_MAX - kTile || args.cols < 1 || args.cols > INT_MAX - kStepK) {
+  if (args.rows < 1 || args.rows > INT_MAX - kTileW || args.cols < 1 || args.cols > INT_MAX - kStepK) {
     return Status::error(format("matmul_float: %lld x %lld is outside 1..%d x 1..%d", (long long)args.rows,
-                                (long long)args.cols, INT_MAX - kTile, INT_MAX - kStepK));
+                                (long long)args.cols, INT_MAX - kTileW, INT_MAX - kStepK));
   }
-  if (args.n < 1 || args.n > int64_t(kTile) * 65535) {
+  if (args.n < 1 || args.n > int64_t(kTileX) * 65535) {
     return Status::error(format("matmul_float: n=%lld is outside 1..%lld", (long long)args.n,
-                                (long long)(int64_t(kTile) * 65535)));
+                                (long long)(int64_t(kTileX) * 65535)));
   }
   if (args.weights == nullptr || args.x == nullptr || args.y == nullptr) {
     return Status::error("matmul_float: null device pointer (weights, x or y)");

@@ -64,7 +64,7 @@ using quant::Type;
 constexpr int kThreads = 256;
 constexpr int kTileX = 64;    // activation rows per CTA tile (mma M)
 constexpr int kTileW = 128;   // weight rows per CTA tile (mma N)
-constexpr int kStepK = 128;   // elements per K-step
+constexpr int kStepK = 256;   // elements per K-step
 constexpr int kRowBytes = kStepK + 16;  // padded shared row: bank 4r for row r, conflict-free fragments
 constexpr int kWarpsX = 2;    // warp grid 2 x 4, 32 x 32 outputs per warp
 constexpr int kWarpsW = 4;
@@ -282,8 +282,9 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
 
 // Grid: (ceil(rows / kTileW), plain: ceil(n / kTileX) | grouped: n_items, grouped: n_parts).
 template <Type T>
-__global__ void __launch_bounds__(kThreads) mmq_kernel(const MmqParams p) {
-  __shared__ Smem<T> sm;
+__global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const MmqParams p) {
+  extern __shared__ __align__(16) uint8_t smem_bytes[];
+  Smem<T>& sm = *reinterpret_cast<Smem<T>*>(smem_bytes);
   const int w0 = int(blockIdx.x) * kTileW;
   const int tid = int(threadIdx.x);
   if (p.items == nullptr) {
@@ -324,7 +325,13 @@ struct TypeInfo {
 
 template <Type T>
 void launch_type(dim3 grid, const MmqParams& p, cudaStream_t stream) {
-  mmq_kernel<T><<<grid, kThreads, 0, stream>>>(p);
+  // Over the 48 KiB of static shared memory: opted in once per type (thread-safe static initialization).
+  static const bool opted_in = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(mmq_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem<T>))));
+    return true;
+  }();
+  (void)opted_in;
+  mmq_kernel<T><<<grid, kThreads, sizeof(Smem<T>), stream>>>(p);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -186,6 +186,19 @@ if [ "$filter" = "--decode-bench" ]; then
   exit 0
 fi
 
+# `run.sh --prefill-bench [VAR=VALUE ...]`: pp512 and pp2048 (medians of 5) on the resident 30B-A3B geometry, then the
+# same with each environment switch VAR=VALUE as an arm of the same call.
+if [ "$filter" = "--prefill-bench" ]; then
+  build_with_model
+  for arm in "" "${@:2}"; do
+    echo "== ${arm:-default}"
+    env $arm "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 0 --reps 5 2>&1 | tail -1
+    env $arm "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 2048 --gen 0 --reps 5 --ctx 4096 \
+      2>&1 | tail -1
+  done
+  exit 0
+fi
+
 # `run.sh --ncu-kernel REGEX [SKIP]`: ncu --set full of one launch of the kernels whose name matches REGEX, after SKIP
 # (default 200) of them, while the resident 30B-A3B geometry decodes (environment switches pass through: compare a
 # kernel with MAGNETAR_CUDA_FUSE=1 and without). The key lines are printed; the report is $OUT/ncu_<n>.txt.
