@@ -66,10 +66,10 @@ constexpr int kTileX = 64;    // activation rows per CTA tile (mma M)
 constexpr int kTileW = 128;   // weight rows per CTA tile (mma N)
 constexpr int kStepK = 256;   // elements per K-step
 constexpr int kRowBytes = kStepK + 16;  // padded shared row: bank 4r for row r, conflict-free fragments
-constexpr int kWarpsX = 2;    // warp grid 2 x 4, 32 x 32 outputs per warp
-constexpr int kWarpsW = 4;
-constexpr int kWarpX = kTileX / kWarpsX;  // 32: two m16 tiles
-constexpr int kWarpW = kTileW / kWarpsW;  // 32: four n8 tiles
+constexpr int kWarpsX = 1;    // warp grid 1 x 8: every warp covers the tile's 64 activation rows x 16 weight rows,
+constexpr int kWarpsW = 8;    // so a tile of n_x rows runs only its ceil(n_x / 16) m16 tiles (warp-uniform)
+constexpr int kWarpX = kTileX / kWarpsX;  // 64: four m16 tiles
+constexpr int kWarpW = kTileW / kWarpsW;  // 16: two n8 tiles
 constexpr int kMTiles = kWarpX / 16;
 constexpr int kNTiles = kWarpW / 8;
 static_assert(kWarpsX * kWarpsW * 32 == kThreads);
@@ -113,12 +113,20 @@ __device__ __forceinline__ int lds32(const int8_t* p) { return *reinterpret_cast
 // 32 * 127 * 127 < 2^19 in magnitude (the largest quants: Q8_0 weights; MXFP4's 12 and IQ4_NL's 127 are smaller).
 __device__ __forceinline__ float exact_float(int c) { return __int_as_float(c + 0x4B400000) - 12582912.0f; }
 
-// The kSlice / 4 words of a slice into shared memory (16-byte aligned: rows are 144 bytes, slices 16 or 32).
+// The kSlice / 4 words of slice s into shared memory (16-byte aligned: rows are 272 bytes, slices 16 or 32 bytes).
+// The 8 lanes of one 16-byte store phase hold slices s .. s + 7 of one row: slices of 32 bytes would put lanes s and
+// s + 4 in the same banks, so slices 4-7 of each 8 store their second half first (conflict-free).
 template <int kSlice>
-__device__ __forceinline__ void store_slice(int8_t* dst, const uint32_t (&q)[kSlice / 4]) {
-#pragma unroll
-  for (int w = 0; w < kSlice / 4; w += 4) {
-    reinterpret_cast<uint4*>(dst)[w / 4] = make_uint4(q[w], q[w + 1], q[w + 2], q[w + 3]);
+__device__ __forceinline__ void store_slice(int8_t* dst, int s, const uint32_t (&q)[kSlice / 4]) {
+  uint4* out = reinterpret_cast<uint4*>(dst);
+  if (kSlice == 16) {
+    out[0] = make_uint4(q[0], q[1], q[2], q[3]);
+  } else if ((s / 4) % 2 == 0) {
+    out[0] = make_uint4(q[0], q[1], q[2], q[3]);
+    out[1] = make_uint4(q[4], q[5], q[6], q[7]);
+  } else {
+    out[1] = make_uint4(q[4], q[5], q[6], q[7]);
+    out[0] = make_uint4(q[0], q[1], q[2], q[3]);
   }
 }
 
@@ -128,8 +136,10 @@ struct Smem {
   static_assert(kTileW * kSlices % kThreads == 0 && kTileX * kSlices % kThreads == 0);
   alignas(16) int8_t x[kTileX][kRowBytes];
   alignas(16) int8_t w[kTileW][kRowBytes];
-  float2 x_ds[kSlices][kTileX];   // (d_x, sum_x): one 8-byte load per fragment row
-  float2 w_so[kSlices][kTileW];   // (scale_w, offset_w)
+  // Per row and slice, rows padded to an odd count of float2: the unpacking threads of one row store consecutive
+  // entries and the fragment loads (8 or 4 rows of a slice) fall in distinct banks.
+  float2 x_ds[kTileX][kSlices + 1];  // (d_x, sum_x): one 8-byte load per fragment row
+  float2 w_so[kTileW][kSlices + 1];  // (scale_w, offset_w)
   const uint8_t* x_row[kTileX];  // activation row of each tile row (null past the tile's count)
 };
 
@@ -150,6 +160,7 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
   const int t = lane % 4;  // thread in group
   const int wx0 = (warp / kWarpsW) * kWarpX;
   const int ww0 = (warp % kWarpsW) * kWarpW;
+  const int n_mt = (n_x + 15) / 16;  // m16 tiles holding activation rows: the others are all zero, skipped
 
   float acc[kMTiles][kNTiles][4];
 #pragma unroll
@@ -161,7 +172,7 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
 
   for (int k0 = 0; k0 < p.cols; k0 += kStepK) {
     // 1. unpack this K-step's weight and activation slices into shared memory
-#pragma unroll
+#pragma unroll 4  // the slice-16 types have 8 weight slices per thread: full unrolling spills
     for (int i = 0; i < kTileW * kSlices / kThreads; ++i) {
       const int u = tid + i * kThreads;
       const int r = u / kSlices;
@@ -176,10 +187,10 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
 #pragma unroll
         for (int i = 0; i < kSlice / 4; ++i) q[i] = 0;
       }
-      store_slice<kSlice>(&sm.w[r][s * kSlice], q);
-      sm.w_so[s][r] = make_float2(scale, offset);
+      store_slice<kSlice>(&sm.w[r][s * kSlice], s, q);
+      sm.w_so[r][s] = make_float2(scale, offset);
     }
-#pragma unroll
+#pragma unroll 4  // the slice-16 types have 8 weight slices per thread: full unrolling spills
     for (int i = 0; i < kTileX * kSlices / kThreads; ++i) {
       const int u = tid + i * kThreads;
       const int r = u / kSlices;
@@ -195,12 +206,12 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
 #pragma unroll
         for (int i = 0; i < kSlice / 4; ++i) q[i] = 0;
       }
-      store_slice<kSlice>(&sm.x[r][s * kSlice], q);
-      sm.x_ds[s][r] = make_float2(d, sum);
+      store_slice<kSlice>(&sm.x[r][s * kSlice], s, q);
+      sm.x_ds[r][s] = make_float2(d, sum);
     }
     __syncthreads();
 
-    // 2. per slice: 2 x 4 mma per warp, then the scales into the float accumulators
+    // 2. per slice: n_mt x 2 mma per warp, then the scales into the float accumulators
 #pragma unroll
     for (int s = 0; s < kSlices; ++s) {
       const int kb = s * kSlice + 4 * t;
@@ -208,6 +219,7 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
       int b[kNTiles][2];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
+        if (mt >= n_mt) break;
         const int r = wx0 + 16 * mt + g;
         a[mt][0] = lds32(&sm.x[r][kb]);
         a[mt][1] = lds32(&sm.x[r + 8][kb]);
@@ -227,9 +239,10 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
       float xd[kMTiles][2], xs[kMTiles][2], ws[kNTiles][2], wo[kNTiles][2];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
+        if (mt >= n_mt) break;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float2 ds = sm.x_ds[s][wx0 + 16 * mt + g + 8 * h];
+          const float2 ds = sm.x_ds[wx0 + 16 * mt + g + 8 * h][s];
           xd[mt][h] = ds.x;
           xs[mt][h] = Ops::kHasOffset ? ds.y : 0.0f;
         }
@@ -238,13 +251,14 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
       for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float2 so = sm.w_so[s][ww0 + 8 * nt + 2 * t + h];
+          const float2 so = sm.w_so[ww0 + 8 * nt + 2 * t + h][s];
           ws[nt][h] = so.x;
           wo[nt][h] = Ops::kHasOffset ? so.y : 0.0f;
         }
       }
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
+        if (mt >= n_mt) break;
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
           int c[4] = {0, 0, 0, 0};

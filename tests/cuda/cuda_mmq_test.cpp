@@ -7,11 +7,12 @@
 //                     the same quantized weight row with the activation row quantized by the reference
 //                     quantizer of traits(type).vec_dot_type (byte-identical with quantize_activations,
 //                     cuda_mmvq_test.cpp), for rows 1, 7, 33, 4096 (prefixes of one matrix), cols 32, 96, 160
-//                     (block-32 types: a partial K-step), 256, 512, 2816, 4096 and n 1, 7, 64, 200, 512 activation rows. Large shapes check every weight row
-//                     of 6 activation rows (first, last, tile edges 63/64, two random) and every activation
+//                     (block-32 types: a partial K-step), 256, 512, 2816, 4096 and n 1, 7, 64, 100, 200, 512
+//                     activation rows. Large shapes check every weight row of 6 activation rows (first, last, tile edges 63/64, two random) and every activation
 //                     row of 6 weight rows (first, last, tile edges 127/128, two random); every output must
 //                     be written (NaN-poisoned) and nothing past the end (guard floats);
-//   grouped_matmul_q  items of n 1, 5, 64, 70 and 137 rows (70 and 137: several 64-row chunks), two parts
+//   grouped_matmul_q  items of n 1, 5, 37, 64, 70 and 137 rows (70 and 137: several 64-row chunks; 5, 37 and the
+//                     chunk tails of 70 and 137: tiles that run 1 to 3 of their 4 m16 tiles), two parts
 //                     (gate, up) at a y_part_stride, a permuted x_rows, one item with a null up weight
 //                     (its part-1 rows must stay untouched) and one item with a null gate weight.
 #include <gtest/gtest.h>
@@ -51,7 +52,7 @@ constexpr int64_t kMaxRows = 4096;
 constexpr int64_t kRowCounts[] = {1, 7, 33, 4096};
 // 32, 96, 160: rows shorter than one K-step of 128, or ending inside one (legacy types of 32-element blocks)
 constexpr int64_t kColCounts[] = {32, 96, 160, 256, 512, 2816, 4096};
-constexpr int64_t kXCounts[] = {1, 7, 64, 200, 512};
+constexpr int64_t kXCounts[] = {1, 7, 64, 100, 200, 512};  // 100: a last tile of 36 rows
 constexpr size_t kGuardFloats = 64;
 constexpr int64_t kFullCheckOps = int64_t(1) << 27;  // check every output below this many multiply-adds
 
@@ -191,7 +192,7 @@ TEST_P(CudaGroupedMmqTest, MatchesReference) {
   const Type act_type = t.vec_dot_type;
   Rng rng(kSeed + 7 * uint64_t(t.type));
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
-  constexpr int32_t kItemRows[] = {1, 5, 64, 70, 137};
+  constexpr int32_t kItemRows[] = {1, 5, 37, 64, 70, 137};
   constexpr int kExperts = 3;
   int32_t total = 0;
   for (int32_t n : kItemRows) total += n;

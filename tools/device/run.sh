@@ -201,12 +201,12 @@ fi
 
 # `run.sh --ncu-kernel REGEX [SKIP]`: ncu --set full of one launch of the kernels whose name matches REGEX, after SKIP
 # (default 200) of them, while the resident 30B-A3B geometry decodes (environment switches pass through: compare a
-# kernel with MAGNETAR_CUDA_FUSE=1 and without). The key lines are printed; the report is $OUT/ncu_<n>.txt.
+# kernel with MAGNETAR_CUDA_FUSE=1 and without); NCU_TOKENS=$(seq -s, 1 512) profiles a 512-token prefill instead. The key lines are printed; the report is $OUT/ncu_<n>.txt.
 if [ "$filter" = "--ncu-kernel" ]; then
   build_with_model
   report="$OUT/ncu_$(ls "$OUT" | grep -c '^ncu_').txt"
   ncu --set full -k "regex:$2" --launch-skip "${3:-200}" --launch-count 1 "$bin" run -m "$model" --device cuda \
-    --tokens 1,2,3 -n 8 >"$report" 2>&1
+    --tokens "${NCU_TOKENS:-1,2,3}" -n 8 >"$report" 2>&1
   echo "ncu exit $? ($report)"
   grep -E "^  [a-z_:<>, ]+\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|No Eligible|\
 Warp Cycles Per Issued|L2 Hit|spends" "$report" | cut -c1-400 | head -30
