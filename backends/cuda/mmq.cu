@@ -49,6 +49,7 @@
 #include <cuda_runtime.h>
 
 #include <climits>
+#include <cstdlib>
 #include <cstdint>
 #include <string>
 
@@ -66,10 +67,10 @@ constexpr int kTileX = 64;    // activation rows per CTA tile (mma M)
 constexpr int kTileW = 128;   // weight rows per CTA tile (mma N)
 constexpr int kStepK = 256;   // elements per K-step
 constexpr int kRowBytes = kStepK + 16;  // padded shared row: bank 4r for row r, conflict-free fragments
-constexpr int kWarpsX = 1;    // warp grid 1 x 8: every warp covers the tile's 64 activation rows x 16 weight rows,
-constexpr int kWarpsW = 8;    // so a tile of n_x rows runs only its ceil(n_x / 16) m16 tiles (warp-uniform)
-constexpr int kWarpX = kTileX / kWarpsX;  // 64: four m16 tiles
-constexpr int kWarpW = kTileW / kWarpsW;  // 16: two n8 tiles
+constexpr int kWarpsX = 2;    // warp grid 2 x 4, 32 x 32 outputs per warp (1 x 8 warps of 64 x 16, which let a tile
+constexpr int kWarpsW = 4;    // skip its empty m16 tiles, measured 30% slower on full tiles: twice the A loads)
+constexpr int kWarpX = kTileX / kWarpsX;  // 32: two m16 tiles
+constexpr int kWarpW = kTileW / kWarpsW;  // 32: four n8 tiles
 constexpr int kMTiles = kWarpX / 16;
 constexpr int kNTiles = kWarpW / 8;
 static_assert(kWarpsX * kWarpsW * 32 == kThreads);
@@ -88,6 +89,7 @@ struct MmqParams {
   int part;
   const int32_t* x_rows;
   size_t y_part_stride;
+  int prefetch;            // 1: prefetch the next K-step's blocks into L1 during this one's mma (see prefetch_step)
 };
 
 __device__ __forceinline__ void mma_k32(int (&c)[4], const int (&a)[4], const int (&b)[2]) {
@@ -106,6 +108,22 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], const int (&a)[4], const in
 }
 
 __device__ __forceinline__ int lds32(const int8_t* p) { return *reinterpret_cast<const int*>(p); }
+
+__device__ __forceinline__ void prefetch_l1(const uint8_t* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
+// The blocks of K-step k0 of `rows` rows (row r at row_ptr(r), null: none) into L1: one prefetch per 128-byte line of
+// each row's chunk of `chunk` bytes at byte offset `offset`, dealt over the CTA. Issued before the mma of the step
+// before it, so the unpacking of the next step finds its blocks in L1 instead of waiting for L2 / HBM with every
+// warp of the CTA stalled at the same point (the unpacking is otherwise a latency-bound phase between barriers).
+template <typename RowPtr>
+__device__ __forceinline__ void prefetch_step(int rows, size_t offset, int chunk, RowPtr row_ptr) {
+  const int lines = (chunk + 127) / 128 + 1;  // a chunk not starting on a line boundary spans one more
+#pragma unroll 1
+  for (int u = int(threadIdx.x); u < rows * lines; u += kThreads) {
+    const uint8_t* row = row_ptr(u / lines);
+    if (row != nullptr) prefetch_l1(row + offset + min((u % lines) * 128, chunk - 1));
+  }
+}
 
 // float(c) for |c| < 2^22 by an integer add and a float subtract (full-rate pipes) instead of I2F, which runs at
 // 16 results per clock per SM on sm_90, 1/8 of the FMA rate: the biggest single cost of the epilogue, one conversion
@@ -160,7 +178,8 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
   const int t = lane % 4;  // thread in group
   const int wx0 = (warp / kWarpsW) * kWarpX;
   const int ww0 = (warp % kWarpsW) * kWarpW;
-  const int n_mt = (n_x + 15) / 16;  // m16 tiles holding activation rows: the others are all zero, skipped
+  // m16 tiles of this warp holding activation rows: the others are all zero, skipped (warp-uniform)
+  const int n_mt = min(kMTiles, max(0, (n_x - wx0 + 15) / 16));
 
   float acc[kMTiles][kNTiles][4];
 #pragma unroll
@@ -211,7 +230,19 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
     }
     __syncthreads();
 
-    // 2. per slice: n_mt x 2 mma per warp, then the scales into the float accumulators
+    // The next K-step's blocks into L1 while this one computes.
+    if (p.prefetch != 0 && k0 + kStepK < p.cols) {
+      constexpr int kWChunk = kStepK / Ops::kBlockElems * int(sizeof(Block));
+      constexpr int kXChunk = kStepK / Ops::kActBlockElems * int(sizeof(Act));
+      const int k1 = k0 + kStepK;
+      prefetch_step(kTileW, size_t(k1 / Ops::kBlockElems) * sizeof(Block), kWChunk, [&](int r) {
+        return w0 + r < p.rows ? weights + size_t(w0 + r) * p.row_bytes : nullptr;
+      });
+      prefetch_step(kTileX, size_t(k1 / Ops::kActBlockElems) * sizeof(Act), kXChunk,
+                    [&](int r) { return r < n_x ? sm.x_row[r] : nullptr; });
+    }
+
+    // 2. per slice: n_mt x 4 mma per warp, then the scales into the float accumulators
 #pragma unroll
     for (int s = 0; s < kSlices; ++s) {
       const int kb = s * kSlice + 4 * t;
@@ -409,6 +440,15 @@ Status check_type_and_shape(const char* op, Type type, int64_t rows, int64_t col
   return Status();
 }
 
+// MAGNETAR_CUDA_MMQ_PREFETCH=0 turns the L1 prefetch of the next K-step off (a diagnostic switch: the baseline).
+bool prefetch_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("MAGNETAR_CUDA_MMQ_PREFETCH");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return enabled;
+}
+
 MmqParams params(const TypeInfo& info, int64_t rows, int64_t cols, const void* x, float* y) {
   MmqParams p{};
   p.row_bytes = size_t(cols / info.block_elems) * info.block_bytes;
@@ -417,6 +457,7 @@ MmqParams params(const TypeInfo& info, int64_t rows, int64_t cols, const void* x
   p.x = static_cast<const uint8_t*>(x);
   p.x_row_bytes = size_t(cols / info.act_block_elems) * info.act_block_bytes;
   p.y = y;
+  p.prefetch = prefetch_enabled() ? 1 : 0;
   return p;
 }
 
