@@ -213,6 +213,22 @@ Warp Cycles Per Issued|L2 Hit|spends" "$report" | cut -c1-400 | head -30
   exit 0
 fi
 
+# `run.sh --ncu-stalls REGEX [SKIP]`: why the warps of one launch of the kernels matching REGEX wait (ncu: cycles per
+# issued instruction spent in each stall reason, and the issue rate), same launch choice and NCU_TOKENS as --ncu-kernel.
+if [ "$filter" = "--ncu-stalls" ]; then
+  build_with_model
+  m=smsp__average_warps_issue_stalled
+  reasons="long_scoreboard short_scoreboard barrier mio_throttle lg_throttle math_pipe_throttle wait not_selected \
+selected dispatch_stall no_instruction membar drain sleeping branch_resolving tex_throttle imc_miss misc"
+  metrics=$(for r in $reasons; do printf '%s_%s_per_issue_active.ratio,' $m "$r"; done)
+  ncu --metrics "${metrics}smsp__issue_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum" \
+    -k "regex:$2" --launch-skip "${3:-200}" --launch-count 1 "$bin" run -m "$model" --device cuda \
+    --tokens "${NCU_TOKENS:-1,2,3}" -n 8 >"$OUT/ncu_stalls.txt" 2>&1
+  echo "ncu exit $?"
+  grep -E "\(|stalled|issue_active|duration" "$OUT/ncu_stalls.txt" | sed "s/$m//" | sort -k3 -n -r | head -24
+  exit 0
+fi
+
 # `run.sh --kv-ttft`: time to first token for a 100K-token history plus a new turn, cold vs restored from disk KV
 # (issue: disk KV), on the 30B-A3B geometry on the GPU (98 KiB of KV per token); builds the binary when needed.
 if [ "$filter" = "--kv-ttft" ]; then
