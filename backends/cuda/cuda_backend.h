@@ -268,6 +268,11 @@ struct MatmulArgs {
   const void* x = nullptr;               // [n, row_size(vec_dot_type, cols)] bytes, 4-byte aligned
   float* y = nullptr;                    // [n, rows] float32, written (not accumulated), 4-byte aligned
   int64_t n = 0;                         // activation rows, >= 1
+  // matmul_q only, optional (split[0] = 0: off): one launch for stacked matrices (q, k, v) with separate outputs.
+  // Weight rows [0, split[0]) are written to y as [n, split[0]], [split[0], split[1]) to y_split[0] as
+  // [n, split[1] - split[0]], the rest to y_split[1]; splits are multiples of 128 (the kernel's row tile).
+  int64_t split[2] = {0, 0};
+  float* y_split[2] = {nullptr, nullptr};
 };
 Status matmul_q(const MatmulArgs& args, Stream& stream);
 

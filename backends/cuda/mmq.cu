@@ -89,6 +89,8 @@ struct MmqParams {
   int part;
   const int32_t* x_rows;
   size_t y_part_stride;
+  int split[2];            // plain launches: weight rows [0, split[0]) go to y, [split[0], split[1]) to y_split[0],
+  float* y_split[2];       // [split[1], rows) to y_split[1], each with its own row pitch (split[0] = rows: no split)
   int prefetch;            // 1: prefetch the next K-step's blocks into L1 during this one's mma (see prefetch_step)
 };
 
@@ -162,10 +164,11 @@ struct Smem {
 };
 
 // One tile: weight rows w0 .. w0 + kTileW - 1 of `weights`, activation rows sm.x_row[0 .. n_x - 1], output
-// row i of the tile at y_rows + i * rows. Every thread of the CTA calls it (it synchronizes).
+// row i of the tile at y_rows + i * pitch, weight row c at column c - col0. Every thread of the CTA calls it (it
+// synchronizes).
 template <Type T>
 __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const MmqParams& p, int w0, int n_x,
-                         float* __restrict__ y_rows) {
+                         float* __restrict__ y_rows, int pitch, int col0) {
   using Ops = mmq::MmqType<T>;
   using Block = typename Ops::Block;
   using Act = typename Ops::Act;
@@ -319,7 +322,7 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
       for (int i = 0; i < 4; ++i) {
         const int r = wx0 + 16 * mt + g + 8 * (i / 2);
         const int c = w0 + ww0 + 8 * nt + 2 * t + i % 2;
-        if (r < n_x && c < p.rows) y_rows[size_t(r) * size_t(p.rows) + size_t(c)] = acc[mt][nt][i];
+        if (r < n_x && c < p.rows) y_rows[size_t(r) * size_t(pitch) + size_t(c - col0)] = acc[mt][nt][i];
       }
     }
   }
@@ -337,7 +340,14 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const MmqParams p) {
     const int n_x = min(kTileX, p.n - x0);
     if (tid < kTileX) sm.x_row[tid] = tid < n_x ? p.x + size_t(x0 + tid) * p.x_row_bytes : nullptr;
     __syncthreads();
-    mmq_tile<T>(sm, p.weights, p, w0, n_x, p.y + size_t(x0) * size_t(p.rows));
+    // The output segment of this tile (split launches: q, k, v of one matrix into three buffers; segments are
+    // whole tiles, matmul_q checks it).
+    // (Selects, not indexing: a runtime index into the parameter arrays would copy them to the stack.)
+    const bool past0 = w0 >= p.split[0], past1 = w0 >= p.split[1];
+    const int col0 = past1 ? p.split[1] : past0 ? p.split[0] : 0;
+    const int pitch = (past1 ? p.rows : past0 ? p.split[1] : p.split[0]) - col0;
+    float* y = past1 ? p.y_split[1] : past0 ? p.y_split[0] : p.y;
+    mmq_tile<T>(sm, p.weights, p, w0, n_x, y + size_t(x0) * size_t(pitch), pitch, col0);
     return;
   }
   const GroupItem& item = p.items[blockIdx.y];
@@ -352,7 +362,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const MmqParams p) {
           tid < n_x ? p.x + size_t(p.x_rows != nullptr ? p.x_rows[r] : r) * p.x_row_bytes : nullptr;
     }
     __syncthreads();  // also orders this chunk's x_row writes after the previous chunk's last reads
-    mmq_tile<T>(sm, weights, p, w0, n_x, y + size_t(item.row0 + x0) * size_t(p.rows));
+    mmq_tile<T>(sm, weights, p, w0, n_x, y + size_t(item.row0 + x0) * size_t(p.rows), p.rows, 0);
     __syncthreads();
   }
 }
@@ -457,6 +467,7 @@ MmqParams params(const TypeInfo& info, int64_t rows, int64_t cols, const void* x
   p.x = static_cast<const uint8_t*>(x);
   p.x_row_bytes = size_t(cols / info.act_block_elems) * info.act_block_bytes;
   p.y = y;
+  p.split[0] = p.split[1] = int(rows);
   p.prefetch = prefetch_enabled() ? 1 : 0;
   return p;
 }
@@ -485,6 +496,21 @@ Status matmul_q(const MatmulArgs& args, Stream& stream) {
   MmqParams p = params(info, args.rows, args.cols, args.x, args.y);
   p.weights = static_cast<const uint8_t*>(args.weights);
   p.n = int(args.n);
+  if (args.split[0] != 0) {
+    const int64_t s0 = args.split[0], s1 = args.split[1];
+    if (s0 % kTileW != 0 || s1 % kTileW != 0 || s0 >= s1 || s1 >= args.rows) {
+      return Status::error(format("matmul_q: split rows %lld, %lld are not increasing multiples of %d below rows=%lld",
+                                  (long long)s0, (long long)s1, kTileW, (long long)args.rows));
+    }
+    if (args.y_split[0] == nullptr || args.y_split[1] == nullptr || !aligned(args.y_split[0], 4) ||
+        !aligned(args.y_split[1], 4)) {
+      return Status::error("matmul_q: y_split outputs must be 4-byte aligned device pointers");
+    }
+    p.split[0] = int(s0);
+    p.split[1] = int(s1);
+    p.y_split[0] = args.y_split[0];
+    p.y_split[1] = args.y_split[1];
+  }
   info.launch(dim3(row_tiles(args.rows), unsigned((args.n + kTileX - 1) / kTileX), 1), p, stream.raw());
   return Status();
 }

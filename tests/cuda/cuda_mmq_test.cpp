@@ -293,6 +293,70 @@ TEST_P(CudaGroupedMmqTest, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(AllQuantizedTypes, CudaGroupedMmqTest, testing::ValuesIn(mmq_types()), type_case_name);
 
+// ---- matmul_q with split outputs (the prefill's q | k | v launch) ------------------------------------------------
+
+// One launch over stacked matrices written to three buffers equals, bit for bit, the plain launch's output columns
+// (the same tiles run the same code; only the address they store to differs): Q4_K (the 30B-A3B's q/k/v) and Q8_0,
+// rows 640 split at 256 | 384, n 100 (a partial last activation tile). Every output of the three buffers written,
+// nothing past their ends.
+TEST(CudaMmq, SplitOutputsMatchPlainLaunch) {
+  SKIP_WITHOUT_GPU();
+  constexpr int64_t kRows = 640, kCols = 512, kN = 100, kSplit0 = 256, kSplit1 = 384;
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  for (Type type : {Type::Q4_K, Type::Q8_0}) {
+    const TypeTraits& t = quant::traits(type);
+    Rng rng(kSeed ^ 0x5917 ^ uint64_t(type));
+    const std::vector<uint8_t> qw = quantize_ref(type, gaussian(rng, size_t(kRows * kCols)), kCols);
+    const std::vector<uint8_t> qx = quantize_ref(t.vec_dot_type, activations(rng, kN, kCols), kCols);
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer w_dev, cuda::DeviceBuffer::allocate(qw.size()));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer x_dev, cuda::DeviceBuffer::allocate(qx.size()));
+    ASSERT_OK(w_dev.upload(qw.data(), qw.size()));
+    ASSERT_OK(x_dev.upload(qx.data(), qx.size()));
+    const int64_t seg_rows[3] = {kSplit0, kSplit1 - kSplit0, kRows - kSplit1};
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer full_dev, cuda::DeviceBuffer::allocate(size_t(kN * kRows) * 4));
+    std::vector<cuda::DeviceBuffer> seg_dev;
+    for (int64_t r : seg_rows) {
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer b, cuda::DeviceBuffer::allocate(size_t(kN * r + kGuardFloats) * 4));
+      const std::vector<float> poison = poisoned(size_t(kN * r) + kGuardFloats);
+      ASSERT_OK(b.upload(poison.data(), poison.size() * 4));
+      seg_dev.push_back(std::move(b));
+    }
+    const cuda::MatmulArgs plain{.type = type, .weights = w_dev.data(), .rows = kRows, .cols = kCols,
+                                 .x = x_dev.data(), .y = full_dev.as<float>(), .n = kN};
+    ASSERT_OK(cuda::matmul_q(plain, stream));
+    cuda::MatmulArgs split = plain;
+    split.y = seg_dev[0].as<float>();
+    split.split[0] = kSplit0;
+    split.split[1] = kSplit1;
+    split.y_split[0] = seg_dev[1].as<float>();
+    split.y_split[1] = seg_dev[2].as<float>();
+    ASSERT_OK(cuda::matmul_q(split, stream));
+    stream.synchronize();
+    std::vector<float> full(size_t(kN * kRows));
+    ASSERT_OK(full_dev.download(full.data(), full.size() * 4));
+    int64_t col0 = 0;
+    for (int s = 0; s < 3; ++s) {
+      std::vector<float> got(size_t(kN * seg_rows[s]) + kGuardFloats);
+      ASSERT_OK(seg_dev[size_t(s)].download(got.data(), got.size() * 4));
+      int64_t bad = 0;
+      for (int64_t r = 0; r < kN; ++r) {
+        for (int64_t c = 0; c < seg_rows[s]; ++c) {
+          const float want = full[size_t(r * kRows + col0 + c)];
+          const float g = got[size_t(r * seg_rows[s] + c)];
+          if (std::memcmp(&want, &g, 4) != 0 && ++bad <= 3) {
+            ADD_FAILURE() << t.name << " segment " << s << " y[" << r << "][" << c << "] = " << g << ", plain " << want;
+          }
+        }
+      }
+      EXPECT_EQ(bad, 0) << t.name << " segment " << s;
+      for (size_t i = size_t(kN * seg_rows[s]); i < got.size(); ++i) {
+        ASSERT_TRUE(std::isnan(got[i])) << t.name << " segment " << s << ": wrote past its end";
+      }
+      col0 += seg_rows[s];
+    }
+  }
+}
+
 // ---- argument checks (no device needed) -----------------------------------------------------------------------------
 
 TEST(CudaMmq, RejectsBadArguments) {
@@ -323,6 +387,15 @@ TEST(CudaMmq, RejectsBadArguments) {
   a = ok;
   a.rows = 0;
   expect_error(cuda::matmul_q(a, stream), "rows=0");
+  a = ok;
+  a.rows = 640;
+  a.split[0] = 200;  // not a multiple of the 128-row tile
+  a.split[1] = 384;
+  a.y_split[0] = a.y_split[1] = fake;
+  expect_error(cuda::matmul_q(a, stream), "split rows 200, 384");
+  a.split[0] = 256;
+  a.y_split[1] = nullptr;
+  expect_error(cuda::matmul_q(a, stream), "y_split");
   a = ok;
   a.n = 0;
   expect_error(cuda::matmul_q(a, stream), "n=0");
