@@ -12,8 +12,9 @@
 // partial sums of each output are added in warp order (deterministic). Each output: 8 FMA chains of cols / 8 in
 // order plus 7 additions, within the bound of one chain (matvec_float.cu's).
 // Counts: 0.27 GFLOP for the router at 512 tokens, ~2 us of the H200's FP32 peak; staging reads the weights once per
-// 16 activation rows (L2-resident: 1 MB). Tails (rows, cols, n not multiples of the tiles) are zero-filled and not
-// written.
+// 16 activation rows (L2-resident: 1 MB). Measured 34.5 us per layer (docs/benchmarks/2026-12-01-cuda-prefill-mmq.md;
+// matvec: 460 us): latency-bound, one CTA per SM waiting on each of its 16 K-steps' staging loads. Tails (rows, cols,
+// n not multiples of the tiles) are zero-filled and not written.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 

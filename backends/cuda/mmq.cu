@@ -8,44 +8,41 @@
 //   sum over slices of (scale_w * d_x) * isum(q_w, q_x) + offset_w * sum_x,     sum_x = d_x * sum(q_x)
 // (mmq.cuh states the exactness of the split). isum is one mma.sync per (16 x 8 tile, slice):
 // m16n8k32 for slices of 32, m16n8k16 for slices of 16, s8 x s8 -> s32, started from zero for every slice;
-// the scales are applied in registers (per output and slice: the int32 -> float conversion, the product
-// scale_w * d_x and one FMA, one more FMA with an offset) into float32 accumulators. No atomics, a fixed order of every float operation: deterministic.
+// the scales are applied in registers (per output and slice: the int32 -> float conversion by an add
+// (exact_float), the product scale_w * d_x and one FMA, one more FMA with an offset) into float32 accumulators.
+// No atomics, a fixed order of every float operation: deterministic.
 //
 // Tiling. A CTA of 256 threads (8 warps) computes kTileX = 64 activation rows x kTileW = 128 weight rows of
 // y (MMA's M dimension = activation rows, so a thread's C fragment holds two adjacent weight rows of one
-// output row: 4 lanes write 8 consecutive floats). Warps are 2 (x) x 4 (w), each 32 x 32 = 2 x 4 mma tiles.
-// Per K-step of kStepK = 128 elements:
-//   1. every thread unpacks kTileW * kStepK / kSlice / 256 weight slices (2 or 4) and 64 * kStepK / kSlice /
-//      256 activation slices (1 or 2) into shared memory: int8 quants [row][k] (rows padded to 144 bytes so
-//      that the fragment loads are free of bank conflicts: row r starts at bank 4r) and per (row, slice)
-//      float scale / offset, d_x / sum_x;
-//   2. __syncthreads, then per slice each warp loads its A (x) and B (w) fragments as 32-bit words from
-//      shared memory, runs 8 mma, scales the int32 results into its 32 float accumulators; __syncthreads.
-// Shared memory: 64 * 144 + 128 * 144 bytes of quants (27 KiB) + (64 + 128) * 2 floats per slice of the
-// K-step (12 KiB for 8 slices of 16, 6 KiB for 4 of 32) + 64 row pointers: <= 39.5 KiB, static (no dynamic
-// shared memory opt-in needed).
+// output row: 4 lanes write 8 consecutive floats). Warps are 2 (x) x 4 (w), each 32 x 32 = 2 x 4 mma tiles; a
+// warp whose activation rows end inside its 32 skips the mma and epilogue of its empty m16 tile.
+// Per K-step of kStepK = 256 elements (one K-quant block per row):
+//   1. every thread unpacks kTileW * kStepK / kSlice / 256 weight slices (4 or 8) and 64 * kStepK / kSlice /
+//      256 activation slices (2 or 4) into shared memory, each slice as words from the widest aligned loads
+//      (mmq.cuh): int8 quants [row][k] (rows padded to 272 bytes so that the fragment loads are free of bank
+//      conflicts: row r starts at bank 4r) and per (row, slice) float2 (scale, offset) / (d_x, sum_x);
+//   2. __syncthreads; the CTA asks L1 for the next K-step's blocks (prefetch_step); then per slice each warp loads
+//      its A (x) and B (w) fragments as 32-bit words from shared memory, runs 8 mma, scales the int32 results into
+//      its 32 float accumulators; __syncthreads.
+// Shared memory (dynamic, opted in): 64 * 272 + 128 * 272 bytes of quants (51 KiB) + (64 + 128) * 9 (or 17) float2
+// of scales + 64 row pointers: 65 KiB for the slice-32 types, 77 KiB for the slice-16 ones; two CTAs per SM (also
+// the register limit: 128 per thread, __launch_bounds__(256, 2)).
 // Tails: weight rows >= rows and activation rows >= the tile's count are unpacked as zeros and not written;
-// K-steps past cols (legacy types whose cols are not a multiple of 128) are zero slices.
+// K-steps past cols (legacy types whose cols are not a multiple of 256) are zero slices.
 // Grid: x = weight-row tiles (fastest: the CTAs that run together share one activation tile, so x comes
 // from L1/L2 and each weight tile is re-read once per 64 activation rows, from L2 when the matrix fits its
 // 50 MB); y = activation-row tiles (matmul_q) or items (grouped: a CTA loops over its item's rows in chunks
-// of 64, so tiles never straddle items); z = the part (gate, up, down) of a grouped launch.
+// of 64, so tiles never straddle items); z = the part (gate, up, down) of a grouped launch. A split matmul_q
+// (q | k | v of one matrix) picks each tile's output buffer from its first weight row.
 //
-// Counts per K-step of one CTA (Q4_0, 4.5 bits per weight; slices of 32): global reads 128 * 128 * 4.5 / 8
-// = 9 KiB of weights and 64 * 128 * 34 / 32 = 8.5 KiB of activations (mostly L2 hits, see above); 64 * 128
-// * 128 = 1 M int8 multiply-adds = 2.1 M int ops, i.e. ~120 ops per byte. The tensor work is 256 mma.sync
-// (32 per warp); the scalar work around it is larger: the epilogue is ~4 instructions per output and slice
-// (cvt, fmul, 1-2 FMA) = 8 K output-slices * 4 / 32 = ~1 K warp instructions, the unpacking ~100-150
-// instructions per 32-element slice (byte loads: the blocks are 17/18/22/34 bytes, not word aligned) for 512
-// weight + 256 activation slices = ~3 K warp instructions. So the expected bound is instruction issue in the
-// unpacking and the epilogue, not HBM and not the tensor cores: at ~4 K warp instructions per 2.1 M ops and
-// 4 issue slots per SM per clock, ~2 K ops per SM-clock, ~500 T int ops/s on 132 SMs at 1.98 GHz as a
-// ceiling, realistically a fraction of it (latency of the global loads in step 1 is not overlapped with the
-// mma of step 2: no double buffering yet). These are estimates from instruction counts; what was measured is the
-// whole prefill (H200, 30B-A3B geometry Q4_K: pp512 5,182 t/s, 0.53x llama.cpp,
-// docs/benchmarks/2026-11-30-cuda-decode-pdl.md), not this kernel alone (run.sh --profile-prefill does that).
-// Next steps, each to be measured: cp.async double buffering of the raw blocks, word-wide unpacking of the
-// aligned types, ldmatrix fragment loads, smaller x tiles for items with few rows.
+// Measured (H200, 30B-A3B geometry Q4_K, docs/benchmarks/2026-12-01-cuda-prefill-mmq.md): the expert gate+up
+// launch of a 512-token prompt runs at 72 T int8 ops/s, the dense q projection at 99 T (the tensor cores' dense peak
+// is ~1,979 T; HBM is at 0.55 TB/s: neither bounds it). ~2,000 instructions per warp per K-step, four fifths of them
+// the epilogue; issue slots 47-50% busy at 25% occupancy, the stalls mostly long scoreboard (the unpacking's global
+// loads), wait (each mma's result consumed at once) and barrier. Word-wide unpacking and the add-based conversion
+// took the prompt's mmq time from 75.8 to 43.5 ms; K-steps of 256, 41.6 ms; the L1 prefetch, +2%. Next, each to be
+// measured: raw blocks staged by cp.async with the unpacking from shared memory, the mma software-pipelined against
+// its epilogue, an integer epilogue for the K-quants.
 #include <cuda_runtime.h>
 
 #include <climits>

@@ -8,11 +8,13 @@
 //                     quantizer of traits(type).vec_dot_type (byte-identical with quantize_activations,
 //                     cuda_mmvq_test.cpp), for rows 1, 7, 33, 4096 (prefixes of one matrix), cols 32, 96, 160
 //                     (block-32 types: a partial K-step), 256, 512, 2816, 4096 and n 1, 7, 64, 100, 200, 512
-//                     activation rows. Large shapes check every weight row of 6 activation rows (first, last, tile edges 63/64, two random) and every activation
-//                     row of 6 weight rows (first, last, tile edges 127/128, two random); every output must
-//                     be written (NaN-poisoned) and nothing past the end (guard floats);
+//                     activation rows. Large shapes check every weight row of 6 activation rows (first, last,
+//                     tile edges 63/64, two random) and every activation row of 6 weight rows (first, last,
+//                     tile edges 127/128, two random); every output must be written (NaN-poisoned) and nothing
+//                     past the end (guard floats);
+//   split outputs     matmul_q over stacked matrices into three buffers, bit for bit the plain launch's columns;
 //   grouped_matmul_q  items of n 1, 5, 37, 64, 70 and 137 rows (70 and 137: several 64-row chunks; 5, 37 and the
-//                     chunk tails of 70 and 137: tiles that run 1 to 3 of their 4 m16 tiles), two parts
+//                     chunk tails of 70 and 137: warps with empty m16 tiles), two parts
 //                     (gate, up) at a y_part_stride, a permuted x_rows, one item with a null up weight
 //                     (its part-1 rows must stay untouched) and one item with a null gate weight.
 #include <gtest/gtest.h>
