@@ -235,10 +235,13 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
       constexpr int kWChunk = kStepK / Ops::kBlockElems * int(sizeof(Block));
       constexpr int kXChunk = kStepK / Ops::kActBlockElems * int(sizeof(Act));
       const int k1 = k0 + kStepK;
-      prefetch_step(kTileW, size_t(k1 / Ops::kBlockElems) * sizeof(Block), kWChunk, [&](int r) {
+      const size_t w_off = size_t(k1 / Ops::kBlockElems) * sizeof(Block);
+      const size_t x_off = size_t(k1 / Ops::kActBlockElems) * sizeof(Act);
+      // A last K-step shorter than kStepK (cols not a multiple of it): only the row's remaining bytes.
+      prefetch_step(kTileW, w_off, min(kWChunk, int(p.row_bytes - w_off)), [&](int r) {
         return w0 + r < p.rows ? weights + size_t(w0 + r) * p.row_bytes : nullptr;
       });
-      prefetch_step(kTileX, size_t(k1 / Ops::kActBlockElems) * sizeof(Act), kXChunk,
+      prefetch_step(kTileX, x_off, min(kXChunk, int(p.x_row_bytes - x_off)),
                     [&](int r) { return r < n_x ? sm.x_row[r] : nullptr; });
     }
 

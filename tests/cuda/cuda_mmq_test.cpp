@@ -6,8 +6,8 @@
 //   matmul_q          outputs within the derived float-rounding bound (below) of the reference vec_dot of
 //                     the same quantized weight row with the activation row quantized by the reference
 //                     quantizer of traits(type).vec_dot_type (byte-identical with quantize_activations,
-//                     cuda_mmvq_test.cpp), for rows 1, 7, 33, 4096 (prefixes of one matrix), cols 32, 96, 160
-//                     (block-32 types: a partial K-step), 256, 512, 2816, 4096 and n 1, 7, 64, 100, 200, 512
+//                     cuda_mmvq_test.cpp), for rows 1, 7, 33, 4096 (prefixes of one matrix), cols 32, 96, 160,
+//                     288 (block-32 types: a partial K-step), 256, 512, 2816, 4096 and n 1, 7, 64, 100, 200, 512
 //                     activation rows. Large shapes check every weight row of 6 activation rows (first, last,
 //                     tile edges 63/64, two random) and every activation row of 6 weight rows (first, last,
 //                     tile edges 127/128, two random); every output must be written (NaN-poisoned) and nothing
@@ -52,8 +52,9 @@ using quant::TypeTraits;
 constexpr uint64_t kSeed = 20261201;
 constexpr int64_t kMaxRows = 4096;
 constexpr int64_t kRowCounts[] = {1, 7, 33, 4096};
-// 32, 96, 160: rows shorter than one K-step of 128, or ending inside one (legacy types of 32-element blocks)
-constexpr int64_t kColCounts[] = {32, 96, 160, 256, 512, 2816, 4096};
+// 32, 96, 160: rows shorter than one K-step of 256; 288: a last K-step of 32 after a full one, whose blocks the
+// kernel's prefetch reaches (legacy types of 32-element blocks)
+constexpr int64_t kColCounts[] = {32, 96, 160, 256, 288, 512, 2816, 4096};
 constexpr int64_t kXCounts[] = {1, 7, 64, 100, 200, 512};  // 100: a last tile of 36 rows
 constexpr size_t kGuardFloats = 64;
 constexpr int64_t kFullCheckOps = int64_t(1) << 27;  // check every output below this many multiply-adds
