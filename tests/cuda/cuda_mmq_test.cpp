@@ -41,6 +41,7 @@ namespace {
 using cuda_test::activations;
 using cuda_test::dequantize_ref;
 using cuda_test::gaussian;
+using cuda_test::guard_intact;
 using cuda_test::poisoned;
 using cuda_test::quantize_ref;
 using cuda_test::quantized_tolerance;
@@ -153,9 +154,7 @@ TEST_P(CudaMmqTest, MatchesReference) {
         stream.synchronize();
         std::vector<float> got(y_count + kGuardFloats);
         ASSERT_OK(y_dev.download(got.data(), got.size() * sizeof(float)));
-        for (size_t i = y_count; i < got.size(); ++i) {
-          ASSERT_TRUE(std::isnan(got[i])) << where << ": wrote " << (i - y_count + 1) << " floats past the output";
-        }
+        ASSERT_TRUE(guard_intact(got, y_count)) << where;
         int64_t unwritten = 0;
         for (size_t i = 0; i < y_count; ++i) unwritten += std::isnan(got[i]) ? 1 : 0;
         EXPECT_EQ(unwritten, 0) << where << ": outputs not written";
@@ -352,9 +351,7 @@ TEST(CudaMmq, SplitOutputsMatchPlainLaunch) {
         }
       }
       EXPECT_EQ(bad, 0) << t.name << " segment " << s;
-      for (size_t i = size_t(kN * seg_rows[s]); i < got.size(); ++i) {
-        ASSERT_TRUE(std::isnan(got[i])) << t.name << " segment " << s << ": wrote past its end";
-      }
+      ASSERT_TRUE(guard_intact(got, size_t(kN * seg_rows[s]))) << t.name << " segment " << s;
       col0 += seg_rows[s];
     }
   }

@@ -40,6 +40,7 @@ namespace {
 using cuda_test::activations;
 using cuda_test::dequantize_ref;
 using cuda_test::gaussian;
+using cuda_test::guard_intact;
 using cuda_test::poisoned;
 using cuda_test::quantize_ref;
 using cuda_test::quantized_tolerance;
@@ -153,9 +154,7 @@ TEST_P(CudaMatvecTest, MatchesReference) {
           stream.synchronize();
           std::vector<float> got(y_count + kGuardFloats);
           ASSERT_OK(y_dev.download(got.data(), got.size() * sizeof(float)));
-          for (size_t i = y_count; i < got.size(); ++i) {
-            ASSERT_TRUE(std::isnan(got[i])) << where << ": wrote " << (i - y_count + 1) << " floats past the output";
-          }
+          ASSERT_TRUE(guard_intact(got, y_count)) << where;
 
           // The activations matvec used, for the reference dot (quantized types).
           std::vector<uint8_t> qx;
@@ -369,9 +368,7 @@ TEST(CudaMatmulFloat, MatchesReference) {
           stream.synchronize();
           std::vector<float> got(y_count + kGuardFloats);
           ASSERT_OK(y_dev.download(got.data(), got.size() * sizeof(float)));
-          for (size_t i = y_count; i < got.size(); ++i) {
-            ASSERT_TRUE(std::isnan(got[i])) << where << ": wrote " << (i - y_count + 1) << " floats past the output";
-          }
+          ASSERT_TRUE(guard_intact(got, y_count)) << where;
           int64_t bad = 0;
           for (int64_t v = 0; v < n; ++v) {
             for (int64_t r = 0; r < rows; ++r) {

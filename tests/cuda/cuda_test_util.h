@@ -85,5 +85,15 @@ inline std::vector<float> dequantize_ref(quant::Type type, const uint8_t* q, int
 
 inline std::vector<float> poisoned(size_t n) { return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()); }
 
+// The poisoned guard floats after an output of `count` floats are all still NaN (nothing written past the end).
+inline testing::AssertionResult guard_intact(const std::vector<float>& got, size_t count) {
+  for (size_t i = count; i < got.size(); ++i) {
+    if (!std::isnan(got[i])) {
+      return testing::AssertionFailure() << "wrote " << (i - count + 1) << " floats past the output";
+    }
+  }
+  return testing::AssertionSuccess();
+}
+
 
 }  // namespace magnetar::cuda_test
