@@ -270,11 +270,12 @@ struct MatmulArgs {
   int64_t n = 0;                         // activation rows, >= 1
   // matmul_q only, optional (split[0] = 0: off): one launch for stacked matrices (q, k, v) with separate outputs.
   // Weight rows [0, split[0]) are written to y as [n, split[0]], [split[0], split[1]) to y_split[0] as
-  // [n, split[1] - split[0]], the rest to y_split[1]; splits are multiples of 128 (the kernel's row tile).
+  // [n, split[1] - split[0]], the rest to y_split[1]; splits are multiples of kMatmulQRowTile.
   int64_t split[2] = {0, 0};
   float* y_split[2] = {nullptr, nullptr};
 };
 Status matmul_q(const MatmulArgs& args, Stream& stream);
+inline constexpr int64_t kMatmulQRowTile = 128;  // weight rows per CTA of matmul_q: the granularity of its splits
 
 // Whether matmul_q / grouped_matmul_q take this weight type (the list above).
 bool has_matmul_q(quant::Type type);
@@ -302,7 +303,7 @@ Status grouped_matmul_q(const GroupedMatmulArgs& args, Stream& stream);
 // ---- float matrix-matrix product for prefill (matmul_float.cu) -----------------------------------------------------
 // y[r] = W x[r] for F32, F16 or BF16 weights (MatmulArgs: type one of those, x [n, cols] float32 activations,
 // y [n, rows] written): each output a float32 fused multiply-add chain over k in order, the bound matvec's float
-// path states. Reads the matrix once per 64 activation rows (matvec: once per kMaxMatvecVectors). Only queues
+// path states. Reads the matrix once per 16 activation rows (matvec: once per kMaxMatvecVectors). Only queues
 // work; a bad type, shape, pointer or alignment returns a Status naming it and queues nothing.
 bool has_matmul_float(quant::Type type);
 Status matmul_float(const MatmulArgs& args, Stream& stream);

@@ -15,13 +15,13 @@
 // 16 activation rows (L2-resident: 1 MB). Measured 34.5 us per layer (docs/benchmarks/2026-12-01-cuda-prefill-mmq.md;
 // matvec: 460 us): latency-bound, one CTA per SM waiting on each of its 16 K-steps' staging loads. Tails (rows, cols,
 // n not multiples of the tiles) are zero-filled and not written.
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <climits>
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
+#include "backends/cuda/float_weights.cuh"
 
 namespace magnetar::cuda {
 namespace {
@@ -34,17 +34,6 @@ constexpr int kTileX = 16;   // activation rows per CTA
 constexpr int kTileW = 32;   // weight rows per CTA
 constexpr int kStepK = 128;  // elements per staged K-step: 16 per warp
 constexpr int kWarpK = kStepK / kWarps;
-
-template <Type T>
-__device__ __forceinline__ float weight_at(const uint8_t* row, int k) {
-  if constexpr (T == Type::F32) {
-    return reinterpret_cast<const float*>(row)[k];
-  } else if constexpr (T == Type::F16) {
-    return __half2float(reinterpret_cast<const __half*>(row)[k]);
-  } else {
-    return __uint_as_float(uint32_t(reinterpret_cast<const uint16_t*>(row)[k]) << 16);
-  }
-}
 
 template <Type T>
 __global__ void __launch_bounds__(kThreads)
@@ -73,7 +62,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < kTileW * kStepK / kThreads; ++i) {
       const int u = tid + i * kThreads;
       const int r = u / kStepK, k = k0 + u % kStepK;
-      ws[u % kStepK][r] = k < cols && w0 + r < rows ? weight_at<T>(weights + size_t(w0 + r) * row_bytes, k) : 0.0f;
+      ws[u % kStepK][r] = k < cols && w0 + r < rows ? detail::FloatWeights<T>::at(weights + size_t(w0 + r) * row_bytes, k) : 0.0f;
     }
     __syncthreads();
 #pragma unroll

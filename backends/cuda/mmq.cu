@@ -61,7 +61,7 @@ using quant::Type;
 
 constexpr int kThreads = 256;
 constexpr int kTileX = 64;    // activation rows per CTA tile (mma M)
-constexpr int kTileW = 128;   // weight rows per CTA tile (mma N)
+constexpr int kTileW = int(kMatmulQRowTile);  // weight rows per CTA tile (mma N)
 constexpr int kStepK = 256;   // elements per K-step
 constexpr int kRowBytes = kStepK + 16;  // padded shared row: bank 4r for row r, conflict-free fragments
 constexpr int kWarpsX = 2;    // warp grid 2 x 4, 32 x 32 outputs per warp (1 x 8 warps of 64 x 16, which let a tile

@@ -621,11 +621,11 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
   const void* xq = qkv_share_input(L) ? quantize_xn(L.wq.type, n) : nullptr;
   // Prefill: one int8 tensor-core launch over the merged matrix when its row tiles split at q | k | v (the k and v
   // projections alone are 4 row tiles each: 32 CTAs at 512 tokens, a quarter of the H200's SMs).
-  const bool split = L.wqkv.p != nullptr && use_mmq(L.wqkv.type, n) && q_dim % 128 == 0 && kv_dim % 128 == 0;
+  const bool split = L.wqkv.p != nullptr && xq != nullptr && use_mmq(L.wqkv.type, n) &&
+                     q_dim % cuda::kMatmulQRowTile == 0 && kv_dim % cuda::kMatmulQRowTile == 0;
   if (n == 1 && L.wqkv.p != nullptr) {
     MAGNETAR_RETURN_IF_ERROR(linear(L.wqkv, xn, q, 1, xq));
   } else if (split) {
-    if (xq == nullptr) xq = quantize(L.wqkv.type, xn, L.wqkv.cols, n, q_in_.data());
     MAGNETAR_RETURN_IF_ERROR(cuda::matmul_q({.type = L.wqkv.type, .weights = L.wqkv.p, .rows = L.wqkv.rows,
                                              .cols = L.wqkv.cols, .x = xq, .y = q, .n = n,
                                              .split = {q_dim, q_dim + kv_dim}, .y_split = {k, v}},
