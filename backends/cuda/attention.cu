@@ -1,7 +1,8 @@
 // Causal GQA attention over an F16 KV cache (cpu::attention with kv_type F16): decode with split-K, prefill
-// with the same per-(token, KV head) kernel run over the whole context. Two kernels share the split plan, the
-// partial records and the combine: attention() on FP32 cores (below; every head size, the numerics of the CPU op)
-// and attention_decode_mma() on f16 tensor cores (further down; what the model's decode runs).
+// with the same per-(token, KV head) kernel run over the whole context. Two kernels: attention() on FP32 cores
+// (below; every head size, the numerics of the CPU op; split plan attn::plan_splits and a combine launch) and
+// attention_decode_mma() on f16 tensor cores (further down; what the model's decode runs; its own plan, K/V staged
+// through cp.async rings, the combine done by the last CTA of each KV head).
 //
 // Cost per query token and KV head over n context rows: K and V reads of 2 * n * head_dim * 2 bytes (shared by
 // the group of query heads), 4 * group * n * head_dim flops. Decode of Qwen3-30B-A3B (32 heads, 4 KV heads,
@@ -33,6 +34,7 @@
 #include <algorithm>
 #include <climits>
 #include <utility>
+#include <vector>
 
 #include "backends/cuda/attention.cuh"
 #include "backends/cuda/cuda_backend.h"
@@ -71,6 +73,11 @@ struct Params {
   const int32_t* pos0_device;
   int sm_count;
   int max_splits;
+  // attention_decode_mma's plan (attn::plan_decode over `slots` CTAs; rows_per_split INT_MAX with one split) and its
+  // per-KV-head tickets (workspace, zero between launches).
+  int rows_per_split;
+  int slots;
+  unsigned* tickets;
 };
 
 // The position of the first query token, the chunks per split and the split count this launch runs with.
@@ -332,40 +339,63 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(const Param
 
 // ---- decode on tensor cores (attention_decode_mma) ------------------------------------------------------------
 //
-// Same grid, split plan, partial records and combine as attention_kernel; inside a CTA the 4 warps take the
-// split's rows 16 at a time (warp w: rows j_begin + 16 w, + 64, ...), each with its own online softmax, and
-// merge at the end. Per 16-row step, the group's query heads (padded to 8 or 16) against the 16 keys:
-//   S = Q K^T    mma m16n8k16: A = Q (rows = heads; group <= 8 leaves rows 8..15 zero), B = K ("col": one key per
-//                lane group g). Both fragments come straight from memory, no shared memory: the dot product does not
-//                care in which order the dims are summed, so lane (g, t) reads 16-byte pieces t, t + 4, ... of key
-//                g's row (4 lanes read 64 contiguous bytes) and the same pieces of its Q rows; piece i feeds the k16
-//                steps 2i and 2i + 1 (its halves 0-3 and 4-7). Q is scaled by scale * log2(e) and rounded to f16
-//                once, kept in registers for the whole split.
+// Grid (n_splits, n_head_kv, n_tok) with its own plan (attn::plan_decode: one wave of CTAs, splits of whole 64-row
+// steps). Each of the CTA's 4 warps owns a ring of kStages stages in shared memory, a stage being 16 cached rows of
+// K and of V ([row][dim] f16, rows padded by 16 bytes so that the 8 row addresses of an ldmatrix hit distinct
+// banks), filled by cp.async: the warp's step s takes rows j_begin + 16 (warp + 4 s) .. + 15 while the copies of its
+// next kStages - 1 steps are in flight. The first version read each step straight into registers (no staging), one
+// step in flight per warp: at 64K context the kernel pulled K/V at 2.3 TB/s (ncu: 18.75% occupancy at 146
+// registers, long-scoreboard stalls half the cycles) and its 1,056 CTAs of 4 steps per warp paid their prologue
+// and epilogue every 256 rows, then a second launch combined 256 splits per head. Per step:
+//   S = Q K^T    mma m16n8k16, A = Q (heads as rows: group <= 8 leaves rows 8..15 zero; scaled by scale * log2(e),
+//                rounded to f16 once, in registers for the whole split), B = K by ldmatrix (8 keys x 32 dims per x4).
 //   softmax      C layout: lane (g, t) has head g (and g + 8), keys 2t, 2t + 1 of each n8 tile: max over the quad.
-//   O^T += V^T P^T  mma with A = V^T (rows = dims, k = keys) and B = P^T: the score accumulators of keys 2t, 2t + 1
-//                and 2t + 8, 2t + 9 of head g are exactly B's registers (k = keys, column = head g): no shuffle.
-//                A needs two keys of one dim per register: lane (g, t) reads dims g D/8 .. g D/8 + D/8 - 1 of keys
-//                2t, 2t + 1, 2t + 8, 2t + 9 (8 lanes read a whole 2 D-byte row) and pairs them with a byte permute
-//                (prmt); its half2 register r of a key is the dims (row g, row g + 8) of m16 tile r, i.e. the output
-//                dims are permuted too, undone when O is written.
-// Counts per step (head_dim 128, group 8): 16 rows x 512 bytes of K/V (16 16-byte loads per lane), 16 + 8 mma,
-// 32 prmt, ~40 other instructions for the softmax: ~1 instruction per 80 bytes, against ~2,900 per warp per
-// 128-row chunk of the FP32 kernel above (2 instructions per 16 bytes). Half of the score mma is padding (8 heads
-// in 16 rows) and none of P V (8 heads fill n8): the tensor work is far below the memory time at any depth.
-// Registers (ptxas sm_90): see has_attention_decode_mma for the shapes that fit.
-template <int D, int kHT>  // kHT: n8 tiles of query heads (group <= 8: 1, <= 16: 2)
+//   O^T += V^T P^T  mma with A = V^T by ldmatrix.trans (16 dims x 16 keys per x4) and B = P^T: the score
+//                accumulators of keys 2t, 2t + 1 and 2t + 8, 2t + 9 of head g are exactly B's registers.
+// The warps then merge (weights 2^(m_w - M)). With several splits each CTA writes its partial record (outputs, max
+// in log2 units, sum) and takes a ticket of its KV head; the last CTA to arrive combines the records in split order
+// (deterministic: the order does not depend on which CTA is last) and resets the ticket: no second launch.
+constexpr int kStep = 16;  // rows per warp step
+static_assert(kWarps * kStep == attn::kDecodeStep);
+
+// Shared memory of one decode kernel: the warps' rings, reused after the loop for the warps' weighted outputs
+// [kWarps][heads][D + 4] (the pitch makes the merge's stores conflict-free).
+template <int D, int kHT, int kStages>
+struct DecodeSmem {
+  static constexpr int kPitch = D + 8;                    // halves per ring row
+  static constexpr int kStageHalves = 2 * kStep * kPitch;  // K rows, then V rows
+  static constexpr int kOPitch = D + 4;                    // floats per merged output row
+  static constexpr size_t kRing = size_t(kWarps) * kStages * kStageHalves * 2;
+  static constexpr size_t kMerge = size_t(kWarps) * 8 * kHT * kOPitch * 4;
+  static constexpr size_t kBytes = kRing > kMerge ? kRing : kMerge;
+};
+
+// The position, rows per split and split count a decode kernel runs with (the plan made on the device in a graph).
+struct DecodeRun {
+  int64_t pos0;
+  int rows_per_split;
+  int n_splits;
+};
+__device__ __forceinline__ DecodeRun decode_run(const Params& p) {
+  if (p.pos0_device == nullptr) return {p.pos0, p.rows_per_split, p.n_splits};
+  const int64_t pos0 = *p.pos0_device;
+  const int64_t rows = p.window > 0 && p.window < pos0 + 1 ? p.window : pos0 + 1;
+  const attn::DecodePlan plan = attn::plan_decode(rows, p.kv_row / p.head_dim, p.slots, p.max_splits);
+  return {pos0, plan.rows_per_split, plan.n_splits};
+}
+
+template <int D, int kHT, int kStages>  // kHT: n8 tiles of query heads (group <= 8: 1, <= 16: 2)
 __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Params p) {
-  ops::pdl_wait();
-  ops::pdl_trigger();
-  constexpr int kK = D / 32;   // 16-byte K pieces per key and lane
-  constexpr int kMT = D / 16;  // m16 tiles of O^T (dims); also half2 V registers per key and lane
-  constexpr int kV = D / 64;   // 16-byte V pieces per key and lane
+  using S = DecodeSmem<D, kHT, kStages>;
+  constexpr int kMT = D / 16;                         // m16 tiles of O^T (dims); also k16 steps of the scores
   constexpr int kHeads = 8 * kHT;
-  constexpr int kStep = 16;    // keys per warp step
-  static_assert(D % 64 == 0 && (kHT == 1 || kHT == 2));
-  __shared__ __align__(16) float o_s[kHeads][D];
-  __shared__ float m_s[kWarps][kHeads], l_s[kWarps][kHeads], w_s[kWarps][kHeads];
+  constexpr int kPieces = D / 8;                      // 16-byte pieces per row
+  constexpr int kCopies = kStep * kPieces / ops::kWarpSize;  // cp.async per lane per matrix and step
+  static_assert(D % 32 == 0 && (kHT == 1 || kHT == 2) && kStages >= 2);
+  extern __shared__ __align__(16) uint16_t ring_s[];  // S::kBytes
+  __shared__ float m_s[kWarps][kHeads], l_s[kWarps][kHeads];
   __shared__ float big_m_s[kHeads], big_l_s[kHeads];
+  __shared__ bool last_s;
 
   const int split = int(blockIdx.x);
   const int hk = int(blockIdx.y);
@@ -376,34 +406,74 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
   const int g = lane / 4;  // mma groupID
   const int t = lane % 4;  // mma threadID_in_group
   const int G = p.group;
-  const RunPlan plan = run_plan(p);
-  if (split >= plan.n_splits) return;  // a graph's grid sized for a longer context: the whole CTA leaves
-  const int64_t pos = plan.pos0 + tok;
+  const DecodeRun run = decode_run(p);
+  if (split >= run.n_splits) return;  // a graph's grid sized for a longer context: the whole CTA leaves
+  const int64_t pos = run.pos0 + tok;
   const int64_t lo = p.window > 0 && pos - p.window + 1 > 0 ? pos - p.window + 1 : 0;
-  const int64_t j_begin = lo + int64_t(split) * int64_t(plan.chunks_per_split) * kChunk;
-  const int64_t j_end = min(pos + 1, j_begin + int64_t(plan.chunks_per_split) * kChunk);
+  const int64_t j_begin = lo + int64_t(split) * run.rows_per_split;
+  const int64_t j_end = min(pos + 1, j_begin + run.rows_per_split);
+  const int64_t first = j_begin + kStep * warp;  // this warp's first row; its step s starts 64 s rows later
+  const int n_steps = first < j_end ? int((j_end - first + attn::kDecodeStep - 1) / attn::kDecodeStep) : 0;
 
-  // Q fragments: qa[kk] for k16 step kk = 2i + s holds dims 8(t + 4i) + 4s + {0, 1} (registers 0, 1) and + {2, 3}
-  // (registers 2, 3) of head g (registers 0, 2) and head g + 8 (1, 3); zero for heads past the group.
+  // K/V of step s into ring stage s % kStages: lane copies pieces lane, lane + 32, ... (two rows per instruction:
+  // coalesced) of the rows in [from, to); rows past j_end are zero-filled when zero_tail, others are left alone.
+  const uint32_t ring = attn::shared_address(ring_s) + uint32_t(warp * kStages * S::kStageHalves * 2);
+  const uint16_t* k_head = p.k + size_t(hk) * size_t(D);
+  const uint16_t* v_head = p.v + size_t(hk) * size_t(D);
+  auto issue = [&](int s, int64_t from, int64_t to, bool zero_tail) {
+    if (s >= n_steps) return;
+    const int64_t base = first + int64_t(s) * attn::kDecodeStep;
+    const uint32_t stage = ring + uint32_t((s % kStages) * S::kStageHalves * 2);
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const int piece = lane + ops::kWarpSize * i;
+      const int row = piece / kPieces, col = piece % kPieces;
+      const int64_t key = base + row;
+      const bool valid = key < j_end;
+      if (valid ? key >= from && key < to : zero_tail) {
+        const size_t src = size_t(valid ? key : base) * size_t(p.kv_row) + size_t(col * 8);
+        const uint32_t dst = stage + uint32_t((row * S::kPitch + col * 8) * 2);
+        attn::cp_async16(dst, k_head + src, valid);
+        attn::cp_async16(dst + uint32_t(kStep * S::kPitch * 2), v_head + src, valid);
+      }
+    }
+  };
+  // Before pdl_wait, the rows older than the call's first token (written two or more launches back: at most the
+  // launch just before this one is still running, see ops::pdl_wait) of the first kStages - 1 steps, one commit
+  // group per step (an empty one past the last step keeps the group count uniform); the call's own rows after it,
+  // as one more group, never into a piece a pending copy also writes (cp.async copies are unordered).
+  const int64_t fresh = run.pos0;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    issue(s, j_begin, fresh, true);
+    attn::cp_async_commit();
+  }
+  ops::pdl_wait();
+  ops::pdl_trigger();
+  if (fresh < j_end) {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) issue(s, fresh, j_end, false);
+    attn::cp_async_commit();
+  }
+
+  // Q fragments for k16 step kk: registers 0, 2 hold dims 16 kk + 2t, +1 and 16 kk + 8 + 2t, +1 of head g, registers
+  // 1, 3 the same of head g + 8; zero for heads past the group.
   const float q_scale = p.scale * 1.4426950408889634f;
-  uint32_t qa[D / 16][4];
+  uint32_t qa[kMT][4];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int h = g + 8 * r;
     const bool valid = h < G && (r == 0 || kHT == 2);
-    const float4* q4 = reinterpret_cast<const float4*>(
-        p.q + (size_t(tok) * size_t(p.n_head) + size_t(hk * G + (valid ? h : 0))) * size_t(D));
+    const float* qh = p.q + (size_t(tok) * size_t(p.n_head) + size_t(hk * G + (valid ? h : 0))) * size_t(D);
 #pragma unroll
-    for (int i = 0; i < kK; ++i) {
-      float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+    for (int kk = 0; kk < kMT; ++kk) {
+      float2 a = make_float2(0.0f, 0.0f), b = a;
       if (valid) {
-        a = q4[2 * (t + 4 * i)];
-        b = q4[2 * (t + 4 * i) + 1];
+        a = *reinterpret_cast<const float2*>(qh + 16 * kk + 2 * t);
+        b = *reinterpret_cast<const float2*>(qh + 16 * kk + 8 + 2 * t);
       }
-      qa[2 * i][r] = pack_half2(a.x * q_scale, a.y * q_scale);
-      qa[2 * i][r + 2] = pack_half2(a.z * q_scale, a.w * q_scale);
-      qa[2 * i + 1][r] = pack_half2(b.x * q_scale, b.y * q_scale);
-      qa[2 * i + 1][r + 2] = pack_half2(b.z * q_scale, b.w * q_scale);
+      qa[kk][r] = pack_half2(a.x * q_scale, a.y * q_scale);
+      qa[kk][r + 2] = pack_half2(b.x * q_scale, b.y * q_scale);
     }
   }
 
@@ -420,51 +490,48 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
     }
   }
 
-  const uint16_t* k_head = p.k + size_t(hk) * size_t(D);
-  const uint16_t* v_head = p.v + size_t(hk) * size_t(D) + size_t(g) * size_t(D / 8);
-  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  for (int64_t j = j_begin + kStep * warp; j < j_end; j += kStep * kWarps) {
-    // K of keys j + g (n8 tile 0) and j + 8 + g (tile 1); V of keys j + 2t + {0, 1, 8, 9}. Rows at or past j_end
-    // are not read (the cache may end there; V must be 0, not NaN, where P is 0).
-    uint4 kr[2][kK], vr[4][kV];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const int64_t key = j + 8 * nt + g;
-      const uint4* src = reinterpret_cast<const uint4*>(k_head + size_t(key) * size_t(p.kv_row)) + t;
-#pragma unroll
-      for (int i = 0; i < kK; ++i) kr[nt][i] = key < j_end ? src[4 * i] : zero;
+  // ldmatrix row addresses: K, matrix i = lane / 8 of an x4 is dims + 8 i of keys lane % 8 (+ 8 for n8 tile 1);
+  // V (trans), matrix i is dims + 8 (i % 2) of keys lane % 8 + 8 (i / 2).
+  const uint32_t k_lane = uint32_t(((lane % 8) * S::kPitch + 8 * (lane / 8)) * 2);
+  const uint32_t v_lane =
+      uint32_t(kStep * S::kPitch * 2) + uint32_t(((lane % 8 + 8 * (lane / 16)) * S::kPitch + 8 * (lane / 8 % 2)) * 2);
+  for (int s = 0; s < n_steps; ++s) {
+    issue(s + kStages - 1, j_begin, j_end, true);  // into the stage computed last iteration (__syncwarp below)
+    attn::cp_async_commit();
+    const int64_t j = first + int64_t(s) * attn::kDecodeStep;
+    if (j + kStep > fresh) {
+      attn::cp_async_wait<0>();  // the step has rows of the call's own tokens: their group came after the prologue
+    } else {
+      attn::cp_async_wait<kStages - 1>();
     }
-#pragma unroll
-    for (int kq = 0; kq < 4; ++kq) {
-      const int64_t key = j + 2 * t + (kq & 1) + 8 * (kq >> 1);
-      const uint4* src = reinterpret_cast<const uint4*>(v_head + size_t(key) * size_t(p.kv_row));
-#pragma unroll
-      for (int u = 0; u < kV; ++u) vr[kq][u] = key < j_end ? src[u] : zero;
-    }
+    __syncwarp();  // every lane's copies of step s have landed
+    const uint32_t stage = ring + uint32_t((s % kStages) * S::kStageHalves * 2);
 
-    // Scores (log2 units): s[nt][e] = head g (e < 2) or g + 8 (e >= 2), key j + 8 nt + 2t + e % 2.
-    float s[2][4];
+    // Scores (log2 units): sc[nt][e] = head g (e < 2) or g + 8 (e >= 2), key j + 8 nt + 2t + e % 2.
+    float sc[2][4];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+      for (int e = 0; e < 4; ++e) sc[nt][e] = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kK; ++i) {
-        mma_f16(s[nt], qa[2 * i], kr[nt][i].x, kr[nt][i].y);
-        mma_f16(s[nt], qa[2 * i + 1], kr[nt][i].z, kr[nt][i].w);
+      for (int c = 0; c < D / 32; ++c) {
+        uint32_t b[4];
+        attn::ldmatrix_x4(b, stage + k_lane + uint32_t((8 * nt * S::kPitch + 32 * c) * 2));
+        mma_f16(sc[nt], qa[2 * c], b[0], b[1]);
+        mma_f16(sc[nt], qa[2 * c + 1], b[2], b[3]);
       }
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        if (j + 8 * nt + 2 * t + e >= j_end) s[nt][e] = s[nt][e + 2] = -INFINITY;
+        if (j + 8 * nt + 2 * t + e >= j_end) sc[nt][e] = sc[nt][e + 2] = -INFINITY;
       }
     }
 
-    // Online softmax per head; s becomes p = 2^(s - m). The outputs' columns are heads 2t, 2t + 1 (of the head
+    // Online softmax per head; sc becomes p = 2^(s - m). The outputs' columns are heads 2t, 2t + 1 (of the head
     // tile), whose factors live in lanes 4 (2t) and 4 (2t + 1).
     uint32_t pb[kHT][2];
 #pragma unroll
     for (int ht = 0; ht < kHT; ++ht) {
-      float mx = fmaxf(fmaxf(s[0][2 * ht], s[0][2 * ht + 1]), fmaxf(s[1][2 * ht], s[1][2 * ht + 1]));
+      float mx = fmaxf(fmaxf(sc[0][2 * ht], sc[0][2 * ht + 1]), fmaxf(sc[1][2 * ht], sc[1][2 * ht + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m_run[ht], mx);
@@ -476,8 +543,8 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          s[nt][2 * ht + e] = exp2_approx(s[nt][2 * ht + e] - ref);
-          sum += s[nt][2 * ht + e];
+          sc[nt][2 * ht + e] = exp2_approx(sc[nt][2 * ht + e] - ref);
+          sum += sc[nt][2 * ht + e];
         }
       }
       l_run[ht] = l_run[ht] * alpha + sum;
@@ -490,28 +557,24 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
         o[ht][mt][2] *= a0;
         o[ht][mt][3] *= a1;
       }
-      pb[ht][0] = pack_half2(s[0][2 * ht], s[0][2 * ht + 1]);
-      pb[ht][1] = pack_half2(s[1][2 * ht], s[1][2 * ht + 1]);
+      pb[ht][0] = pack_half2(sc[0][2 * ht], sc[0][2 * ht + 1]);
+      pb[ht][1] = pack_half2(sc[1][2 * ht], sc[1][2 * ht + 1]);
     }
 
-    // O^T += V^T P^T, m16 tile mt = dims (g D/8 + 2 mt, + 1) as rows (g, g + 8).
+    // O^T += V^T P^T, m16 tile mt = dims 16 mt + g (c0, c1) and + 8 (c2, c3), columns heads 2t, 2t + 1.
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
-      uint32_t x[4];
-#pragma unroll
-      for (int kq = 0; kq < 4; ++kq) {
-        const uint4& w = vr[kq][mt / 4];
-        x[kq] = mt % 4 == 0 ? w.x : mt % 4 == 1 ? w.y : mt % 4 == 2 ? w.z : w.w;
-      }
-      const uint32_t a[4] = {__byte_perm(x[0], x[1], 0x5410), __byte_perm(x[0], x[1], 0x7632),
-                             __byte_perm(x[2], x[3], 0x5410), __byte_perm(x[2], x[3], 0x7632)};
+      uint32_t a[4];
+      attn::ldmatrix_x4_trans(a, stage + v_lane + uint32_t(16 * mt * 2));
 #pragma unroll
       for (int ht = 0; ht < kHT; ++ht) mma_f16(o[ht][mt], a, pb[ht][0], pb[ht][1]);
     }
+    __syncwarp();  // every lane is done with this stage before the next issue refills it
   }
+  attn::cp_async_wait<0>();  // only empty groups are left; nothing may land after the rings are reused
 
-  // Merge the warps: each head's max M over the warps, warp w's weight 2^(m_w - M), the denominator; then the
-  // weighted outputs summed warp by warp (fixed order: deterministic).
+  // Merge the warps: each head's max M over the warps, warp w's weight 2^(m_w - M); every warp stores its weighted
+  // outputs, then they are summed warp by warp (fixed order: deterministic).
 #pragma unroll
   for (int ht = 0; ht < kHT; ++ht) {
     float l = l_run[ht];
@@ -522,63 +585,109 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
       l_s[warp][8 * ht + g] = l;
     }
   }
-  __syncthreads();
-  if (tid < kHeads) {
-    float m = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, m_s[w][tid]);
-    const float ref = m == -INFINITY ? 0.0f : m;
-    float l = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      const float wt = exp2_approx(m_s[w][tid] - ref);
-      w_s[w][tid] = wt;
-      l += wt * l_s[w][tid];
+  __syncthreads();  // also: every warp is done with its ring
+  auto weight = [&](int w, int h, float& big) {
+    float m = m_s[0][h];
+    for (int x = 1; x < kWarps; ++x) m = fmaxf(m, m_s[x][h]);
+    big = m;
+    return exp2_approx(m_s[w][h] - (m == -INFINITY ? 0.0f : m));
+  };
+  float* o_w = reinterpret_cast<float*>(ring_s);  // [kWarps][kHeads][S::kOPitch]
+#pragma unroll
+  for (int ht = 0; ht < kHT; ++ht) {
+    const int h0 = 8 * ht + 2 * t;
+    float unused;
+    const float w0 = weight(warp, h0, unused), w1 = weight(warp, h0 + 1, unused);
+    float* row0 = o_w + (warp * kHeads + h0) * S::kOPitch;
+    float* row1 = row0 + S::kOPitch;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      const int d = 16 * mt + g;
+      row0[d] = o[ht][mt][0] * w0;
+      row1[d] = o[ht][mt][1] * w1;
+      row0[d + 8] = o[ht][mt][2] * w0;
+      row1[d + 8] = o[ht][mt][3] * w1;
     }
+  }
+  if (tid < kHeads) {
+    float l = 0.0f, m = 0.0f;
+    for (int w = 0; w < kWarps; ++w) l += weight(w, tid, m) * l_s[w][tid];
     big_m_s[tid] = m;
     big_l_s[tid] = l;
   }
   __syncthreads();
-  for (int w = 0; w < kWarps; ++w) {
-    if (warp == w) {
-#pragma unroll
-      for (int ht = 0; ht < kHT; ++ht) {
-        const int h0 = 8 * ht + 2 * t;
-        const float w0 = w_s[w][h0], w1 = w_s[w][h0 + 1];
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          const int d = g * (D / 8) + 2 * mt;
-          const float c[4] = {o[ht][mt][0] * w0, o[ht][mt][1] * w1, o[ht][mt][2] * w0, o[ht][mt][3] * w1};
-          if (w == 0) {
-            o_s[h0][d] = c[0];
-            o_s[h0 + 1][d] = c[1];
-            o_s[h0][d + 1] = c[2];
-            o_s[h0 + 1][d + 1] = c[3];
-          } else {
-            o_s[h0][d] += c[0];
-            o_s[h0 + 1][d] += c[1];
-            o_s[h0][d + 1] += c[2];
-            o_s[h0 + 1][d + 1] += c[3];
-          }
-        }
-      }
-    }
-    __syncthreads();
-  }
 
-  // The output (one split) or the split's partial record (max in natural units, as attention_kernel writes it).
+  // The output (one split) or the split's partial record [D outputs, max (log2 units), sum, 2 unused].
   const int h_first = hk * G;
+  const int stride = D + 4;
   for (int i = tid; i < G * D; i += kThreads) {
     const int h = i / D, d = i % D;
-    if (plan.n_splits == 1) {
-      p.out[(size_t(tok) * size_t(p.n_head) + size_t(h_first + h)) * size_t(D) + size_t(d)] = o_s[h][d] / big_l_s[h];
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += o_w[(w * kHeads + h) * S::kOPitch + d];
+    if (run.n_splits == 1) {
+      p.out[(size_t(tok) * size_t(p.n_head) + size_t(h_first + h)) * size_t(D) + size_t(d)] = sum / big_l_s[h];
     } else {
-      float* rec = p.partials + (size_t(h_first + h) * size_t(plan.n_splits) + size_t(split)) * size_t(D + 2);
-      rec[d] = o_s[h][d];
+      float* rec = p.partials + (size_t(h_first + h) * size_t(run.n_splits) + size_t(split)) * size_t(stride);
+      rec[d] = sum;
       if (d == 0) {
-        rec[D] = big_m_s[h] * 0.6931471805599453f;
+        rec[D] = big_m_s[h];
         rec[D + 1] = big_l_s[h];
       }
     }
   }
+  if (run.n_splits == 1) return;
+
+  // The last CTA of this KV head to finish combines every split's record (the ticket pattern: each CTA's records
+  // are visible device-wide before its ticket is taken, and read from L2 by the last one).
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) last_s = atomicAdd(p.tickets + hk, 1u) == unsigned(run.n_splits - 1);
+  __syncthreads();
+  if (!last_s) return;
+  __threadfence();
+  // Each head's largest split max M and denominator sum_s 2^(m_s - M) l_s: warp w takes heads w, w + 4, ..., its
+  // lanes the splits lane, lane + 32, ... (loads in parallel, sums folded in a fixed order).
+  const size_t per_head = size_t(run.n_splits) * size_t(stride);
+  for (int h = warp; h < G; h += kWarps) {
+    const float* rec = p.partials + size_t(h_first + h) * per_head;
+    float m = -INFINITY;
+    for (int sp = lane; sp < run.n_splits; sp += ops::kWarpSize) m = fmaxf(m, __ldcg(rec + size_t(sp) * stride + D));
+    m = ops::warp_max(m);
+    const float ref = m == -INFINITY ? 0.0f : m;
+    float l = 0.0f;
+    for (int sp = lane; sp < run.n_splits; sp += ops::kWarpSize) {
+      const float* r = rec + size_t(sp) * stride;
+      l += exp2_approx(__ldcg(r + D) - ref) * __ldcg(r + D + 1);
+    }
+    l = ops::warp_sum(l);
+    if (lane == 0) {
+      big_m_s[h] = ref;
+      big_l_s[h] = l;
+    }
+  }
+  __syncthreads();
+  // Numerators: thread i takes 4 dims of one head over every split, in split order.
+  for (int i = tid; i < G * (D / 4); i += kThreads) {
+    const int h = i / (D / 4), d = 4 * (i % (D / 4));
+    const float* rec = p.partials + size_t(h_first + h) * per_head;
+    const float ref = big_m_s[h];
+    float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+    for (int sp = 0; sp < run.n_splits; ++sp) {
+      const float* r = rec + size_t(sp) * stride;
+      const float w = exp2_approx(__ldcg(r + D) - ref);
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(r + d));
+      num.x += w * x.x;
+      num.y += w * x.y;
+      num.z += w * x.z;
+      num.w += w * x.w;
+    }
+    const float den = big_l_s[h];
+    *reinterpret_cast<float4*>(p.out + size_t(h_first + h) * size_t(D) + size_t(d)) =
+        make_float4(num.x / den, num.y / den, num.z / den, num.w / den);
+  }
+  if (tid == 0) p.tickets[hk] = 0u;  // for the next launch (stream order: nothing else reads it meanwhile)
 }
 
 template <int kMaxGroup>
@@ -595,14 +704,19 @@ Result<AttentionWorkspace> AttentionWorkspace::create(int64_t max_heads, int64_t
     return Status::error(format("AttentionWorkspace: max_heads=%lld must be positive, max_head_dim=%lld in 1..%lld",
                                 (long long)max_heads, (long long)max_head_dim, (long long)kMaxAttentionHeadDim));
   }
-  const size_t floats = size_t(max_heads) * size_t(kMaxAttentionSplits) * size_t(max_head_dim + 2);
+  // Records of up to head_dim + 4 floats (attention_decode_mma's; attention()'s take head_dim + 2).
+  const size_t floats = size_t(max_heads) * size_t(kMaxAttentionSplits) * size_t(max_head_dim + 4);
   MAGNETAR_ASSIGN_OR_RETURN(DeviceBuffer scratch, DeviceBuffer::allocate(floats * sizeof(float)));
+  MAGNETAR_ASSIGN_OR_RETURN(DeviceBuffer tickets, DeviceBuffer::allocate(size_t(max_heads) * sizeof(unsigned)));
+  const std::vector<unsigned> zeros(size_t(max_heads), 0u);
+  MAGNETAR_RETURN_IF_ERROR(tickets.upload(zeros.data(), zeros.size() * sizeof(unsigned)));
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   int sms = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   AttentionWorkspace ws;
   ws.scratch_ = std::move(scratch);
+  ws.tickets_ = std::move(tickets);
   ws.max_heads_ = max_heads;
   ws.max_head_dim_ = max_head_dim;
   ws.sm_count_ = sms > 0 ? sms : 1;
@@ -662,6 +776,9 @@ Status plan_call(const char* op, const AttentionArgs& a, AttentionWorkspace& wor
   p.pos0_device = a.pos0_device;
   p.sm_count = workspace.sm_count();
   p.max_splits = int(kMaxAttentionSplits);
+  p.rows_per_split = INT_MAX;
+  p.slots = 0;
+  p.tickets = nullptr;
   grid_splits = 1;
   if (a.pos0_device != nullptr) {
     if (a.n_tok != 1 || a.max_rows < 1 || a.max_rows > INT_MAX) {
@@ -694,9 +811,45 @@ void launch_combine(const Params& p, int grid_splits, int64_t n_head, cudaStream
   CUDA_CHECK(ops::launch(attention_combine_kernel, unsigned(n_head), kThreads, 0, stream, p));
 }
 
-template <int D, int kHT>
-void launch_decode_mma(const Params& p, dim3 grid, cudaStream_t stream) {
-  CUDA_CHECK(ops::launch(attention_decode_mma_kernel<D, kHT>, grid, kThreads, 0, stream, p));
+// Launches the decode kernel of one shape with its own plan (plan_decode over the CTAs the GPU holds of it at once) on
+// top of plan_call's parameters; a graph's grid is sized for max_rows.
+template <int D, int kHT, int kStages>
+Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, Params p, cudaStream_t stream) {
+  const auto kernel = attention_decode_mma_kernel<D, kHT, kStages>;
+  constexpr size_t kSmem = DecodeSmem<D, kHT, kStages>::kBytes;
+  // Above 48 KiB of dynamic shared memory needs the opt-in; set on every call (a host-side attribute write, no
+  // stream work) so that it holds for whichever device is current.
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+  static const int per_sm = [&] {
+    int n = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, kSmem));
+    return n > 0 ? n : 1;
+  }();
+  p.slots = workspace.sm_count() * per_sm;
+  p.tickets = workspace.tickets();
+  p.rows_per_split = INT_MAX;
+  p.n_splits = 1;
+  int grid_splits = 1;
+  if (a.pos0_device != nullptr) {
+    const int64_t rows = a.window > 0 && a.window < a.max_rows ? a.window : a.max_rows;
+    grid_splits = attn::decode_split_bound(rows, a.n_head_kv, p.slots, p.max_splits);
+  } else if (a.n_tok == 1) {
+    const int64_t rows = a.window > 0 && a.window < a.pos0 + 1 ? a.window : a.pos0 + 1;
+    const attn::DecodePlan plan = attn::plan_decode(rows, a.n_head_kv, p.slots, p.max_splits);
+    if (plan.n_splits > 1) {
+      p.rows_per_split = plan.rows_per_split;
+      p.n_splits = plan.n_splits;
+    }
+    grid_splits = p.n_splits;
+  }
+  if (grid_splits > 1 && (a.n_head > workspace.max_heads() || a.head_dim > workspace.max_head_dim())) {
+    return Status::error(format("attention_decode_mma: %lld heads of %lld exceed the workspace (%lld heads of %lld)",
+                                (long long)a.n_head, (long long)a.head_dim, (long long)workspace.max_heads(),
+                                (long long)workspace.max_head_dim()));
+  }
+  const dim3 grid(unsigned(grid_splits), unsigned(a.n_head_kv), unsigned(a.n_tok));
+  CUDA_CHECK(ops::launch(kernel, grid, kThreads, kSmem, stream, p));
+  return Status();
 }
 
 }  // namespace
@@ -734,23 +887,19 @@ Status attention_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspac
   }
   if (!ops::aligned(a.q, 16)) return Status::error("attention_decode_mma: q must be 16-byte aligned");
   Params p;
-  int grid_splits = 1;
+  int grid_splits = 1;  // attention()'s plan: only its workspace check matters here (the kernel plans its own)
   MAGNETAR_RETURN_IF_ERROR(plan_call("attention_decode_mma", a, workspace, p, grid_splits));
-  const dim3 grid(unsigned(grid_splits), unsigned(a.n_head_kv), unsigned(a.n_tok));
   const bool two = p.group > 8;
   switch (a.head_dim) {
     case 64:
-      two ? launch_decode_mma<64, 2>(p, grid, stream.raw()) : launch_decode_mma<64, 1>(p, grid, stream.raw());
-      break;
+      return two ? launch_decode_mma<64, 2, 4>(a, workspace, p, stream.raw())
+                 : launch_decode_mma<64, 1, 4>(a, workspace, p, stream.raw());
     case 128:
-      two ? launch_decode_mma<128, 2>(p, grid, stream.raw()) : launch_decode_mma<128, 1>(p, grid, stream.raw());
-      break;
+      return two ? launch_decode_mma<128, 2, 4>(a, workspace, p, stream.raw())
+                 : launch_decode_mma<128, 1, 4>(a, workspace, p, stream.raw());
     default:
-      launch_decode_mma<256, 1>(p, grid, stream.raw());
-      break;
+      return launch_decode_mma<256, 1, 2>(a, workspace, p, stream.raw());
   }
-  launch_combine(p, grid_splits, a.n_head, stream.raw());
-  return Status();
 }
 
 }  // namespace magnetar::cuda

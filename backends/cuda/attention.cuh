@@ -53,6 +53,37 @@ MAGNETAR_HD SplitPlan plan_splits(int64_t rows, int64_t n_head_kv, int sm_count,
   return p;
 }
 
+// The tensor-core decode kernel's plan (attention_decode_mma): splits of whole kDecodeStep-row steps (its 4 warps
+// take 16 rows each per step), as many as fill `slots` CTAs (the GPU's SMs times the kernel's CTAs per SM: one
+// wave, every CTA's loads pipelined over its whole run) over the n_head_kv heads, at most max_splits and at most
+// one per step. Fewer, longer splits than plan_splits: a CTA's prologue (Q) and epilogue (warp merge, partial
+// record) are paid once per split, and the splits' records are few enough for the last CTA to combine them.
+constexpr int kDecodeStep = 64;
+struct DecodePlan {
+  int rows_per_split = 0;  // a multiple of kDecodeStep
+  int n_splits = 0;
+};
+MAGNETAR_HD int64_t decode_split_target(int64_t n_head_kv, int slots, int max_splits) {
+  const int64_t want = slots / n_head_kv;
+  return want < 1 ? 1 : want > max_splits ? max_splits : want;
+}
+MAGNETAR_HD DecodePlan plan_decode(int64_t rows, int64_t n_head_kv, int slots, int max_splits) {
+  const int64_t want = decode_split_target(n_head_kv, slots, max_splits);
+  int64_t per = (rows + want - 1) / want;
+  per = (per + kDecodeStep - 1) / kDecodeStep * kDecodeStep;
+  if (per < kDecodeStep) per = kDecodeStep;
+  DecodePlan d;
+  d.rows_per_split = int(per);
+  d.n_splits = int((rows + per - 1) / per);
+  return d;
+}
+// The most splits plan_decode gives for any row count up to max_rows (a graph's grid).
+MAGNETAR_HD int decode_split_bound(int64_t max_rows, int64_t n_head_kv, int slots, int max_splits) {
+  const int64_t want = decode_split_target(n_head_kv, slots, max_splits);
+  const int64_t steps = (max_rows + kDecodeStep - 1) / kDecodeStep;
+  return int(steps < want ? steps : want);
+}
+
 // Running softmax state of one query head: the largest score seen (m) and the sum of exp(score - m) (l).
 // Accumulated outputs o = sum exp(score - m) v are kept beside it by the caller.
 struct SoftmaxState {
@@ -93,6 +124,34 @@ __device__ __forceinline__ float exp2_approx(float x) {
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Shared-memory staging of K/V tiles (attention_prefill.cu, attention.cu's decode kernel).
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, asynchronous; valid == false writes 16 zero bytes and reads nothing.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address)
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address)
+               : "memory");
 }
 #endif
 

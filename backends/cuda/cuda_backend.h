@@ -490,9 +490,12 @@ class AttentionWorkspace {
   int64_t max_head_dim() const { return max_head_dim_; }
   int sm_count() const { return sm_count_; }  // of the current device at creation: sizes the split count
   float* partials() { return scratch_.as<float>(); }
+  // attention_decode_mma's count of finished splits per KV head (zero between launches).
+  unsigned* tickets() { return tickets_.as<unsigned>(); }
 
  private:
   DeviceBuffer scratch_;
+  DeviceBuffer tickets_;
   int64_t max_heads_ = 0;
   int64_t max_head_dim_ = 0;
   int sm_count_ = 1;
@@ -531,11 +534,14 @@ struct AttentionArgs {
 };
 Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Stream& stream);
 
-// Same contract as attention() (same AttentionArgs incl. pos0_device, same split plan and workspace), computed on f16
-// tensor cores (attention.cu's decode kernel): Q * scale rounded to f16, scores and softmax in f32, P rounded to f16
-// for P V, f32 accumulation -- the numerics of attention_prefill_mma, whose bound tests/cuda/cuda_ops_test.cpp states
-// for both. Each CTA's 4 warps take 16 cached rows at a time straight from memory into mma fragments (no shared
-// memory staging), so a split's rows are read with ~1 instruction per 80 bytes instead of attention()'s ~1 per 8.
+// Same contract as attention() (same AttentionArgs incl. pos0_device, same workspace), computed on f16 tensor cores
+// (attention.cu's decode kernel): Q * scale rounded to f16, scores and softmax in f32, P rounded to f16 for P V, f32
+// accumulation -- the numerics of attention_prefill_mma, whose bound tests/cuda/cuda_ops_test.cpp states for both.
+// Its own split plan (attn::plan_decode: one wave of CTAs, splits of whole 64-row steps); each warp streams its rows
+// through a cp.async ring in shared memory, and the last CTA of each KV head combines the splits (no second launch).
+// Launched with programmatic dependent launch, it starts copying the cached rows before pos0 while the launch before
+// it still runs: those rows must have been written at least two launches earlier (or by a copy); rows pos0 and later
+// (this call's own tokens) may come from the launch just before.
 // Meant for decode (n_tok == 1: split-K); n_tok > 1 runs one CTA per (token, KV head) as attention() does.
 // Supported (has_attention_decode_mma): head_dim 64 or 128 with a group up to 16, 256 with a group up to 8; q 16-byte
 // aligned. Any other shape returns a Status (callers fall back to attention()).

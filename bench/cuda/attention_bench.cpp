@@ -35,7 +35,7 @@ constexpr int64_t kMaxCtx = 65536 + 2048;                    // rows of one regi
 constexpr size_t kFootprintBytes = size_t(1) << 30;          // K and V bytes read per graph, >= 20x L2
 constexpr int64_t kChunk = 2048;                             // prefill chunk (bench --batch 2048)
 constexpr double kRooflineGBps = 4800.0;                     // H200 HBM3e, vendor datasheet
-constexpr int64_t kContexts[] = {2048, 16384, 65536};
+constexpr int64_t kContexts[] = {512, 2048, 16384, 65536};
 
 using bench::must;
 using bench::must_ok;

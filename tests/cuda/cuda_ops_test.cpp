@@ -1267,8 +1267,10 @@ TEST(CudaOps, AttentionPrefillMmaUniformScoresExact) {
 
 // attention()'s cases with a kernel (head_dim 64, 128, 256; groups 1 to 16) plus decode at the shapes the model runs:
 // the 30B-A3B geometry (32 heads over 4 KV heads of 128) and a group of 16 (the 235B geometry's 64 over 4), at
-// contexts of 1, 15, 16, 17 rows (a warp step of 16 and its edges), one chunk and its edge (128, 129), a context that
-// gives one split per chunk and one of several chunks per split, with and without a window.
+// contexts of 1, 15, 16, 17 rows (a warp step of 16 and its edges), 128 and 129 (two splits of one 64-row step; a last
+// split of one row, its other warps idle), 3000 (splits of one or two steps, some warps idle) and 40000 (splits of many
+// steps, more than the ring holds), with and without a window. Every multi-split case takes and resets the
+// workspace's tickets: a ticket left behind would make the next case's combine run early or never.
 std::vector<AttnCase> decode_mma_cases() {
   std::vector<AttnCase> cases;
   for (const AttnCase& c : attention_cases()) {
