@@ -15,6 +15,7 @@
 
 struct CUstream_st;     // the CUDA runtime's stream object; cudaStream_t is CUstream_st*
 struct CUgraphExec_st;  // an instantiated CUDA graph; cudaGraphExec_t is CUgraphExec_st*
+struct CUevent_st;      // a CUDA event; cudaEvent_t is CUevent_st*
 
 namespace magnetar::cuda {
 
@@ -126,6 +127,25 @@ class Stream {
 
  private:
   CUstream_st* stream_ = nullptr;
+};
+
+// A CUDA event for timing a stream's work between two records. Move-only.
+class Event {
+ public:
+  Event() = default;
+  static Result<Event> create();
+  ~Event();
+  Event(Event&& other) noexcept;
+  Event& operator=(Event&& other) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  void record(Stream& stream);
+  // Seconds from `start` to `end`, both recorded and complete (their stream synchronized since).
+  static double seconds_between(const Event& start, const Event& end);
+
+ private:
+  CUevent_st* event_ = nullptr;
 };
 
 // A recorded sequence of one stream's work (a CUDA graph), replayed with one launch: the decode step's hundreds of

@@ -100,6 +100,37 @@ void Stream::copy(void* dst, const void* src, size_t bytes) {
   if (bytes != 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
 }
 
+// ---- Event --------------------------------------------------------------------------------------------------------
+
+Result<Event> Event::create() {
+  if (device_count() == 0) return Status::error("Event: no CUDA device");
+  Event e;
+  CUDA_CHECK(cudaEventCreate(&e.event_));
+  return Result<Event>(std::move(e));
+}
+
+Event::~Event() {
+  if (event_ != nullptr) CUDA_CHECK(cudaEventDestroy(event_));
+}
+
+Event::Event(Event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
+
+Event& Event::operator=(Event&& other) noexcept {
+  if (this != &other) {
+    if (event_ != nullptr) CUDA_CHECK(cudaEventDestroy(event_));
+    event_ = std::exchange(other.event_, nullptr);
+  }
+  return *this;
+}
+
+void Event::record(Stream& stream) { CUDA_CHECK(cudaEventRecord(event_, stream.raw())); }
+
+double Event::seconds_between(const Event& start, const Event& end) {
+  float ms = 0.0f;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, end.event_));
+  return double(ms) * 1e-3;
+}
+
 // ---- Graph --------------------------------------------------------------------------------------------------------
 
 Graph::~Graph() {

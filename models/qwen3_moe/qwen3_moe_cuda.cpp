@@ -260,9 +260,14 @@ class Qwen3Cuda final : public Model {
   Result<const cuda::Graph*> decode_graph(cpu::ThreadPool& pool, const ForwardArgs& args, int64_t n) const;
   // Tiered mode: the device pointers of `active`'s experts in the pool (pool_ptrs_), loading the misses from
   // `source`; with the CPU lane, the cold misses with at most kCpuLaneMaxRows rows (rows[e]) go to lane_ (null
-  // pool pointers, host pointers in lane_ptrs_) instead. Leaves the layer acquired from `source` in `held`.
+  // pool pointers, host pointers in lane_ptrs_) instead. Leaves the layer acquired from `source` in held_.
+  // `guess`: the next MoE layer's predicted experts (--prefetch), handed to source.prefetch between acquire and
+  // wait. The copies are queued on stream_, not waited for: held_ keeps the layer pinned until settle_copies().
   Status pool_acquire(int64_t il, std::span<const int32_t> active, std::span<const int32_t> rows,
-                      experts::ExpertSource& source, std::optional<experts::Pinned>& held) const;
+                      experts::ExpertSource& source, int64_t guess_layer, std::span<const int32_t> guess) const;
+  // After a synchronize of stream_: the last acquired layer's copies have landed; adds their time to the tier's
+  // statistics and releases the layer in its source.
+  void settle_copies() const;
   // The CPU lane: lane_'s rows (grouped order, expert_begin_) computed on the CPU from h_xn_, uploaded into down_.
   void run_cpu_lane(cpu::ThreadPool& pool, const DevLayer& L, int64_t n) const;
   // Items of up to item_rows rows grouped by expert (host), from ids already on the host; ptr(e) gives expert
@@ -313,6 +318,15 @@ class Qwen3Cuda final : public Model {
   mutable std::vector<int32_t> active_, misses_, rows_of_;
   mutable std::vector<experts::ExpertPtrs> host_ptrs_;
   mutable std::vector<uint8_t> ready_;
+  // The layer acquired last stays pinned in its source until the stream has synchronized after its copies (the
+  // next MoE layer's routing readback, or the end of forward(): settle_copies); the copies are timed by events.
+  mutable std::optional<experts::Pinned> held_;
+  mutable cuda::Event copy_start_, copy_end_;
+  mutable bool copies_timed_ = false;
+  // --prefetch (ForwardArgs::prefetch): the next MoE layer's router on this layer's input, its top-k ids on the host.
+  mutable DeviceBuffer next_ids_, next_weights_;
+  mutable cuda::PinnedBuffer h_next_ids_;
+  mutable std::vector<int32_t> guess_;
   mutable std::vector<int32_t> expert_begin_, expert_fill_;  // group_rows_on_host's counting sort
   mutable std::vector<DeviceKv*> mirrors_;                    // forward(): each sequence's device KV
   mutable GpuTierStats tier_stats_;
@@ -523,6 +537,13 @@ Status Qwen3Cuda::init() {
   MAGNETAR_ASSIGN_OR_RETURN(h_items_, cuda::PinnedBuffer::allocate(
                                           (R + size_t(std::max<int64_t>(X, 1))) * sizeof(GroupItem) + 2 * R * 4));
   MAGNETAR_ASSIGN_OR_RETURN(h_logits_, cuda::PinnedBuffer::allocate(size_t(kVec) * size_t(hp_.n_vocab) * f));
+  if (pool_bytes_ > 0) {
+    MAGNETAR_ASSIGN_OR_RETURN(next_ids_, device_buffer(R * 4));
+    MAGNETAR_ASSIGN_OR_RETURN(next_weights_, device_buffer(R * f));
+    MAGNETAR_ASSIGN_OR_RETURN(h_next_ids_, cuda::PinnedBuffer::allocate(R * 4));
+    MAGNETAR_ASSIGN_OR_RETURN(copy_start_, cuda::Event::create());
+    MAGNETAR_ASSIGN_OR_RETURN(copy_end_, cuda::Event::create());
+  }
   if (cpu_lane_) {
     const size_t F = size_t(hp_.n_ff_exp), row = std::max(size_t(max_cols) * f, size_t(act_row_max_));
     MAGNETAR_ASSIGN_OR_RETURN(h_xn_, cuda::PinnedBuffer::allocate(B * size_t(E) * f));
@@ -744,7 +765,8 @@ int64_t Qwen3Cuda::group_rows_on_host(const int32_t* h_ids, int64_t n, int32_t i
 }
 
 Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std::span<const int32_t> rows,
-                               experts::ExpertSource& source, std::optional<experts::Pinned>& held) const {
+                               experts::ExpertSource& source, int64_t guess_layer,
+                               std::span<const int32_t> guess) const {
   const int64_t X = hp_.n_expert;
   ++tick_;
   misses_.clear();
@@ -786,14 +808,15 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
   }
   for (const int32_t e : misses_) policy_->touch(uint32_t(il * X + e), tick_);
   for (const int32_t e : lane_) policy_->touch(uint32_t(il * X + e), tick_);
-  if (!misses_.empty() || !lane_.empty()) {
-    const auto t0 = std::chrono::steady_clock::now();
+  const bool acquire = !misses_.empty() || !lane_.empty();
+  if (acquire) {
     const size_t n_copy = misses_.size();
     misses_.insert(misses_.end(), lane_.begin(), lane_.end());  // one acquire for the layer: copies, then the lane
     host_ptrs_.resize(misses_.size());
     ready_.resize(misses_.size());
     source.acquire(il, misses_, host_ptrs_, ready_);
-    held.emplace(source);  // released by the caller once the copies have landed and the lane has run
+    held_.emplace(source);  // released by settle_copies() once the copies have landed (the lane runs before)
+    if (guess_layer >= 0) source.prefetch(guess_layer, guess);
     MAGNETAR_RETURN_IF_ERROR(source.wait(host_ptrs_));
     lane_ptrs_.assign(host_ptrs_.begin() + std::ptrdiff_t(n_copy), host_ptrs_.end());
     misses_.resize(n_copy);
@@ -818,6 +841,7 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
       slot = {.layer = int32_t(il), .expert = misses_[i], .last_use = tick_};
       slot_of_[size_t(il * X + misses_[i])] = int32_t(victim);
       uint8_t* dst = static_cast<uint8_t*>(pool_.data()) + victim * slot_bytes_;
+      if (i == 0) copy_start_.record(stream_);
       for (int p = 0; p < 3; ++p) {
         const size_t bytes = size_t(layout_->extent(il, misses_[i], experts::Part(p)).bytes);
         stream_.copy(dst, host_ptrs_[i].part[p], bytes);
@@ -827,10 +851,11 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
       tier_stats_.misses++;
     }
     if (n_copy > 0) {
-      stream_.synchronize();
-      tier_stats_.h2d_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      copy_end_.record(stream_);
+      copies_timed_ = true;
     }
   }
+  if (!acquire && guess_layer >= 0) source.prefetch(guess_layer, guess);
   for (const int32_t e : active) {
     const int32_t s = slot_of_[size_t(il * X + e)];
     for (int p = 0; p < 3; ++p) pool_ptrs_[size_t(e) * 3 + size_t(p)] = nullptr;  // the CPU lane's: not on the GPU
@@ -841,6 +866,14 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
     pool_ptrs_[size_t(e) * 3 + 2] = base + part_cap_[0] + part_cap_[1];
   }
   return Status();
+}
+
+void Qwen3Cuda::settle_copies() const {
+  if (copies_timed_) {
+    tier_stats_.h2d_seconds += cuda::Event::seconds_between(copy_start_, copy_end_);
+    copies_timed_ = false;
+  }
+  held_.reset();
 }
 
 void Qwen3Cuda::run_cpu_lane(cpu::ThreadPool& pool, const DevLayer& L, int64_t n) const {
@@ -912,7 +945,6 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   // Prefill with an mmq-able expert type groups up to kMmqItemRows rows per item for grouped_matmul_q.
   const bool mmq = use_mmq(L.exp_type, n) && cuda::has_matmul_q(L.down_type);
   const int32_t item_rows = mmq ? kMmqItemRows : int32_t(kVec);
-  std::optional<experts::Pinned> held;  // tiered: the layer's experts acquired from the host source
   lane_.clear();
   if (!resolve) {
     // Prefill, or the tiered mode: the ids come to the host, rows are grouped by expert (token order within an
@@ -920,7 +952,32 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
     int32_t* h_ids = h_ids_.as<int32_t>() + il * n_batch_ * K;
     if (!args.routing) stream_.copy(h_ids, ids, size_t(R) * 4);
     if (cpu_lane_) stream_.copy(h_xn_.as<float>(), xn_.as<float>(), size_t(n * E) * sizeof(float));
+    // --prefetch: the next MoE layer's router on this layer's input (Qwen3Model::predict_next's guess), its top-k
+    // read back with this layer's ids; the source reads the guessed experts it lacks while this layer waits and
+    // computes. router_ is free again: route_topk has consumed it.
+    int64_t next = -1;
+    if (args.prefetch && pool_bytes_ > 0 && args.experts != nullptr) {
+      for (int64_t l = il + 1; l < hp_.n_layer && next < 0; ++l) {
+        if (layers_[size_t(l)].moe) next = l;
+      }
+    }
+    if (next >= 0) {
+      MAGNETAR_RETURN_IF_ERROR(linear(layers_[size_t(next)].gate_inp, xn_.as<float>(), router, n));
+      MAGNETAR_RETURN_IF_ERROR(cuda::route_topk({.logits = router, .ids = next_ids_.as<int32_t>(),
+                                                 .weights = next_weights_.as<float>(), .n_tok = n, .n_expert = X,
+                                                 .k = K, .normalize = hp_.norm_topk_prob}, stream_));
+      stream_.copy(h_next_ids_.as<int32_t>(), next_ids_.as<int32_t>(), size_t(R) * 4);
+    }
     stream_.synchronize();
+    settle_copies();  // the previous MoE layer's copies have landed
+    if (next >= 0) {
+      const int32_t* guessed = h_next_ids_.as<int32_t>();
+      guess_.assign(guessed, guessed + R);
+      std::sort(guess_.begin(), guess_.end());
+      guess_.erase(std::unique(guess_.begin(), guess_.end()), guess_.end());
+      // Only what the pool lacks (a pooled expert needs no host read unless this layer's misses evict it).
+      std::erase_if(guess_, [&](int32_t e) { return slot_of_[size_t(next * X + e)] >= 0; });
+    }
     if (pool_bytes_ > 0) {
       active_.clear();
       rows_of_.assign(size_t(X), 0);
@@ -928,7 +985,8 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
       for (int32_t e = 0; e < int32_t(X); ++e) {
         if (rows_of_[size_t(e)] > 0) active_.push_back(e);
       }
-      MAGNETAR_RETURN_IF_ERROR(pool_acquire(il, active_, rows_of_, args.experts ? *args.experts : *mapped_, held));
+      MAGNETAR_RETURN_IF_ERROR(pool_acquire(il, active_, rows_of_, args.experts ? *args.experts : *mapped_, next,
+                                            guess_));
       n_items = group_rows_on_host(h_ids, n, item_rows, [&](int64_t e, int p) { return pool_ptrs_[size_t(e) * 3 + size_t(p)]; },
                                    &max_n);
     } else {
@@ -979,6 +1037,15 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
   const int64_t n = args.n_tok, E = hp_.n_embd, V = hp_.n_vocab;
   MAGNETAR_CHECK(n >= 1 && n <= n_batch_ && !args.seqs.empty());
   if (args.routing) MAGNETAR_CHECK(int64_t(args.routing->counts.size()) == hp_.n_layer * hp_.n_expert);
+  // However this call ends, the last acquired layer is released once its copies have landed.
+  struct SettleOnExit {
+    const Qwen3Cuda& model;
+    ~SettleOnExit() {
+      if (!model.held_) return;
+      model.stream_.synchronize();
+      model.settle_copies();
+    }
+  } settle_on_exit{*this};
 
   // Each sequence's KV mirror, current up to its pos0.
   std::vector<DeviceKv*>& mirrors = mirrors_;

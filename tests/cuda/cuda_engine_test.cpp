@@ -270,12 +270,14 @@ TEST(CudaDemo, PrefillScoresTextLikeTheCpu) {
 // ---- the GPU expert tier ------------------------------------------------------------------------------------------
 
 // The bundled demo model (16 MoE layers of 16 experts): resident on the GPU against the tiered mode with a pool of
-// 20 experts (every layer evicts), experts in host memory mapped or streamed through a small RAM cache. The
-// same kernels compute the same rows wherever the weights came from: logits bit-identical, prefill and decode.
+// 20 experts (every layer evicts), experts in host memory mapped or streamed through a small RAM cache, with and
+// without next-layer prefetch (--prefetch: the next router's guess read into the RAM cache while a layer's copies,
+// no longer waited for, are still in flight). The same kernels compute the same rows wherever the weights came
+// from: logits bit-identical, prefill and decode.
 TEST(CudaTier, PoolEqualsResidentBitForBit) {
   SKIP_WITHOUT_GPU();
   const std::string demo = std::string(MAGNETAR_SOURCE_DIR) + "/models/magnetar-demo-q8_0.gguf";
-  auto run = [&](double gpu_cache_gb, bool stream, std::vector<std::vector<float>>* logits) {
+  auto run = [&](double gpu_cache_gb, bool stream, std::vector<std::vector<float>>* logits, bool prefetch = false) {
     EngineOptions o;
     o.n_threads = 2;
     o.n_ctx = 128;
@@ -286,6 +288,7 @@ TEST(CudaTier, PoolEqualsResidentBitForBit) {
       o.experts = ExpertMode::kStream;
       o.stream.cache_gb = 0.007;
       o.stream.census = false;
+      o.stream.prefetch = prefetch;
     }
     auto engine = Engine::load(demo, o);
     ASSERT_TRUE(engine.ok()) << engine.status().message();
@@ -305,18 +308,24 @@ TEST(CudaTier, PoolEqualsResidentBitForBit) {
                   (unsigned long long)st.gpu_hits, (unsigned long long)st.gpu_misses,
                   (unsigned long long)st.gpu_evictions);
       EXPECT_GT(st.gpu_evictions, 0u) << "the pool is meant to be too small for the model";
+      if (prefetch) {
+        EXPECT_GT(st.prefetch_issued, 0u) << "the guesses are meant to miss the small RAM cache";
+      }
     }
   };
-  std::vector<std::vector<float>> resident, pooled, streamed;
+  std::vector<std::vector<float>> resident, pooled, streamed, prefetched;
   run(0, false, &resident);
   run(0.004, false, &pooled);
   run(0.004, true, &streamed);
+  run(0.004, true, &prefetched, true);
   ASSERT_EQ(resident.size(), 24u);
   ASSERT_EQ(pooled.size(), resident.size());
   ASSERT_EQ(streamed.size(), resident.size());
+  ASSERT_EQ(prefetched.size(), resident.size());
   for (size_t i = 0; i < resident.size(); ++i) {
     EXPECT_EQ(pooled[i], resident[i]) << "token " << i << " (GPU pool, mapped host experts)";
     EXPECT_EQ(streamed[i], resident[i]) << "token " << i << " (GPU pool, streamed host experts)";
+    EXPECT_EQ(prefetched[i], resident[i]) << "token " << i << " (GPU pool, streamed host experts, prefetch)";
   }
 }
 

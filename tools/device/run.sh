@@ -103,17 +103,18 @@ if [ "$filter" = "--depth-bench" ]; then
 fi
 
 # `run.sh --tier-bench`: only the consumer-GPU setting (experts tiered: a 2.25 GiB GPU pool, an 8 GiB RAM cache
-# over disk), without and with the CPU expert lane, on uniform routing and on a skewed one (`synth --skew 1`);
+# over disk), plain, with the CPU expert lane and with next-layer prefetch, on uniform routing and on a skewed one
+# (`synth --skew 1`);
 # builds the binary when needed.
 if [ "$filter" = "--tier-bench" ]; then
   build_magnetar
   for skew in 0 1; do
     model=/tmp/magnetar-q30-q4k-skew$skew.gguf
     [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k --skew $skew -t "$(nproc)" -o "$model" >/dev/null 2>&1
-    for lane in "" --cpu-experts; do
-      echo "== skew $skew ${lane:-(no CPU lane)}"
+    for lane in "" --cpu-experts --prefetch; do
+      echo "== skew $skew ${lane:-(no CPU lane, no prefetch)}"
       "$bin" bench -m "$model" --device cuda --gpu-cache-gb 2.25 --stream --cache-gb 8 --no-census $lane --show-plan \
-        --ctx-start 0 --ctx-max 0 --step 128 --gen 64 --reps 3 2>&1 | grep -E "page-locked|CPU expert lane|^ +0 |pool|experts:"
+        --ctx-start 0 --ctx-max 0 --step 128 --gen 64 --reps 3 2>&1 | grep -E "page-locked|CPU expert lane|^ +0 |pool|experts:|prefetch"
     done
   done
   exit 0
