@@ -107,7 +107,7 @@ struct ExpertStats {
   // The GPU expert pool (device cuda with a pool): experts found there / copied up from host memory.
   bool gpu_tier = false;
   uint64_t gpu_slots = 0, gpu_hits = 0, gpu_misses = 0, gpu_evictions = 0, gpu_bytes_h2d = 0;
-  double gpu_miss_seconds = 0;  // the miss path: waiting for the host store, then the copies
+  double gpu_miss_seconds = 0;  // GPU time of the pool's copies of missed experts
   // The CPU expert lane (--cpu-experts): pool misses computed on the CPU instead of copied up (not in gpu_misses).
   uint64_t gpu_cpu_experts = 0, gpu_cpu_rows = 0;
   double gpu_cpu_seconds = 0;

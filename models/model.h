@@ -117,7 +117,7 @@ class Model {
   struct GpuTierStats {
     uint64_t slots = 0, slot_bytes = 0;
     uint64_t hits = 0, misses = 0, evictions = 0, bytes_h2d = 0;
-    double h2d_seconds = 0;  // wall time of the miss path: host store wait + copies
+    double h2d_seconds = 0;  // GPU time of the pool's copies (CUDA events around each layer's copies)
     uint64_t cpu_experts = 0, cpu_rows = 0;  // CPU lane: experts (per layer call) and rows computed there
     double cpu_seconds = 0;                  // wall time of the CPU lane (runs while the GPU computes)
   };

@@ -40,6 +40,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -92,6 +93,12 @@ bool use_mmq(quant::Type t, int64_t n) { return n > kVec && mmq_enabled() && cud
 bool graphs_enabled() {
   static const bool enabled = switch_on("MAGNETAR_CUDA_GRAPH");
   return enabled;
+}
+// MAGNETAR_CUDA_GRAPH=refuse (a test switch, read at each capture): every decode graph is recorded and then refused,
+// as a driver refusing the capture would, so the fallback to launching kernel by kernel runs.
+bool refuse_captures() {
+  const char* v = std::getenv("MAGNETAR_CUDA_GRAPH");
+  return v != nullptr && std::string_view(v) == "refuse";
 }
 
 // Launches folded into others, each one launch fewer per layer and decode token:
@@ -1090,6 +1097,9 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
       stream_.synchronize();
       std::memcpy(args.logits, h_logits, size_t(n * V) * sizeof(float));
     } else {
+      // Once per model: decode keeps working, ~10-25% slower (docs/benchmarks/2026-11-30-cuda-decode-graph.md).
+      std::fprintf(stderr, "magnetar: CUDA graph capture of the decode step failed (%s); decoding kernel by kernel\n",
+                   graph.status().message().c_str());
       graphs_failed_ = true;
       graphed = false;
     }
@@ -1186,6 +1196,7 @@ Result<const cuda::Graph*> Qwen3Cuda::decode_graph(cpu::ThreadPool& pool, const 
   Result<cuda::Graph> graph = cuda::Graph::end_capture(stream_);
   MAGNETAR_RETURN_IF_ERROR(st);
   MAGNETAR_RETURN_IF_ERROR(graph.status());
+  if (refuse_captures()) return Status::error("decode graph capture refused (MAGNETAR_CUDA_GRAPH=refuse)");
   if (graphs_.size() == kMaxDecodeGraphs) {
     graphs_.erase(std::min_element(graphs_.begin(), graphs_.end(),
                                    [](const DecodeGraph& a, const DecodeGraph& b) { return a.last_use < b.last_use; }));

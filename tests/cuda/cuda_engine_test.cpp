@@ -113,6 +113,39 @@ TEST_P(CudaEngine, GreedyDecodeMatchesCpu) {
   }
 }
 
+// A decode graph the driver refuses turns graphs off for the model and the step runs kernel by kernel, starting with
+// the refused step itself (whose capture recorded the whole forward pass without running it). Simulated with
+// MAGNETAR_CUDA_GRAPH=refuse: the model says so once on stderr, and the logits of every step equal the graph
+// replays' bit for bit (same kernels, same arguments; a host-side effect of the discarded capture, applied twice,
+// would show here).
+TEST_P(CudaEngine, RefusedGraphFallsBackBitForBit) {
+  SKIP_WITHOUT_GPU();
+  auto decode = [&](std::vector<std::vector<float>>* logits) {
+    auto gpu = load(path_, Device::kCuda);
+    ASSERT_TRUE(gpu);
+    auto s = gpu->new_session();
+    ASSERT_TRUE(s.ok());
+    ASSERT_OK(s.value()->sync(prompt(8, 2)));
+    for (int i = 0; i < 12; ++i) {
+      logits->emplace_back(s.value()->logits().begin(), s.value()->logits().end());
+      ASSERT_OK(s.value()->step(argmax(s.value()->logits())));
+    }
+  };
+  std::vector<std::vector<float>> graphed, refused;
+  ::testing::internal::CaptureStderr();
+  decode(&graphed);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr().find("capture"), std::string::npos);
+  ASSERT_EQ(setenv("MAGNETAR_CUDA_GRAPH", "refuse", 1), 0);  // read at each capture
+  ::testing::internal::CaptureStderr();
+  decode(&refused);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  unsetenv("MAGNETAR_CUDA_GRAPH");
+  EXPECT_NE(said.find("graph capture of the decode step failed"), std::string::npos) << said;
+  ASSERT_EQ(graphed.size(), 12u);
+  ASSERT_EQ(refused.size(), graphed.size());
+  for (size_t i = 0; i < graphed.size(); ++i) EXPECT_EQ(refused[i], graphed[i]) << "step " << i;
+}
+
 TEST_P(CudaEngine, PrefillLogitsMatchCpu) {
   SKIP_WITHOUT_GPU();
   auto cpu = load(path_, Device::kCpu), gpu = load(path_, Device::kCuda);
