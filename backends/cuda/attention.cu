@@ -346,7 +346,9 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(const Param
 // next kStages - 1 steps are in flight. The first version read each step straight into registers (no staging), one
 // step in flight per warp: at 64K context the kernel pulled K/V at 2.3 TB/s (ncu: 18.75% occupancy at 146
 // registers, long-scoreboard stalls half the cycles) and its 1,056 CTAs of 4 steps per warp paid their prologue
-// and epilogue every 256 rows, then a second launch combined 256 splits per head. Per step:
+// and epilogue every 256 rows, then a second launch combined 264 splits per head. This one: 42.6 us per 64K call
+// instead of 90.8 (3.15 TB/s), 10.2 instead of 11.6 at 2K (docs/benchmarks/2026-12-01-cuda-decode-attention-rings.md).
+// Per step:
 //   S = Q K^T    mma m16n8k16, A = Q (heads as rows: group <= 8 leaves rows 8..15 zero; scaled by scale * log2(e),
 //                rounded to f16 once, in registers for the whole split), B = K by ldmatrix (8 keys x 32 dims per x4).
 //   softmax      C layout: lane (g, t) has head g (and g + 8), keys 2t, 2t + 1 of each n8 tile: max over the quad.
