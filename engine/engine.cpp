@@ -55,13 +55,17 @@ struct Engine::Impl {
 
 namespace {
 
+quant::Type kv_quant_type(KvType t) {
+  return t == KvType::kF32 ? quant::Type::F32 : t == KvType::kQ8_0 ? quant::Type::Q8_0 : quant::Type::F16;
+}
+
 // One session's KV cache for the context, and its scratch (make_workspace: activations of a batch, the experts'
 // rows, attention scratch), as the memory planner and the session count count them.
 uint64_t session_kv_bytes(const Engine::Impl& impl) {
   const models::HParams& hp = impl.model->hparams();
   const EngineOptions& o = impl.options;
-  const uint64_t kv_elem = o.kv_type == KvType::kF32 ? 4 : 2;
-  return uint64_t(o.n_ctx) * uint64_t(hp.n_layer) * 2 * uint64_t(hp.n_head_kv * hp.head_dim) * kv_elem;
+  const uint64_t row = quant::row_size(kv_quant_type(o.kv_type), hp.n_head_kv * hp.head_dim);
+  return uint64_t(o.n_ctx) * uint64_t(hp.n_layer) * 2 * row;
 }
 uint64_t session_scratch_bytes(const Engine::Impl& impl) {
   const models::HParams& hp = impl.model->hparams();
@@ -168,7 +172,9 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   const models::GpuInfo gpu = models::gpu_info();
   if (!gpu.present) return forced ? fall_back("no CUDA device (or this build has no CUDA backend)") : Status();
   if (!entry.load_cuda) return fall_back("architecture '" + std::string(entry.name) + "' has no CUDA forward pass yet");
-  if (o.kv_type == KvType::kF32) return fall_back("the CUDA backend keeps KV in F16 (--kv-type f32 runs on the CPU)");
+  if (o.kv_type != KvType::kF16) {
+    return fall_back("the CUDA backend keeps KV in F16 (--kv-type f32 and q8_0 run on the CPU)");
+  }
   if (o.gpu_cache_gb < 0) return Status::error("--gpu-cache-gb must be >= 0");
   if (!experts::make_policy(o.gpu_cache_policy, 1, 1.0)) {
     return Status::error("--gpu-cache-policy must be one of " + std::string(experts::kPolicyNames) + ", got '" +
@@ -247,7 +253,7 @@ Status open_disk_kv(Engine::Impl& impl) {
   }
   const models::HParams& hp = impl.model->hparams();
   const kv::KvFormat format{.model_identity = experts::model_identity(*impl.file),
-                            .type = impl.options.kv_type == KvType::kF16 ? quant::Type::F16 : quant::Type::F32,
+                            .type = kv_quant_type(impl.options.kv_type),
                             .n_layer = hp.n_layer,
                             .row_elements = hp.n_head_kv * hp.head_dim};
   MAGNETAR_ASSIGN_OR_RETURN(impl.disk_kv,
@@ -366,6 +372,10 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
   }
 
   impl->options = options;
+  if (options.kv_type == KvType::kQ8_0 && (hp.head_dim % 32 != 0 || hp.head_dim > 512)) {
+    return Status::error(format("%s: --kv-type q8_0 needs a head size that is a multiple of 32 up to 512 (this "
+                                "model's is %lld)", path.c_str(), (long long)hp.head_dim));
+  }
   if (impl->options.n_threads <= 0) impl->options.n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
   if (impl->options.n_ctx <= 0) impl->options.n_ctx = std::min<int64_t>(hp.n_ctx_train > 0 ? hp.n_ctx_train : 4096, 4096);
   if (impl->options.n_batch <= 0) impl->options.n_batch = 512;
@@ -544,7 +554,7 @@ Result<std::unique_ptr<Session>> Engine::new_session() {
   auto s = std::make_unique<Session::Impl>();
   s->engine = impl_.get();
   const models::HParams& hp = impl_->model->hparams();
-  const quant::Type kv_type = impl_->options.kv_type == KvType::kF16 ? quant::Type::F16 : quant::Type::F32;
+  const quant::Type kv_type = kv_quant_type(impl_->options.kv_type);
   s->kv = std::make_unique<kv::KvCache>(kv_type, hp.n_layer, impl_->options.n_ctx, hp.n_head_kv * hp.head_dim);
   s->ws = impl_->model->make_workspace(impl_->options.n_batch, impl_->options.n_ctx, impl_->options.n_threads);
   s->last_logits.resize(size_t(hp.n_vocab));

@@ -114,14 +114,14 @@ struct Fd {
 }  // namespace
 
 DiskCache::DiskCache(const DiskCacheOptions& options, const KvFormat& format) : options_(options), format_(format) {
-  row_bytes_ = uint64_t(format.row_elements) * (format.type == quant::Type::F16 ? 2 : 4);
+  row_bytes_ = uint64_t(quant::row_size(format.type, format.row_elements));
 }
 
 Result<std::unique_ptr<DiskCache>> DiskCache::open(const DiskCacheOptions& options, const KvFormat& kv_format) {
   if (options.dir.empty()) return Status::error("--kv-disk-dir: empty directory name");
   if (options.block_tokens < 1) return Status::error("disk KV: block tokens must be >= 1");
-  if (kv_format.type != quant::Type::F16 && kv_format.type != quant::Type::F32) {
-    return Status::error("disk KV: the KV type must be f16 or f32");
+  if (!KvCache::supported(kv_format.type, kv_format.row_elements)) {
+    return Status::error("disk KV: the KV type must be f16, f32 or q8_0");
   }
   if (::mkdir(options.dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return Status::error(options.dir + ": cannot create the directory: " + std::strerror(errno));

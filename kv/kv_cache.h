@@ -1,5 +1,6 @@
 // The KV cache of one sequence: per layer, K and V rows for positions 0..n_ctx-1, each row
-// [n_head_kv * head_dim] elements of F16 (default) or F32. Allocated once when a session is created, each
+// [n_head_kv * head_dim] elements of F16 (default), F32 or Q8_0 (ggml's blocks of 32: an f16 scale and 32 int8,
+// 8.5 bits per element; row_elements a multiple of 32). Allocated once when a session is created, each
 // layer's K and V page-aligned (disk KV restores read straight into them with O_DIRECT).
 #pragma once
 
@@ -19,8 +20,9 @@ class KvCache {
  public:
   KvCache(quant::Type type, int64_t n_layer, int64_t n_ctx, int64_t row_elements)
       : type_(type), n_ctx_(n_ctx), row_elements_(row_elements) {
-    MAGNETAR_CHECK(type == quant::Type::F16 || type == quant::Type::F32);
-    layer_bytes_ = size_t(n_ctx) * size_t(row_elements) * (type == quant::Type::F16 ? 2 : 4);
+    MAGNETAR_CHECK(supported(type, row_elements));
+    row_bytes_ = quant::row_size(type, row_elements);
+    layer_bytes_ = size_t(n_ctx) * row_bytes_;
     const size_t padded = (layer_bytes_ + kPage - 1) / kPage * kPage;
     for (int64_t l = 0; l < n_layer; ++l) {
       for (auto* side : {&k_, &v_}) {
@@ -73,9 +75,15 @@ class KvCache {
     }
   }
 
+  // The element types a cache can hold rows of row_elements in.
+  static bool supported(quant::Type type, int64_t row_elements) {
+    return type == quant::Type::F16 || type == quant::Type::F32 ||
+           (type == quant::Type::Q8_0 && row_elements % 32 == 0);
+  }
   quant::Type type() const { return type_; }
   int64_t n_ctx() const { return n_ctx_; }
   int64_t row_elements() const { return row_elements_; }
+  size_t row_bytes() const { return row_bytes_; }  // one position's K (or V) of one layer
   void* k(int64_t layer) { return k_[size_t(layer)].get(); }
   void* v(int64_t layer) { return v_[size_t(layer)].get(); }
   size_t bytes() const { return 2 * k_.size() * layer_bytes_; }
@@ -88,6 +96,7 @@ class KvCache {
   quant::Type type_;
   int64_t n_ctx_;
   int64_t row_elements_;
+  size_t row_bytes_ = 0;
   size_t layer_bytes_ = 0;
   std::vector<std::unique_ptr<uint8_t, Free>> k_, v_;  // [n_layer] -> [n_ctx * row_elements] of type_
   std::unique_ptr<Mirror> mirror_;

@@ -196,6 +196,8 @@ void rope_neox(ThreadPool& pool, float* x, int64_t n_tok, int64_t n_head, int64_
 
 // ---- attention ---------------------------------------------------------------------------------------------
 
+constexpr int64_t kMaxQ8HeadDim = 512;  // Q8_0 KV: the largest head row dequantized on the stack
+
 // One job per (token, KV head): the group of query heads sharing that KV head is processed together, so each
 // cached K/V row is read (and widened from F16) once per group rather than once per head.
 size_t attention_scratch_floats(int64_t n_ctx, int n_threads) {
@@ -203,7 +205,9 @@ size_t attention_scratch_floats(int64_t n_ctx, int n_threads) {
 }
 
 void attention(ThreadPool& pool, const AttentionArgs& a) {
-  MAGNETAR_CHECK(a.kv_type == quant::Type::F16 || a.kv_type == quant::Type::F32);
+  const bool q8 = a.kv_type == quant::Type::Q8_0;
+  MAGNETAR_CHECK(a.kv_type == quant::Type::F16 || a.kv_type == quant::Type::F32 || q8);
+  MAGNETAR_CHECK(!q8 || (a.head_dim % 32 == 0 && a.head_dim <= kMaxQ8HeadDim));
   MAGNETAR_CHECK(a.n_head % a.n_head_kv == 0);
   const VectorKernels& vk = vector_kernels();
   const int64_t group = a.n_head / a.n_head_kv;
@@ -215,9 +219,16 @@ void attention(ThreadPool& pool, const AttentionArgs& a) {
   const uint16_t* v16 = static_cast<const uint16_t*>(a.v_cache);
   const float* k32 = static_cast<const float*>(a.k_cache);
   const float* v32 = static_cast<const float*>(a.v_cache);
+  // Q8_0: a row's bytes, a head's bytes within it, and the dequantizer.
+  const size_t q8_row = q8 ? quant::row_size(quant::Type::Q8_0, kv_row) : 0;
+  const size_t q8_head = q8 ? quant::row_size(quant::Type::Q8_0, a.head_dim) : 0;
+  const quant::ToFloatFn q8_float = q8 ? kernels(quant::Type::Q8_0).dequantize : nullptr;
+  const uint8_t* k8 = static_cast<const uint8_t*>(a.k_cache);
+  const uint8_t* v8 = static_cast<const uint8_t*>(a.v_cache);
   pool.parallel_for(a.n_tok * a.n_head_kv, [&](int64_t b, int64_t e, int ith) {
     float* scores = a.scratch + size_t(ith) * size_t(stride) * 16;  // [group][stride]
     float dots[16], max_score[16], weight[16];
+    float deq[kMaxQ8HeadDim];  // a Q8_0 head row, dequantized
     float sum[16];
     for (int64_t job = b; job < e; ++job) {
       const int64_t t = job / a.n_head_kv, hk = job % a.n_head_kv;
@@ -227,7 +238,10 @@ void attention(ThreadPool& pool, const AttentionArgs& a) {
       for (int64_t g = 0; g < group; ++g) max_score[g] = -INFINITY;
       for (int64_t j = lo; j <= p; ++j) {
         const size_t off = size_t(j * kv_row + hk * a.head_dim);
-        if (f16) {
+        if (q8) {
+          q8_float(k8 + size_t(j) * q8_row + size_t(hk) * q8_head, deq, a.head_dim);
+          vk.dot_f32_multi(a.head_dim, deq, q, a.head_dim, group, dots);
+        } else if (f16) {
           vk.dot_f16_multi(a.head_dim, k16 + off, q, a.head_dim, group, dots);
         } else {
           vk.dot_f32_multi(a.head_dim, k32 + off, q, a.head_dim, group, dots);
@@ -244,7 +258,10 @@ void attention(ThreadPool& pool, const AttentionArgs& a) {
       for (int64_t j = lo; j <= p; ++j) {
         const size_t off = size_t(j * kv_row + hk * a.head_dim);
         for (int64_t g = 0; g < group; ++g) weight[g] = scores[g * stride + (j - lo)];
-        if (f16) {
+        if (q8) {
+          q8_float(v8 + size_t(j) * q8_row + size_t(hk) * q8_head, deq, a.head_dim);
+          vk.axpy_f32_multi(a.head_dim, weight, deq, out, a.head_dim, group);
+        } else if (f16) {
           vk.axpy_f16_multi(a.head_dim, weight, v16 + off, out, a.head_dim, group);
         } else {
           vk.axpy_f32_multi(a.head_dim, weight, v32 + off, out, a.head_dim, group);
@@ -261,6 +278,12 @@ void attention(ThreadPool& pool, const AttentionArgs& a) {
 void store_kv(const float* x, int64_t n_tok, int64_t n, quant::Type kv_type, void* cache, int64_t row0) {
   if (kv_type == quant::Type::F32) {
     std::memcpy(static_cast<float*>(cache) + row0 * n, x, size_t(n_tok * n) * sizeof(float));
+    return;
+  }
+  if (kv_type == quant::Type::Q8_0) {
+    MAGNETAR_CHECK(n % 32 == 0);
+    uint8_t* dst = static_cast<uint8_t*>(cache) + size_t(row0) * quant::row_size(quant::Type::Q8_0, n);
+    kernels(quant::Type::Q8_0).quantize(x, dst, n_tok * n);
     return;
   }
   MAGNETAR_CHECK(kv_type == quant::Type::F16);

@@ -54,12 +54,13 @@ void rms_norm(ThreadPool& pool, const float* x, const float* w, float* y, int64_
 void rope_neox(ThreadPool& pool, float* x, int64_t n_tok, int64_t n_head, int64_t head_dim, const int32_t* pos,
                float theta);
 
-// Causal attention over a KV cache for n_tok new tokens at positions pos0 .. pos0+n_tok-1.
+// Causal attention over a KV cache for n_tok new tokens at positions pos0 .. pos0+n_tok-1. With kv_type Q8_0 each
+// head's K and V row is dequantized to float first and then taken as an F32 row (the same scores and sums).
 struct AttentionArgs {
   const float* q = nullptr;        // [n_tok, n_head, head_dim]
   const void* k_cache = nullptr;   // [n_ctx, n_head_kv, head_dim] of kv_type, rows 0..pos0+n_tok-1 filled
   const void* v_cache = nullptr;   // same layout as k_cache
-  quant::Type kv_type = quant::Type::F16;  // F16 or F32
+  quant::Type kv_type = quant::Type::F16;  // F16, F32 or Q8_0 (head_dim a multiple of 32: whole blocks per head)
   float* out = nullptr;            // [n_tok, n_head, head_dim]
   int64_t n_tok = 0, pos0 = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
   int64_t window = 0;              // > 0: attend only to the last `window` positions (sliding window)
@@ -69,7 +70,8 @@ struct AttentionArgs {
 size_t attention_scratch_floats(int64_t n_ctx, int n_threads);
 void attention(ThreadPool& pool, const AttentionArgs& a);
 
-// Stores n_tok rows of [n] floats into a KV cache of kv_type at row `row0` (row stride n elements).
+// Stores n_tok rows of [n] floats into a KV cache of kv_type at row `row0` (row stride: row_size(kv_type, n)
+// bytes; Q8_0 rounds each block of 32 to its f16 scale and int8 values, n a multiple of 32).
 void store_kv(const float* x, int64_t n_tok, int64_t n, quant::Type kv_type, void* cache, int64_t row0);
 
 }  // namespace magnetar::cpu

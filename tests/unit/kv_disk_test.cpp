@@ -107,6 +107,36 @@ TEST_F(DiskKv, RoundTripRestoresExactlyTheSavedRows) {
   EXPECT_EQ(cache->stats().blocks_saved, 4u);
 }
 
+// A Q8_0 cache (--kv-type q8_0: rows of 64 elements are 68 bytes) round-trips byte for byte, and the same directory
+// opened for F32 rows of the same length finds none of its blocks (the header's KV type differs).
+TEST_F(DiskKv, Q8CacheRoundTripsAndTypesDoNotMix) {
+  const int64_t row = 64;
+  const KvFormat q8{.model_identity = 0xABCDEF, .type = quant::Type::Q8_0, .n_layer = kLayers, .row_elements = row};
+  auto cache = DiskCache::open({.dir = dir_, .budget_bytes = 64ull << 20, .block_tokens = kBlock}, q8);
+  ASSERT_TRUE(cache.ok()) << cache.status().message();
+  KvCache kv(quant::Type::Q8_0, kLayers, kCtx, row), fresh(quant::Type::Q8_0, kLayers, kCtx, row);
+  ASSERT_EQ(kv.row_bytes(), 68u);
+  std::mt19937 rng(9);
+  const std::vector<int32_t> t = timeline(48, 9);  // 3 blocks
+  for (int64_t l = 0; l < kLayers; ++l) {
+    for (void* side : {kv.k(l), kv.v(l)}) {
+      uint8_t* bytes = static_cast<uint8_t*>(side);
+      for (size_t i = 0; i < 48 * kv.row_bytes(); ++i) bytes[i] = uint8_t(rng());
+    }
+  }
+  ASSERT_TRUE(cache.value()->save(t, 48, kv).ok());
+  ASSERT_EQ(cache.value()->restore(t, 0, 48, fresh), 48);
+  for (int64_t l = 0; l < kLayers; ++l) {
+    EXPECT_EQ(std::memcmp(kv.k(l), fresh.k(l), 48 * kv.row_bytes()), 0) << "layer " << l;
+    EXPECT_EQ(std::memcmp(kv.v(l), fresh.v(l), 48 * kv.row_bytes()), 0) << "layer " << l;
+  }
+  KvFormat f32 = q8;
+  f32.type = quant::Type::F32;
+  auto other = DiskCache::open({.dir = dir_, .budget_bytes = 64ull << 20, .block_tokens = kBlock}, f32);
+  ASSERT_TRUE(other.ok()) << other.status().message();
+  EXPECT_EQ(other.value()->match(t), 0);
+}
+
 TEST_F(DiskKv, SharedPrefixStoredOnceAndRewriteRestoresTheBlocksBeforeIt) {
   auto cache = open();
   std::vector<int32_t> a = timeline(96, 2);  // 6 blocks

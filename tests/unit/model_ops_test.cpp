@@ -1,11 +1,13 @@
 // CPU ops of the forward pass against straightforward double-precision formulas.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "backends/cpu/ops.h"
+#include "quant/quant.h"
 
 namespace magnetar::cpu {
 namespace {
@@ -63,6 +65,51 @@ TEST(CpuOps, AttentionMatchesNaiveWithGqaAndSlidingWindow) {
       for (size_t i = 0; i < out.size(); ++i) {
         ASSERT_NEAR(out[i], want[i], tol) << "window " << window << " kv " << int(kv_type) << " at " << i;
       }
+    }
+  }
+}
+
+// A Q8_0 KV cache: store_kv writes each row where it belongs (row0 > 0, rows before it untouched) as the reference
+// quantizer (quant traits' from_float, the scalar oracle) rounds it; attention over it equals, bit for bit, attention
+// over an F32 cache holding the reference's dequantization of the same rows (Q8_0's d * q is exact in float), so its
+// closeness to the exact result is the F32 path's, checked above. Heads of 32 and 64, GQA, windows.
+TEST(CpuOps, AttentionOverQ8CacheEqualsF32OverItsDequantization) {
+  const quant::TypeTraits& q8 = quant::traits(quant::Type::Q8_0);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  ThreadPool pool(2);
+  for (const int64_t D : {32, 64}) {
+    const int64_t H = 8, HKV = 2, n_ctx = 70, row0 = 5, pos0 = 50, n_tok = 20, row = HKV * D;
+    const size_t row_bytes = quant::row_size(quant::Type::Q8_0, row);
+    std::vector<float> q(size_t(n_tok * H * D)), k(size_t((n_ctx - row0) * row)), v(k.size());
+    for (float& x : q) x = dist(rng);
+    for (float& x : k) x = 3.0f * dist(rng);
+    for (float& x : v) x = dist(rng);
+    std::vector<uint8_t> kc(size_t(n_ctx) * row_bytes), vc(kc.size());
+    store_kv(k.data(), n_ctx - row0, row, quant::Type::Q8_0, kc.data(), row0);
+    store_kv(v.data(), n_ctx - row0, row, quant::Type::Q8_0, vc.data(), row0);
+    std::vector<uint8_t> want_k((n_ctx - row0) * row_bytes);
+    q8.from_float(k.data(), want_k.data(), int64_t(k.size()));
+    for (size_t i = 0; i < size_t(row0) * row_bytes; ++i) ASSERT_EQ(kc[i], 0) << "byte " << i << " before row0";
+    ASSERT_TRUE(std::equal(want_k.begin(), want_k.end(), kc.begin() + std::ptrdiff_t(size_t(row0) * row_bytes)))
+        << "head_dim " << D;
+    // The F32 cache: rows 0..row0-1 are zero blocks in the Q8_0 cache (d = 0: zeros), then the dequantized rows.
+    std::vector<float> kf(size_t(n_ctx * row)), vf(kf.size());
+    q8.to_float(kc.data(), kf.data(), int64_t(kf.size()));
+    q8.to_float(vc.data(), vf.data(), int64_t(vf.size()));
+    std::vector<float> scratch(attention_scratch_floats(n_ctx, pool.size()));
+    for (const int64_t window : {0, 1, 16}) {
+      std::vector<float> got(q.size()), want(q.size());
+      AttentionArgs a{.q = q.data(), .k_cache = kc.data(), .v_cache = vc.data(), .kv_type = quant::Type::Q8_0,
+                      .out = got.data(), .n_tok = n_tok, .pos0 = pos0, .n_head = H, .n_head_kv = HKV, .head_dim = D,
+                      .window = window, .scale = 0.125f, .scratch = scratch.data()};
+      attention(pool, a);
+      a.k_cache = kf.data();
+      a.v_cache = vf.data();
+      a.kv_type = quant::Type::F32;
+      a.out = want.data();
+      attention(pool, a);
+      ASSERT_EQ(got, want) << "head_dim " << D << " window " << window;
     }
   }
 }
