@@ -100,7 +100,7 @@ TEST_F(RunTool, BadInputIsOneLineAndExit2) {
       {"run -m " + model() + " -p hello", "has no tokenizer"},
       {"run -m " + model(), "exactly one of -p, -f, --tokens"},
       {"run -m " + file("missing.gguf") + " --tokens 1", "missing.gguf: cannot open"},
-      {"run -m " + model() + " --tokens 1 --kv-type q4", "--kv-type must be f16 or f32"},
+      {"run -m " + model() + " --tokens 1 --kv-type q4", "--kv-type must be f16, f32 or q8_0"},
   };
   for (const Case& c : cases) {
     const Invocation r = magnetar(c.args);
