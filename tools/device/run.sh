@@ -114,7 +114,8 @@ if [ "$filter" = "--tier-bench" ]; then
     for lane in "" --cpu-experts --prefetch; do
       echo "== skew $skew ${lane:-(no CPU lane, no prefetch)}"
       "$bin" bench -m "$model" --device cuda --gpu-cache-gb 2.25 --stream --cache-gb 8 --no-census $lane --show-plan \
-        --ctx-start 0 --ctx-max 0 --step 128 --gen 64 --reps 3 2>&1 | grep -E "page-locked|CPU expert lane|^ +0 |pool|experts:|prefetch"
+        --ctx-start 0 --ctx-max 0 --step 128 --gen 64 --reps 3 2>&1 |
+        grep -E "page-locked|CPU expert lane|^ +0 |pool|experts:|prefetch"
     done
   done
   exit 0
