@@ -28,6 +28,7 @@
 #include "engine/engine.h"
 #include "quant/quant.h"
 #include "tests/cuda/cuda_test_util.h"
+#include "tests/unit/text_score.h"
 #include "tests/unit/tiny_qwen3.h"
 
 namespace magnetar {
@@ -257,12 +258,8 @@ TEST(CudaDemo, PrefillScoresTextLikeTheCpu) {
   std::ifstream in(std::string(MAGNETAR_SOURCE_DIR) + "/models/README.md");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   ASSERT_GT(text.size(), 2000u);
-  struct Scored {
-    double nll = 0;
-    std::vector<int32_t> top1;
-  };
   std::vector<int32_t> tokens;
-  auto score = [&](Device device) -> Scored {
+  auto score = [&](Device device) -> testing::TextScore {
     const std::unique_ptr<Engine> engine = load(demo, device, {}, 512, 512);
     if (!engine) return {};
     if (tokens.empty()) {
@@ -274,21 +271,9 @@ TEST(CudaDemo, PrefillScoresTextLikeTheCpu) {
     auto s = engine->new_session();
     EXPECT_TRUE(s.ok());
     if (!s.ok() || !s.value()->sync(tokens, Logits::kAll).ok()) return {};
-    const std::span<const float> all = s.value()->all_logits();
-    const size_t V = size_t(engine->info().n_vocab);
-    Scored out;
-    for (size_t p = 0; p + 1 < tokens.size(); ++p) {
-      const std::span<const float> row = all.subspan(p * V, V);
-      const float mx = *std::max_element(row.begin(), row.end());
-      double sum = 0;
-      for (const float v : row) sum += std::exp(double(v - mx));
-      out.nll += std::log(sum) - double(row[size_t(tokens[p + 1])] - mx);
-      out.top1.push_back(argmax(row));
-    }
-    out.nll /= double(tokens.size() - 1);
-    return out;
+    return testing::score_text(s.value()->all_logits(), tokens, size_t(engine->info().n_vocab));
   };
-  const Scored cpu = score(Device::kCpu), gpu = score(Device::kCuda);
+  const testing::TextScore cpu = score(Device::kCpu), gpu = score(Device::kCuda);
   ASSERT_EQ(tokens.size(), 512u);
   ASSERT_EQ(cpu.top1.size(), 511u);
   ASSERT_EQ(gpu.top1.size(), cpu.top1.size());

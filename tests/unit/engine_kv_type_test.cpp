@@ -8,22 +8,17 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <fstream>
 #include <iterator>
 
 #include "engine/engine.h"
+#include "tests/unit/text_score.h"
 #include "tests/unit/tiny_qwen3.h"
 
 namespace magnetar {
 namespace {
 
-struct Scored {
-  double nll = 0;
-  std::vector<int32_t> top1;
-};
-
-Scored score(const std::string& model, const std::string& text, KvType kv_type) {
+testing::TextScore score(const std::string& model, const std::string& text, KvType kv_type) {
   EngineOptions o;
   o.n_threads = 2;
   o.n_ctx = 512;
@@ -41,19 +36,7 @@ Scored score(const std::string& model, const std::string& text, KvType kv_type) 
   auto s = engine.value()->new_session();
   EXPECT_TRUE(s.ok());
   if (!s.ok() || !s.value()->sync(tokens, Logits::kAll).ok()) return {};
-  const std::span<const float> all = s.value()->all_logits();
-  const size_t V = size_t(engine.value()->info().n_vocab);
-  Scored out;
-  for (size_t p = 0; p + 1 < tokens.size(); ++p) {
-    const std::span<const float> row = all.subspan(p * V, V);
-    const float mx = *std::max_element(row.begin(), row.end());
-    double sum = 0;
-    for (const float v : row) sum += std::exp(double(v - mx));
-    out.nll += std::log(sum) - double(row[size_t(tokens[p + 1])] - mx);
-    out.top1.push_back(int32_t(std::max_element(row.begin(), row.end()) - row.begin()));
-  }
-  out.nll /= double(tokens.size() - 1);
-  return out;
+  return testing::score_text(s.value()->all_logits(), tokens, size_t(engine.value()->info().n_vocab));
 }
 
 TEST(EngineKvType, Q8CacheScoresTextLikeF16) {
@@ -61,7 +44,7 @@ TEST(EngineKvType, Q8CacheScoresTextLikeF16) {
   std::ifstream in(std::string(MAGNETAR_SOURCE_DIR) + "/models/README.md");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   ASSERT_GT(text.size(), 2000u);
-  const Scored f16 = score(demo, text, KvType::kF16), q8 = score(demo, text, KvType::kQ8_0);
+  const testing::TextScore f16 = score(demo, text, KvType::kF16), q8 = score(demo, text, KvType::kQ8_0);
   ASSERT_EQ(f16.top1.size(), 511u);
   ASSERT_EQ(q8.top1.size(), f16.top1.size());
   int agree = 0;
