@@ -276,18 +276,14 @@ void attention(ThreadPool& pool, const AttentionArgs& a) {
 }
 
 void store_kv(const float* x, int64_t n_tok, int64_t n, quant::Type kv_type, void* cache, int64_t row0) {
+  MAGNETAR_CHECK(kv_type == quant::Type::F32 || kv_type == quant::Type::F16 ||
+                 (kv_type == quant::Type::Q8_0 && n % 32 == 0));
+  uint8_t* dst = static_cast<uint8_t*>(cache) + size_t(row0) * quant::row_size(kv_type, n);
   if (kv_type == quant::Type::F32) {
-    std::memcpy(static_cast<float*>(cache) + row0 * n, x, size_t(n_tok * n) * sizeof(float));
-    return;
+    std::memcpy(dst, x, size_t(n_tok * n) * sizeof(float));
+  } else {
+    kernels(kv_type).quantize(x, dst, n_tok * n);
   }
-  if (kv_type == quant::Type::Q8_0) {
-    MAGNETAR_CHECK(n % 32 == 0);
-    uint8_t* dst = static_cast<uint8_t*>(cache) + size_t(row0) * quant::row_size(quant::Type::Q8_0, n);
-    kernels(quant::Type::Q8_0).quantize(x, dst, n_tok * n);
-    return;
-  }
-  MAGNETAR_CHECK(kv_type == quant::Type::F16);
-  kernels(quant::Type::F16).quantize(x, static_cast<uint16_t*>(cache) + row0 * n, n_tok * n);
 }
 
 }  // namespace magnetar::cpu

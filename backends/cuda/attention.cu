@@ -89,7 +89,7 @@ struct RunPlan {
 __device__ __forceinline__ RunPlan run_plan(const Params& p) {
   if (p.pos0_device == nullptr) return {p.pos0, p.chunks_per_split, p.n_splits};
   const int64_t pos0 = *p.pos0_device;
-  const int64_t rows = p.window > 0 && p.window < pos0 + 1 ? p.window : pos0 + 1;
+  const int64_t rows = attn::attended_rows(p.window, pos0 + 1);
   const attn::SplitPlan plan = attn::plan_splits(rows, p.kv_row / p.head_dim, p.sm_count, p.max_splits);
   return {pos0, plan.n_splits > 1 ? plan.chunks_per_split : INT_MAX, plan.n_splits};
 }
@@ -381,7 +381,7 @@ struct DecodeRun {
 __device__ __forceinline__ DecodeRun decode_run(const Params& p) {
   if (p.pos0_device == nullptr) return {p.pos0, p.rows_per_split, p.n_splits};
   const int64_t pos0 = *p.pos0_device;
-  const int64_t rows = p.window > 0 && p.window < pos0 + 1 ? p.window : pos0 + 1;
+  const int64_t rows = attn::attended_rows(p.window, pos0 + 1);
   const attn::DecodePlan plan = attn::plan_decode(rows, p.kv_row / p.head_dim, p.slots, p.max_splits);
   return {pos0, plan.rows_per_split, plan.n_splits};
 }
@@ -588,18 +588,17 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
     }
   }
   __syncthreads();  // also: every warp is done with its ring
-  auto weight = [&](int w, int h, float& big) {
+  // Warp w's weight for head h: 2^(m_w - M), M the largest over the warps (0 where every key was masked).
+  auto weight = [&](int w, int h) {
     float m = m_s[0][h];
     for (int x = 1; x < kWarps; ++x) m = fmaxf(m, m_s[x][h]);
-    big = m;
     return exp2_approx(m_s[w][h] - (m == -INFINITY ? 0.0f : m));
   };
   float* o_w = reinterpret_cast<float*>(ring_s);  // [kWarps][kHeads][S::kOPitch]
 #pragma unroll
   for (int ht = 0; ht < kHT; ++ht) {
     const int h0 = 8 * ht + 2 * t;
-    float unused;
-    const float w0 = weight(warp, h0, unused), w1 = weight(warp, h0 + 1, unused);
+    const float w0 = weight(warp, h0), w1 = weight(warp, h0 + 1);
     float* row0 = o_w + (warp * kHeads + h0) * S::kOPitch;
     float* row1 = row0 + S::kOPitch;
 #pragma unroll
@@ -612,8 +611,9 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
     }
   }
   if (tid < kHeads) {
-    float l = 0.0f, m = 0.0f;
-    for (int w = 0; w < kWarps; ++w) l += weight(w, tid, m) * l_s[w][tid];
+    float m = m_s[0][tid], l = 0.0f;
+    for (int w = 1; w < kWarps; ++w) m = fmaxf(m, m_s[w][tid]);
+    for (int w = 0; w < kWarps; ++w) l += weight(w, tid) * l_s[w][tid];
     big_m_s[tid] = m;
     big_l_s[tid] = l;
   }
@@ -757,10 +757,14 @@ Status check_args(const char* op, const AttentionArgs& a, uintptr_t v_align) {
 
 namespace {
 
-// The kernel parameters and the grid's split count of one call of attention() or attention_decode_mma() (`op` names
-// it in errors), after the checks both share.
-Status plan_call(const char* op, const AttentionArgs& a, AttentionWorkspace& workspace, Params& p, int& grid_splits) {
+// The kernel parameters of one call of attention() or attention_decode_mma() (`op` names it in errors), after the
+// checks both share; one split (each op plans its own).
+Status make_params(const char* op, const AttentionArgs& a, AttentionWorkspace& workspace, Params& p) {
   MAGNETAR_RETURN_IF_ERROR(attn::check_args(op, a, 16));  // 16-byte K and V loads
+  if (a.pos0_device != nullptr && (a.n_tok != 1 || a.max_rows < 1 || a.max_rows > INT_MAX)) {
+    return Status::error(format("%s: pos0_device takes n_tok=1 (got %lld) and max_rows in 1..%d (got %lld)", op,
+                                (long long)a.n_tok, INT_MAX, (long long)a.max_rows));
+  }
   p.q = a.q;
   p.k = a.k_cache;
   p.v = a.v_cache;
@@ -781,25 +785,11 @@ Status plan_call(const char* op, const AttentionArgs& a, AttentionWorkspace& wor
   p.rows_per_split = INT_MAX;
   p.slots = 0;
   p.tickets = nullptr;
-  grid_splits = 1;
-  if (a.pos0_device != nullptr) {
-    if (a.n_tok != 1 || a.max_rows < 1 || a.max_rows > INT_MAX) {
-      return Status::error(format("%s: pos0_device takes n_tok=1 (got %lld) and max_rows in 1..%d (got %lld)", op,
-                                  (long long)a.n_tok, INT_MAX, (long long)a.max_rows));
-    }
-    // Room for the largest plan of any row count up to max_rows: one split per chunk up to the target.
-    const int64_t rows = a.window > 0 && a.window < a.max_rows ? a.window : a.max_rows;
-    const int target = attn::split_target(a.n_head_kv, workspace.sm_count(), int(kMaxAttentionSplits));
-    grid_splits = int(std::min<int64_t>((rows + attn::kChunk - 1) / attn::kChunk, target));
-  } else if (a.n_tok == 1) {
-    const int64_t rows = a.window > 0 && a.window < a.pos0 + 1 ? a.window : a.pos0 + 1;
-    const attn::SplitPlan plan = attn::plan_splits(rows, a.n_head_kv, workspace.sm_count(), int(kMaxAttentionSplits));
-    if (plan.n_splits > 1) {
-      p.chunks_per_split = plan.chunks_per_split;
-      p.n_splits = plan.n_splits;
-    }
-    grid_splits = p.n_splits;
-  }
+  return Status();
+}
+
+// Several splits write partial records (and take tickets) in the workspace: it must hold the call's heads.
+Status check_workspace(const char* op, const AttentionArgs& a, const AttentionWorkspace& workspace, int grid_splits) {
   if (grid_splits > 1 && (a.n_head > workspace.max_heads() || a.head_dim > workspace.max_head_dim())) {
     return Status::error(format("%s: %lld heads of %lld exceed the workspace (%lld heads of %lld)", op,
                                 (long long)a.n_head, (long long)a.head_dim, (long long)workspace.max_heads(),
@@ -808,13 +798,31 @@ Status plan_call(const char* op, const AttentionArgs& a, AttentionWorkspace& wor
   return Status();
 }
 
+// attention()'s split plan (attn::plan_splits) into p; returns the grid's split count (a graph's: room for the
+// largest plan of any row count up to max_rows, one split per chunk up to the target).
+int plan_fp32(const AttentionArgs& a, const AttentionWorkspace& workspace, Params& p) {
+  if (a.pos0_device != nullptr) {
+    const int64_t rows = attn::attended_rows(a.window, a.max_rows);
+    const int target = attn::split_target(a.n_head_kv, workspace.sm_count(), int(kMaxAttentionSplits));
+    return int(std::min<int64_t>((rows + attn::kChunk - 1) / attn::kChunk, target));
+  }
+  if (a.n_tok != 1) return 1;
+  const int64_t rows = attn::attended_rows(a.window, a.pos0 + 1);
+  const attn::SplitPlan plan = attn::plan_splits(rows, a.n_head_kv, workspace.sm_count(), int(kMaxAttentionSplits));
+  if (plan.n_splits > 1) {
+    p.chunks_per_split = plan.chunks_per_split;
+    p.n_splits = plan.n_splits;
+  }
+  return p.n_splits;
+}
+
 void launch_combine(const Params& p, int grid_splits, int64_t n_head, cudaStream_t stream) {
   if (grid_splits == 1) return;
   CUDA_CHECK(ops::launch(attention_combine_kernel, unsigned(n_head), kThreads, 0, stream, p));
 }
 
 // Launches the decode kernel of one shape with its own plan (plan_decode over the CTAs the GPU holds of it at once) on
-// top of plan_call's parameters; a graph's grid is sized for max_rows.
+// top of make_params' parameters; a graph's grid is sized for max_rows.
 template <int D, int kHT, int kStages>
 Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, Params p, cudaStream_t stream) {
   const auto kernel = attention_decode_mma_kernel<D, kHT, kStages>;
@@ -829,14 +837,12 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
   }();
   p.slots = workspace.sm_count() * per_sm;
   p.tickets = workspace.tickets();
-  p.rows_per_split = INT_MAX;
-  p.n_splits = 1;
   int grid_splits = 1;
   if (a.pos0_device != nullptr) {
-    const int64_t rows = a.window > 0 && a.window < a.max_rows ? a.window : a.max_rows;
-    grid_splits = attn::decode_split_bound(rows, a.n_head_kv, p.slots, p.max_splits);
+    grid_splits = attn::decode_split_bound(attn::attended_rows(a.window, a.max_rows), a.n_head_kv, p.slots,
+                                           p.max_splits);
   } else if (a.n_tok == 1) {
-    const int64_t rows = a.window > 0 && a.window < a.pos0 + 1 ? a.window : a.pos0 + 1;
+    const int64_t rows = attn::attended_rows(a.window, a.pos0 + 1);
     const attn::DecodePlan plan = attn::plan_decode(rows, a.n_head_kv, p.slots, p.max_splits);
     if (plan.n_splits > 1) {
       p.rows_per_split = plan.rows_per_split;
@@ -844,11 +850,7 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
     }
     grid_splits = p.n_splits;
   }
-  if (grid_splits > 1 && (a.n_head > workspace.max_heads() || a.head_dim > workspace.max_head_dim())) {
-    return Status::error(format("attention_decode_mma: %lld heads of %lld exceed the workspace (%lld heads of %lld)",
-                                (long long)a.n_head, (long long)a.head_dim, (long long)workspace.max_heads(),
-                                (long long)workspace.max_head_dim()));
-  }
+  MAGNETAR_RETURN_IF_ERROR(check_workspace("attention_decode_mma", a, workspace, grid_splits));
   const dim3 grid(unsigned(grid_splits), unsigned(a.n_head_kv), unsigned(a.n_tok));
   CUDA_CHECK(ops::launch(kernel, grid, kThreads, kSmem, stream, p));
   return Status();
@@ -862,8 +864,9 @@ Status attention(const AttentionArgs& a, AttentionWorkspace& workspace, Stream& 
                                 (long long)kMaxAttentionHeadDim));
   }
   Params p;  // C++17 (nvcc): no designated initializers
-  int grid_splits = 1;
-  MAGNETAR_RETURN_IF_ERROR(plan_call("attention", a, workspace, p, grid_splits));
+  MAGNETAR_RETURN_IF_ERROR(make_params("attention", a, workspace, p));
+  const int grid_splits = plan_fp32(a, workspace, p);
+  MAGNETAR_RETURN_IF_ERROR(check_workspace("attention", a, workspace, grid_splits));
   const dim3 grid(unsigned(grid_splits), unsigned(a.n_head_kv), unsigned(a.n_tok));
   if (p.group <= 4) {
     launch<4>(p, grid, stream.raw());
@@ -889,8 +892,7 @@ Status attention_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspac
   }
   if (!ops::aligned(a.q, 16)) return Status::error("attention_decode_mma: q must be 16-byte aligned");
   Params p;
-  int grid_splits = 1;  // attention()'s plan: only its workspace check matters here (the kernel plans its own)
-  MAGNETAR_RETURN_IF_ERROR(plan_call("attention_decode_mma", a, workspace, p, grid_splits));
+  MAGNETAR_RETURN_IF_ERROR(make_params("attention_decode_mma", a, workspace, p));
   const bool two = p.group > 8;
   switch (a.head_dim) {
     case 64:

@@ -53,6 +53,9 @@ MAGNETAR_HD SplitPlan plan_splits(int64_t rows, int64_t n_head_kv, int sm_count,
   return p;
 }
 
+// The cached rows a token at position pos attends to out of `rows` = pos + 1 (all of them, or the last `window`).
+MAGNETAR_HD int64_t attended_rows(int64_t window, int64_t rows) { return window > 0 && window < rows ? window : rows; }
+
 // The tensor-core decode kernel's plan (attention_decode_mma): splits of whole kDecodeStep-row steps (its 4 warps
 // take 16 rows each per step), as many as fill `slots` CTAs (the GPU's SMs times the kernel's CTAs per SM: one
 // wave, every CTA's loads pipelined over its whole run) over the n_head_kv heads, at most max_splits and at most
