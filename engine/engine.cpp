@@ -172,9 +172,6 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   const models::GpuInfo gpu = models::gpu_info();
   if (!gpu.present) return forced ? fall_back("no CUDA device (or this build has no CUDA backend)") : Status();
   if (!entry.load_cuda) return fall_back("architecture '" + std::string(entry.name) + "' has no CUDA forward pass yet");
-  if (o.kv_type != KvType::kF16) {
-    return fall_back("the CUDA backend keeps KV in F16 (--kv-type f32 and q8_0 run on the CPU)");
-  }
   if (o.gpu_cache_gb < 0) return Status::error("--gpu-cache-gb must be >= 0");
   if (!experts::make_policy(o.gpu_cache_policy, 1, 1.0)) {
     return Status::error("--gpu-cache-policy must be one of " + std::string(experts::kPolicyNames) + ", got '" +
@@ -184,7 +181,10 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   const double gib = double(1ull << 30);
   const experts::ExpertLayout* layout = impl.model->expert_layout();
   const uint64_t expert_bytes = layout ? layout->total_expert_bytes() : 0;
-  const uint64_t kv_scratch = session_kv_bytes(impl) + session_scratch_bytes(impl) + kReserve;
+  // Q8_0 KV adds the prefill's F16 copy of the attended rows (one per model, K and V: qwen3_moe_cuda.cpp).
+  const models::HParams& hp = impl.model->hparams();
+  const uint64_t kv_f16 = o.kv_type == KvType::kQ8_0 ? uint64_t(o.n_ctx) * uint64_t(hp.n_head_kv * hp.head_dim) * 4 : 0;
+  const uint64_t kv_scratch = session_kv_bytes(impl) + session_scratch_bytes(impl) + kv_f16 + kReserve;
   const uint64_t resident_need = impl.file->file_bytes() + kv_scratch;
   const uint64_t fixed_need = impl.file->file_bytes() - std::min(impl.file->file_bytes(), expert_bytes) + kv_scratch;
   // The pool: asked for, or needed because the experts do not fit (or asked to stay in host memory).
@@ -208,7 +208,7 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   }
   Result<std::unique_ptr<models::Model>> model =
       entry.load_cuda(*impl.file, {.n_batch = o.n_batch, .expert_pool_bytes = pool, .cpu_experts = o.cpu_experts,
-                                   .policy = o.gpu_cache_policy});
+                                   .policy = o.gpu_cache_policy, .kv_type = kv_quant_type(o.kv_type)});
   if (!model.ok()) return fall_back(model.status().message());
   impl.model = std::move(model).value();
   impl.on_gpu = true;

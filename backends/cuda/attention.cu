@@ -357,20 +357,80 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(const Param
 // The warps then merge (weights 2^(m_w - M)). With several splits each CTA writes its partial record (outputs, max
 // in log2 units, sum) and takes a ticket of its KV head; the last CTA to arrive combines the records in split order
 // (deterministic: the order does not depend on which CTA is last) and resets the ticket: no second launch.
+// Q8_0 KV (kQ8): the ring holds the cached blocks (each head row's 16-byte-aligned window, 53% of F16's bytes), and
+// each step dequantizes its K rows into an f16 tile before the scores and its V rows while the scores' mma chain runs
+// (each element f16(d * q), 4 codes per xor, 2 byte permutes, 2 half2 subtracts and 2 half2 multiplies); the mma
+// part is the F16 kernel's. The smaller stages fit 2 CTAs per SM. Measured (H200, 2026-12-01, attention_bench): 44.5
+// us per 64K call against F16's 42.9, 22.1 against 18.5 at 16K, 10.0 against 10.2 at 2K. It moves half the bytes but
+// executes 1.7x the instructions (ncu: 13.0 M against 7.7 M per 64K call; issue slots 42% busy, stalls on fixed-
+// latency dependencies and short scoreboards): dequantization, not memory, sets its time.
 constexpr int kStep = 16;  // rows per warp step
 static_assert(kWarps * kStep == attn::kDecodeStep);
 
 // Shared memory of one decode kernel: the warps' rings, reused after the loop for the warps' weighted outputs
-// [kWarps][heads][D + 4] (the pitch makes the merge's stores conflict-free).
-template <int D, int kHT, int kStages>
+// [kWarps][heads][D + 4] (the pitch makes the merge's stores conflict-free). F16 KV: a ring stage is the f16 tile the
+// mma reads. Q8_0 KV (kQ8): a stage holds the cached bytes as they are (a head row is D / 32 blocks of 34 bytes: an
+// f16 scale, 32 int8), and each warp has one f16 tile besides, which every step dequantizes its stage into.
+template <int D, int kHT, int kStages, bool kQ8>
 struct DecodeSmem {
-  static constexpr int kPitch = D + 8;                    // halves per ring row
+  static constexpr int kPitch = D + 8;                    // halves per f16 tile row
   static constexpr int kStageHalves = 2 * kStep * kPitch;  // K rows, then V rows
+  // Q8_0: a head row's bytes, and the 16-byte pieces of the aligned window around it (a head row starts at a
+  // multiple of gcd(head bytes, 16) past a 16-byte boundary: at most 16 - that gcd, its skew).
+  static constexpr int kHeadBytes = D / 32 * 34;
+  static constexpr int kSkewMax = 16 - (kHeadBytes % 16 == 0 ? 16 : kHeadBytes % 8 == 0 ? 8 : 4);
+  static constexpr int kWinPieces = (kSkewMax + kHeadBytes + 15) / 16;
+  static constexpr int kRawPitch = 16 * kWinPieces;  // bytes per staged Q8_0 row
+  static constexpr int kStageBytes = kQ8 ? 2 * kStep * kRawPitch : 2 * kStageHalves;
+  static constexpr int kWarpBytes = kStages * kStageBytes + (kQ8 ? 2 * kStageHalves : 0);  // the ring (+ f16 tile)
   static constexpr int kOPitch = D + 4;                    // floats per merged output row
-  static constexpr size_t kRing = size_t(kWarps) * kStages * kStageHalves * 2;
+  static constexpr size_t kRing = size_t(kWarps) * kWarpBytes;
   static constexpr size_t kMerge = size_t(kWarps) * 8 * kHT * kOPitch * 4;
   static constexpr size_t kBytes = kRing > kMerge ? kRing : kMerge;
 };
+
+// Copies of one Q8_0 ring stage (the F16 kernel's are in the kernel): kStep rows of K and of V, the head row of
+// kHeadBytes at k/v + key * row_bytes + head_off for keys base, base + 1, ..., each staged as the kRowPieces 16-byte
+// pieces of the 16-byte-aligned window around it (the head `skew` = (key * row_bytes + head_off) % 16 bytes in),
+// kPitchBytes apart; lane takes pieces lane, lane + 32, ... (a warp's instruction covers consecutive pieces:
+// coalesced). The window's bytes past the head row are not read (cp.async zero-fills them), so nothing past the
+// cache's last row is touched. Rows in [from, to) only; rows past j_end zero-filled (blocks of scale 0: zeros) when
+// zero_tail, others left alone.
+template <int kRowPieces, int kPitchBytes, int kHeadBytes>
+__device__ __forceinline__ void copy_stage_q8(uint32_t stage, const uint8_t* k, const uint8_t* v, size_t row_bytes,
+                                              size_t head_off, int64_t base, int64_t j_end, int64_t from, int64_t to,
+                                              bool zero_tail, int lane) {
+  constexpr int kAll = kStep * kRowPieces;  // per matrix
+#pragma unroll
+  for (int i = 0; i < (kAll + ops::kWarpSize - 1) / ops::kWarpSize; ++i) {
+    const int piece = lane + ops::kWarpSize * i;
+    const int row = piece / kRowPieces, col = piece % kRowPieces;
+    const int64_t key = base + row;
+    const bool valid = key < j_end;
+    if ((kAll % ops::kWarpSize == 0 || piece < kAll) && (valid ? key >= from && key < to : zero_tail)) {
+      const size_t at = size_t(valid ? key : base) * row_bytes + head_off;  // the head row's first byte
+      const size_t src = (at & ~size_t(15)) + size_t(16 * col);
+      const int64_t left = int64_t(at + kHeadBytes) - int64_t(src);  // the head row's bytes from src on
+      const int bytes = valid ? int(left < 0 ? 0 : left > 16 ? 16 : left) : 0;
+      const uint32_t dst = stage + uint32_t(row * kPitchBytes + col * 16);
+      attn::cp_async16_part(dst, k + src, bytes);
+      attn::cp_async16_part(dst + uint32_t(kStep * kPitchBytes), v + src, bytes);
+    }
+  }
+}
+
+// Four int8 (a word of a Q8_0 block's codes) times the block's scale d, as four f16 (two words, element 0 in the low
+// half): each code c becomes the f16 1024 + (c + 128) by placing c ^ 0x80 under the exponent byte 0x64, minus 1152
+// gives c exactly, times d rounds once: f16(d * c), the value an F16 cache of the dequantized row would hold
+// (quant::float_to_fp16(fp16_to_float(d) * c): the product is exact in float).
+__device__ __forceinline__ uint2 q8x4_to_f16(uint32_t codes, __half2 d2) {
+  const uint32_t u = codes ^ 0x80808080u;
+  const uint32_t lo = __byte_perm(u, 0x64646464u, 0x4140), hi = __byte_perm(u, 0x64646464u, 0x4342);
+  const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));  // f16 1152
+  const __half2 a = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&lo), bias), d2);
+  const __half2 b = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&hi), bias), d2);
+  return make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+}
 
 // The position, rows per split and split count a decode kernel runs with (the plan made on the device in a graph).
 struct DecodeRun {
@@ -386,13 +446,14 @@ __device__ __forceinline__ DecodeRun decode_run(const Params& p) {
   return {pos0, plan.rows_per_split, plan.n_splits};
 }
 
-template <int D, int kHT, int kStages>  // kHT: n8 tiles of query heads (group <= 8: 1, <= 16: 2)
+// kHT: n8 tiles of query heads (group <= 8: 1, <= 16: 2); kQ8: the cache holds Q8_0 rows (else F16).
+template <int D, int kHT, int kStages, bool kQ8>
 __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Params p) {
-  using S = DecodeSmem<D, kHT, kStages>;
+  using S = DecodeSmem<D, kHT, kStages, kQ8>;
   constexpr int kMT = D / 16;                         // m16 tiles of O^T (dims); also k16 steps of the scores
   constexpr int kHeads = 8 * kHT;
   constexpr int kPieces = D / 8;                      // 16-byte pieces per row
-  constexpr int kCopies = kStep * kPieces / ops::kWarpSize;  // cp.async per lane per matrix and step
+  constexpr int kCopies = kStep * kPieces / ops::kWarpSize;  // F16: cp.async per lane per matrix and step
   static_assert(D % 32 == 0 && (kHT == 1 || kHT == 2) && kStages >= 2);
   extern __shared__ __align__(16) uint16_t ring_s[];  // S::kBytes
   __shared__ float m_s[kWarps][kHeads], l_s[kWarps][kHeads];
@@ -417,26 +478,74 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
   const int64_t first = j_begin + kStep * warp;  // this warp's first row; its step s starts 64 s rows later
   const int n_steps = first < j_end ? int((j_end - first + attn::kDecodeStep - 1) / attn::kDecodeStep) : 0;
 
-  // K/V of step s into ring stage s % kStages: lane copies pieces lane, lane + 32, ... (two rows per instruction:
-  // coalesced) of the rows in [from, to); rows past j_end are zero-filled when zero_tail, others are left alone.
-  const uint32_t ring = attn::shared_address(ring_s) + uint32_t(warp * kStages * S::kStageHalves * 2);
-  const uint16_t* k_head = p.k + size_t(hk) * size_t(D);
+  // K/V of step s into ring stage s % kStages (copy_stage), of the rows in [from, to).
+  const uint32_t ring = attn::shared_address(ring_s) + uint32_t(warp * S::kWarpBytes);
+  const uint32_t tile = ring + uint32_t(kStages * S::kStageBytes);  // kQ8: the f16 tile the mma reads
+  const size_t row_bytes = kQ8 ? size_t(p.kv_row / 32 * 34) : size_t(p.kv_row) * 2;
+  const size_t head_off = size_t(hk) * size_t(kQ8 ? S::kHeadBytes : 2 * D);
+  const uint16_t* k_head = p.k + size_t(hk) * size_t(D);  // F16
   const uint16_t* v_head = p.v + size_t(hk) * size_t(D);
+  // F16: lane copies 16-byte pieces lane, lane + 32, ... (two rows per instruction: coalesced); rows past j_end are
+  // zero-filled when zero_tail, others are left alone.
   auto issue = [&](int s, int64_t from, int64_t to, bool zero_tail) {
     if (s >= n_steps) return;
     const int64_t base = first + int64_t(s) * attn::kDecodeStep;
-    const uint32_t stage = ring + uint32_t((s % kStages) * S::kStageHalves * 2);
+    const uint32_t stage = ring + uint32_t((s % kStages) * S::kStageBytes);
+    if constexpr (kQ8) {
+      copy_stage_q8<S::kWinPieces, S::kRawPitch, S::kHeadBytes>(stage, reinterpret_cast<const uint8_t*>(p.k),
+                                                                reinterpret_cast<const uint8_t*>(p.v), row_bytes,
+                                                                head_off, base, j_end, from, to, zero_tail, lane);
+    } else {
 #pragma unroll
-    for (int i = 0; i < kCopies; ++i) {
-      const int piece = lane + ops::kWarpSize * i;
-      const int row = piece / kPieces, col = piece % kPieces;
-      const int64_t key = base + row;
-      const bool valid = key < j_end;
-      if (valid ? key >= from && key < to : zero_tail) {
-        const size_t src = size_t(valid ? key : base) * size_t(p.kv_row) + size_t(col * 8);
-        const uint32_t dst = stage + uint32_t((row * S::kPitch + col * 8) * 2);
-        attn::cp_async16(dst, k_head + src, valid);
-        attn::cp_async16(dst + uint32_t(kStep * S::kPitch * 2), v_head + src, valid);
+      for (int i = 0; i < kCopies; ++i) {
+        const int piece = lane + ops::kWarpSize * i;
+        const int row = piece / kPieces, col = piece % kPieces;
+        const int64_t key = base + row;
+        const bool valid = key < j_end;
+        if (valid ? key >= from && key < to : zero_tail) {
+          const size_t src = size_t(valid ? key : base) * size_t(p.kv_row) + size_t(col * 8);
+          const uint32_t dst = stage + uint32_t((row * S::kPitch + col * 8) * 2);
+          attn::cp_async16(dst, k_head + src, valid);
+          attn::cp_async16(dst + uint32_t(kStep * S::kPitch * 2), v_head + src, valid);
+        }
+      }
+    }
+  };
+  // Q8_0: stage s % kStages dequantized into the f16 tile ([row][dim], the F16 stage's layout). Iteration i takes one
+  // 34-byte block per lane: matrix i / (nb / 2), row lane % 16 (its head row `skew` bytes into the staged window),
+  // blocks b and b + 2 in the two half-warps for nb >= 4 (the same word parity: whether the codes straddle words is
+  // known at compile time). Staged rows a multiple of 4 words apart put the half-warp's 16 rows in 8 banks (2-way
+  // conflicts on the reads); the 8 lanes of each 16-byte store write 8 rows (tile pitch 4 mod 32 words):
+  // conflict-free.
+  // mat 0: the K rows, 1: the V rows (dequantized apart: the V rows' work fills the latency of the scores' mma chain).
+  auto dequantize = [&](int s, int mat) {
+    constexpr int kNb = D / 32;
+    constexpr int kBlockStep = kNb >= 4 ? 2 : 1;
+    const uint8_t* stage = reinterpret_cast<const uint8_t*>(ring_s) + warp * S::kWarpBytes + (s % kStages) *
+                                                                                               S::kStageBytes;
+    uint16_t* out = reinterpret_cast<uint16_t*>(reinterpret_cast<uint8_t*>(ring_s) + warp * S::kWarpBytes +
+                                                kStages * S::kStageBytes);
+    const int row = lane % kStep;
+    const int skew = int((size_t(first + int64_t(s) * attn::kDecodeStep + row) * row_bytes + head_off) % 16);
+#pragma unroll
+    for (int j = 0; j < kNb / 2; ++j) {
+      const int b = j / kBlockStep * 2 * kBlockStep + j % kBlockStep + kBlockStep * (lane / kStep);
+      const int at = 34 * b;  // the block's first byte in the head row: 4-aligned (even b) or 2 past (odd b)
+      const uint32_t* w =
+          reinterpret_cast<const uint32_t*>(stage + (mat * kStep + row) * S::kRawPitch + skew + (at & ~3));
+      uint32_t x[9];
+#pragma unroll
+      for (int k = 0; k < 9; ++k) x[k] = w[k];
+      const bool odd = kBlockStep == 2 ? j % 2 == 1 : b % 2 == 1;
+      const uint16_t d = uint16_t(odd ? x[0] >> 16 : x[0]);
+      const __half2 d2 = __halves2half2(__ushort_as_half(d), __ushort_as_half(d));
+      const uint32_t sel = odd ? 0x7654u : 0x5432u;  // the codes' word k straddles x[k], x[k + 1] (even b)
+      uint4* dst = reinterpret_cast<uint4*>(out + (mat * kStep + row) * S::kPitch + 32 * b);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const uint2 a = q8x4_to_f16(__byte_perm(x[2 * c], x[2 * c + 1], sel), d2);
+        const uint2 e = q8x4_to_f16(__byte_perm(x[2 * c + 1], x[2 * c + 2], sel), d2);
+        dst[c] = make_uint4(a.x, a.y, e.x, e.y);
       }
     }
   };
@@ -507,7 +616,12 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
       attn::cp_async_wait<kStages - 1>();
     }
     __syncwarp();  // every lane's copies of step s have landed
-    const uint32_t stage = ring + uint32_t((s % kStages) * S::kStageHalves * 2);
+    uint32_t stage = ring + uint32_t((s % kStages) * S::kStageBytes);
+    if constexpr (kQ8) {
+      dequantize(s, 0);
+      __syncwarp();  // the tile's K rows are complete
+      stage = tile;
+    }
 
     // Scores (log2 units): sc[nt][e] = head g (e < 2) or g + 8 (e >= 2), key j + 8 nt + 2t + e % 2.
     float sc[2][4];
@@ -527,6 +641,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
         if (j + 8 * nt + 2 * t + e >= j_end) sc[nt][e] = sc[nt][e + 2] = -INFINITY;
       }
     }
+    if constexpr (kQ8) dequantize(s, 1);  // the V rows, while the scores' mma chain runs
 
     // Online softmax per head; sc becomes p = 2^(s - m). The outputs' columns are heads 2t, 2t + 1 (of the head
     // tile), whose factors live in lanes 4 (2t) and 4 (2t + 1).
@@ -564,6 +679,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
     }
 
     // O^T += V^T P^T, m16 tile mt = dims 16 mt + g (c0, c1) and + 8 (c2, c3), columns heads 2t, 2t + 1.
+    if constexpr (kQ8) __syncwarp();  // the tile's V rows are complete
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
       uint32_t a[4];
@@ -571,7 +687,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
 #pragma unroll
       for (int ht = 0; ht < kHT; ++ht) mma_f16(o[ht][mt], a, pb[ht][0], pb[ht][1]);
     }
-    __syncwarp();  // every lane is done with this stage before the next issue refills it
+    __syncwarp();  // every lane is done with this stage (and the f16 tile) before the next issue refills it
   }
   attn::cp_async_wait<0>();  // only empty groups are left; nothing may land after the rings are reused
 
@@ -729,7 +845,7 @@ Result<AttentionWorkspace> AttentionWorkspace::create(int64_t max_heads, int64_t
 
 namespace attn {
 
-Status check_args(const char* op, const AttentionArgs& a, uintptr_t v_align) {
+Status check_args(const char* op, const AttentionArgs& a, uintptr_t v_align, bool takes_q8) {
   if (a.n_tok < 1 || a.n_tok > 65535 || a.pos0 < 0 || a.pos0 > INT_MAX - a.n_tok) {
     return Status::error(format("%s: n_tok=%lld must be in 1..65535 and pos0=%lld non-negative", op,
                                 (long long)a.n_tok, (long long)a.pos0));
@@ -741,6 +857,10 @@ Status check_args(const char* op, const AttentionArgs& a, uintptr_t v_align) {
                                 op, (long long)a.n_head, (long long)a.n_head_kv, (long long)kMaxAttentionGroup));
   }
   if (a.window < 0) return Status::error(format("%s: window=%lld must be >= 0", op, (long long)a.window));
+  if (a.kv_type != quant::Type::F16 && !(takes_q8 && a.kv_type == quant::Type::Q8_0)) {
+    return Status::error(format("%s: a %s KV cache has no kernel here (F16%s; kv_to_f16 turns Q8_0 rows into F16)", op,
+                                a.kv_type == quant::Type::Q8_0 ? "Q8_0" : "non-F16", takes_q8 ? " or Q8_0" : ""));
+  }
   if (a.q == nullptr || a.k_cache == nullptr || a.v_cache == nullptr || a.out == nullptr) {
     return Status::error(format("%s: null device pointer (q, k_cache, v_cache or out)", op));
   }
@@ -759,15 +879,16 @@ namespace {
 
 // The kernel parameters of one call of attention() or attention_decode_mma() (`op` names it in errors), after the
 // checks both share; one split (each op plans its own).
-Status make_params(const char* op, const AttentionArgs& a, AttentionWorkspace& workspace, Params& p) {
-  MAGNETAR_RETURN_IF_ERROR(attn::check_args(op, a, 16));  // 16-byte K and V loads
+Status make_params(const char* op, const AttentionArgs& a, AttentionWorkspace& workspace, Params& p,
+                   bool takes_q8 = false) {
+  MAGNETAR_RETURN_IF_ERROR(attn::check_args(op, a, 16, takes_q8));  // 16-byte K and V loads
   if (a.pos0_device != nullptr && (a.n_tok != 1 || a.max_rows < 1 || a.max_rows > INT_MAX)) {
     return Status::error(format("%s: pos0_device takes n_tok=1 (got %lld) and max_rows in 1..%d (got %lld)", op,
                                 (long long)a.n_tok, INT_MAX, (long long)a.max_rows));
   }
   p.q = a.q;
-  p.k = a.k_cache;
-  p.v = a.v_cache;
+  p.k = static_cast<const uint16_t*>(a.k_cache);  // Q8_0 (attention_decode_mma): bytes, read as such there
+  p.v = static_cast<const uint16_t*>(a.v_cache);
   p.out = a.out;
   p.partials = workspace.partials();
   p.kv_row = a.n_head_kv * a.head_dim;
@@ -823,10 +944,10 @@ void launch_combine(const Params& p, int grid_splits, int64_t n_head, cudaStream
 
 // Launches the decode kernel of one shape with its own plan (plan_decode over the CTAs the GPU holds of it at once) on
 // top of make_params' parameters; a graph's grid is sized for max_rows.
-template <int D, int kHT, int kStages>
+template <int D, int kHT, int kStages, bool kQ8>
 Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, Params p, cudaStream_t stream) {
-  const auto kernel = attention_decode_mma_kernel<D, kHT, kStages>;
-  constexpr size_t kSmem = DecodeSmem<D, kHT, kStages>::kBytes;
+  const auto kernel = attention_decode_mma_kernel<D, kHT, kStages, kQ8>;
+  constexpr size_t kSmem = DecodeSmem<D, kHT, kStages, kQ8>::kBytes;
   // Above 48 KiB of dynamic shared memory needs the opt-in; set on every call (a host-side attribute write, no
   // stream work) so that it holds for whichever device is current.
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
@@ -854,6 +975,21 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
   const dim3 grid(unsigned(grid_splits), unsigned(a.n_head_kv), unsigned(a.n_tok));
   CUDA_CHECK(ops::launch(kernel, grid, kThreads, kSmem, stream, p));
   return Status();
+}
+// The kernel of the call's head size and group.
+template <bool kQ8>
+Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, const Params& p, cudaStream_t stream) {
+  const bool two = p.group > 8;
+  switch (a.head_dim) {
+    case 64:
+      return two ? launch_decode_mma<64, 2, 4, kQ8>(a, workspace, p, stream)
+                 : launch_decode_mma<64, 1, 4, kQ8>(a, workspace, p, stream);
+    case 128:
+      return two ? launch_decode_mma<128, 2, 4, kQ8>(a, workspace, p, stream)
+                 : launch_decode_mma<128, 1, 4, kQ8>(a, workspace, p, stream);
+    default:
+      return launch_decode_mma<256, 1, 2, kQ8>(a, workspace, p, stream);
+  }
 }
 
 }  // namespace
@@ -892,18 +1028,9 @@ Status attention_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspac
   }
   if (!ops::aligned(a.q, 16)) return Status::error("attention_decode_mma: q must be 16-byte aligned");
   Params p;
-  MAGNETAR_RETURN_IF_ERROR(make_params("attention_decode_mma", a, workspace, p));
-  const bool two = p.group > 8;
-  switch (a.head_dim) {
-    case 64:
-      return two ? launch_decode_mma<64, 2, 4>(a, workspace, p, stream.raw())
-                 : launch_decode_mma<64, 1, 4>(a, workspace, p, stream.raw());
-    case 128:
-      return two ? launch_decode_mma<128, 2, 4>(a, workspace, p, stream.raw())
-                 : launch_decode_mma<128, 1, 4>(a, workspace, p, stream.raw());
-    default:
-      return launch_decode_mma<256, 1, 2>(a, workspace, p, stream.raw());
-  }
+  MAGNETAR_RETURN_IF_ERROR(make_params("attention_decode_mma", a, workspace, p, true));
+  return a.kv_type == quant::Type::Q8_0 ? launch_decode_mma<true>(a, workspace, p, stream.raw())
+                                        : launch_decode_mma<false>(a, workspace, p, stream.raw());
 }
 
 }  // namespace magnetar::cuda

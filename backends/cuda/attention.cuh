@@ -138,6 +138,10 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
+// The same with the first src_bytes (0..16) of the 16 read and the rest zero-filled.
+__device__ __forceinline__ void cp_async16_part(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
@@ -158,8 +162,9 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
 }
 #endif
 
-// The argument checks attention() and attention_prefill_mma() share (`op` names the caller in the message): counts,
-// heads and group, window, pointers, alignment (v_cache to v_align bytes), aliasing. Host only.
-Status check_args(const char* op, const AttentionArgs& a, uintptr_t v_align);
+// The argument checks the attention ops share (`op` names the caller in the message): counts, heads and group,
+// window, the KV type (F16, or Q8_0 where takes_q8), pointers, alignment (v_cache to v_align bytes), aliasing. Host
+// only.
+Status check_args(const char* op, const AttentionArgs& a, uintptr_t v_align, bool takes_q8 = false);
 
 }  // namespace magnetar::cuda::attn

@@ -410,8 +410,8 @@ Status attention_prefill_mma(const AttentionArgs& a, Stream& stream) {
   const int tokens_per_cta = rows_per_cta(a.head_dim) / int(group);
   PrefillParams p;  // C++17 (nvcc): no designated initializers
   p.q = a.q;
-  p.k = a.k_cache;
-  p.v = a.v_cache;
+  p.k = static_cast<const uint16_t*>(a.k_cache);  // F16 (check_args)
+  p.v = static_cast<const uint16_t*>(a.v_cache);
   p.out = a.out;
   p.kv_row = a.n_head_kv * a.head_dim;
   p.pos0 = int(a.pos0);

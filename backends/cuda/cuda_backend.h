@@ -415,17 +415,18 @@ struct QkNormRopeArgs {
 Status qk_norm_rope(const QkNormRopeArgs& args, Stream& stream);
 
 // A layer's attention inputs in one launch: q normed and rotated in place (qk_norm_rope), k normed and rotated and
-// stored as F16 into k_cache, v stored as F16 into v_cache, token t at cache row row0 + t (store_kv's layout and
-// rounding). Bit-identical with qk_norm_rope(q), qk_norm_rope(k), store_kv(k), store_kv(v); k itself is not
-// written. head_dim as qk_norm_rope.
+// stored into k_cache, v stored into v_cache, token t at cache row row0 + t. F16 caches: store_kv's layout and
+// rounding, bit-identical with qk_norm_rope(q), qk_norm_rope(k), store_kv(k), store_kv(v). Q8_0 caches (kv_type):
+// each head row as head_dim / 32 Q8_0 blocks, the bytes cpu::store_kv (quant's Q8_0 rounding) writes for the same
+// floats. k itself is not written. head_dim as qk_norm_rope.
 struct QkvPrepareArgs {
   float* q = nullptr;                  // [n_tok, n_head, head_dim]
   const float* q_weight = nullptr;     // [head_dim]
   const float* k = nullptr;            // [n_tok, n_head_kv, head_dim]
   const float* k_weight = nullptr;     // [head_dim]
   const float* v = nullptr;            // [n_tok, n_head_kv, head_dim]
-  uint16_t* k_cache = nullptr;         // [>= row0 + n_tok, n_head_kv, head_dim] F16 bits
-  uint16_t* v_cache = nullptr;         // same layout
+  void* k_cache = nullptr;             // [>= row0 + n_tok, n_head_kv, head_dim] F16 bits or Q8_0 blocks
+  void* v_cache = nullptr;             // same layout
   const int32_t* positions = nullptr;  // [n_tok]: RoPE positions
   int64_t n_tok = 0;
   int64_t n_head = 0;
@@ -436,6 +437,7 @@ struct QkvPrepareArgs {
   int64_t row0 = 0;
   // When set, row0 is read from this device int when the kernel runs (store_kv's row0_device: a decode graph).
   const int32_t* row0_device = nullptr;
+  quant::Type kv_type = quant::Type::F16;  // F16 or Q8_0
 };
 Status qkv_prepare(const QkvPrepareArgs& args, Stream& stream);
 
@@ -492,6 +494,19 @@ struct StoreKvArgs {
 };
 Status store_kv(const StoreKvArgs& args, Stream& stream);
 
+// Rows [0, rows) of a Q8_0 KV cache [.., n] into an F16 one of the same layout: element i of a row becomes
+// f16(d * q_i) (quant::float_to_fp16 of the float product, which is exact), the values attention_decode_mma computes
+// with, so that the F16 attention kernels (prefill) read what decode reads. n a multiple of 32; out 4-byte aligned.
+struct KvToF16Args {
+  const void* cache = nullptr;  // [>= rows, n] Q8_0 blocks
+  uint16_t* out = nullptr;      // [>= rows, n] F16 bits
+  int64_t n = 0;
+  int64_t rows = 0;
+  // When set (a decode graph), the rows are [0, *last_row_device + 1) and `rows` only bounds them (the grid).
+  const int32_t* last_row_device = nullptr;
+};
+Status kv_to_f16(const KvToF16Args& args, Stream& stream);
+
 // Largest query-head group (n_head / n_head_kv) and head size attention takes; the CPU op has the same group
 // limit.
 inline constexpr int64_t kMaxAttentionGroup = 16;
@@ -534,9 +549,9 @@ class AttentionWorkspace {
 //     token (from L2 when the context fits there), so prefill attention costs O(n_tok * context) reads
 //     (attention_prefill_mma below is the tiled one).
 struct AttentionArgs {
-  const float* q = nullptr;           // [n_tok, n_head, head_dim]
-  const uint16_t* k_cache = nullptr;  // [n_ctx, n_head_kv, head_dim] F16 bits, 16-byte aligned, rows 0..pos0+n_tok-1
-  const uint16_t* v_cache = nullptr;  // same layout and alignment as k_cache
+  const float* q = nullptr;        // [n_tok, n_head, head_dim]
+  const void* k_cache = nullptr;   // [n_ctx, n_head_kv, head_dim] F16 bits, 16-byte aligned, rows 0..pos0+n_tok-1
+  const void* v_cache = nullptr;   // same layout and alignment as k_cache
   float* out = nullptr;               // [n_tok, n_head, head_dim]; must not alias q
   int64_t n_tok = 0;
   int64_t pos0 = 0;
@@ -551,6 +566,9 @@ struct AttentionArgs {
   // of the actual row count on the device (the same plan_splits); CTAs past it return at once.
   const int32_t* pos0_device = nullptr;
   int64_t max_rows = 0;
+  // The caches' type: F16, or Q8_0 for attention_decode_mma only (each head row head_dim / 32 blocks of ggml's
+  // Q8_0; the other ops return a Status: kv_to_f16 first).
+  quant::Type kv_type = quant::Type::F16;
 };
 Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Stream& stream);
 
@@ -564,7 +582,9 @@ Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Strea
 // (this call's own tokens) may come from the launch just before.
 // Meant for decode (n_tok == 1: split-K); n_tok > 1 runs one CTA per (token, KV head) as attention() does.
 // Supported (has_attention_decode_mma): head_dim 64 or 128 with a group up to 16, 256 with a group up to 8; q 16-byte
-// aligned. Any other shape returns a Status (callers fall back to attention()).
+// aligned. Any other shape returns a Status (callers fall back to attention()). A Q8_0 cache (kv_type) is read as
+// stored and each row dequantized in shared memory to kv_to_f16's values: the output is bit-identical with the same
+// call over kv_to_f16's F16 cache.
 Status attention_decode_mma(const AttentionArgs& args, AttentionWorkspace& workspace, Stream& stream);
 bool has_attention_decode_mma(int64_t head_dim, int64_t group);
 

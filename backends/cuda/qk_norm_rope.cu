@@ -2,9 +2,9 @@
 // y = rms_norm(row) * weight (rms_norm.cu's formula), then the rotation of rope.cu at the token's position.
 // Bit-identical with rms_norm (n_rows = n_tok * n_head, n_cols = head_dim) followed by rope_neox: same per-warp
 // summation order of the squares, same scale, same cos/sin (rope.cuh) and the same unfused float products.
-// qk_norm_rope does q (or k) in place; qkv_prepare does a layer's q in place and k and v straight into the F16 KV
-// cache (store_kv's rounding), one launch where the unfused path takes four (q and k norm + RoPE, K and V stores)
-// and one read and write of k fewer.
+// qk_norm_rope does q (or k) in place; qkv_prepare does a layer's q in place and k and v straight into the KV cache
+// (F16: store_kv's rounding; Q8_0: quantize_q8.cuh's block quantizer, the bytes of the CPU's Q8_0 rounding), one
+// launch where the unfused path takes four (q and k norm + RoPE, K and V stores) and one read and write of k fewer.
 //
 // One warp per head row; lane l holds elements l, l + 32, ... (head_dim / 32 of them), so for head_dim a
 // multiple of 64 the rotation pairs (i, i + head_dim / 2) sit in the same lane and need no exchange.
@@ -19,6 +19,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
 #include "backends/cuda/ops_common.cuh"
+#include "backends/cuda/quantize_q8.cuh"
 #include "backends/cuda/rope.cuh"
 
 namespace magnetar::cuda {
@@ -28,16 +29,17 @@ constexpr int kThreads = 128;
 constexpr int kRowsPerCta = kThreads / ops::kWarpSize;
 
 // What one launch does, per token: n_q query head rows normed and rotated in place; with n_k > 0 also n_k key head
-// rows normed and rotated, written as F16 into k_cache at the token's cache row, and n_k value head rows written
-// as F16 into v_cache (qkv_prepare).
+// rows normed and rotated, written into k_cache at the token's cache row, and n_k value head rows written into
+// v_cache (qkv_prepare), as F16 or (q8) as Q8_0 blocks.
 struct Rows {
   float* q;
   const float* q_weight;
   const float* k;
   const float* k_weight;
   const float* v;
-  uint16_t* k_cache;
-  uint16_t* v_cache;
+  uint8_t* k_cache;
+  uint8_t* v_cache;
+  bool q8;
   const int32_t* positions;
   const int32_t* row0_device;  // the first token's cache row, read at run time; else row0
   int64_t row0;
@@ -47,6 +49,22 @@ struct Rows {
   float eps;
   float theta;
 };
+
+// A head row (lane holding elements lane + 32 k in e[k]) into a cache row at dst: F16 bits (store_kv's rounding) or
+// Q8_0 blocks (block k = the elements 32 k .. 32 k + 31: e[k] over the warp). Every lane of the warp calls it.
+template <int kPerLane>
+__device__ __forceinline__ void store_head(const float (&e)[kPerLane], uint8_t* dst, bool q8, int lane) {
+  if (q8) {
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      q8::block_q8_32<quant::BlockQ8_0, false>(e[k], reinterpret_cast<quant::BlockQ8_0*>(dst) + k, lane);
+    }
+  } else {
+    uint16_t* d16 = reinterpret_cast<uint16_t*>(dst);
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) d16[lane + k * ops::kWarpSize] = __half_as_ushort(__float2half_rn(e[k]));
+  }
+}
 
 // Grid: ceil(n_rows / kRowsPerCta) CTAs, one warp per head row; row r is slot r % (n_q + 2 n_k) of token
 // r / (n_q + 2 n_k): the q heads, then the k heads, then the v heads. kPerLane = head_dim / 32 (2, 4, 6 or 8), a
@@ -77,26 +95,27 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const Rows r) {
   }
   ops::pdl_wait();
   ops::pdl_trigger();
+  // A cache head row: F16 (2 bytes per element) or Q8_0 (34 bytes per 32 elements).
+  constexpr int kF16Bytes = 2 * kHeadDim, kQ8Bytes = kHeadDim / 32 * int(sizeof(quant::BlockQ8_0));
   const float* src;
-  float* out = nullptr;          // f32 destination (q, in place)
-  uint16_t* out16 = nullptr;     // F16 destination (a cache row)
+  float* out = nullptr;      // f32 destination (q, in place)
+  uint8_t* cache = nullptr;  // a cache head row (k)
   if (h < r.n_q) {
     out = r.q + (size_t(t) * size_t(r.n_q) + size_t(h)) * kHeadDim;
     src = out;
   } else {
     const int hk = h < r.n_q + r.n_k ? h - r.n_q : h - r.n_q - r.n_k;
     const size_t in_off = (size_t(t) * size_t(r.n_k) + size_t(hk)) * kHeadDim;
-    const size_t cache_off = (size_t(cache_row) * size_t(r.n_k) + size_t(hk)) * kHeadDim;
-    if (value) {  // a value head: F16 conversion only (store_kv's rounding)
-      const float* v = r.v + in_off;
+    const size_t cache_off = (size_t(cache_row) * size_t(r.n_k) + size_t(hk)) * size_t(r.q8 ? kQ8Bytes : kF16Bytes);
+    if (value) {  // a value head: conversion only
+      float e[kPerLane];
 #pragma unroll
-      for (int k = 0; k < kPerLane; ++k) {
-        r.v_cache[cache_off + lane + k * ops::kWarpSize] = __half_as_ushort(__float2half_rn(v[lane + k * ops::kWarpSize]));
-      }
+      for (int k = 0; k < kPerLane; ++k) e[k] = r.v[in_off + lane + k * ops::kWarpSize];
+      store_head<kPerLane>(e, r.v_cache + cache_off, r.q8, lane);
       return;
     }
     src = r.k + in_off;
-    out16 = r.k_cache + cache_off;
+    cache = r.k_cache + cache_off;
   }
   float e[kPerLane];
   double sum = 0;
@@ -113,15 +132,14 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const Rows r) {
   for (int k = 0; k < kHalf; ++k) {
     const float a = e[k];
     const float b = e[k + kHalf];
-    const float lo = __fsub_rn(__fmul_rn(a, c[k]), __fmul_rn(b, s[k]));
-    const float hi = __fadd_rn(__fmul_rn(b, c[k]), __fmul_rn(a, s[k]));
-    if (out != nullptr) {
-      out[lane + k * ops::kWarpSize] = lo;
-      out[lane + (k + kHalf) * ops::kWarpSize] = hi;
-    } else {
-      out16[lane + k * ops::kWarpSize] = __half_as_ushort(__float2half_rn(lo));
-      out16[lane + (k + kHalf) * ops::kWarpSize] = __half_as_ushort(__float2half_rn(hi));
-    }
+    e[k] = __fsub_rn(__fmul_rn(a, c[k]), __fmul_rn(b, s[k]));
+    e[k + kHalf] = __fadd_rn(__fmul_rn(b, c[k]), __fmul_rn(a, s[k]));
+  }
+  if (out != nullptr) {
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) out[lane + k * ops::kWarpSize] = e[k];
+  } else {
+    store_head<kPerLane>(e, cache, r.q8, lane);
   }
 }
 
@@ -180,6 +198,9 @@ Status qkv_prepare(const QkvPrepareArgs& a, Stream& stream) {
       a.k_cache == nullptr || a.v_cache == nullptr || a.positions == nullptr) {
     return Status::error("qkv_prepare: null device pointer");
   }
+  if (a.kv_type != quant::Type::F16 && a.kv_type != quant::Type::Q8_0) {
+    return Status::error("qkv_prepare: kv_type must be F16 or Q8_0");
+  }
   if (!ops::aligned(a.q, 4) || !ops::aligned(a.q_weight, 4) || !ops::aligned(a.k, 4) || !ops::aligned(a.k_weight, 4) ||
       !ops::aligned(a.v, 4) || !ops::aligned(a.k_cache, 2) || !ops::aligned(a.v_cache, 2) ||
       !ops::aligned(a.positions, 4) || !ops::aligned(a.row0_device, 4)) {
@@ -191,8 +212,9 @@ Status qkv_prepare(const QkvPrepareArgs& a, Stream& stream) {
   r.k = a.k;
   r.k_weight = a.k_weight;
   r.v = a.v;
-  r.k_cache = a.k_cache;
-  r.v_cache = a.v_cache;
+  r.k_cache = static_cast<uint8_t*>(a.k_cache);
+  r.v_cache = static_cast<uint8_t*>(a.v_cache);
+  r.q8 = a.kv_type == quant::Type::Q8_0;
   r.positions = a.positions;
   r.row0_device = a.row0_device;
   r.row0 = a.row0;

@@ -3,6 +3,7 @@
 //   attention_decode/ctx<C>        cuda::attention of one token over C cached rows, as a decode graph queues it
 //                                  (position read from device memory, grid sized for kMaxCtx rows): the baseline
 //   attention_decode_mma/ctx<C>    the same on cuda::attention_decode_mma (tensor cores)
+//   attention_decode_mma_q8/ctx<C> the same over a Q8_0 cache (34 bytes per 32 elements: 53% of the bytes)
 //   attention_prefill_mma/ctx<C>   cuda::attention_prefill_mma of a kChunk-token chunk after C cached rows
 //   attention_prefill_rows/ctx<C>  the same chunk on cuda::attention (per-token CTAs): the baseline
 // One iteration replays a CUDA graph of `copies` calls, each over its own region of K/V (>= kFootprintBytes in all,
@@ -25,6 +26,7 @@
 #include "backends/cuda/cuda_check.cuh"
 #include "bench/cuda/cuda_bench.h"
 #include "quant/fp16.h"
+#include "quant/quant.h"
 
 namespace magnetar {
 namespace {
@@ -128,8 +130,10 @@ cuda::AttentionArgs args_for(Setup& s, const uint16_t* k, const uint16_t* v, int
           .scale = float(1.0 / std::sqrt(double(kHeadDim)))};
 }
 
-void counters(benchmark::State& state, double seconds, int64_t ctx_rows, double pairs) {
-  const double kv_bytes = double(ctx_rows) * double(kRowElems) * 2.0 * 2.0;  // K and V, F16
+// kv_row_bytes: a cached row's bytes (F16: 2 per element; Q8_0: 34 per 32).
+void counters(benchmark::State& state, double seconds, int64_t ctx_rows, double pairs,
+              double kv_row_bytes = 2.0 * double(kRowElems)) {
+  const double kv_bytes = double(ctx_rows) * kv_row_bytes * 2.0;  // K and V
   const double gbps = seconds > 0 ? kv_bytes / seconds / 1e9 : 0;
   state.counters["us_per_call"] = seconds * 1e6;
   state.counters["kv_GBps"] = gbps;
@@ -137,7 +141,9 @@ void counters(benchmark::State& state, double seconds, int64_t ctx_rows, double 
   state.counters["TFLOPS"] = seconds > 0 ? 4.0 * double(kHeads * kHeadDim) * pairs / seconds / 1e12 : 0;
 }
 
-void bm_decode(benchmark::State& state, int64_t ctx, bool mma) {
+// q8 (mma only): the regions read as a Q8_0 cache (the F16 tile's bytes as blocks: finite scales), each call's K/V
+// at the same offsets as the F16 case (rows of 544 bytes from there: a distinct window per call still).
+void bm_decode(benchmark::State& state, int64_t ctx, bool mma, bool q8) {
   Setup& s = setup();
   const int32_t pos = int32_t(ctx - 1);
   must_ok(s.positions.upload(&pos, sizeof pos), "position");
@@ -146,10 +152,12 @@ void bm_decode(benchmark::State& state, int64_t ctx, bool mma) {
     cuda::AttentionArgs a = args_for(s, k, v, 1, 0);
     a.pos0_device = s.positions.as<int32_t>();
     a.max_rows = ctx;
+    if (q8) a.kv_type = quant::Type::Q8_0;
     must_ok(mma ? cuda::attention_decode_mma(a, s.workspace, s.stream) : cuda::attention(a, s.workspace, s.stream),
             "attention");
   });
-  counters(state, seconds, ctx, double(ctx));
+  const double row_bytes = double(quant::row_size(q8 ? quant::Type::Q8_0 : quant::Type::F16, kRowElems));
+  counters(state, seconds, ctx, double(ctx), row_bytes);
 }
 
 void bm_prefill(benchmark::State& state, int64_t ctx, bool mma) {
@@ -164,10 +172,15 @@ void bm_prefill(benchmark::State& state, int64_t ctx, bool mma) {
 
 void register_all() {
   for (const int64_t ctx : kContexts) {
-    for (const bool mma : {true, false}) {
-      const std::string name =
-          std::string(mma ? "attention_decode_mma/ctx" : "attention_decode/ctx") + std::to_string(ctx);
-      benchmark::RegisterBenchmark(name.c_str(), bm_decode, ctx, mma)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    for (const int arm : {0, 1, 2}) {  // tensor cores over F16, over Q8_0, FP32 cores over F16
+      const bool mma = arm < 2, q8 = arm == 1;
+      const std::string name = std::string(arm == 0   ? "attention_decode_mma/ctx"
+                                           : arm == 1 ? "attention_decode_mma_q8/ctx"
+                                                      : "attention_decode/ctx") +
+                               std::to_string(ctx);
+      benchmark::RegisterBenchmark(name.c_str(), bm_decode, ctx, mma, q8)
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
     }
   }
   for (const int64_t ctx : {int64_t(0), int64_t(16384), int64_t(65536)}) {

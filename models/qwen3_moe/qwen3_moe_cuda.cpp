@@ -144,13 +144,16 @@ int mmvq_rows_per_warp() {
 // Diagnostic switches, the baselines of run.sh: MAGNETAR_CUDA_ATTN_MMA=0 keeps prefill (--attn-prefill) and
 // MAGNETAR_CUDA_DECODE_MMA=0 decode (--model-bench) on attention().
 constexpr int64_t kMmaAttentionTokens = 64;
+// Whether attend() runs attention_decode_mma for these arguments (the one kernel that reads a Q8_0 cache itself).
+bool decode_mma_for(const cuda::AttentionArgs& args, int64_t group) {
+  static const bool decode_mma = switch_on("MAGNETAR_CUDA_DECODE_MMA");
+  return args.n_tok < kMmaAttentionTokens && decode_mma && cuda::has_attention_decode_mma(args.head_dim, group);
+}
 Status attend(const cuda::AttentionArgs& args, int64_t group, cuda::AttentionWorkspace& ws, cuda::Stream& stream) {
   static const bool prefill_mma = switch_on("MAGNETAR_CUDA_ATTN_MMA");
-  static const bool decode_mma = switch_on("MAGNETAR_CUDA_DECODE_MMA");
-  if (args.n_tok >= kMmaAttentionTokens) {
-    if (prefill_mma && cuda::has_attention_prefill_mma(args.head_dim)) return cuda::attention_prefill_mma(args, stream);
-  } else if (decode_mma && cuda::has_attention_decode_mma(args.head_dim, group)) {
-    return cuda::attention_decode_mma(args, ws, stream);
+  if (decode_mma_for(args, group)) return cuda::attention_decode_mma(args, ws, stream);
+  if (args.n_tok >= kMmaAttentionTokens && prefill_mma && cuda::has_attention_prefill_mma(args.head_dim)) {
+    return cuda::attention_prefill_mma(args, stream);
   }
   return cuda::attention(args, ws, stream);
 }
@@ -174,7 +177,8 @@ struct DevLayer {
   std::vector<const void*> host_table; // the same pointers, for prefill grouping on the host
 };
 
-// A session's KV cache on the device: per layer K and V, [n_ctx, n_head_kv * head_dim] F16.
+// A session's KV cache on the device: per layer K and V, [n_ctx, n_head_kv * head_dim] in the host cache's type (F16
+// or Q8_0), byte for byte the host's layout.
 class DeviceKv final : public kv::KvCache::Mirror {
  public:
   std::vector<DeviceBuffer> k, v;
@@ -205,7 +209,7 @@ class Qwen3Cuda final : public Model {
  public:
   Qwen3Cuda(Qwen3Bound bound, const gguf::Model& file, const CudaLoad& o)
       : hp_(std::move(bound.hp)), w_(std::move(bound.w)), layout_(std::move(bound.layout)), file_(file),
-        n_batch_(o.n_batch), pool_bytes_(o.expert_pool_bytes), policy_name_(o.policy),
+        n_batch_(o.n_batch), kv_type_(o.kv_type), pool_bytes_(o.expert_pool_bytes), policy_name_(o.policy),
         cpu_lane_(o.cpu_experts && o.expert_pool_bytes > 0) {}
   Status init();
 
@@ -288,6 +292,11 @@ class Qwen3Cuda final : public Model {
   std::unique_ptr<experts::ExpertLayout> layout_;
   const gguf::Model& file_;
   int64_t n_batch_;
+  quant::Type kv_type_;  // the sessions' KV caches: F16 or Q8_0
+  // Q8_0 KV: K and V of the rows a prefill attends, as F16 (kv_to_f16), for the attention kernels that read F16;
+  // rows for the longest session's context (mirror_of).
+  mutable DeviceBuffer kv_f16_k_, kv_f16_v_;
+  mutable int64_t kv_f16_rows_ = 0;
 
   std::vector<DeviceBuffer> owned_;  // every weight buffer
   std::vector<DevLayer> layers_;
@@ -419,6 +428,17 @@ Status Qwen3Cuda::init() {
                                 (long long)D, (long long)group));
   }
   if (X > 1024) return Status::error(format("CUDA router takes up to 1024 experts, the model has %lld", (long long)X));
+  if (kv_type_ != quant::Type::F16 && kv_type_ != quant::Type::Q8_0) {
+    return Status::error("the CUDA backend keeps KV in F16 or Q8_0 (--kv-type f32 runs on the CPU)");
+  }
+  // Q8_0 KV: stored by qkv_prepare, read by the decode and (through F16) the prefill tensor-core kernels.
+  if (kv_type_ == quant::Type::Q8_0 &&
+      !(D % 64 == 0 && D <= cuda::kMaxQkNormRopeHeadDim && cuda::has_attention_decode_mma(D, group) &&
+        cuda::has_attention_prefill_mma(D))) {
+    return Status::error(format("--kv-type q8_0 on the GPU takes head_dim 64 or 128 (up to 16 query heads per KV "
+                                "head) or 256 (up to 8); this model has head_dim %lld, %lld per KV head",
+                                (long long)D, (long long)group));
+  }
   MAGNETAR_ASSIGN_OR_RETURN(stream_, cuda::Stream::create());
 
   // ---- weights -----------------------------------------------------------------------------------------------
@@ -616,12 +636,28 @@ Status Qwen3Cuda::linear(const DevTensor& W, const float* x, float* y, int64_t n
 
 Result<DeviceKv*> Qwen3Cuda::mirror_of(kv::KvCache& cache) const {
   if (auto* m = dynamic_cast<DeviceKv*>(cache.mirror())) return m;
-  if (cache.type() != quant::Type::F16) {
-    return Status::error("the CUDA backend keeps the KV cache in F16 (--kv-type f32 runs on the CPU: --device cpu)");
+  if (cache.type() != kv_type_) {
+    return Status::error(format("a %s KV cache given to a model loaded for %s KV (CudaLoad::kv_type)",
+                                std::string(quant::traits(cache.type()).name).c_str(),
+                                std::string(quant::traits(kv_type_).name).c_str()));
   }
   auto m = std::make_unique<DeviceKv>();
-  m->row_bytes = size_t(cache.row_elements()) * 2;
+  m->row_bytes = quant::row_size(cache.type(), cache.row_elements());
   const size_t bytes = size_t(cache.n_ctx()) * m->row_bytes;
+  if (kv_type_ == quant::Type::Q8_0 && cache.n_ctx() > kv_f16_rows_) {
+    const size_t f16_bytes = size_t(cache.n_ctx()) * size_t(cache.row_elements()) * 2;
+    kv_f16_k_ = {};
+    kv_f16_v_ = {};
+    kv_f16_rows_ = 0;
+    Result<DeviceBuffer> k = DeviceBuffer::allocate(f16_bytes), v = DeviceBuffer::allocate(f16_bytes);
+    if (!k.ok() || !v.ok()) {
+      return Status::error(format("out of GPU memory for the Q8_0 KV cache's F16 prefill scratch (%.2f GiB for %lld "
+                                  "positions)", double(f16_bytes) * 2 / double(1ull << 30), (long long)cache.n_ctx()));
+    }
+    kv_f16_k_ = std::move(k).value();
+    kv_f16_v_ = std::move(v).value();
+    kv_f16_rows_ = cache.n_ctx();
+  }
   for (int64_t l = 0; l < hp_.n_layer; ++l) {
     Result<DeviceBuffer> k = DeviceBuffer::allocate(bytes), v = DeviceBuffer::allocate(bytes);
     if (!k.ok() || !v.ok()) {
@@ -680,8 +716,8 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
   int64_t t0 = 0;
   for (size_t s = 0; s < seqs.size(); ++s) {
     const SeqSpan& seq = seqs[s];
-    auto* kc = mirrors[s]->k[size_t(il)].as<uint16_t>();
-    auto* vc = mirrors[s]->v[size_t(il)].as<uint16_t>();
+    void* kc = mirrors[s]->k[size_t(il)].data();
+    void* vc = mirrors[s]->v[size_t(il)].data();
     // A decode token's position is read on the device (positions_), so a decode graph replays these launches.
     const int32_t* pos0_device = seq.n_tok == 1 ? pos + t0 : nullptr;
     if (fused) {
@@ -689,20 +725,35 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
           {.q = q + t0 * q_dim, .q_weight = L.q_norm.f32(), .k = k + t0 * kv_dim, .k_weight = L.k_norm.f32(),
            .v = v + t0 * kv_dim, .k_cache = kc, .v_cache = vc, .positions = pos + t0, .n_tok = seq.n_tok,
            .n_head = hp_.n_head, .n_head_kv = hp_.n_head_kv, .head_dim = D, .eps = hp_.rms_eps,
-           .theta = hp_.rope_theta, .row0 = seq.pos0, .row0_device = pos0_device},
+           .theta = hp_.rope_theta, .row0 = seq.pos0, .row0_device = pos0_device, .kv_type = kv_type_},
           stream_));
-    } else {
-      MAGNETAR_RETURN_IF_ERROR(cuda::store_kv({.x = k + t0 * kv_dim, .cache = kc, .n_tok = seq.n_tok, .n = kv_dim,
-                                               .row0 = seq.pos0, .row0_device = pos0_device}, stream_));
-      MAGNETAR_RETURN_IF_ERROR(cuda::store_kv({.x = v + t0 * kv_dim, .cache = vc, .n_tok = seq.n_tok, .n = kv_dim,
-                                               .row0 = seq.pos0, .row0_device = pos0_device}, stream_));
+    } else {  // F16 (init: Q8_0 KV takes the fused head sizes)
+      MAGNETAR_RETURN_IF_ERROR(cuda::store_kv({.x = k + t0 * kv_dim, .cache = static_cast<uint16_t*>(kc),
+                                               .n_tok = seq.n_tok, .n = kv_dim, .row0 = seq.pos0,
+                                               .row0_device = pos0_device}, stream_));
+      MAGNETAR_RETURN_IF_ERROR(cuda::store_kv({.x = v + t0 * kv_dim, .cache = static_cast<uint16_t*>(vc),
+                                               .n_tok = seq.n_tok, .n = kv_dim, .row0 = seq.pos0,
+                                               .row0_device = pos0_device}, stream_));
     }
-    const cuda::AttentionArgs args{
+    cuda::AttentionArgs args{
         .q = q + t0 * q_dim, .k_cache = kc, .v_cache = vc, .out = attn_.as<float>() + t0 * q_dim,
         .n_tok = seq.n_tok, .pos0 = seq.pos0, .n_head = hp_.n_head, .n_head_kv = hp_.n_head_kv, .head_dim = D,
         .window = L.window, .scale = float(1.0 / std::sqrt(double(D))), .pos0_device = pos0_device,
-        .max_rows = seq.kv->n_ctx()};
-    MAGNETAR_RETURN_IF_ERROR(attend(args, hp_.n_head / hp_.n_head_kv, attn_ws_, stream_));
+        .max_rows = seq.kv->n_ctx(), .kv_type = kv_type_};
+    const int64_t group = hp_.n_head / hp_.n_head_kv;
+    if (kv_type_ == quant::Type::Q8_0 && !decode_mma_for(args, group)) {
+      // Prefill: the F16 kernels read the attended rows dequantized (the values decode computes with).
+      for (auto [cache, out] : {std::pair{kc, &kv_f16_k_}, std::pair{vc, &kv_f16_v_}}) {
+        MAGNETAR_RETURN_IF_ERROR(cuda::kv_to_f16({.cache = cache, .out = out->as<uint16_t>(), .n = kv_dim,
+                                                  .rows = pos0_device ? seq.kv->n_ctx() : seq.pos0 + seq.n_tok,
+                                                  .last_row_device = pos0_device},
+                                                 stream_));
+      }
+      args.k_cache = kv_f16_k_.data();
+      args.v_cache = kv_f16_v_.data();
+      args.kv_type = quant::Type::F16;
+    }
+    MAGNETAR_RETURN_IF_ERROR(attend(args, group, attn_ws_, stream_));
     t0 += seq.n_tok;
   }
   return linear(L.wo, attn_.as<float>(), proj_.as<float>(), n);

@@ -731,6 +731,106 @@ TEST(CudaOps, QkvPrepareBitIdenticalToNormRopeAndStores) {
   }
 }
 
+// qkv_prepare into Q8_0 caches: the K rows are the bytes the reference quantizer (quant traits' from_float, the scalar
+// oracle) makes of qk_norm_rope's k, the V rows its bytes of v; rows outside the tokens untouched. Row0 from the host
+// and from device memory.
+TEST(CudaOps, QkvPrepareQ8MatchesReferenceQuantizer) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  Rng rng(kSeed + 64);
+  const quant::TypeTraits& q8 = quant::traits(quant::Type::Q8_0);
+  struct Heads {
+    int64_t n_head, n_head_kv;
+  };
+  for (const int64_t n_tok : {int64_t(1), int64_t(5)}) {
+    for (const Heads heads : {Heads{32, 4}, Heads{6, 2}}) {
+      for (const int64_t head_dim : {int64_t(64), int64_t(128), int64_t(256)}) {
+        for (const bool device_row : {false, true}) {
+          const int64_t HK = heads.n_head_kv, row0 = 3, n_rows = row0 + n_tok + 2, kv = HK * head_dim;
+          const size_t row_bytes = quant::row_size(quant::Type::Q8_0, kv);
+          std::vector<int32_t> pos(static_cast<size_t>(n_tok));
+          for (int64_t t = 0; t < n_tok; ++t) pos[size_t(t)] = int32_t(rng.bits() % 40000);
+          const std::vector<float> q = gaussian(rng, size_t(n_tok * heads.n_head * head_dim), 2.0f);
+          const std::vector<float> k = gaussian(rng, size_t(n_tok * kv), 2.0f);
+          const std::vector<float> v = gaussian(rng, size_t(n_tok * kv), 3.0f);
+          const std::vector<float> qw = gaussian(rng, size_t(head_dim));
+          const std::vector<float> kw = gaussian(rng, size_t(head_dim));
+          const std::vector<uint8_t> guard(size_t(n_rows) * row_bytes, 0xAB);
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dq, to_device(q));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dk, to_device(k));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dk_normed, to_device(k));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dv, to_device(v));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dqw, to_device(qw));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dkw, to_device(kw));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dp, to_device(pos));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer drow, to_device(std::vector<int32_t>{int32_t(row0)}));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer kc, to_device(guard));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer vc, to_device(guard));
+          ASSERT_OK(cuda::qkv_prepare({.q = dq.as<float>(), .q_weight = dqw.as<float>(), .k = dk.as<float>(),
+                                       .k_weight = dkw.as<float>(), .v = dv.as<float>(), .k_cache = kc.data(),
+                                       .v_cache = vc.data(), .positions = dp.as<int32_t>(), .n_tok = n_tok,
+                                       .n_head = heads.n_head, .n_head_kv = HK, .head_dim = head_dim, .eps = 1e-6f,
+                                       .theta = 1e6f, .row0 = device_row ? 999 : row0,
+                                       .row0_device = device_row ? drow.as<int32_t>() : nullptr,
+                                       .kv_type = quant::Type::Q8_0},
+                                      stream));
+          ASSERT_OK(cuda::qk_norm_rope({.x = dk_normed.as<float>(), .weight = dkw.as<float>(),
+                                        .positions = dp.as<int32_t>(), .n_tok = n_tok, .n_head = HK,
+                                        .head_dim = head_dim, .eps = 1e-6f, .theta = 1e6f},
+                                       stream));
+          stream.synchronize();
+          const std::vector<float> k_normed = from_device<float>(dk_normed, k.size());
+          std::vector<uint8_t> want_k = guard, want_v = guard;
+          q8.from_float(k_normed.data(), want_k.data() + size_t(row0) * row_bytes, n_tok * kv);
+          q8.from_float(v.data(), want_v.data() + size_t(row0) * row_bytes, n_tok * kv);
+          const std::string what = "n_tok " + std::to_string(n_tok) + " heads " + std::to_string(heads.n_head) + "/" +
+                                   std::to_string(HK) + " head_dim " + std::to_string(head_dim) +
+                                   (device_row ? " row0 on the device" : "");
+          ASSERT_EQ(from_device<uint8_t>(kc, guard.size()), want_k) << what;
+          ASSERT_EQ(from_device<uint8_t>(vc, guard.size()), want_v) << what;
+        }
+      }
+    }
+  }
+}
+
+// kv_to_f16: every element f16(d * q) as the host computes it (float product, quant::float_to_fp16), rows past the
+// count untouched; the count from the host and from device memory (last_row_device).
+TEST(CudaOps, KvToF16EqualsHostDequantization) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  Rng rng(kSeed + 65);
+  const quant::TypeTraits& q8 = quant::traits(quant::Type::Q8_0);
+  for (const int64_t n : {int64_t(64), int64_t(512), int64_t(1056)}) {
+    const int64_t n_rows = 300;
+    std::vector<float> x = gaussian(rng, size_t(n_rows * n), 3.0f);
+    for (int64_t i = 0; i < n; ++i) x[size_t(i)] *= 1e-6f;  // row 0: scales in f16's subnormal range
+    std::vector<uint8_t> cache(quant::row_size(quant::Type::Q8_0, n) * size_t(n_rows));
+    q8.from_float(x.data(), cache.data(), n_rows * n);
+    std::vector<float> deq(x.size());
+    q8.to_float(cache.data(), deq.data(), n_rows * n);
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dc, to_device(cache));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dlast, to_device(std::vector<int32_t>{0}));
+    for (const int64_t rows : {int64_t(1), int64_t(77), n_rows}) {
+      for (const bool device_rows : {false, true}) {
+        const std::vector<uint16_t> guard(x.size(), 0xBEEF);
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dout, to_device(guard));
+        const int32_t last = int32_t(rows - 1);
+        ASSERT_OK(dlast.upload(&last, sizeof last));
+        ASSERT_OK(cuda::kv_to_f16({.cache = dc.data(), .out = dout.as<uint16_t>(), .n = n,
+                                   .rows = device_rows ? n_rows : rows,
+                                   .last_row_device = device_rows ? dlast.as<int32_t>() : nullptr},
+                                  stream));
+        stream.synchronize();
+        std::vector<uint16_t> want = guard;
+        for (size_t i = 0; i < size_t(rows * n); ++i) want[i] = quant::float_to_fp16(deq[i]);
+        ASSERT_EQ(from_device<uint16_t>(dout, want.size()), want) << "n " << n << " rows " << rows
+                                                                  << (device_rows ? " (count on the device)" : "");
+      }
+    }
+  }
+}
+
 // The row read from device memory (row0_device, how a decode graph stores KV), in a graph captured once and
 // replayed for two rows: each replay writes its row, `row0` is ignored.
 TEST(CudaOps, StoreKvRowFromDeviceInAGraph) {
@@ -1301,6 +1401,82 @@ TEST(CudaOps, AttentionDecodeMmaPositionFromDeviceInAGraph) {
   expect_graph_position_matches_host(AttnOp::kDecodeMma, {{32, 4, 128}, {16, 1, 128}, {8, 2, 64}}, kSeed + 14);
 }
 
+// attention_decode_mma over a Q8_0 cache: within mma_expect's bound of the exact attention over the values the kernel
+// is specified to compute with, each element f16(d * q) (kv_to_f16's, computed here on the host), for
+// decode_mma_cases() (contexts of 1 to 40000 rows, windows, groups 1 to 16, head_dim 64/128/256; cache rows 16-byte
+// aligned or not, so staging windows with and without skew); and, for decode, the position read from device memory (as
+// a graph reads it) gives the host position's output bit for bit. Gaussian K/V quantized by the reference quantizer;
+// the rows past the last position are blocks with a NaN scale (NaN when dequantized: a kernel that read them would
+// show it). Not compared bit for bit with the F16 kernel: the Q8_0 kernel fits more CTAs per SM, so its split plan
+// differs.
+TEST(CudaOps, AttentionDecodeMmaQ8MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(64, 256));
+  const quant::TypeTraits& q8 = quant::traits(quant::Type::Q8_0);
+  Rng rng(kSeed + 15);
+  for (const AttnCase& c : decode_mma_cases()) {
+    const int64_t HK = c.shape.n_head_kv, D = c.shape.head_dim, kv = HK * D;
+    const int64_t rows = n_rows_of(c), valid = c.pos0 + c.n_tok;
+    const size_t row_bytes = quant::row_size(quant::Type::Q8_0, kv);
+    AttnData d;  // q and the F16 values f16(d * q) of the Q8_0 caches
+    d.q = gaussian(rng, size_t(c.n_tok * c.shape.n_head * D));
+    std::vector<uint8_t> k8(size_t(rows) * row_bytes), v8(k8.size());
+    for (auto [c8, c16] : {std::pair{&k8, &d.k}, std::pair{&v8, &d.v}}) {
+      const std::vector<float> x = gaussian(rng, size_t(valid * kv));
+      q8.from_float(x.data(), c8->data(), valid * kv);
+      for (size_t b = size_t(valid) * row_bytes; b < c8->size(); b += sizeof(quant::BlockQ8_0)) {
+        const quant::BlockQ8_0 nan_block = {0x7e00, {}};
+        std::memcpy(c8->data() + b, &nan_block, sizeof nan_block);
+      }
+      std::vector<float> deq(size_t(rows * kv));
+      q8.to_float(c8->data(), deq.data(), rows * kv);
+      c16->resize(deq.size());
+      for (size_t i = 0; i < deq.size(); ++i) (*c16)[i] = quant::float_to_fp16(deq[i]);
+    }
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dq, to_device(d.q));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dk, to_device(k8));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dv, to_device(v8));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dpos, to_device(std::vector<int32_t>{int32_t(c.pos0)}));
+    const size_t out_n = size_t(c.n_tok * c.shape.n_head * D);
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dout, cuda::DeviceBuffer::allocate(out_n * sizeof(float)));
+    std::vector<float> got[2];  // position from the host, from the device
+    for (const bool device_pos : {false, true}) {
+      if (device_pos && c.n_tok != 1) continue;
+      ASSERT_OK(dout.upload(std::vector<float>(out_n, NAN).data(), out_n * sizeof(float)));
+      const cuda::AttentionArgs args{.q = dq.as<float>(),
+                                     .k_cache = dk.data(),
+                                     .v_cache = dv.data(),
+                                     .out = dout.as<float>(),
+                                     .n_tok = c.n_tok,
+                                     .pos0 = device_pos ? 777 : c.pos0,
+                                     .n_head = c.shape.n_head,
+                                     .n_head_kv = HK,
+                                     .head_dim = D,
+                                     .window = c.window,
+                                     .scale = float(1.0 / std::sqrt(double(D))),
+                                     .pos0_device = device_pos ? dpos.as<int32_t>() : nullptr,
+                                     .max_rows = device_pos ? rows : 0,
+                                     .kv_type = quant::Type::Q8_0};
+      ASSERT_OK(cuda::attention_decode_mma(args, ws, stream));
+      stream.synchronize();
+      got[device_pos] = from_device<float>(dout, out_n);
+    }
+    const AttnExpect x = mma_expect(c, d, AttnOp::kDecodeMma);
+    int bad = 0;
+    for (size_t i = 0; i < out_n; ++i) {
+      if (!(std::fabs(double(got[0][i]) - x.want[i]) <= x.tol[i]) && bad++ < 5) {
+        ADD_FAILURE() << describe(c) << " element " << i << ": got " << got[0][i] << ", want " << x.want[i]
+                      << " (tolerance " << x.tol[i] << ")";
+      }
+    }
+    if (c.n_tok == 1) {
+      ASSERT_EQ(0, std::memcmp(got[0].data(), got[1].data(), out_n * sizeof(float)))
+          << describe(c) << ": the position from the device differs";
+    }
+  }
+}
+
 // ---- argument checks (no device needed) ---------------------------------------------------------------------
 
 // Bad shapes and null pointers are a Status naming the op, checked before anything touches the stream (a
@@ -1350,6 +1526,11 @@ TEST(CudaOps, RejectsBadArguments) {
   bad = qkv;
   bad.n_head_kv = 0;
   fails(cuda::qkv_prepare(bad, stream), "qkv_prepare");
+  bad = qkv;
+  bad.kv_type = quant::Type::F32;  // F16 or Q8_0 caches
+  fails(cuda::qkv_prepare(bad, stream), "qkv_prepare");
+  fails(cuda::kv_to_f16({.cache = h, .out = h, .n = 48, .rows = 1}, stream), "kv_to_f16");  // not a multiple of 32
+  fails(cuda::kv_to_f16({.cache = nullptr, .out = h, .n = 64, .rows = 1}, stream), "kv_to_f16");
   const cuda::AttentionArgs good{.q = f,
                                  .k_cache = h,
                                  .v_cache = h,
@@ -1383,6 +1564,12 @@ TEST(CudaOps, RejectsBadArguments) {
   a.max_rows = 100;
   a.n_tok = 2;  // decode only
   fails(cuda::attention(a, ws, stream), "attention");
+  a = good;
+  a.kv_type = quant::Type::Q8_0;  // attention_decode_mma reads Q8_0, the others F16 only
+  fails(cuda::attention(a, ws, stream), "Q8_0");
+  fails(cuda::attention_prefill_mma(a, stream), "Q8_0");
+  a.kv_type = quant::Type::F32;
+  fails(cuda::attention_decode_mma(a, ws, stream), "attention_decode_mma");
 
   // attention_prefill_mma: the same contract, head_dim 64, 128 or 256 only, v_cache 16-byte aligned.
   const char* mma = "attention_prefill_mma";

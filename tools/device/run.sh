@@ -46,10 +46,10 @@ build_with_model() {
 }
 
 # Decode over 64 tokens at depth 2K, 16K, 32K and 64K (2,048-token prefill chunks) of the model, with the environment
-# switches given as arguments (VAR=VALUE ...).
+# switches given as arguments (VAR=VALUE ...) and the bench flags in DEPTH_FLAGS (e.g. "--kv-type q8_0").
 depth_arm() {
   env "$@" "$bin" bench -m "$model" --device cuda --ctx 67700 --ctx-start 2048 --ctx-max 65536 --step 2048 --gen 64 \
-    --reps 1 --batch 2048 2>&1 | grep -E "^ *(2048|16384|32768|65536) |depth" | head -12
+    --reps 1 --batch 2048 ${DEPTH_FLAGS:-} 2>&1 | grep -E "^ *(2048|16384|32768|65536) |depth" | head -12
 }
 
 # `run.sh --stream-arms`: only the expert-streaming and disk-KV arms (tools/device/stream_arms.sh), with the
@@ -95,10 +95,14 @@ if [ "$filter" = "--model-bench" ]; then
   exit 0
 fi
 
-# `run.sh --depth-bench`: only decode at depth 2K to 64K (2,048-token prefill chunks) on the resident 30B-A3B geometry.
+# `run.sh --depth-bench`: only decode at depth 2K to 64K (2,048-token prefill chunks) on the resident 30B-A3B geometry,
+# with F16 KV and then with Q8_0 KV.
 if [ "$filter" = "--depth-bench" ]; then
   build_with_model
+  echo "KV f16"
   depth_arm
+  echo "KV q8_0"
+  DEPTH_FLAGS="--kv-type q8_0" depth_arm
   exit 0
 fi
 
@@ -150,6 +154,12 @@ if [ "$filter" = "--attn-bench" ]; then
   echo "ncu exit $?"
   grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Theoretical Occupancy|\
 Block Limit|L1/TEX Hit|L2 Hit|Issue Slots Busy|No Eligible|Stall|One or More" "$OUT/ncu_attention.txt" | head -40
+  echo "the same over a Q8_0 cache:"
+  ncu --set full -k regex:attention_decode_mma_kernel --launch-count 1 "$b" \
+    --benchmark_filter='attention_decode_mma_q8/ctx65536' \
+    --benchmark_min_time=0.01s >"$OUT/ncu_attention_q8.txt" 2>&1
+  grep -E "Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Block Limit Shared|Issue Slots Busy|No Eligible" \
+    "$OUT/ncu_attention_q8.txt" | head -12
   exit 0
 fi
 
