@@ -4,10 +4,12 @@
 // allocates except a new session's first one, which gives its KV cache a device mirror) and each session's KV.
 //
 // Per layer: rms_norm (fused with the previous residual add), q/k/v matvecs from one quantized input, q/k norm
-// + RoPE and the F16 KV store (one launch), attention, output projection, add + norm, then the router (matvec, softmax top-k on
-// the device) and the experts as grouped launches: every (token, slot) row carries its expert's device
-// pointers (cuda::GroupItem). Decode (at most kMaxMatvecVectors tokens) builds those items on the device from
-// the router's ids; a prefill chunk downloads the ids once per layer and groups rows by expert on the host.
+// + RoPE and the KV store (one launch; F16 or Q8_0 KV: CudaLoad::kv_type), attention (a Q8_0 cache read directly by
+// decode, through an F16 copy of the attended rows by prefill), output projection, add + norm, then the router
+// (matvec, softmax top-k on the device) and the experts as grouped launches: every (token, slot) row carries its
+// expert's device pointers (cuda::GroupItem). Decode (at most kMaxMatvecVectors tokens) builds those items on the
+// device from the router's ids; a prefill chunk downloads the ids once per layer and groups rows by expert on the
+// host.
 // Products of more than kMaxMatvecVectors rows (prefill's projections and each expert's group of rows) run on
 // the int8 tensor-core kernel (cuda::matmul_q / grouped_matmul_q) when it takes the weight type, else as
 // matrix-vector launches of up to 8 rows.
