@@ -108,6 +108,8 @@ class HostRegistration {
 };
 
 // An owned CUDA stream (non-blocking with respect to the legacy default stream). Move-only.
+class Event;
+
 class Stream {
  public:
   Stream() = default;
@@ -124,12 +126,16 @@ class Stream {
   // Queues a copy of `bytes` between any two of host and device memory (asynchronous with respect to the
   // host only when the host side is pinned).
   void copy(void* dst, const void* src, size_t bytes);
+  // The work queued on this stream after the call starts once the work `event` was recorded behind (on another
+  // stream) has finished; the host does not wait.
+  void wait(const Event& event);
 
  private:
   CUstream_st* stream_ = nullptr;
 };
 
-// A CUDA event for timing a stream's work between two records. Move-only.
+// A CUDA event: times a stream's work between two records, or orders another stream after it (Stream::wait).
+// Move-only.
 class Event {
  public:
   Event() = default;
@@ -145,6 +151,7 @@ class Event {
   static double seconds_between(const Event& start, const Event& end);
 
  private:
+  friend class Stream;
   CUevent_st* event_ = nullptr;
 };
 

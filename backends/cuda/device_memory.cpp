@@ -100,6 +100,8 @@ void Stream::copy(void* dst, const void* src, size_t bytes) {
   if (bytes != 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
 }
 
+void Stream::wait(const Event& event) { CUDA_CHECK(cudaStreamWaitEvent(stream_, event.event_, 0)); }
+
 // ---- Event --------------------------------------------------------------------------------------------------------
 
 Result<Event> Event::create() {

@@ -21,9 +21,10 @@
 // Tiered mode (load_qwen3_cuda with expert_pool_bytes > 0, for models whose experts do not fit the device):
 // the routed experts stay in host memory (the engine's RAM expert store, which streams from disk, or the mapped
 // file) and a device pool of fixed slots caches some (a miss evicts the lowest-scored expert of the pool's
-// experts::CachePolicy, lru or lfu; the current layer's experts are pinned). Misses are copied up before the
-// layer's expert launches, at bus speed when the RAM store's slots are page-locked (attach_host_experts). The
-// same kernels compute the same rows, so the logits are bit-identical to the resident mode.
+// experts::CachePolicy, lru or lfu; the current layer's experts are pinned). Misses are copied up on a stream of
+// their own (copy_stream_), at bus speed when the RAM store's slots are page-locked (attach_host_experts), while
+// the layer's hits compute; the misses' rows come last (group_rows_on_host) and their launches wait for the copies.
+// The same kernels compute the same rows, so the logits are bit-identical to the resident mode.
 //
 // The CPU expert lane (CudaLoad::cpu_experts, tiered mode): a miss with few rows (decode) that the policy scores
 // no higher than the pool's lowest-scored expert (before this use) is not copied up; its group item carries
@@ -36,8 +37,8 @@
 // come up from, and the logits go down to, fixed pinned buffers, so one capture serves every later step of the same
 // sequences.
 //
-// Not here yet (issue #6): overlap of the pool's copies with compute, per-op profiles (Session::op_profile stays
-// empty).
+// Not here yet (issue #6): disk reads pipelined into the copies (a layer's misses are copied once all are in host
+// memory), per-op profiles (Session::op_profile stays empty).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -78,6 +79,14 @@ constexpr int32_t kMmqItemRows = 64;
 bool switch_on(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr || std::string_view(v) != "0";
+}
+
+// The tiered mode's pool copies on their own stream, overlapped with the hits' compute. MAGNETAR_CUDA_TIER_OVERLAP=0
+// (diagnostic) queues them on the compute stream before the layer's launches: the baseline of
+// docs/benchmarks/2026-12-01-cuda-tier-overlap.md.
+bool tier_overlap() {
+  static const bool on = switch_on("MAGNETAR_CUDA_TIER_OVERLAP");
+  return on;
 }
 
 // Products of more than kVec rows go to the int8 tensor-core kernel (mmq.cu) when it takes the weight type, float
@@ -261,10 +270,10 @@ class Qwen3Cuda final : public Model {
                          std::span<DeviceKv* const> mirrors, int64_t n) const;
   Status moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, int64_t n, const ForwardArgs& args) const;
   Status dense_ffn(const DevLayer& L, int64_t n) const;
-  // gate = swiglu(gate, up) over [rows, cols]; returns gate quantized for down_type's product (in q_in_; fused
+  // gate = swiglu(gate, up) over [rows, cols]; returns gate quantized for down_type's product (into q_out; fused
   // with the swiglu when it can be), or null when down_type is not quantized.
-  Result<const void*> swiglu_for(quant::Type down_type, float* gate, const float* up, int64_t rows,
-                                 int64_t cols) const;
+  Result<const void*> swiglu_for(quant::Type down_type, float* gate, const float* up, int64_t rows, int64_t cols,
+                                 void* q_out) const;
   Result<DeviceKv*> mirror_of(kv::KvCache& cache) const;
   // Queues the forward pass from the host input buffers (h_x_, h_positions_) up to the final norm; returns the
   // head's input rows (xn_, or each sequence's last row gathered) in *head_in.
@@ -281,13 +290,18 @@ class Qwen3Cuda final : public Model {
   // After a synchronize of stream_: the last acquired layer's copies have landed; adds their time to the tier's
   // statistics and releases the layer in its source.
   void settle_copies() const;
-  // The CPU lane: lane_'s rows (grouped order, expert_begin_) computed on the CPU from h_xn_, uploaded into down_.
+  // The CPU lane: lane_'s rows (grouped order, expert_begin_/expert_rows_) computed on the CPU from h_xn_, uploaded
+  // into down_.
   void run_cpu_lane(cpu::ThreadPool& pool, const DevLayer& L, int64_t n) const;
   // Items of up to item_rows rows grouped by expert (host), from ids already on the host; ptr(e) gives expert
-  // e's weights.
+  // e's weights. The experts in `late` (the pool's misses, still being copied) come after all others, their rows
+  // and items last: the first *early.items items cover rows [0, *early.rows).
+  struct Early {
+    int64_t items = 0, rows = 0;
+  };
   template <typename PtrOf>
-  int64_t group_rows_on_host(const int32_t* h_ids, int64_t n, int32_t item_rows, PtrOf ptr_of,
-                             int64_t* max_n) const;
+  int64_t group_rows_on_host(const int32_t* h_ids, int64_t n, int32_t item_rows, PtrOf ptr_of, int64_t* max_n,
+                             std::span<const int32_t> late = {}, Early* early = nullptr) const;
 
   HParams hp_;
   qwen3::Weights w_;
@@ -339,13 +353,18 @@ class Qwen3Cuda final : public Model {
   // The layer acquired last stays pinned in its source until the stream has synchronized after its copies (the
   // next MoE layer's routing readback, or the end of forward(): settle_copies); the copies are timed by events.
   mutable std::optional<experts::Pinned> held_;
+  // The pool's copies run on their own stream, so that the layer's hits compute meanwhile (moe_ffn); stream_ waits
+  // for copy_end_ before the misses' launches.
+  mutable cuda::Stream copy_stream_;
   mutable cuda::Event copy_start_, copy_end_;
   mutable bool copies_timed_ = false;
   // --prefetch (ForwardArgs::prefetch): the next MoE layer's router on this layer's input, its top-k ids on the host.
   mutable DeviceBuffer next_ids_, next_weights_;
   mutable cuda::PinnedBuffer h_next_ids_;
   mutable std::vector<int32_t> guess_;
-  mutable std::vector<int32_t> expert_begin_, expert_fill_;  // group_rows_on_host's counting sort
+  // group_rows_on_host's counting sort: expert e's rows are [expert_begin_[e], + expert_rows_[e]).
+  mutable std::vector<int32_t> expert_begin_, expert_rows_, expert_fill_;
+  mutable std::vector<uint8_t> late_;
   mutable std::vector<DeviceKv*> mirrors_;                    // forward(): each sequence's device KV
   mutable GpuTierStats tier_stats_;
 
@@ -570,6 +589,7 @@ Status Qwen3Cuda::init() {
     MAGNETAR_ASSIGN_OR_RETURN(next_ids_, device_buffer(R * 4));
     MAGNETAR_ASSIGN_OR_RETURN(next_weights_, device_buffer(R * f));
     MAGNETAR_ASSIGN_OR_RETURN(h_next_ids_, cuda::PinnedBuffer::allocate(R * 4));
+    MAGNETAR_ASSIGN_OR_RETURN(copy_stream_, cuda::Stream::create());
     MAGNETAR_ASSIGN_OR_RETURN(copy_start_, cuda::Event::create());
     MAGNETAR_ASSIGN_OR_RETURN(copy_end_, cuda::Event::create());
   }
@@ -762,7 +782,7 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
 }
 
 Result<const void*> Qwen3Cuda::swiglu_for(quant::Type down_type, float* gate, const float* up, int64_t rows,
-                                           int64_t cols) const {
+                                           int64_t cols, void* q_out) const {
   if (!is_quantized(down_type)) {
     MAGNETAR_RETURN_IF_ERROR(cuda::swiglu(gate, up, rows * cols, stream_));
     return static_cast<const void*>(nullptr);
@@ -770,11 +790,11 @@ Result<const void*> Qwen3Cuda::swiglu_for(quant::Type down_type, float* gate, co
   const quant::Type act = quant::traits(down_type).vec_dot_type;
   if (fused(Fusion::kSwigluQuant) && cols % quant::traits(act).block_size == 0) {
     MAGNETAR_RETURN_IF_ERROR(cuda::swiglu_quantize(
-        {.gate = gate, .up = up, .n_rows = rows, .n_cols = cols, .out_type = act, .out = q_in_.data()}, stream_));
-    return static_cast<const void*>(q_in_.data());
+        {.gate = gate, .up = up, .n_rows = rows, .n_cols = cols, .out_type = act, .out = q_out}, stream_));
+    return static_cast<const void*>(q_out);
   }
   MAGNETAR_RETURN_IF_ERROR(cuda::swiglu(gate, up, rows * cols, stream_));
-  return quantize(down_type, gate, cols, rows, q_in_.data());
+  return quantize(down_type, gate, cols, rows, q_out);
 }
 
 Status Qwen3Cuda::dense_ffn(const DevLayer& L, int64_t n) const {
@@ -785,23 +805,37 @@ Status Qwen3Cuda::dense_ffn(const DevLayer& L, int64_t n) const {
   const void* xq = shared ? quantize_xn(L.ffn_gate.type, n) : nullptr;
   MAGNETAR_RETURN_IF_ERROR(linear(L.ffn_gate, xn_.as<float>(), gate, n, xq));
   MAGNETAR_RETURN_IF_ERROR(linear(L.ffn_up, xn_.as<float>(), up, n, xq));
-  MAGNETAR_ASSIGN_OR_RETURN(const void* h, swiglu_for(L.ffn_down.type, gate, up, n, F));
+  MAGNETAR_ASSIGN_OR_RETURN(const void* h, swiglu_for(L.ffn_down.type, gate, up, n, F, q_in_.data()));
   return linear(L.ffn_down, gate, proj_.as<float>(), n, h);
 }
 
 template <typename PtrOf>
 int64_t Qwen3Cuda::group_rows_on_host(const int32_t* h_ids, int64_t n, int32_t item_rows, PtrOf ptr_of,
-                                      int64_t* max_n) const {
+                                      int64_t* max_n, std::span<const int32_t> late, Early* early) const {
   const int64_t X = hp_.n_expert, K = hp_.n_expert_used, R = n * K;
   auto* h_items = h_items_.as<GroupItem>();
   auto* h_x_rows = reinterpret_cast<int32_t*>(h_items + R + X);
   int32_t* h_slot_rows = h_x_rows + R;
-  std::vector<int32_t>& begin = expert_begin_;  // [X + 1]: rows of expert e are [begin[e], begin[e + 1])
+  std::vector<int32_t>& begin = expert_begin_;
+  std::vector<int32_t>& count = expert_rows_;
+  std::vector<uint8_t>& is_late = late_;
+  count.assign(size_t(X), 0);
+  for (int64_t r = 0; r < R; ++r) count[size_t(h_ids[r])]++;
+  is_late.assign(size_t(X), 0);
+  for (const int32_t e : late) is_late[size_t(e)] = 1;
+  // Rows in expert order, the early experts' first (pass 0), then the late ones'.
+  begin.assign(size_t(X), 0);
+  int32_t at = 0, early_rows = 0;
+  for (const uint8_t pass : {0, 1}) {
+    for (int64_t e = 0; e < X; ++e) {
+      if (is_late[size_t(e)] != pass) continue;
+      begin[size_t(e)] = at;
+      at += count[size_t(e)];
+    }
+    if (pass == 0) early_rows = at;
+  }
   std::vector<int32_t>& fill = expert_fill_;
-  begin.assign(size_t(X) + 1, 0);
-  for (int64_t r = 0; r < R; ++r) begin[size_t(h_ids[r]) + 1]++;
-  for (int64_t e = 0; e < X; ++e) begin[size_t(e) + 1] += begin[size_t(e)];
-  fill.assign(begin.begin(), begin.end() - 1);
+  fill.assign(begin.begin(), begin.end());
   for (int64_t r = 0; r < R; ++r) {  // r = t * K + j
     const int32_t row = fill[size_t(h_ids[r])]++;
     h_x_rows[row] = int32_t(r / K);
@@ -809,13 +843,18 @@ int64_t Qwen3Cuda::group_rows_on_host(const int32_t* h_ids, int64_t n, int32_t i
   }
   int64_t n_items = 0;
   *max_n = 1;
-  for (int64_t e = 0; e < X; ++e) {
-    for (int32_t r0 = begin[size_t(e)]; r0 < begin[size_t(e) + 1]; r0 += item_rows) {
-      GroupItem& it = h_items[n_items++];
-      for (int p = 0; p < 3; ++p) it.w[p] = ptr_of(e, p);
-      it.row0 = r0;
-      it.n = std::min<int32_t>(item_rows, begin[size_t(e) + 1] - r0);
-      *max_n = std::max<int64_t>(*max_n, it.n);
+  for (const uint8_t pass : {0, 1}) {
+    if (pass == 1 && early != nullptr) *early = {.items = n_items, .rows = early_rows};
+    for (int64_t e = 0; e < X; ++e) {
+      if (is_late[size_t(e)] != pass) continue;
+      const int32_t end = begin[size_t(e)] + count[size_t(e)];
+      for (int32_t r0 = begin[size_t(e)]; r0 < end; r0 += item_rows) {
+        GroupItem& it = h_items[n_items++];
+        for (int p = 0; p < 3; ++p) it.w[p] = ptr_of(e, p);
+        it.row0 = r0;
+        it.n = std::min<int32_t>(item_rows, end - r0);
+        *max_n = std::max<int64_t>(*max_n, it.n);
+      }
     }
   }
   stream_.copy(items_.data(), h_items, size_t(n_items) * sizeof(GroupItem));
@@ -901,17 +940,18 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
       slot = {.layer = int32_t(il), .expert = misses_[i], .last_use = tick_};
       slot_of_[size_t(il * X + misses_[i])] = int32_t(victim);
       uint8_t* dst = static_cast<uint8_t*>(pool_.data()) + victim * slot_bytes_;
-      if (i == 0) copy_start_.record(stream_);
+      cuda::Stream& copies = tier_overlap() ? copy_stream_ : stream_;
+      if (i == 0) copy_start_.record(copies);
       for (int p = 0; p < 3; ++p) {
         const size_t bytes = size_t(layout_->extent(il, misses_[i], experts::Part(p)).bytes);
-        stream_.copy(dst, host_ptrs_[i].part[p], bytes);
+        copies.copy(dst, host_ptrs_[i].part[p], bytes);
         dst += part_cap_[p];
         tier_stats_.bytes_h2d += bytes;
       }
       tier_stats_.misses++;
     }
     if (n_copy > 0) {
-      copy_end_.record(stream_);
+      copy_end_.record(tier_overlap() ? copy_stream_ : stream_);
       copies_timed_ = true;
     }
   }
@@ -929,6 +969,7 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
 }
 
 void Qwen3Cuda::settle_copies() const {
+  if (held_) copy_stream_.synchronize();  // already done when stream_ waited for copy_end_ and was synchronized
   if (copies_timed_) {
     tier_stats_.h2d_seconds += cuda::Event::seconds_between(copy_start_, copy_end_);
     copies_timed_ = false;
@@ -941,6 +982,7 @@ void Qwen3Cuda::run_cpu_lane(cpu::ThreadPool& pool, const DevLayer& L, int64_t n
   const int64_t E = hp_.n_embd, F = hp_.n_ff_exp, X = hp_.n_expert, R = n * hp_.n_expert_used;
   const int32_t* h_x_rows = reinterpret_cast<const int32_t*>(h_items_.as<GroupItem>() + R + X);
   const std::vector<int32_t>& begin = expert_begin_;
+  const std::vector<int32_t>& count = expert_rows_;
   // The tokens' input prepared for the expert weights once, then gathered per row (rows in grouped order).
   const cpu::PreparedInput xt = cpu::prepare_input(pool, L.exp_type, h_xn_.as<float>(), E, E, n, lane_xt_.data());
   float* gate = lane_gu_.data();
@@ -948,7 +990,7 @@ void Qwen3Cuda::run_cpu_lane(cpu::ThreadPool& pool, const DevLayer& L, int64_t n
   std::vector<cpu::MatmulJob>& jobs = lane_jobs_;
   jobs.clear();
   for (size_t j = 0; j < lane_.size(); ++j) {
-    const int32_t r0 = begin[size_t(lane_[j])], cnt = begin[size_t(lane_[j]) + 1] - r0;
+    const int32_t r0 = begin[size_t(lane_[j])], cnt = count[size_t(lane_[j])];
     uint8_t* xg = lane_xg_.data() + size_t(r0) * xt.row_bytes;
     for (int32_t r = 0; r < cnt; ++r) {
       std::memcpy(xg + size_t(r) * xt.row_bytes,
@@ -965,7 +1007,7 @@ void Qwen3Cuda::run_cpu_lane(cpu::ThreadPool& pool, const DevLayer& L, int64_t n
   const size_t h_row = cpu::prepare_input_bytes(L.down_type, F, 1);
   float* down = h_down_.as<float>();
   for (size_t j = 0; j < lane_.size(); ++j) {
-    const int32_t r0 = begin[size_t(lane_[j])], cnt = begin[size_t(lane_[j]) + 1] - r0;
+    const int32_t r0 = begin[size_t(lane_[j])], cnt = count[size_t(lane_[j])];
     cpu::swiglu(pool, gate + int64_t(r0) * F, up + int64_t(r0) * F, int64_t(cnt) * F);
     const cpu::PreparedInput h = cpu::prepare_input(pool, L.down_type, gate + int64_t(r0) * F, F, F, cnt,
                                                     lane_h_.data() + size_t(r0) * h_row);
@@ -974,7 +1016,7 @@ void Qwen3Cuda::run_cpu_lane(cpu::ThreadPool& pool, const DevLayer& L, int64_t n
   }
   cpu::matmul(pool, jobs);
   for (const int32_t e : lane_) {
-    const int32_t r0 = begin[size_t(e)], cnt = begin[size_t(e) + 1] - r0;
+    const int32_t r0 = begin[size_t(e)], cnt = count[size_t(e)];
     stream_.copy(down_.as<float>() + int64_t(r0) * E, down + int64_t(r0) * E, size_t(cnt) * size_t(E) * sizeof(float));
     tier_stats_.cpu_rows += uint64_t(cnt);
   }
@@ -1002,6 +1044,7 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   if (args.routing) stream_.copy(h_ids_.as<int32_t>() + il * n_batch_ * K, ids, size_t(R) * 4);
 
   int64_t n_items = R, max_n = 1;
+  Early early{.items = R, .rows = R};  // items and rows that need no copy still in flight (all but the pool's misses)
   // Prefill with an mmq-able expert type groups up to kMmqItemRows rows per item for grouped_matmul_q.
   const bool mmq = use_mmq(L.exp_type, n) && cuda::has_matmul_q(L.down_type);
   const int32_t item_rows = mmq ? kMmqItemRows : int32_t(kVec);
@@ -1047,42 +1090,55 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
       }
       MAGNETAR_RETURN_IF_ERROR(pool_acquire(il, active_, rows_of_, args.experts ? *args.experts : *mapped_, next,
                                             guess_));
-      n_items = group_rows_on_host(h_ids, n, item_rows, [&](int64_t e, int p) { return pool_ptrs_[size_t(e) * 3 + size_t(p)]; },
-                                   &max_n);
+      n_items = group_rows_on_host(
+          h_ids, n, item_rows, [&](int64_t e, int p) { return pool_ptrs_[size_t(e) * 3 + size_t(p)]; }, &max_n,
+          tier_overlap() ? std::span<const int32_t>(misses_) : std::span<const int32_t>(), &early);
     } else {
-      n_items = group_rows_on_host(h_ids, n, item_rows, [&](int64_t e, int p) { return L.host_table[size_t(e) * 3 + size_t(p)]; },
-                                   &max_n);
+      n_items = group_rows_on_host(
+          h_ids, n, item_rows, [&](int64_t e, int p) { return L.host_table[size_t(e) * 3 + size_t(p)]; }, &max_n);
+      early = {.items = n_items, .rows = R};
     }
   }
-  // gate and up in one launch over [2, R, F]; the input is each token's normed hidden state.
+  // Items [item0, item0 + count) over rows [row0, row0 + rows): gate and up in one launch over [2, R, F] (the input is
+  // each token's normed hidden state), swiglu, down. Each item's rows are computed the same way whichever launch
+  // takes them.
   float* gate = gu_.as<float>();
   float* up = gate + R * F;
+  float* down = down_.as<float>();
   const bool q_in = is_quantized(L.exp_type);
   const void* x = q_in ? quantize_xn(L.exp_type, n) : static_cast<const void*>(xn_.as<float>());
-  if (mmq) {
-    MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matmul_q({.type = L.exp_type, .items = items, .n_items = n_items,
+  const size_t h_row = is_quantized(L.down_type) ? quant::row_size(quant::traits(L.down_type).vec_dot_type, F) : 0;
+  auto experts_on = [&](int64_t item0, int64_t count, int64_t row0, int64_t rows) -> Status {
+    if (count == 0) return Status();
+    const GroupItem* its = items + item0;
+    if (mmq) {
+      MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matmul_q({.type = L.exp_type, .items = its, .n_items = count,
+                                                       .part = 0, .n_parts = 2, .rows = F, .cols = E, .x = x,
+                                                       .x_rows = x_rows, .y = gate, .y_part_stride = R * F}, stream_));
+    } else {
+      MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matvec({.type = L.exp_type, .items = its, .n_items = count,
                                                      .part = 0, .n_parts = 2, .rows = F, .cols = E, .x = x,
-                                                     .x_rows = x_rows, .y = gate, .y_part_stride = R * F}, stream_));
-  } else {
-    MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matvec({.type = L.exp_type, .items = items, .n_items = n_items,
-                                                   .part = 0, .n_parts = 2, .rows = F, .cols = E, .x = x,
-                                                   .x_rows = x_rows, .y = gate, .y_part_stride = R * F,
-                                                   .max_n = max_n, .rows_per_warp = mmvq_rows_per_warp()},
-                                                  stream_));
-  }
-  MAGNETAR_ASSIGN_OR_RETURN(const void* h_q, swiglu_for(L.down_type, gate, up, R, F));
-  const void* h = h_q != nullptr ? h_q : static_cast<const void*>(gate);
-  float* down = down_.as<float>();
-  if (mmq) {
-    MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matmul_q({.type = L.down_type, .items = items, .n_items = n_items,
-                                                     .part = 2, .n_parts = 1, .rows = E, .cols = F, .x = h,
-                                                     .x_rows = nullptr, .y = down}, stream_));
-  } else {
-    MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matvec({.type = L.down_type, .items = items, .n_items = n_items,
-                                                   .part = 2, .n_parts = 1, .rows = E, .cols = F, .x = h,
-                                                   .x_rows = nullptr, .y = down, .max_n = max_n,
-                                                   .rows_per_warp = mmvq_rows_per_warp()},
-                                                  stream_));
+                                                     .x_rows = x_rows, .y = gate, .y_part_stride = R * F,
+                                                     .max_n = max_n, .rows_per_warp = mmvq_rows_per_warp()},
+                                                    stream_));
+    }
+    MAGNETAR_ASSIGN_OR_RETURN(const void* h_q, swiglu_for(L.down_type, gate + row0 * F, up + row0 * F, rows, F,
+                                                          static_cast<uint8_t*>(q_in_.data()) + size_t(row0) * h_row));
+    const void* h = h_q != nullptr ? q_in_.data() : static_cast<const void*>(gate);  // rows of all items
+    if (mmq) {
+      return cuda::grouped_matmul_q({.type = L.down_type, .items = its, .n_items = count, .part = 2, .n_parts = 1,
+                                     .rows = E, .cols = F, .x = h, .x_rows = nullptr, .y = down}, stream_);
+    }
+    return cuda::grouped_matvec({.type = L.down_type, .items = its, .n_items = count, .part = 2, .n_parts = 1,
+                                 .rows = E, .cols = F, .x = h, .x_rows = nullptr, .y = down, .max_n = max_n,
+                                 .rows_per_warp = mmvq_rows_per_warp()},
+                                stream_);
+  };
+  // The pool's hits (and the CPU lane's null items) while the misses are copied on copy_stream_, then the misses.
+  MAGNETAR_RETURN_IF_ERROR(experts_on(0, early.items, 0, early.rows));
+  if (early.items < n_items) {
+    stream_.wait(copy_end_);
+    MAGNETAR_RETURN_IF_ERROR(experts_on(early.items, n_items - early.items, early.rows, R - early.rows));
   }
   // The CPU lane's rows, computed while the GPU runs the launches above, then uploaded into their rows of down.
   if (!lane_.empty()) run_cpu_lane(pool, L, n);
