@@ -375,11 +375,9 @@ template <int D, int kHT, int kStages, bool kQ8>
 struct DecodeSmem {
   static constexpr int kPitch = D + 8;                    // halves per f16 tile row
   static constexpr int kStageHalves = 2 * kStep * kPitch;  // K rows, then V rows
-  // Q8_0: a head row's bytes, and the 16-byte pieces of the aligned window around it (a head row starts at a
-  // multiple of gcd(head bytes, 16) past a 16-byte boundary: at most 16 - that gcd, its skew).
-  static constexpr int kHeadBytes = D / 32 * 34;
-  static constexpr int kSkewMax = 16 - (kHeadBytes % 16 == 0 ? 16 : kHeadBytes % 8 == 0 ? 8 : 4);
-  static constexpr int kWinPieces = (kSkewMax + kHeadBytes + 15) / 16;
+  // Q8_0: a head row's bytes and the 16-byte pieces of the aligned window around it (attn::q8_*).
+  static constexpr int kHeadBytes = attn::q8_head_bytes(D);
+  static constexpr int kWinPieces = attn::q8_window_pieces(D);
   static constexpr int kRawPitch = 16 * kWinPieces;  // bytes per staged Q8_0 row
   static constexpr int kStageBytes = kQ8 ? 2 * kStep * kRawPitch : 2 * kStageHalves;
   static constexpr int kWarpBytes = kStages * kStageBytes + (kQ8 ? 2 * kStageHalves : 0);  // the ring (+ f16 tile)
@@ -391,11 +389,10 @@ struct DecodeSmem {
 
 // Copies of one Q8_0 ring stage (the F16 kernel's are in the kernel): kStep rows of K and of V, the head row of
 // kHeadBytes at k/v + key * row_bytes + head_off for keys base, base + 1, ..., each staged as the kRowPieces 16-byte
-// pieces of the 16-byte-aligned window around it (the head `skew` = (key * row_bytes + head_off) % 16 bytes in),
-// kPitchBytes apart; lane takes pieces lane, lane + 32, ... (a warp's instruction covers consecutive pieces:
-// coalesced). The window's bytes past the head row are not read (cp.async zero-fills them), so nothing past the
-// cache's last row is touched. Rows in [from, to) only; rows past j_end zero-filled (blocks of scale 0: zeros) when
-// zero_tail, others left alone.
+// pieces of the 16-byte-aligned window around it (attn::q8_piece_bytes: the head `skew` = (key * row_bytes +
+// head_off) % 16 bytes in, nothing past the head row read), kPitchBytes apart; lane takes pieces lane, lane + 32, ...
+// (a warp's instruction covers consecutive pieces: coalesced). Rows in [from, to) only; rows past j_end zero-filled
+// (blocks of scale 0: zeros) when zero_tail, others left alone.
 template <int kRowPieces, int kPitchBytes, int kHeadBytes>
 __device__ __forceinline__ void copy_stage_q8(uint32_t stage, const uint8_t* k, const uint8_t* v, size_t row_bytes,
                                               size_t head_off, int64_t base, int64_t j_end, int64_t from, int64_t to,
@@ -410,8 +407,7 @@ __device__ __forceinline__ void copy_stage_q8(uint32_t stage, const uint8_t* k, 
     if ((kAll % ops::kWarpSize == 0 || piece < kAll) && (valid ? key >= from && key < to : zero_tail)) {
       const size_t at = size_t(valid ? key : base) * row_bytes + head_off;  // the head row's first byte
       const size_t src = (at & ~size_t(15)) + size_t(16 * col);
-      const int64_t left = int64_t(at + kHeadBytes) - int64_t(src);  // the head row's bytes from src on
-      const int bytes = valid ? int(left < 0 ? 0 : left > 16 ? 16 : left) : 0;
+      const int bytes = valid ? attn::q8_piece_bytes(int64_t(at), kHeadBytes, col) : 0;
       const uint32_t dst = stage + uint32_t(row * kPitchBytes + col * 16);
       attn::cp_async16_part(dst, k + src, bytes);
       attn::cp_async16_part(dst + uint32_t(kStep * kPitchBytes), v + src, bytes);

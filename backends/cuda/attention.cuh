@@ -87,6 +87,25 @@ MAGNETAR_HD int decode_split_bound(int64_t max_rows, int64_t n_head_kv, int slot
   return int(steps < want ? steps : want);
 }
 
+// Q8_0 KV in the decode kernel (attention.cu): a head row, head_dim / 32 blocks of 34 bytes (an f16 scale, 32 int8),
+// is staged as the 16-byte pieces of the 16-byte-aligned window around it, so that the copies are 16 bytes wide
+// whatever the row's alignment. A head row at byte offset `at` starts skew = at % 16 bytes into its window; the
+// offsets of head rows are multiples of gcd(head bytes, 16), so skew <= q8_skew_max.
+MAGNETAR_HD constexpr int q8_head_bytes(int head_dim) { return head_dim / 32 * 34; }
+MAGNETAR_HD constexpr int q8_skew_max(int head_dim) {
+  return 16 - (q8_head_bytes(head_dim) % 16 == 0 ? 16 : q8_head_bytes(head_dim) % 8 == 0 ? 8 : 4);
+}
+MAGNETAR_HD constexpr int q8_window_pieces(int head_dim) {
+  return (q8_skew_max(head_dim) + q8_head_bytes(head_dim) + 15) / 16;
+}
+// The bytes piece `col` of the window around the head row at `at` reads from its start (0..16): the piece's bytes up
+// to the row's end (the skew bytes before the row come along, in bounds; nothing past the row is read, so nothing past
+// the cache's last row either). The copy zero-fills the rest.
+MAGNETAR_HD int q8_piece_bytes(int64_t at, int head_bytes, int col) {
+  const int64_t left = at + head_bytes - ((at & ~int64_t(15)) + 16 * int64_t(col));
+  return int(left < 0 ? 0 : left > 16 ? 16 : left);
+}
+
 // Running softmax state of one query head: the largest score seen (m) and the sum of exp(score - m) (l).
 // Accumulated outputs o = sum exp(score - m) v are kept beside it by the caller.
 struct SoftmaxState {

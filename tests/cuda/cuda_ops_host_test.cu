@@ -1,7 +1,7 @@
 // The host-callable logic of the forward-pass ops (backends/cuda/{rope,route_topk,attention}.cuh) run on the
 // HOST, so CI (no GPU) checks it: the RoPE angle formula against cpu::rope_neox's, the router's rank-based
-// top-k against the CPU route()'s partial_sort, and attention's split-K plan and online-softmax merge against
-// a direct softmax. The kernels themselves are checked on the GPU by cuda_ops_test.cpp.
+// top-k against the CPU route()'s partial_sort, attention's split-K plan and online-softmax merge against a direct
+// softmax, and the Q8_0 decode kernel's staging windows. The kernels themselves are checked on the GPU by cuda_ops_test.cpp.
 //
 // Compiled by nvcc as C++17 (like backends/cuda); the CPU formulas are restated here, not linked, because
 // this test executable does not link backends/cpu.
@@ -134,6 +134,40 @@ TEST(CudaOpsHost, AttentionDecodePlanCoversContext) {
         if (rows <= cuda::attn::kDecodeStep) ASSERT_EQ(p.n_splits, 1);
         for (const int64_t max_rows : {rows, rows + 1, 2 * rows, int64_t(1) << 21}) {
           ASSERT_LE(p.n_splits, cuda::attn::decode_split_bound(max_rows, n_head_kv, slots, 512)) << max_rows;
+        }
+      }
+    }
+  }
+}
+
+// The Q8_0 decode kernel's staging of a head row (attn::q8_*): for head sizes 64/128/256, 1 to 8 KV heads (rows
+// 16-byte aligned or not) and the first 40 cache rows, every head row's skew is within q8_skew_max, its window's
+// pieces read exactly [at - skew, at + head bytes) (the whole row, nothing past it, nothing before the window), the
+// window fits the staged pitch (16 x q8_window_pieces), and so does every 36-byte read the dequantization makes of
+// a block (from the block's first byte rounded down to 4).
+TEST(CudaOpsHost, Q8DecodeWindowsCoverEachHeadRow) {
+  for (const int head_dim : {64, 128, 256}) {
+    const int hb = cuda::attn::q8_head_bytes(head_dim), pieces = cuda::attn::q8_window_pieces(head_dim);
+    ASSERT_EQ(hb, head_dim / 32 * 34);
+    for (int64_t n_head_kv = 1; n_head_kv <= 8; ++n_head_kv) {
+      const int64_t row_bytes = n_head_kv * hb;
+      for (int64_t row = 0; row < 40; ++row) {
+        for (int64_t hk = 0; hk < n_head_kv; ++hk) {
+          const int64_t at = row * row_bytes + hk * hb;
+          const int skew = int(at % 16);
+          ASSERT_LE(skew, cuda::attn::q8_skew_max(head_dim)) << head_dim << " " << n_head_kv << " " << at;
+          int64_t next = at - skew;  // the reads, piece by piece, are contiguous from the window's start
+          for (int col = 0; col < pieces; ++col) {
+            const int bytes = cuda::attn::q8_piece_bytes(at, hb, col);
+            ASSERT_GE(bytes, 0);
+            ASSERT_LE(bytes, 16);
+            if (bytes > 0) {
+              ASSERT_EQ((at & ~int64_t(15)) + 16 * col, next) << head_dim << " " << at << " piece " << col;
+              next += bytes;
+            }
+          }
+          ASSERT_EQ(next, at + hb) << head_dim << " " << n_head_kv << " " << at;
+          for (int b = 0; b < head_dim / 32; ++b) ASSERT_LE(skew + (34 * b & ~3) + 36, 16 * pieces) << head_dim;
         }
       }
     }
