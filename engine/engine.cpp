@@ -172,6 +172,9 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   const models::GpuInfo gpu = models::gpu_info();
   if (!gpu.present) return forced ? fall_back("no CUDA device (or this build has no CUDA backend)") : Status();
   if (!entry.load_cuda) return fall_back("architecture '" + std::string(entry.name) + "' has no CUDA forward pass yet");
+  if (o.kv_type == KvType::kF32) {
+    return fall_back("the CUDA backend keeps KV in F16 or Q8_0 (--kv-type f32 runs on the CPU)");
+  }
   if (o.gpu_cache_gb < 0) return Status::error("--gpu-cache-gb must be >= 0");
   if (!experts::make_policy(o.gpu_cache_policy, 1, 1.0)) {
     return Status::error("--gpu-cache-policy must be one of " + std::string(experts::kPolicyNames) + ", got '" +
@@ -213,23 +216,24 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   impl.model = std::move(model).value();
   impl.on_gpu = true;
   impl.gpu_tier = pool > 0;
+  const char* kv_name = o.kv_type == KvType::kQ8_0 ? "Q8_0" : "F16";
   if (impl.gpu_tier) {
     const models::Model::GpuTierStats t = impl.model->gpu_tier_stats();
     impl.plan_text = format("device: CUDA %s: non-expert weights resident (%.1f GiB), routed experts (%.1f GiB) from "
-                            "host memory through a GPU pool of %llu experts (%.2f GiB, %s), KV in F16 on the GPU "
+                            "host memory through a GPU pool of %llu experts (%.2f GiB, %s), KV in %s on the GPU "
                             "(%.2f GiB per session), %.1f of %.1f GiB free before load",
                             gpu.name.c_str(), double(impl.file->file_bytes() - expert_bytes) / gib,
                             double(expert_bytes) / gib, (unsigned long long)t.slots,
-                            o.gpu_cache_policy.c_str(), double(t.slots * t.slot_bytes) / gib,
+                            o.gpu_cache_policy.c_str(), double(t.slots * t.slot_bytes) / gib, kv_name,
                             double(session_kv_bytes(impl)) / gib, double(gpu.free_bytes) / gib,
                             double(gpu.total_bytes) / gib);
     if (o.cpu_experts) {
       impl.plan_text += "\n  CPU expert lane (--cpu-experts): cold experts that miss the pool are computed on the CPU";
     }
   } else {
-    impl.plan_text = format("device: CUDA %s: every weight resident (%.1f GiB), KV in F16 on the GPU (%.2f GiB per "
+    impl.plan_text = format("device: CUDA %s: every weight resident (%.1f GiB), KV in %s on the GPU (%.2f GiB per "
                             "session), %.1f of %.1f GiB free before load",
-                            gpu.name.c_str(), double(impl.file->file_bytes()) / gib,
+                            gpu.name.c_str(), double(impl.file->file_bytes()) / gib, kv_name,
                             double(session_kv_bytes(impl)) / gib, double(gpu.free_bytes) / gib,
                             double(gpu.total_bytes) / gib);
     if (o.cpu_experts) impl.plan_text += "\n  --cpu-experts: every expert is on the GPU, the CPU lane stays idle";

@@ -360,10 +360,11 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(const Param
 // Q8_0 KV (kQ8): the ring holds the cached blocks (each head row's 16-byte-aligned window, 53% of F16's bytes), and
 // each step dequantizes its K rows into an f16 tile before the scores and its V rows while the scores' mma chain runs
 // (each element f16(d * q), 4 codes per xor, 2 byte permutes, 2 half2 subtracts and 2 half2 multiplies); the mma
-// part is the F16 kernel's. The smaller stages fit 2 CTAs per SM. Measured (H200, 2026-12-01, attention_bench): 44.5
-// us per 64K call against F16's 42.9, 22.1 against 18.5 at 16K, 10.0 against 10.2 at 2K. It moves half the bytes but
-// executes 1.7x the instructions (ncu: 13.0 M against 7.7 M per 64K call; issue slots 42% busy, stalls on fixed-
-// latency dependencies and short scoreboards): dequantization, not memory, sets its time.
+// part is the F16 kernel's. At head_dim 128 the smaller stages fit 2 CTAs per SM. Measured (H200, 2026-12-01,
+// attention_bench): 44.5 us per 64K call against F16's 42.9, 22.1 against 18.5 at 16K, 10.0 against 10.2 at 2K. It
+// moves half the bytes but executes 1.7x the instructions (ncu of the first version, which dequantized K and V before
+// the scores: 13.0 M against 7.7 M per 64K call; issue slots 42% busy, stalls on fixed-latency dependencies and
+// short scoreboards): dequantization, not memory, sets its time (docs/benchmarks/2026-12-01-cuda-kv-q8_0.md).
 constexpr int kStep = 16;  // rows per warp step
 static_assert(kWarps * kStep == attn::kDecodeStep);
 
@@ -477,7 +478,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
   // K/V of step s into ring stage s % kStages (copy_stage), of the rows in [from, to).
   const uint32_t ring = attn::shared_address(ring_s) + uint32_t(warp * S::kWarpBytes);
   const uint32_t tile = ring + uint32_t(kStages * S::kStageBytes);  // kQ8: the f16 tile the mma reads
-  const size_t row_bytes = kQ8 ? size_t(p.kv_row / 32 * 34) : size_t(p.kv_row) * 2;
+  const size_t row_bytes = kQ8 ? size_t(attn::q8_head_bytes(int(p.kv_row))) : size_t(p.kv_row) * 2;
   const size_t head_off = size_t(hk) * size_t(kQ8 ? S::kHeadBytes : 2 * D);
   const uint16_t* k_head = p.k + size_t(hk) * size_t(D);  // F16
   const uint16_t* v_head = p.v + size_t(hk) * size_t(D);
@@ -507,11 +508,11 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
       }
     }
   };
-  // Q8_0: stage s % kStages dequantized into the f16 tile ([row][dim], the F16 stage's layout). Iteration i takes one
-  // 34-byte block per lane: matrix i / (nb / 2), row lane % 16 (its head row `skew` bytes into the staged window),
-  // blocks b and b + 2 in the two half-warps for nb >= 4 (the same word parity: whether the codes straddle words is
-  // known at compile time). Staged rows a multiple of 4 words apart put the half-warp's 16 rows in 8 banks (2-way
-  // conflicts on the reads); the 8 lanes of each 16-byte store write 8 rows (tile pitch 4 mod 32 words):
+  // Q8_0: matrix `mat` (0: K, 1: V) of stage s % kStages dequantized into the f16 tile ([row][dim], the F16 stage's
+  // layout). Iteration j takes one 34-byte block per lane: row lane % 16 (its head row `skew` bytes into the staged
+  // window), blocks b and b + 2 in the two half-warps for nb >= 4 (the same word parity: whether the codes straddle
+  // words is known at compile time). Staged rows a multiple of 4 words apart put the half-warp's 16 rows in 8 banks
+  // (2-way conflicts on the reads); the 8 lanes of each 16-byte store write 8 rows (tile pitch 4 mod 32 words):
   // conflict-free.
   // mat 0: the K rows, 1: the V rows (dequantized apart: the V rows' work fills the latency of the scores' mma chain).
   auto dequantize = [&](int s, int mat) {

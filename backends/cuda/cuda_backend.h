@@ -107,9 +107,9 @@ class HostRegistration {
   void* data_ = nullptr;
 };
 
-// An owned CUDA stream (non-blocking with respect to the legacy default stream). Move-only.
 class Event;
 
+// An owned CUDA stream (non-blocking with respect to the legacy default stream). Move-only.
 class Stream {
  public:
   Stream() = default;
@@ -557,7 +557,7 @@ class AttentionWorkspace {
 //     (attention_prefill_mma below is the tiled one).
 struct AttentionArgs {
   const float* q = nullptr;        // [n_tok, n_head, head_dim]
-  const void* k_cache = nullptr;   // [n_ctx, n_head_kv, head_dim] F16 bits, 16-byte aligned, rows 0..pos0+n_tok-1
+  const void* k_cache = nullptr;   // [n_ctx, n_head_kv, head_dim] (kv_type), 16-byte aligned, rows 0..pos0+n_tok-1
   const void* v_cache = nullptr;   // same layout and alignment as k_cache
   float* out = nullptr;               // [n_tok, n_head, head_dim]; must not alias q
   int64_t n_tok = 0;
@@ -589,9 +589,11 @@ Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Strea
 // (this call's own tokens) may come from the launch just before.
 // Meant for decode (n_tok == 1: split-K); n_tok > 1 runs one CTA per (token, KV head) as attention() does.
 // Supported (has_attention_decode_mma): head_dim 64 or 128 with a group up to 16, 256 with a group up to 8; q 16-byte
-// aligned. Any other shape returns a Status (callers fall back to attention()). A Q8_0 cache (kv_type) is read as
-// stored and each row dequantized in shared memory to kv_to_f16's values: the output is bit-identical with the same
-// call over kv_to_f16's F16 cache.
+// aligned. Any other shape returns a Status (callers fall back to attention(), through kv_to_f16 for a Q8_0 cache).
+// A Q8_0 cache (kv_type) is read as stored, each row dequantized in shared memory to kv_to_f16's values f16(d * q);
+// not bit-identical with the call over kv_to_f16's F16 copy, whose kernel fits fewer CTAs per SM (another split plan).
+// Over a kv_to_f16 copy made by the launch just before it, an F16 call would read rows older than pos0 before that
+// launch is done (the contract above): give it a copy made at least two launches earlier.
 Status attention_decode_mma(const AttentionArgs& args, AttentionWorkspace& workspace, Stream& stream);
 bool has_attention_decode_mma(int64_t head_dim, int64_t group);
 

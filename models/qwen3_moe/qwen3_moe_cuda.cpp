@@ -284,11 +284,12 @@ class Qwen3Cuda final : public Model {
   // `source`; with the CPU lane, the cold misses with at most kCpuLaneMaxRows rows (rows[e]) go to lane_ (null
   // pool pointers, host pointers in lane_ptrs_) instead. Leaves the layer acquired from `source` in held_.
   // `guess`: the next MoE layer's predicted experts (--prefetch), handed to source.prefetch between acquire and
-  // wait. The copies are queued on stream_, not waited for: held_ keeps the layer pinned until settle_copies().
+  // wait. The copies are queued on copy_stream_ (ending with copy_end_), not waited for: held_ keeps the layer
+  // pinned until settle_copies().
   Status pool_acquire(int64_t il, std::span<const int32_t> active, std::span<const int32_t> rows,
                       experts::ExpertSource& source, int64_t guess_layer, std::span<const int32_t> guess) const;
-  // After a synchronize of stream_: the last acquired layer's copies have landed; adds their time to the tier's
-  // statistics and releases the layer in its source.
+  // Waits for the last acquired layer's copies (at once when stream_, which waited for them, was synchronized), adds
+  // their time to the tier's statistics and releases the layer in its source.
   void settle_copies() const;
   // The CPU lane: lane_'s rows (grouped order, expert_begin_/expert_rows_) computed on the CPU from h_xn_, uploaded
   // into down_.
@@ -667,15 +668,14 @@ Result<DeviceKv*> Qwen3Cuda::mirror_of(kv::KvCache& cache) const {
   m->row_bytes = quant::row_size(cache.type(), cache.row_elements());
   const size_t bytes = size_t(cache.n_ctx()) * m->row_bytes;
   if (kv_type_ == quant::Type::Q8_0 && cache.n_ctx() > kv_f16_rows_) {
+    // The larger scratch first: on failure the sessions keep the one they have.
     const size_t f16_bytes = size_t(cache.n_ctx()) * size_t(cache.row_elements()) * 2;
-    kv_f16_k_ = {};
-    kv_f16_v_ = {};
-    kv_f16_rows_ = 0;
     Result<DeviceBuffer> k = DeviceBuffer::allocate(f16_bytes), v = DeviceBuffer::allocate(f16_bytes);
     if (!k.ok() || !v.ok()) {
       return Status::error(format("out of GPU memory for the Q8_0 KV cache's F16 prefill scratch (%.2f GiB for %lld "
                                   "positions)", double(f16_bytes) * 2 / double(1ull << 30), (long long)cache.n_ctx()));
     }
+    graphs_.clear();  // a graph that dequantizes (MAGNETAR_CUDA_DECODE_MMA=0) captured the old scratch's address
     kv_f16_k_ = std::move(k).value();
     kv_f16_v_ = std::move(v).value();
     kv_f16_rows_ = cache.n_ctx();
@@ -1045,6 +1045,8 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
 
   int64_t n_items = R, max_n = 1;
   Early early{.items = R, .rows = R};  // items and rows that need no copy still in flight (all but the pool's misses)
+  // Bytes of one row of the down projection's quantized input (q_in_), or 0 (float input).
+  const size_t h_row = is_quantized(L.down_type) ? quant::row_size(quant::traits(L.down_type).vec_dot_type, F) : 0;
   // Prefill with an mmq-able expert type groups up to kMmqItemRows rows per item for grouped_matmul_q.
   const bool mmq = use_mmq(L.exp_type, n) && cuda::has_matmul_q(L.down_type);
   const int32_t item_rows = mmq ? kMmqItemRows : int32_t(kVec);
@@ -1090,9 +1092,12 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
       }
       MAGNETAR_RETURN_IF_ERROR(pool_acquire(il, active_, rows_of_, args.experts ? *args.experts : *mapped_, next,
                                             guess_));
+      // The misses last, in a stage of their own, when their rows' quantized input (q_in_ at the first late row)
+      // stays 4-byte aligned for the quantizers (a Q8_0 row of an odd number of blocks is 2 mod 4 bytes).
+      const bool split = tier_overlap() && h_row % 4 == 0;
       n_items = group_rows_on_host(
           h_ids, n, item_rows, [&](int64_t e, int p) { return pool_ptrs_[size_t(e) * 3 + size_t(p)]; }, &max_n,
-          tier_overlap() ? std::span<const int32_t>(misses_) : std::span<const int32_t>(), &early);
+          split ? std::span<const int32_t>(misses_) : std::span<const int32_t>(), &early);
     } else {
       n_items = group_rows_on_host(
           h_ids, n, item_rows, [&](int64_t e, int p) { return L.host_table[size_t(e) * 3 + size_t(p)]; }, &max_n);
@@ -1107,7 +1112,6 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   float* down = down_.as<float>();
   const bool q_in = is_quantized(L.exp_type);
   const void* x = q_in ? quantize_xn(L.exp_type, n) : static_cast<const void*>(xn_.as<float>());
-  const size_t h_row = is_quantized(L.down_type) ? quant::row_size(quant::traits(L.down_type).vec_dot_type, F) : 0;
   auto experts_on = [&](int64_t item0, int64_t count, int64_t row0, int64_t rows) -> Status {
     if (count == 0) return Status();
     const GroupItem* its = items + item0;

@@ -1,7 +1,8 @@
 // The host-callable logic of the forward-pass ops (backends/cuda/{rope,route_topk,attention}.cuh) run on the
 // HOST, so CI (no GPU) checks it: the RoPE angle formula against cpu::rope_neox's, the router's rank-based
 // top-k against the CPU route()'s partial_sort, attention's split-K plan and online-softmax merge against a direct
-// softmax, and the Q8_0 decode kernel's staging windows. The kernels themselves are checked on the GPU by cuda_ops_test.cpp.
+// softmax, and the Q8_0 decode kernel's staging windows. The kernels themselves are checked on the GPU by
+// cuda_ops_test.cpp.
 //
 // Compiled by nvcc as C++17 (like backends/cuda); the CPU formulas are restated here, not linked, because
 // this test executable does not link backends/cpu.

@@ -662,6 +662,24 @@ TEST(CudaOps, StoreKvBitIdenticalToCpuF16) {
   }
 }
 
+// Random inputs of one qkv_prepare call: RoPE positions, q [n_tok, n_head, head_dim], k and v [n_tok, n_head_kv,
+// head_dim], the q and k norm weights.
+struct QkvInputs {
+  std::vector<int32_t> pos;
+  std::vector<float> q, k, v, qw, kw;
+};
+QkvInputs qkv_inputs(Rng& rng, int64_t n_tok, int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
+  QkvInputs in;
+  in.pos.resize(static_cast<size_t>(n_tok));
+  for (int32_t& p : in.pos) p = int32_t(rng.bits() % 40000);
+  in.q = gaussian(rng, size_t(n_tok * n_head * head_dim), 2.0f);
+  in.k = gaussian(rng, size_t(n_tok * n_head_kv * head_dim), 2.0f);
+  in.v = gaussian(rng, size_t(n_tok * n_head_kv * head_dim), 3.0f);
+  in.qw = gaussian(rng, size_t(head_dim));
+  in.kw = gaussian(rng, size_t(head_dim));
+  return in;
+}
+
 // qkv_prepare (one launch) against the four ops it replaces: qk_norm_rope of q and of k, store_kv of k and v;
 // q, the K cache and the V cache bit-identical (the cache rows outside the tokens' untouched), with row0 from the
 // host and from device memory.
@@ -677,22 +695,19 @@ TEST(CudaOps, QkvPrepareBitIdenticalToNormRopeAndStores) {
       for (const int64_t head_dim : {int64_t(64), int64_t(128), int64_t(256)}) {
         for (const bool device_row : {false, true}) {
           const int64_t HK = heads.n_head_kv, row0 = 3, n_rows = row0 + n_tok + 2, kv = HK * head_dim;
-          std::vector<int32_t> pos(static_cast<size_t>(n_tok));
-          for (int64_t t = 0; t < n_tok; ++t) pos[size_t(t)] = int32_t(rng.bits() % 40000);
-          const std::vector<float> q = gaussian(rng, size_t(n_tok * heads.n_head * head_dim), 2.0f);
-          const std::vector<float> k = gaussian(rng, size_t(n_tok * kv), 2.0f);
-          const std::vector<float> v = gaussian(rng, size_t(n_tok * kv), 3.0f);
-          const std::vector<float> qw = gaussian(rng, size_t(head_dim));
-          const std::vector<float> kw = gaussian(rng, size_t(head_dim));
+          const QkvInputs in = qkv_inputs(rng, n_tok, heads.n_head, HK, head_dim);
+          const std::vector<float>& q = in.q;
+          const std::vector<float>& k = in.k;
+          const std::vector<float>& v = in.v;
           const std::vector<uint16_t> guard(size_t(n_rows * kv), 0xBEEF);
           ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer q1, to_device(q));
           ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer q2, to_device(q));
           ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer k1, to_device(k));
           ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer k2, to_device(k));
           ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dv, to_device(v));
-          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dqw, to_device(qw));
-          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dkw, to_device(kw));
-          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dp, to_device(pos));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dqw, to_device(in.qw));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dkw, to_device(in.kw));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dp, to_device(in.pos));
           ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer drow, to_device(std::vector<int32_t>{int32_t(row0)}));
           ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer kc1, to_device(guard));
           ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer vc1, to_device(guard));
@@ -748,21 +763,18 @@ TEST(CudaOps, QkvPrepareQ8MatchesReferenceQuantizer) {
         for (const bool device_row : {false, true}) {
           const int64_t HK = heads.n_head_kv, row0 = 3, n_rows = row0 + n_tok + 2, kv = HK * head_dim;
           const size_t row_bytes = quant::row_size(quant::Type::Q8_0, kv);
-          std::vector<int32_t> pos(static_cast<size_t>(n_tok));
-          for (int64_t t = 0; t < n_tok; ++t) pos[size_t(t)] = int32_t(rng.bits() % 40000);
-          const std::vector<float> q = gaussian(rng, size_t(n_tok * heads.n_head * head_dim), 2.0f);
-          const std::vector<float> k = gaussian(rng, size_t(n_tok * kv), 2.0f);
-          const std::vector<float> v = gaussian(rng, size_t(n_tok * kv), 3.0f);
-          const std::vector<float> qw = gaussian(rng, size_t(head_dim));
-          const std::vector<float> kw = gaussian(rng, size_t(head_dim));
+          const QkvInputs in = qkv_inputs(rng, n_tok, heads.n_head, HK, head_dim);
+          const std::vector<float>& q = in.q;
+          const std::vector<float>& k = in.k;
+          const std::vector<float>& v = in.v;
           const std::vector<uint8_t> guard(size_t(n_rows) * row_bytes, 0xAB);
           ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dq, to_device(q));
           ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dk, to_device(k));
           ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dk_normed, to_device(k));
           ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dv, to_device(v));
-          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dqw, to_device(qw));
-          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dkw, to_device(kw));
-          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dp, to_device(pos));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dqw, to_device(in.qw));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dkw, to_device(in.kw));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dp, to_device(in.pos));
           ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer drow, to_device(std::vector<int32_t>{int32_t(row0)}));
           ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer kc, to_device(guard));
           ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer vc, to_device(guard));
