@@ -10,7 +10,8 @@ void ModelFlags::add_to(cli::Args& args) {
   args.option("-t", &threads, "N", "threads (0: all cores)");
   args.option("--batch", &batch, "N", "prompt tokens per forward pass (bounds scratch memory)");
   args.option("--kv-type", &kv_type, "f16|f32|q8_0",
-              "KV cache precision (q8_0: 8.5 bits per element, about half of f16's memory; CPU only for now)");
+              "KV cache precision (q8_0: 8.5 bits per element, about half of f16's memory, on the CPU and the GPU; f32: "
+              "CPU only)");
   args.option("--device", &device, "auto|cpu|cuda",
               "where the model runs (auto: the GPU when there is one and the model fits it, whole or with its experts "
               "tiered)");
