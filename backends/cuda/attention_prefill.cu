@@ -60,7 +60,7 @@
 // rescales, shuffles) competing for issue slots. FA2-class mma.sync kernels reach ~35-45% of the dense f16 peak
 // (989 Tflop/s) on Hopper, i.e. ~5-6 ms per layer for that chunk (~0.25-0.3 s per chunk of 48 layers, against
 // ~10.7 s at today's 192 t/s). These are estimates from counts, NOT measurements: the kernel has not run on a GPU
-// yet (tests/cuda/cuda_ops_test.cpp, AttentionPrefillMma*, is its correctness check). Known limits: few query
+// yet (tests/cuda/cuda_attention_test.cpp, AttentionPrefillMma*, is its correctness check). Known limits: few query
 // tiles (short n_tok over a long context) leave SMs idle (no split-K here; attention() splits decode); no
 // wgmma/TMA (Hopper-only) path; scores of tiles fully above a warp's own diagonal are still computed (masked).
 //

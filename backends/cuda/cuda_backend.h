@@ -581,7 +581,8 @@ Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Strea
 
 // Same contract as attention() (same AttentionArgs incl. pos0_device, same workspace), computed on f16 tensor cores
 // (attention.cu's decode kernel): Q * scale rounded to f16, scores and softmax in f32, P rounded to f16 for P V, f32
-// accumulation -- the numerics of attention_prefill_mma, whose bound tests/cuda/cuda_ops_test.cpp states for both.
+// accumulation -- the numerics of attention_prefill_mma, whose bound tests/cuda/cuda_attention_test.cpp states for
+// both.
 // Its own split plan (attn::plan_decode: one wave of CTAs, splits of whole 64-row steps); each warp streams its rows
 // through a cp.async ring in shared memory, and the last CTA of each KV head combines the splits (no second launch).
 // Launched with programmatic dependent launch, it starts copying the cached rows before pos0 while the launch before
@@ -601,7 +602,7 @@ bool has_attention_decode_mma(int64_t head_dim, int64_t group);
 // computed with f16 tensor-core products (attention_prefill.cu, flash-attention-2 tiling: one CTA per tile of query
 // tokens and KV head, so each K/V row is read once per tile of tokens instead of once per token): Q * scale is
 // rounded to f16, scores and the softmax in f32, P rounded to f16 for P V, f32 accumulation. Not bit-identical
-// with attention(); tests/cuda/cuda_ops_test.cpp states the bound. Supported: head_dim 64, 128 or 256, any group
+// with attention(); tests/cuda/cuda_attention_test.cpp states the bound. Supported: head_dim 64, 128 or 256, any group
 // up to kMaxAttentionGroup; k_cache and v_cache 16-byte aligned (as attention() needs). Any other
 // shape returns a Status (callers fall back to attention()). Allocates nothing (no workspace); a bad argument
 // returns a Status naming it and queues nothing. Meant for prefill: with few query tokens it keeps few SMs busy.

@@ -2,7 +2,7 @@
 // HOST, so CI (no GPU) checks it: the RoPE angle formula against cpu::rope_neox's, the router's rank-based
 // top-k against the CPU route()'s partial_sort, attention's split-K plan and online-softmax merge against a direct
 // softmax, and the Q8_0 decode kernel's staging windows. The kernels themselves are checked on the GPU by
-// cuda_ops_test.cpp.
+// cuda_ops_test.cpp and cuda_attention_test.cpp.
 //
 // Compiled by nvcc as C++17 (like backends/cuda); the CPU formulas are restated here, not linked, because
 // this test executable does not link backends/cpu.

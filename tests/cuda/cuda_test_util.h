@@ -1,5 +1,5 @@
 // What the CUDA tests share: the GPU skip, Status assertions, seeded Gaussian data (Box-Muller over mt19937_64, so
-// the data does not depend on the standard library's distributions).
+// the data does not depend on the standard library's distributions), copies to and from the device.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -54,6 +54,24 @@ inline std::vector<float> gaussian(Rng& rng, size_t n, float sigma = 1.0f) {
   return v;
 }
 
+constexpr double kU = 5.9604644775390625e-08;  // 2^-24, float's unit roundoff
+
+// A host vector copied into a new device buffer, and n elements of a device buffer copied back.
+template <typename T>
+inline Result<cuda::DeviceBuffer> to_device(const std::vector<T>& v) {
+  MAGNETAR_ASSIGN_OR_RETURN(cuda::DeviceBuffer buf, cuda::DeviceBuffer::allocate(v.size() * sizeof(T)));
+  MAGNETAR_RETURN_IF_ERROR(buf.upload(v.data(), v.size() * sizeof(T)));
+  return Result<cuda::DeviceBuffer>(std::move(buf));
+}
+
+template <typename T>
+inline std::vector<T> from_device(const cuda::DeviceBuffer& buf, size_t n) {
+  std::vector<T> v(n);
+  const Status s = buf.download(v.data(), n * sizeof(T));
+  EXPECT_TRUE(s.ok()) << s.message();
+  return v;
+}
+
 // ---- the matrix products' tests (cuda_mmvq_test.cpp, cuda_mmq_test.cpp) ----------------------------------------
 
 // n rows of activations: Gaussian with a few outliers per row (as residual streams have).
@@ -94,6 +112,5 @@ inline testing::AssertionResult guard_intact(const std::vector<float>& got, size
   }
   return testing::AssertionSuccess();
 }
-
 
 }  // namespace magnetar::cuda_test

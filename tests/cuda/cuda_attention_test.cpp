@@ -1,0 +1,663 @@
+// The attention ops on the GPU (attention, attention_prefill_mma, attention_decode_mma, over F16 and Q8_0 caches)
+// against a double reference over the same K/V and float q (STYLE.md rule 7). Needs a GPU: without one every test
+// reports SKIPPED, never passed (their argument checks run in cuda_ops_test.cpp's RejectsBadArguments). What is
+// asserted, and why each bound holds (u = 2^-24, float's unit roundoff):
+//   attention               (random data) per element d: (2 eps + 2 gamma_N + u) * max_j |v_jd| against a double
+//                           reference over the same F16 K/V and float q, eps and N derived in attention_bound().
+//                           (exact data) K = 0 makes every score 0 and every exp factor exactly 1; V holds small
+//                           integers, so every sum is exact and out = fl(sum / count) bit for bit: a dropped,
+//                           doubled or misplaced row, a wrong window edge or a wrong V head fails exactly.
+//                           Rows past the attended range hold F16 NaN, so reading one poisons the output.
+//   attention_prefill_mma   (random data) per element: the bound derived above mma_expect() from the f16
+//                           rounding of Q and P (2^-11 each), ex2.approx and the f32 sums, against the same double
+//                           reference; many tokens per call against one call per token within twice that bound.
+//                           (exact data) the K = 0 check above holds bit for bit (ex2(0) = 1, integer sums exact).
+//   attention_decode_mma    the same bound and exact check (F16), and over Q8_0 caches the bound against the
+//                           values it is specified to compute with, f16(d * q).
+// Shapes: head_dim 64, 96, 128, 256, n_head/n_head_kv 8/2, 4/4, 32/4, 16/1; contexts 1, 17, 300, 5000, 20000
+// (several splits, a partial last chunk, several chunks per split), windows that cut inside a chunk; prefill of 7
+// and 33 tokens after 0, 17 and 300 cached rows. attention_prefill_mma: prefill_mma_cases() (groups 1, 3, 4, 8, 16;
+// head_dim 64, 128, 256; 1 to 200 tokens after 0 or 1000 rows; windows 0, 1, 100, 5000).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/cuda/cuda_backend.h"
+#include "quant/fp16.h"
+#include "quant/quant.h"
+#include "tests/cuda/cuda_test_util.h"
+
+namespace magnetar {
+namespace {
+
+using cuda_test::from_device;
+using cuda_test::gaussian;
+using cuda_test::kU;
+using cuda_test::Rng;
+using cuda_test::to_device;
+
+constexpr uint64_t kSeed = 20261130;  // the seeds of cuda_ops_test.cpp's attention tests before the split
+
+// ---- attention -----------------------------------------------------------------------------------------------
+
+struct AttnShape {
+  int64_t n_head, n_head_kv, head_dim;
+};
+
+struct AttnCase {
+  AttnShape shape;
+  int64_t n_tok, pos0, window;
+};
+
+std::string describe(const AttnCase& c) {
+  return "n_head " + std::to_string(c.shape.n_head) + "/" + std::to_string(c.shape.n_head_kv) + " head_dim " +
+         std::to_string(c.shape.head_dim) + " n_tok " + std::to_string(c.n_tok) + " pos0 " + std::to_string(c.pos0) +
+         " window " + std::to_string(c.window);
+}
+
+// The decode contexts (rows attended = pos0 + 1) and prefill batches of the tests.
+std::vector<AttnCase> attention_cases() {
+  std::vector<AttnCase> cases;
+  const AttnShape shapes[] = {{8, 2, 128}, {4, 4, 64}, {8, 2, 64}, {4, 4, 128}, {32, 4, 128}, {16, 1, 96}, {4, 2, 256}};
+  for (const AttnShape& s : shapes) {
+    for (const int64_t ctx : {int64_t(1), int64_t(17), int64_t(300), int64_t(5000)})
+      cases.push_back({s, 1, ctx - 1, 0});
+    cases.push_back({s, 1, 299, 100});    // window edge inside a chunk
+    cases.push_back({s, 1, 4999, 4096});  // window of many chunks, not chunk-aligned
+    cases.push_back({s, 7, 0, 0});        // prefill from an empty cache
+    cases.push_back({s, 33, 17, 0});
+    cases.push_back({s, 7, 300, 50});  // prefill with a sliding window
+  }
+  cases.push_back({{8, 2, 128}, 1, 19999, 0});  // > 64 chunks: several chunks per split
+  cases.push_back({{4, 4, 64}, 1, 19999, 0});
+  return cases;
+}
+
+struct AttnData {
+  std::vector<float> q;        // [n_tok, n_head, head_dim]
+  std::vector<uint16_t> k, v;  // [n_rows, n_head_kv, head_dim] F16 bits
+};
+
+int64_t n_rows_of(const AttnCase& c) { return c.pos0 + c.n_tok + 5; }  // 5 NaN rows past the last position
+
+// kRandom: Gaussian K and V. kUniformScores: K = 0 (every score 0) and V integers in [-8, 8].
+enum class AttnFill { kRandom, kUniformScores };
+
+// Gaussian q; K/V rows 0 .. pos0 + n_tok - 1 filled as `fill` says, the rows past them F16 NaN.
+AttnData attention_data(Rng& rng, const AttnCase& c, AttnFill fill) {
+  const uint16_t nan16 = 0x7e00;
+  const int64_t HK = c.shape.n_head_kv, D = c.shape.head_dim;
+  const int64_t rows = n_rows_of(c), valid = c.pos0 + c.n_tok;
+  AttnData d;
+  d.q = gaussian(rng, size_t(c.n_tok * c.shape.n_head * D));
+  d.k.assign(size_t(rows * HK * D), nan16);
+  d.v.assign(size_t(rows * HK * D), nan16);
+  for (size_t i = 0; i < size_t(valid * HK * D); ++i) {
+    if (fill == AttnFill::kRandom) {
+      d.k[i] = quant::float_to_fp16(rng.gaussian());
+      d.v[i] = quant::float_to_fp16(rng.gaussian());
+    } else {
+      d.k[i] = quant::float_to_fp16(0.0f);
+      d.v[i] = quant::float_to_fp16(float(int(rng.bits() % 17) - 8));
+    }
+  }
+  return d;
+}
+
+// The op under test: attention (split-K decode, per-token prefill), attention_prefill_mma or attention_decode_mma
+// (tensor cores).
+enum class AttnOp { kAttention, kPrefillMma, kDecodeMma };
+
+const char* op_name(AttnOp op) {
+  return op == AttnOp::kAttention    ? "attention"
+         : op == AttnOp::kPrefillMma ? "attention_prefill_mma"
+                                     : "attention_decode_mma";
+}
+
+Status run_op(AttnOp op, const cuda::AttentionArgs& args, cuda::AttentionWorkspace& ws, cuda::Stream& stream) {
+  switch (op) {
+    case AttnOp::kAttention:
+      return cuda::attention(args, ws, stream);
+    case AttnOp::kPrefillMma:
+      return cuda::attention_prefill_mma(args, stream);
+    case AttnOp::kDecodeMma:
+      break;
+  }
+  return cuda::attention_decode_mma(args, ws, stream);
+}
+
+// Runs the GPU op on the data; rows past pos0 + n_tok - 1 are F16 NaN. attention_prefill_mma does not use `ws`.
+std::vector<float> run_attention(const AttnCase& c, const AttnData& d, cuda::AttentionWorkspace& ws,
+                                 cuda::Stream& stream, AttnOp op = AttnOp::kAttention) {
+  const size_t out_n = size_t(c.n_tok * c.shape.n_head * c.shape.head_dim);
+  auto dq = to_device(d.q);
+  auto dk = to_device(d.k);
+  auto dv = to_device(d.v);
+  auto dout = cuda::DeviceBuffer::allocate(out_n * sizeof(float));
+  EXPECT_TRUE(dq.ok() && dk.ok() && dv.ok() && dout.ok());
+  if (!dq.ok() || !dk.ok() || !dv.ok() || !dout.ok()) return {};
+  const cuda::AttentionArgs args{.q = dq->as<float>(),
+                                 .k_cache = dk->as<uint16_t>(),
+                                 .v_cache = dv->as<uint16_t>(),
+                                 .out = dout->as<float>(),
+                                 .n_tok = c.n_tok,
+                                 .pos0 = c.pos0,
+                                 .n_head = c.shape.n_head,
+                                 .n_head_kv = c.shape.n_head_kv,
+                                 .head_dim = c.shape.head_dim,
+                                 .window = c.window,
+                                 .scale = float(1.0 / std::sqrt(double(c.shape.head_dim)))};
+  const Status s = run_op(op, args, ws, stream);
+  EXPECT_TRUE(s.ok()) << op_name(op) << ": " << s.message();
+  stream.synchronize();
+  return from_device<float>(*dout, out_n);
+}
+
+int64_t first_row(const AttnCase& c, int64_t pos) {
+  return c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0;
+}
+
+// Tolerance of one query head against the exact (double) result, from the kernel's float arithmetic:
+//   scores: a float dot of head_dim terms and a multiply by scale: |ds_j| <= A_j = gamma_(D+1) scale sum_d |q_d k_jd|;
+//   softmax weights exp(s_j - m): relative error <= eps = 2 A + 4u S + (C + 2)(2^-22 + 2u), with A = max A_j,
+//     S = max |s_j| (the rounding of s_j - m and m_c - M), and per exp factor 2 ulp of expf plus a rounding, for
+//     the C <= chunks per split rescales and the split's combine factor;
+//   a weighted mean moves by <= 2 eps max_j |v_jd| under relative weight errors eps (numerator and denominator);
+//   the sums: at most N = rows per split + splits + 16 float additions deep (a thread's rows, the row-subset fold,
+//     the warp tree for the denominator, the combine), gamma_N relative to sum p |v| <= max|v| sum p, in the
+//     numerator and the denominator; plus the final division's rounding.
+double attention_bound(double eps, int64_t depth, double vmax) {
+  const double gamma = double(depth) * kU / (1.0 - double(depth) * kU);
+  return (2.0 * eps + 2.0 * gamma + kU) * vmax * 1.01 + 1e-30;
+}
+
+TEST(CudaOps, AttentionMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(32, 256));
+  Rng rng(kSeed + 7);
+  for (const AttnCase& c : attention_cases()) {
+    const int64_t H = c.shape.n_head, HK = c.shape.n_head_kv, D = c.shape.head_dim, group = H / HK;
+    const AttnData d = attention_data(rng, c, AttnFill::kRandom);
+    const std::vector<float> got = run_attention(c, d, ws, stream);
+    ASSERT_EQ(got.size(), size_t(c.n_tok * H * D)) << describe(c);
+    const double scale = double(float(1.0 / std::sqrt(double(D))));
+    int bad = 0;
+    for (int64_t t = 0; t < c.n_tok && bad < 5; ++t) {
+      const int64_t pos = c.pos0 + t, lo = first_row(c, pos), n_att = pos - lo + 1;
+      // Chunks per split: attention.cuh's plan_splits restated (decode: about 8 CTAs per SM, at most
+      // kMaxAttentionSplits splits, at most one per chunk; prefill: one split of all chunks).
+      const int64_t chunks = (n_att + 127) / 128;
+      const int64_t want = std::max<int64_t>(
+          1, std::min({(8 * int64_t(ws.sm_count()) + HK - 1) / HK, cuda::kMaxAttentionSplits, chunks}));
+      const int64_t per_split = c.n_tok == 1 ? (chunks + want - 1) / want : chunks;
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t hk = h / group;
+        const float* q = d.q.data() + (t * H + h) * D;
+        std::vector<double> s(static_cast<size_t>(n_att));
+        double a_max = 0, s_max_abs = 0, m = -INFINITY;
+        for (int64_t j = lo; j <= pos; ++j) {
+          const uint16_t* kr = d.k.data() + (j * HK + hk) * D;
+          double dot = 0, mag = 0;
+          for (int64_t e = 0; e < D; ++e) {
+            const double kv = double(quant::fp16_to_float(kr[e]));
+            dot += double(q[e]) * kv;
+            mag += std::fabs(double(q[e]) * kv);
+          }
+          s[size_t(j - lo)] = double(float(scale)) * dot;
+          a_max = std::max(a_max, double(D + 1) * kU * scale * mag);
+          s_max_abs = std::max(s_max_abs, std::fabs(s[size_t(j - lo)]));
+          m = std::max(m, s[size_t(j - lo)]);
+        }
+        const double eps =
+            2.0 * a_max + 4.0 * kU * s_max_abs + double(per_split + 2) * (std::ldexp(1.0, -22) + 2.0 * kU);
+        const int64_t depth = per_split * 128 + 64 + 16;
+        for (double& x : s) x = std::exp(x - m);  // now the softmax numerators
+        for (int64_t e = 0; e < D; ++e) {
+          double num = 0, den = 0, vmax = 0;
+          for (int64_t j = lo; j <= pos; ++j) {
+            const double p = s[size_t(j - lo)];
+            const double vv = double(quant::fp16_to_float(d.v[size_t((j * HK + hk) * D + e)]));
+            num += p * vv;
+            den += p;
+            vmax = std::max(vmax, std::fabs(vv));
+          }
+          const double want = num / den;
+          const double g = double(got[size_t((t * H + h) * D + e)]);
+          const double tol = attention_bound(eps, depth, vmax);
+          if (!(std::fabs(g - want) <= tol) && bad++ < 5) {
+            ADD_FAILURE() << describe(c) << " token " << t << " head " << h << " element " << e << ": got " << g
+                          << ", want " << want << " (tolerance " << tol << ")";
+          }
+        }
+      }
+    }
+  }
+}
+
+// Decode with the position read from device memory (pos0_device, the decode graph's form) in a graph captured
+// once with a grid sized for a longer cache (max_rows): replayed at each decode case's position it gives the same
+// bits as attention() with that pos0 from the host (the same split plan, made on the device), including the
+// cases of one split (no combine) and of several chunks per split. For attention() and attention_decode_mma().
+void expect_graph_position_matches_host(AttnOp op, const std::vector<AttnShape>& shapes, uint64_t seed) {
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(32, 256));
+  Rng rng(seed);
+  for (const AttnShape& shape : shapes) {
+    for (const int64_t window : {int64_t(0), int64_t(4096)}) {
+      const int64_t max_rows = 25000;
+      // One cache of max_rows random rows; each case reads its first pos0 + 1.
+      const AttnData d = attention_data(rng, {shape, 1, max_rows - 1, 0}, AttnFill::kRandom);
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dq, to_device(d.q));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dk, to_device(d.k));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dv, to_device(d.v));
+      const size_t out_n = size_t(shape.n_head * shape.head_dim);
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dout, cuda::DeviceBuffer::allocate(out_n * sizeof(float)));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dpos, to_device(std::vector<int32_t>{0}));
+      cuda::AttentionArgs args{.q = dq.as<float>(), .k_cache = dk.as<uint16_t>(), .v_cache = dv.as<uint16_t>(),
+                               .out = dout.as<float>(), .n_tok = 1, .pos0 = 0, .n_head = shape.n_head,
+                               .n_head_kv = shape.n_head_kv, .head_dim = shape.head_dim, .window = window,
+                               .scale = float(1.0 / std::sqrt(double(shape.head_dim)))};
+      cuda::AttentionArgs graphed = args;
+      graphed.pos0 = 12345;  // ignored
+      graphed.pos0_device = dpos.as<int32_t>();
+      graphed.max_rows = max_rows;
+      cuda::Graph::begin_capture(stream);
+      const Status st = run_op(op, graphed, ws, stream);
+      ASSERT_OK_AND_ASSIGN(cuda::Graph graph, cuda::Graph::end_capture(stream));
+      ASSERT_OK(st);
+      for (const int64_t pos : {int64_t(0), int64_t(16), int64_t(299), int64_t(4999), int64_t(19999),
+                                max_rows - 1}) {
+        args.pos0 = pos;
+        ASSERT_OK(run_op(op, args, ws, stream));
+        stream.synchronize();
+        const std::vector<float> want = from_device<float>(dout, out_n);
+        ASSERT_OK(dout.upload(std::vector<float>(out_n, NAN).data(), out_n * sizeof(float)));
+        const int32_t p32 = int32_t(pos);
+        ASSERT_OK(dpos.upload(&p32, sizeof p32));
+        graph.launch(stream);
+        stream.synchronize();
+        const std::vector<float> got = from_device<float>(dout, out_n);
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data(), out_n * sizeof(float)))
+            << op_name(op) << " n_head " << shape.n_head << " head_dim " << shape.head_dim << " window " << window
+            << " pos " << pos;
+      }
+    }
+  }
+}
+
+TEST(CudaOps, AttentionDecodePositionFromDeviceInAGraph) {
+  SKIP_WITHOUT_GPU();
+  expect_graph_position_matches_host(AttnOp::kAttention, {{32, 4, 128}, {16, 1, 96}}, kSeed + 62);
+}
+
+// K = 0: all scores 0, every exp factor exactly 1, so out = mean of V over the attended rows; V holds integers
+// in [-8, 8] (exact in F16, every partial sum exact in float), so the result is fl(sum / count) exactly.
+// attention_prefill_mma too: Q * 0 = 0 in the tensor core, ex2.approx(0) is exactly 1 (PTX ISA 9.7.3.21), the f16
+// P = 1 is exact, and the tensor core's sums of integers of magnitude < 2^24 are exact (it keeps at least float's
+// 24 bits below the largest term), so its result is the same fl(sum / count) (one IEEE division at the end).
+void expect_uniform_scores_exact(AttnOp op, const std::vector<AttnCase>& cases, uint64_t seed) {
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(64, 256));
+  Rng rng(seed);
+  for (const AttnCase& c : cases) {
+    const int64_t H = c.shape.n_head, HK = c.shape.n_head_kv, D = c.shape.head_dim, group = H / HK;
+    const AttnData d = attention_data(rng, c, AttnFill::kUniformScores);
+    const std::vector<float> got = run_attention(c, d, ws, stream, op);
+    ASSERT_EQ(got.size(), size_t(c.n_tok * H * D)) << describe(c);
+    int bad = 0;
+    for (int64_t t = 0; t < c.n_tok; ++t) {
+      const int64_t pos = c.pos0 + t, lo = first_row(c, pos);
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t e = 0; e < D; ++e) {
+          int64_t sum = 0;
+          for (int64_t j = lo; j <= pos; ++j) {
+            sum += int64_t(quant::fp16_to_float(d.v[size_t((j * HK + h / group) * D + e)]));
+          }
+          const float want = float(double(sum) / double(pos - lo + 1));
+          const float g = got[size_t((t * H + h) * D + e)];
+          if (g != want && bad++ < 5) {
+            ADD_FAILURE() << op_name(op) << " " << describe(c) << " token " << t << " head " << h << " element " << e
+                          << ": got " << g << ", want " << want;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaOps, AttentionUniformScoresExact) {
+  SKIP_WITHOUT_GPU();
+  expect_uniform_scores_exact(AttnOp::kAttention, attention_cases(), kSeed + 8);
+}
+
+// ---- attention_prefill_mma -----------------------------------------------------------------------------------
+
+// A full grid (groups 1, 4, 8 through n_head/n_head_kv 2/2, 8/2, 16/2; head_dim 64 and 128; 1, 7, 64 and 200
+// tokens; empty and 1000-row histories; no window and a window of 100) and beyond it: group 3 (42 tokens per CTA,
+// 2 idle rows), group 16 with one KV head, head_dim 256 (64 rows per CTA, 32-row K/V tiles), a window of one row and
+// a window longer than the history (folded into none).
+std::vector<AttnCase> prefill_mma_cases() {
+  std::vector<AttnCase> cases;
+  const AttnShape grid[] = {{2, 2, 64}, {8, 2, 64}, {16, 2, 64}, {2, 2, 128}, {8, 2, 128}, {16, 2, 128}};
+  for (const AttnShape& s : grid) {
+    for (const int64_t n_tok : {1, 7, 64, 200}) {
+      for (const int64_t pos0 : {0, 1000}) {
+        for (const int64_t window : {0, 100}) cases.push_back({s, n_tok, pos0, window});
+      }
+    }
+  }
+  const AttnShape more[] = {{6, 2, 128}, {16, 1, 128}, {8, 2, 256}};
+  for (const AttnShape& s : more) {
+    for (const int64_t n_tok : {7, 200}) {
+      for (const int64_t pos0 : {0, 1000}) {
+        for (const int64_t window : {0, 100}) cases.push_back({s, n_tok, pos0, window});
+      }
+    }
+  }
+  cases.push_back({{8, 2, 128}, 64, 1000, 1});
+  cases.push_back({{8, 2, 128}, 64, 1000, 5000});
+  return cases;
+}
+
+// The exact output (double, over the same F16 K/V and float q: what cpu::attention computes up to its own float
+// rounding) and the bound on attention_prefill_mma's error, per element [n_tok, n_head, head_dim].
+//
+// Derivation (attention_prefill.cu lists the kernel's arithmetic). u = 2^-24; gamma(n, w) = n w / (1 - n w). For one
+// query row: S_j = scale q.k_j the exact scores, M = max S_j, p_j = e^(S_j - M), l = sum p_j, w_j = p_j / l.
+//   Scores. The kernel's q' = f16(f32(q c)), c = f32(scale log2 e), is within |q c| (2^-11 + 3u) + 2^-25 of q c
+//   (f16's unit roundoff 2^-11, or half its subnormal spacing 2^-25 below 2^-14; u each for c and the product). The
+//   products q' k are exact in the tensor core; its sums truncate (<= 1 ulp = 2u of the largest term per addition,
+//   D/16 chained mma of 16 products + C: gamma(2D + 16, 2u) of sum |q' k| covers it). In natural units (times ln 2,
+//   and ln 2 c = scale) each score is off by at most
+//     E_j = scale sum_d |q_d k_jd| (2^-11 + 3u + gamma(2D + 16, 2u)) + ln 2 2^-25 sum_d |k_jd|.
+//   Exponentials. p_j = ex2(s_j - m) with m the running max: the subtraction rounds (u |s - m| <= 2u max|S| after
+//   ln 2), ex2.approx is within 2 ulp of the rounded result (<= 2.5 ulp <= 5u relative); every rescale factor alpha
+//   (<= one per tile) multiplies the keys before it by another such error (5u, and the telescoping subtractions
+//   m_old - m_new add <= 2u max|S| in all). The running maxima cancel otherwise, so each key's weight is off by a
+//   factor e^(d_j) apart from a factor common to all keys, |d_j| <= delta = max_j E_j + 4u max|S| + 5u (tiles + 1).
+//   Normalized weights then move by a factor in [e^(-2 delta), e^(2 delta)]:
+//     |d out| <= (e^(2 delta) - 1) sum_j w_j |v_jd|.
+//   P to f16. The numerator uses f16(p), the denominator the f32 p: on the running max's scale the rounding is <=
+//   max(2^-11 p, 2^-25), and the later rescales (<= 1) only shrink it, so on the final scale <= max(2^-11 p_j,
+//   2^-25) per key, with the kernel's p_j and l within e^(2 delta) of the exact ones:
+//     |d out| <= e^(4 delta) sum_j max(2^-11 p_j, 2^-25) |v_jd| / l.
+//   Sums. The P V chain (tensor-core truncation, 2u per addition, <= keys loaded + 4 per tile; the f32 rescales),
+//   the f32 sum l (thread partials, then the quad) and the final division:
+//     |d out| <= e^(2 delta) (2 gamma(N, 2u) + u) sum_j w_j |v_jd|, N = 2 (rows attended + 192) + 4 tiles.
+//   A CTA spans <= 128 tokens and a tile is >= 32 keys: tiles <= (rows attended + 128) / 32 + 2.
+// attention_decode_mma (same arithmetic, tiles of 16 keys per warp, then the 4 warps merged with ex2 weights and
+// the splits combined with expf of the max difference after a conversion to natural units): tiles <= rows attended
+// / 16 + 4 rescales (the merge and the combine among them), another 4u max|S| for the conversion and the
+// combine's subtraction, and N grows by the merge and the combine's sums (<= kMaxAttentionSplits + 8).
+// The bound is the sum of the three, times 1.01, plus 1e-30. It assumes the tensor core keeps at least float's 24
+// bits below the largest term of its sums (measured on V100/T4/A100 by Fasi et al. 2021; a Hopper that kept fewer
+// would fail here, not pass silently). Typical size: head_dim 128, Gaussian data: E ~ 4e-3, bound ~ 1e-2 sum w|v|.
+struct AttnExpect {
+  std::vector<double> want, tol;  // [n_tok, n_head, head_dim]
+};
+
+AttnExpect mma_expect(const AttnCase& c, const AttnData& d, AttnOp op = AttnOp::kPrefillMma) {
+  const bool decode = op == AttnOp::kDecodeMma;
+  const int64_t H = c.shape.n_head, HK = c.shape.n_head_kv, D = c.shape.head_dim, group = H / HK;
+  const double scale = double(float(1.0 / std::sqrt(double(D))));  // as run_attention passes it
+  const double f16_u = std::ldexp(1.0, -11), f16_sub = std::ldexp(1.0, -25), ln2 = std::log(2.0);
+  auto gamma = [](double n, double w) { return n * w / (1.0 - n * w); };
+  const double score_rel = f16_u + 3.0 * kU + gamma(double(2 * D + 16), 2.0 * kU);
+  std::vector<double> kf(d.k.size()), vf(d.v.size());
+  for (size_t i = 0; i < kf.size(); ++i) {
+    kf[i] = double(quant::fp16_to_float(d.k[i]));
+    vf[i] = double(quant::fp16_to_float(d.v[i]));
+  }
+  AttnExpect x;
+  x.want.resize(size_t(c.n_tok * H * D));
+  x.tol.resize(x.want.size());
+  for (int64_t t = 0; t < c.n_tok; ++t) {
+    const int64_t pos = c.pos0 + t, lo = first_row(c, pos), n_att = pos - lo + 1;
+    const double tiles = decode ? double(n_att / 16 + 4) : double((n_att + 128) / 32 + 2);
+    const double depth =
+        2.0 * double(n_att + 192) + 4.0 * tiles + (decode ? double(cuda::kMaxAttentionSplits + 8) : 0.0);
+    const double acc = 2.0 * gamma(depth, 2.0 * kU) + kU;
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t hk = h / group;
+      const float* q = d.q.data() + (t * H + h) * D;
+      std::vector<double> p(static_cast<size_t>(n_att));
+      double m = -INFINITY, s_abs = 0, e_max = 0;
+      for (int64_t j = lo; j <= pos; ++j) {
+        const double* kr = kf.data() + (j * HK + hk) * D;
+        double dot = 0, mag = 0, ksum = 0;
+        for (int64_t e = 0; e < D; ++e) {
+          dot += double(q[e]) * kr[e];
+          mag += std::fabs(double(q[e]) * kr[e]);
+          ksum += std::fabs(kr[e]);
+        }
+        const double sj = scale * dot;
+        p[size_t(j - lo)] = sj;
+        m = std::max(m, sj);
+        s_abs = std::max(s_abs, std::fabs(sj));
+        e_max = std::max(e_max, scale * mag * score_rel + ln2 * f16_sub * ksum);
+      }
+      const double delta = e_max + (decode ? 8.0 : 4.0) * kU * s_abs + 5.0 * kU * (tiles + 1.0);
+      double l = 0;
+      for (double& pj : p) {
+        pj = std::exp(pj - m);
+        l += pj;
+      }
+      for (int64_t e = 0; e < D; ++e) {
+        double num = 0, wv = 0, rounding = 0;
+        for (int64_t j = lo; j <= pos; ++j) {
+          const double pj = p[size_t(j - lo)], vv = vf[size_t((j * HK + hk) * D + e)];
+          num += pj * vv;
+          wv += pj * std::fabs(vv);
+          rounding += std::max(f16_u * pj, f16_sub) * std::fabs(vv);
+        }
+        const size_t i = size_t((t * H + h) * D + e);
+        x.want[i] = num / l;
+        x.tol[i] = 1.01 * ((std::expm1(2.0 * delta) + std::exp(2.0 * delta) * acc) * wv / l +
+                           std::exp(4.0 * delta) * rounding / l) +
+                   1e-30;
+      }
+    }
+  }
+  return x;
+}
+
+// A tensor-core op (attention_prefill_mma or attention_decode_mma) on random data against the exact result, within
+// mma_expect's bound, element by element.
+void expect_mma_within_bound(AttnOp op, const std::vector<AttnCase>& cases, uint64_t seed) {
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(64, 256));
+  Rng rng(seed);
+  for (const AttnCase& c : cases) {
+    const AttnData d = attention_data(rng, c, AttnFill::kRandom);
+    const std::vector<float> got = run_attention(c, d, ws, stream, op);
+    const AttnExpect x = mma_expect(c, d, op);
+    ASSERT_EQ(got.size(), x.want.size()) << op_name(op) << " " << describe(c);
+    int bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (!(std::fabs(double(got[i]) - x.want[i]) <= x.tol[i]) && bad++ < 5) {
+        const int64_t D = c.shape.head_dim, H = c.shape.n_head;
+        ADD_FAILURE() << op_name(op) << " " << describe(c) << " token " << int64_t(i) / (H * D) << " head "
+                      << int64_t(i) / D % H << " element " << int64_t(i) % D << ": got " << got[i] << ", want "
+                      << x.want[i] << " (tolerance " << x.tol[i] << ")";
+      }
+    }
+  }
+}
+
+TEST(CudaOps, AttentionPrefillMmaMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  expect_mma_within_bound(AttnOp::kPrefillMma, prefill_mma_cases(), kSeed + 9);
+}
+
+// Many tokens in one call (CTAs of up to 128 tokens, tiles starting at the window of the CTA's first token) against
+// the same tokens one call each (n_tok = 1: tiles start at the token's own window): different tile boundaries,
+// rescale sequences and summation orders, so not bit-identical; both are within the bound of the exact result, so
+// they are within twice the bound of each other. Cases: a group-8 tile over a 1000-row history, two CTAs of group 1,
+// a window inside a 200-token batch, head_dim 256.
+TEST(CudaOps, AttentionPrefillMmaTileMatchesSingleTokens) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  cuda::AttentionWorkspace ws;
+  Rng rng(kSeed + 10);
+  const AttnCase cases[] = {
+      {{16, 2, 128}, 64, 1000, 0}, {{2, 2, 128}, 200, 0, 0}, {{8, 2, 64}, 200, 1000, 100}, {{8, 2, 256}, 70, 0, 0}};
+  for (const AttnCase& c : cases) {
+    const int64_t H = c.shape.n_head, D = c.shape.head_dim;
+    const AttnData d = attention_data(rng, c, AttnFill::kRandom);
+    const std::vector<float> batched = run_attention(c, d, ws, stream, AttnOp::kPrefillMma);
+    ASSERT_EQ(batched.size(), size_t(c.n_tok * H * D)) << describe(c);
+    const AttnExpect x = mma_expect(c, d);
+    int bad = 0;
+    for (int64_t t = 0; t < c.n_tok; ++t) {
+      const AttnCase one{c.shape, 1, c.pos0 + t, c.window};
+      AttnData d1;
+      d1.q.assign(d.q.begin() + t * H * D, d.q.begin() + (t + 1) * H * D);
+      d1.k = d.k;  // rows past pos0 + t are attended by neither call's token t
+      d1.v = d.v;
+      const std::vector<float> single = run_attention(one, d1, ws, stream, AttnOp::kPrefillMma);
+      ASSERT_EQ(single.size(), size_t(H * D)) << describe(one);
+      for (int64_t i = 0; i < H * D; ++i) {
+        const size_t k = size_t(t * H * D + i);
+        if (!(std::fabs(double(batched[k]) - double(single[size_t(i)])) <= 2.0 * x.tol[k]) && bad++ < 5) {
+          ADD_FAILURE() << describe(c) << " token " << t << " head " << i / D << " element " << i % D << ": batched "
+                        << batched[k] << ", alone " << single[size_t(i)] << " (tolerance " << 2.0 * x.tol[k] << ")";
+        }
+      }
+    }
+  }
+}
+
+// The exact K = 0 check above, on prefill_mma_cases() and on attention()'s cases with a supported head_dim (decode
+// contexts of up to 20000 rows: many tiles, windows of 4096 that start inside a tile).
+TEST(CudaOps, AttentionPrefillMmaUniformScoresExact) {
+  SKIP_WITHOUT_GPU();
+  std::vector<AttnCase> cases = prefill_mma_cases();
+  for (const AttnCase& c : attention_cases()) {
+    if (c.shape.head_dim == 64 || c.shape.head_dim == 128 || c.shape.head_dim == 256) cases.push_back(c);
+  }
+  expect_uniform_scores_exact(AttnOp::kPrefillMma, cases, kSeed + 11);
+}
+
+// ---- attention_decode_mma -------------------------------------------------------------------------------------
+
+// attention()'s cases with a kernel (head_dim 64, 128, 256; groups 1 to 16) plus decode at the shapes the model runs:
+// the 30B-A3B geometry (32 heads over 4 KV heads of 128) and a group of 16 (the 235B geometry's 64 over 4), at
+// contexts of 1, 15, 16, 17 rows (a warp step of 16 and its edges), 128 and 129 (two splits of one 64-row step; a last
+// split of one row, its other warps idle), 3000 (splits of one or two steps, some warps idle) and 40000 (splits of many
+// steps, more than the ring holds), with and without a window. Every multi-split case takes and resets the
+// workspace's tickets: a ticket left behind would make the next case's combine run early or never.
+std::vector<AttnCase> decode_mma_cases() {
+  std::vector<AttnCase> cases;
+  for (const AttnCase& c : attention_cases()) {
+    if (cuda::has_attention_decode_mma(c.shape.head_dim, c.shape.n_head / c.shape.n_head_kv)) cases.push_back(c);
+  }
+  const AttnShape shapes[] = {{32, 4, 128}, {16, 1, 128}, {64, 4, 128}, {32, 4, 64}};
+  for (const AttnShape& s : shapes) {
+    for (const int64_t ctx : {1, 15, 16, 17, 128, 129, 3000, 40000}) {
+      cases.push_back({s, 1, ctx - 1, 0});
+      if (ctx > 1000) cases.push_back({s, 1, ctx - 1, 1000});
+    }
+  }
+  return cases;
+}
+
+TEST(CudaOps, AttentionDecodeMmaMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  expect_mma_within_bound(AttnOp::kDecodeMma, decode_mma_cases(), kSeed + 12);
+}
+
+TEST(CudaOps, AttentionDecodeMmaUniformScoresExact) {
+  SKIP_WITHOUT_GPU();
+  expect_uniform_scores_exact(AttnOp::kDecodeMma, decode_mma_cases(), kSeed + 13);
+}
+
+TEST(CudaOps, AttentionDecodeMmaPositionFromDeviceInAGraph) {
+  SKIP_WITHOUT_GPU();
+  expect_graph_position_matches_host(AttnOp::kDecodeMma, {{32, 4, 128}, {16, 1, 128}, {8, 2, 64}}, kSeed + 14);
+}
+
+// attention_decode_mma over a Q8_0 cache: within mma_expect's bound of the exact attention over the values the kernel
+// is specified to compute with, each element f16(d * q) (kv_to_f16's, computed here on the host), for
+// decode_mma_cases() (contexts of 1 to 40000 rows, windows, groups 1 to 16, head_dim 64/128/256; cache rows 16-byte
+// aligned or not, so staging windows with and without skew); and, for decode, the position read from device memory (as
+// a graph reads it) gives the host position's output bit for bit. Gaussian K/V quantized by the reference quantizer;
+// the rows past the last position are blocks with a NaN scale (NaN when dequantized: a kernel that read them would
+// show it). Not compared bit for bit with the F16 kernel: the Q8_0 kernel fits more CTAs per SM, so its split plan
+// differs.
+TEST(CudaOps, AttentionDecodeMmaQ8MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(64, 256));
+  const quant::TypeTraits& q8 = quant::traits(quant::Type::Q8_0);
+  Rng rng(kSeed + 15);
+  for (const AttnCase& c : decode_mma_cases()) {
+    const int64_t HK = c.shape.n_head_kv, D = c.shape.head_dim, kv = HK * D;
+    const int64_t rows = n_rows_of(c), valid = c.pos0 + c.n_tok;
+    const size_t row_bytes = quant::row_size(quant::Type::Q8_0, kv);
+    AttnData d;  // q and the F16 values f16(d * q) of the Q8_0 caches
+    d.q = gaussian(rng, size_t(c.n_tok * c.shape.n_head * D));
+    std::vector<uint8_t> k8(size_t(rows) * row_bytes), v8(k8.size());
+    for (auto [c8, c16] : {std::pair{&k8, &d.k}, std::pair{&v8, &d.v}}) {
+      const std::vector<float> x = gaussian(rng, size_t(valid * kv));
+      q8.from_float(x.data(), c8->data(), valid * kv);
+      for (size_t b = size_t(valid) * row_bytes; b < c8->size(); b += sizeof(quant::BlockQ8_0)) {
+        const quant::BlockQ8_0 nan_block = {0x7e00, {}};
+        std::memcpy(c8->data() + b, &nan_block, sizeof nan_block);
+      }
+      std::vector<float> deq(size_t(rows * kv));
+      q8.to_float(c8->data(), deq.data(), rows * kv);
+      c16->resize(deq.size());
+      for (size_t i = 0; i < deq.size(); ++i) (*c16)[i] = quant::float_to_fp16(deq[i]);
+    }
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dq, to_device(d.q));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dk, to_device(k8));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dv, to_device(v8));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dpos, to_device(std::vector<int32_t>{int32_t(c.pos0)}));
+    const size_t out_n = size_t(c.n_tok * c.shape.n_head * D);
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dout, cuda::DeviceBuffer::allocate(out_n * sizeof(float)));
+    std::vector<float> got[2];  // position from the host, from the device
+    for (const bool device_pos : {false, true}) {
+      if (device_pos && c.n_tok != 1) continue;
+      ASSERT_OK(dout.upload(std::vector<float>(out_n, NAN).data(), out_n * sizeof(float)));
+      const cuda::AttentionArgs args{.q = dq.as<float>(),
+                                     .k_cache = dk.data(),
+                                     .v_cache = dv.data(),
+                                     .out = dout.as<float>(),
+                                     .n_tok = c.n_tok,
+                                     .pos0 = device_pos ? 777 : c.pos0,
+                                     .n_head = c.shape.n_head,
+                                     .n_head_kv = HK,
+                                     .head_dim = D,
+                                     .window = c.window,
+                                     .scale = float(1.0 / std::sqrt(double(D))),
+                                     .pos0_device = device_pos ? dpos.as<int32_t>() : nullptr,
+                                     .max_rows = device_pos ? rows : 0,
+                                     .kv_type = quant::Type::Q8_0};
+      ASSERT_OK(cuda::attention_decode_mma(args, ws, stream));
+      stream.synchronize();
+      got[device_pos] = from_device<float>(dout, out_n);
+    }
+    const AttnExpect x = mma_expect(c, d, AttnOp::kDecodeMma);
+    int bad = 0;
+    for (size_t i = 0; i < out_n; ++i) {
+      if (!(std::fabs(double(got[0][i]) - x.want[i]) <= x.tol[i]) && bad++ < 5) {
+        ADD_FAILURE() << describe(c) << " element " << i << ": got " << got[0][i] << ", want " << x.want[i]
+                      << " (tolerance " << x.tol[i] << ")";
+      }
+    }
+    if (c.n_tok == 1) {
+      ASSERT_EQ(0, std::memcmp(got[0].data(), got[1].data(), out_n * sizeof(float)))
+          << describe(c) << ": the position from the device differs";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace magnetar
