@@ -302,7 +302,7 @@ class Qwen3Cuda final : public Model {
   };
   template <typename PtrOf>
   int64_t group_rows_on_host(const int32_t* h_ids, int64_t n, int32_t item_rows, PtrOf ptr_of, int64_t* max_n,
-                             std::span<const int32_t> late = {}, Early* early = nullptr) const;
+                             std::span<const int32_t> late, Early* early) const;
 
   HParams hp_;
   qwen3::Weights w_;
@@ -844,7 +844,7 @@ int64_t Qwen3Cuda::group_rows_on_host(const int32_t* h_ids, int64_t n, int32_t i
   int64_t n_items = 0;
   *max_n = 1;
   for (const uint8_t pass : {0, 1}) {
-    if (pass == 1 && early != nullptr) *early = {.items = n_items, .rows = early_rows};
+    if (pass == 1) *early = {.items = n_items, .rows = early_rows};
     for (int64_t e = 0; e < X; ++e) {
       if (is_late[size_t(e)] != pass) continue;
       const int32_t end = begin[size_t(e)] + count[size_t(e)];
@@ -1100,8 +1100,8 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
           split ? std::span<const int32_t>(misses_) : std::span<const int32_t>(), &early);
     } else {
       n_items = group_rows_on_host(
-          h_ids, n, item_rows, [&](int64_t e, int p) { return L.host_table[size_t(e) * 3 + size_t(p)]; }, &max_n);
-      early = {.items = n_items, .rows = R};
+          h_ids, n, item_rows, [&](int64_t e, int p) { return L.host_table[size_t(e) * 3 + size_t(p)]; }, &max_n,
+          {}, &early);
     }
   }
   // Items [item0, item0 + count) over rows [row0, row0 + rows): gate and up in one launch over [2, R, F] (the input is
