@@ -89,6 +89,14 @@ bool tier_overlap() {
   return on;
 }
 
+// The pool's misses already in host memory are copied up before waiting for the disk reads of the others.
+// MAGNETAR_CUDA_TIER_READY_FIRST=0 (diagnostic) copies them after that wait: the baseline of
+// docs/benchmarks/2026-12-01-cuda-tier-ready-first.md.
+bool copy_ready_first() {
+  static const bool on = switch_on("MAGNETAR_CUDA_TIER_READY_FIRST");
+  return on;
+}
+
 // Products of more than kVec rows go to the int8 tensor-core kernel (mmq.cu) when it takes the weight type, float
 // weights (the router) to matmul_float.cu. MAGNETAR_CUDA_MMQ=0 keeps both on the matrix-vector kernels in chunks
 // of kVec rows: the baseline of docs/benchmarks/2026-11-30-cuda-forward.md's mmq section.
@@ -284,8 +292,9 @@ class Qwen3Cuda final : public Model {
   // `source`; with the CPU lane, the cold misses with at most kCpuLaneMaxRows rows (rows[e]) go to lane_ (null
   // pool pointers, host pointers in lane_ptrs_) instead. Leaves the layer acquired from `source` in held_.
   // `guess`: the next MoE layer's predicted experts (--prefetch), handed to source.prefetch between acquire and
-  // wait. The copies are queued on copy_stream_ (ending with copy_end_), not waited for: held_ keeps the layer
-  // pinned until settle_copies().
+  // wait. The copies are queued on copy_stream_ (those already in host memory before waiting for the others' reads;
+  // the last batch ends with copy_end_[copy_batches_ - 1]), not waited for: held_ keeps the layer pinned until
+  // settle_copies().
   Status pool_acquire(int64_t il, std::span<const int32_t> active, std::span<const int32_t> rows,
                       experts::ExpertSource& source, int64_t guess_layer, std::span<const int32_t> guess) const;
   // Waits for the last acquired layer's copies (at once when stream_, which waited for them, was synchronized), adds
@@ -355,10 +364,12 @@ class Qwen3Cuda final : public Model {
   // next MoE layer's routing readback, or the end of forward(): settle_copies); the copies are timed by events.
   mutable std::optional<experts::Pinned> held_;
   // The pool's copies run on their own stream, so that the layer's hits compute meanwhile (moe_ffn); stream_ waits
-  // for copy_end_ before the misses' launches.
+  // for the last copy_end_ before the misses' launches.
   mutable cuda::Stream copy_stream_;
-  mutable cuda::Event copy_start_, copy_end_;
-  mutable bool copies_timed_ = false;
+  // The copies of the last acquired layer, in up to two batches (pool_acquire: the experts already in host memory,
+  // then the ones read from disk), each between a start and an end event; the last end is what stream_ waits for.
+  mutable cuda::Event copy_start_[2], copy_end_[2];
+  mutable int copy_batches_ = 0;
   // --prefetch (ForwardArgs::prefetch): the next MoE layer's router on this layer's input, its top-k ids on the host.
   mutable DeviceBuffer next_ids_, next_weights_;
   mutable cuda::PinnedBuffer h_next_ids_;
@@ -591,8 +602,10 @@ Status Qwen3Cuda::init() {
     MAGNETAR_ASSIGN_OR_RETURN(next_weights_, device_buffer(R * f));
     MAGNETAR_ASSIGN_OR_RETURN(h_next_ids_, cuda::PinnedBuffer::allocate(R * 4));
     MAGNETAR_ASSIGN_OR_RETURN(copy_stream_, cuda::Stream::create());
-    MAGNETAR_ASSIGN_OR_RETURN(copy_start_, cuda::Event::create());
-    MAGNETAR_ASSIGN_OR_RETURN(copy_end_, cuda::Event::create());
+    for (int b = 0; b < 2; ++b) {
+      MAGNETAR_ASSIGN_OR_RETURN(copy_start_[b], cuda::Event::create());
+      MAGNETAR_ASSIGN_OR_RETURN(copy_end_[b], cuda::Event::create());
+    }
   }
   if (cpu_lane_) {
     const size_t F = size_t(hp_.n_ff_exp), row = std::max(size_t(max_cols) * f, size_t(act_row_max_));
@@ -916,44 +929,51 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
     source.acquire(il, misses_, host_ptrs_, ready_);
     held_.emplace(source);  // released by settle_copies() once the copies have landed (the lane runs before)
     if (guess_layer >= 0) source.prefetch(guess_layer, guess);
+    // The misses already in host memory are copied up while the others are read from disk (one batch each).
+    MAGNETAR_CHECK(copy_batches_ == 0);  // settle_copies() ran since the last acquire
+    cuda::Stream& copies = tier_overlap() ? copy_stream_ : stream_;
+    auto copy_batch = [&](bool in_memory) {
+      bool started = false;
+      for (size_t i = 0; i < n_copy; ++i) {
+        if ((ready_[i] != 0) != in_memory) continue;
+        // The lowest-scored slot that this layer's experts do not hold (the pool has >= n_expert slots); an empty
+        // slot first, then the least recently used among equals.
+        size_t victim = SIZE_MAX;
+        for (size_t s = 0; s < slots_.size(); ++s) {
+          if (slot_score_[s] == INFINITY) continue;
+          if (victim == SIZE_MAX || slot_score_[s] < slot_score_[victim] ||
+              (slot_score_[s] == slot_score_[victim] && slots_[s].last_use < slots_[victim].last_use)) {
+            victim = s;
+          }
+        }
+        MAGNETAR_CHECK(victim != SIZE_MAX);
+        slot_score_[victim] = INFINITY;  // this layer's now
+        Slot& slot = slots_[victim];
+        if (slot.layer >= 0) {
+          slot_of_[size_t(slot.layer * X + slot.expert)] = -1;
+          tier_stats_.evictions++;
+        }
+        slot = {.layer = int32_t(il), .expert = misses_[i], .last_use = tick_};
+        slot_of_[size_t(il * X + misses_[i])] = int32_t(victim);
+        uint8_t* dst = static_cast<uint8_t*>(pool_.data()) + victim * slot_bytes_;
+        if (!started) copy_start_[copy_batches_].record(copies);
+        started = true;
+        for (int p = 0; p < 3; ++p) {
+          const size_t bytes = size_t(layout_->extent(il, misses_[i], experts::Part(p)).bytes);
+          copies.copy(dst, host_ptrs_[i].part[p], bytes);
+          dst += part_cap_[p];
+          tier_stats_.bytes_h2d += bytes;
+        }
+        tier_stats_.misses++;
+      }
+      if (started) copy_end_[copy_batches_++].record(copies);
+    };
+    if (copy_ready_first()) copy_batch(true);
     MAGNETAR_RETURN_IF_ERROR(source.wait(host_ptrs_));
+    if (!copy_ready_first()) copy_batch(true);
+    copy_batch(false);
     lane_ptrs_.assign(host_ptrs_.begin() + std::ptrdiff_t(n_copy), host_ptrs_.end());
     misses_.resize(n_copy);
-    for (size_t i = 0; i < n_copy; ++i) {
-      // The lowest-scored slot that this layer's experts do not hold (the pool has >= n_expert slots); an empty
-      // slot first, then the least recently used among equals.
-      size_t victim = SIZE_MAX;
-      for (size_t s = 0; s < slots_.size(); ++s) {
-        if (slot_score_[s] == INFINITY) continue;
-        if (victim == SIZE_MAX || slot_score_[s] < slot_score_[victim] ||
-            (slot_score_[s] == slot_score_[victim] && slots_[s].last_use < slots_[victim].last_use)) {
-          victim = s;
-        }
-      }
-      MAGNETAR_CHECK(victim != SIZE_MAX);
-      slot_score_[victim] = INFINITY;  // this layer's now
-      Slot& slot = slots_[victim];
-      if (slot.layer >= 0) {
-        slot_of_[size_t(slot.layer * X + slot.expert)] = -1;
-        tier_stats_.evictions++;
-      }
-      slot = {.layer = int32_t(il), .expert = misses_[i], .last_use = tick_};
-      slot_of_[size_t(il * X + misses_[i])] = int32_t(victim);
-      uint8_t* dst = static_cast<uint8_t*>(pool_.data()) + victim * slot_bytes_;
-      cuda::Stream& copies = tier_overlap() ? copy_stream_ : stream_;
-      if (i == 0) copy_start_.record(copies);
-      for (int p = 0; p < 3; ++p) {
-        const size_t bytes = size_t(layout_->extent(il, misses_[i], experts::Part(p)).bytes);
-        copies.copy(dst, host_ptrs_[i].part[p], bytes);
-        dst += part_cap_[p];
-        tier_stats_.bytes_h2d += bytes;
-      }
-      tier_stats_.misses++;
-    }
-    if (n_copy > 0) {
-      copy_end_.record(tier_overlap() ? copy_stream_ : stream_);
-      copies_timed_ = true;
-    }
   }
   if (!acquire && guess_layer >= 0) source.prefetch(guess_layer, guess);
   for (const int32_t e : active) {
@@ -969,11 +989,11 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
 }
 
 void Qwen3Cuda::settle_copies() const {
-  if (held_) copy_stream_.synchronize();  // already done when stream_ waited for copy_end_ and was synchronized
-  if (copies_timed_) {
-    tier_stats_.h2d_seconds += cuda::Event::seconds_between(copy_start_, copy_end_);
-    copies_timed_ = false;
+  if (held_) copy_stream_.synchronize();  // already done when stream_ waited for the copies and was synchronized
+  for (int b = 0; b < copy_batches_; ++b) {
+    tier_stats_.h2d_seconds += cuda::Event::seconds_between(copy_start_[b], copy_end_[b]);
   }
+  copy_batches_ = 0;
   held_.reset();
 }
 
@@ -1141,7 +1161,7 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   // The pool's hits (and the CPU lane's null items) while the misses are copied on copy_stream_, then the misses.
   MAGNETAR_RETURN_IF_ERROR(experts_on(0, early.items, 0, early.rows));
   if (early.items < n_items) {
-    stream_.wait(copy_end_);
+    stream_.wait(copy_end_[copy_batches_ - 1]);
     MAGNETAR_RETURN_IF_ERROR(experts_on(early.items, n_items - early.items, early.rows, R - early.rows));
   }
   // The CPU lane's rows, computed while the GPU runs the launches above, then uploaded into their rows of down.
