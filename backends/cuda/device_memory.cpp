@@ -4,7 +4,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <mutex>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 
 #include "backends/cuda/cuda_backend.h"
@@ -246,6 +248,33 @@ bool detail::pdl_enabled() {
     return major >= 9;
   }();
   return enabled;
+}
+
+// MAGNETAR_CUDA_SKIP (diagnostic; the results are wrong): a comma list of kernel name parts, e.g.
+// "quantize_q8_kernel,swiglu_kernel"; launches of kernels whose (mangled) name contains one are dropped. The decode
+// time with and without a kernel is its share of the step, boundaries with the kernels around it included (run.sh
+// --knockout). Kernels that make device pointers (route_topk_kernel's items) must not be dropped.
+bool detail::launch_skipped(const void* kernel) {
+  static const char* const list = std::getenv("MAGNETAR_CUDA_SKIP");
+  if (list == nullptr || *list == '\0') return false;
+  static std::mutex mutex;
+  static std::unordered_map<const void*, bool> skipped;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto [it, inserted] = skipped.try_emplace(kernel, false);
+  if (inserted) {
+    const char* name = nullptr;
+    if (cudaFuncGetName(&name, kernel) == cudaSuccess && name != nullptr) {
+      const std::string_view n = name;
+      std::string_view parts = list;
+      while (!parts.empty() && !it->second) {
+        const size_t comma = parts.find(',');
+        const std::string_view part = parts.substr(0, comma);
+        it->second = !part.empty() && n.find(part) != std::string_view::npos;
+        parts = comma == std::string_view::npos ? std::string_view() : parts.substr(comma + 1);
+      }
+    }
+  }
+  return it->second;
 }
 
 // ---- device_info ------------------------------------------------------------------------------------------------------

@@ -52,6 +52,9 @@ size_t act_row_bytes(quant::Type act_type, int64_t cols);
 // H200, tg128 on the 30B-A3B geometry: 312.5 t/s with it, 281.8 without (docs/benchmarks/2026-11-30-cuda-decode-pdl.md).
 bool pdl_enabled();
 
+// Whether launches of `kernel` are dropped (MAGNETAR_CUDA_SKIP, a diagnostic: device_memory.cpp).
+bool launch_skipped(const void* kernel);
+
 // Weight types with mmvq.cu's rows kernel (MatvecArgs::rows_per_warp): those it was measured on (any type's block dot
 // would do).
 constexpr bool mmvq_has_rows_kernel(quant::Type type) {

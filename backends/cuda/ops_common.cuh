@@ -73,6 +73,7 @@ __device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes) {
 // only for kernels that follow pdl_wait()'s rule. Returns the launch's error.
 template <typename... Params, typename... Args>
 cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  if (detail::launch_skipped(reinterpret_cast<const void*>(kernel))) return cudaSuccess;
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;

@@ -189,6 +189,8 @@ fi
 
 # `run.sh --decode-bench [VAR=VALUE ...]`: only pp512 / tg128 (medians of 5) on the resident 30B-A3B geometry, then the
 # same with each diagnostic switch VAR=VALUE (e.g. MAGNETAR_CUDA_FUSE=1) as the arms compared in the same call.
+# MAGNETAR_CUDA_SKIP=NAME,... arms are knockouts: those kernels are not launched (wrong results), the time saved is
+# their share of the decode step inside the graph, launch boundaries included (ncu times kernels alone).
 if [ "$filter" = "--decode-bench" ]; then
   build_with_model
   for arm in "" "${@:2}"; do
