@@ -253,7 +253,8 @@ bool detail::pdl_enabled() {
 // MAGNETAR_CUDA_SKIP (diagnostic; the results are wrong): a comma list of kernel name parts, e.g.
 // "quantize_q8_kernel,swiglu_kernel"; launches of kernels whose (mangled) name contains one are dropped. The decode
 // time with and without a kernel is its share of the step, boundaries with the kernels around it included (run.sh
-// --knockout). Kernels that make device pointers (route_topk_kernel's items) must not be dropped.
+// --decode-bench's MAGNETAR_CUDA_SKIP arms). Kernels that make device pointers (route_topk_kernel's items) must not be
+// dropped.
 bool detail::launch_skipped(const void* kernel) {
   static const char* const list = std::getenv("MAGNETAR_CUDA_SKIP");
   if (list == nullptr || *list == '\0') return false;
