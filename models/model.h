@@ -46,8 +46,11 @@ class Workspace {
 
 // Where forward() spends its time, by op (a diagnostic: `magnetar bench --profile`). Wall-clock seconds,
 // accumulated; each op is one or more parallel regions that finish before the next starts.
+// The CUDA backend queues a whole forward pass before waiting for it: it reports kEmbed (the host's embedding rows),
+// kDevice (the GPU's time from the first queued operation to the last, from events) and kHost (the rest of the
+// call's wall time: queueing or the graph's launch, waiting for the device to finish, copying the logits out).
 enum class Op { kEmbed, kNorm, kQkv, kRope, kAttention, kAttnOut, kRouter, kExpertsGateUp, kExpertsDown,
-                kExpertsOther, kExpertsWait, kDenseFfn, kLmHead, kCount };
+                kExpertsOther, kExpertsWait, kDenseFfn, kLmHead, kDevice, kHost, kCount };
 const char* op_name(Op op);
 
 struct Profile {

@@ -22,7 +22,8 @@ constexpr Architecture kArchitectures[] = {
 const char* op_name(Op op) {
   static constexpr const char* kNames[int(Op::kCount)] = {
       "embed", "norms", "q/k/v proj", "q/k norm+rope", "attention", "attn out proj", "router",
-      "experts gate+up", "experts down", "experts other", "experts wait", "dense ffn", "lm head"};
+      "experts gate+up", "experts down", "experts other", "experts wait", "dense ffn", "lm head",
+      "device (gpu)", "host + sync"};
   return kNames[int(op)];
 }
 

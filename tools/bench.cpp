@@ -219,11 +219,6 @@ int bench_main(int argc, char** argv) {
   model.profile = profile;
   std::unique_ptr<Engine> engine = model.load("bench");
   if (!engine) return kExitBadInput;
-  if (profile && std::string(engine->device()) == "cuda") {
-    std::fprintf(stderr, "magnetar bench: --profile times the CPU's ops; on the GPU use ncu (docs/benchmarks/"
-                         "2026-11-30-cuda-forward.md shows how), or --device cpu\n");
-    return kExitBadInput;
-  }
   const ModelInfo& info = engine->info();
   Result<std::unique_ptr<Session>> opened = engine->new_session();
   if (!opened.ok()) {

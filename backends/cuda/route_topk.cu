@@ -6,13 +6,16 @@
 // With a table (decode), lane j also writes the grouped-matvec item of the token's slot j (RouteArgs::table), so
 // decode needs no separate launch to turn ids into items.
 //
-// One CTA of 128 threads per token: the logits go to shared memory; max and double sum over the CTA; each thread
-// ranks its experts against all (route_topk.cuh: the rank is the slot), so the selection is n_expert / 128 *
-// n_expert independent compares per thread instead of k dependent rounds of a warp arg-max. The rounds took
-// 10.3 us per decode token on the H200 (ncu 2026-11-30: one warp, ~1,900 instructions in a dependent chain, the
-// weight's double exp and the item's table loads inside each round; 6.8 us with those moved after the rounds).
+// One CTA of 512 threads per token: the logits go to shared memory; max and double sum over the CTA; each expert's
+// rank against all (route_topk.cuh: the rank is the slot) is counted in 4 parts by 4 threads, so the selection is
+// n_expert / 128 * n_expert / 4 independent compares per thread instead of k dependent rounds of a warp arg-max. The
+// rounds took 10.3 us per decode token on the H200 (ncu 2026-11-30: one warp, ~1,900 instructions in a dependent
+// chain, the weight's double exp and the item's table loads inside each round; 6.8 us with those moved after the
+// rounds); one thread per expert (128 threads) took 7.04 us (ncu 2026-12-01, ~1,200 instructions per warp at IPC
+// 0.56: the 128-compare loop), the 4 parts 5.92 us, tg128 340.2 / 340.8 t/s against 337.9 in the same device call
+// (docs/benchmarks/2026-12-01-cuda-moe-decode-fused.md).
 // Cost per token: 4 * n_expert bytes read, 8 * k written, n_expert double exps, n_expert^2 compares (128 experts:
-// 128 per thread; 1,024: 8,192). Ids are exact (only comparisons); weights differ from the CPU's only where CUDA's
+// 32 per thread; 1,024: 2,048). Ids are exact (only comparisons); weights differ from the CPU's only where CUDA's
 // double exp (<= 1 ulp) or the double sum's order moves a value across a float rounding boundary (one float ulp).
 #include <cuda_runtime.h>
 
@@ -26,20 +29,29 @@
 namespace magnetar::cuda {
 namespace {
 
+using route::kSumThreads;
 using route::kThreads;
 constexpr int kWarps = kThreads / ops::kWarpSize;
+constexpr int kSumWarps = kSumThreads / ops::kWarpSize;
+constexpr int kQuarters = kThreads / kSumThreads;  // each expert's rank is counted in this many parts
 
-// Grid: n_tok CTAs of kThreads. Thread i ranks experts i, i + kThreads, ... against all (route_topk.cuh); the
-// expert of rank j < k is slot j. Then lanes j < k of warp 0 make slot j's weight, id and item at once.
+// Grid: n_tok CTAs of kThreads. The logits go to shared memory, their max over all warps. Expert e's rank (the number
+// of experts selected before it, route_topk.cuh) is counted in kQuarters parts, part q against the experts of the
+// q-th quarter of the ids, by kQuarters threads at once (32 compares each for 128 experts where one thread made 128:
+// the chain of one thread was most of the kernel's time). Threads 0 .. kSumThreads - 1 also make the softmax terms
+// and their double sum in the order of the CPU-matching reduction (thread i: experts i, i + kSumThreads, ...; then
+// the warp tree; then the warps in order), add up the ranks' parts, and the expert of rank j < k is slot j. Then lanes
+// j < k of warp 0 make slot j's weight, id and item at once.
 __global__ void __launch_bounds__(kThreads)
     route_topk_kernel(const float* __restrict__ logits, int32_t* __restrict__ ids, float* __restrict__ weights,
                       int n_expert, int k, bool normalize, const void* const* __restrict__ table,
                       GroupItem* __restrict__ items, int32_t* __restrict__ x_rows, int32_t* __restrict__ slot_rows) {
   __shared__ float l_s[route::kMaxExperts];
   __shared__ double exp_s[route::kMaxExperts];
+  __shared__ uint16_t part_s[kQuarters][route::kMaxExperts];
   __shared__ const void* table_s[3 * route::kMaxExperts];
   __shared__ float max_s[kWarps];
-  __shared__ double sum_s[kWarps];
+  __shared__ double sum_s[kSumWarps];
   __shared__ int slot_s[route::kMaxK];
   const int t = int(blockIdx.x);
   const int tid = int(threadIdx.x);
@@ -63,20 +75,39 @@ __global__ void __launch_bounds__(kThreads)
   mx = max_s[0];
   for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, max_s[w]);
 
-  // The softmax denominator in double (exp of the float difference, as the CPU), and the ranks.
-  double part = 0;
-  for (int e = tid; e < n_expert; e += kThreads) {
-    exp_s[e] = exp(double(__fsub_rn(l_s[e], mx)));
-    part += exp_s[e];
-    const int rank = route::rank_of(l_s, n_expert, e);
-    if (rank < k) slot_s[rank] = e;
+  // The ranks' parts: pair p is expert p % n_expert against the quarter p / n_expert of the ids.
+  for (int p = tid; p < kQuarters * n_expert; p += kThreads) {
+    const int e = p % n_expert, q = p / n_expert;
+    const float v = l_s[e];
+    int count = 0;
+#pragma unroll 8
+    for (int o = q * n_expert / kQuarters; o < (q + 1) * n_expert / kQuarters; ++o) {
+      count += route::ranks_before(l_s[o], o, v, e) ? 1 : 0;
+    }
+    part_s[q][e] = uint16_t(count);
   }
-  part = ops::warp_sum(part);
-  if (lane == 0) sum_s[warp] = part;
+  // The softmax denominator in double (exp of the float difference, as the CPU).
+  double part = 0;
+  if (tid < kSumThreads) {
+    for (int e = tid; e < n_expert; e += kSumThreads) {
+      exp_s[e] = exp(double(__fsub_rn(l_s[e], mx)));
+      part += exp_s[e];
+    }
+    part = ops::warp_sum(part);
+    if (lane == 0) sum_s[warp] = part;
+  }
+  __syncthreads();
+  if (tid < kSumThreads) {
+    for (int e = tid; e < n_expert; e += kSumThreads) {
+      int rank = 0;
+      for (int q = 0; q < kQuarters; ++q) rank += part_s[q][e];
+      if (rank < k) slot_s[rank] = e;
+    }
+  }
   __syncthreads();
   if (warp != 0) return;
   double sum = 0;
-  for (int w = 0; w < kWarps; ++w) sum += sum_s[w];
+  for (int w = 0; w < kSumWarps; ++w) sum += sum_s[w];
 
   const int id = lane < k ? slot_s[lane] : 0;
   const float w = lane < k ? float(exp_s[id] / sum) : 0.0f;

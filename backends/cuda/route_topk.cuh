@@ -13,7 +13,8 @@
 
 namespace magnetar::cuda::route {
 
-constexpr int kThreads = 128;      // one CTA per token
+constexpr int kThreads = 512;      // one CTA per token
+constexpr int kSumThreads = 128;   // the softmax sum's reduction (its order fixes the weights' bits)
 constexpr int kMaxExperts = 1024;  // the logits of a token stay in shared memory
 constexpr int kMaxK = 32;          // lane j of warp 0 keeps slot j
 

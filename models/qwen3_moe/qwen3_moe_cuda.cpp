@@ -369,6 +369,8 @@ class Qwen3Cuda final : public Model {
   // The copies of the last acquired layer, in up to two batches (pool_acquire: the experts already in host memory,
   // then the ones read from disk), each between a start and an end event; the last end is what stream_ waits for.
   mutable cuda::Event copy_start_[2], copy_end_[2];
+  // forward() with a profile: the span of its device work (Op::kDevice).
+  mutable cuda::Event device_start_, device_end_;
   mutable int copy_batches_ = 0;
   // --prefetch (ForwardArgs::prefetch): the next MoE layer's router on this layer's input, its top-k ids on the host.
   mutable DeviceBuffer next_ids_, next_weights_;
@@ -473,6 +475,8 @@ Status Qwen3Cuda::init() {
                                 (long long)D, (long long)group));
   }
   MAGNETAR_ASSIGN_OR_RETURN(stream_, cuda::Stream::create());
+  MAGNETAR_ASSIGN_OR_RETURN(device_start_, cuda::Event::create());
+  MAGNETAR_ASSIGN_OR_RETURN(device_end_, cuda::Event::create());
 
   // ---- weights -----------------------------------------------------------------------------------------------
   std::unique_ptr<experts::MappedExperts> mapped;
@@ -1174,6 +1178,7 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
 // ---- forward ------------------------------------------------------------------------------------------------------
 
 Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& args) const {
+  const auto t_call = std::chrono::steady_clock::now();
   const int64_t n = args.n_tok, E = hp_.n_embd, V = hp_.n_vocab;
   MAGNETAR_CHECK(n >= 1 && n <= n_batch_ && !args.seqs.empty());
   if (args.routing) MAGNETAR_CHECK(int64_t(args.routing->counts.size()) == hp_.n_layer * hp_.n_expert);
@@ -1212,10 +1217,12 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
   // Embeddings: dequantized on the host (n rows of the table) into the pinned buffer the upload reads.
   const quant::ToFloatFn embed = cpu::kernels(w_.token_embd.type).dequantize;
   float* hx = h_x_.as<float>();
+  const auto t_embed = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < n; ++i) {
     MAGNETAR_CHECK(args.tokens[i] >= 0 && args.tokens[i] < V);
     embed(w_.token_embd.row(args.tokens[i]), hx + i * E, E);
   }
+  const double embed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_embed).count();
 
   float* h_logits = h_logits_.as<float>();
   bool graphed = graphs_enabled() && !graphs_failed_ && n <= kVec && pool_bytes_ == 0;
@@ -1226,7 +1233,9 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
     // comes back from them as it would have from the capture).
     const Result<const cuda::Graph*> graph = decode_graph(pool, args, n);
     if (graph.ok()) {
+      if (args.profile) device_start_.record(stream_);
       graph.value()->launch(stream_);
+      if (args.profile) device_end_.record(stream_);
       stream_.synchronize();
       std::memcpy(args.logits, h_logits, size_t(n * V) * sizeof(float));
     } else {
@@ -1238,6 +1247,7 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
     }
   }
   if (!graphed) {
+    if (args.profile) device_start_.record(stream_);
     const float* head_in = nullptr;
     MAGNETAR_RETURN_IF_ERROR(enqueue_layers(pool, args, n, &head_in));
     const int64_t n_out = args.all_logits ? n : int64_t(args.seqs.size());
@@ -1249,6 +1259,10 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
       stream_.synchronize();
       std::memcpy(args.logits + c * V, h_logits, size_t(nv * V) * sizeof(float));
     }
+    if (args.profile) {
+      device_end_.record(stream_);
+      stream_.synchronize();
+    }
   }
   for (const SeqSpan& seq : args.seqs) seq.kv->wrote_device(seq.pos0, seq.pos0 + seq.n_tok);
   if (args.routing) {
@@ -1258,6 +1272,13 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
       const int32_t* h_ids = h_ids_.as<int32_t>() + il * n_batch_ * K;
       for (int64_t r = 0; r < n * K; ++r) args.routing->counts[size_t(il * hp_.n_expert + h_ids[r])]++;
     }
+  }
+  if (args.profile) {
+    const double device = cuda::Event::seconds_between(device_start_, device_end_);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_call).count();
+    args.profile->seconds[int(Op::kEmbed)] += embed_seconds;
+    args.profile->seconds[int(Op::kDevice)] += device;
+    args.profile->seconds[int(Op::kHost)] += std::max(0.0, wall - embed_seconds - device);
   }
   return Status();
 }

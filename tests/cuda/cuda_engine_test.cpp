@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -151,6 +152,52 @@ TEST_P(CudaEngine, RefusedGraphFallsBackBitForBit) {
   ASSERT_EQ(graphed.size(), 12u);
   ASSERT_EQ(refused.size(), graphed.size());
   for (size_t i = 0; i < graphed.size(); ++i) EXPECT_EQ(refused[i], graphed[i]) << "step " << i;
+}
+
+// `bench --profile` on the GPU: a forward pass's wall time split into the host's embedding rows, the device's span and
+// the rest of the call. The CPU's per-op entries stay empty (the CUDA model queues whole passes), the device's share of
+// a prefill and of each graphed decode step is positive, the three together fit inside the wall time the test measures
+// around the calls, and profiling changes no logit (the events only bracket the same work).
+TEST_P(CudaEngine, ProfileSplitsDeviceAndHost) {
+  SKIP_WITHOUT_GPU();
+  EngineOptions options;
+  options.n_threads = 2;
+  options.n_ctx = 128;
+  options.n_batch = 32;
+  options.device = Device::kCuda;
+  options.experts = ExpertMode::kResident;
+  options.profile = true;
+  auto profiled = Engine::load(path_, options);
+  ASSERT_TRUE(profiled.ok()) << profiled.status().message();
+  auto plain = load(path_, Device::kCuda);
+  ASSERT_TRUE(plain);
+  auto sp = profiled.value()->new_session(), sq = plain->new_session();
+  ASSERT_TRUE(sp.ok() && sq.ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_OK(sp.value()->sync(prompt(8, 3)));
+  for (int i = 0; i < 6; ++i) ASSERT_OK(sp.value()->step(argmax(sp.value()->logits())));
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_OK(sq.value()->sync(prompt(8, 3)));
+  for (int i = 0; i < 6; ++i) ASSERT_OK(sq.value()->step(argmax(sq.value()->logits())));
+  EXPECT_TRUE(std::equal(sp.value()->logits().begin(), sp.value()->logits().end(), sq.value()->logits().begin()));
+
+  double device = -1, host = -1, embed = -1, total = 0;
+  for (const auto& [name, seconds] : sp.value()->op_profile()) {
+    total += seconds;
+    if (name == "device (gpu)") {
+      device = seconds;
+    } else if (name == "host + sync") {
+      host = seconds;
+    } else if (name == "embed") {
+      embed = seconds;
+    } else {
+      EXPECT_EQ(seconds, 0.0) << name;
+    }
+  }
+  EXPECT_GT(device, 0.0);
+  EXPECT_GE(host, 0.0);
+  EXPECT_GE(embed, 0.0);
+  EXPECT_LE(total, wall);
 }
 
 TEST_P(CudaEngine, PrefillLogitsMatchCpu) {
