@@ -45,8 +45,10 @@ std::string variant_name(const ::testing::TestParamInfo<Variant>& info) {
 }
 
 std::unique_ptr<Engine> load(const std::string& path, Device device, const KvDiskOptions& disk = {},
-                             int64_t n_ctx = 128, int64_t n_batch = 32, KvType kv_type = KvType::kF16) {
+                             int64_t n_ctx = 128, int64_t n_batch = 32, KvType kv_type = KvType::kF16,
+                             bool profile = false) {
   EngineOptions options;
+  options.profile = profile;
   options.kv_type = kv_type;
   options.n_threads = 2;
   options.n_ctx = n_ctx;
@@ -160,18 +162,10 @@ TEST_P(CudaEngine, RefusedGraphFallsBackBitForBit) {
 // around the calls, and profiling changes no logit (the events only bracket the same work).
 TEST_P(CudaEngine, ProfileSplitsDeviceAndHost) {
   SKIP_WITHOUT_GPU();
-  EngineOptions options;
-  options.n_threads = 2;
-  options.n_ctx = 128;
-  options.n_batch = 32;
-  options.device = Device::kCuda;
-  options.experts = ExpertMode::kResident;
-  options.profile = true;
-  auto profiled = Engine::load(path_, options);
-  ASSERT_TRUE(profiled.ok()) << profiled.status().message();
+  auto profiled = load(path_, Device::kCuda, {}, 128, 32, KvType::kF16, /*profile=*/true);
   auto plain = load(path_, Device::kCuda);
-  ASSERT_TRUE(plain);
-  auto sp = profiled.value()->new_session(), sq = plain->new_session();
+  ASSERT_TRUE(profiled && plain);
+  auto sp = profiled->new_session(), sq = plain->new_session();
   ASSERT_TRUE(sp.ok() && sq.ok());
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_OK(sp.value()->sync(prompt(8, 3)));
