@@ -257,6 +257,9 @@ struct GroupedMatvecArgs {
   // float types: [*, cols] float32.
   const void* x = nullptr;
   const int32_t* x_rows = nullptr;   // device: x row of output row r; null: row r
+  // Every output row reads x row 0 (one token's expert rows): x_rows is not read, so a CTA loads its activation row
+  // as soon as its item, not after a load of x_rows that waits for the item.
+  bool single_x = false;
   float* y = nullptr;                // output row r at y + r * rows; part z at + z * y_part_stride floats
   int64_t y_part_stride = 0;
   int64_t max_n = 1;                 // the largest item n (1 selects the single-vector kernel)

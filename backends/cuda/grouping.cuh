@@ -44,6 +44,7 @@ __device__ __forceinline__ void matvec_prologue(const Grouping& g, const uint8_t
 
 // The activation row that output row r reads.
 __device__ __forceinline__ size_t group_act_row(const Grouping& g, int r) {
+  if (g.single_act) return 0;
   return size_t(g.act_rows != nullptr ? g.act_rows[r] : r);
 }
 

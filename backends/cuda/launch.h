@@ -23,6 +23,7 @@ struct Grouping {
   int part = 0;
   int n_parts = 1;
   const int32_t* act_rows = nullptr;
+  bool single_act = false;  // every output row reads activation row 0 (act_rows not read)
   size_t y_part_stride = 0;
 };
 

@@ -205,6 +205,7 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
                 .part = args.part,
                 .n_parts = args.n_parts,
                 .act_rows = args.x_rows,
+                .single_act = args.single_x,
                 .y_part_stride = size_t(args.y_part_stride)},
       .rows_per_warp = args.rows_per_warp,
   };

@@ -1146,8 +1146,9 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
     } else {
       MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matvec({.type = L.exp_type, .items = its, .n_items = count,
                                                      .part = 0, .n_parts = 2, .rows = F, .cols = E, .x = x,
-                                                     .x_rows = x_rows, .y = gate, .y_part_stride = R * F,
-                                                     .max_n = max_n, .rows_per_warp = mmvq_rows_per_warp()},
+                                                     .x_rows = x_rows, .single_x = n == 1, .y = gate,
+                                                     .y_part_stride = R * F, .max_n = max_n,
+                                                     .rows_per_warp = mmvq_rows_per_warp()},
                                                     stream_));
     }
     MAGNETAR_ASSIGN_OR_RETURN(const void* h_q, swiglu_for(L.down_type, gate + row0 * F, up + row0 * F, rows, F,

@@ -403,6 +403,7 @@ TEST(CudaMatmulFloat, MatchesReference) {
 // item's activation row (x_rows), bit for bit (the same kernel on the same bytes); an item whose weights are null
 // ("not on this device") leaves its rows as they were; gate and up land y_part_stride apart. Q4_K with the default
 // kernel and the rows kernel at 1, 2 and 4 rows per warp (the decode path of the synthetic 30B-A3B model), and Q8_0.
+// With single_x every row reads activation row 0 whatever x_rows says (the rows would differ if it were read).
 TEST(CudaMatvec, GroupedMatchesSingleProducts) {
   SKIP_WITHOUT_GPU();
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
@@ -450,35 +451,38 @@ TEST(CudaMatvec, GroupedMatchesSingleProducts) {
     ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer y_dev, cuda::DeviceBuffer::allocate(y_count * sizeof(float)));
     ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer one_dev, cuda::DeviceBuffer::allocate(kRows * sizeof(float)));
     for (const int rows_per_warp : rows_per_warp_arms(type, 1)) {
-      const std::string where = std::string(quant::type_name(type)) + " rows_per_warp=" + std::to_string(rows_per_warp);
-      const std::vector<float> poison = poisoned(y_count);
-      ASSERT_OK(y_dev.upload(poison.data(), y_count * sizeof(float)));
-      ASSERT_OK(cuda::grouped_matvec({.type = type, .items = items_dev.as<cuda::GroupItem>(), .n_items = kItems,
-                                      .part = 0, .n_parts = 2, .rows = kRows, .cols = kCols, .x = xq.data(),
-                                      .x_rows = rows_dev.as<int32_t>(), .y = y_dev.as<float>(),
-                                      .y_part_stride = kItems * kRows, .max_n = 1, .rows_per_warp = rows_per_warp},
-                                     stream));
-      stream.synchronize();
-      const std::vector<float> got = download(y_dev, y_count);
-      for (int64_t i = 0; i < kItems; ++i) {
-        for (int p = 0; p < 2; ++p) {
-          const float* rows_got = got.data() + size_t((p * kItems + i) * kRows);
-          if (expert_of[i] < 0) {
-            for (int64_t r = 0; r < kRows; ++r) {
-              ASSERT_TRUE(std::isnan(rows_got[r])) << where << ": item " << i << " (null weights) row " << r;
+      for (const bool single : {false, true}) {
+        const std::string where = std::string(quant::type_name(type)) + " rows_per_warp=" +
+                                  std::to_string(rows_per_warp) + (single ? " single_x" : "");
+        const std::vector<float> poison = poisoned(y_count);
+        ASSERT_OK(y_dev.upload(poison.data(), y_count * sizeof(float)));
+        ASSERT_OK(cuda::grouped_matvec({.type = type, .items = items_dev.as<cuda::GroupItem>(), .n_items = kItems,
+                                        .part = 0, .n_parts = 2, .rows = kRows, .cols = kCols, .x = xq.data(),
+                                        .x_rows = rows_dev.as<int32_t>(), .single_x = single, .y = y_dev.as<float>(),
+                                        .y_part_stride = kItems * kRows, .max_n = 1, .rows_per_warp = rows_per_warp},
+                                       stream));
+        stream.synchronize();
+        const std::vector<float> got = download(y_dev, y_count);
+        for (int64_t i = 0; i < kItems; ++i) {
+          for (int p = 0; p < 2; ++p) {
+            const float* rows_got = got.data() + size_t((p * kItems + i) * kRows);
+            if (expert_of[i] < 0) {
+              for (int64_t r = 0; r < kRows; ++r) {
+                ASSERT_TRUE(std::isnan(rows_got[r])) << where << ": item " << i << " (null weights) row " << r;
+              }
+              continue;
             }
-            continue;
+            ASSERT_OK(cuda::matvec({.type = type, .weights = w[size_t(2 * expert_of[i] + p)].data(), .rows = kRows,
+                                    .cols = kCols, .y = one_dev.as<float>(),
+                                    .x_quantized = static_cast<const uint8_t*>(xq.data()) +
+                                                   size_t(single ? 0 : act_row_of[i]) * act_row,
+                                    .rows_per_warp = rows_per_warp},
+                                   workspace, stream));
+            stream.synchronize();
+            const std::vector<float> want = download(one_dev, size_t(kRows));
+            EXPECT_EQ(0, std::memcmp(rows_got, want.data(), size_t(kRows) * sizeof(float)))
+                << where << ": item " << i << " part " << p;
           }
-          ASSERT_OK(cuda::matvec({.type = type, .weights = w[size_t(2 * expert_of[i] + p)].data(), .rows = kRows,
-                                  .cols = kCols, .y = one_dev.as<float>(),
-                                  .x_quantized = static_cast<const uint8_t*>(xq.data()) +
-                                                 size_t(act_row_of[i]) * act_row,
-                                  .rows_per_warp = rows_per_warp},
-                                 workspace, stream));
-          stream.synchronize();
-          const std::vector<float> want = download(one_dev, size_t(kRows));
-          EXPECT_EQ(0, std::memcmp(rows_got, want.data(), size_t(kRows) * sizeof(float)))
-              << where << ": item " << i << " part " << p;
         }
       }
     }
