@@ -33,11 +33,11 @@ using route::kSumThreads;
 using route::kThreads;
 constexpr int kWarps = kThreads / ops::kWarpSize;
 constexpr int kSumWarps = kSumThreads / ops::kWarpSize;
-constexpr int kQuarters = kThreads / kSumThreads;  // each expert's rank is counted in this many parts
+using route::kRankParts;
 
 // Grid: n_tok CTAs of kThreads. The logits go to shared memory, their max over all warps. Expert e's rank (the number
-// of experts selected before it, route_topk.cuh) is counted in kQuarters parts, part q against the experts of the
-// q-th quarter of the ids, by kQuarters threads at once (32 compares each for 128 experts where one thread made 128:
+// of experts selected before it, route_topk.cuh) is counted in kRankParts parts (route::rank_part), part q against
+// the experts of the q-th quarter of the ids, by kRankParts threads at once (32 compares each for 128 experts where one thread made 128:
 // the chain of one thread was most of the kernel's time). Threads 0 .. kSumThreads - 1 also make the softmax terms
 // and their double sum in the order of the CPU-matching reduction (thread i: experts i, i + kSumThreads, ...; then
 // the warp tree; then the warps in order), add up the ranks' parts, and the expert of rank j < k is slot j. Then lanes
@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kThreads)
                       GroupItem* __restrict__ items, int32_t* __restrict__ x_rows, int32_t* __restrict__ slot_rows) {
   __shared__ float l_s[route::kMaxExperts];
   __shared__ double exp_s[route::kMaxExperts];
-  __shared__ uint16_t part_s[kQuarters][route::kMaxExperts];
+  __shared__ uint16_t part_s[kRankParts][route::kMaxExperts];
   __shared__ const void* table_s[3 * route::kMaxExperts];
   __shared__ float max_s[kWarps];
   __shared__ double sum_s[kSumWarps];
@@ -75,16 +75,9 @@ __global__ void __launch_bounds__(kThreads)
   mx = max_s[0];
   for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, max_s[w]);
 
-  // The ranks' parts: pair p is expert p % n_expert against the quarter p / n_expert of the ids.
-  for (int p = tid; p < kQuarters * n_expert; p += kThreads) {
-    const int e = p % n_expert, q = p / n_expert;
-    const float v = l_s[e];
-    int count = 0;
-#pragma unroll 8
-    for (int o = q * n_expert / kQuarters; o < (q + 1) * n_expert / kQuarters; ++o) {
-      count += route::ranks_before(l_s[o], o, v, e) ? 1 : 0;
-    }
-    part_s[q][e] = uint16_t(count);
+  // The ranks' parts: pair p is expert p % n_expert against the part p / n_expert of the ids.
+  for (int p = tid; p < kRankParts * n_expert; p += kThreads) {
+    part_s[p / n_expert][p % n_expert] = uint16_t(route::rank_part(l_s, n_expert, p % n_expert, p / n_expert));
   }
   // The softmax denominator in double (exp of the float difference, as the CPU).
   double part = 0;
@@ -100,7 +93,7 @@ __global__ void __launch_bounds__(kThreads)
   if (tid < kSumThreads) {
     for (int e = tid; e < n_expert; e += kSumThreads) {
       int rank = 0;
-      for (int q = 0; q < kQuarters; ++q) rank += part_s[q][e];
+      for (int q = 0; q < kRankParts; ++q) rank += part_s[q][e];
       if (rank < k) slot_s[rank] = e;
     }
   }

@@ -51,8 +51,9 @@ TEST(CudaOpsHost, RopeAnglesMatchCpuFormula) {
 
 // ---- router top-k ------------------------------------------------------------------------------------------
 
-// The kernel's selection: every expert's rank (route::rank_of), the expert of rank j < k in slot j; a slot left
-// empty or filled twice is -1 / -2 (ranks not distinct).
+// The kernel's selection: every expert's rank (route::rank_of, the sum of the parts the kernel counts with
+// route::rank_part), the expert of rank j < k in slot j; a slot left empty or filled twice is -1 / -2 (ranks not
+// distinct).
 std::vector<int> rank_topk(const std::vector<float>& logits, int k) {
   std::vector<int> ids(size_t(k), -1);
   for (int e = 0; e < int(logits.size()); ++e) {
