@@ -295,7 +295,7 @@ struct MatmulArgs {
   const void* weights = nullptr;         // [rows, row_size(type, cols)] bytes, 16-byte aligned
   int64_t rows = 0;                      // 1..INT_MAX
   int64_t cols = 0;                      // a positive multiple of type's block size
-  const void* x = nullptr;               // [n, row_size(vec_dot_type, cols)] bytes, 4-byte aligned
+  const void* x = nullptr;               // [n, row_size(vec_dot_type, cols)] bytes, 16-byte aligned
   float* y = nullptr;                    // [n, rows] float32, written (not accumulated), 4-byte aligned
   int64_t n = 0;                         // activation rows, >= 1
   // matmul_q only, optional (split[0] = 0: off): one launch for stacked matrices (q, k, v) with separate outputs.
@@ -323,7 +323,7 @@ struct GroupedMatmulArgs {
   int n_parts = 1;                   // 1..3 - part
   int64_t rows = 0;                  // of each weight: [rows, row_size(type, cols)], 16-byte aligned
   int64_t cols = 0;
-  const void* x = nullptr;           // [*, row_size(vec_dot_type, cols)], 4-byte aligned (quantize_activations)
+  const void* x = nullptr;           // [*, row_size(vec_dot_type, cols)], 16-byte aligned (quantize_activations)
   const int32_t* x_rows = nullptr;   // device: x row of output row r; null: row r
   float* y = nullptr;                // output row r at y + r * rows
   int64_t y_part_stride = 0;         // floats between the outputs of consecutive parts

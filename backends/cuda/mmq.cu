@@ -49,6 +49,7 @@
 #include <cstdlib>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
@@ -147,18 +148,384 @@ __device__ __forceinline__ void store_slice(int8_t* dst, int s, const uint32_t (
   }
 }
 
-template <Type T>
-struct Smem {
-  static constexpr int kSlices = kStepK / mmq::MmqType<T>::kSlice;  // per K-step
-  static_assert(kTileW * kSlices % kThreads == 0 && kTileX * kSlices % kThreads == 0);
-  alignas(16) int8_t x[kTileX][kRowBytes];
-  alignas(16) int8_t w[kTileW][kRowBytes];
-  // Per row and slice, rows padded to an odd count of float2: the unpacking threads of one row store consecutive
-  // entries and the fragment loads (8 or 4 rows of a slice) fall in distinct banks.
+// Per-slice float scales (every type but the K-quants): per row and slice, rows padded to an odd count of float2 so
+// that the unpacking threads of one row store consecutive entries and the fragment loads (8 or 4 rows of a slice)
+// fall in distinct banks.
+template <int kSlices>
+struct FloatScales {
   float2 x_ds[kTileX][kSlices + 1];  // (d_x, sum_x): one 8-byte load per fragment row
   float2 w_so[kTileW][kSlices + 1];  // (scale_w, offset_w)
+};
+
+// The K-quants' integer form (mmq.cuh, KShape): per weight row the block's (d, dmin), per (row, slice) the integer
+// scale, per row the integer mins as bytes (the B operand of the min-term mma); per activation row d_x and the slice
+// sums as bytes hi = bsum >> 6 (slices 0 .. kSlices - 1) then lo = bsum & 63 (the A operand).
+template <int kSlices>
+struct IntScales {
+  float2 w_dm[kTileW];
+  int8_t w_sc[kTileW][kSlices + 1];  // |isc| <= 128: Q6_K's int8 scales; odd rows: the 4 rows a fragment reads differ
+  alignas(16) int8_t w_min[kTileW][kSlices];
+  float x_d[kTileX];
+  alignas(16) int8_t x_hl[kTileX][2 * kSlices];
+};
+
+// The raw K-step of a tile staged by cp.async (stage_step): each row's chunk of blocks (one K-quant block, or 8
+// blocks of 32) at its global address's offset modulo 16 within a 16-byte aligned row, so the unpackers' aligned
+// loads read shared memory as they would read global memory. A row's 16-byte units: up to 15 bytes of the chunk's
+// first line before it, the chunk, a partial last unit.
+template <Type T>
+struct Raw {
+  using Ops = mmq::MmqType<T>;
+  static constexpr int kWChunk = kStepK / Ops::kBlockElems * int(sizeof(typename Ops::Block));
+  static constexpr int kXChunk = kStepK / Ops::kActBlockElems * int(sizeof(typename Ops::Act));
+  static constexpr int kWUnits = (15 + kWChunk + 15) / 16;
+  static constexpr int kXUnits = (15 + kXChunk + 15) / 16;
+  alignas(16) uint8_t w[kTileW][16 * kWUnits];
+  alignas(16) uint8_t x[kTileX][16 * kXUnits];
+};
+
+template <Type T>
+struct SmemTiles {
+  using Ops = mmq::MmqType<T>;
+  static constexpr int kSlices = kStepK / Ops::kSlice;  // per K-step
+  static_assert(kTileW * kSlices % kThreads == 0 && kTileX * kSlices % kThreads == 0);
+  static_assert(!Ops::kIntScales || Ops::kBlockElems == kStepK);  // one K-quant block per row and K-step
+  alignas(16) int8_t x[kTileX][kRowBytes];
+  alignas(16) int8_t w[kTileW][kRowBytes];
+  std::conditional_t<Ops::kIntScales, IntScales<kSlices>, FloatScales<kSlices>> sc;
   const uint8_t* x_row[kTileX];  // activation row of each tile row (null past the tile's count)
 };
+
+// Two CTAs per SM (the register bound of __launch_bounds__(256, 2)) fit in the SM's 228 KiB of shared memory when a
+// CTA takes at most 113 KiB (1 KiB per CTA is the driver's). The types whose staged tiles fit stage their K-steps
+// by cp.async (Q4_K, Q5_K, Q2_K, Q3_K, IQ4_XS, the 32-element types but Q8_0); the others (Q8_0, Q6_K: wider
+// blocks) read global memory in the unpacking, with the next K-step's blocks prefetched into L1.
+constexpr size_t kTwoCtaSmem = 113 * 1024;
+template <Type T>
+constexpr bool kStaged = sizeof(SmemTiles<T>) + sizeof(Raw<T>) <= kTwoCtaSmem;
+
+struct NoRaw {};
+template <Type T>
+struct Smem : SmemTiles<T> {
+  std::conditional_t<kStaged<T>, Raw<T>, NoRaw> raw;
+};
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// One row chunk [src, src + len) into dst (16-byte aligned) at offset src % 16, as 16-byte units dealt over the
+// CTA: the units' sources start on the 16-byte line of src (in bounds: the matrices start 16-byte aligned,
+// matmul_q's contract); bytes past src + len are zero-filled, never read.
+__device__ __forceinline__ void stage_unit(uint8_t* dst, const uint8_t* src, int len, int unit) {
+  const uint8_t* line = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(src) & ~uintptr_t(15));
+  const uint8_t* from = line + 16 * unit;
+  const int bytes = max(0, min(16, int(src + len - from)));
+  cp_async16(dst + 16 * unit, bytes > 0 ? from : line, bytes);
+}
+
+// The bytes of K-step k0 in a row of `row_bytes` bytes of blocks of kElems elements and kBytes bytes: offset and
+// length (a last K-step of a legacy type may be shorter than kStepK).
+template <int kElems, int kBytes>
+__device__ __forceinline__ int2 chunk_of(int k0, size_t row_bytes) {
+  const size_t off = size_t(k0 / kElems) * kBytes;
+  return make_int2(int(off), min(kStepK / kElems * kBytes, int(row_bytes - off)));
+}
+
+// Issues the copies of K-step k0 of the tile's weight rows and activation rows into sm.raw (one commit group).
+// Rows past the matrix or the tile's count copy nothing (zero-filled, never unpacked).
+template <Type T>
+__device__ __forceinline__ void stage_step(Smem<T>& sm, const uint8_t* __restrict__ weights, const MmqParams& p,
+                                           int w0, int n_x, int k0) {
+  using Ops = mmq::MmqType<T>;
+  using R = Raw<T>;
+  const int2 wc = chunk_of<Ops::kBlockElems, int(sizeof(typename Ops::Block))>(k0, p.row_bytes);
+  const int2 xc = chunk_of<Ops::kActBlockElems, int(sizeof(typename Ops::Act))>(k0, p.x_row_bytes);
+#pragma unroll 1
+  for (int u = int(threadIdx.x); u < kTileW * R::kWUnits; u += kThreads) {
+    const int r = u / R::kWUnits;
+    const bool in = w0 + r < p.rows;
+    stage_unit(sm.raw.w[r], weights + size_t(in ? w0 + r : 0) * p.row_bytes + wc.x, in ? wc.y : 0, u % R::kWUnits);
+  }
+#pragma unroll 1
+  for (int u = int(threadIdx.x); u < kTileX * R::kXUnits; u += kThreads) {
+    const int r = u / R::kXUnits;
+    const bool in = r < n_x;
+    stage_unit(sm.raw.x[r], (in ? sm.x_row[r] : p.x) + xc.x, in ? xc.y : 0, u % R::kXUnits);
+  }
+  cp_async_commit();
+}
+
+// Warp w's place in the tile and its mma lane coordinates.
+struct WarpPos {
+  int g, t;   // mma groupID, thread in group
+  int wx0;    // first activation row of the warp
+  int ww0;    // first weight row
+  int n_mt;   // m16 tiles holding activation rows: the others are all zero, skipped (warp-uniform)
+  __device__ WarpPos(int n_x) {
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+    g = lane / 4;
+    t = lane % 4;
+    wx0 = (warp / kWarpsW) * kWarpX;
+    ww0 = (warp % kWarpsW) * kWarpW;
+    n_mt = min(kMTiles, max(0, (n_x - wx0 + 15) / 16));
+  }
+};
+
+// 1. The K-step at k0 unpacked into shared memory: every thread kTileW * kSlices / 256 weight slices (4 or 8) and
+// kTileX * kSlices / 256 activation slices (2 or 4), with their scales (float or integer form).
+// w_chunk(r) / x_chunk(r): the first block of K-step k0 of tile row r (global memory, or its staged copy).
+template <Type T, typename WChunk, typename XChunk>
+__device__ __forceinline__ void unpack_step(Smem<T>& sm, const MmqParams& p, int w0, int n_x, int k0, WChunk w_chunk,
+                                            XChunk x_chunk) {
+  using Ops = mmq::MmqType<T>;
+  using Block = typename Ops::Block;
+  using Act = typename Ops::Act;
+  constexpr int kSlice = Ops::kSlice;
+  constexpr int kSlices = kStepK / kSlice;
+  const int tid = int(threadIdx.x);
+#pragma unroll 4  // the slice-16 types have 8 weight slices per thread: full unrolling spills
+  for (int i = 0; i < kTileW * kSlices / kThreads; ++i) {
+    const int u = tid + i * kThreads;
+    const int r = u / kSlices;
+    const int s = u % kSlices;
+    const int k = k0 + s * kSlice;
+    uint32_t q[kSlice / 4];
+#pragma unroll
+    for (int j = 0; j < kSlice / 4; ++j) q[j] = 0;
+    const bool in = w0 + r < p.rows && k < p.cols;
+    const Block* row = reinterpret_cast<const Block*>(w_chunk(r)) + s * kSlice / Ops::kBlockElems;
+    if constexpr (Ops::kIntScales) {
+      int isc = 0, imin = 0;
+      float d = 0.0f, dmin = 0.0f;
+      if (in) {
+        Ops::unpack_int(*row, s, q, &isc, &imin);
+        if (s == 0) Ops::block_scales(*row, &d, &dmin);
+      }
+      sm.sc.w_sc[r][s] = int8_t(isc);
+      if (Ops::kHasOffset) sm.sc.w_min[r][s] = int8_t(imin);
+      if (s == 0) sm.sc.w_dm[r] = make_float2(d, dmin);
+    } else {
+      float scale = 0.0f, offset = 0.0f;
+      if (in) Ops::unpack(*row, (k % Ops::kBlockElems) / kSlice, q, &scale, &offset);
+      sm.sc.w_so[r][s] = make_float2(scale, offset);
+    }
+    store_slice<kSlice>(&sm.w[r][s * kSlice], s, q);
+  }
+#pragma unroll 4
+  for (int i = 0; i < kTileX * kSlices / kThreads; ++i) {
+    const int u = tid + i * kThreads;
+    const int r = u / kSlices;
+    const int s = u % kSlices;
+    const int k = k0 + s * kSlice;
+    uint32_t q[kSlice / 4];
+#pragma unroll
+    for (int j = 0; j < kSlice / 4; ++j) q[j] = 0;
+    const bool in = r < n_x && k < p.cols;
+    const Act* row = reinterpret_cast<const Act*>(x_chunk(r)) + s * kSlice / Ops::kActBlockElems;
+    if constexpr (Ops::kIntScales) {
+      int bsum = 0;
+      if (in) mmq::ActSlice<Act, kSlice>::view_int(*row, s, q, &bsum);
+      if (Ops::kHasOffset) {
+        mmq::split_sum(bsum, &sm.sc.x_hl[r][s], &sm.sc.x_hl[r][kSlices + s]);
+      }
+      if (s == 0) sm.sc.x_d[r] = in ? row->d : 0.0f;
+    } else {
+      float d = 0.0f, sum = 0.0f;
+      if (in) mmq::ActSlice<Act, kSlice>::view(*row, (k % Ops::kActBlockElems) / kSlice, q, &d, &sum);
+      sm.sc.x_ds[r][s] = make_float2(d, sum);
+    }
+    store_slice<kSlice>(&sm.x[r][s * kSlice], s, q);
+  }
+}
+
+// The A (activation) and B (weight) fragments of slice s of the K-step in shared memory.
+template <Type T>
+__device__ __forceinline__ void load_fragments(const Smem<T>& sm, const WarpPos& wp, int s, int (&a)[kMTiles][4],
+                                               int (&b)[kNTiles][2]) {
+  constexpr int kSlice = mmq::MmqType<T>::kSlice;
+  const int kb = s * kSlice + 4 * wp.t;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    if (mt >= wp.n_mt) break;
+    const int r = wp.wx0 + 16 * mt + wp.g;
+    a[mt][0] = lds32(&sm.x[r][kb]);
+    a[mt][1] = lds32(&sm.x[r + 8][kb]);
+    a[mt][2] = kSlice == 32 ? lds32(&sm.x[r][kb + 16]) : 0;
+    a[mt][3] = kSlice == 32 ? lds32(&sm.x[r + 8][kb + 16]) : 0;
+  }
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) {
+    const int c = wp.ww0 + 8 * nt + wp.g;
+    b[nt][0] = lds32(&sm.w[c][kb]);
+    b[nt][1] = kSlice == 32 ? lds32(&sm.w[c][kb + 16]) : 0;
+  }
+}
+
+template <int kSlice>
+__device__ __forceinline__ void mma_slice(int (&c)[4], const int (&a)[4], const int (&b)[2]) {
+  if (kSlice == 32) {
+    mma_k32(c, a, b);
+  } else {
+    mma_k16(c, a, b);
+  }
+}
+
+// 2. The K-step's products into the float accumulators, per-slice float scales: per slice n_mt x 4 mma per warp,
+// each int32 result scaled in registers (per output and slice: the scale product, the conversion, one or two FMA).
+template <Type T>
+__device__ __forceinline__ void compute_step_float(const Smem<T>& sm, const WarpPos& wp,
+                                                   float (&acc)[kMTiles][kNTiles][4]) {
+  using Ops = mmq::MmqType<T>;
+  constexpr int kSlices = kStepK / Ops::kSlice;
+#pragma unroll
+  for (int s = 0; s < kSlices; ++s) {
+    int a[kMTiles][4];
+    int b[kNTiles][2];
+    load_fragments<T>(sm, wp, s, a, b);
+    float xd[kMTiles][2], xs[kMTiles][2], ws[kNTiles][2], wo[kNTiles][2];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      if (mt >= wp.n_mt) break;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float2 ds = sm.sc.x_ds[wp.wx0 + 16 * mt + wp.g + 8 * h][s];
+        xd[mt][h] = ds.x;
+        xs[mt][h] = Ops::kHasOffset ? ds.y : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float2 so = sm.sc.w_so[wp.ww0 + 8 * nt + 2 * wp.t + h][s];
+        ws[nt][h] = so.x;
+        wo[nt][h] = Ops::kHasOffset ? so.y : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      if (mt >= wp.n_mt) break;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        int c[4] = {0, 0, 0, 0};
+        mma_slice<Ops::kSlice>(c, a[mt], b[nt]);
+        // c[i]: activation row g + 8 (i / 2) of the m16 tile, weight row 2t + i % 2 of the n8 tile
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float v = __fmaf_rn(ws[nt][i % 2] * xd[mt][i / 2], exact_float(c[i]), acc[mt][nt][i]);
+          if (Ops::kHasOffset) v = __fmaf_rn(wo[nt][i % 2], xs[mt][i / 2], v);
+          acc[mt][nt][i] = v;
+        }
+      }
+    }
+  }
+}
+
+// 2'. The same for the K-quants in their integer form (one block per row and K-step): per slice the mma result times
+// the weight row's integer scale, summed in int32; the min terms sum(imin_s * bsum_s) of the whole block by two more
+// mma per tile (the weight rows' mins against the activation rows' slice sums split into hi and lo bytes:
+// 64 * hi-product + lo-product); then per output and block one conversion and two FMAs: acc += (d_w d_x) * isum -
+// (dmin_w d_x) * min-sum. Fewer than half the instructions of the float form (measured:
+// docs/benchmarks/2026-12-01-cuda-prefill-int-epilogue.md).
+template <Type T>
+__device__ __forceinline__ void compute_step_int(const Smem<T>& sm, const WarpPos& wp,
+                                                 float (&acc)[kMTiles][kNTiles][4]) {
+  using Ops = mmq::MmqType<T>;
+  constexpr int kSlices = kStepK / Ops::kSlice;
+  // The block's min terms first (their operands die before the slices' int32 sums are live): A = the activation
+  // rows' [hi_0 .., lo_0 ..] (k = 2 kSlices), B_hi = the weight rows' mins over the hi half (zeros over lo), B_lo the
+  // reverse; kSlices = 8: m16n8k16, 16: m16n8k32.
+  if (Ops::kHasOffset) {
+    int ma[kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      if (mt >= wp.n_mt) break;
+      const int r = wp.wx0 + 16 * mt + wp.g;
+      ma[mt][0] = lds32(&sm.sc.x_hl[r][4 * wp.t]);
+      ma[mt][1] = lds32(&sm.sc.x_hl[r + 8][4 * wp.t]);
+      ma[mt][2] = kSlices == 16 ? lds32(&sm.sc.x_hl[r][16 + 4 * wp.t]) : 0;
+      ma[mt][3] = kSlices == 16 ? lds32(&sm.sc.x_hl[r + 8][16 + 4 * wp.t]) : 0;
+    }
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      const int c0 = wp.ww0 + 8 * nt;
+      const float dmin[2] = {sm.sc.w_dm[c0 + 2 * wp.t].y, sm.sc.w_dm[c0 + 2 * wp.t + 1].y};
+      // word t % (kSlices / 4) of the mins of weight row c0 + g: the B fragment's k = 4t .. 4t + 3 of either half
+      const int mb = lds32(&sm.sc.w_min[c0 + wp.g][4 * (wp.t % (kSlices / 4))]);
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        if (mt >= wp.n_mt) break;
+        int hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
+        if (kSlices == 8) {
+          const int b_hi[2] = {wp.t < 2 ? mb : 0, 0}, b_lo[2] = {wp.t < 2 ? 0 : mb, 0};
+          mma_k16(hi, ma[mt], b_hi);
+          mma_k16(lo, ma[mt], b_lo);
+        } else {
+          const int b_hi[2] = {mb, 0}, b_lo[2] = {0, mb};
+          mma_k32(hi, ma[mt], b_hi);
+          mma_k32(lo, ma[mt], b_lo);
+        }
+        const int r = wp.wx0 + 16 * mt + wp.g;
+        const float xd[2] = {sm.sc.x_d[r], sm.sc.x_d[r + 8]};
+        // |64 hi + lo| <= 63 * 32 * 128 * 8 < 2^22: exact_float's range
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          acc[mt][nt][i] = __fmaf_rn(-(dmin[i % 2] * xd[i / 2]), exact_float(64 * hi[i] + lo[i]), acc[mt][nt][i]);
+        }
+      }
+    }
+  }
+  // Per slice the mma result times the weight row's integer scale, summed in int32; then per output and block
+  // acc += (d_w d_x) * isum.
+  int isum[kMTiles][kNTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) isum[mt][nt][i] = 0;
+#pragma unroll 2  // more spills registers (ptxas -v): 172 bytes per thread for Q4_K fully unrolled
+  for (int s = 0; s < kSlices; ++s) {
+    int a[kMTiles][4];
+    int b[kNTiles][2];
+    load_fragments<T>(sm, wp, s, a, b);
+    int sc[kNTiles][2];
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) sc[nt][h] = sm.sc.w_sc[wp.ww0 + 8 * nt + 2 * wp.t + h][s];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      if (mt >= wp.n_mt) break;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        int c[4] = {0, 0, 0, 0};
+        mma_slice<Ops::kSlice>(c, a[mt], b[nt]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) isum[mt][nt][i] += sc[nt][i % 2] * c[i];
+      }
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    if (mt >= wp.n_mt) break;
+    const int r = wp.wx0 + 16 * mt + wp.g;
+    const float xd[2] = {sm.sc.x_d[r], sm.sc.x_d[r + 8]};
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      const int c0 = wp.ww0 + 8 * nt + 2 * wp.t;
+      const float d[2] = {sm.sc.w_dm[c0].x, sm.sc.w_dm[c0 + 1].x};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        acc[mt][nt][i] = __fmaf_rn(d[i % 2] * xd[i / 2], __int2float_rn(isum[mt][nt][i]), acc[mt][nt][i]);
+      }
+    }
+  }
+}
 
 // One tile: weight rows w0 .. w0 + kTileW - 1 of `weights`, activation rows sm.x_row[0 .. n_x - 1], output
 // row i of the tile at y_rows + i * pitch, weight row c at column c - col0. Every thread of the CTA calls it (it
@@ -169,17 +536,7 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
   using Ops = mmq::MmqType<T>;
   using Block = typename Ops::Block;
   using Act = typename Ops::Act;
-  constexpr int kSlice = Ops::kSlice;
-  constexpr int kSlices = kStepK / kSlice;
-  const int tid = int(threadIdx.x);
-  const int warp = tid / 32;
-  const int lane = tid % 32;
-  const int g = lane / 4;  // mma groupID
-  const int t = lane % 4;  // thread in group
-  const int wx0 = (warp / kWarpsW) * kWarpX;
-  const int ww0 = (warp % kWarpsW) * kWarpW;
-  // m16 tiles of this warp holding activation rows: the others are all zero, skipped (warp-uniform)
-  const int n_mt = min(kMTiles, max(0, (n_x - wx0 + 15) / 16));
+  const WarpPos wp(n_x);
 
   float acc[kMTiles][kNTiles][4];
 #pragma unroll
@@ -189,129 +546,61 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
 
-  for (int k0 = 0; k0 < p.cols; k0 += kStepK) {
-    // 1. unpack this K-step's weight and activation slices into shared memory
-#pragma unroll 4  // the slice-16 types have 8 weight slices per thread: full unrolling spills
-    for (int i = 0; i < kTileW * kSlices / kThreads; ++i) {
-      const int u = tid + i * kThreads;
-      const int r = u / kSlices;
-      const int s = u % kSlices;
-      const int k = k0 + s * kSlice;
-      uint32_t q[kSlice / 4];
-      float scale = 0.0f, offset = 0.0f;
-      if (w0 + r < p.rows && k < p.cols) {
-        const Block* row = reinterpret_cast<const Block*>(weights + size_t(w0 + r) * p.row_bytes);
-        Ops::unpack(row[k / Ops::kBlockElems], (k % Ops::kBlockElems) / kSlice, q, &scale, &offset);
+  if constexpr (kStaged<T>) {
+    // K-step k's raw blocks were copied during step k - 1's mma: wait for them, unpack them from shared memory,
+    // start the copies of step k + 1, compute step k.
+    stage_step<T>(sm, weights, p, w0, n_x, 0);
+    for (int k0 = 0; k0 < p.cols; k0 += kStepK) {
+      cp_async_wait_all();
+      __syncthreads();  // the raw step visible to every thread; every thread done with the previous step's tiles
+      const int2 wc = chunk_of<Ops::kBlockElems, int(sizeof(Block))>(k0, p.row_bytes);
+      const int2 xc = chunk_of<Ops::kActBlockElems, int(sizeof(Act))>(k0, p.x_row_bytes);
+      unpack_step<T>(
+          sm, p, w0, n_x, k0,
+          [&](int r) {
+            const uintptr_t src = reinterpret_cast<uintptr_t>(weights + size_t(w0 + r) * p.row_bytes) + wc.x;
+            return &sm.raw.w[r][src % 16];
+          },
+          [&](int r) { return &sm.raw.x[r][(reinterpret_cast<uintptr_t>(sm.x_row[r]) + xc.x) % 16]; });
+      __syncthreads();  // the tiles complete; the raw buffers free
+      if (k0 + kStepK < p.cols) stage_step<T>(sm, weights, p, w0, n_x, k0 + kStepK);
+      if constexpr (Ops::kIntScales) {
+        compute_step_int<T>(sm, wp, acc);
       } else {
-#pragma unroll
-        for (int i = 0; i < kSlice / 4; ++i) q[i] = 0;
+        compute_step_float<T>(sm, wp, acc);
       }
-      store_slice<kSlice>(&sm.w[r][s * kSlice], s, q);
-      sm.w_so[r][s] = make_float2(scale, offset);
     }
-#pragma unroll 4  // the slice-16 types have 8 weight slices per thread: full unrolling spills
-    for (int i = 0; i < kTileX * kSlices / kThreads; ++i) {
-      const int u = tid + i * kThreads;
-      const int r = u / kSlices;
-      const int s = u % kSlices;
-      const int k = k0 + s * kSlice;
-      uint32_t q[kSlice / 4];
-      float d = 0.0f, sum = 0.0f;
-      if (r < n_x && k < p.cols) {
-        const Act* row = reinterpret_cast<const Act*>(sm.x_row[r]);
-        mmq::ActSlice<Act, kSlice>::view(row[k / Ops::kActBlockElems], (k % Ops::kActBlockElems) / kSlice, q, &d,
-                                         &sum);
+  } else {
+    for (int k0 = 0; k0 < p.cols; k0 += kStepK) {
+      const int2 wc = chunk_of<Ops::kBlockElems, int(sizeof(Block))>(k0, p.row_bytes);
+      const int2 xc = chunk_of<Ops::kActBlockElems, int(sizeof(Act))>(k0, p.x_row_bytes);
+      unpack_step<T>(
+          sm, p, w0, n_x, k0, [&](int r) { return weights + size_t(w0 + r) * p.row_bytes + wc.x; },
+          [&](int r) { return sm.x_row[r] + xc.x; });
+      __syncthreads();
+
+      // The next K-step's blocks into L1 while this one computes.
+      if (p.prefetch != 0 && k0 + kStepK < p.cols) {
+        constexpr int kWChunk = kStepK / Ops::kBlockElems * int(sizeof(Block));
+        constexpr int kXChunk = kStepK / Ops::kActBlockElems * int(sizeof(Act));
+        const int k1 = k0 + kStepK;
+        const size_t w_off = size_t(k1 / Ops::kBlockElems) * sizeof(Block);
+        const size_t x_off = size_t(k1 / Ops::kActBlockElems) * sizeof(Act);
+        // A last K-step shorter than kStepK (cols not a multiple of it): only the row's remaining bytes.
+        prefetch_step(kTileW, w_off, min(kWChunk, int(p.row_bytes - w_off)), [&](int r) {
+          return w0 + r < p.rows ? weights + size_t(w0 + r) * p.row_bytes : nullptr;
+        });
+        prefetch_step(kTileX, x_off, min(kXChunk, int(p.x_row_bytes - x_off)),
+                      [&](int r) { return r < n_x ? sm.x_row[r] : nullptr; });
+      }
+
+      if constexpr (Ops::kIntScales) {
+        compute_step_int<T>(sm, wp, acc);
       } else {
-#pragma unroll
-        for (int i = 0; i < kSlice / 4; ++i) q[i] = 0;
+        compute_step_float<T>(sm, wp, acc);
       }
-      store_slice<kSlice>(&sm.x[r][s * kSlice], s, q);
-      sm.x_ds[r][s] = make_float2(d, sum);
+      __syncthreads();
     }
-    __syncthreads();
-
-    // The next K-step's blocks into L1 while this one computes.
-    if (p.prefetch != 0 && k0 + kStepK < p.cols) {
-      constexpr int kWChunk = kStepK / Ops::kBlockElems * int(sizeof(Block));
-      constexpr int kXChunk = kStepK / Ops::kActBlockElems * int(sizeof(Act));
-      const int k1 = k0 + kStepK;
-      const size_t w_off = size_t(k1 / Ops::kBlockElems) * sizeof(Block);
-      const size_t x_off = size_t(k1 / Ops::kActBlockElems) * sizeof(Act);
-      // A last K-step shorter than kStepK (cols not a multiple of it): only the row's remaining bytes.
-      prefetch_step(kTileW, w_off, min(kWChunk, int(p.row_bytes - w_off)), [&](int r) {
-        return w0 + r < p.rows ? weights + size_t(w0 + r) * p.row_bytes : nullptr;
-      });
-      prefetch_step(kTileX, x_off, min(kXChunk, int(p.x_row_bytes - x_off)),
-                    [&](int r) { return r < n_x ? sm.x_row[r] : nullptr; });
-    }
-
-    // 2. per slice: n_mt x 4 mma per warp, then the scales into the float accumulators
-#pragma unroll
-    for (int s = 0; s < kSlices; ++s) {
-      const int kb = s * kSlice + 4 * t;
-      int a[kMTiles][4];
-      int b[kNTiles][2];
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        if (mt >= n_mt) break;
-        const int r = wx0 + 16 * mt + g;
-        a[mt][0] = lds32(&sm.x[r][kb]);
-        a[mt][1] = lds32(&sm.x[r + 8][kb]);
-        if (kSlice == 32) {
-          a[mt][2] = lds32(&sm.x[r][kb + 16]);
-          a[mt][3] = lds32(&sm.x[r + 8][kb + 16]);
-        } else {
-          a[mt][2] = a[mt][3] = 0;
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) {
-        const int c = ww0 + 8 * nt + g;
-        b[nt][0] = lds32(&sm.w[c][kb]);
-        b[nt][1] = kSlice == 32 ? lds32(&sm.w[c][kb + 16]) : 0;
-      }
-      float xd[kMTiles][2], xs[kMTiles][2], ws[kNTiles][2], wo[kNTiles][2];
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        if (mt >= n_mt) break;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float2 ds = sm.x_ds[wx0 + 16 * mt + g + 8 * h][s];
-          xd[mt][h] = ds.x;
-          xs[mt][h] = Ops::kHasOffset ? ds.y : 0.0f;
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float2 so = sm.w_so[ww0 + 8 * nt + 2 * t + h][s];
-          ws[nt][h] = so.x;
-          wo[nt][h] = Ops::kHasOffset ? so.y : 0.0f;
-        }
-      }
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        if (mt >= n_mt) break;
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-          int c[4] = {0, 0, 0, 0};
-          if (kSlice == 32) {
-            mma_k32(c, a[mt], b[nt]);
-          } else {
-            mma_k16(c, a[mt], b[nt]);
-          }
-          // c[i]: activation row g + 8 (i / 2) of the m16 tile, weight row 2t + i % 2 of the n8 tile
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            float v = __fmaf_rn(ws[nt][i % 2] * xd[mt][i / 2], exact_float(c[i]), acc[mt][nt][i]);
-            if (Ops::kHasOffset) v = __fmaf_rn(wo[nt][i % 2], xs[mt][i / 2], v);
-            acc[mt][nt][i] = v;
-          }
-        }
-      }
-    }
-    __syncthreads();
   }
 
 #pragma unroll
@@ -320,8 +609,8 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
     for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int r = wx0 + 16 * mt + g + 8 * (i / 2);
-        const int c = w0 + ww0 + 8 * nt + 2 * t + i % 2;
+        const int r = wp.wx0 + 16 * mt + wp.g + 8 * (i / 2);
+        const int c = w0 + wp.ww0 + 8 * nt + 2 * wp.t + i % 2;
         if (r < n_x && c < p.rows) y_rows[size_t(r) * size_t(pitch) + size_t(c - col0)] = acc[mt][nt][i];
       }
     }
@@ -383,6 +672,12 @@ void launch_type(dim3 grid, const MmqParams& p, cudaStream_t stream) {
   // Over the 48 KiB of static shared memory: opted in once per type (thread-safe static initialization).
   static const bool opted_in = [] {
     CUDA_CHECK(cudaFuncSetAttribute(mmq_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem<T>))));
+    // The staged types need the largest shared-memory carveout for two CTAs per SM; the others keep L1 for their
+    // prefetches.
+    if (kStaged<T>) {
+      CUDA_CHECK(cudaFuncSetAttribute(mmq_kernel<T>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      int(cudaSharedmemCarveoutMaxShared)));
+    }
     return true;
   }();
   (void)opted_in;
@@ -492,7 +787,8 @@ Status matmul_q(const MatmulArgs& args, Stream& stream) {
     return Status::error("matmul_q: null device pointer (weights, x or y)");
   }
   if (!aligned(args.weights, 16)) return Status::error("matmul_q: weights must be 16-byte aligned");
-  if (!aligned(args.x, 4) || !aligned(args.y, 4)) return Status::error("matmul_q: x and y must be 4-byte aligned");
+  if (!aligned(args.x, 16)) return Status::error("matmul_q: x must be 16-byte aligned");
+  if (!aligned(args.y, 4)) return Status::error("matmul_q: y must be 4-byte aligned");
   MmqParams p = params(info, args.rows, args.cols, args.x, args.y);
   p.weights = static_cast<const uint8_t*>(args.weights);
   p.n = int(args.n);
@@ -532,9 +828,9 @@ Status grouped_matmul_q(const GroupedMatmulArgs& args, Stream& stream) {
   if (args.items == nullptr || args.x == nullptr || args.y == nullptr) {
     return Status::error("grouped_matmul_q: null device pointer (items, x or y)");
   }
-  if (!aligned(args.items, alignof(GroupItem)) || !aligned(args.x, 4) || !aligned(args.y, 4) ||
+  if (!aligned(args.items, alignof(GroupItem)) || !aligned(args.x, 16) || !aligned(args.y, 4) ||
       !aligned(args.x_rows, 4)) {
-    return Status::error("grouped_matmul_q: items, x, x_rows and y must be aligned");
+    return Status::error("grouped_matmul_q: items, x (16 bytes), x_rows and y must be aligned");
   }
   MmqParams p = params(info, args.rows, args.cols, args.x, args.y);
   p.items = args.items;

@@ -96,6 +96,27 @@ struct Shape {
   static constexpr int kBlockElems = BlockElems, kActBlockElems = BlockElems, kSlice = Slice;
   static constexpr int kSlicesPerBlock = BlockElems / Slice;
   static constexpr bool kHasOffset = Offset;
+  static constexpr bool kIntScales = false;
+};
+
+// The K-quants (Q8_K activations, blocks of 256): every slice's scale and offset are the block's two floats
+// times small integers, scale = d * float(isc), offset = -(dmin * float(imin)) (0 without kHasOffset), so that
+// the kernel can sum a block's slices in int32 (sum of isc * isum, sum of imin * the activation's slice sums) and
+// scale once per block. Each type defines unpack_int(b, s, q, &isc, &imin) (q as unpack's) and
+// block_scales(b, &d, &dmin); unpack is derived from them, so the host test of unpack covers both.
+// |isc| <= 128 and |imin| <= 63 (6-bit mins; 4-bit for Q2_K): a block's int32 sums cannot overflow (at most 16
+// slices of |isum| <= 32 * 127 * 128).
+template <typename Self, typename B, int Slice, bool Offset>
+struct KShape : Shape<B, quant::BlockQ8_K, quant::kQK_K, Slice, Offset> {
+  static constexpr bool kIntScales = true;
+  static MAGNETAR_HD void unpack(const B& b, int s, uint32_t* q, float* scale, float* offset) {
+    int isc = 0, imin = 0;
+    float d = 0.0f, dmin = 0.0f;
+    Self::unpack_int(b, s, q, &isc, &imin);
+    Self::block_scales(b, &d, &dmin);
+    *scale = d * float(isc);
+    *offset = Offset ? -(dmin * float(imin)) : 0.0f;
+  }
 };
 
 template <>
@@ -178,22 +199,24 @@ struct MmqType<Type::MXFP4> : Shape<quant::BlockMXFP4, quant::BlockQ8_0, quant::
 // Q2_K: slice j (16 elements 16j .. 16j+15) = half h = j / 8, shift s = (j % 8) / 2, bytes
 // qs[32h + 16 (j % 2) ..] (element 128h + 32s + l is bits 2s..2s+1 of qs[32h + l]).
 template <>
-struct MmqType<Type::Q2_K> : Shape<quant::BlockQ2_K, quant::BlockQ8_K, quant::kQK_K, 16, true> {
-  static MAGNETAR_HD void unpack(const Block& b, int j, uint32_t* q, float* scale, float* offset) {
+struct MmqType<Type::Q2_K> : KShape<MmqType<Type::Q2_K>, quant::BlockQ2_K, 16, true> {
+  static MAGNETAR_HD void unpack_int(const Block& b, int j, uint32_t* q, int* isc, int* imin) {
     const uint8_t* qs = b.qs + 32 * (j / 8) + 16 * (j % 2);
     const int shift = 2 * ((j % 8) / 2);
     for (int w = 0; w < 4; ++w) q[w] = (load_word<4>(qs + 4 * w) >> shift) & 0x03030303u;
-    const float d = fp16_to_float(b.d);
-    const float dmin = fp16_to_float(b.dmin);
-    *scale = d * float(b.scales[j] & 0xF);
-    *offset = -(dmin * float(b.scales[j] >> 4));
+    *isc = b.scales[j] & 0xF;
+    *imin = b.scales[j] >> 4;
+  }
+  static MAGNETAR_HD void block_scales(const Block& b, float* d, float* dmin) {
+    *d = fp16_to_float(b.d);
+    *dmin = fp16_to_float(b.dmin);
   }
 };
 
 // Q3_K: low bits as Q2_K; the high bit of element e = 16j + l is bit e / 32 = j / 2 of hmask[e % 32].
 template <>
-struct MmqType<Type::Q3_K> : Shape<quant::BlockQ3_K, quant::BlockQ8_K, quant::kQK_K, 16, false> {
-  static MAGNETAR_HD void unpack(const Block& b, int j, uint32_t* q, float* scale, float* offset) {
+struct MmqType<Type::Q3_K> : KShape<MmqType<Type::Q3_K>, quant::BlockQ3_K, 16, false> {
+  static MAGNETAR_HD void unpack_int(const Block& b, int j, uint32_t* q, int* isc, int* imin) {
     const uint8_t* qs = b.qs + 32 * (j / 8) + 16 * (j % 2);
     const uint8_t* hm = b.hmask + 16 * (j % 2);
     const int shift = 2 * ((j % 8) / 2);
@@ -203,40 +226,46 @@ struct MmqType<Type::Q3_K> : Shape<quant::BlockQ3_K, quant::BlockQ8_K, quant::kQ
       const uint32_t high = (load_word<2>(hm + 4 * w) >> hshift) & 0x01010101u;
       q[w] = uint32_t(mmvq::sub_bytes(int(low | (high << 2)), 0x04040404));
     }
-    *scale = fp16_to_float(b.d) * float(mmvq::q3_k_scale(b.scales, j));
-    *offset = 0.0f;
+    *isc = mmvq::q3_k_scale(b.scales, j);
+    *imin = 0;
+  }
+  static MAGNETAR_HD void block_scales(const Block& b, float* d, float* dmin) {
+    *d = fp16_to_float(b.d);
+    *dmin = 0.0f;
   }
 };
 
 // Q4_K / Q5_K: slice s = 2k + h is sub-block s of 32: the low (h = 0) or high (h = 1) nibbles of
 // qs[32k .. 32k+31]; Q5_K's 5th bit of its element l is bit s of qh[l].
 template <>
-struct MmqType<Type::Q4_K> : Shape<quant::BlockQ4_K, quant::BlockQ8_K, quant::kQK_K, 32, true> {
-  static MAGNETAR_HD void unpack(const Block& b, int s, uint32_t* q, float* scale, float* offset) {
+struct MmqType<Type::Q4_K> : KShape<MmqType<Type::Q4_K>, quant::BlockQ4_K, 32, true> {
+  static MAGNETAR_HD void unpack_int(const Block& b, int s, uint32_t* q, int* isc, int* imin) {
     const uint8_t* qs = b.qs + 32 * (s / 2);
     const int shift = 4 * (s % 2);
     load_words<16>(qs, q, 8);
     for (int w = 0; w < 8; ++w) q[w] = (q[w] >> shift) & 0x0F0F0F0Fu;
-    int sc, m;
-    mmvq::scale_min_k4(s, b.scales, &sc, &m);
-    *scale = fp16_to_float(b.d) * float(sc);
-    *offset = -(fp16_to_float(b.dmin) * float(m));
+    mmvq::scale_min_k4(s, b.scales, isc, imin);
+  }
+  static MAGNETAR_HD void block_scales(const Block& b, float* d, float* dmin) {
+    *d = fp16_to_float(b.d);
+    *dmin = fp16_to_float(b.dmin);
   }
 };
 
 template <>
-struct MmqType<Type::Q5_K> : Shape<quant::BlockQ5_K, quant::BlockQ8_K, quant::kQK_K, 32, true> {
-  static MAGNETAR_HD void unpack(const Block& b, int s, uint32_t* q, float* scale, float* offset) {
+struct MmqType<Type::Q5_K> : KShape<MmqType<Type::Q5_K>, quant::BlockQ5_K, 32, true> {
+  static MAGNETAR_HD void unpack_int(const Block& b, int s, uint32_t* q, int* isc, int* imin) {
     const uint8_t* qs = b.qs + 32 * (s / 2);
     const int shift = 4 * (s % 2);
     uint32_t qh[8];
     load_words<16>(qs, q, 8);
     load_words<16>(b.qh, qh, 8);
     for (int w = 0; w < 8; ++w) q[w] = ((q[w] >> shift) & 0x0F0F0F0Fu) | (((qh[w] >> s) & 0x01010101u) << 4);
-    int sc, m;
-    mmvq::scale_min_k4(s, b.scales, &sc, &m);
-    *scale = fp16_to_float(b.d) * float(sc);
-    *offset = -(fp16_to_float(b.dmin) * float(m));
+    mmvq::scale_min_k4(s, b.scales, isc, imin);
+  }
+  static MAGNETAR_HD void block_scales(const Block& b, float* d, float* dmin) {
+    *d = fp16_to_float(b.d);
+    *dmin = fp16_to_float(b.dmin);
   }
 };
 
@@ -244,8 +273,8 @@ struct MmqType<Type::Q5_K> : Shape<quant::BlockQ5_K, quant::BlockQ8_K, quant::kQ
 // bits in ql[64h + 32 (g & 1) + l] (low nibble for g < 2, high otherwise), high 2 bits in bits 2g..2g+1 of
 // qh[32h + l]; minus 32.
 template <>
-struct MmqType<Type::Q6_K> : Shape<quant::BlockQ6_K, quant::BlockQ8_K, quant::kQK_K, 16, false> {
-  static MAGNETAR_HD void unpack(const Block& b, int j, uint32_t* q, float* scale, float* offset) {
+struct MmqType<Type::Q6_K> : KShape<MmqType<Type::Q6_K>, quant::BlockQ6_K, 16, false> {
+  static MAGNETAR_HD void unpack_int(const Block& b, int j, uint32_t* q, int* isc, int* imin) {
     const int h = j / 8;
     const int g = (j % 8) / 2;
     const int l0 = 16 * (j % 2);
@@ -257,19 +286,26 @@ struct MmqType<Type::Q6_K> : Shape<quant::BlockQ6_K, quant::BlockQ8_K, quant::kQ
       const uint32_t high = (load_word<2>(qh + 4 * w) >> (2 * g)) & 0x03030303u;
       q[w] = uint32_t(mmvq::sub_bytes(int(low | (high << 4)), 0x20202020));
     }
-    *scale = fp16_to_float(b.d) * float(b.scales[j]);
-    *offset = 0.0f;
+    *isc = b.scales[j];
+    *imin = 0;
+  }
+  static MAGNETAR_HD void block_scales(const Block& b, float* d, float* dmin) {
+    *d = fp16_to_float(b.d);
+    *dmin = 0.0f;
   }
 };
 
 // IQ4_XS: slice ib = sub-block ib of 32, nibble order as IQ4_NL within qs[16 ib ..].
 template <>
-struct MmqType<Type::IQ4_XS> : Shape<quant::BlockIQ4_XS, quant::BlockQ8_K, quant::kQK_K, 32, false> {
-  static MAGNETAR_HD void unpack(const Block& b, int ib, uint32_t* q, float* scale, float* offset) {
+struct MmqType<Type::IQ4_XS> : KShape<MmqType<Type::IQ4_XS>, quant::BlockIQ4_XS, 32, false> {
+  static MAGNETAR_HD void unpack_int(const Block& b, int ib, uint32_t* q, int* isc, int* imin) {
     unpack_nibbles32<4>(b.qs + 16 * ib, q, [](uint32_t v) { return mmvq::lookup_iq4nl(v); });
-    const int ls = (((b.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((b.scales_h >> (2 * ib)) & 3) << 4)) - 32;
-    *scale = fp16_to_float(b.d) * float(ls);
-    *offset = 0.0f;
+    *isc = (((b.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((b.scales_h >> (2 * ib)) & 3) << 4)) - 32;
+    *imin = 0;
+  }
+  static MAGNETAR_HD void block_scales(const Block& b, float* d, float* dmin) {
+    *d = fp16_to_float(b.d);
+    *dmin = 0.0f;
   }
 };
 
@@ -301,14 +337,25 @@ struct ActSlice<quant::BlockQ8_1, 32> {
 template <int kSlice>
 struct ActSlice<quant::BlockQ8_K, kSlice> {
   static_assert(kSlice == 16 || kSlice == 32);
+  // The integer form the K-quant kernel uses: the quants and sum(q) of the slice (the block's d is a.d).
+  static MAGNETAR_HD void view_int(const quant::BlockQ8_K& a, int slice, uint32_t* q, int* bsum) {
+    load_words<4>(mmvq::bytes(a.qs) + kSlice * slice, q, kSlice / 4);
+    *bsum = a.bsums[(kSlice / 16) * slice];
+    if (kSlice == 32) *bsum += a.bsums[2 * slice + 1];
+  }
   static MAGNETAR_HD void view(const quant::BlockQ8_K& a, int slice, uint32_t* q, float* d, float* sum) {
-    const uint8_t* qs = mmvq::bytes(a.qs) + kSlice * slice;
-    load_words<4>(qs, q, kSlice / 4);
-    int bsum = a.bsums[(kSlice / 16) * slice];
-    if (kSlice == 32) bsum += a.bsums[2 * slice + 1];
+    int bsum = 0;
+    view_int(a, slice, q, &bsum);
     *d = a.d;
     *sum = a.d * float(bsum);
   }
 };
+
+// A K-quant slice sum (|bsum| <= 32 * 128) as two int8 mma operands: bsum = 64 * hi + lo, hi in [-64, 63], lo in
+// [0, 63]; the kernel's min terms are 64 * sum(imin * hi) + sum(imin * lo).
+MAGNETAR_HD void split_sum(int bsum, int8_t* hi, int8_t* lo) {
+  *hi = int8_t(bsum >> 6);  // arithmetic shift: the floor, so lo is never negative
+  *lo = int8_t(bsum & 63);
+}
 
 }  // namespace magnetar::cuda::mmq

@@ -7,8 +7,9 @@
 //     reference dequantization bit for bit, and sum_x == d_x * sum(q) as the reference dot uses it (Q8_1:
 //     the stored s; Q8_K: d * the bsums);
 //   - the slice-sum formula the kernel evaluates, sum over slices of (scale_w * d_x) * isum + offset_w *
-//     sum_x in float32 FMAs in the kernel's order, over whole rows of 1, 3 and 16 blocks against the
-//     reference vec_dot, within the bound of cuda_mmvq_host_test.cu / cuda_mmvq_test.cpp.
+//     sum_x in float32 FMAs in the kernel's order (the K-quants: per block (d_w d_x) * the int32 sum of
+//     isc * isum minus (dmin_w d_x) * the int32 min terms through split_sum), over whole rows of 1, 3 and 16
+//     blocks against the reference vec_dot, within the bound of cuda_mmvq_host_test.cu / cuda_mmvq_test.cpp.
 // The mma fragment layouts, the tiling and the launches are checked on the GPU by cuda_mmq_test.cpp.
 //
 // Compiled by nvcc as C++17, so it uses quant/ref/ref.h (plain C++) rather than the C++20 trait table.
@@ -138,8 +139,9 @@ void check_acts(const void* a, const float* want, int64_t nb, SliceCheck* out, s
   }
 }
 
+// The per-slice float form (every type but the K-quants).
 template <Type T>
-float mmq_row(const void* w, const void* a, int64_t nb) {
+float mmq_row_float(const void* w, const void* a, int64_t nb) {
   using Ops = cuda::mmq::MmqType<T>;
   using View = cuda::mmq::ActSlice<typename Ops::Act, Ops::kSlice>;
   const auto* wb = static_cast<const typename Ops::Block*>(w);
@@ -156,6 +158,47 @@ float mmq_row(const void* w, const void* a, int64_t nb) {
     if (Ops::kHasOffset) acc = std::fma(offset, sum, acc);
   }
   return acc;
+}
+
+// The K-quants' integer form, in the kernel's order: per block the min terms through split_sum's hi and lo bytes,
+// then the int32 sum of isc * isum, each scaled once.
+template <Type T>
+float mmq_row_int(const void* w, const void* a, int64_t nb) {
+  using Ops = cuda::mmq::MmqType<T>;
+  using View = cuda::mmq::ActSlice<typename Ops::Act, Ops::kSlice>;
+  const auto* wb = static_cast<const typename Ops::Block*>(w);
+  const auto* ab = static_cast<const typename Ops::Act*>(a);
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    float d = 0, dmin = 0;
+    Ops::block_scales(wb[b], &d, &dmin);
+    int isum = 0, min_hi = 0, min_lo = 0;
+    for (int s = 0; s < Ops::kSlicesPerBlock; ++s) {
+      uint32_t qw[Ops::kSlice / 4], qx[Ops::kSlice / 4];
+      int isc = 0, imin = 0, bsum = 0;
+      Ops::unpack_int(wb[b], s, qw, &isc, &imin);
+      View::view_int(ab[b], s, qx, &bsum);
+      int dot = 0;
+      for (int i = 0; i < Ops::kSlice; ++i) dot += element(qw, i) * element(qx, i);
+      isum += isc * dot;
+      int8_t hi = 0, lo = 0;
+      cuda::mmq::split_sum(bsum, &hi, &lo);
+      min_hi += imin * hi;
+      min_lo += imin * lo;
+    }
+    if (Ops::kHasOffset) acc = std::fma(-(dmin * ab[b].d), float(64 * min_hi + min_lo), acc);
+    acc = std::fma(d * ab[b].d, float(isum), acc);
+  }
+  return acc;
+}
+
+template <Type T>
+float mmq_row(const void* w, const void* a, int64_t nb) {
+  if constexpr (cuda::mmq::MmqType<T>::kIntScales) {
+    return mmq_row_int<T>(w, a, nb);
+  } else {
+    return mmq_row_float<T>(w, a, nb);
+  }
 }
 
 template <Type T>
@@ -237,7 +280,8 @@ TEST_P(MmqHostTest, SlicesDequantizeExactly) {
 
 // Tolerance: the bound of cuda_mmvq_test.cpp, 2 (n/8 + 3) u 3 M with M = sum_i amax_block(i) |y_i|: the
 // kernel's formula has at most two terms per slice of 16 (n/8 terms), each rounded at most 3 times (the
-// scale product, the product with the exactly converted integer, the FMA's one rounding of the pair).
+// scale product, the product with the exactly converted integer, the FMA's one rounding of the pair; the K-quants'
+// two terms per block: the scale product, the conversion of the block's int32 sum, the FMA).
 TEST_P(MmqHostTest, SliceSumsMatchReferenceDot) {
   const HostCase& c = GetParam();
   std::mt19937_64 gen(20261201);

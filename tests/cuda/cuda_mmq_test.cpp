@@ -406,8 +406,8 @@ TEST(CudaMmq, RejectsBadArguments) {
   a.weights = reinterpret_cast<const uint8_t*>(fake) + 2;
   expect_error(cuda::matmul_q(a, stream), "16-byte aligned");
   a = ok;
-  a.x = reinterpret_cast<const uint8_t*>(fake) + 1;
-  expect_error(cuda::matmul_q(a, stream), "4-byte aligned");
+  a.x = reinterpret_cast<const uint8_t*>(fake) + 4;  // the staged copies read whole 16-byte lines of x
+  expect_error(cuda::matmul_q(a, stream), "x must be 16-byte aligned");
 
   const cuda::GroupedMatmulArgs gok{.type = Type::Q6_K, .items = fake_items, .n_items = 1, .part = 0, .n_parts = 2,
                                     .rows = 7, .cols = 256, .x = fake, .x_rows = nullptr, .y = fake,
@@ -433,6 +433,9 @@ TEST(CudaMmq, RejectsBadArguments) {
   g = gok;
   g.y = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(fake) + 2);
   expect_error(cuda::grouped_matmul_q(g, stream), "aligned");
+  g = gok;
+  g.x = reinterpret_cast<const uint8_t*>(fake) + 8;
+  expect_error(cuda::grouped_matmul_q(g, stream), "x (16 bytes)");
 }
 
 }  // namespace
