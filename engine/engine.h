@@ -65,7 +65,8 @@ struct KvDiskOptions {
 struct EngineOptions {
   int n_threads = 0;          // 0: one per available core
   int64_t n_ctx = 0;          // context per session; 0: min(training context, 4096)
-  int64_t n_batch = 512;      // tokens per forward call during prefill (bounds scratch memory)
+  int64_t n_batch = 0;        // tokens per forward call during prefill (bounds scratch memory); 0: 2048 when the
+                              // whole model runs on the GPU with room for that scratch, else 512
   KvType kv_type = KvType::kF16;
   Device device = Device::kAuto;
   // CUDA: bytes of the GPU expert pool in GiB. 0: every weight resident on the GPU when the model fits its free

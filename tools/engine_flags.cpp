@@ -8,7 +8,9 @@ void ModelFlags::add_to(cli::Args& args) {
   args.option("-m", &model, "MODEL.gguf", "the model (first shard of a split set)");
   args.option("--ctx", &ctx, "N", "context length in tokens (0: the model's, at most 4096)");
   args.option("-t", &threads, "N", "threads (0: all cores)");
-  args.option("--batch", &batch, "N", "prompt tokens per forward pass (bounds scratch memory)");
+  args.option("--batch", &batch, "N",
+              "prompt tokens per forward pass (bounds scratch memory; 0: 2048 when the whole model runs on the GPU "
+              "with room for it, else 512)");
   args.option("--kv-type", &kv_type, "f16|f32|q8_0",
               "KV cache precision (q8_0: 8.5 bits per element, about half of f16's memory, on the CPU and the GPU; f32: "
               "CPU only)");
@@ -55,8 +57,8 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
     std::fprintf(stderr, "magnetar %s: --device must be auto, cpu or cuda, got '%s'\n", command, device.c_str());
     return nullptr;
   }
-  if (ctx < 0 || threads < 0 || batch < 1) {
-    std::fprintf(stderr, "magnetar %s: --ctx and -t must be >= 0, --batch >= 1\n", command);
+  if (ctx < 0 || threads < 0 || batch < 0) {
+    std::fprintf(stderr, "magnetar %s: --ctx, -t and --batch must be >= 0\n", command);
     return nullptr;
   }
   if (int(resident) + int(mmap) + int(stream || cache_gb > 0) > 1) {

@@ -14,7 +14,7 @@ struct ModelFlags {
   std::string model;
   int64_t ctx = 0;
   int64_t threads = 0;
-  int64_t batch = 512;
+  int64_t batch = 0;  // auto (EngineOptions::n_batch)
   std::string kv_type = "f16";
   std::string device = "auto";
   float gpu_cache_gb = 0;

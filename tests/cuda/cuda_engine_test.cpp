@@ -404,6 +404,29 @@ TEST(CudaDemo, PrefillScoresTextLikeTheCpu) {
   }
 }
 
+// --batch 0 (auto): prefill chunks of 2,048 tokens (at most the context) when the whole model runs on the GPU, 512 on
+// the CPU and when the experts are tiered (the pool keeps that memory); an explicit n_batch is kept.
+TEST(CudaEngineBatch, AutoBatchFollowsThePlan) {
+  SKIP_WITHOUT_GPU();
+  const std::string demo = std::string(MAGNETAR_SOURCE_DIR) + "/models/magnetar-demo-q8_0.gguf";
+  auto batch_of = [&](Device device, int64_t n_ctx, double gpu_cache_gb, int64_t n_batch) -> int64_t {
+    EngineOptions o;
+    o.n_threads = 2;
+    o.n_ctx = n_ctx;
+    o.n_batch = n_batch;
+    o.device = device;
+    o.gpu_cache_gb = gpu_cache_gb;
+    auto engine = Engine::load(demo, o);
+    EXPECT_TRUE(engine.ok()) << engine.status().message();
+    return engine.ok() ? engine.value()->options().n_batch : -1;
+  };
+  EXPECT_EQ(batch_of(Device::kCuda, 4096, 0, 0), 2048);
+  EXPECT_EQ(batch_of(Device::kCuda, 1000, 0, 0), 1000);
+  EXPECT_EQ(batch_of(Device::kCuda, 4096, 0.01, 0), 512);
+  EXPECT_EQ(batch_of(Device::kCpu, 4096, 0, 0), 512);
+  EXPECT_EQ(batch_of(Device::kCuda, 4096, 0, 96), 96);
+}
+
 // ---- the GPU expert tier ------------------------------------------------------------------------------------------
 
 // The bundled demo model (16 MoE layers of 16 experts): resident on the GPU against the tiered mode with a pool of
