@@ -124,19 +124,16 @@ bool refuse_captures() {
 //   kCombine     the MoE combine in the next add_rms_norm (AddRmsNormArgs::residual_rows);
 //   kNormQuant   a norm whose output feeds quantized products writes the quantized rows too (y_quantized);
 //   kSwigluQuant the MoE's swiglu quantizes for the down projection (swiglu_quantize).
-// MAGNETAR_CUDA_FUSE picks them for every forward pass: a comma list of combine, norm, swiglu; 1 for all, 0 for none.
-// Unset: combine, and for prefill chunks (n > kVec: the int8 tensor-core products) norm and swiglu too. H200, tg128
-// (run.sh --decode-bench, docs/benchmarks/2026-11-30-cuda-decode-pdl.md): combine 315.0 t/s, none 313.0, combine +
-// norm 314.0, combine + swiglu 305.9 (swiglu_quantize's 8 elements per lane lengthen the chain); pp512: all 11,509 t/s
-// against combine 11,157 (docs/benchmarks/2026-12-01-cuda-prefill-int-epilogue.md).
+// MAGNETAR_CUDA_FUSE picks them: a comma list of combine, norm, swiglu; 1 for all, 0 for none; unset: the default
+// set, combine. H200, tg128 (run.sh --decode-bench, docs/benchmarks/2026-11-30-cuda-decode-pdl.md): combine 315.0 t/s,
+// none 313.0, combine + norm 314.0, combine + swiglu 305.9 (swiglu_quantize's 8 elements per lane lengthen the chain).
 enum class Fusion { kCombine = 1, kNormQuant = 2, kSwigluQuant = 4 };
-bool fused(Fusion f, int64_t n) {
-  constexpr int kAll = int(Fusion::kCombine) | int(Fusion::kNormQuant) | int(Fusion::kSwigluQuant);
+bool fused(Fusion f) {
   static const int set = [] {
     const char* v = std::getenv("MAGNETAR_CUDA_FUSE");
-    if (v == nullptr) return -1;  // the default sets
+    if (v == nullptr) return int(Fusion::kCombine);
     const std::string_view s = v;
-    if (s == "1") return kAll;
+    if (s == "1") return int(Fusion::kCombine) | int(Fusion::kNormQuant) | int(Fusion::kSwigluQuant);
     int bits = 0;
     for (const auto& [name, bit] : {std::pair{"combine", Fusion::kCombine}, std::pair{"norm", Fusion::kNormQuant},
                                     std::pair{"swiglu", Fusion::kSwigluQuant}}) {
@@ -144,8 +141,7 @@ bool fused(Fusion f, int64_t n) {
     }
     return bits;
   }();
-  const int bits = set >= 0 ? set : n > kVec ? kAll : int(Fusion::kCombine);
-  return (bits & int(f)) != 0;
+  return (set & int(f)) != 0;
 }
 
 // The single-vector products of weight types with mmvq's rows kernel (Q4_K, Q8_0) take it with one row per warp,
@@ -277,16 +273,15 @@ class Qwen3Cuda final : public Model {
   // type of their weights; F32: none or not shared), the norm writes q_exp_ too.
   Status add_norm(const float* weight, quant::Type next, int64_t n, bool combine = false) const;
   // Whether an MoE layer leaves its expert rows for the next add_norm to combine (Fusion::kCombine).
-  bool combine_in_norm() const { return fused(Fusion::kCombine, 1) && hp_.n_expert_used <= 64; }
+  bool combine_in_norm() const { return fused(Fusion::kCombine) && hp_.n_expert_used <= 64; }
   Status attention_block(const DevLayer& L, int64_t il, std::span<const SeqSpan> seqs,
                          std::span<DeviceKv* const> mirrors, int64_t n) const;
   Status moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, int64_t n, const ForwardArgs& args) const;
   Status dense_ffn(const DevLayer& L, int64_t n) const;
   // gate = swiglu(gate, up) over [rows, cols]; returns gate quantized for down_type's product (into q_out; fused
-  // with the swiglu when it can be: fused(), whose default depends on the forward pass's token count n), or null
-  // when down_type is not quantized.
+  // with the swiglu when it can be), or null when down_type is not quantized.
   Result<const void*> swiglu_for(quant::Type down_type, float* gate, const float* up, int64_t rows, int64_t cols,
-                                 void* q_out, int64_t n) const;
+                                 void* q_out) const;
   Result<DeviceKv*> mirror_of(kv::KvCache& cache) const;
   // Queues the forward pass from the host input buffers (h_x_, h_positions_) up to the final norm; returns the
   // head's input rows (xn_, or each sequence's last row gathered) in *head_in.
@@ -645,7 +640,7 @@ const void* Qwen3Cuda::quantize_xn(quant::Type weight_type, int64_t n) const {
 
 Status Qwen3Cuda::add_norm(const float* weight, quant::Type next, int64_t n, bool combine) const {
   const quant::Type act = is_quantized(next) ? quant::traits(next).vec_dot_type : quant::Type::F32;
-  xn_act_ = fused(Fusion::kNormQuant, n) && cuda::can_quantize_norm(act, hp_.n_embd) ? act : quant::Type::F32;
+  xn_act_ = fused(Fusion::kNormQuant) && cuda::can_quantize_norm(act, hp_.n_embd) ? act : quant::Type::F32;
   return cuda::add_rms_norm({.x = x_.as<float>(), .residual = combine ? down_.as<float>() : proj_.as<float>(),
                              .weight = weight, .y = xn_.as<float>(), .n_rows = n, .n_cols = hp_.n_embd,
                              .eps = hp_.rms_eps, .y_type = xn_act_,
@@ -804,13 +799,13 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
 }
 
 Result<const void*> Qwen3Cuda::swiglu_for(quant::Type down_type, float* gate, const float* up, int64_t rows,
-                                           int64_t cols, void* q_out, int64_t n) const {
+                                           int64_t cols, void* q_out) const {
   if (!is_quantized(down_type)) {
     MAGNETAR_RETURN_IF_ERROR(cuda::swiglu(gate, up, rows * cols, stream_));
     return static_cast<const void*>(nullptr);
   }
   const quant::Type act = quant::traits(down_type).vec_dot_type;
-  if (fused(Fusion::kSwigluQuant, n) && cols % quant::traits(act).block_size == 0) {
+  if (fused(Fusion::kSwigluQuant) && cols % quant::traits(act).block_size == 0) {
     MAGNETAR_RETURN_IF_ERROR(cuda::swiglu_quantize(
         {.gate = gate, .up = up, .n_rows = rows, .n_cols = cols, .out_type = act, .out = q_out}, stream_));
     return static_cast<const void*>(q_out);
@@ -827,7 +822,7 @@ Status Qwen3Cuda::dense_ffn(const DevLayer& L, int64_t n) const {
   const void* xq = shared ? quantize_xn(L.ffn_gate.type, n) : nullptr;
   MAGNETAR_RETURN_IF_ERROR(linear(L.ffn_gate, xn_.as<float>(), gate, n, xq));
   MAGNETAR_RETURN_IF_ERROR(linear(L.ffn_up, xn_.as<float>(), up, n, xq));
-  MAGNETAR_ASSIGN_OR_RETURN(const void* h, swiglu_for(L.ffn_down.type, gate, up, n, F, q_in_.data(), n));
+  MAGNETAR_ASSIGN_OR_RETURN(const void* h, swiglu_for(L.ffn_down.type, gate, up, n, F, q_in_.data()));
   return linear(L.ffn_down, gate, proj_.as<float>(), n, h);
 }
 
@@ -1157,8 +1152,7 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
                                                     stream_));
     }
     MAGNETAR_ASSIGN_OR_RETURN(const void* h_q, swiglu_for(L.down_type, gate + row0 * F, up + row0 * F, rows, F,
-                                                          static_cast<uint8_t*>(q_in_.data()) + size_t(row0) * h_row,
-                                                          n));
+                                                          static_cast<uint8_t*>(q_in_.data()) + size_t(row0) * h_row));
     const void* h = h_q != nullptr ? q_in_.data() : static_cast<const void*>(gate);  // rows of all items
     if (mmq) {
       return cuda::grouped_matmul_q({.type = L.down_type, .items = its, .n_items = count, .part = 2, .n_parts = 1,
