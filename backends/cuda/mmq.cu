@@ -7,10 +7,13 @@
 // scale: w = scale_w * q_w + offset_w, x = d_x * q_x, so one output is
 //   sum over slices of (scale_w * d_x) * isum(q_w, q_x) + offset_w * sum_x,     sum_x = d_x * sum(q_x)
 // (mmq.cuh states the exactness of the split). isum is one mma.sync per (16 x 8 tile, slice):
-// m16n8k32 for slices of 32, m16n8k16 for slices of 16, s8 x s8 -> s32, started from zero for every slice;
-// the scales are applied in registers (per output and slice: the int32 -> float conversion by an add
-// (exact_float), the product scale_w * d_x and one FMA, one more FMA with an offset) into float32 accumulators.
-// No atomics, a fixed order of every float operation: deterministic.
+// m16n8k32 for slices of 32, m16n8k16 for slices of 16, s8 x s8 -> s32, started from zero for every slice.
+// The 32-element types (compute_step_float) apply the scales in registers per output and slice (the int32 -> float
+// conversion by an add (exact_float), the product scale_w * d_x and one FMA, one more FMA with an offset). The
+// K-quants (compute_step_int; mmq.cuh's KShape: scale = d * isc, offset = -(dmin * imin)) sum isc * isum over the
+// block's slices in int32, take the block's min terms sum(imin * bsum) by two more mma per tile, and scale once per
+// output and block: acc += (d_w d_x) * isum - (dmin_w d_x) * minsum. No atomics, a fixed order of every float
+// operation: deterministic.
 //
 // Tiling. A CTA of 256 threads (8 warps) computes kTileX = 64 activation rows x kTileW = 128 weight rows of
 // y (MMA's M dimension = activation rows, so a thread's C fragment holds two adjacent weight rows of one
@@ -20,13 +23,16 @@
 //   1. every thread unpacks kTileW * kStepK / kSlice / 256 weight slices (4 or 8) and 64 * kStepK / kSlice /
 //      256 activation slices (2 or 4) into shared memory, each slice as words from the widest aligned loads
 //      (mmq.cuh): int8 quants [row][k] (rows padded to 272 bytes so that the fragment loads are free of bank
-//      conflicts: row r starts at bank 4r) and per (row, slice) float2 (scale, offset) / (d_x, sum_x);
-//   2. __syncthreads; the CTA asks L1 for the next K-step's blocks (prefetch_step); then per slice each warp loads
-//      its A (x) and B (w) fragments as 32-bit words from shared memory, runs 8 mma, scales the int32 results into
-//      its 32 float accumulators; __syncthreads.
-// Shared memory (dynamic, opted in): 64 * 272 + 128 * 272 bytes of quants (51 KiB) + (64 + 128) * 9 (or 17) float2
-// of scales + 64 row pointers: 65 KiB for the slice-32 types, 77 KiB for the slice-16 ones; two CTAs per SM (also
-// the register limit: 128 per thread, __launch_bounds__(256, 2)).
+//      conflicts: row r starts at bank 4r) and per (row, slice) the scales (float pairs, or the K-quants' integers
+//      with per-row block floats);
+//   2. __syncthreads; per slice each warp loads its A (x) and B (w) fragments as 32-bit words from shared memory,
+//      runs 8 mma, scales or sums the int32 results into its 32 accumulators.
+// The unpacking reads the K-step's raw blocks from shared memory, copied there by cp.async during the previous step's
+// mma (stage_step, Raw), for every type whose tiles and staging fit two CTAs per SM (all but Q8_0); Q8_0 reads global
+// memory, with the next step's blocks prefetched into L1 during the mma (prefetch_step).
+// Shared memory (dynamic, opted in): 64 * 272 + 128 * 272 bytes of quants (51 KiB), the scales, 64 row pointers and
+// the staging: 96-111 KiB for the staged types, 65 KiB for Q8_0; two CTAs per SM (also the register limit: 128 per
+// thread, __launch_bounds__(256, 2)).
 // Tails: weight rows >= rows and activation rows >= the tile's count are unpacked as zeros and not written;
 // K-steps past cols (legacy types whose cols are not a multiple of 256) are zero slices.
 // Grid: x = weight-row tiles (fastest: the CTAs that run together share one activation tile, so x comes
@@ -35,14 +41,10 @@
 // of 64, so tiles never straddle items); z = the part (gate, up, down) of a grouped launch. A split matmul_q
 // (q | k | v of one matrix) picks each tile's output buffer from its first weight row.
 //
-// Measured (H200, 30B-A3B geometry Q4_K, docs/benchmarks/2026-12-01-cuda-prefill-mmq.md): the expert gate+up
-// launch of a 512-token prompt runs at 72 T int8 ops/s, the dense q projection at 99 T (the tensor cores' dense peak
-// is ~1,979 T; HBM is at 0.55 TB/s: neither bounds it). ~2,000 instructions per warp per K-step, four fifths of them
-// the epilogue; issue slots 47-50% busy at 25% occupancy, the stalls mostly long scoreboard (the unpacking's global
-// loads), wait (each mma's result consumed at once) and barrier. Word-wide unpacking and the add-based conversion
-// took the prompt's mmq time from 75.8 to 43.5 ms; K-steps of 256, 41.6 ms; the L1 prefetch, +2%. Next, each to be
-// measured: raw blocks staged by cp.async with the unpacking from shared memory, the mma software-pipelined against
-// its epilogue, an integer epilogue for the K-quants.
+// Measured (H200, 30B-A3B geometry Q4_K): docs/benchmarks/2026-12-01-cuda-prefill-mmq.md (word-wide unpacking, the
+// add-based conversion, K-steps of 256, the L1 prefetch: the prompt's mmq time 75.8 -> 41.6 ms) and
+// docs/benchmarks/2026-12-01-cuda-prefill-int-epilogue.md (the integer epilogue: 41.9 -> 35.8 ms, pp512 +11%; the
+// staging: +2.5-3.8%). Still latency-bound (22% occupancy; wait and scoreboard stalls); next levers there.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -198,8 +200,8 @@ struct SmemTiles {
 
 // Two CTAs per SM (the register bound of __launch_bounds__(256, 2)) fit in the SM's 228 KiB of shared memory when a
 // CTA takes at most 113 KiB (1 KiB per CTA is the driver's). The types whose staged tiles fit stage their K-steps
-// by cp.async (Q4_K, Q5_K, Q2_K, Q3_K, IQ4_XS, the 32-element types but Q8_0); the others (Q8_0, Q6_K: wider
-// blocks) read global memory in the unpacking, with the next K-step's blocks prefetched into L1.
+// by cp.async (96-111 KiB: every K-quant and 32-element type but Q8_0, whose 8 x 34-byte blocks and Q8_0 activations
+// make 121 KiB); Q8_0 reads global memory in the unpacking, with the next K-step's blocks prefetched into L1.
 constexpr size_t kTwoCtaSmem = 113 * 1024;
 template <Type T>
 constexpr bool kStaged = sizeof(SmemTiles<T>) + sizeof(Raw<T>) <= kTwoCtaSmem;

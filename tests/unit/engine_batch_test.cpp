@@ -83,6 +83,28 @@ TEST_P(EngineBatchTest, BatchedStepsEqualStepsAlone) {
 INSTANTIATE_TEST_SUITE_P(Weights, EngineBatchTest, ::testing::Values(quant::Type::F32, quant::Type::Q8_0),
                          [](const auto& info) { return std::string(quant::type_name(info.param)); });
 
+// --batch 0 (the default, auto) on the CPU: 512-token prompt chunks, at most the context; an explicit batch is kept
+// (the GPU's choice: tests/cuda/cuda_engine_test.cpp, CudaEngineBatch).
+TEST(EngineBatch, AutoIs512OnTheCpu) {
+  const std::string path = ::testing::TempDir() + "engine_batch_auto_" + std::to_string(getpid()) + ".gguf";
+  testing::write_tiny(path, quant::Type::F32, 5);
+  auto batch_of = [&](int64_t n_ctx, int64_t n_batch) -> int64_t {
+    EngineOptions options;
+    options.n_threads = 2;
+    options.n_ctx = n_ctx;
+    options.n_batch = n_batch;
+    options.device = Device::kCpu;
+    auto engine = Engine::load(path, options);
+    EXPECT_TRUE(engine.ok()) << engine.status().message();
+    return engine.ok() ? engine.value()->options().n_batch : -1;
+  };
+  EXPECT_EQ(EngineOptions{}.n_batch, 0);
+  EXPECT_EQ(batch_of(4096, 0), 512);
+  EXPECT_EQ(batch_of(100, 0), 100);
+  EXPECT_EQ(batch_of(4096, 7), 7);
+  unlink(path.c_str());
+}
+
 TEST(EngineBatch, BadInputFailsNamingTheSessionAndChangesNone) {
   const std::string path = ::testing::TempDir() + "engine_batch_bad_" + std::to_string(getpid()) + ".gguf";
   std::unique_ptr<Engine> engine = load_tiny(path, quant::Type::F32, 4);

@@ -201,7 +201,8 @@ if [ "$filter" = "--decode-bench" ]; then
 fi
 
 # `run.sh --prefill-bench [VAR=VALUE ...]`: pp512 and pp2048 (medians of 5) on the resident 30B-A3B geometry, then the
-# same with each environment switch VAR=VALUE as an arm of the same call.
+# same with each environment switch VAR=VALUE as an arm of the same call; last, pp2048 in 512-token chunks
+# (`--batch 512`, llama-bench's default ubatch; the engine's default on a resident GPU model is 2,048).
 if [ "$filter" = "--prefill-bench" ]; then
   build_with_model
   for arm in "" "${@:2}"; do
@@ -210,6 +211,9 @@ if [ "$filter" = "--prefill-bench" ]; then
     env $arm "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 2048 --gen 0 --reps 5 --ctx 4096 \
       2>&1 | tail -1
   done
+  echo "== --batch 512"
+  "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 2048 --gen 0 --reps 5 --ctx 4096 --batch 512 \
+    2>&1 | tail -1
   exit 0
 fi
 
