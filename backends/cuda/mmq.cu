@@ -47,6 +47,7 @@
 // staging: +2.5-3.8%). Still latency-bound (22% occupancy; wait and scoreboard stalls); next levers there.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstdint>
@@ -743,6 +744,13 @@ Status check_type_and_shape(const char* op, Type type, int64_t rows, int64_t col
   if (cols < 1 || cols % info->block_elems != 0 || cols > INT_MAX - kStepK) {
     return Status::error(format("%s: cols=%lld is not a positive multiple of %s's block of %d (at most %d)", op,
                                 (long long)cols, info->name, info->block_elems, INT_MAX - kStepK));
+  }
+  // The kernel's in-row byte offsets are int (the staging's chunk_of).
+  const int64_t w_bytes = cols / info->block_elems * int64_t(info->block_bytes);
+  const int64_t x_bytes = cols / info->act_block_elems * int64_t(info->act_block_bytes);
+  if (std::max(w_bytes, x_bytes) > INT_MAX) {
+    return Status::error(format("%s: cols=%lld makes rows of %lld bytes, over the kernel's %d", op, (long long)cols,
+                                (long long)std::max(w_bytes, x_bytes), INT_MAX));
   }
   return Status();
 }

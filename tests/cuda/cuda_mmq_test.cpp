@@ -406,6 +406,10 @@ TEST(CudaMmq, RejectsBadArguments) {
   a.weights = reinterpret_cast<const uint8_t*>(fake) + 2;
   expect_error(cuda::matmul_q(a, stream), "16-byte aligned");
   a = ok;
+  a.type = Type::Q8_0;
+  a.cols = 2080000000;  // a multiple of 32 below INT_MAX - 256 whose rows of 34-byte blocks pass INT_MAX bytes
+  expect_error(cuda::matmul_q(a, stream), "bytes, over the kernel's");
+  a = ok;
   a.x = reinterpret_cast<const uint8_t*>(fake) + 4;  // the staged copies read whole 16-byte lines of x
   expect_error(cuda::matmul_q(a, stream), "x must be 16-byte aligned");
 
