@@ -368,12 +368,24 @@ __device__ __forceinline__ void load_fragments(const Smem<T>& sm, const WarpPos&
   }
 }
 
-template <int kSlice>
-__device__ __forceinline__ void mma_slice(int (&c)[4], const int (&a)[4], const int (&b)[2]) {
-  if (kSlice == 32) {
-    mma_k32(c, a, b);
-  } else {
-    mma_k16(c, a, b);
+// The warp's n_mt x 4 mma of one slice, each int32 result c handed to f(mt, nt, c): c[i] is activation row
+// g + 8 (i / 2) of the m16 tile, weight row 2t + i % 2 of the n8 tile.
+template <int kSlice, typename F>
+__device__ __forceinline__ void slice_mma(const WarpPos& wp, const int (&a)[kMTiles][4], const int (&b)[kNTiles][2],
+                                          F f) {
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    if (mt >= wp.n_mt) break;
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      int c[4] = {0, 0, 0, 0};
+      if (kSlice == 32) {
+        mma_k32(c, a[mt], b[nt]);
+      } else {
+        mma_k16(c, a[mt], b[nt]);
+      }
+      f(mt, nt, c);
+    }
   }
 }
 
@@ -409,22 +421,14 @@ __device__ __forceinline__ void compute_step_float(const Smem<T>& sm, const Warp
         wo[nt][h] = Ops::kHasOffset ? so.y : 0.0f;
       }
     }
+    slice_mma<Ops::kSlice>(wp, a, b, [&](int mt, int nt, const int (&c)[4]) {
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-      if (mt >= wp.n_mt) break;
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) {
-        int c[4] = {0, 0, 0, 0};
-        mma_slice<Ops::kSlice>(c, a[mt], b[nt]);
-        // c[i]: activation row g + 8 (i / 2) of the m16 tile, weight row 2t + i % 2 of the n8 tile
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          float v = __fmaf_rn(ws[nt][i % 2] * xd[mt][i / 2], exact_float(c[i]), acc[mt][nt][i]);
-          if (Ops::kHasOffset) v = __fmaf_rn(wo[nt][i % 2], xs[mt][i / 2], v);
-          acc[mt][nt][i] = v;
-        }
+      for (int i = 0; i < 4; ++i) {
+        float v = __fmaf_rn(ws[nt][i % 2] * xd[mt][i / 2], exact_float(c[i]), acc[mt][nt][i]);
+        if (Ops::kHasOffset) v = __fmaf_rn(wo[nt][i % 2], xs[mt][i / 2], v);
+        acc[mt][nt][i] = v;
       }
-    }
+    });
   }
 }
 
@@ -501,17 +505,10 @@ __device__ __forceinline__ void compute_step_int(const Smem<T>& sm, const WarpPo
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) sc[nt][h] = sm.sc.w_sc[wp.ww0 + 8 * nt + 2 * wp.t + h][s];
+    slice_mma<Ops::kSlice>(wp, a, b, [&](int mt, int nt, const int (&c)[4]) {
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-      if (mt >= wp.n_mt) break;
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) {
-        int c[4] = {0, 0, 0, 0};
-        mma_slice<Ops::kSlice>(c, a[mt], b[nt]);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) isum[mt][nt][i] += sc[nt][i % 2] * c[i];
-      }
-    }
+      for (int i = 0; i < 4; ++i) isum[mt][nt][i] += sc[nt][i % 2] * c[i];
+    });
   }
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
