@@ -171,6 +171,7 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   const bool forced = o.device == Device::kCuda;
   auto fall_back = [&](const std::string& why) {
     if (forced) return Status::error(path + ": --device cuda: " + why);
+    if (impl.batch_auto) impl.options.n_batch = std::min(kCpuBatch, impl.options.n_ctx);  // the CPU's chunk
     impl.gpu_unused = why;
     impl.plan_text = "device: CPU (" + why + ")";
     return Status();
