@@ -198,14 +198,15 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   // tensor-core products run ~30% faster on 2,048 rows than on 4 x 512: docs/benchmarks/2026-12-01-cuda-prefill-int-
   // epilogue.md), else 512 (a GPU pool keeps that memory for experts).
   const bool host_experts = o.experts == ExpertMode::kStream || o.experts == ExpertMode::kMmap;
+  // One session's KV and scratch (for the current n_batch) and the reserve.
+  auto kv_scratch_bytes = [&] { return session_kv_bytes(impl) + session_scratch_bytes(impl) + kv_f16 + kReserve; };
   if (impl.batch_auto) {
     impl.options.n_batch = std::min(kGpuBatch, o.n_ctx);
-    const uint64_t need = impl.file->file_bytes() + session_kv_bytes(impl) + session_scratch_bytes(impl) + kv_f16;
-    if (o.gpu_cache_gb > 0 || host_experts || need + kReserve > gpu.free_bytes) {
+    if (o.gpu_cache_gb > 0 || host_experts || impl.file->file_bytes() + kv_scratch_bytes() > gpu.free_bytes) {
       impl.options.n_batch = std::min(kCpuBatch, o.n_ctx);
     }
   }
-  const uint64_t kv_scratch = session_kv_bytes(impl) + session_scratch_bytes(impl) + kv_f16 + kReserve;
+  const uint64_t kv_scratch = kv_scratch_bytes();
   const uint64_t resident_need = impl.file->file_bytes() + kv_scratch;
   const uint64_t fixed_need = impl.file->file_bytes() - std::min(impl.file->file_bytes(), expert_bytes) + kv_scratch;
   // The pool: asked for, or needed because the experts do not fit (or asked to stay in host memory).

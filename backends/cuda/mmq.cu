@@ -527,6 +527,15 @@ __device__ __forceinline__ void compute_step_int(const Smem<T>& sm, const WarpPo
   }
 }
 
+template <Type T>
+__device__ __forceinline__ void compute_step(const Smem<T>& sm, const WarpPos& wp, float (&acc)[kMTiles][kNTiles][4]) {
+  if constexpr (mmq::MmqType<T>::kIntScales) {
+    compute_step_int<T>(sm, wp, acc);
+  } else {
+    compute_step_float<T>(sm, wp, acc);
+  }
+}
+
 // One tile: weight rows w0 .. w0 + kTileW - 1 of `weights`, activation rows sm.x_row[0 .. n_x - 1], output
 // row i of the tile at y_rows + i * pitch, weight row c at column c - col0. Every thread of the CTA calls it (it
 // synchronizes).
@@ -564,11 +573,7 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
           [&](int r) { return &sm.raw.x[r][(reinterpret_cast<uintptr_t>(sm.x_row[r]) + xc.x) % 16]; });
       __syncthreads();  // the tiles complete; the raw buffers free
       if (k0 + kStepK < p.cols) stage_step<T>(sm, weights, p, w0, n_x, k0 + kStepK);
-      if constexpr (Ops::kIntScales) {
-        compute_step_int<T>(sm, wp, acc);
-      } else {
-        compute_step_float<T>(sm, wp, acc);
-      }
+      compute_step<T>(sm, wp, acc);
     }
   } else {
     for (int k0 = 0; k0 < p.cols; k0 += kStepK) {
@@ -579,26 +584,17 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
           [&](int r) { return sm.x_row[r] + xc.x; });
       __syncthreads();
 
-      // The next K-step's blocks into L1 while this one computes.
+      // The next K-step's blocks into L1 while this one computes (a last K-step shorter than kStepK: only the row's
+      // remaining bytes).
       if (p.prefetch != 0 && k0 + kStepK < p.cols) {
-        constexpr int kWChunk = kStepK / Ops::kBlockElems * int(sizeof(Block));
-        constexpr int kXChunk = kStepK / Ops::kActBlockElems * int(sizeof(Act));
-        const int k1 = k0 + kStepK;
-        const size_t w_off = size_t(k1 / Ops::kBlockElems) * sizeof(Block);
-        const size_t x_off = size_t(k1 / Ops::kActBlockElems) * sizeof(Act);
-        // A last K-step shorter than kStepK (cols not a multiple of it): only the row's remaining bytes.
-        prefetch_step(kTileW, w_off, min(kWChunk, int(p.row_bytes - w_off)), [&](int r) {
+        const int2 wn = chunk_of<Ops::kBlockElems, int(sizeof(Block))>(k0 + kStepK, p.row_bytes);
+        const int2 xn = chunk_of<Ops::kActBlockElems, int(sizeof(Act))>(k0 + kStepK, p.x_row_bytes);
+        prefetch_step(kTileW, size_t(wn.x), wn.y, [&](int r) {
           return w0 + r < p.rows ? weights + size_t(w0 + r) * p.row_bytes : nullptr;
         });
-        prefetch_step(kTileX, x_off, min(kXChunk, int(p.x_row_bytes - x_off)),
-                      [&](int r) { return r < n_x ? sm.x_row[r] : nullptr; });
+        prefetch_step(kTileX, size_t(xn.x), xn.y, [&](int r) { return r < n_x ? sm.x_row[r] : nullptr; });
       }
-
-      if constexpr (Ops::kIntScales) {
-        compute_step_int<T>(sm, wp, acc);
-      } else {
-        compute_step_float<T>(sm, wp, acc);
-      }
+      compute_step<T>(sm, wp, acc);
       __syncthreads();
     }
   }
