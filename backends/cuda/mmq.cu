@@ -55,6 +55,7 @@
 #include <type_traits>
 
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/cuda_check.cuh"
 #include "backends/cuda/mmq.cuh"
 
@@ -62,6 +63,9 @@ namespace magnetar::cuda {
 namespace {
 
 using quant::Type;
+using detail::cp_async_commit;
+using detail::cp_async_wait_all;
+using detail::stage_unit;
 
 constexpr int kThreads = 256;
 constexpr int kTileX = 64;    // activation rows per CTA tile (mma M)
@@ -212,23 +216,6 @@ template <Type T>
 struct Smem : SmemTiles<T> {
   std::conditional_t<kStaged<T>, Raw<T>, NoRaw> raw;
 };
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
-// One row chunk [src, src + len) into dst (16-byte aligned) at offset src % 16, as 16-byte units dealt over the
-// CTA: the units' sources start on the 16-byte line of src (in bounds: the matrices start 16-byte aligned,
-// matmul_q's contract); bytes past src + len are zero-filled, never read.
-__device__ __forceinline__ void stage_unit(uint8_t* dst, const uint8_t* src, int len, int unit) {
-  const uint8_t* line = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(src) & ~uintptr_t(15));
-  const uint8_t* from = line + 16 * unit;
-  const int bytes = max(0, min(16, int(src + len - from)));
-  cp_async16(dst + 16 * unit, bytes > 0 ? from : line, bytes);
-}
 
 // The bytes of K-step k0 in a row of `row_bytes` bytes of blocks of kElems elements and kBytes bytes: offset and
 // length (a last K-step of a legacy type may be shorter than kStepK).

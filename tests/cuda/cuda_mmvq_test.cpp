@@ -338,14 +338,15 @@ TEST(CudaMatvec, RejectsBadArguments) {
 
 // The float matrix-matrix product (matmul_float.cu: the prefill router) within float_tolerance of a double dot
 // product of the exactly representable weights with the float32 activations, for F32, F16 and BF16 at shapes that
-// cut every tile edge (64 rows, 64 activation rows, K-steps of 16): rows 1, 65, 128; cols 1, 37, 2048; n 9, 64,
-// 130. Outputs sit before poisoned guard floats: every output written, nothing past the end. Bad arguments fail.
+// cut every tile edge (32 weight rows, 16 activation rows, K-steps of 128 in a ring of 4): rows 1, 65, 128; cols 1,
+// 37, 1001 (8 steps, the last partial; rows not 16-byte aligned, staged at their offsets), 2048; n 9, 64, 130.
+// Outputs sit before poisoned guard floats: every output written, nothing past the end. Bad arguments fail.
 TEST(CudaMatmulFloat, MatchesReference) {
   SKIP_WITHOUT_GPU();
   Rng rng(kSeed ^ 0xf10a7);
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
   for (Type type : {Type::F32, Type::F16, Type::BF16}) {
-    for (int64_t cols : {int64_t(1), int64_t(37), int64_t(2048)}) {
+    for (int64_t cols : {int64_t(1), int64_t(37), int64_t(1001), int64_t(2048)}) {
       for (int64_t rows : {int64_t(1), int64_t(65), int64_t(128)}) {
         for (int64_t n : {int64_t(9), int64_t(64), int64_t(130)}) {
           const std::string where = std::string(quant::type_name(type)) + " rows=" + std::to_string(rows) +
@@ -394,6 +395,11 @@ TEST(CudaMatmulFloat, MatchesReference) {
   a.type = Type::F32;
   const Status null_y = cuda::matmul_float(a, stream);
   EXPECT_NE(null_y.message().find("null"), std::string::npos) << null_y.message();
+  alignas(16) static float fake[16];
+  a.y = fake;
+  a.x = fake + 1;  // the staged copies read whole 16-byte lines from x's start
+  const Status unaligned = cuda::matmul_float(a, stream);
+  EXPECT_NE(unaligned.message().find("16-byte aligned"), std::string::npos) << unaligned.message();
   EXPECT_FALSE(cuda::has_matmul_float(Type::Q8_0));
 }
 

@@ -259,7 +259,8 @@ fi
 
 log "machine: $(lscpu | sed -n 's/^Model name: *//p') / $(nproc) cores / $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAGNETAR_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$prefix/usr" >"$OUT/configure.log" 2>&1 \
+  -DMAGNETAR_TESTS=ON -DMAGNETAR_BENCH=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$prefix/usr" \
+  >"$OUT/configure.log" 2>&1 \
   || { log "configure failed"; tail -30 "$OUT/configure.log"; exit 1; }
 # -k 0: a file that fails (another compiler's stricter C++20) does not stop the rest; what built is still run.
 if ! cmake --build build-device -j "$(nproc)" -- -k 0 >"$OUT/build.log" 2>&1; then
