@@ -18,6 +18,9 @@
 // 32-key tiles used at head_dim 128, i.e. 4/5 or 2/3 of the peak. More rows per CTA would also cut the K/V traffic
 // further but leave fewer CTAs for short prefills (200 tokens of group 8 are 13 CTAs per KV head already).
 // head_dim 256 keeps 16 rows per warp (kRows 64): two m16 tiles would need 256 accumulator registers per thread.
+// Short prefills take 16 rows per warp at every head size (warp_rows): when the grid of 128-row CTAs has fewer than two
+// per SM (the 30B-A3B at 512 tokens: 128 CTAs on 132 SMs, each SM one CTA of 4 warps, each K/V tile's chain of mma,
+// softmax and barriers latency-bound), CTAs of 64 rows make twice as many, several per SM (124 registers).
 //
 // Per K/V tile of kKv rows (64 at head_dim 64, 32 at 128 and 256; see "Registers"), each warp, for its rows:
 //   S = Q K^T      mma.sync m16n8k16 f16 x f16 -> f32; Q fragments (A) by ldmatrix from the Q tile in shared
@@ -86,6 +89,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "backends/cuda/attention.cuh"
 #include "backends/cuda/cuda_backend.h"
@@ -108,16 +112,16 @@ using attn::shared_address;
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / ops::kWarpSize;
 
-// The tile shape of one head size (see the header for the choices).
-template <int D>
+// The tile shape of one head size and MT m16 tiles (16 query rows each) per warp (see the header for the choices).
+template <int D, int MT>
 struct Tile {
-  static constexpr int kMTiles = D <= 128 ? 2 : 1;     // m16 tiles (16 query rows each) per warp
+  static constexpr int kMTiles = MT;
   static constexpr int kRows = kWarps * 16 * kMTiles;  // query rows per CTA
   static constexpr int kKv = D <= 64 ? 64 : 32;        // K/V rows per tile (registers: see the header)
   static constexpr int kStride = D + 8;                // halves per shared row: 16 bytes of padding
   static constexpr int kKvHalves = kKv * kStride;      // one K (or V) tile
   static constexpr int kSmemBytes = (kRows * kStride + 4 * kKvHalves) * 2;
-  static_assert(D % 16 == 0 && kKv % 16 == 0);
+  static_assert(D % 16 == 0 && kKv % 16 == 0 && (MT == 1 || (MT == 2 && D <= 128)));
   static_assert(kKv * (D / 8) % kThreads == 0, "a tile is a whole number of 16-byte copies per thread");
 };
 
@@ -136,10 +140,10 @@ struct PrefillParams {
   float q_scale;       // scale * log2(e): the scores leave the mma in log2 units
 };
 
-// Grid: (query tiles, n_head_kv); kThreads threads; Tile<D>::kSmemBytes of dynamic shared memory.
-template <int D>
+// Grid: (query tiles, n_head_kv); kThreads threads; Tile<D, MT>::kSmemBytes of dynamic shared memory.
+template <int D, int MT>
 __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(const PrefillParams p) {
-  using T = Tile<D>;
+  using T = Tile<D, MT>;
   constexpr int kMT = T::kMTiles;
   constexpr int kKv = T::kKv;
   constexpr int kStride = T::kStride;
@@ -377,22 +381,42 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(const Prefi
   }
 }
 
-template <int D>
+template <int D, int MT>
 void launch(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
   // Above 48 KiB of dynamic shared memory needs the opt-in; set on every call (a host-side attribute write, no
   // stream work) so that it holds for whichever device is current.
-  CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  Tile<D>::kSmemBytes));
-  attention_prefill_kernel<D><<<grid, kThreads, Tile<D>::kSmemBytes, stream>>>(p);
+  CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_kernel<D, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  Tile<D, MT>::kSmemBytes));
+  attention_prefill_kernel<D, MT><<<grid, kThreads, Tile<D, MT>::kSmemBytes, stream>>>(p);
   CUDA_CHECK(cudaGetLastError());
 }
 
-int rows_per_cta(int64_t head_dim) {
-  switch (head_dim) {
-    case 64: return Tile<64>::kRows;
-    case 128: return Tile<128>::kRows;
-    default: return Tile<256>::kRows;
-  }
+// Streaming multiprocessors of the current device (cached: one GPU per process here).
+int64_t sm_count() {
+  static const int64_t sms = [] {
+    int device = 0, n = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return int64_t(n);
+  }();
+  return sms;
+}
+
+// Query rows per warp: AttentionArgs::prefill_warp_rows, else MAGNETAR_CUDA_PREFILL_WARP_ROWS (16 or 32, a diagnostic
+// switch), else 32 (head_dim <= 128) when the grid of 32-row warps has at least two CTAs per SM, 16 when it has fewer
+// (pp512 of the 30B-A3B: 128 CTAs of 16 tokens for 132 SMs, one CTA of 4 warps per SM, latency-bound; 16-row warps
+// make 256 of 8 tokens) or at head_dim 256.
+int warp_rows(const AttentionArgs& a, int64_t group) {
+  static const int forced = [] {
+    const char* v = std::getenv("MAGNETAR_CUDA_PREFILL_WARP_ROWS");
+    return v == nullptr ? 0 : std::atoi(v);
+  }();
+  if (a.head_dim > 128) return 16;
+  if (a.prefill_warp_rows != 0) return int(a.prefill_warp_rows);
+  if (forced == 16 || forced == 32) return forced;
+  const int64_t tokens_per_cta = Tile<128, 2>::kRows / group;
+  const int64_t ctas = (a.n_tok + tokens_per_cta - 1) / tokens_per_cta * a.n_head_kv;
+  return ctas >= 2 * sm_count() ? 32 : 16;
 }
 
 }  // namespace
@@ -405,9 +429,14 @@ Status attention_prefill_mma(const AttentionArgs& a, Stream& stream) {
     return Status::error(format("attention_prefill_mma: head_dim=%lld has no kernel (64, 128, 256; use attention())",
                                 (long long)a.head_dim));
   }
+  if (a.prefill_warp_rows != 0 && a.prefill_warp_rows != 16 && (a.prefill_warp_rows != 32 || a.head_dim > 128)) {
+    return Status::error(format("attention_prefill_mma: prefill_warp_rows=%d is not 0 (auto), 16 or 32 (head_dim <= "
+                                "128)", a.prefill_warp_rows));
+  }
 
   const int64_t group = a.n_head / a.n_head_kv;
-  const int tokens_per_cta = rows_per_cta(a.head_dim) / int(group);
+  const int mt = warp_rows(a, group) / 16;
+  const int tokens_per_cta = kWarps * 16 * mt / int(group);
   PrefillParams p;  // C++17 (nvcc): no designated initializers
   p.q = a.q;
   p.k = static_cast<const uint16_t*>(a.k_cache);  // F16 (check_args)
@@ -423,10 +452,12 @@ Status attention_prefill_mma(const AttentionArgs& a, Stream& stream) {
   p.tokens_per_cta = tokens_per_cta;
   p.q_scale = float(double(a.scale) * 1.4426950408889634);  // log2(e)
   const dim3 grid(unsigned((a.n_tok + tokens_per_cta - 1) / tokens_per_cta), unsigned(a.n_head_kv));
-  switch (a.head_dim) {
-    case 64: launch<64>(p, grid, stream.raw()); break;
-    case 128: launch<128>(p, grid, stream.raw()); break;
-    default: launch<256>(p, grid, stream.raw()); break;
+  if (a.head_dim == 64) {
+    (mt == 2 ? launch<64, 2> : launch<64, 1>)(p, grid, stream.raw());
+  } else if (a.head_dim == 128) {
+    (mt == 2 ? launch<128, 2> : launch<128, 1>)(p, grid, stream.raw());
+  } else {
+    launch<256, 1>(p, grid, stream.raw());
   }
   return Status();
 }

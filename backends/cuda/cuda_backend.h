@@ -579,6 +579,9 @@ struct AttentionArgs {
   // The caches' type: F16, or Q8_0 for attention_decode_mma only (each head row head_dim / 32 blocks of ggml's
   // Q8_0; the other ops return a Status: kv_to_f16 first).
   quant::Type kv_type = quant::Type::F16;
+  // attention_prefill_mma only: query rows per warp, 0 (auto: 32, or 16 when that grid leaves SMs without a second CTA
+  // or at head_dim 256), 16 or 32 (head_dim <= 128).
+  int prefill_warp_rows = 0;
 };
 Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Stream& stream);
 

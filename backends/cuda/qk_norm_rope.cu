@@ -9,8 +9,8 @@
 // One warp per head row; lane l holds elements l, l + 32, ... (head_dim / 32 of them), so for head_dim a
 // multiple of 64 the rotation pairs (i, i + head_dim / 2) sit in the same lane and need no exchange.
 // Cost: 8 bytes per element (read and write x), ~10 flops, plus head_dim / 2 double pow/sin/cos per row
-// (recomputed per head: 2 * 64 per row at head_dim 128, negligible next to a decode step's launch latency;
-// prefill at thousands of tokens pays ~10 us per layer for it on an H200's FP64 units).
+// (per head row for few tokens: 2 * 64 per row at head_dim 128, negligible next to a decode step's launch latency;
+// once per token for many, qk_norm_rope_token_kernel).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -66,35 +66,13 @@ __device__ __forceinline__ void store_head(const float (&e)[kPerLane], uint8_t* 
   }
 }
 
-// Grid: ceil(n_rows / kRowsPerCta) CTAs, one warp per head row; row r is slot r % (n_q + 2 n_k) of token
-// r / (n_q + 2 n_k): the q heads, then the k heads, then the v heads. kPerLane = head_dim / 32 (2, 4, 6 or 8), a
-// template argument so that e[] stays in registers.
+// Head row h (slot: the q heads, then the k heads, then the v heads) of token t, by one warp (lane holding elements
+// lane + 32 k in e[k]): wk the row's norm weights, c/s its rotation's cos/sin of pairs lane + 32 k (k < kHalf).
 template <int kPerLane>
-__global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const Rows r) {
+__device__ __forceinline__ void head_row(const Rows& r, int t, int h, int64_t cache_row, const float (&wk)[kPerLane],
+                                         const float (&c)[kPerLane / 2], const float (&s)[kPerLane / 2], int lane) {
   constexpr int kHeadDim = kPerLane * ops::kWarpSize;
   constexpr int kHalf = kPerLane / 2;  // element i + head_dim / 2 is slot k + kHalf of the same lane
-  const int lane = int(threadIdx.x) % ops::kWarpSize;
-  const int row = int(blockIdx.x) * kRowsPerCta + int(threadIdx.x) / ops::kWarpSize;
-  if (row >= r.n_rows) return;  // whole warps: no barrier below
-  const int per_tok = r.n_q + 2 * r.n_k;
-  const int t = row / per_tok;
-  const int h = row % per_tok;
-  const bool value = h >= r.n_q + r.n_k;
-  // Before waiting for the kernel before (ops_common.cuh): what no kernel writes -- the norm weights and the
-  // rotation's cos/sin (double pow/sin/cos, the longest chain here; the positions and cache row are copied from the
-  // host before the step's first kernel).
-  const float* w = h < r.n_q ? r.q_weight : r.k_weight;
-  float wk[kPerLane], c[kHalf], s[kHalf];
-  const int32_t pos = r.positions[t];
-  const int64_t cache_row = (r.row0_device != nullptr ? int64_t(*r.row0_device) : r.row0) + t;
-  if (!value) {
-#pragma unroll
-    for (int k = 0; k < kPerLane; ++k) wk[k] = w[lane + k * ops::kWarpSize];
-#pragma unroll
-    for (int k = 0; k < kHalf; ++k) rope::cos_sin(pos, lane + k * ops::kWarpSize, kHeadDim, r.theta, &c[k], &s[k]);
-  }
-  ops::pdl_wait();
-  ops::pdl_trigger();
   // A cache head row: F16 (2 bytes per element) or Q8_0 (34 bytes per 32 elements).
   constexpr int kF16Bytes = 2 * kHeadDim, kQ8Bytes = kHeadDim / 32 * int(sizeof(quant::BlockQ8_0));
   const float* src;
@@ -104,7 +82,8 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const Rows r) {
     out = r.q + (size_t(t) * size_t(r.n_q) + size_t(h)) * kHeadDim;
     src = out;
   } else {
-    const int hk = h < r.n_q + r.n_k ? h - r.n_q : h - r.n_q - r.n_k;
+    const bool value = h >= r.n_q + r.n_k;
+    const int hk = value ? h - r.n_q - r.n_k : h - r.n_q;
     const size_t in_off = (size_t(t) * size_t(r.n_k) + size_t(hk)) * kHeadDim;
     const size_t cache_off = (size_t(cache_row) * size_t(r.n_k) + size_t(hk)) * size_t(r.q8 ? kQ8Bytes : kF16Bytes);
     if (value) {  // a value head: conversion only
@@ -143,13 +122,101 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const Rows r) {
   }
 }
 
+__device__ __forceinline__ int64_t cache_row_of(const Rows& r, int t) {
+  return (r.row0_device != nullptr ? int64_t(*r.row0_device) : r.row0) + t;
+}
+
+// Few tokens (decode): ceil(n_rows / kRowsPerCta) CTAs, one warp per head row; row r is slot r % (n_q + 2 n_k) of
+// token r / (n_q + 2 n_k). Each warp makes its row's cos/sin (double pow/sin/cos, the longest chain here) before
+// waiting for the kernel before, so a decode step's rows start at once. kPerLane = head_dim / 32 (2, 4, 6 or 8), a
+// template argument so that e[] stays in registers.
+template <int kPerLane>
+__global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const Rows r) {
+  constexpr int kHeadDim = kPerLane * ops::kWarpSize;
+  constexpr int kHalf = kPerLane / 2;
+  const int lane = int(threadIdx.x) % ops::kWarpSize;
+  const int row = int(blockIdx.x) * kRowsPerCta + int(threadIdx.x) / ops::kWarpSize;
+  if (row >= r.n_rows) return;  // whole warps: no barrier below
+  const int per_tok = r.n_q + 2 * r.n_k;
+  const int t = row / per_tok;
+  const int h = row % per_tok;
+  // Before waiting for the kernel before (ops_common.cuh): what no kernel writes -- the norm weights and the
+  // rotation's cos/sin (the positions and cache row are copied from the host before the step's first kernel).
+  const float* w = h < r.n_q ? r.q_weight : r.k_weight;
+  float wk[kPerLane], c[kHalf], s[kHalf];
+  const int32_t pos = r.positions[t];
+  const int64_t cache_row = cache_row_of(r, t);
+  if (h < r.n_q + r.n_k) {
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) wk[k] = w[lane + k * ops::kWarpSize];
+#pragma unroll
+    for (int k = 0; k < kHalf; ++k) rope::cos_sin(pos, lane + k * ops::kWarpSize, kHeadDim, r.theta, &c[k], &s[k]);
+  }
+  ops::pdl_wait();
+  ops::pdl_trigger();
+  head_row<kPerLane>(r, t, h, cache_row, wk, c, s, lane);
+}
+
+// Many tokens (prefill): one CTA of kTokenThreads per token. The token's cos/sin are made once, a pair per thread,
+// into shared memory (per head row they cost ~10 us per layer at 512 tokens on an H200's FP64 units: 36 rows of a
+// 30B-A3B token made them 36 times), then each warp takes every kTokenWarps-th head row. The same values and
+// operations as the warp-per-row kernel: bit-identical.
+constexpr int kTokenThreads = 256;
+constexpr int kTokenWarps = kTokenThreads / ops::kWarpSize;
+template <int kPerLane>
+__global__ void __launch_bounds__(kTokenThreads) qk_norm_rope_token_kernel(const Rows r) {
+  constexpr int kHeadDim = kPerLane * ops::kWarpSize;
+  constexpr int kHalf = kPerLane / 2;
+  static_assert(kHeadDim / 2 <= kTokenThreads);
+  __shared__ float cs[2][kHeadDim / 2];
+  const int t = int(blockIdx.x);
+  const int lane = int(threadIdx.x) % ops::kWarpSize, warp = int(threadIdx.x) / ops::kWarpSize;
+  if (threadIdx.x < kHeadDim / 2) {
+    rope::cos_sin(r.positions[t], int(threadIdx.x), kHeadDim, r.theta, &cs[0][threadIdx.x], &cs[1][threadIdx.x]);
+  }
+  float wq[kPerLane], wk[kPerLane];
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    wq[k] = r.q_weight[lane + k * ops::kWarpSize];
+    wk[k] = r.k_weight != nullptr ? r.k_weight[lane + k * ops::kWarpSize] : 0.0f;
+  }
+  const int64_t cache_row = cache_row_of(r, t);
+  __syncthreads();
+  float c[kHalf], s[kHalf];
+#pragma unroll
+  for (int k = 0; k < kHalf; ++k) {
+    c[k] = cs[0][lane + k * ops::kWarpSize];
+    s[k] = cs[1][lane + k * ops::kWarpSize];
+  }
+  ops::pdl_wait();
+  ops::pdl_trigger();
+  const int per_tok = r.n_q + 2 * r.n_k;
+  for (int h = warp; h < per_tok; h += kTokenWarps) {
+    head_row<kPerLane>(r, t, h, cache_row, h < r.n_q ? wq : wk, c, s, lane);
+  }
+}
+
+// Tokens from which a launch takes the CTA-per-token kernel: below, the few CTAs of one token each would leave the
+// GPU idle (a decode token: 40 head rows on 10 SMs instead of 1).
+constexpr int kTokenCtaMin = 16;
+
+template <int kPerLane>
+void launch_dim(const Rows& r, cudaStream_t stream) {
+  const int n_tok = r.n_rows / (r.n_q + 2 * r.n_k);
+  if (n_tok >= kTokenCtaMin) {
+    CUDA_CHECK(ops::launch(qk_norm_rope_token_kernel<kPerLane>, unsigned(n_tok), kTokenThreads, 0, stream, r));
+  } else {
+    const unsigned grid = unsigned((r.n_rows + kRowsPerCta - 1) / kRowsPerCta);
+    CUDA_CHECK(ops::launch(qk_norm_rope_kernel<kPerLane>, grid, kThreads, 0, stream, r));
+  }
+}
+
 void launch(const Rows& r, int64_t head_dim, cudaStream_t stream) {
-  const unsigned grid = unsigned((r.n_rows + kRowsPerCta - 1) / kRowsPerCta);
   switch (head_dim) {
-    case 64: CUDA_CHECK(ops::launch(qk_norm_rope_kernel<2>, grid, kThreads, 0, stream, r)); break;
-    case 128: CUDA_CHECK(ops::launch(qk_norm_rope_kernel<4>, grid, kThreads, 0, stream, r)); break;
-    case 192: CUDA_CHECK(ops::launch(qk_norm_rope_kernel<6>, grid, kThreads, 0, stream, r)); break;
-    default: CUDA_CHECK(ops::launch(qk_norm_rope_kernel<8>, grid, kThreads, 0, stream, r)); break;
+    case 64: launch_dim<2>(r, stream); break;
+    case 128: launch_dim<4>(r, stream); break;
+    case 192: launch_dim<6>(r, stream); break;
+    default: launch_dim<8>(r, stream); break;
   }
 }
 

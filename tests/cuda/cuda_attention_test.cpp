@@ -110,22 +110,32 @@ AttnData attention_data(Rng& rng, const AttnCase& c, AttnFill fill) {
   return d;
 }
 
-// The op under test: attention (split-K decode, per-token prefill), attention_prefill_mma or attention_decode_mma
-// (tensor cores).
-enum class AttnOp { kAttention, kPrefillMma, kDecodeMma };
+// The op under test: attention (split-K decode, per-token prefill), attention_prefill_mma (its own choice of query
+// rows per warp, or 16 or 32 forced) or attention_decode_mma (tensor cores).
+enum class AttnOp { kAttention, kPrefillMma, kPrefillMma16, kPrefillMma32, kDecodeMma };
 
 const char* op_name(AttnOp op) {
-  return op == AttnOp::kAttention    ? "attention"
-         : op == AttnOp::kPrefillMma ? "attention_prefill_mma"
-                                     : "attention_decode_mma";
+  switch (op) {
+    case AttnOp::kAttention: return "attention";
+    case AttnOp::kPrefillMma: return "attention_prefill_mma";
+    case AttnOp::kPrefillMma16: return "attention_prefill_mma (16-row warps)";
+    case AttnOp::kPrefillMma32: return "attention_prefill_mma (32-row warps)";
+    case AttnOp::kDecodeMma: break;
+  }
+  return "attention_decode_mma";
 }
 
 Status run_op(AttnOp op, const cuda::AttentionArgs& args, cuda::AttentionWorkspace& ws, cuda::Stream& stream) {
+  cuda::AttentionArgs a = args;
   switch (op) {
     case AttnOp::kAttention:
       return cuda::attention(args, ws, stream);
+    case AttnOp::kPrefillMma32:
+    case AttnOp::kPrefillMma16:
+      a.prefill_warp_rows = op == AttnOp::kPrefillMma16 ? 16 : 32;
+      [[fallthrough]];
     case AttnOp::kPrefillMma:
-      return cuda::attention_prefill_mma(args, stream);
+      return cuda::attention_prefill_mma(a, stream);
     case AttnOp::kDecodeMma:
       break;
   }
@@ -491,9 +501,16 @@ void expect_mma_within_bound(AttnOp op, const std::vector<AttnCase>& cases, uint
   }
 }
 
+// Both warp shapes on every case (the automatic choice depends on the GPU's SM count: 16-row warps for the small
+// grids of these cases on an H200), head_dim 256 only with 16.
 TEST(CudaOps, AttentionPrefillMmaMatchesReference) {
   SKIP_WITHOUT_GPU();
-  expect_mma_within_bound(AttnOp::kPrefillMma, prefill_mma_cases(), kSeed + 9);
+  expect_mma_within_bound(AttnOp::kPrefillMma16, prefill_mma_cases(), kSeed + 9);
+  std::vector<AttnCase> cases;
+  for (const AttnCase& c : prefill_mma_cases()) {
+    if (c.shape.head_dim <= 128) cases.push_back(c);
+  }
+  expect_mma_within_bound(AttnOp::kPrefillMma32, cases, kSeed + 12);
 }
 
 // Many tokens in one call (CTAs of up to 128 tokens, tiles starting at the window of the CTA's first token) against
@@ -531,6 +548,20 @@ TEST(CudaOps, AttentionPrefillMmaTileMatchesSingleTokens) {
         }
       }
     }
+  }
+}
+
+// A warp shape the kernel does not have is a Status naming it, before any device work (host pointers stand in).
+TEST(CudaOps, AttentionPrefillMmaRejectsBadWarpRows) {
+  alignas(16) static float q[16], out[16];
+  alignas(16) static uint16_t kv[16];
+  cuda::Stream stream;
+  cuda::AttentionArgs a{.q = q, .k_cache = kv, .v_cache = kv, .out = out, .n_tok = 1, .pos0 = 0, .n_head = 1,
+                        .n_head_kv = 1, .head_dim = 256, .scale = 1.0f};
+  for (const int rows : {24, 32}) {  // 32: only head_dim <= 128
+    a.prefill_warp_rows = rows;
+    const Status s = cuda::attention_prefill_mma(a, stream);
+    EXPECT_NE(s.message().find("prefill_warp_rows=" + std::to_string(rows)), std::string::npos) << s.message();
   }
 }
 

@@ -15,7 +15,8 @@
 //                           boundary: one ulp, <= 2^-24 absolute as |cos|, |sin| <= 1; each product then moves
 //                           by <= |a| (2^-24 + 2u), and the final add by 2u (|a| + |b|).
 //   qk_norm_rope            bit-identical with rms_norm then rope_neox on the GPU (same operations in the same
-//                           order), each of which is held to its bound above.
+//                           order), each of which is held to its bound above; n_tok 1, 7 (a warp per head row) and
+//                           33 (a CTA per token, its cos/sin shared by the heads).
 //   swiglu                  |out - ref| <= 16u |ref| + 1e-37. expf is within 2 ulp on the GPU, std::exp(float)
 //                           within 1 ulp: 3 ulp (6u) on exp, carried through 1 + e (e / (1 + e) <= 1), plus one
 //                           rounding each of add, divide and multiply on both sides (6u).
@@ -726,7 +727,7 @@ TEST(CudaOps, QkvPrepareQ8MatchesReferenceQuantizer) {
   struct Heads {
     int64_t n_head, n_head_kv;
   };
-  for (const int64_t n_tok : {int64_t(1), int64_t(5)}) {
+  for (const int64_t n_tok : {int64_t(1), int64_t(5), int64_t(20)}) {  // 20: a CTA per token
     for (const Heads heads : {Heads{32, 4}, Heads{6, 2}}) {
       for (const int64_t head_dim : {int64_t(64), int64_t(128), int64_t(256)}) {
         for (const bool device_row : {false, true}) {
