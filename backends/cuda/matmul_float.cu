@@ -15,9 +15,9 @@
 // length; buffers 16-byte aligned, checked), rows padded to 4 words mod 32 so that the lanes' reads of 4 activation
 // rows and 8 weight rows hit distinct banks.
 // Counts: 0.27 GFLOP for the router at 512 tokens, ~2 us of the H200's FP32 peak; staging reads the weights once per
-// 16 activation rows (L2-resident: 1 MB). Measured: docs/benchmarks/2026-12-01-cuda-prefill-router.md (staged by
-// plain loads, one K-step at a time: 34.5 us per layer, latency-bound on each step's loads). Tails (rows, cols, n not
-// multiples of the tiles) are zero-filled and not written.
+// 16 activation rows (L2-resident: 1 MB). Measured (docs/benchmarks/2026-12-01-cuda-prefill-small-kernels.md): 27 us
+// per layer at 512 tokens, 41-42 us when staged by plain loads one K-step at a time; half issue-bound on the staging's
+// arithmetic. Tails (rows, cols, n not multiples of the tiles) are zero-filled and not written.
 #include <cuda_runtime.h>
 
 #include <climits>
