@@ -192,7 +192,10 @@ __global__ void __launch_bounds__(kTokenThreads) qk_norm_rope_token_kernel(const
   ops::pdl_trigger();
   const int per_tok = r.n_q + 2 * r.n_k;
   for (int h = warp; h < per_tok; h += kTokenWarps) {
-    head_row<kPerLane>(r, t, h, cache_row, h < r.n_q ? wq : wk, c, s, lane);
+    float w[kPerLane];  // selected element by element: a selected array would live in local memory
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) w[k] = h < r.n_q ? wq[k] : wk[k];
+    head_row<kPerLane>(r, t, h, cache_row, w, c, s, lane);
   }
 }
 
