@@ -4,6 +4,9 @@
 #
 # Usage (from the device tool, repo root): bash tools/device/run.sh [bench-filter]
 # The image has no network: what it lacks travels in .device-deps/ (carry=[".device-deps"]), see below.
+# Binaries built on the CPU box by tools/device/prebuild.sh (carry=["build-prebuilt", ".device-deps"]) replace the
+# build here when they match the sources: the bench modes run the packed magnetar, `run.sh '^none$' REGEX` runs ctest
+# over the packed test binaries.
 set -uo pipefail
 OUT=${OUT:-/tmp/magnetar-out}
 mkdir -p "$OUT"
@@ -28,10 +31,28 @@ if ls .device-deps/*.deb >/dev/null 2>&1; then
   export CPATH="$prefix/usr/include/x86_64-linux-gnu:$prefix/usr/include${CPATH:+:$CPATH}"
 fi
 
-# The bench modes below need only the magnetar binary: configured here on a fresh machine (tests and benches off),
-# rebuilt incrementally in the build-device/ of an earlier call on a warm one. Sets bin.
+# Packed binaries (tools/device/prebuild.sh): unpacked into build-cuda/, used when built from these sources and loadable
+# (never over a build tree of this machine's own: one with a CMakeCache.txt).
+prebuilt=0
+if [ -f build-prebuilt/prebuilt.tar.xz ] && [ ! -f build-cuda/CMakeCache.txt ]; then
+  . tools/device/source_hash.sh
+  rm -rf build-cuda && tar -xJf build-prebuilt/prebuilt.tar.xz
+  missing=$(ldd build-cuda/tools/magnetar build-cuda/tests/magnetar_cuda_tests | grep "not found" | head -1)
+  if [ "$(cat build-cuda/prebuilt.sum 2>/dev/null)" != "$(source_hash)" ]; then
+    log "prebuilt binaries: built from other sources than these (rerun tools/device/prebuild.sh); building here"
+  elif [ -n "$missing" ]; then
+    log "prebuilt binaries: a library is missing here ($missing); building here"
+  else
+    prebuilt=1
+    log "prebuilt binaries: in use (sources $(cat build-cuda/prebuilt.sum))"
+  fi
+fi
+
+# The bench modes below need only the magnetar binary: the packed one, or configured here on a fresh machine (tests
+# and benches off), rebuilt incrementally in the build-device/ of an earlier call on a warm one. Sets bin.
 bin=build-device/tools/magnetar
 build_magnetar() {
+  if [ "$prebuilt" = 1 ]; then bin=build-cuda/tools/magnetar; return; fi
   [ -d build-device ] || cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAGNETAR_CUDA=ON \
     -DMAGNETAR_TESTS=OFF -DMAGNETAR_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$prefix/usr" >/dev/null 2>&1
   cmake --build build-device -j "$(nproc)" --target magnetar >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
@@ -258,6 +279,12 @@ if [ "$filter" = "--kv-ttft" ]; then
 fi
 
 log "machine: $(lscpu | sed -n 's/^Model name: *//p') / $(nproc) cores / $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+if [ "$prebuilt" = 1 ] && [ -n "$tests" ]; then
+  (cd build-cuda && ctest --output-on-failure -j 8 --timeout 600 -R "$tests") >"$OUT/ctest.log" 2>&1
+  log "ctest (prebuilt) exit $?: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
+  grep -E "Failed|\*\*\*|SKIP" "$OUT/ctest.log" | head -30 | tee -a "$OUT/summary.txt"
+  exit 0
+fi
 cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAGNETAR_CUDA=ON \
   -DMAGNETAR_TESTS=ON -DMAGNETAR_BENCH=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$prefix/usr" \
   >"$OUT/configure.log" 2>&1 \
