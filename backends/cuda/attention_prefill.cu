@@ -44,9 +44,9 @@
 //
 // Shared memory (dynamic, 16 bytes of padding per row so that the 8 rows of an ldmatrix hit 8 distinct 4-bank
 // groups): Q kRows x (head_dim + 8) halves + 2 buffers x (K, V) x kKv x (head_dim + 8) halves = 54 KiB at
-// head_dim 64, 68 KiB at 128, 99 KiB at 256.
+// head_dim 64, 68 KiB at 128, 99 KiB at 256 (16-row warps at head_dim 64 / 128: 45 / 51 KiB).
 // Registers (ptxas, sm_90, CUDA 13.0): 198 / 240 / 242 per thread at head_dim 64 / 128 / 256, no spills, so two
-// CTAs (8 warps) per SM. The accumulators dominate: O is 2 x 16 rows x head_dim / 32 lanes = 128 registers at
+// CTAs (8 warps) per SM; 128 / 124 with 16-row warps at head_dim 64 / 128 (four CTAs per SM). The accumulators dominate: O is 2 x 16 rows x head_dim / 32 lanes = 128 registers at
 // head_dim 128, S 2 x 16 x kKv / 32. kKv = 64 at head_dim 128 needed 255 registers and spilled 68 bytes; 48 spilled
 // 8; 32 spills nothing but halves the keys per barrier and per softmax rescale (and re-reads the Q fragments per
 // 32 keys) -- the first thing to measure against 64 on the GPU. A launch bound of 3 CTAs per SM at head_dim 64
