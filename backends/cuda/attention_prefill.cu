@@ -46,11 +46,11 @@
 // groups): Q kRows x (head_dim + 8) halves + 2 buffers x (K, V) x kKv x (head_dim + 8) halves = 54 KiB at
 // head_dim 64, 68 KiB at 128, 99 KiB at 256 (16-row warps at head_dim 64 / 128: 45 / 51 KiB).
 // Registers (ptxas, sm_90, CUDA 13.0): 198 / 240 / 242 per thread at head_dim 64 / 128 / 256, no spills, so two
-// CTAs (8 warps) per SM; 128 / 124 with 16-row warps at head_dim 64 / 128 (four CTAs per SM). The accumulators dominate: O is 2 x 16 rows x head_dim / 32 lanes = 128 registers at
-// head_dim 128, S 2 x 16 x kKv / 32. kKv = 64 at head_dim 128 needed 255 registers and spilled 68 bytes; 48 spilled
-// 8; 32 spills nothing but halves the keys per barrier and per softmax rescale (and re-reads the Q fragments per
-// 32 keys) -- the first thing to measure against 64 on the GPU. A launch bound of 3 CTAs per SM at head_dim 64
-// (168 registers) spilled 68 bytes.
+// CTAs (8 warps) per SM; 128 / 124 with 16-row warps at head_dim 64 / 128 (four CTAs per SM). The accumulators
+// dominate: O is 2 x 16 rows x head_dim / 32 lanes = 128 registers at head_dim 128, S 2 x 16 x kKv / 32. kKv = 64 at
+// head_dim 128 needed 255 registers and spilled 68 bytes; 48 spilled 8; 32 spills nothing but halves the keys per
+// barrier and per softmax rescale (and re-reads the Q fragments per 32 keys) -- the first thing to measure against 64
+// on the GPU. A launch bound of 3 CTAs per SM at head_dim 64 (168 registers) spilled 68 bytes.
 //
 // Counts per K/V tile of one CTA, head_dim 128, group 8 (128 rows = 16 tokens, 32 keys): K/V reads 2 * 32 * 128
 // * 2 B = 16 KiB (from L2 mostly: the CTAs in flight for one KV head walk the same rows at about the same pace),
