@@ -184,8 +184,8 @@ Block Limit|L1/TEX Hit|L2 Hit|Issue Slots Busy|No Eligible|Stall|One or More" "$
   exit 0
 fi
 
-# `run.sh --profile-decode`: GPU time per kernel of decode (ncu, 2 tokens' worth of launches after warm-up) on the
-# resident 30B-A3B geometry; with nsys when the image has it, the wall time per token and the launch gaps.
+# `run.sh --profile-decode`: GPU time per kernel of decode (ncu, 2 tokens' worth of launches after warm-up, each kernel
+# alone) on the resident 30B-A3B geometry. The steps' timeline with its overlaps and gaps: --kernel-trace.
 if [ "$filter" = "--profile-decode" ]; then
   build_with_model
   per_token=${PER_TOKEN_LAUNCHES:-766}  # launches per decode token of the 30B-A3B geometry
@@ -194,6 +194,25 @@ if [ "$filter" = "--profile-decode" ]; then
     -n 8 >"$OUT/ncu.txt" 2>&1
   echo "ncu exit $?"
   python3 tools/device/ncu_table.py "$OUT/ncu.txt" 30  # the whole report is $OUT/ncu.txt
+  exit 0
+fi
+
+# `run.sh --kernel-trace [VAR=VALUE ...]`: the GPU timeline of 32 decode steps of the resident 30B-A3B geometry, kernel
+# by kernel inside the graph (tools/device/kernel_trace.cpp: a CUPTI injection library built here against the image's
+# CUPTI; nsys is not usable on the image), summarized by tools/device/kernel_gaps.py: per kernel the busy time it adds
+# to a step and the idle time before it. Environment switches (VAR=VALUE) apply to the traced run.
+if [ "$filter" = "--kernel-trace" ]; then
+  build_with_model
+  cuda=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+  inc=$(dirname "$(find "$cuda/" -name cupti.h 2>/dev/null | head -1)")
+  lib=$(dirname "$(find "$cuda/" -name 'libcupti.so*' 2>/dev/null | head -1)")
+  [ -f "$inc/cupti.h" ] && [ -d "$lib" ] || { echo "kernel-trace: no CUPTI (cupti.h, libcupti.so) under $cuda"; exit 1; }
+  g++ -std=c++17 -O2 -shared -fPIC -I"$cuda/include" -I"$inc" tools/device/kernel_trace.cpp -L"$lib" \
+    -Wl,-rpath,"$lib" -lcupti -o /tmp/libkernel_trace.so || exit 1
+  env "${@:2}" CUDA_INJECTION64_PATH=/tmp/libkernel_trace.so KERNEL_TRACE_OUT="$OUT/kernel_trace.csv" "$bin" run \
+    -m "$model" --device cuda --tokens 1,2,3 -n 32 >/dev/null 2>"$OUT/kernel_trace.err"
+  echo "traced run exit $? ($(($(wc -l <"$OUT/kernel_trace.csv") - 1)) kernels; stderr: $OUT/kernel_trace.err)"
+  python3 tools/device/kernel_gaps.py "$OUT/kernel_trace.csv" 20 40
   exit 0
 fi
 
