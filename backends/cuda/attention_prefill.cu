@@ -86,6 +86,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -394,10 +395,8 @@ void launch(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
 // Streaming multiprocessors of the current device (cached: one GPU per process here).
 int64_t sm_count() {
   static const int64_t sms = [] {
-    int device = 0, n = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    return int64_t(n);
+    const Result<DeviceInfo> info = device_info();
+    return info.ok() ? std::max<int64_t>(1, info.value().sm_count) : int64_t(1);
   }();
   return sms;
 }

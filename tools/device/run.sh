@@ -298,25 +298,26 @@ if [ "$filter" = "--kv-ttft" ]; then
 fi
 
 log "machine: $(lscpu | sed -n 's/^Model name: *//p') / $(nproc) cores / $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+# Tests only (`run.sh '^none$' REGEX`) with packed binaries: ctest over them, nothing built here.
+test_dir=build-device
 if [ "$prebuilt" = 1 ] && [ -n "$tests" ]; then
-  (cd build-cuda && ctest --output-on-failure -j 8 --timeout 600 -R "$tests") >"$OUT/ctest.log" 2>&1
-  log "ctest (prebuilt) exit $?: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
-  grep -E "Failed|\*\*\*|SKIP" "$OUT/ctest.log" | head -30 | tee -a "$OUT/summary.txt"
-  exit 0
-fi
-cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAGNETAR_CUDA=ON \
-  -DMAGNETAR_TESTS=ON -DMAGNETAR_BENCH=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$prefix/usr" \
-  >"$OUT/configure.log" 2>&1 \
-  || { log "configure failed"; tail -30 "$OUT/configure.log"; exit 1; }
-# -k 0: a file that fails (another compiler's stricter C++20) does not stop the rest; what built is still run.
-if ! cmake --build build-device -j "$(nproc)" -- -k 0 >"$OUT/build.log" 2>&1; then
-  log "build FAILED (continuing with what built): $(grep -c '^FAILED' "$OUT/build.log") targets"
-  grep -E "^FAILED|error:" "$OUT/build.log" | head -30 | tee -a "$OUT/summary.txt"
+  test_dir=build-cuda
+  log "tests over the prebuilt binaries"
 else
-  log "build ok"
+  cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAGNETAR_CUDA=ON \
+    -DMAGNETAR_TESTS=ON -DMAGNETAR_BENCH=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$prefix/usr" \
+    >"$OUT/configure.log" 2>&1 \
+    || { log "configure failed"; tail -30 "$OUT/configure.log"; exit 1; }
+  # -k 0: a file that fails (another compiler's stricter C++20) does not stop the rest; what built is still run.
+  if ! cmake --build build-device -j "$(nproc)" -- -k 0 >"$OUT/build.log" 2>&1; then
+    log "build FAILED (continuing with what built): $(grep -c '^FAILED' "$OUT/build.log") targets"
+    grep -E "^FAILED|error:" "$OUT/build.log" | head -30 | tee -a "$OUT/summary.txt"
+  else
+    log "build ok"
+  fi
 fi
 
-(cd build-device && ctest --output-on-failure -j 8 --timeout 600 ${tests:+-R "$tests"}) >"$OUT/ctest.log" 2>&1
+(cd "$test_dir" && ctest --output-on-failure -j 8 --timeout 600 ${tests:+-R "$tests"}) >"$OUT/ctest.log" 2>&1
 log "ctest exit $?: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
 grep -E "Failed|\*\*\*|SKIP" "$OUT/ctest.log" | head -30 | tee -a "$OUT/summary.txt"
 if [ -n "$tests" ]; then cat "$OUT/summary.txt"; exit 0; fi
