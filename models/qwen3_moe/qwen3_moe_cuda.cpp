@@ -274,6 +274,14 @@ class Qwen3Cuda final : public Model {
   Status add_norm(const float* weight, quant::Type next, int64_t n, bool combine = false) const;
   // Whether an MoE layer leaves its expert rows for the next add_norm to combine (Fusion::kCombine).
   bool combine_in_norm() const { return fused(Fusion::kCombine) && hp_.n_expert_used <= 64; }
+  // Every expert resident and a decode-sized batch: route_topk builds the expert launches' items on the device and
+  // no layer's ids come to the host during the pass; forward() reads all layers' back at the end (copy_routes_back)
+  // when it counts routing. A copy inside the pass would stall the launches behind it (~10 us per layer).
+  bool routes_on_device(int64_t n) const { return n <= kVec && pool_bytes_ == 0; }
+  void copy_routes_back(const ForwardArgs& args, int64_t n) const {
+    if (args.routing == nullptr || !routes_on_device(n)) return;
+    stream_.copy(h_ids_.as<int32_t>(), ids_.as<int32_t>(), size_t(hp_.n_layer * n * hp_.n_expert_used) * 4);
+  }
   Status attention_block(const DevLayer& L, int64_t il, std::span<const SeqSpan> seqs,
                          std::span<DeviceKv* const> mirrors, int64_t n) const;
   Status moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, int64_t n, const ForwardArgs& args) const;
@@ -586,7 +594,7 @@ Status Qwen3Cuda::init() {
       {&x_, B * size_t(E) * f},           {&xn_, B * size_t(E) * f},          {&proj_, B * size_t(E) * f},
       {&qkv_, B * size_t(q_dim + 2 * kv_dim) * f},
       {&attn_, B * size_t(q_dim) * f},    {&router_, B * size_t(std::max<int64_t>(X, 1)) * f},
-      {&ids_, R * 4},                     {&weights_, R * f},                 {&gu_, 2 * R * size_t(ff) * f},
+      {&ids_, size_t(hp_.n_layer) * R * 4}, {&weights_, R * f},                 {&gu_, 2 * R * size_t(ff) * f},
       {&down_, R * size_t(E) * f},        {&q_in_, std::max(B, R) * size_t(act_row_max_)},
       {&q_exp_, B * size_t(act_row_max_)}, {&positions_, B * 4},
       {&items_, (R + size_t(std::max<int64_t>(X, 1))) * sizeof(GroupItem)}, {&x_rows_, R * 4},
@@ -1053,19 +1061,18 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   const int64_t E = hp_.n_embd, X = hp_.n_expert, K = hp_.n_expert_used, F = hp_.n_ff_exp;
   const int64_t R = n * K;
   float* router = router_.as<float>();
-  auto* ids = ids_.as<int32_t>();
+  int32_t* ids = ids_.as<int32_t>() + il * R;  // each layer's own (forward() reads them all back at once)
   auto* weights = weights_.as<float>();
   auto* items = items_.as<GroupItem>();
   auto* x_rows = x_rows_.as<int32_t>();
   auto* slot_rows = slot_rows_.as<int32_t>();
   // Decode with every expert resident: one item per (token, slot), built on the device by the router's launch.
-  const bool resolve = n <= kVec && pool_bytes_ == 0;
+  const bool resolve = routes_on_device(n);
   MAGNETAR_RETURN_IF_ERROR(linear(L.gate_inp, xn_.as<float>(), router, n));
   MAGNETAR_RETURN_IF_ERROR(cuda::route_topk({.logits = router, .ids = ids, .weights = weights, .n_tok = n,
                                              .n_expert = X, .k = K, .normalize = hp_.norm_topk_prob,
                                              .table = resolve ? L.table : nullptr, .items = items, .x_rows = x_rows,
                                              .slot_rows = slot_rows}, stream_));
-  if (args.routing) stream_.copy(h_ids_.as<int32_t>() + il * n_batch_ * K, ids, size_t(R) * 4);
 
   int64_t n_items = R, max_n = 1;
   Early early{.items = R, .rows = R};  // items and rows that need no copy still in flight (all but the pool's misses)
@@ -1078,8 +1085,8 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   if (!resolve) {
     // Prefill, or the tiered mode: the ids come to the host, rows are grouped by expert (token order within an
     // expert, up to item_rows rows per item) and the items point at the resident copy or the pool slot.
-    int32_t* h_ids = h_ids_.as<int32_t>() + il * n_batch_ * K;
-    if (!args.routing) stream_.copy(h_ids, ids, size_t(R) * 4);
+    int32_t* h_ids = h_ids_.as<int32_t>() + il * R;
+    stream_.copy(h_ids, ids, size_t(R) * 4);
     if (cpu_lane_) stream_.copy(h_xn_.as<float>(), xn_.as<float>(), size_t(n * E) * sizeof(float));
     // --prefetch: the next MoE layer's router on this layer's input (Qwen3Model::predict_next's guess), its top-k
     // read back with this layer's ids; the source reads the guessed experts it lacks while this layer waits and
@@ -1226,7 +1233,7 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
   const double embed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_embed).count();
 
   float* h_logits = h_logits_.as<float>();
-  bool graphed = graphs_enabled() && !graphs_failed_ && n <= kVec && pool_bytes_ == 0;
+  bool graphed = graphs_enabled() && !graphs_failed_ && routes_on_device(n);
   for (const SeqSpan& seq : args.seqs) graphed = graphed && seq.n_tok == 1;
   if (graphed) {
     // One token per sequence: n head rows (<= kVec) come back in one copy, recorded in the graph. A capture the
@@ -1251,6 +1258,7 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
     if (args.profile) device_start_.record(stream_);
     const float* head_in = nullptr;
     MAGNETAR_RETURN_IF_ERROR(enqueue_layers(pool, args, n, &head_in));
+    copy_routes_back(args, n);
     const int64_t n_out = args.all_logits ? n : int64_t(args.seqs.size());
     float* d_logits = logits_.as<float>();
     for (int64_t c = 0; c < n_out; c += kVec) {
@@ -1270,7 +1278,7 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
     const int64_t K = hp_.n_expert_used;
     for (int64_t il = 0; il < hp_.n_layer; ++il) {
       if (!layers_[size_t(il)].moe) continue;
-      const int32_t* h_ids = h_ids_.as<int32_t>() + il * n_batch_ * K;
+      const int32_t* h_ids = h_ids_.as<int32_t>() + il * n * K;
       for (int64_t r = 0; r < n * K; ++r) args.routing->counts[size_t(il * hp_.n_expert + h_ids[r])]++;
     }
   }
@@ -1348,6 +1356,7 @@ Result<const cuda::Graph*> Qwen3Cuda::decode_graph(cpu::ThreadPool& pool, const 
   Status st = enqueue_layers(pool, args, n, &head_in);
   if (st.ok()) st = linear(head_, head_in, logits_.as<float>(), n);
   if (st.ok()) stream_.copy(h_logits_.as<float>(), logits_.as<float>(), size_t(n * hp_.n_vocab) * sizeof(float));
+  if (st.ok()) copy_routes_back(args, n);
   Result<cuda::Graph> graph = cuda::Graph::end_capture(stream_);
   MAGNETAR_RETURN_IF_ERROR(st);
   MAGNETAR_RETURN_IF_ERROR(graph.status());

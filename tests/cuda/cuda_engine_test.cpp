@@ -433,10 +433,12 @@ TEST(CudaEngineBatch, AutoBatchFollowsThePlan) {
 // 20 experts (every layer evicts), experts in host memory mapped or streamed through a small RAM cache, with and
 // without next-layer prefetch (--prefetch: the next router's guess read into the RAM cache while a layer's copies,
 // no longer waited for, are still in flight). The same kernels compute the same rows wherever the weights came
-// from: logits bit-identical, prefill and decode.
+// from: logits bit-identical, prefill and decode. The routing counts (the expert map's uses) agree as well: resident
+// decode reads the ids back once per step, the tiered mode layer by layer; every token counts k uses per layer.
 TEST(CudaTier, PoolEqualsResidentBitForBit) {
   SKIP_WITHOUT_GPU();
   const std::string demo = std::string(MAGNETAR_SOURCE_DIR) + "/models/magnetar-demo-q8_0.gguf";
+  std::vector<std::vector<uint64_t>> uses;
   auto run = [&](double gpu_cache_gb, bool stream, std::vector<std::vector<float>>* logits, bool prefetch = false) {
     EngineOptions o;
     o.n_threads = 2;
@@ -461,6 +463,12 @@ TEST(CudaTier, PoolEqualsResidentBitForBit) {
       logits->emplace_back(s.value()->logits().begin(), s.value()->logits().end());
       ASSERT_OK(s.value()->step(argmax(s.value()->logits())));
     }
+    const ModelInfo info = engine.value()->info();
+    const ExpertMap map = engine.value()->expert_map();
+    uint64_t total = 0;
+    for (const uint64_t u : map.uses) total += u;
+    EXPECT_EQ(total, uint64_t(info.n_layer * info.n_expert_used) * (tokens.size() + 24)) << "routing counts";
+    uses.push_back(map.uses);
     if (gpu_cache_gb > 0) {
       const ExpertStats st = engine.value()->expert_stats();
       std::printf("[cuda] tier %.3f GiB%s: %llu slots, hits %llu, misses %llu, evictions %llu\n", gpu_cache_gb,
@@ -487,6 +495,8 @@ TEST(CudaTier, PoolEqualsResidentBitForBit) {
     EXPECT_EQ(streamed[i], resident[i]) << "token " << i << " (GPU pool, streamed host experts)";
     EXPECT_EQ(prefetched[i], resident[i]) << "token " << i << " (GPU pool, streamed host experts, prefetch)";
   }
+  ASSERT_EQ(uses.size(), 4u);
+  for (size_t r = 1; r < uses.size(); ++r) EXPECT_EQ(uses[r], uses[0]) << "routing counts of tiered run " << r;
 }
 
 // The CPU expert lane (--cpu-experts): the demo model with the 20-expert pool, experts streamed through a small
