@@ -40,6 +40,7 @@ namespace {
 constexpr int kThreads = 256;      // CTA of the warp-per-row kernel
 constexpr int kRowCta = 1024;      // CTA of the CTA-per-row kernel
 constexpr int64_t kWarpRowMax = 1024;  // longest row that one warp takes
+constexpr int kMaxCombineK = 64;       // AddRmsNormArgs::residual_k's bound
 using q8::Act;
 
 // What add_rms_norm adds: residual rows, or (rows set) each row's MoE combine of k expert rows of residual, as
@@ -88,13 +89,34 @@ __global__ void __launch_bounds__(kRowThreads == ops::kWarpSize ? kThreads : kRo
   }
   ops::pdl_wait();
   ops::pdl_trigger();
+  // A row of its own CTA with a combine: the row's k (expert row, weight) pairs go to shared memory first, one pair per
+  // thread, so that each element's k expert-row loads leave together (residual_at loads an index before each of them:
+  // k dependent round trips to L2 per element). The same fmaf chain in slot order: bit-identical.
+  __shared__ int32_t comb_rows[kLoadW ? kMaxCombineK : 1];
+  __shared__ float comb_w[kLoadW ? kMaxCombineK : 1];
+  const bool staged = kLoadW && kAdd && residual.rows != nullptr;  // uniform over the CTA
+  constexpr int kCombineUnroll = kKeep <= 4 ? 8 : 1;  // 8 kept elements leave no registers (spills)
+  if (staged) {
+    if (t < residual.k) {
+      comb_rows[t] = residual.rows[row * residual.k + t];
+      comb_w[t] = residual.w[row * residual.k + t];
+    }
+    __syncthreads();
+  }
+  auto added = [&](int i) {
+    if (!staged) return residual_at(residual, row, off, i, n_cols);
+    float s = 0.0f;
+#pragma unroll(kCombineUnroll)
+    for (int j = 0; j < residual.k; ++j) s = fmaf(comb_w[j], residual.p[size_t(comb_rows[j]) * size_t(n_cols) + i], s);
+    return s;
+  };
   double sum = 0;
   if (row < n_rows) {
 #pragma unroll
     for (int j = 0; j < kKeep; ++j) {
       const int i = t + j * kRowThreads;
       kept[j] = i < n_cols ? x[off + i] : 0.0f;
-      if (kAdd && i < n_cols) kept[j] = __fadd_rn(kept[j], residual_at(residual, row, off, i, n_cols));
+      if (kAdd && i < n_cols) kept[j] = __fadd_rn(kept[j], added(i));
     }
 #pragma unroll
     for (int j = 0; j < kKeep; ++j) {
@@ -107,7 +129,7 @@ __global__ void __launch_bounds__(kRowThreads == ops::kWarpSize ? kThreads : kRo
     for (int i = t + kKeep * kRowThreads; i < n_cols; i += kRowThreads) {
       float v = x[off + i];
       if (kAdd) {
-        v = __fadd_rn(v, residual_at(residual, row, off, i, n_cols));
+        v = __fadd_rn(v, added(i));
         x_out[off + i] = v;
       }
       sum += double(v) * double(v);

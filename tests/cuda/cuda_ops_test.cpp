@@ -211,58 +211,76 @@ TEST(CudaOps, AddRmsNormMatchesCpu) {
 
 // add_rms_norm with the MoE combine folded in (residual_rows): x becomes x + the weighted sum of each token's k expert
 // rows, summed as moe_combine does (fmaf in slot order; checked exactly against that sum made here), and y is bit for
-// bit the y of moe_combine followed by the plain add_rms_norm on the GPU.
+// bit the y of moe_combine followed by the plain add_rms_norm on the GPU. k = 1, 8 and 64 (the bound); cols 37 (a warp
+// per row), 2048 and 4099 (a CTA per row: the pairs staged in shared memory) and 8200 (8 kept elements per thread).
 TEST(CudaOps, AddRmsNormCombinesExpertRows) {
   SKIP_WITHOUT_GPU();
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
   Rng rng(kSeed + 3);
-  constexpr int64_t k = 8;
-  for (const int64_t rows : {int64_t(1), int64_t(3)}) {
-    for (const int64_t cols : {int64_t(37), int64_t(2048), int64_t(4099)}) {
-      const int64_t n_slot = rows * k + 5;  // more expert rows than slots: some are never read
-      const std::vector<float> x = gaussian(rng, size_t(rows * cols));
-      const std::vector<float> expert = gaussian(rng, size_t(n_slot * cols), 0.5f);
-      const std::vector<float> slot_w = gaussian(rng, size_t(rows * k), 0.3f);
-      const std::vector<float> w = gaussian(rng, size_t(cols));
-      std::vector<int32_t> slot_rows(size_t(rows * k));
-      for (size_t i = 0; i < slot_rows.size(); ++i) slot_rows[i] = int32_t((i * 7 + 3) % size_t(n_slot));
-      std::vector<float> want_x(x.size());
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < cols; ++c) {
-          float s = 0.0f;
-          for (int64_t j = 0; j < k; ++j) {
-            s = std::fmaf(slot_w[size_t(r * k + j)], expert[size_t(slot_rows[size_t(r * k + j)] * cols + c)], s);
+  for (const int64_t k : {int64_t(1), int64_t(8), int64_t(64)}) {
+    for (const int64_t rows : {int64_t(1), int64_t(3)}) {
+      for (const int64_t cols : {int64_t(37), int64_t(2048), int64_t(4099), int64_t(8200)}) {
+        const int64_t n_slot = rows * k + 5;  // more expert rows than slots: some are never read
+        const std::vector<float> x = gaussian(rng, size_t(rows * cols));
+        const std::vector<float> expert = gaussian(rng, size_t(n_slot * cols), 0.5f);
+        const std::vector<float> slot_w = gaussian(rng, size_t(rows * k), 0.3f);
+        const std::vector<float> w = gaussian(rng, size_t(cols));
+        std::vector<int32_t> slot_rows(size_t(rows * k));
+        for (size_t i = 0; i < slot_rows.size(); ++i) slot_rows[i] = int32_t((i * 7 + 3) % size_t(n_slot));
+        std::vector<float> want_x(x.size());
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t c = 0; c < cols; ++c) {
+            float s = 0.0f;
+            for (int64_t j = 0; j < k; ++j) {
+              s = std::fmaf(slot_w[size_t(r * k + j)], expert[size_t(slot_rows[size_t(r * k + j)] * cols + c)], s);
+            }
+            want_x[size_t(r * cols + c)] = x[size_t(r * cols + c)] + s;
           }
-          want_x[size_t(r * cols + c)] = x[size_t(r * cols + c)] + s;
         }
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dx, to_device(x));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dx2, to_device(x));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer de, to_device(expert));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dsw, to_device(slot_w));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dsr, to_device(slot_rows));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dw, to_device(w));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dcomb, cuda::DeviceBuffer::allocate(x.size() * sizeof(float)));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dy, cuda::DeviceBuffer::allocate(x.size() * sizeof(float)));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dy2, cuda::DeviceBuffer::allocate(x.size() * sizeof(float)));
+        ASSERT_OK(cuda::add_rms_norm({.x = dx.as<float>(),
+                                      .residual = de.as<float>(),
+                                      .weight = dw.as<float>(),
+                                      .y = dy.as<float>(),
+                                      .n_rows = rows,
+                                      .n_cols = cols,
+                                      .eps = 1e-6f,
+                                      .residual_rows = dsr.as<int32_t>(),
+                                      .residual_weights = dsw.as<float>(),
+                                      .residual_k = k},
+                                     stream));
+        ASSERT_OK(cuda::moe_combine({.rows = de.as<float>(),
+                                     .slot_rows = dsr.as<int32_t>(),
+                                     .weights = dsw.as<float>(),
+                                     .out = dcomb.as<float>(),
+                                     .n_tok = rows,
+                                     .k = k,
+                                     .n = cols},
+                                    stream));
+        ASSERT_OK(cuda::add_rms_norm({.x = dx2.as<float>(),
+                                      .residual = dcomb.as<float>(),
+                                      .weight = dw.as<float>(),
+                                      .y = dy2.as<float>(),
+                                      .n_rows = rows,
+                                      .n_cols = cols,
+                                      .eps = 1e-6f},
+                                     stream));
+        stream.synchronize();
+        const std::string where =
+            "k " + std::to_string(k) + " rows " + std::to_string(rows) + " cols " + std::to_string(cols);
+        const std::vector<float> got_x = from_device<float>(dx, x.size());
+        ASSERT_EQ(0, std::memcmp(got_x.data(), want_x.data(), x.size() * sizeof(float))) << where << ": x";
+        const std::vector<float> got_y = from_device<float>(dy, x.size()), want_y = from_device<float>(dy2, x.size());
+        EXPECT_EQ(0, std::memcmp(got_y.data(), want_y.data(), x.size() * sizeof(float))) << where << ": y";
       }
-      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dx, to_device(x));
-      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dx2, to_device(x));
-      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer de, to_device(expert));
-      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dsw, to_device(slot_w));
-      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dsr, to_device(slot_rows));
-      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dw, to_device(w));
-      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dcomb, cuda::DeviceBuffer::allocate(x.size() * sizeof(float)));
-      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dy, cuda::DeviceBuffer::allocate(x.size() * sizeof(float)));
-      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dy2, cuda::DeviceBuffer::allocate(x.size() * sizeof(float)));
-      ASSERT_OK(cuda::add_rms_norm({.x = dx.as<float>(), .residual = de.as<float>(), .weight = dw.as<float>(),
-                                    .y = dy.as<float>(), .n_rows = rows, .n_cols = cols, .eps = 1e-6f,
-                                    .residual_rows = dsr.as<int32_t>(), .residual_weights = dsw.as<float>(),
-                                    .residual_k = k},
-                                   stream));
-      ASSERT_OK(cuda::moe_combine({.rows = de.as<float>(), .slot_rows = dsr.as<int32_t>(),
-                                   .weights = dsw.as<float>(), .out = dcomb.as<float>(), .n_tok = rows, .k = k,
-                                   .n = cols},
-                                  stream));
-      ASSERT_OK(cuda::add_rms_norm({.x = dx2.as<float>(), .residual = dcomb.as<float>(), .weight = dw.as<float>(),
-                                    .y = dy2.as<float>(), .n_rows = rows, .n_cols = cols, .eps = 1e-6f},
-                                   stream));
-      stream.synchronize();
-      const std::string where = "rows " + std::to_string(rows) + " cols " + std::to_string(cols);
-      const std::vector<float> got_x = from_device<float>(dx, x.size());
-      ASSERT_EQ(0, std::memcmp(got_x.data(), want_x.data(), x.size() * sizeof(float))) << where << ": x";
-      const std::vector<float> got_y = from_device<float>(dy, x.size()), want_y = from_device<float>(dy2, x.size());
-      EXPECT_EQ(0, std::memcmp(got_y.data(), want_y.data(), x.size() * sizeof(float))) << where << ": y";
     }
   }
 }
