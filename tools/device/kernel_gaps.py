@@ -9,7 +9,10 @@ graph capture, are left out when there are more than four). For every step, each
   marginal  the busy time it adds: end - max(start, latest end before it), 0 when it ends earlier (a kernel launched
             early by programmatic dependent launch is counted from where the one before it ended);
   gap       idle GPU time before it starts: start - (latest end before it), when positive.
-A step's marginals and gaps add up to its span.
+A step's marginals and gaps add up to its span. Memory copies count as kernels ("memcpy DtoH BYTES").
+Between steps (the host's turn): from a step's last GPU activity to the next step's first, split at the host's
+cudaGraphLaunch call ("api:" rows, host side, same clock): before the call (the wake-up from the synchronization and
+the host's own work), the call itself, and from its return to the GPU's first activity.
 Printed: the median step's span, busy (union of kernel intervals) and idle time, and per kernel name (demangled by
 c++filt when present, parameters dropped) the calls per step, average duration, marginal and gap per step.
 """
@@ -79,15 +82,22 @@ def main():
         sys.exit("usage: kernel_gaps.py TRACE.csv [GAP_US] [TOP]")
     gap_ns = float(sys.argv[2]) * 1e3 if len(sys.argv) > 2 else 20e3
     top = int(sys.argv[3]) if len(sys.argv) > 3 else 30
-    rows = []
+    rows, launches = [], []
     with open(sys.argv[1], newline="") as f:
         for r in csv.DictReader(f):
-            rows.append((int(r["start_ns"]), int(r["end_ns"]), r["name"]))
+            row = (int(r["start_ns"]), int(r["end_ns"]), r["name"])
+            if r["name"].startswith("api:"):
+                if "GraphLaunch" in r["name"]:
+                    launches.append(row)
+            else:
+                rows.append(row)
     if not rows:
         sys.exit(f"kernel_gaps.py: no kernels in {sys.argv[1]}")
     rows.sort()
     groups = bursts(rows, gap_ns)
-    counts = [len(g) for g in groups]
+    counts = [len(g) for g in groups if len(g) >= 16]  # not the load's weight copies, one burst each
+    if not counts:
+        sys.exit(f"kernel_gaps.py: no burst of 16 or more kernels in {sys.argv[1]}")
     mode = max(set(counts), key=lambda c: (counts.count(c), c))
     steps = [g for g in groups if len(g) == mode]
     if len(steps) > 4:
@@ -113,6 +123,16 @@ def main():
     for name, (calls, dur, marginal, gap) in sorted(table.items(), key=lambda kv: -kv[1][2])[:top]:
         print(f"{calls / n:6.1f} {dur / calls / 1e3:8.2f} {marginal / n / 1e3:12.1f} {marginal / total:6.1%} "
               f"{gap / n / 1e3:8.1f}  {name}")
+    between = []
+    for a, b in zip(steps, steps[1:]):
+        end, start = max(r[1] for r in a), b[0][0]
+        call = [lr for lr in launches if end - 50_000 < lr[0] < start]
+        if call and start - end < 10e6:
+            between.append((start - end, call[-1][0] - end, call[-1][1] - call[-1][0], start - call[-1][1]))
+    if between:
+        med = [statistics.median(x[i] for x in between) / 1e3 for i in range(4)]
+        print(f"between steps ({len(between)}, medians, us): {med[0]:.1f} = host before the graph launch {med[1]:.1f}"
+              f" + the launch call {med[2]:.1f} + its return to the first GPU activity {med[3]:.1f}")
 
 
 if __name__ == "__main__":

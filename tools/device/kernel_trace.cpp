@@ -3,7 +3,9 @@
 // InitializeInjection; kernels are traced as concurrent-kernel activity records (no serialization: programmatic
 // dependent launches still overlap), including the kernel nodes of CUDA graphs. Each record is appended as it is
 // delivered to KERNEL_TRACE_OUT (default kernel_trace.csv): start_ns,end_ns,stream,graph_node,name (the mangled name,
-// quoted). Analysis: tools/device/kernel_gaps.py.
+// quoted). Memory copies are rows too, named "memcpy HtoD 8192" (direction, bytes); the host's calls that start and
+// wait for GPU work (graph launches, synchronizations, on the host's side of the same clock) are rows named
+// "api:cudaGraphLaunch..." on stream 0. Analysis: tools/device/kernel_gaps.py.
 //
 // Build (on the device, against its own CUPTI): g++ -std=c++17 -O2 -shared -fPIC -I$CUDA/include
 //   -I$CUDA/extras/CUPTI/include tools/device/kernel_trace.cpp -L$CUDA/lib64 -L$CUDA/extras/CUPTI/lib64 -lcupti
@@ -12,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 namespace {
@@ -31,6 +34,24 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
   std::lock_guard<std::mutex> lock(g_mutex);
   CUpti_Activity* record = nullptr;
   while (g_out != nullptr && cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+    if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+      const char* dir = m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD   ? "HtoD"
+                        : m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? "DtoH"
+                                                                         : "other";
+      std::fprintf(g_out, "%llu,%llu,%u,%llu,\"memcpy %s %llu\"\n", (unsigned long long)m->start,
+                   (unsigned long long)m->end, m->streamId, (unsigned long long)m->graphNodeId, dir,
+                   (unsigned long long)m->bytes);
+      continue;
+    }
+    if (record->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
+      const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(record);
+      const char* name = nullptr;
+      if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &name) != CUPTI_SUCCESS || name == nullptr) continue;
+      if (std::strstr(name, "GraphLaunch") == nullptr && std::strstr(name, "Synchronize") == nullptr) continue;
+      std::fprintf(g_out, "%llu,%llu,0,0,\"api:%s\"\n", (unsigned long long)a->start, (unsigned long long)a->end, name);
+      continue;
+    }
     if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && record->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
     std::fprintf(g_out, "%llu,%llu,%u,%llu,\"%s\"\n", (unsigned long long)k->start, (unsigned long long)k->end,
@@ -61,7 +82,9 @@ extern "C" int InitializeInjection() {
   }
   std::fprintf(g_out, "start_ns,end_ns,stream,graph_node,name\n");
   if (cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS ||
-      cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) {
+      cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS ||
+      cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY) != CUPTI_SUCCESS ||
+      cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME) != CUPTI_SUCCESS) {
     std::fprintf(stderr, "kernel_trace: CUPTI refused the kernel activity trace\n");
     return 0;
   }

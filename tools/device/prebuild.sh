@@ -4,6 +4,8 @@
 # CUDA and golden test binaries ~60 s more).
 #
 # Usage (repo root, after committing or not): bash tools/device/prebuild.sh
+#        bash tools/device/prebuild.sh --arm NAME: only magnetar, packed as build-prebuilt/arm-NAME.xz, the B side of an
+#        A/B in one call (`run.sh --decode-bench ARM=NAME`; check out the variant, pack it, return, then prebuild).
 # Then call the device with carry=["build-prebuilt", ".device-deps"]: run.sh unpacks build-prebuilt/prebuilt.tar.xz
 # into build-cuda/ there and uses its binaries when their source hash (tools/device/source_hash.sh) matches the tree it
 # was sent with and they load; otherwise it builds as usual. Packed: magnetar, magnetar_cuda_tests,
@@ -21,6 +23,14 @@ grep -q '^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=90$' "$dir/CMakeCache.txt" ||
   { echo "prebuild: $dir is not configured for sm_90 (CMAKE_CUDA_ARCHITECTURES=90)" >&2; exit 1; }
 grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' "$dir/CMakeCache.txt" ||
   { echo "prebuild: $dir is not a Release build" >&2; exit 1; }
+if [ "${1:-}" = "--arm" ]; then
+  [ -n "${2:-}" ] || { echo "prebuild: --arm needs a name" >&2; exit 1; }
+  cmake --build "$dir" -j "$(nproc)" --target magnetar
+  mkdir -p build-prebuilt
+  strip -o "build-prebuilt/arm-$2" "$dir/tools/magnetar" && xz -f "build-prebuilt/arm-$2"
+  echo "prebuild: build-prebuilt/arm-$2.xz ($(du -h "build-prebuilt/arm-$2.xz" | cut -f1)); run.sh arm ARM=$2"
+  exit 0
+fi
 hash=$(source_hash)
 cmake --build "$dir" -j "$(nproc)" --target magnetar magnetar_cuda_tests magnetar_golden_tests
 stage=$(mktemp -d)

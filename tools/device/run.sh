@@ -66,6 +66,21 @@ build_with_model() {
     -o "$model" 2>&1 | tail -2; }
 }
 
+# An arm of --decode-bench / --prefill-bench: VAR=VALUE ... sets environment switches for the packed (or built)
+# binary; ARM=NAME runs instead the magnetar of other sources that `tools/device/prebuild.sh --arm NAME` packed into
+# build-prebuilt/arm-NAME.xz (an A/B of two code versions in one call). Runs `magnetar ARGS...` under the arm.
+run_arm() {
+  local arm=$1
+  shift
+  case "$arm" in
+    ARM=*)
+      local b=/tmp/magnetar-arm-${arm#ARM=}
+      [ -x "$b" ] || { xz -dc "build-prebuilt/arm-${arm#ARM=}.xz" >"$b" && chmod +x "$b"; } || return 1
+      "$b" "$@" ;;
+    *) env $arm "$bin" "$@" ;;
+  esac
+}
+
 # Decode over 64 tokens at depth 2K, 16K, 32K and 64K (2,048-token prefill chunks) of the model, with the environment
 # switches given as arguments (VAR=VALUE ...) and the bench flags in DEPTH_FLAGS (e.g. "--kv-type q8_0").
 depth_arm() {
@@ -197,10 +212,11 @@ if [ "$filter" = "--profile-decode" ]; then
   exit 0
 fi
 
-# `run.sh --kernel-trace [VAR=VALUE ...]`: the GPU timeline of 32 decode steps of the resident 30B-A3B geometry, kernel
-# by kernel inside the graph (tools/device/kernel_trace.cpp: a CUPTI injection library built here against the image's
-# CUPTI; nsys is not usable on the image), summarized by tools/device/kernel_gaps.py: per kernel the busy time it adds
-# to a step and the idle time before it. Environment switches (VAR=VALUE) apply to the traced run.
+# `run.sh --kernel-trace [VAR=VALUE ...]`: the GPU timeline of 32 decode steps (`bench --gen 32`) of the resident
+# 30B-A3B geometry, kernel by kernel inside the graph, with the copies and the host's graph launches
+# (tools/device/kernel_trace.cpp: a CUPTI injection library built here against the image's CUPTI; nsys is not usable
+# on the image), summarized by tools/device/kernel_gaps.py: per kernel the busy time it adds to a step and the idle
+# time before it, and the time between steps. Environment switches (VAR=VALUE) apply to the traced run.
 if [ "$filter" = "--kernel-trace" ]; then
   build_with_model
   cuda=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
@@ -209,8 +225,8 @@ if [ "$filter" = "--kernel-trace" ]; then
   [ -f "$inc/cupti.h" ] && [ -d "$lib" ] || { echo "kernel-trace: no CUPTI (cupti.h, libcupti.so) under $cuda"; exit 1; }
   g++ -std=c++17 -O2 -shared -fPIC -I"$cuda/include" -I"$inc" tools/device/kernel_trace.cpp -L"$lib" \
     -Wl,-rpath,"$lib" -lcupti -o /tmp/libkernel_trace.so || exit 1
-  env "${@:2}" CUDA_INJECTION64_PATH=/tmp/libkernel_trace.so KERNEL_TRACE_OUT="$OUT/kernel_trace.csv" "$bin" run \
-    -m "$model" --device cuda --tokens 1,2,3 -n 32 >/dev/null 2>"$OUT/kernel_trace.err"
+  env "${@:2}" CUDA_INJECTION64_PATH=/tmp/libkernel_trace.so KERNEL_TRACE_OUT="$OUT/kernel_trace.csv" "$bin" bench \
+    -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 16 --gen 32 --reps 1 >/dev/null 2>"$OUT/kernel_trace.err"
   echo "traced run exit $? ($(($(wc -l <"$OUT/kernel_trace.csv") - 1)) kernels; stderr: $OUT/kernel_trace.err)"
   python3 tools/device/kernel_gaps.py "$OUT/kernel_trace.csv" 20 40
   exit 0
@@ -227,28 +243,41 @@ if [ "$filter" = "--profile-prefill" ]; then
   exit 0
 fi
 
-# `run.sh --decode-bench [VAR=VALUE ...]`: only pp512 / tg128 (medians of 5) on the resident 30B-A3B geometry, then the
-# same with each diagnostic switch VAR=VALUE (e.g. MAGNETAR_CUDA_FUSE=1) as the arms compared in the same call.
+# `run.sh --decode-bench [ARM ...]`: only pp512 / tg128 (medians of 5) on the resident 30B-A3B geometry, then the
+# same for each arm (run_arm: diagnostic switches VAR=VALUE such as MAGNETAR_CUDA_FUSE=1, or ARM=NAME for another
+# build), compared in the same call. DECODE_ROUNDS=N repeats the whole round of arms N times (interleaved A/B).
 # MAGNETAR_CUDA_SKIP=NAME,... arms are knockouts: those kernels are not launched (wrong results), the time saved is
 # their share of the decode step inside the graph, launch boundaries included (ncu times kernels alone).
 if [ "$filter" = "--decode-bench" ]; then
   build_with_model
-  for arm in "" "${@:2}"; do
-    echo "== ${arm:-default}"
-    env $arm "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 128 --reps 5 2>&1 | tail -1
+  for round in $(seq "${DECODE_ROUNDS:-1}"); do
+    for arm in "" "${@:2}"; do
+      echo "== ${arm:-default}"
+      run_arm "$arm" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 128 --reps 5 2>&1 |
+        tail -1
+    done
   done
   exit 0
 fi
 
-# `run.sh --prefill-bench [VAR=VALUE ...]`: pp512 and pp2048 (medians of 5) on the resident 30B-A3B geometry, then the
-# same with each environment switch VAR=VALUE as an arm of the same call; last, pp2048 in 512-token chunks
+# `run.sh --decode-profile [ARM]`: tg128 with `bench --profile` (the decode step split per op: the device's span, the
+# host's share, the embedding) on the resident 30B-A3B geometry.
+if [ "$filter" = "--decode-profile" ]; then
+  build_with_model
+  run_arm "${2:-}" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 128 --reps 5 --profile \
+    2>&1 | tail -14
+  exit 0
+fi
+
+# `run.sh --prefill-bench [ARM ...]`: pp512 and pp2048 (medians of 5) on the resident 30B-A3B geometry, then the
+# same for each arm (run_arm) in the same call; last, pp2048 in 512-token chunks
 # (`--batch 512`, llama-bench's default ubatch; the engine's default on a resident GPU model is 2,048).
 if [ "$filter" = "--prefill-bench" ]; then
   build_with_model
   for arm in "" "${@:2}"; do
     echo "== ${arm:-default}"
-    env $arm "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 0 --reps 5 2>&1 | tail -1
-    env $arm "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 2048 --gen 0 --reps 5 --ctx 4096 \
+    run_arm "$arm" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 0 --reps 5 2>&1 | tail -1
+    run_arm "$arm" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 2048 --gen 0 --reps 5 --ctx 4096 \
       2>&1 | tail -1
   done
   echo "== --batch 512"
