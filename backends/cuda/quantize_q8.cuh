@@ -91,6 +91,54 @@ __device__ __forceinline__ void block_q8_k(const float (&xs)[quant::kQK_K / kWar
   if (lane == 0) blk->d = 1.0f / iscale;
 }
 
+// The same block over a CTA of 256 threads, thread t holding element t in x (one element per thread: a shorter chain
+// per thread than eight per lane, for ops whose per-element work is long, swiglu.cu). Every thread calls it; it
+// synchronizes the CTA. The maximum's tie rule and the arithmetic are block_q8_k's: the same bytes.
+__device__ __forceinline__ void block_q8_k_cta(float x, quant::BlockQ8_K* blk) {
+  constexpr int kWarps = quant::kQK_K / kWarpSize;
+  __shared__ float s_amax[kWarps], s_max[kWarps];
+  __shared__ int s_idx[kWarps];
+  const int t = int(threadIdx.x), lane = t % kWarpSize;
+  float amax = fabsf(x), max = x;
+  int idx = amax > 0.0f ? t : quant::kQK_K;  // block_q8_k's strict '>' from amax 0: zeros are never picked
+  auto merge = [&](float o_amax, float o_max, int o_idx) {
+    if (o_amax > amax || (o_amax == amax && o_idx < idx)) {
+      amax = o_amax;
+      max = o_max;
+      idx = o_idx;
+    }
+  };
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    const float o_amax = __shfl_xor_sync(0xffffffffu, amax, offset);
+    const float o_max = __shfl_xor_sync(0xffffffffu, max, offset);
+    const int o_idx = __shfl_xor_sync(0xffffffffu, idx, offset);
+    merge(o_amax, o_max, o_idx);
+  }
+  if (lane == 0) {
+    s_amax[t / kWarpSize] = amax;
+    s_max[t / kWarpSize] = max;
+    s_idx[t / kWarpSize] = idx;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) merge(s_amax[w], s_max[w], s_idx[w]);
+  if (amax == 0.0f) {  // uniform over the CTA
+    blk->qs[t] = 0;
+    if (t < quant::kQK_K / 16) blk->bsums[t] = 0;
+    if (t == 0) blk->d = 0.0f;
+    return;
+  }
+  const float iscale = -127.0f / max;
+  const int q = min(__float2int_rn(iscale * x), 127);
+  blk->qs[t] = int8_t(q);
+  int s = q;  // element t is in 16-group t / 16: sum over the half-warp
+#pragma unroll
+  for (int offset = 8; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
+  if (lane % 16 == 0) blk->bsums[t / 16] = int16_t(s);
+  if (t == 0) blk->d = 1.0f / iscale;
+}
+
 // Activation formats a fused op can write (quant::Type values as template arguments; act_of maps them).
 enum class Act { kNone, kQ8_0, kQ8_1, kQ8_K };
 

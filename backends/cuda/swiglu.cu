@@ -4,9 +4,10 @@
 // Cost: 12 bytes per element (read gate and up, write gate), ~25 flops with the accurate expf (2 ulp; not
 // __expf, whose error grows with |x|). Memory-bound: a decode token's 8 experts x 768 elements are 74 KB,
 // launch-latency bound; a prefill batch streams at HBM speed. swiglu_quantize also quantizes the result for the
-// down projection in the same launch (one warp per activation block, quantize_q8.cuh's code): one launch instead
-// of two on a decode token, with 8 elements per lane where swiglu takes one (measured 3% slower in the model, the
-// longer chain per lane: MAGNETAR_CUDA_FUSE in models/qwen3_moe/qwen3_moe_cuda.cpp).
+// down projection in the same launch (quantize_q8.cuh's code): one launch instead of two on a decode token. Q8_0/Q8_1
+// take a warp per 32-element block; Q8_K a CTA of 256 threads per block, one element each, as swiglu: with a warp
+// per block (8 elements per lane) the chain of 8 accurate expf per lane made the fused launch 3% slower in the model
+// than the two (MAGNETAR_CUDA_FUSE in models/qwen3_moe/qwen3_moe_cuda.cpp).
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -63,6 +64,20 @@ __global__ void __launch_bounds__(kThreads)
   q8::block_regs<kA>(v, out + size_t(row) * out_row_bytes, int(b), lane);
 }
 
+// Q8_K: grid of n_blocks CTAs of kThreads (= 256, the block), thread t -> element t of block blockIdx.x.
+__global__ void __launch_bounds__(kThreads)
+    swiglu_quantize_k_kernel(float* __restrict__ gate, const float* __restrict__ up, int64_t n_cols, int64_t per_row,
+                             uint8_t* __restrict__ out, size_t out_row_bytes) {
+  static_assert(kThreads == quant::kQK_K);
+  ops::pdl_wait();
+  ops::pdl_trigger();
+  const int64_t row = int64_t(blockIdx.x) / per_row, b = int64_t(blockIdx.x) % per_row;
+  const size_t i = size_t(row) * size_t(n_cols) + size_t(b) * quant::kQK_K + threadIdx.x;
+  const float v = silu_mul(gate[i], up[i]);
+  gate[i] = v;
+  q8::block_q8_k_cta(v, reinterpret_cast<quant::BlockQ8_K*>(out + size_t(row) * out_row_bytes) + b);
+}
+
 }  // namespace
 
 Status swiglu(float* gate, const float* up, int64_t count, Stream& stream) {
@@ -103,8 +118,8 @@ Status swiglu_quantize(const SwigluQuantizeArgs& a, Stream& stream) {
                              per_row, n_blocks, out, row_bytes));
       break;
     default:
-      CUDA_CHECK(ops::launch(swiglu_quantize_kernel<q8::Act::kQ8_K>, grid, kThreads, 0, stream.raw(), a.gate, a.up, a.n_cols,
-                             per_row, n_blocks, out, row_bytes));
+      CUDA_CHECK(ops::launch(swiglu_quantize_k_kernel, unsigned(n_blocks), kThreads, 0, stream.raw(), a.gate, a.up,
+                             a.n_cols, per_row, out, row_bytes));
       break;
   }
   return Status();

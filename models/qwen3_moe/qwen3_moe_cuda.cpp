@@ -125,13 +125,14 @@ bool refuse_captures() {
 //   kNormQuant   a norm whose output feeds quantized products writes the quantized rows too (y_quantized);
 //   kSwigluQuant the MoE's swiglu quantizes for the down projection (swiglu_quantize).
 // MAGNETAR_CUDA_FUSE picks them: a comma list of combine, norm, swiglu; 1 for all, 0 for none; unset: the default
-// set, combine. H200, tg128 (run.sh --decode-bench, docs/benchmarks/2026-11-30-cuda-decode-pdl.md): combine 315.0 t/s,
-// none 313.0, combine + norm 314.0, combine + swiglu 305.9 (swiglu_quantize's 8 elements per lane lengthen the chain).
+// set, combine and swiglu. H200, tg128 (run.sh --decode-bench): combine + swiglu 416.4 / 416.4 t/s against combine
+// 412.1 / 409.6, combine + norm 411.5 / 406.5 (2026-12-01, two rounds of one call, swiglu_quantize with a CTA per Q8_K
+// block; with a warp per block it had cost 3%: docs/benchmarks/2026-11-30-cuda-decode-pdl.md).
 enum class Fusion { kCombine = 1, kNormQuant = 2, kSwigluQuant = 4 };
 bool fused(Fusion f) {
   static const int set = [] {
     const char* v = std::getenv("MAGNETAR_CUDA_FUSE");
-    if (v == nullptr) return int(Fusion::kCombine);
+    if (v == nullptr) return int(Fusion::kCombine) | int(Fusion::kSwigluQuant);
     const std::string_view s = v;
     if (s == "1") return int(Fusion::kCombine) | int(Fusion::kNormQuant) | int(Fusion::kSwigluQuant);
     int bits = 0;

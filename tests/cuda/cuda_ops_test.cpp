@@ -526,8 +526,16 @@ TEST(CudaOps, SwigluQuantizeEqualsSwigluThenQuantize) {
   for (const quant::Type t : kActTypes) {
     for (const auto& [rows, cols] : shapes) {
       std::vector<float> gate = gaussian(rng, size_t(rows * cols), 4.0f);
-      const std::vector<float> up = gaussian(rng, size_t(rows * cols));
+      std::vector<float> up = gaussian(rng, size_t(rows * cols));
       std::fill(gate.begin(), gate.begin() + 256, 0.0f);  // swiglu(0) = 0: an all-zero first block
+      // Ties for a block's largest magnitude (Q8_K keeps the first, sign included): +h then -h in block 1, -h then
+      // +h in block 2, larger than anything else there.
+      for (const auto& [i, j] : {std::pair{300, 400}, std::pair{600, 700}}) {
+        if (j >= cols) continue;
+        gate[size_t(i)] = gate[size_t(j)] = 30.0f;
+        up[size_t(i)] = i == 300 ? 9.0f : -9.0f;
+        up[size_t(j)] = -up[size_t(i)];
+      }
       expect_same(swiglu_quantized(gate, up, rows, cols, t, true, stream),
                   swiglu_quantized(gate, up, rows, cols, t, false, stream), shape_name(t, rows, cols));
     }
