@@ -246,32 +246,17 @@ TEST(CudaOps, AddRmsNormCombinesExpertRows) {
         ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dcomb, cuda::DeviceBuffer::allocate(x.size() * sizeof(float)));
         ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dy, cuda::DeviceBuffer::allocate(x.size() * sizeof(float)));
         ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dy2, cuda::DeviceBuffer::allocate(x.size() * sizeof(float)));
-        ASSERT_OK(cuda::add_rms_norm({.x = dx.as<float>(),
-                                      .residual = de.as<float>(),
-                                      .weight = dw.as<float>(),
-                                      .y = dy.as<float>(),
-                                      .n_rows = rows,
-                                      .n_cols = cols,
-                                      .eps = 1e-6f,
-                                      .residual_rows = dsr.as<int32_t>(),
-                                      .residual_weights = dsw.as<float>(),
+        ASSERT_OK(cuda::add_rms_norm({.x = dx.as<float>(), .residual = de.as<float>(), .weight = dw.as<float>(),
+                                      .y = dy.as<float>(), .n_rows = rows, .n_cols = cols, .eps = 1e-6f,
+                                      .residual_rows = dsr.as<int32_t>(), .residual_weights = dsw.as<float>(),
                                       .residual_k = k},
                                      stream));
-        ASSERT_OK(cuda::moe_combine({.rows = de.as<float>(),
-                                     .slot_rows = dsr.as<int32_t>(),
-                                     .weights = dsw.as<float>(),
-                                     .out = dcomb.as<float>(),
-                                     .n_tok = rows,
-                                     .k = k,
+        ASSERT_OK(cuda::moe_combine({.rows = de.as<float>(), .slot_rows = dsr.as<int32_t>(),
+                                     .weights = dsw.as<float>(), .out = dcomb.as<float>(), .n_tok = rows, .k = k,
                                      .n = cols},
                                     stream));
-        ASSERT_OK(cuda::add_rms_norm({.x = dx2.as<float>(),
-                                      .residual = dcomb.as<float>(),
-                                      .weight = dw.as<float>(),
-                                      .y = dy2.as<float>(),
-                                      .n_rows = rows,
-                                      .n_cols = cols,
-                                      .eps = 1e-6f},
+        ASSERT_OK(cuda::add_rms_norm({.x = dx2.as<float>(), .residual = dcomb.as<float>(), .weight = dw.as<float>(),
+                                      .y = dy2.as<float>(), .n_rows = rows, .n_cols = cols, .eps = 1e-6f},
                                      stream));
         stream.synchronize();
         const std::string where =
