@@ -247,10 +247,8 @@ Status add_rms_norm(const AddRmsNormArgs& a, Stream& stream) {
   if ((a.residual_rows == nullptr) != (a.residual_weights == nullptr) ||
       (a.residual_rows != nullptr &&
        (a.residual_k < 1 || a.residual_k > kMaxCombineK || a.n_rows * a.residual_k > INT_MAX))) {
-    return Status::error(
-        format("add_rms_norm: residual_rows and residual_weights go together, with residual_k=%lld "
-               "in 1..64",
-               (long long)a.residual_k));
+    return Status::error(format("add_rms_norm: residual_rows and residual_weights go together, with residual_k=%lld "
+                                "in 1..%d", (long long)a.residual_k, kMaxCombineK));
   }
   const Residual res{a.residual, a.residual_rows, a.residual_weights, int(a.residual_k)};
   auto* yq = static_cast<uint8_t*>(a.y_quantized);
