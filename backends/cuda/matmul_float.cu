@@ -8,8 +8,9 @@
 // tokens: 16 CTAs, 222 us per layer, measured). A CTA computes 16 activation rows x 32 weight rows (128 CTAs for the
 // router at 512 tokens) and splits K over its 8 warps: per K-step of 128 warp w runs k = 16 w .. 16 w + 15 as a
 // 4 x 4 outer product per lane (16 FMA per 8 shared loads, 64 per 8 when the rows are 16-byte aligned and a load
-// takes 4 elements; weights converted on the way: F16 via __half2float, BF16 by a shift, both exact), and at the end the 8 partial sums of each output are added in warp order (deterministic).
-// Each output: 8 FMA chains of cols / 8 in order plus 7 additions, within the bound of one chain (matvec_float.cu's).
+// takes 4 elements; weights converted on the way: F16 via __half2float, BF16 by a shift, both exact), and at the end
+// the 8 partial sums of each output are added in warp order (deterministic). Each output: 8 FMA chains of cols / 8 in
+// order plus 7 additions, within the bound of one chain (matvec_float.cu's).
 // Staging: the K-steps' raw rows are copied by cp.async kStages - 1 steps ahead of the one computed (a ring of
 // kStages buffers in dynamic shared memory), each row's chunk at its global address's offset modulo 16 (rows of any
 // length; buffers 16-byte aligned, checked), rows padded to 4 words mod 32 so that the lanes' reads of 4 activation

@@ -38,10 +38,10 @@ using route::kRankParts;
 // Grid: n_tok CTAs of kThreads. The logits go to shared memory, their max over all warps. Expert e's rank (the number
 // of experts selected before it, route_topk.cuh) is counted in kRankParts parts (route::rank_part), part q against
 // the experts of the q-th quarter of the ids, by kRankParts threads at once (32 compares each for 128 experts where
-// one thread made 128: the chain of one thread was most of the kernel's time). Threads 0 .. kSumThreads - 1 also make the softmax terms
-// and their double sum in the order of the CPU-matching reduction (thread i: experts i, i + kSumThreads, ...; then
-// the warp tree; then the warps in order), add up the ranks' parts, and the expert of rank j < k is slot j. Then lanes
-// j < k of warp 0 make slot j's weight, id and item at once.
+// one thread made 128: the chain of one thread was most of the kernel's time). Threads 0 .. kSumThreads - 1 also make
+// the softmax terms and their double sum in the order of the CPU-matching reduction (thread i: experts i,
+// i + kSumThreads, ...; then the warp tree; then the warps in order), add up the ranks' parts, and the expert of rank
+// j < k is slot j. Then lanes j < k of warp 0 make slot j's weight, id and item at once.
 __global__ void __launch_bounds__(kThreads)
     route_topk_kernel(const float* __restrict__ logits, int32_t* __restrict__ ids, float* __restrict__ weights,
                       int n_expert, int k, bool normalize, const void* const* __restrict__ table,

@@ -47,7 +47,9 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
     if (record->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
       const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(record);
       const char* name = nullptr;
-      if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &name) != CUPTI_SUCCESS || name == nullptr) continue;
+      if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &name) != CUPTI_SUCCESS || name == nullptr) {
+        continue;
+      }
       if (std::strstr(name, "GraphLaunch") == nullptr && std::strstr(name, "Synchronize") == nullptr) continue;
       std::fprintf(g_out, "%llu,%llu,0,0,\"api:%s\"\n", (unsigned long long)a->start, (unsigned long long)a->end, name);
       continue;

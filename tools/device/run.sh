@@ -222,7 +222,8 @@ if [ "$filter" = "--kernel-trace" ]; then
   cuda=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
   inc=$(dirname "$(find "$cuda/" -name cupti.h 2>/dev/null | head -1)")
   lib=$(dirname "$(find "$cuda/" -name 'libcupti.so*' 2>/dev/null | head -1)")
-  [ -f "$inc/cupti.h" ] && [ -d "$lib" ] || { echo "kernel-trace: no CUPTI (cupti.h, libcupti.so) under $cuda"; exit 1; }
+  [ -f "$inc/cupti.h" ] && [ -d "$lib" ] ||
+    { echo "kernel-trace: no CUPTI (cupti.h, libcupti.so) under $cuda"; exit 1; }
   g++ -std=c++17 -O2 -shared -fPIC -I"$cuda/include" -I"$inc" tools/device/kernel_trace.cpp -L"$lib" \
     -Wl,-rpath,"$lib" -lcupti -o /tmp/libkernel_trace.so || exit 1
   env "${@:2}" CUDA_INJECTION64_PATH=/tmp/libkernel_trace.so KERNEL_TRACE_OUT="$OUT/kernel_trace.csv" "$bin" bench \
