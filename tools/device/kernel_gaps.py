@@ -4,8 +4,9 @@
 Usage: python3 tools/device/kernel_gaps.py TRACE.csv [GAP_US] [TOP]
 
 The trace is cut into bursts wherever the GPU idles longer than GAP_US (default 20 us: the host's synchronization
-between two tokens); the bursts with the most common kernel count are the decode steps (the first two, warm-up and
-graph capture, are left out when there are more than four). For every step, each kernel in start order gets
+between two tokens); the bursts of the kernel count that covers the most kernels in all are the decode steps (not the
+~18-kernel layers of a prefill chunk; the first two, warm-up and graph capture, are left out when there are more than
+four). For every step, each kernel in start order gets
   marginal  the busy time it adds: end - max(start, latest end before it), 0 when it ends earlier (a kernel launched
             early by programmatic dependent launch is counted from where the one before it ended);
   gap       idle GPU time before it starts: start - (latest end before it), when positive.
@@ -98,7 +99,7 @@ def main():
     counts = [len(g) for g in groups if len(g) >= 16]  # not the load's weight copies, one burst each
     if not counts:
         sys.exit(f"kernel_gaps.py: no burst of 16 or more kernels in {sys.argv[1]}")
-    mode = max(set(counts), key=lambda c: (counts.count(c), c))
+    mode = max(set(counts), key=lambda c: (counts.count(c) * c, c))  # most kernels in all: not a prefill's layers
     steps = [g for g in groups if len(g) == mode]
     if len(steps) > 4:
         steps = steps[2:]

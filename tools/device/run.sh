@@ -212,8 +212,9 @@ if [ "$filter" = "--profile-decode" ]; then
   exit 0
 fi
 
-# `run.sh --kernel-trace [VAR=VALUE ...]`: the GPU timeline of 32 decode steps (`bench --gen 32`) of the resident
-# 30B-A3B geometry, kernel by kernel inside the graph, with the copies and the host's graph launches
+# `run.sh --kernel-trace [VAR=VALUE ...]`: the GPU timeline of 32 decode steps (`bench --gen 32`, after a prompt of
+# TRACE_STEP tokens, default 512 as in tg128: attention's cost grows with the context) of the resident 30B-A3B
+# geometry, kernel by kernel inside the graph, with the copies and the host's graph launches
 # (tools/device/kernel_trace.cpp: a CUPTI injection library built here against the image's CUPTI; nsys is not usable
 # on the image), summarized by tools/device/kernel_gaps.py: per kernel the busy time it adds to a step and the idle
 # time before it, and the time between steps. Environment switches (VAR=VALUE) apply to the traced run.
@@ -227,7 +228,8 @@ if [ "$filter" = "--kernel-trace" ]; then
   g++ -std=c++17 -O2 -shared -fPIC -I"$cuda/include" -I"$inc" tools/device/kernel_trace.cpp -L"$lib" \
     -Wl,-rpath,"$lib" -lcupti -o /tmp/libkernel_trace.so || exit 1
   env "${@:2}" CUDA_INJECTION64_PATH=/tmp/libkernel_trace.so KERNEL_TRACE_OUT="$OUT/kernel_trace.csv" "$bin" bench \
-    -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 16 --gen 32 --reps 1 >/dev/null 2>"$OUT/kernel_trace.err"
+    -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step "${TRACE_STEP:-512}" --gen 32 --reps 1 >/dev/null \
+    2>"$OUT/kernel_trace.err"
   echo "traced run exit $? ($(($(wc -l <"$OUT/kernel_trace.csv") - 1)) kernels; stderr: $OUT/kernel_trace.err)"
   python3 tools/device/kernel_gaps.py "$OUT/kernel_trace.csv" 20 40
   exit 0
