@@ -39,7 +39,9 @@
 #include "backends/cuda/attention.cuh"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
+#include "backends/cuda/launch.h"
 #include "backends/cuda/ops_common.cuh"
+#include "backends/cuda/quantize_q8.cuh"
 
 namespace magnetar::cuda {
 namespace {
@@ -78,6 +80,9 @@ struct Params {
   int rows_per_split;
   int slots;
   unsigned* tickets;
+  // attention_decode_mma: the output also as Q8_K rows (AttentionArgs::out_q8k), or null.
+  uint8_t* out_q8k;
+  size_t q8k_row_bytes;
 };
 
 // The position of the first query token, the chunks per split and the split count this launch runs with.
@@ -367,6 +372,22 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(const Param
 // short scoreboards): dequantization, not memory, sets its time (docs/benchmarks/2026-12-01-cuda-kv-q8_0.md).
 constexpr int kStep = 16;  // rows per warp step
 static_assert(kWarps * kStep == attn::kDecodeStep);
+
+// Dims d .. d + 7 of query head h_first + h of token tok, made by thread `item` of a loop over a KV head's G * D / 8
+// items in thread order; with out_q8k, each warp's 32 items are a Q8_K block of the token's row (G * D a multiple of
+// 256, checked at launch: the whole warp is in the loop) and the warp quantizes it as quantize_activations would.
+__device__ __forceinline__ void write_output(const Params& p, int tok, int h_first, int h, int d, const float (&v)[8],
+                                             int item) {
+  const size_t at = (size_t(tok) * size_t(p.n_head) + size_t(h_first + h)) * size_t(p.head_dim) + size_t(d);
+  float4* out = reinterpret_cast<float4*>(p.out + at);
+  out[0] = make_float4(v[0], v[1], v[2], v[3]);
+  out[1] = make_float4(v[4], v[5], v[6], v[7]);
+  if (p.out_q8k != nullptr) {
+    auto* row = reinterpret_cast<quant::BlockQ8_K*>(p.out_q8k + size_t(tok) * p.q8k_row_bytes);
+    const size_t in_row = at - size_t(tok) * size_t(p.n_head) * size_t(p.head_dim);
+    q8::block_q8_k_lane8(v, row + in_row / quant::kQK_K, item % ops::kWarpSize);
+  }
+}
 
 // Shared memory of one decode kernel: the warps' rings, reused after the loop for the warps' weighted outputs
 // [kWarps][heads][D + 4] (the pitch makes the merge's stores conflict-free). F16 KV: a ring stage is the f16 tile the
@@ -732,19 +753,27 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
   }
   __syncthreads();
 
-  // The output (one split) or the split's partial record [D outputs, max (log2 units), sum, 2 unused].
+  // The output (one split) or the split's partial record [D outputs, max (log2 units), sum, 2 unused]: thread i takes
+  // 8 consecutive dims of one head (as the combine below, whose layout out_q8k's quantizer takes).
   const int h_first = hk * G;
   const int stride = D + 4;
-  for (int i = tid; i < G * D; i += kThreads) {
-    const int h = i / D, d = i % D;
-    float sum = 0.0f;
+  for (int i = tid; i < G * (D / 8); i += kThreads) {
+    const int h = i / (D / 8), d = 8 * (i % (D / 8));
+    float sum[8];
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += o_w[(w * kHeads + h) * S::kOPitch + d];
+    for (int e = 0; e < 8; ++e) {
+      sum[e] = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) sum[e] += o_w[(w * kHeads + h) * S::kOPitch + d + e];
+    }
     if (run.n_splits == 1) {
-      p.out[(size_t(tok) * size_t(p.n_head) + size_t(h_first + h)) * size_t(D) + size_t(d)] = sum / big_l_s[h];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum[e] = sum[e] / big_l_s[h];
+      write_output(p, tok, h_first, h, d, sum, i);
     } else {
       float* rec = p.partials + (size_t(h_first + h) * size_t(run.n_splits) + size_t(split)) * size_t(stride);
-      rec[d] = sum;
+      reinterpret_cast<float4*>(rec + d)[0] = make_float4(sum[0], sum[1], sum[2], sum[3]);
+      reinterpret_cast<float4*>(rec + d)[1] = make_float4(sum[4], sum[5], sum[6], sum[7]);
       if (d == 0) {
         rec[D] = big_m_s[h];
         rec[D + 1] = big_l_s[h];
@@ -816,9 +845,9 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
       }
       m_run = m;
     }
-    float4* out = reinterpret_cast<float4*>(p.out + size_t(h_first + h) * size_t(D) + size_t(d));
-    out[0] = make_float4(acc[0] / l_run, acc[1] / l_run, acc[2] / l_run, acc[3] / l_run);
-    out[1] = make_float4(acc[4] / l_run, acc[5] / l_run, acc[6] / l_run, acc[7] / l_run);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] = acc[e] / l_run;
+    write_output(p, 0, h_first, h, d, acc, i);
   }
   if (tid == 0) p.tickets[hk] = 0u;  // for the next launch (stream order: nothing else reads it meanwhile)
 }
@@ -885,6 +914,7 @@ Status check_args(const char* op, const AttentionArgs& a, uintptr_t v_align, boo
                                 int(v_align)));
   }
   if (a.out == a.q) return Status::error(format("%s: out must not alias q", op));
+  if (a.out_q8k != nullptr && !takes_q8) return Status::error(format("%s: out_q8k is attention_decode_mma's", op));
   return Status();
 }
 
@@ -921,6 +951,8 @@ Status make_params(const char* op, const AttentionArgs& a, AttentionWorkspace& w
   p.rows_per_split = INT_MAX;
   p.slots = 0;
   p.tickets = nullptr;
+  p.out_q8k = nullptr;
+  p.q8k_row_bytes = 0;
   return Status();
 }
 
@@ -1035,15 +1067,30 @@ bool has_attention_decode_mma(int64_t head_dim, int64_t group) {
   return head_dim == 64 || head_dim == 128 || (head_dim == 256 && group <= 8);
 }
 
+bool attention_decode_quantizes(int64_t head_dim, int64_t group) {
+  return has_attention_decode_mma(head_dim, group) && group * head_dim % quant::kQK_K == 0;
+}
+
 Status attention_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, Stream& stream) {
   if (a.n_head_kv > 0 && !has_attention_decode_mma(a.head_dim, a.n_head / a.n_head_kv)) {
     return Status::error(format("attention_decode_mma: head_dim=%lld with group %lld has no kernel (head_dim 64 or "
                                 "128 with a group up to 16, 256 with a group up to 8; use attention())",
                                 (long long)a.head_dim, (long long)(a.n_head / a.n_head_kv)));
   }
-  if (!ops::aligned(a.q, 16)) return Status::error("attention_decode_mma: q must be 16-byte aligned");
+  if (!ops::aligned(a.q, 16) || !ops::aligned(a.out, 16)) {
+    return Status::error("attention_decode_mma: q and out must be 16-byte aligned");
+  }
   Params p;
   MAGNETAR_RETURN_IF_ERROR(make_params("attention_decode_mma", a, workspace, p, true));
+  if (a.out_q8k != nullptr) {
+    if (!attention_decode_quantizes(a.head_dim, p.group)) {
+      return Status::error(format("attention_decode_mma: out_q8k needs group * head_dim a multiple of 256 (group %d, "
+                                  "head_dim %lld)", p.group, (long long)a.head_dim));
+    }
+    if (!ops::aligned(a.out_q8k, 4)) return Status::error("attention_decode_mma: out_q8k must be 4-byte aligned");
+    p.out_q8k = static_cast<uint8_t*>(a.out_q8k);
+    p.q8k_row_bytes = detail::act_row_bytes(quant::Type::Q8_K, a.n_head * a.head_dim);
+  }
   return a.kv_type == quant::Type::Q8_0 ? launch_decode_mma<true>(a, workspace, p, stream.raw())
                                         : launch_decode_mma<false>(a, workspace, p, stream.raw());
 }

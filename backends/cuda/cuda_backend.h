@@ -393,6 +393,10 @@ inline constexpr int64_t kMaxNormQuantizeCols = 8192;
 // Whether add_rms_norm can quantize rows of n_cols into y_type: Q8_0, Q8_1 or Q8_K, n_cols a multiple of the
 // type's block, at most kMaxNormQuantizeCols.
 bool can_quantize_norm(quant::Type y_type, int64_t n_cols);
+// Whether rms_norm / add_rms_norm of n_rows x n_cols (y also quantized to y_type unless F32) runs on thread-block
+// clusters, 8 CTAs per row (decode rows on sm_90+; MAGNETAR_CUDA_NORM_CLUSTER=0 turns it off). There the quantization
+// in the norm's launch costs less than a launch of its own; on the one-CTA row kernel it costs more.
+bool norm_in_cluster(quant::Type y_type, int64_t n_rows, int64_t n_cols);
 
 // NeoX rotary embedding in place (cpu::rope_neox): x [n_tok, n_head, head_dim], pairs (i, i + head_dim/2),
 // angle = double(positions[t]) * float(1 / theta^(2i / head_dim)). head_dim even, <= 1024.
@@ -582,6 +586,10 @@ struct AttentionArgs {
   // attention_prefill_mma only: query rows per warp, 0 (auto: 32, or 16 when that grid leaves SMs without a second CTA
   // or at head_dim 256), 16 or 32 (head_dim <= 128).
   int prefill_warp_rows = 0;
+  // attention_decode_mma only, when attention_decode_quantizes(head_dim, group): the output also as Q8_K rows
+  // [n_tok, row_size(Q8_K, n_head * head_dim)] (quantize_activations' bytes, 4-byte aligned), in the same launch, for
+  // the output projection's quantized product. Null: none (the other ops take only null).
+  void* out_q8k = nullptr;
 };
 Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Stream& stream);
 
@@ -595,14 +603,18 @@ Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Strea
 // it still runs: those rows must have been written at least two launches earlier (or by a copy); rows pos0 and later
 // (this call's own tokens) may come from the launch just before.
 // Meant for decode (n_tok == 1: split-K); n_tok > 1 runs one CTA per (token, KV head) as attention() does.
-// Supported (has_attention_decode_mma): head_dim 64 or 128 with a group up to 16, 256 with a group up to 8; q 16-byte
-// aligned. Any other shape returns a Status (callers fall back to attention(), through kv_to_f16 for a Q8_0 cache).
+// Supported (has_attention_decode_mma): head_dim 64 or 128 with a group up to 16, 256 with a group up to 8; q and out
+// 16-byte aligned. Any other shape returns a Status (callers fall back to attention(), through kv_to_f16 for a Q8_0
+// cache).
 // A Q8_0 cache (kv_type) is read as stored, each row dequantized in shared memory to kv_to_f16's values f16(d * q);
 // not bit-identical with the call over kv_to_f16's F16 copy, whose kernel fits fewer CTAs per SM (another split plan).
 // Over a kv_to_f16 copy made by the launch just before it, an F16 call would read rows older than pos0 before that
 // launch is done (the contract above): give it a copy made at least two launches earlier.
 Status attention_decode_mma(const AttentionArgs& args, AttentionWorkspace& workspace, Stream& stream);
 bool has_attention_decode_mma(int64_t head_dim, int64_t group);
+// Whether attention_decode_mma can also write its output as Q8_K (AttentionArgs::out_q8k): group * head_dim a multiple
+// of 256, each KV head's outputs whole blocks.
+bool attention_decode_quantizes(int64_t head_dim, int64_t group);
 
 // Same contract as attention() for n_tok >= 1 (same AttentionArgs, same masking incl. window, same layouts), but
 // computed with f16 tensor-core products (attention_prefill.cu, flash-attention-2 tiling: one CTA per tile of query

@@ -250,6 +250,18 @@ bool detail::pdl_enabled() {
   return enabled;
 }
 
+bool detail::norm_clusters() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("MAGNETAR_CUDA_NORM_CLUSTER");
+    if (v != nullptr && std::string_view(v) == "0") return false;
+    int dev = 0, cluster = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&cluster, cudaDevAttrClusterLaunch, dev));
+    return cluster != 0;
+  }();
+  return enabled;
+}
+
 // MAGNETAR_CUDA_SKIP (diagnostic; the results are wrong): a comma list of kernel name parts, e.g.
 // "quantize_q8_kernel,swiglu_kernel"; launches of kernels whose (mangled) name contains one are dropped. The decode
 // time with and without a kernel is its share of the step, boundaries with the kernels around it included (run.sh

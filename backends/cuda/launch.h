@@ -53,6 +53,11 @@ size_t act_row_bytes(quant::Type act_type, int64_t cols);
 // H200, tg128 on the 30B-A3B geometry: 312.5 t/s with it, 281.8 without (docs/benchmarks/2026-11-30-cuda-decode-pdl.md).
 bool pdl_enabled();
 
+// Whether decode rows of add_rms_norm / rms_norm go to a cluster of CTAs (rms_norm.cu): on devices with thread-block
+// clusters (compute capability 9.0 and up), unless MAGNETAR_CUDA_NORM_CLUSTER=0 (the baseline switch). Read once per
+// process (device_memory.cpp).
+bool norm_clusters();
+
 // Whether launches of `kernel` are dropped (MAGNETAR_CUDA_SKIP, a diagnostic: device_memory.cpp).
 bool launch_skipped(const void* kernel);
 

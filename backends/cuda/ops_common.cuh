@@ -71,20 +71,34 @@ __device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes) {
 
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic dependent launch where detail::pdl_enabled():
 // only for kernels that follow pdl_wait()'s rule. Returns the launch's error.
+// With cluster_x > 0, the CTAs go in thread-block clusters of cluster_x along x (sm_90+: the caller checks).
 template <typename... Params, typename... Args>
-cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+cudaError_t launch_in_clusters(void (*kernel)(Params...), unsigned cluster_x, dim3 grid, dim3 block, size_t smem,
+                               cudaStream_t stream, Args&&... args) {
   if (detail::launch_skipped(reinterpret_cast<const void*>(kernel))) return cudaSuccess;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attrs[2]{};
+  unsigned n = 0;
+  if (cluster_x > 0) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n++].val.clusterDim = {cluster_x, 1, 1};
+  }
+  if (detail::pdl_enabled()) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = detail::pdl_enabled() ? 1 : 0;
+  config.attrs = attrs;
+  config.numAttrs = n;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  return launch_in_clusters(kernel, 0, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 #endif
 

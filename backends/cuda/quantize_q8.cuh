@@ -91,14 +91,63 @@ __device__ __forceinline__ void block_q8_k(const float (&xs)[quant::kQK_K / kWar
   if (lane == 0) blk->d = 1.0f / iscale;
 }
 
-// The same block over a CTA of 256 threads, thread t holding element t in x (one element per thread: a shorter chain
-// per thread than eight per lane, for ops whose per-element work is long, swiglu.cu). Every thread calls it; it
-// synchronizes the CTA. The maximum's tie rule and the arithmetic are block_q8_k's: the same bytes.
-__device__ __forceinline__ void block_q8_k_cta(float x, quant::BlockQ8_K* blk) {
+// The same block with lane holding the 8 consecutive elements 8 lane .. 8 lane + 7 in xs (attention.cu's decode
+// output: a thread makes 8 consecutive dims of a head). Every lane of the warp calls it.
+__device__ __forceinline__ void block_q8_k_lane8(const float (&xs)[8], quant::BlockQ8_K* blk, int lane) {
+  float amax = 0.0f, max = 0.0f;
+  int idx = quant::kQK_K;  // none yet
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {  // the lane's first element of largest magnitude, as block_q8_k
+    if (fabsf(xs[e]) > amax) {
+      amax = fabsf(xs[e]);
+      max = xs[e];
+      idx = 8 * lane + e;
+    }
+  }
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    const float o_amax = __shfl_xor_sync(0xffffffffu, amax, offset);
+    const float o_max = __shfl_xor_sync(0xffffffffu, max, offset);
+    const int o_idx = __shfl_xor_sync(0xffffffffu, idx, offset);
+    if (o_amax > amax || (o_amax == amax && o_idx < idx)) {
+      amax = o_amax;
+      max = o_max;
+      idx = o_idx;
+    }
+  }
+  uint32_t packed[2] = {0u, 0u};
+  int s = 0;
+  const float iscale = amax == 0.0f ? 0.0f : -127.0f / max;  // amax is uniform over the warp
+  if (amax != 0.0f) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int q = min(__float2int_rn(iscale * xs[e]), 127);
+      packed[e / 4] |= uint32_t(uint8_t(int8_t(q))) << (8 * (e % 4));
+      s += q;
+    }
+  }
+  // qs starts 4 bytes into the block (after d): the lane's 8 bytes are two aligned words.
+  uint32_t* qs = reinterpret_cast<uint32_t*>(blk->qs + 8 * lane);
+  qs[0] = packed[0];
+  qs[1] = packed[1];
+  s += __shfl_xor_sync(0xffffffffu, s, 1);  // a 16-group is two lanes
+  if (lane % 2 == 0) blk->bsums[lane / 2] = int16_t(s);
+  if (lane == 0) blk->d = amax == 0.0f ? 0.0f : 1.0f / iscale;
+}
+
+// Shared scratch of block_q8_k_group: the largest magnitude of each of the group's warps.
+struct GroupMax {
+  float amax[quant::kQK_K / kWarpSize], max[quant::kQK_K / kWarpSize];
+  int idx[quant::kQK_K / kWarpSize];
+};
+
+// The same block over a group of 256 consecutive threads (whole warps) of the CTA, thread t < 256 of the group holding
+// element t in x (one element per thread: a shorter chain per thread than eight per lane). blk null: the group has no
+// block this time and writes nothing. Every thread of the CTA calls it with its group's scratch: it synchronizes the
+// CTA once. The maximum's tie rule and the arithmetic are block_q8_k's: the same bytes.
+__device__ __forceinline__ void block_q8_k_group(float x, quant::BlockQ8_K* blk, int t, GroupMax& scratch) {
   constexpr int kWarps = quant::kQK_K / kWarpSize;
-  __shared__ float s_amax[kWarps], s_max[kWarps];
-  __shared__ int s_idx[kWarps];
-  const int t = int(threadIdx.x), lane = t % kWarpSize;
+  const int lane = t % kWarpSize;
   float amax = fabsf(x), max = x;
   int idx = amax > 0.0f ? t : quant::kQK_K;  // block_q8_k's strict '>' from amax 0: zeros are never picked
   auto merge = [&](float o_amax, float o_max, int o_idx) {
@@ -116,14 +165,15 @@ __device__ __forceinline__ void block_q8_k_cta(float x, quant::BlockQ8_K* blk) {
     merge(o_amax, o_max, o_idx);
   }
   if (lane == 0) {
-    s_amax[t / kWarpSize] = amax;
-    s_max[t / kWarpSize] = max;
-    s_idx[t / kWarpSize] = idx;
+    scratch.amax[t / kWarpSize] = amax;
+    scratch.max[t / kWarpSize] = max;
+    scratch.idx[t / kWarpSize] = idx;
   }
   __syncthreads();
+  if (blk == nullptr) return;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) merge(s_amax[w], s_max[w], s_idx[w]);
-  if (amax == 0.0f) {  // uniform over the CTA
+  for (int w = 0; w < kWarps; ++w) merge(scratch.amax[w], scratch.max[w], scratch.idx[w]);
+  if (amax == 0.0f) {  // uniform over the group
     blk->qs[t] = 0;
     if (t < quant::kQK_K / 16) blk->bsums[t] = 0;
     if (t == 0) blk->d = 0.0f;
@@ -137,6 +187,12 @@ __device__ __forceinline__ void block_q8_k_cta(float x, quant::BlockQ8_K* blk) {
   for (int offset = 8; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
   if (lane % 16 == 0) blk->bsums[t / 16] = int16_t(s);
   if (t == 0) blk->d = 1.0f / iscale;
+}
+
+// block_q8_k_group over a CTA of 256 threads, thread t holding element t (swiglu.cu: its per-element work is long).
+__device__ __forceinline__ void block_q8_k_cta(float x, quant::BlockQ8_K* blk) {
+  __shared__ GroupMax scratch;
+  block_q8_k_group(x, blk, int(threadIdx.x), scratch);
 }
 
 // Activation formats a fused op can write (quant::Type values as template arguments; act_of maps them).

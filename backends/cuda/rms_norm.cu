@@ -17,9 +17,10 @@
 //
 // add_rms_norm can also quantize y for the matrix products that read it (AddRmsNormArgs::y_quantized): y is
 // staged in shared memory as it is written, and the row's warps then quantize it block by block with
-// quantize_q8.cuh's code (the bytes of quantize_activations of y): one launch instead of two on a decode token,
-// but the model measured no gain from it (MAGNETAR_CUDA_FUSE in models/qwen3_moe/qwen3_moe_cuda.cpp). A row of its
-// own CTA loads its weights before the reduction so their latency overlaps the loads of x and residual.
+// quantize_q8.cuh's code (the bytes of quantize_activations of y). On one CTA that is slower than a quantization
+// launch of its own over several SMs; decode rows therefore take a cluster of CTAs (rms_norm_cluster_kernel below),
+// where the fold pays (MAGNETAR_CUDA_FUSE in models/qwen3_moe/qwen3_moe_cuda.cpp). A row of its own CTA loads its
+// weights before the reduction so their latency overlaps the loads of x and residual.
 //
 // add_rms_norm can also take the MoE combine of the layer before (AddRmsNormArgs::residual_rows): each element adds
 // the weighted sum of its token's k expert rows, moe_combine's fmaf chain, instead of a row that moe_combine wrote in
@@ -187,6 +188,142 @@ __global__ void __launch_bounds__(kRowThreads == ops::kWarpSize ? kThreads : kRo
   }
 }
 
+// ---- decode rows over a cluster of CTAs -----------------------------------------------------------------------------
+//
+// A decode token's norm is one row, and on one CTA its time is that SM's instruction chain: 2.7 us per norm, 96 norms
+// per token on the 30B-A3B geometry, and a quantization folded into it took 2.4 us more, where a launch of its own over
+// 8 CTAs took 1.5 (H200, kernel trace, 2026-12-01). Here a row takes a thread-block cluster of kClusterCtas CTAs of
+// kClusterThreads threads (sm_90): CTA c takes columns [c m, (c + 1) m), m = n_cols / kClusterCtas, up to kPer per
+// thread; each CTA's double sum of squares (threads, warp tree, warps in order) goes to its shared memory, and after
+// the cluster barrier every warp reads the kClusterCtas sums from distributed shared memory and adds them in rank
+// order, so every CTA makes the same scale. Each CTA then writes y and, when asked, quantizes its own columns: Q8_K a
+// block per 256 threads (q8::block_q8_k_group, m a multiple of 256), Q8_0 / Q8_1 a block per warp. A second barrier,
+// waited for last, keeps every CTA's sum alive until the others have read it.
+constexpr int kClusterCtas = 8;
+constexpr int kClusterThreads = 256;
+constexpr int kClusterMaxPer = 4;         // columns per thread: rows of up to 8,192
+constexpr int64_t kClusterMaxRows = 8;    // decode: a cluster per row
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+// The double at `local` (this CTA's shared memory) in the shared memory of cluster rank `rank`.
+__device__ __forceinline__ double cluster_load(const double* local, int rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote)
+               : "r"(uint32_t(__cvta_generic_to_shared(local))), "r"(rank));
+  double v;
+  asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(remote) : "memory");
+  return v;
+}
+#endif
+
+// Grid (kClusterCtas, n_rows), clusters of kClusterCtas along x. kAdd / kA as rms_norm_kernel.
+template <int kPer, bool kAdd, Act kA>
+__global__ void __launch_bounds__(kClusterThreads)
+    rms_norm_cluster_kernel(const float* x, float* x_out, const Residual residual, const float* __restrict__ w,
+                            float* y, int n_cols, float eps, uint8_t* __restrict__ yq, size_t yq_row_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kWarps = kClusterThreads / ops::kWarpSize;
+  const int t = int(threadIdx.x), warp = t / ops::kWarpSize, lane = t % ops::kWarpSize;
+  const int row = int(blockIdx.y);
+  const int m = n_cols / kClusterCtas;
+  const int c0 = int(blockIdx.x) * m;  // the cluster spans x: rank blockIdx.x
+  const size_t off = size_t(row) * size_t(n_cols);
+  float wk[kPer], v[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) wk[j] = t + j * kClusterThreads < m ? w[c0 + t + j * kClusterThreads] : 0.0f;
+  ops::pdl_wait();
+  ops::pdl_trigger();
+  __shared__ int32_t comb_rows[kMaxCombineK];
+  __shared__ float comb_w[kMaxCombineK];
+  const bool combine = kAdd && residual.rows != nullptr;  // the pairs staged, as rms_norm_kernel's
+  if (combine) {
+    if (t < residual.k) {
+      comb_rows[t] = residual.rows[row * residual.k + t];
+      comb_w[t] = residual.w[row * residual.k + t];
+    }
+    __syncthreads();
+  }
+  double sum = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = c0 + t + j * kClusterThreads;
+    v[j] = 0.0f;
+    if (t + j * kClusterThreads < m) {
+      v[j] = x[off + i];
+      if (kAdd) {
+        float s = 0.0f;
+        if (combine) {
+#pragma unroll 8
+          for (int k = 0; k < residual.k; ++k) {
+            s = fmaf(comb_w[k], residual.p[size_t(comb_rows[k]) * size_t(n_cols) + i], s);
+          }
+        } else {
+          s = residual.p[off + i];
+        }
+        v[j] = __fadd_rn(v[j], s);
+        x_out[off + i] = v[j];
+      }
+      sum += double(v[j]) * double(v[j]);
+    }
+  }
+  sum = ops::warp_sum(sum);
+  __shared__ double warp_sums[kWarps];
+  __shared__ double cta_sum;
+  if (lane == 0) warp_sums[warp] = sum;
+  __syncthreads();
+  if (t == 0) {
+    double s = 0;
+    for (int k = 0; k < kWarps; ++k) s += warp_sums[k];
+    cta_sum = s;
+  }
+  cluster_arrive();
+  cluster_wait();  // every CTA's sum is written
+  const double part = lane < kClusterCtas ? cluster_load(&cta_sum, lane) : 0.0;
+  double total = 0;
+#pragma unroll
+  for (int r = 0; r < kClusterCtas; ++r) total += __shfl_sync(0xffffffffu, part, r);
+  cluster_arrive();  // done reading the others' sums; waited for before leaving
+  const float scale = float(1.0 / sqrt(total / double(n_cols) + double(eps)));
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    if (t + j * kClusterThreads < m) {
+      v[j] = __fmul_rn(__fmul_rn(v[j], scale), wk[j]);
+      y[off + c0 + t + j * kClusterThreads] = v[j];
+    }
+  }
+  if constexpr (kA == Act::kQ8_K) {  // element t + 256 j of the slice is element t of its block j
+    __shared__ q8::GroupMax scratch[kPer];
+    auto* blocks = reinterpret_cast<quant::BlockQ8_K*>(yq + size_t(row) * yq_row_bytes) + c0 / quant::kQK_K;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (j * kClusterThreads < m) q8::block_q8_k_group(v[j], blocks + j, t, scratch[j]);
+    }
+  } else if constexpr (kA != Act::kNone) {  // a warp's 32 consecutive elements are one block (m a multiple of 32)
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = t + j * kClusterThreads;
+      if (i < m) {
+        const float xs[1] = {v[j]};
+        q8::block_regs<kA>(xs, yq + size_t(row) * yq_row_bytes, (c0 + i) / quant::kQK32, lane);
+      }
+    }
+  }
+  cluster_wait();
+#endif
+}
+
+// Whether a launch of n_rows x n_cols (quantized to kA) takes rms_norm_cluster_kernel.
+bool cluster_rows(int64_t n_rows, int64_t n_cols, Act a) {
+  const int64_t unit = kClusterCtas * (a == Act::kQ8_K ? quant::kQK_K : ops::kWarpSize);
+  return n_rows <= kClusterMaxRows && n_cols % unit == 0 && n_cols <= kClusterCtas * kClusterThreads * kClusterMaxPer &&
+         detail::norm_clusters();
+}
+
 // Staged y per CTA of a quantizing launch: 8 rows of <= 1024 or one longer row.
 size_t stage_bytes(int64_t n_cols) {
   return size_t(n_cols <= kWarpRowMax ? kThreads / ops::kWarpSize : 1) * size_t(n_cols) * sizeof(float);
@@ -195,6 +332,15 @@ size_t stage_bytes(int64_t n_cols) {
 template <bool kAdd, Act kA>
 void launch(const float* x, float* x_out, const Residual& residual, const float* w, float* y, int64_t n_rows,
             int64_t n_cols, float eps, uint8_t* yq, size_t yq_row_bytes, cudaStream_t stream) {
+  if (cluster_rows(n_rows, n_cols, kA)) {
+    const int64_t per = (n_cols / kClusterCtas + kClusterThreads - 1) / kClusterThreads;
+    auto* kernel = per <= 1   ? rms_norm_cluster_kernel<1, kAdd, kA>
+                   : per <= 2 ? rms_norm_cluster_kernel<2, kAdd, kA>
+                              : rms_norm_cluster_kernel<kClusterMaxPer, kAdd, kA>;
+    CUDA_CHECK(ops::launch_in_clusters(kernel, kClusterCtas, dim3(kClusterCtas, unsigned(n_rows)), kClusterThreads, 0,
+                                       stream, x, x_out, residual, w, y, int(n_cols), eps, yq, yq_row_bytes));
+    return;
+  }
   const size_t smem = kA == Act::kNone ? 0 : stage_bytes(n_cols);
   if (n_cols <= kWarpRowMax) {
     constexpr int kRows = kThreads / ops::kWarpSize;
@@ -223,6 +369,11 @@ Status check_shape(const char* op, int64_t n_rows, int64_t n_cols) {
 bool can_quantize_norm(quant::Type y_type, int64_t n_cols) {
   return detail::is_activation_format(y_type) && n_cols >= 1 && n_cols % q8::block_elems(q8::act_of(y_type)) == 0 &&
          n_cols <= kMaxNormQuantizeCols;
+}
+
+bool norm_in_cluster(quant::Type y_type, int64_t n_rows, int64_t n_cols) {
+  return (y_type == quant::Type::F32 || can_quantize_norm(y_type, n_cols)) &&
+         cluster_rows(n_rows, n_cols, q8::act_of(y_type));
 }
 
 Status rms_norm(const RmsNormArgs& a, Stream& stream) {

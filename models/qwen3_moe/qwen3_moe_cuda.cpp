@@ -123,21 +123,31 @@ bool refuse_captures() {
 // Launches folded into others, each one launch fewer per layer and decode token:
 //   kCombine     the MoE combine in the next add_rms_norm (AddRmsNormArgs::residual_rows);
 //   kNormQuant   a norm whose output feeds quantized products writes the quantized rows too (y_quantized);
-//   kSwigluQuant the MoE's swiglu quantizes for the down projection (swiglu_quantize).
-// MAGNETAR_CUDA_FUSE picks them: a comma list of combine, norm, swiglu; 1 for all, 0 for none; unset: the default
-// set, combine and swiglu. H200, tg128 (run.sh --decode-bench): combine + swiglu 416.4 / 416.4 t/s against combine
-// 412.1 / 409.6, combine + norm 411.5 / 406.5 (2026-12-01, two rounds of one call, swiglu_quantize with a CTA per Q8_K
-// block; with a warp per block it had cost 3%: docs/benchmarks/2026-11-30-cuda-decode-pdl.md).
-enum class Fusion { kCombine = 1, kNormQuant = 2, kSwigluQuant = 4 };
+//   kSwigluQuant the MoE's swiglu quantizes for the down projection (swiglu_quantize);
+//   kAttnQuant   decode attention quantizes its output for the output projection (AttentionArgs::out_q8k).
+// MAGNETAR_CUDA_FUSE picks them: a comma list of combine, norm, swiglu, attn; 1 for all, 0 for none; unset: the
+// default set, combine, swiglu, attn and the norm's quantization where the norm runs on a cluster of CTAs
+// (kNormQuantCluster: cuda::norm_in_cluster, decode rows). H200, tg128 (run.sh --decode-bench, two rounds of one call
+// each): combine + swiglu 416.4 / 416.4 t/s against combine 412.1 / 409.6, combine + norm on the one-CTA row kernel
+// 411.5 / 406.5 (swiglu_quantize with a CTA per Q8_K block; with a warp per block it had cost 3%:
+// docs/benchmarks/2026-11-30-cuda-decode-pdl.md); with the norm on clusters, the default 443.1 / 442.7 against 438.2 /
+// 439.8 without attn and 425.8 / 423.8 without the norm's quantization (docs/benchmarks/2026-12-01-cuda-decode-norm-
+// cluster.md).
+enum class Fusion { kCombine = 1, kNormQuant = 2, kSwigluQuant = 4, kNormQuantCluster = 8, kAttnQuant = 16 };
 bool fused(Fusion f) {
   static const int set = [] {
     const char* v = std::getenv("MAGNETAR_CUDA_FUSE");
-    if (v == nullptr) return int(Fusion::kCombine) | int(Fusion::kSwigluQuant);
+    if (v == nullptr) {
+      return int(Fusion::kCombine) | int(Fusion::kSwigluQuant) | int(Fusion::kNormQuantCluster) |
+             int(Fusion::kAttnQuant);
+    }
     const std::string_view s = v;
-    if (s == "1") return int(Fusion::kCombine) | int(Fusion::kNormQuant) | int(Fusion::kSwigluQuant);
+    if (s == "1") {
+      return int(Fusion::kCombine) | int(Fusion::kNormQuant) | int(Fusion::kSwigluQuant) | int(Fusion::kAttnQuant);
+    }
     int bits = 0;
     for (const auto& [name, bit] : {std::pair{"combine", Fusion::kCombine}, std::pair{"norm", Fusion::kNormQuant},
-                                    std::pair{"swiglu", Fusion::kSwigluQuant}}) {
+                                    std::pair{"swiglu", Fusion::kSwigluQuant}, std::pair{"attn", Fusion::kAttnQuant}}) {
       if (s.find(name) != std::string_view::npos) bits |= int(bit);
     }
     return bits;
@@ -417,7 +427,9 @@ class Qwen3Cuda final : public Model {
   mutable std::vector<cpu::MatmulJob> lane_jobs_;
 };
 
-Result<DeviceBuffer> Qwen3Cuda::device_buffer(size_t bytes) { return DeviceBuffer::allocate(std::max<size_t>(bytes, 256)); }
+Result<DeviceBuffer> Qwen3Cuda::device_buffer(size_t bytes) {
+  return DeviceBuffer::allocate(std::max<size_t>(bytes, 256));
+}
 
 Result<DevTensor> Qwen3Cuda::upload(const Tensor& t) {
   DevTensor d{.type = t.type, .rows = t.ne[1] * t.ne[2] * t.ne[3], .cols = t.ne[0]};
@@ -649,7 +661,9 @@ const void* Qwen3Cuda::quantize_xn(quant::Type weight_type, int64_t n) const {
 
 Status Qwen3Cuda::add_norm(const float* weight, quant::Type next, int64_t n, bool combine) const {
   const quant::Type act = is_quantized(next) ? quant::traits(next).vec_dot_type : quant::Type::F32;
-  xn_act_ = fused(Fusion::kNormQuant) && cuda::can_quantize_norm(act, hp_.n_embd) ? act : quant::Type::F32;
+  const bool fold = fused(Fusion::kNormQuant) ||
+                    (fused(Fusion::kNormQuantCluster) && cuda::norm_in_cluster(act, n, hp_.n_embd));
+  xn_act_ = fold && cuda::can_quantize_norm(act, hp_.n_embd) ? act : quant::Type::F32;
   return cuda::add_rms_norm({.x = x_.as<float>(), .residual = combine ? down_.as<float>() : proj_.as<float>(),
                              .weight = weight, .y = xn_.as<float>(), .n_rows = n, .n_cols = hp_.n_embd,
                              .eps = hp_.rms_eps, .y_type = xn_act_,
@@ -750,8 +764,8 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
   const int32_t* pos = positions_.as<int32_t>();
   // Head sizes qk_norm_rope takes: q/k norm + RoPE and the K/V stores in one launch per sequence (qkv_prepare);
   // others: norm, RoPE, then the stores, op by op.
-  const bool fused = D % 64 == 0 && D <= cuda::kMaxQkNormRopeHeadDim;
-  if (!fused) {
+  const bool one_launch = D % 64 == 0 && D <= cuda::kMaxQkNormRopeHeadDim;
+  if (!one_launch) {
     MAGNETAR_RETURN_IF_ERROR(cuda::rms_norm({.x = q, .weight = L.q_norm.f32(), .y = q, .n_rows = n * hp_.n_head,
                                              .n_cols = D, .eps = hp_.rms_eps}, stream_));
     MAGNETAR_RETURN_IF_ERROR(cuda::rms_norm({.x = k, .weight = L.k_norm.f32(), .y = k, .n_rows = n * hp_.n_head_kv,
@@ -761,6 +775,16 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
     MAGNETAR_RETURN_IF_ERROR(cuda::rope_neox({.x = k, .positions = pos, .n_tok = n, .n_head = hp_.n_head_kv,
                                               .head_dim = D, .theta = hp_.rope_theta}, stream_));
   }
+  // Every sequence's attention on the decode kernel, which can quantize its output for a Q8_K product (kAttnQuant):
+  // the output projection reads those bytes.
+  const int64_t group = hp_.n_head / hp_.n_head_kv;
+  bool quantized_out = fused(Fusion::kAttnQuant) && is_quantized(L.wo.type) &&
+                       quant::traits(L.wo.type).vec_dot_type == quant::Type::Q8_K &&
+                       cuda::attention_decode_quantizes(D, group);
+  const size_t q_row = quantized_out ? quant::row_size(quant::Type::Q8_K, q_dim) : 0;
+  for (const SeqSpan& seq : seqs) {
+    quantized_out = quantized_out && decode_mma_for({.n_tok = seq.n_tok, .head_dim = D}, group);
+  }
   int64_t t0 = 0;
   for (size_t s = 0; s < seqs.size(); ++s) {
     const SeqSpan& seq = seqs[s];
@@ -768,7 +792,7 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
     void* vc = mirrors[s]->v[size_t(il)].data();
     // A decode token's position is read on the device (positions_), so a decode graph replays these launches.
     const int32_t* pos0_device = seq.n_tok == 1 ? pos + t0 : nullptr;
-    if (fused) {
+    if (one_launch) {
       MAGNETAR_RETURN_IF_ERROR(cuda::qkv_prepare(
           {.q = q + t0 * q_dim, .q_weight = L.q_norm.f32(), .k = k + t0 * kv_dim, .k_weight = L.k_norm.f32(),
            .v = v + t0 * kv_dim, .k_cache = kc, .v_cache = vc, .positions = pos + t0, .n_tok = seq.n_tok,
@@ -787,8 +811,8 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
         .q = q + t0 * q_dim, .k_cache = kc, .v_cache = vc, .out = attn_.as<float>() + t0 * q_dim,
         .n_tok = seq.n_tok, .pos0 = seq.pos0, .n_head = hp_.n_head, .n_head_kv = hp_.n_head_kv, .head_dim = D,
         .window = L.window, .scale = float(1.0 / std::sqrt(double(D))), .pos0_device = pos0_device,
-        .max_rows = seq.kv->n_ctx(), .kv_type = kv_type_};
-    const int64_t group = hp_.n_head / hp_.n_head_kv;
+        .max_rows = seq.kv->n_ctx(), .kv_type = kv_type_,
+        .out_q8k = quantized_out ? static_cast<uint8_t*>(q_in_.data()) + size_t(t0) * q_row : nullptr};
     if (kv_type_ == quant::Type::Q8_0 && !decode_mma_for(args, group)) {
       // Prefill: the F16 kernels read the attended rows dequantized (the values decode computes with).
       for (auto [cache, out] : {std::pair{kc, &kv_f16_k_}, std::pair{vc, &kv_f16_v_}}) {
@@ -804,7 +828,7 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
     MAGNETAR_RETURN_IF_ERROR(attend(args, group, attn_ws_, stream_));
     t0 += seq.n_tok;
   }
-  return linear(L.wo, attn_.as<float>(), proj_.as<float>(), n);
+  return linear(L.wo, attn_.as<float>(), proj_.as<float>(), n, quantized_out ? q_in_.data() : nullptr);
 }
 
 Result<const void*> Qwen3Cuda::swiglu_for(quant::Type down_type, float* gate, const float* up, int64_t rows,

@@ -614,6 +614,54 @@ TEST(CudaOps, AttentionDecodeMmaPositionFromDeviceInAGraph) {
   expect_graph_position_matches_host(AttnOp::kDecodeMma, {{32, 4, 128}, {16, 1, 128}, {8, 2, 64}}, kSeed + 14);
 }
 
+// attention_decode_mma with out_q8k (the output also quantized to Q8_K in the launch, for the output projection): the
+// float output is bit for bit the call's without it, and the bytes are quantize_activations' of that output, for every
+// decode_mma_cases() shape whose KV head's outputs are whole Q8_K blocks (attention_decode_quantizes): one split (the
+// CTA writes), several (the last CTA's combine writes) and n_tok > 1 (a CTA per token). A shape with a partial block
+// is refused with a Status.
+TEST(CudaOps, AttentionDecodeMmaQuantizesItsOutput) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(64, 256));
+  Rng rng(kSeed + 16);
+  int covered = 0;
+  for (const AttnCase& c : decode_mma_cases()) {
+    const int64_t G = c.shape.n_head / c.shape.n_head_kv, D = c.shape.head_dim, width = c.shape.n_head * D;
+    const AttnData d = attention_data(rng, c, AttnFill::kRandom);
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dq, to_device(d.q));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dk, to_device(d.k));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dv, to_device(d.v));
+    const size_t out_n = size_t(c.n_tok * width), q_bytes = size_t(c.n_tok) * quant::row_size(quant::Type::Q8_K, width);
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dout, cuda::DeviceBuffer::allocate(out_n * sizeof(float)));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dout2, cuda::DeviceBuffer::allocate(out_n * sizeof(float)));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dq8, cuda::DeviceBuffer::allocate(q_bytes + 4));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dq8_ref, cuda::DeviceBuffer::allocate(q_bytes + 4));
+    cuda::AttentionArgs args{.q = dq.as<float>(), .k_cache = dk.data(), .v_cache = dv.data(), .out = dout.as<float>(),
+                             .n_tok = c.n_tok, .pos0 = c.pos0, .n_head = c.shape.n_head,
+                             .n_head_kv = c.shape.n_head_kv, .head_dim = D, .window = c.window,
+                             .scale = float(1.0 / std::sqrt(double(D)))};
+    ASSERT_OK(cuda::attention_decode_mma(args, ws, stream));
+    args.out = dout2.as<float>();
+    args.out_q8k = dq8.data();
+    if (!cuda::attention_decode_quantizes(D, G)) {
+      const Status st = cuda::attention_decode_mma(args, ws, stream);
+      EXPECT_FALSE(st.ok()) << describe(c);
+      EXPECT_NE(st.message().find("out_q8k"), std::string::npos) << st.message();
+      continue;
+    }
+    ++covered;
+    ASSERT_OK(cuda::attention_decode_mma(args, ws, stream));
+    ASSERT_OK(cuda::quantize_activations(quant::Type::Q8_K, dout2.as<float>(), dq8_ref.data(), width, c.n_tok,
+                                         stream));
+    stream.synchronize();
+    const std::vector<float> plain = from_device<float>(dout, out_n), with_q = from_device<float>(dout2, out_n);
+    ASSERT_EQ(0, std::memcmp(plain.data(), with_q.data(), out_n * sizeof(float))) << describe(c) << ": output";
+    const std::vector<uint8_t> got = from_device<uint8_t>(dq8, q_bytes), want = from_device<uint8_t>(dq8_ref, q_bytes);
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), q_bytes)) << describe(c) << ": quantized bytes";
+  }
+  EXPECT_GT(covered, 20);
+}
+
 // attention_decode_mma over a Q8_0 cache: within mma_expect's bound of the exact attention over the values the kernel
 // is specified to compute with, each element f16(d * q) (kv_to_f16's, computed here on the host), for
 // decode_mma_cases() (contexts of 1 to 40000 rows, windows, groups 1 to 16, head_dim 64/128/256; cache rows 16-byte

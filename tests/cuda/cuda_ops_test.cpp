@@ -403,7 +403,8 @@ TEST(CudaOps, SwigluMatchesCpu) {
 // The fused ops against the unfused pair on the GPU, bit for bit: the floats are those add_rms_norm / swiglu write
 // without quantizing, the bytes those quantize_activations writes for them (whose bytes the matvec tests check
 // against the reference quantizer). For Q8_0, Q8_1 and Q8_K; rows of one warp (<= 1024 columns, 8 per CTA, a last
-// CTA part-filled) and of one CTA, up to kMaxNormQuantizeCols.
+// CTA part-filled) and of one CTA, up to kMaxNormQuantizeCols (Q8_K: quantized from registers up to 8,192 columns,
+// 1,280 and 7,168 with a last round of 1,024 part-filled).
 const quant::Type kActTypes[] = {quant::Type::Q8_0, quant::Type::Q8_1, quant::Type::Q8_K};
 
 struct FusedOut {
@@ -494,9 +495,15 @@ TEST(CudaOps, AddRmsNormQuantizeEqualsNormThenQuantize) {
       ASSERT_TRUE(cuda::can_quantize_norm(t, cols)) << shape_name(t, rows, cols);
       std::vector<float> x = gaussian(rng, size_t(rows * cols));
       std::vector<float> r = gaussian(rng, size_t(rows * cols), 0.5f);
-      const std::vector<float> w = gaussian(rng, size_t(cols));
+      std::vector<float> w = gaussian(rng, size_t(cols));
       std::fill(x.begin(), x.begin() + 256, 0.0f);  // x + r = 0 there: an all-zero first block
       std::fill(r.begin(), r.begin() + 256, 0.0f);
+      if (cols >= 512) {  // the second block's largest magnitude twice, + then -: the first one sets the scale
+        x[300] = 6.0f;
+        x[400] = -6.0f;
+        r[300] = r[400] = 0.0f;
+        w[300] = w[400] = 5.0f;
+      }
       expect_same(add_norm_quantized(x, r, w, rows, cols, t, true, stream),
                   add_norm_quantized(x, r, w, rows, cols, t, false, stream), shape_name(t, rows, cols));
     }
