@@ -40,6 +40,27 @@ __device__ __forceinline__ void block_q8_32(float xi, Block* blk, int lane) {
   if (lane == 0) blk->d = float_to_half_bits(d);
 }
 
+// The Q8_K blocks' choice of the element that sets the scale: the larger magnitude, and on equal magnitudes the lower
+// index (the reference's scan keeps the first strict maximum). (amax, max, idx) becomes the other candidate if it wins.
+__device__ __forceinline__ void keep_largest(float& amax, float& max, int& idx, float o_amax, float o_max, int o_idx) {
+  if (o_amax > amax || (o_amax == amax && o_idx < idx)) {
+    amax = o_amax;
+    max = o_max;
+    idx = o_idx;
+  }
+}
+
+// The same over the warp: every lane ends with the warp's winner.
+__device__ __forceinline__ void warp_largest(float& amax, float& max, int& idx) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    const float o_amax = __shfl_xor_sync(0xffffffffu, amax, offset);
+    const float o_max = __shfl_xor_sync(0xffffffffu, max, offset);
+    const int o_idx = __shfl_xor_sync(0xffffffffu, idx, offset);
+    keep_largest(amax, max, idx, o_amax, o_max, o_idx);
+  }
+}
+
 // One 256-element Q8_K super-block, lane holding elements lane + 32k in xs[k]. Every lane of the warp calls it.
 __device__ __forceinline__ void block_q8_k(const float (&xs)[quant::kQK_K / kWarpSize], quant::BlockQ8_K* blk,
                                            int lane) {
@@ -57,19 +78,7 @@ __device__ __forceinline__ void block_q8_k(const float (&xs)[quant::kQK_K / kWar
       idx = lane + kWarpSize * k;
     }
   }
-  // Across lanes: the larger magnitude wins, the lower index on equal magnitudes (the reference's scan keeps the
-  // first strict maximum).
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    const float o_amax = __shfl_xor_sync(0xffffffffu, amax, offset);
-    const float o_max = __shfl_xor_sync(0xffffffffu, max, offset);
-    const int o_idx = __shfl_xor_sync(0xffffffffu, idx, offset);
-    if (o_amax > amax || (o_amax == amax && o_idx < idx)) {
-      amax = o_amax;
-      max = o_max;
-      idx = o_idx;
-    }
-  }
+  warp_largest(amax, max, idx);
   if (amax == 0.0f) {  // uniform over the warp after the reduction
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) blk->qs[lane + kWarpSize * k] = 0;
@@ -104,17 +113,7 @@ __device__ __forceinline__ void block_q8_k_lane8(const float (&xs)[8], quant::Bl
       idx = 8 * lane + e;
     }
   }
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    const float o_amax = __shfl_xor_sync(0xffffffffu, amax, offset);
-    const float o_max = __shfl_xor_sync(0xffffffffu, max, offset);
-    const int o_idx = __shfl_xor_sync(0xffffffffu, idx, offset);
-    if (o_amax > amax || (o_amax == amax && o_idx < idx)) {
-      amax = o_amax;
-      max = o_max;
-      idx = o_idx;
-    }
-  }
+  warp_largest(amax, max, idx);
   uint32_t packed[2] = {0u, 0u};
   int s = 0;
   const float iscale = amax == 0.0f ? 0.0f : -127.0f / max;  // amax is uniform over the warp
@@ -150,20 +149,7 @@ __device__ __forceinline__ void block_q8_k_group(float x, quant::BlockQ8_K* blk,
   const int lane = t % kWarpSize;
   float amax = fabsf(x), max = x;
   int idx = amax > 0.0f ? t : quant::kQK_K;  // block_q8_k's strict '>' from amax 0: zeros are never picked
-  auto merge = [&](float o_amax, float o_max, int o_idx) {
-    if (o_amax > amax || (o_amax == amax && o_idx < idx)) {
-      amax = o_amax;
-      max = o_max;
-      idx = o_idx;
-    }
-  };
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    const float o_amax = __shfl_xor_sync(0xffffffffu, amax, offset);
-    const float o_max = __shfl_xor_sync(0xffffffffu, max, offset);
-    const int o_idx = __shfl_xor_sync(0xffffffffu, idx, offset);
-    merge(o_amax, o_max, o_idx);
-  }
+  warp_largest(amax, max, idx);
   if (lane == 0) {
     scratch.amax[t / kWarpSize] = amax;
     scratch.max[t / kWarpSize] = max;
@@ -172,7 +158,7 @@ __device__ __forceinline__ void block_q8_k_group(float x, quant::BlockQ8_K* blk,
   __syncthreads();
   if (blk == nullptr) return;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) merge(scratch.amax[w], scratch.max[w], scratch.idx[w]);
+  for (int w = 0; w < kWarps; ++w) keep_largest(amax, max, idx, scratch.amax[w], scratch.max[w], scratch.idx[w]);
   if (amax == 0.0f) {  // uniform over the group
     blk->qs[t] = 0;
     if (t < quant::kQK_K / 16) blk->bsums[t] = 0;
