@@ -317,11 +317,22 @@ __global__ void __launch_bounds__(kClusterThreads)
 #endif
 }
 
+// Whether this binary's rms_norm_cluster_kernel has a body: compiled for sm_90 or newer (a build for older GPUs only,
+// run on a newer one through its PTX, has the empty kernel).
+bool cluster_kernel_built() {
+  static const bool built = [] {
+    cudaFuncAttributes attr{};
+    return cudaFuncGetAttributes(&attr, rms_norm_cluster_kernel<1, true, Act::kNone>) == cudaSuccess &&
+           attr.ptxVersion >= 90;
+  }();
+  return built;
+}
+
 // Whether a launch of n_rows x n_cols (quantized to kA) takes rms_norm_cluster_kernel.
 bool cluster_rows(int64_t n_rows, int64_t n_cols, Act a) {
   const int64_t unit = kClusterCtas * (a == Act::kQ8_K ? quant::kQK_K : ops::kWarpSize);
   return n_rows <= kClusterMaxRows && n_cols % unit == 0 && n_cols <= kClusterCtas * kClusterThreads * kClusterMaxPer &&
-         detail::norm_clusters();
+         detail::norm_clusters() && cluster_kernel_built();
 }
 
 // Staged y per CTA of a quantizing launch: 8 rows of <= 1024 or one longer row.
