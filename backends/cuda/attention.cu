@@ -384,7 +384,7 @@ __device__ __forceinline__ void write_output(const Params& p, int tok, int h_fir
   out[1] = make_float4(v[4], v[5], v[6], v[7]);
   if (p.out_q8k != nullptr) {
     auto* row = reinterpret_cast<quant::BlockQ8_K*>(p.out_q8k + size_t(tok) * p.q8k_row_bytes);
-    const size_t in_row = at - size_t(tok) * size_t(p.n_head) * size_t(p.head_dim);
+    const size_t in_row = size_t(h_first + h) * size_t(p.head_dim) + size_t(d);
     q8::block_q8_k_lane8(v, row + in_row / quant::kQK_K, item % ops::kWarpSize);
   }
 }

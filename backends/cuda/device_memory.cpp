@@ -236,29 +236,27 @@ PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
   return *this;
 }
 
-// ---- programmatic dependent launch ----------------------------------------------------------------------------------
+// ---- device features: programmatic dependent launch, thread-block clusters ------------------------------------------
+
+namespace {
+// Whether the current device's `attr` is at least `min`, unless the environment switch `name` is "0" (a baseline).
+bool device_feature(const char* name, cudaDeviceAttr attr, int min) {
+  const char* v = std::getenv(name);
+  if (v != nullptr && std::string_view(v) == "0") return false;
+  int dev = 0, value = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, dev));
+  return value >= min;
+}
+}  // namespace
 
 bool detail::pdl_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("MAGNETAR_CUDA_PDL");
-    if (v != nullptr && std::string_view(v) == "0") return false;
-    int dev = 0, major = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    return major >= 9;
-  }();
+  static const bool enabled = device_feature("MAGNETAR_CUDA_PDL", cudaDevAttrComputeCapabilityMajor, 9);
   return enabled;
 }
 
 bool detail::norm_clusters() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("MAGNETAR_CUDA_NORM_CLUSTER");
-    if (v != nullptr && std::string_view(v) == "0") return false;
-    int dev = 0, cluster = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&cluster, cudaDevAttrClusterLaunch, dev));
-    return cluster != 0;
-  }();
+  static const bool enabled = device_feature("MAGNETAR_CUDA_NORM_CLUSTER", cudaDevAttrClusterLaunch, 1);
   return enabled;
 }
 

@@ -53,6 +53,28 @@ struct Residual {
   int k = 0;
 };
 
+// A row's k (expert row, weight) pairs of the MoE combine, staged in shared memory by a CTA that takes the row (one
+// pair per thread; the caller synchronizes): each element's k expert-row loads then leave together, where
+// residual_at loads an index before each of them (k dependent round trips to L2 per element).
+struct StagedPairs {
+  int32_t rows[kMaxCombineK];
+  float w[kMaxCombineK];
+};
+__device__ __forceinline__ void stage_pairs(const Residual& r, int row, int t, StagedPairs& s) {
+  if (t < r.k) {
+    s.rows[t] = r.rows[row * r.k + t];
+    s.w[t] = r.w[row * r.k + t];
+  }
+}
+// Element i's combine from the staged pairs: residual_at's fmaf chain in slot order (bit-identical).
+template <int kUnroll>
+__device__ __forceinline__ float staged_combine(const Residual& r, const StagedPairs& s, int i, int n_cols) {
+  float acc = 0.0f;
+#pragma unroll(kUnroll)
+  for (int j = 0; j < r.k; ++j) acc = fmaf(s.w[j], r.p[size_t(s.rows[j]) * size_t(n_cols) + i], acc);
+  return acc;
+}
+
 __device__ __forceinline__ float residual_at(const Residual& r, int row, size_t off, int i, int n_cols) {
   if (r.rows == nullptr) return r.p[off + i];
   float s = 0.0f;
@@ -90,26 +112,17 @@ __global__ void __launch_bounds__(kRowThreads == ops::kWarpSize ? kThreads : kRo
   }
   ops::pdl_wait();
   ops::pdl_trigger();
-  // A row of its own CTA with a combine: the row's k (expert row, weight) pairs go to shared memory first, one pair per
-  // thread, so that each element's k expert-row loads leave together (residual_at loads an index before each of them:
-  // k dependent round trips to L2 per element). The same fmaf chain in slot order: bit-identical.
-  __shared__ int32_t comb_rows[kLoadW ? kMaxCombineK : 1];
-  __shared__ float comb_w[kLoadW ? kMaxCombineK : 1];
+  // A row of its own CTA with a combine stages the row's pairs (StagedPairs).
+  __shared__ StagedPairs pairs;
   const bool staged = kLoadW && kAdd && residual.rows != nullptr;  // uniform over the CTA
   constexpr int kCombineUnroll = kKeep <= 4 ? 8 : 1;  // 8 kept elements leave no registers (spills)
   if (staged) {
-    if (t < residual.k) {
-      comb_rows[t] = residual.rows[row * residual.k + t];
-      comb_w[t] = residual.w[row * residual.k + t];
-    }
+    stage_pairs(residual, row, t, pairs);
     __syncthreads();
   }
   auto added = [&](int i) {
-    if (!staged) return residual_at(residual, row, off, i, n_cols);
-    float s = 0.0f;
-#pragma unroll(kCombineUnroll)
-    for (int j = 0; j < residual.k; ++j) s = fmaf(comb_w[j], residual.p[size_t(comb_rows[j]) * size_t(n_cols) + i], s);
-    return s;
+    return staged ? staged_combine<kCombineUnroll>(residual, pairs, i, n_cols)
+                  : residual_at(residual, row, off, i, n_cols);
   };
   double sum = 0;
   if (row < n_rows) {
@@ -238,14 +251,10 @@ __global__ void __launch_bounds__(kClusterThreads)
   for (int j = 0; j < kPer; ++j) wk[j] = t + j * kClusterThreads < m ? w[c0 + t + j * kClusterThreads] : 0.0f;
   ops::pdl_wait();
   ops::pdl_trigger();
-  __shared__ int32_t comb_rows[kMaxCombineK];
-  __shared__ float comb_w[kMaxCombineK];
+  __shared__ StagedPairs pairs;
   const bool combine = kAdd && residual.rows != nullptr;  // the pairs staged, as rms_norm_kernel's
   if (combine) {
-    if (t < residual.k) {
-      comb_rows[t] = residual.rows[row * residual.k + t];
-      comb_w[t] = residual.w[row * residual.k + t];
-    }
+    stage_pairs(residual, row, t, pairs);
     __syncthreads();
   }
   double sum = 0;
@@ -256,15 +265,7 @@ __global__ void __launch_bounds__(kClusterThreads)
     if (t + j * kClusterThreads < m) {
       v[j] = x[off + i];
       if (kAdd) {
-        float s = 0.0f;
-        if (combine) {
-#pragma unroll 8
-          for (int k = 0; k < residual.k; ++k) {
-            s = fmaf(comb_w[k], residual.p[size_t(comb_rows[k]) * size_t(n_cols) + i], s);
-          }
-        } else {
-          s = residual.p[off + i];
-        }
+        const float s = combine ? staged_combine<8>(residual, pairs, i, n_cols) : residual.p[off + i];
         v[j] = __fadd_rn(v[j], s);
         x_out[off + i] = v[j];
       }
