@@ -208,7 +208,9 @@ class MatvecWorkspace {
 // y[v] = W x[v] for v < n_vectors. All pointers are device pointers.
 struct MatvecArgs {
   quant::Type type = quant::Type::F32;  // the weight type: F32, F16, BF16 or any quantized weight type
-  const void* weights = nullptr;        // [rows, row_size(type, cols)] bytes, 16-byte aligned
+  // [rows, row_size(type, cols)] bytes, 16-byte aligned; not written by the kernel launched just before on the stream
+  // (the stationary kernel loads them before it waits for that one: ops_common.cuh's rule).
+  const void* weights = nullptr;
   int64_t rows = 0;                     // >= 1, any value
   int64_t cols = 0;                     // a positive multiple of type's block size
   const float* x = nullptr;             // [n_vectors, cols] float32
@@ -223,6 +225,11 @@ struct MatvecArgs {
   // (has_matvec_rows_kernel) take it, with that many rows per warp, or 4 for rows shorter than a warp's lanes
   // (so that every lane has a part). The model asks for 1 (MAGNETAR_CUDA_MMVQ_ROWS); other launches ignore it.
   int rows_per_warp = 0;
+  // Single-vector products of a type with mmvq.cu's activation-stationary kernel (has_matvec_stationary_kernel:
+  // Q4_K) take it where the row fits (groups of 1, 2 or 4 rows whose parts tile a warp's lanes, at most 8 parts per
+  // lane: 256-8,192 columns in steps of 1,024, and 512-3,584, 256-1,792 in steps of 512 and 256); other rows and types
+  // ignore it and go by rows_per_warp. The model asks for it (MAGNETAR_CUDA_MMVQ_STATIONARY=0 does not).
+  bool stationary = false;
 };
 
 // Queues y = W x on `stream`; returns once queued (the result is ready after stream.synchronize()).
@@ -264,10 +271,17 @@ struct GroupedMatvecArgs {
   int64_t y_part_stride = 0;
   int64_t max_n = 1;                 // the largest item n (1 selects the single-vector kernel)
   int rows_per_warp = 0;             // as MatvecArgs::rows_per_warp (max_n == 1 only)
+  bool stationary = false;           // as MatvecArgs::stationary (max_n == 1 only)
+  // The items (and the weights they point to) were written by a launch at least two before this one on the stream
+  // (the down projection: gate/up runs between it and route_topk). The stationary kernel then loads its weights
+  // while the launch just before it still runs (programmatic dependent launch: ops_common.cuh's rule).
+  bool items_settled = false;
 };
 Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream);
 // Whether `type` has mmvq.cu's rows kernel (rows_per_warp 1, 2, 4): Q4_K and Q8_0.
 bool has_matvec_rows_kernel(quant::Type type);
+// Whether `type` has mmvq.cu's activation-stationary kernel (MatvecArgs::stationary): Q4_K.
+bool has_matvec_stationary_kernel(quant::Type type);
 
 
 // out[t] = sum over j < k, in order, of weights[t * k + j] * rows[slot_rows[t * k + j]] (each row n floats).

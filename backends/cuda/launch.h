@@ -25,6 +25,7 @@ struct Grouping {
   const int32_t* act_rows = nullptr;
   bool single_act = false;  // every output row reads activation row 0 (act_rows not read)
   size_t y_part_stride = 0;
+  bool items_settled = false;  // GroupedMatvecArgs::items_settled
 };
 
 // One matrix-vector launch, for quantized (mmvq.cu) and float (matvec_float.cu) weights alike.
@@ -41,6 +42,7 @@ struct MatvecLaunch {
   int n_vectors = 1;
   Grouping group;
   int rows_per_warp = 0;  // MatvecArgs::rows_per_warp (1, 2, 4: mmvq's rows kernel where the type has one)
+  bool stationary = false;  // MatvecArgs::stationary (mmvq's stationary kernel where the type and row fit it)
 };
 
 // matvec.cpp: whether `type` is an activation format (Q8_0, Q8_1, Q8_K), and the bytes of one row of `cols` of it
@@ -66,6 +68,9 @@ bool launch_skipped(const void* kernel);
 constexpr bool mmvq_has_rows_kernel(quant::Type type) {
   return type == quant::Type::Q4_K || type == quant::Type::Q8_0;
 }
+
+// Weight types with mmvq.cu's activation-stationary kernel (MatvecArgs::stationary).
+constexpr bool mmvq_has_stationary_kernel(quant::Type type) { return type == quant::Type::Q4_K; }
 
 // mmvq.cu: whether `type` has a quantized kernel, and the launch (a no-op returning false without one).
 bool mmvq_supports(quant::Type type);

@@ -136,6 +136,7 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
       .n_vectors = int(args.n_vectors),
       .group = {},
       .rows_per_warp = args.rows_per_warp,
+      .stationary = args.stationary,
   };
   if (!quantized) {
     detail::launch_matvec_float(args.type, launch, stream.raw());
@@ -162,6 +163,7 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
 }
 
 bool has_matvec_rows_kernel(quant::Type type) { return detail::mmvq_has_rows_kernel(type); }
+bool has_matvec_stationary_kernel(quant::Type type) { return detail::mmvq_has_stationary_kernel(type); }
 
 // ---- grouped_matvec ---------------------------------------------------------------------------------------------
 
@@ -206,8 +208,10 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
                 .n_parts = args.n_parts,
                 .act_rows = args.x_rows,
                 .single_act = args.single_x,
-                .y_part_stride = size_t(args.y_part_stride)},
+                .y_part_stride = size_t(args.y_part_stride),
+                .items_settled = args.items_settled},
       .rows_per_warp = args.rows_per_warp,
+      .stationary = args.stationary,
   };
   if (quantized) {
     detail::launch_mmvq(args.type, launch, stream.raw());

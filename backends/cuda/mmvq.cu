@@ -195,6 +195,184 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The activation-stationary kernel (MatvecLaunch::stationary; one vector; types whose MmvqType has ActPart,
+// WeightPart, load_part and dot_loaded: Q4_K). ncu of the rows kernel on the decode products (H200, 2026-12-01,
+// run.sh --ncu-kernel): ~340 warp-instructions per 2,048-column Q4_K row of 1,152 weight bytes, issue slots 50-63%
+// busy at 1.3 TB/s for the experts' gate/up; a lane's two parts each loaded 8 activation words, 2 block sums and a
+// scale next to its 32 weight bytes, for every row. Here the parts of a group of kQ consecutive rows tile the warp's
+// lanes exactly (kQ * items = 32 kJ, items = parts per row): lane l takes the kJ parts f = l + 32 j of the group,
+// row f / items, item f % items, the same for every group. So a lane loads its kJ activation parts once, into
+// registers, and for each of its kR groups issues all kJ weight loads (the block's 16-byte head and 16 quant bytes)
+// before it uses any; the warp's kQ kR row sums are then reduced together: each shuffle stage halves the values a
+// lane holds (kQ kR - 1 + 5 - log2(kQ kR) shuffles instead of 5 per row).
+// Grid: ceil(rows / (kWarps kQ kR)) x items x parts CTAs of kThreads.
+template <int kN>
+__device__ __forceinline__ float reduce_rows(float (&v)[kN], int lane) {
+  int n = kN;
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    if (n > 1) {  // lanes with this bit set keep the upper half of the values, the others the lower half
+      const bool upper = (lane & offset) != 0;
+#pragma unroll
+      for (int i = 0; i < kN / 2; ++i) {
+        if (i < n / 2) {
+          const float keep = upper ? v[i + n / 2] : v[i];
+          const float send = upper ? v[i] : v[i + n / 2];
+          v[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+        }
+      }
+      n /= 2;
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], offset);
+    }
+  }
+  return v[0];
+}
+// The value index reduce_rows leaves in `lane`: the bits of the first log2(kN) stages' offsets (16, 8, ...), first
+// stage highest.
+template <int kN>
+__device__ __forceinline__ int reduced_row(int lane) {
+  int r = 0;
+#pragma unroll
+  for (int offset = kWarpSize / 2, n = kN; n > 1; offset /= 2, n /= 2) r = 2 * r + ((lane & offset) != 0);
+  return r;
+}
+
+template <Type T, int kJ, int kQ, int kR>
+__global__ void __launch_bounds__(kThreads)
+    mmvq_stationary_kernel(const uint8_t* __restrict__ weights, size_t row_bytes, int rows, int items,
+                           const uint8_t* __restrict__ act, size_t act_row_bytes, float* __restrict__ y, Grouping g) {
+  using Ops = mmvq::MmvqType<T>;
+  using Block = typename Ops::Block;
+  constexpr int kRowsPerWarp = kQ * kR;
+  // The weights are loaded before waiting for the kernel before this one where they are known by then: always for a
+  // plain launch, for a grouped one when its items are settled (ops_common.cuh's rule); otherwise after.
+  const bool weights_early = g.items == nullptr || g.items_settled;
+  if (!weights_early) {
+    ops::pdl_wait();
+    ops::pdl_trigger();
+  }
+  int row0;
+  int n_vectors = 1;
+  if (!resolve_group(g, weights, row0, n_vectors, y)) {  // uniform over the CTA
+    ops::pdl_wait();  // every CTA waits before it exits (ops_common.cuh)
+    return;
+  }
+  const int warp = int(threadIdx.x) / kWarpSize;
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int first = (int(blockIdx.x) * kWarps + warp) * kRowsPerWarp;
+  if (first >= rows) {  // whole warps: no barrier below
+    ops::pdl_wait();
+    return;
+  }
+  int row_of[kJ];  // the part's row within a group
+  int block[kJ];   // the part's block within its row
+  int part[kJ];
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+    const int f = lane + kWarpSize * j;
+    const int it = f % items;
+    row_of[j] = f / items;
+    block[j] = it / Ops::kParts;
+    part[j] = it % Ops::kParts;
+  }
+  typename Ops::WeightPart w[kR][kJ];
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      const int row = min(first + r * kQ + row_of[j], rows - 1);  // rows past the end load the last, write nothing
+      w[r][j] = Ops::load_part(reinterpret_cast<const Block*>(weights + size_t(row) * row_bytes)[block[j]], part[j]);
+    }
+  }
+  if (weights_early) {
+    ops::pdl_wait();
+    ops::pdl_trigger();
+  }
+  const auto* a = reinterpret_cast<const typename Ops::Act*>(act + group_act_row(g, row0) * act_row_bytes);
+  y += size_t(row0) * size_t(rows);
+  typename Ops::ActPart x[kJ];
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) x[j] = Ops::act_part(a[block[j]], part[j]);
+  float acc[kRowsPerWarp];
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) acc[i] = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      const float v = Ops::dot_loaded(w[r][j], x[j], part[j]);
+      if constexpr (kQ == 1) {
+        acc[r] += v;
+      } else {
+#pragma unroll
+        for (int q = 0; q < kQ; ++q) acc[r * kQ + q] += row_of[j] == q ? v : 0.0f;
+      }
+    }
+  }
+  const float sum = reduce_rows(acc, lane);
+  const int row = first + reduced_row<kRowsPerWarp>(lane);
+  if ((lane & (kWarpSize / kRowsPerWarp - 1)) == 0 && row < rows) y[row] = sum;
+}
+
+// Groups of kQ rows whose parts tile whole warps, kJ parts per lane (at most 8), as
+// mmvq_stationary_kernel takes them; kJ == 0 where the row does not fit.
+struct StationaryShape {
+  int kJ = 0;
+  int kQ = 1;
+};
+StationaryShape stationary_shape(int items) {
+  StationaryShape s;
+  int g = items;  // gcd(items, 32)
+  for (int b = kWarpSize; b != 0;) {
+    const int t = g % b;
+    g = b;
+    b = t;
+  }
+  s.kQ = kWarpSize / g;
+  const int j = items * s.kQ / kWarpSize;
+  if (s.kQ <= 4 && j <= 8) s.kJ = j;
+  return s;
+}
+
+template <Type T, int kJ, int kQ>
+void launch_stationary(const MatvecLaunch& a, int items, cudaStream_t stream) {
+  // kJ kR weight parts in flight per lane (4 or more where kJ allows), at most 8 rows per warp.
+  constexpr int kR = kJ >= 4 ? 1 : (4 / kJ) * kQ <= 8 ? 4 / kJ : 8 / kQ;
+  const int rows_per_cta = kWarps * kQ * kR;
+  const dim3 grid(unsigned((a.rows + rows_per_cta - 1) / rows_per_cta), unsigned(a.group.items ? a.group.n_items : 1),
+                  unsigned(a.group.items ? a.group.n_parts : 1));
+  CUDA_CHECK(ops::launch(mmvq_stationary_kernel<T, kJ, kQ, kR>, grid, kThreads, 0, stream,
+                         static_cast<const uint8_t*>(a.weights), a.row_bytes, int(a.rows), items,
+                         static_cast<const uint8_t*>(a.act), a.act_row_bytes, a.y, a.group));
+}
+
+// Launches the stationary kernel when the row fits it; false otherwise.
+template <Type T>
+bool try_stationary(const MatvecLaunch& a, int blocks_per_row, cudaStream_t stream) {
+  const int items = blocks_per_row * mmvq::MmvqType<T>::kParts;
+  const StationaryShape s = stationary_shape(items);
+  switch (s.kQ * 16 + s.kJ) {
+    case 16 + 1: launch_stationary<T, 1, 1>(a, items, stream); return true;
+    case 16 + 2: launch_stationary<T, 2, 1>(a, items, stream); return true;
+    case 16 + 3: launch_stationary<T, 3, 1>(a, items, stream); return true;
+    case 16 + 4: launch_stationary<T, 4, 1>(a, items, stream); return true;
+    case 16 + 5: launch_stationary<T, 5, 1>(a, items, stream); return true;
+    case 16 + 6: launch_stationary<T, 6, 1>(a, items, stream); return true;
+    case 16 + 7: launch_stationary<T, 7, 1>(a, items, stream); return true;
+    case 16 + 8: launch_stationary<T, 8, 1>(a, items, stream); return true;
+    case 32 + 1: launch_stationary<T, 1, 2>(a, items, stream); return true;
+    case 32 + 3: launch_stationary<T, 3, 2>(a, items, stream); return true;
+    case 32 + 5: launch_stationary<T, 5, 2>(a, items, stream); return true;
+    case 32 + 7: launch_stationary<T, 7, 2>(a, items, stream); return true;
+    case 64 + 1: launch_stationary<T, 1, 4>(a, items, stream); return true;
+    case 64 + 3: launch_stationary<T, 3, 4>(a, items, stream); return true;
+    case 64 + 5: launch_stationary<T, 5, 4>(a, items, stream); return true;
+    case 64 + 7: launch_stationary<T, 7, 4>(a, items, stream); return true;
+    default: return false;
+  }
+}
+
 // Warps per row: 4 when the row has at least one item per thread of the CTA, fewer for short rows so that
 // threads are not left idle. Measured on the H200 (bench/cuda/mmvq_bench.cpp, 2026-11-30, v1, Q4_0 Q4_1
 // Q8_0 Q2_K Q4_K Q6_K IQ4_XS at 4096x4096 and 2048x7168): forcing 2 warps per row (unroll 4) was within
@@ -218,6 +396,9 @@ void launch_rows(const MatvecLaunch& a, int blocks_per_row, cudaStream_t stream)
 template <Type T>
 void launch(const MatvecLaunch& a, cudaStream_t stream) {
   const int blocks_per_row = int(a.row_bytes / sizeof(typename mmvq::MmvqType<T>::Block));
+  if constexpr (mmvq_has_stationary_kernel(T)) {
+    if (a.n_vectors == 1 && a.stationary && try_stationary<T>(a, blocks_per_row, stream)) return;
+  }
   if constexpr (mmvq_has_rows_kernel(T)) {
     if (a.n_vectors == 1 && a.rows_per_warp > 0) {
       // Rows shorter than a warp's lanes take 4 per warp (every lane busy), whatever was asked.

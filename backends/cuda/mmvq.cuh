@@ -23,6 +23,7 @@
 
 #include <cuda_fp16.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -392,7 +393,8 @@ struct MmvqType<Type::Q4_K> {
   // What part p of an activation block contributes whatever the weight row: its 32 quants (8 words: elements
   // 64k + 16h .. + 15 and 64k + 32 + 16h .. + 15, k = p / 2, h = p % 2), the two block sums of 16 they fall in,
   // and the scale. dot() loads it before the weight side: written as one function with the loads interleaved, the
-  // rows kernel's one-row form takes 39 registers instead of 32 (ptxas sm_90), and 32 is what was measured.
+  // rows kernel's one-row form takes 39 registers instead of 32 (ptxas sm_90), and 32 is what was measured. The
+  // stationary kernel (mmvq.cu) keeps a lane's activation parts in registers for all its rows.
   struct ActPart {
     int lo[4];
     int hi[4];
@@ -414,21 +416,31 @@ struct MmvqType<Type::Q4_K> {
     x.d = a.d;
     return x;
   }
-  // Part p of one weight block against an activation part. The 12 scale bytes and d/dmin are read as 32-bit words
-  // (the block is 144 bytes, every field 4-byte aligned) instead of byte by byte.
-  static MAGNETAR_HD float dot_act(const Block& w, const ActPart& x, int part) {
+  static_assert(sizeof(Block) % 16 == 0 && offsetof(Block, qs) == 16, "load_part's 16-byte loads");
+  // What part p reads of a weight block: the block's first 16 bytes (d, dmin, the 12 scale bytes; the block is 144
+  // bytes, so they are one 16-byte load) and its 16 quant bytes qs[32k + 16h ..]. Loaded apart from the arithmetic so
+  // that the stationary kernel (mmvq.cu) can issue the loads of several rows before using any.
+  struct WeightPart {
+    int head[4];
+    int q[4];
+  };
+  static MAGNETAR_HD WeightPart load_part(const Block& w, int part) {
+    WeightPart p;
+    load_a16(reinterpret_cast<const uint8_t*>(&w), p.head);
+    load_a16(w.qs + 16 * part, p.q);  // 32k + 16h = 16p
+    return p;
+  }
+  // Part p of one weight block against an activation part.
+  static MAGNETAR_HD float dot_loaded(const WeightPart& w, const ActPart& x, int part) {
     const int k = part / 2;
-    const int h = part % 2;
-    int v[4];
-    load_a16(w.qs + 32 * k + 16 * h, v);
     int dot_lo = 0;
     int dot_hi = 0;
     for (int i = 0; i < 4; ++i) {
-      dot_lo = dp4a(int(uint32_t(v[i]) & 0x0F0F0F0Fu), x.lo[i], dot_lo);
-      dot_hi = dp4a(int((uint32_t(v[i]) >> 4) & 0x0F0F0F0Fu), x.hi[i], dot_hi);
+      dot_lo = dp4a(int(uint32_t(w.q[i]) & 0x0F0F0F0Fu), x.lo[i], dot_lo);
+      dot_hi = dp4a(int((uint32_t(w.q[i]) >> 4) & 0x0F0F0F0Fu), x.hi[i], dot_hi);
     }
     // Sub-blocks 2k and 2k + 1 (scale_min_k4 on the words s0 = scales[0..3], s1 = [4..7], s2 = [8..11]).
-    const uint32_t s0 = uint32_t(load_a4(w.scales)), s1 = uint32_t(load_a4(w.scales + 4));
+    const uint32_t s0 = uint32_t(w.head[1]), s1 = uint32_t(w.head[2]), s2 = uint32_t(w.head[3]);
     int sc0, m0, sc1, m1;
     if (k < 2) {
       const int j = 2 * k;
@@ -437,19 +449,21 @@ struct MmvqType<Type::Q4_K> {
       sc1 = int(s0 >> (8 * j + 8)) & 63;
       m1 = int(s1 >> (8 * j + 8)) & 63;
     } else {
-      const uint32_t s2 = uint32_t(load_a4(w.scales + 8));
       const int j = 2 * k - 4;  // byte j of s0, s1, s2 for sub-block 2k; j + 1 for 2k + 1
       sc0 = int((s2 >> (8 * j)) & 0xF) | int(((s0 >> (8 * j + 6)) & 3) << 4);
       m0 = int((s2 >> (8 * j + 4)) & 0xF) | int(((s1 >> (8 * j + 6)) & 3) << 4);
       sc1 = int((s2 >> (8 * j + 8)) & 0xF) | int(((s0 >> (8 * j + 14)) & 3) << 4);
       m1 = int((s2 >> (8 * j + 12)) & 0xF) | int(((s1 >> (8 * j + 14)) & 3) << 4);
     }
-    const uint32_t dm = uint32_t(load_a4(reinterpret_cast<const uint8_t*>(&w.d)));
+    const uint32_t dm = uint32_t(w.head[0]);
     const int sumi = sc0 * dot_lo + sc1 * dot_hi;
     const int summ = m0 * x.bsum_lo + m1 * x.bsum_hi;
     return fp16_to_float(uint16_t(dm)) * x.d * float(sumi) - fp16_to_float(uint16_t(dm >> 16)) * x.d * float(summ);
   }
-  static MAGNETAR_HD float dot(const Block& w, const Act& a, int part) { return dot_act(w, act_part(a, part), part); }
+  static MAGNETAR_HD float dot(const Block& w, const Act& a, int part) {
+    const ActPart x = act_part(a, part);
+    return dot_loaded(load_part(w, part), x, part);
+  }
 };
 
 // Q5_K: Q4_K plus the 5th bit of element 64k + l (l < 32) in bit 2k of qh[l], of 64k + 32 + l in bit 2k+1.

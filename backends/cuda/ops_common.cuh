@@ -44,8 +44,11 @@ __device__ __forceinline__ float warp_max(float v) {
 // called pdl_trigger(). The rule that keeps it correct: a kernel calls pdl_wait() -- which returns once the kernels
 // before it have completed and their writes are visible -- before it reads anything an earlier kernel wrote or writes
 // anything an earlier kernel reads. Only work on data no kernel writes (weights: prefetch_l2) may come before.
-// Every kernel here calls pdl_wait() then pdl_trigger() first thing, so at most the next kernel is in flight early.
-// Both are no-ops in a kernel launched without the attribute and on older GPUs.
+// Every kernel here calls pdl_wait() then pdl_trigger() first thing (and every CTA waits before it exits), so at most
+// the next kernel is in flight early, and when a kernel starts, the kernel two launches before it has completed: what
+// that one and earlier ones wrote may be read before pdl_wait() too (mmvq's stationary kernel reads the expert items
+// of the down projection so, Grouping::items_settled). Both are no-ops in a kernel launched without the attribute and
+// on older GPUs.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -168,6 +168,26 @@ int mmvq_rows_per_warp() {
   return rows;
 }
 
+// Single-vector Q4_K products take mmvq's activation-stationary kernel where the row fits it (MatvecArgs::stationary);
+// MAGNETAR_CUDA_MMVQ_STATIONARY=0 is the baseline (the rows kernel).
+bool mmvq_stationary() {
+  static const bool on = [] {
+    const char* v = std::getenv("MAGNETAR_CUDA_MMVQ_STATIONARY");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on;
+}
+
+// The down projection's stationary kernel loads its expert weights before waiting for swiglu (the items came from
+// route_topk, two launches earlier: GroupedMatvecArgs::items_settled); MAGNETAR_CUDA_SETTLED=0 is the baseline.
+bool settled_items() {
+  static const bool on = [] {
+    const char* v = std::getenv("MAGNETAR_CUDA_SETTLED");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on;
+}
+
 // Attention runs on f16 tensor cores where a kernel has the shape: a sequence with at least kMmaAttentionTokens new
 // tokens on attention_prefill_mma (each K/V row read once per tile of tokens), fewer (decode) on
 // attention_decode_mma (split-K, one CTA per token and split); the other shapes on attention() (FP32 cores).
@@ -691,7 +711,7 @@ Status Qwen3Cuda::linear(const DevTensor& W, const float* x, float* y, int64_t n
     MAGNETAR_RETURN_IF_ERROR(cuda::matvec(
         {.type = W.type, .weights = W.p, .rows = W.rows, .cols = W.cols, .x = x + c * W.cols, .y = y + c * W.rows,
          .n_vectors = nv, .x_quantized = quantized ? static_cast<const uint8_t*>(xq) + size_t(c) * act_row : nullptr,
-         .rows_per_warp = mmvq_rows_per_warp()},
+         .rows_per_warp = mmvq_rows_per_warp(), .stationary = mmvq_stationary()},
         mv_ws_, stream_));
   }
   return Status();
@@ -1180,7 +1200,8 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
                                                      .part = 0, .n_parts = 2, .rows = F, .cols = E, .x = x,
                                                      .x_rows = x_rows, .single_x = n == 1, .y = gate,
                                                      .y_part_stride = R * F, .max_n = max_n,
-                                                     .rows_per_warp = mmvq_rows_per_warp()},
+                                                     .rows_per_warp = mmvq_rows_per_warp(),
+                                                     .stationary = mmvq_stationary()},
                                                     stream_));
     }
     MAGNETAR_ASSIGN_OR_RETURN(const void* h_q, swiglu_for(L.down_type, gate + row0 * F, up + row0 * F, rows, F,
@@ -1192,7 +1213,8 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
     }
     return cuda::grouped_matvec({.type = L.down_type, .items = its, .n_items = count, .part = 2, .n_parts = 1,
                                  .rows = E, .cols = F, .x = h, .x_rows = nullptr, .y = down, .max_n = max_n,
-                                 .rows_per_warp = mmvq_rows_per_warp()},
+                                 .rows_per_warp = mmvq_rows_per_warp(), .stationary = mmvq_stationary(),
+                                 .items_settled = settled_items()},
                                 stream_);
   };
   // The pool's hits (and the CPU lane's null items) while the misses are copied on copy_stream_, then the misses.

@@ -221,6 +221,72 @@ TEST_P(CudaMatvecTest, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(AllWeightTypes, CudaMatvecTest, testing::ValuesIn(weight_types()), type_case_name);
 
+// The activation-stationary kernel (MatvecArgs::stationary, Q4_K) against the reference vec_dot, as above, at every
+// row shape it takes: groups of 4 rows (256, 768, 1,280, 1,792 columns: 1, 3, 5, 7 parts per lane), of 2 rows (512,
+// 1,536, 2,560, 3,584) and of 1 row (1,024 to 8,192 in steps of 1,024: 1 to 8 parts), and at 2,816 and 9,216
+// columns, which it does not take (the rows kernel runs). Row counts cut the warps' and CTAs' row groups: 1, 3, 9,
+// 67 and 1,031. Outputs sit between poisoned guard floats. And the same bytes with stationary off give outputs
+// within the same bound (the rows kernel; the float sums are added in another order).
+TEST(CudaMatvec, StationaryMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const Type type = Type::Q4_K;
+  ASSERT_TRUE(cuda::has_matvec_stationary_kernel(type));
+  ASSERT_FALSE(cuda::has_matvec_stationary_kernel(Type::Q8_0));
+  const TypeTraits& t = quant::traits(type);
+  const TypeTraits& act = quant::traits(t.vec_dot_type);
+  Rng rng(kSeed ^ 0x57a7);
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  cuda::MatvecWorkspace workspace;  // not used: x_quantized
+  constexpr int64_t kRows = 1031;
+  for (const int64_t cols : {256, 768, 1280, 1792, 512, 1536, 2560, 3584, 1024, 2048, 3072, 4096, 5120, 6144, 7168,
+                             8192, 2816, 9216}) {
+    const size_t row_bytes = quant::row_size(type, cols);
+    const std::vector<uint8_t> qw = quantize_ref(type, gaussian(rng, kRows * cols), cols);
+    const std::vector<float> w = dequantize_ref(type, qw.data(), kRows * cols);
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer w_dev, cuda::DeviceBuffer::allocate(qw.size()));
+    ASSERT_OK(w_dev.upload(qw.data(), qw.size()));
+    const std::vector<float> x = activations(rng, 1, cols);
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer x_dev, cuda::DeviceBuffer::allocate(x.size() * sizeof(float)));
+    ASSERT_OK(x_dev.upload(x.data(), x.size() * sizeof(float)));
+    const size_t act_row = quant::row_size(act.type, cols);
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer qx_dev, cuda::DeviceBuffer::allocate(act_row));
+    ASSERT_OK(cuda::quantize_activations(act.type, x_dev.as<float>(), qx_dev.data(), cols, 1, stream));
+    stream.synchronize();
+    std::vector<uint8_t> qx(act_row);
+    ASSERT_OK(qx_dev.download(qx.data(), qx.size()));
+    const std::vector<float> y_act = dequantize_ref(act.type, qx.data(), cols);
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer y_dev, cuda::DeviceBuffer::allocate((kRows + kGuardFloats) * sizeof(float)));
+    for (const int64_t rows : {1, 3, 9, 67, 1031}) {
+      for (const bool stationary : {true, false}) {
+        const std::string where = "Q4_K rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
+                                  (stationary ? " stationary" : " rows kernel");
+        const size_t y_count = size_t(rows);
+        const std::vector<float> poison = poisoned(y_count + kGuardFloats);
+        ASSERT_OK(y_dev.upload(poison.data(), poison.size() * sizeof(float)));
+        ASSERT_OK(cuda::matvec({.type = type, .weights = w_dev.data(), .rows = rows, .cols = cols, .x = nullptr,
+                                .y = y_dev.as<float>(), .x_quantized = qx_dev.data(), .rows_per_warp = 1,
+                                .stationary = stationary},
+                               workspace, stream));
+        stream.synchronize();
+        std::vector<float> got(y_count + kGuardFloats);
+        ASSERT_OK(y_dev.download(got.data(), got.size() * sizeof(float)));
+        ASSERT_TRUE(guard_intact(got, y_count)) << where;
+        int64_t bad = 0;
+        for (int64_t r = 0; r < rows; ++r) {
+          const double want = double(t.vec_dot(cols, qw.data() + size_t(r) * row_bytes, qx.data()));
+          const double tol = quantized_tolerance(t.block_size, w.data() + size_t(r * cols), y_act.data(), cols);
+          if (std::fabs(double(got[size_t(r)]) - want) <= tol) continue;  // false for NaN: an unwritten row fails
+          if (++bad <= 5) {
+            ADD_FAILURE() << where << ": y[" << r << "] = " << got[size_t(r)] << ", reference " << want << ", |diff| "
+                          << std::fabs(double(got[size_t(r)]) - want) << " > bound " << tol;
+          }
+        }
+        EXPECT_EQ(bad, 0) << where << ": outputs outside the bound";
+      }
+    }
+  }
+}
+
 // ---- quantize_activations ---------------------------------------------------------------------------------
 
 // Rows of Gaussian activations with outliers, then edge blocks written over the start of vector 0: an
@@ -408,7 +474,8 @@ TEST(CudaMatmulFloat, MatchesReference) {
 // grouped_matvec against matvec: each item's rows of each part are the plain product of that part's weights with the
 // item's activation row (x_rows), bit for bit (the same kernel on the same bytes); an item whose weights are null
 // ("not on this device") leaves its rows as they were; gate and up land y_part_stride apart. Q4_K with the default
-// kernel and the rows kernel at 1, 2 and 4 rows per warp (the decode path of the synthetic 30B-A3B model), and Q8_0.
+// kernel, the rows kernel at 1, 2 and 4 rows per warp and the stationary kernel, its items read before or after
+// waiting (items_settled; the decode path of the synthetic 30B-A3B model), and Q8_0.
 // With single_x every row reads activation row 0 whatever x_rows says (the rows would differ if it were read).
 TEST(CudaMatvec, GroupedMatchesSingleProducts) {
   SKIP_WITHOUT_GPU();
@@ -456,16 +523,29 @@ TEST(CudaMatvec, GroupedMatchesSingleProducts) {
     const size_t y_count = size_t(2 * kItems * kRows);
     ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer y_dev, cuda::DeviceBuffer::allocate(y_count * sizeof(float)));
     ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer one_dev, cuda::DeviceBuffer::allocate(kRows * sizeof(float)));
-    for (const int rows_per_warp : rows_per_warp_arms(type, 1)) {
+    struct Arm {
+      int rows_per_warp;
+      bool stationary;
+      bool settled;
+    };
+    std::vector<Arm> arms;
+    for (const int rows_per_warp : rows_per_warp_arms(type, 1)) arms.push_back({rows_per_warp, false, false});
+    if (cuda::has_matvec_stationary_kernel(type)) {
+      arms.push_back({1, true, false});
+      arms.push_back({1, true, true});
+    }
+    for (const auto& [rows_per_warp, stationary, settled] : arms) {
       for (const bool single : {false, true}) {
         const std::string where = std::string(quant::type_name(type)) + " rows_per_warp=" +
-                                  std::to_string(rows_per_warp) + (single ? " single_x" : "");
+                                  std::to_string(rows_per_warp) + (stationary ? " stationary" : "") +
+                                  (settled ? " items_settled" : "") + (single ? " single_x" : "");
         const std::vector<float> poison = poisoned(y_count);
         ASSERT_OK(y_dev.upload(poison.data(), y_count * sizeof(float)));
         ASSERT_OK(cuda::grouped_matvec({.type = type, .items = items_dev.as<cuda::GroupItem>(), .n_items = kItems,
                                         .part = 0, .n_parts = 2, .rows = kRows, .cols = kCols, .x = xq.data(),
                                         .x_rows = rows_dev.as<int32_t>(), .single_x = single, .y = y_dev.as<float>(),
-                                        .y_part_stride = kItems * kRows, .max_n = 1, .rows_per_warp = rows_per_warp},
+                                        .y_part_stride = kItems * kRows, .max_n = 1, .rows_per_warp = rows_per_warp,
+                                        .stationary = stationary, .items_settled = settled},
                                        stream));
         stream.synchronize();
         const std::vector<float> got = download(y_dev, y_count);
@@ -482,7 +562,7 @@ TEST(CudaMatvec, GroupedMatchesSingleProducts) {
                                     .cols = kCols, .y = one_dev.as<float>(),
                                     .x_quantized = static_cast<const uint8_t*>(xq.data()) +
                                                    size_t(single ? 0 : act_row_of[i]) * act_row,
-                                    .rows_per_warp = rows_per_warp},
+                                    .rows_per_warp = rows_per_warp, .stationary = stationary},
                                    workspace, stream));
             stream.synchronize();
             const std::vector<float> want = download(one_dev, size_t(kRows));

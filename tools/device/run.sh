@@ -289,17 +289,18 @@ if [ "$filter" = "--prefill-bench" ]; then
   exit 0
 fi
 
-# `run.sh --ncu-kernel REGEX [SKIP]`: ncu --set full of one launch of the kernels whose name matches REGEX, after SKIP
+# `run.sh --ncu-kernel REGEX [SKIP]`: ncu --set full of one launch (NCU_COUNT launches) of the kernels whose name
+# matches REGEX, after SKIP
 # (default 200) of them, while the resident 30B-A3B geometry decodes (environment switches pass through: compare a
 # kernel with MAGNETAR_CUDA_FUSE=1 and without); NCU_TOKENS=$(seq -s, 1 512) profiles a 512-token prefill instead. The key lines are printed; the report is $OUT/ncu_<n>.txt.
 if [ "$filter" = "--ncu-kernel" ]; then
   build_with_model
   report="$OUT/ncu_$(ls "$OUT" | grep -c '^ncu_').txt"
-  ncu --set full -k "regex:$2" --launch-skip "${3:-200}" --launch-count 1 "$bin" run -m "$model" --device cuda \
-    --tokens "${NCU_TOKENS:-1,2,3}" -n 8 >"$report" 2>&1
+  ncu --set full -k "regex:$2" --launch-skip "${3:-200}" --launch-count "${NCU_COUNT:-1}" "$bin" run -m "$model" \
+    --device cuda --tokens "${NCU_TOKENS:-1,2,3}" -n 8 >"$report" 2>&1
   echo "ncu exit $? ($report)"
   grep -E "^  [a-z_:<>, ]+\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|No Eligible|\
-Warp Cycles Per Issued|L2 Hit|spends" "$report" | cut -c1-400 | head -30
+Warp Cycles Per Issued|L2 Hit|spends" "$report" | cut -c1-400 | head -$((30 * ${NCU_COUNT:-1}))
   exit 0
 fi
 
@@ -312,7 +313,7 @@ if [ "$filter" = "--ncu-stalls" ]; then
 selected dispatch_stall no_instruction membar drain sleeping branch_resolving tex_throttle imc_miss misc"
   metrics=$(for r in $reasons; do printf '%s_%s_per_issue_active.ratio,' $m "$r"; done)
   ncu --metrics "${metrics}smsp__issue_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum" \
-    -k "regex:$2" --launch-skip "${3:-200}" --launch-count 1 "$bin" run -m "$model" --device cuda \
+    -k "regex:$2" --launch-skip "${3:-200}" --launch-count "${NCU_COUNT:-1}" "$bin" run -m "$model" --device cuda \
     --tokens "${NCU_TOKENS:-1,2,3}" -n 8 >"$OUT/ncu_stalls.txt" 2>&1
   echo "ncu exit $?"
   grep -E "\(|stalled|issue_active|duration" "$OUT/ncu_stalls.txt" | sed "s/$m//" | sort -k3 -n -r | head -24
