@@ -276,12 +276,21 @@ struct GroupedMatvecArgs {
   // (the down projection: gate/up runs between it and route_topk). The stationary kernel then loads its weights
   // while the launch just before it still runs (programmatic dependent launch: ops_common.cuh's rule).
   bool items_settled = false;
+  // Decode's SwiGLU folded into the products around it (both need the stationary kernel: max_n 1, stationary, a
+  // type and row shape that matvec_stationary_fits). swiglu (n_parts 2): y row r = silu(gate . x) * (up . x) written
+  // once (y_part_stride unused); the separate swiglu launch is not needed. x_float (quantized types): x is float32
+  // [*, cols], 16-byte aligned, quantized by each CTA into the type's activation format (the bytes of
+  // quantize_activations) instead of by a launch before.
+  bool swiglu = false;
+  bool x_float = false;
 };
 Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream);
 // Whether `type` has mmvq.cu's rows kernel (rows_per_warp 1, 2, 4): Q4_K and Q8_0.
 bool has_matvec_rows_kernel(quant::Type type);
 // Whether `type` has mmvq.cu's activation-stationary kernel (MatvecArgs::stationary): Q4_K.
 bool has_matvec_stationary_kernel(quant::Type type);
+// Whether single-vector products of `type` with rows of `cols` take it (MatvecArgs::stationary).
+bool matvec_stationary_fits(quant::Type type, int64_t cols);
 
 
 // out[t] = sum over j < k, in order, of weights[t * k + j] * rows[slot_rows[t * k + j]] (each row n floats).

@@ -43,6 +43,8 @@ struct MatvecLaunch {
   Grouping group;
   int rows_per_warp = 0;  // MatvecArgs::rows_per_warp (1, 2, 4: mmvq's rows kernel where the type has one)
   bool stationary = false;  // MatvecArgs::stationary (mmvq's stationary kernel where the type and row fit it)
+  bool swiglu = false;      // GroupedMatvecArgs::swiglu (stationary kernel only)
+  bool act_float = false;   // GroupedMatvecArgs::x_float (stationary kernel only): act is float rows
 };
 
 // matvec.cpp: whether `type` is an activation format (Q8_0, Q8_1, Q8_K), and the bytes of one row of `cols` of it
@@ -71,6 +73,8 @@ constexpr bool mmvq_has_rows_kernel(quant::Type type) {
 
 // Weight types with mmvq.cu's activation-stationary kernel (MatvecArgs::stationary).
 constexpr bool mmvq_has_stationary_kernel(quant::Type type) { return type == quant::Type::Q4_K; }
+// Whether a row of `cols` of `type` fits that kernel (mmvq.cu).
+bool mmvq_stationary_fits(quant::Type type, int64_t cols);
 
 // mmvq.cu: whether `type` has a quantized kernel, and the launch (a no-op returning false without one).
 bool mmvq_supports(quant::Type type);

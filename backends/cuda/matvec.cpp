@@ -164,6 +164,7 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
 
 bool has_matvec_rows_kernel(quant::Type type) { return detail::mmvq_has_rows_kernel(type); }
 bool has_matvec_stationary_kernel(quant::Type type) { return detail::mmvq_has_stationary_kernel(type); }
+bool matvec_stationary_fits(quant::Type type, int64_t cols) { return detail::mmvq_stationary_fits(type, cols); }
 
 // ---- grouped_matvec ---------------------------------------------------------------------------------------------
 
@@ -190,8 +191,17 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
   if (args.items == nullptr || args.x == nullptr || args.y == nullptr) {
     return Status::error("grouped_matvec: null device pointer (items, x or y)");
   }
-  if (!aligned(args.items, alignof(GroupItem)) || !aligned(args.x, 4) || !aligned(args.y, 4)) {
+  if (!aligned(args.items, alignof(GroupItem)) || !aligned(args.x, args.x_float ? 16 : 4) || !aligned(args.y, 4)) {
     return Status::error("grouped_matvec: items, x and y must be aligned");
+  }
+  if ((args.swiglu || args.x_float) &&
+      (!args.stationary || args.max_n != 1 || !detail::mmvq_stationary_fits(args.type, args.cols))) {
+    return Status::error(format("grouped_matvec: swiglu / x_float need the stationary kernel (stationary, max_n=1, "
+                                "a %s row of %lld columns that it takes)",
+                                std::string(t->name).c_str(), (long long)args.cols));
+  }
+  if (args.swiglu && args.n_parts != 2) {
+    return Status::error(format("grouped_matvec: swiglu needs gate and up (n_parts=2, not %d)", args.n_parts));
   }
   detail::MatvecLaunch launch{
       .weights = nullptr,
@@ -199,7 +209,8 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
       .rows = args.rows,
       .cols = args.cols,
       .act = args.x,
-      .act_row_bytes = quantized ? act_row_bytes(t->vec_dot_type, args.cols) : size_t(args.cols) * sizeof(float),
+      .act_row_bytes = quantized && !args.x_float ? act_row_bytes(t->vec_dot_type, args.cols)
+                                                  : size_t(args.cols) * sizeof(float),
       .y = args.y,
       .n_vectors = int(args.max_n),
       .group = {.items = args.items,
@@ -212,6 +223,8 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
                 .items_settled = args.items_settled},
       .rows_per_warp = args.rows_per_warp,
       .stationary = args.stationary,
+      .swiglu = args.swiglu,
+      .act_float = args.x_float,
   };
   if (quantized) {
     detail::launch_mmvq(args.type, launch, stream.raw());

@@ -32,12 +32,15 @@
 //   unpacking once for all vectors, a persistent grid.
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
 #include "backends/cuda/grouping.cuh"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/mmvq.cuh"
 #include "backends/cuda/ops_common.cuh"
+#include "backends/cuda/quantize_q8.cuh"
 
 namespace magnetar::cuda::detail {
 namespace {
@@ -238,12 +241,21 @@ __device__ __forceinline__ int reduced_row(int lane) {
   return r;
 }
 
-template <Type T, int kJ, int kQ, int kR>
+// kGlu (a grouped gate/up launch, MatvecLaunch::swiglu): each warp takes its rows of both the gate (item weight
+// g.part) and the up matrix (g.part + 1), reduces the 2 kQ kR sums together (gate sums in lanes 0-15, the same rows'
+// up sums in lanes 16-31) and writes y = silu(gate) * up (ops::silu_mul, swiglu.cu's expression): the SwiGLU launch
+// between gate/up and down is gone. act_float (MatvecLaunch::act_float, Q8_K activations): act holds float rows; the
+// CTA quantizes its row into shared memory first (a warp per 256-element block, q8::block_q8_k_lane8: the bytes of
+// quantize_activations) and reads its parts from there.
+template <Type T, int kJ, int kQ, int kR, bool kGlu>
 __global__ void __launch_bounds__(kThreads)
     mmvq_stationary_kernel(const uint8_t* __restrict__ weights, size_t row_bytes, int rows, int items,
-                           const uint8_t* __restrict__ act, size_t act_row_bytes, float* __restrict__ y, Grouping g) {
+                           const uint8_t* __restrict__ act, size_t act_row_bytes, bool act_float, float* __restrict__ y,
+                           Grouping g) {
   using Ops = mmvq::MmvqType<T>;
   using Block = typename Ops::Block;
+  using Act = typename Ops::Act;
+  constexpr int kM = kGlu ? 2 : 1;  // weight matrices per row: gate and up, or one
   constexpr int kRowsPerWarp = kQ * kR;
   // The weights are loaded before waiting for the kernel before this one where they are known by then: always for a
   // plain launch, for a grouped one when its items are settled (ops_common.cuh's rule); otherwise after.
@@ -254,17 +266,16 @@ __global__ void __launch_bounds__(kThreads)
   }
   int row0;
   int n_vectors = 1;
+  const uint8_t* mat[kM] = {};
   if (!resolve_group(g, weights, row0, n_vectors, y)) {  // uniform over the CTA
     ops::pdl_wait();  // every CTA waits before it exits (ops_common.cuh)
     return;
   }
+  mat[0] = weights;
+  if constexpr (kGlu) mat[1] = static_cast<const uint8_t*>(g.items[blockIdx.y].w[g.part + 1]);
   const int warp = int(threadIdx.x) / kWarpSize;
   const int lane = int(threadIdx.x) % kWarpSize;
   const int first = (int(blockIdx.x) * kWarps + warp) * kRowsPerWarp;
-  if (first >= rows) {  // whole warps: no barrier below
-    ops::pdl_wait();
-    return;
-  }
   int row_of[kJ];  // the part's row within a group
   int block[kJ];   // the part's block within its row
   int part[kJ];
@@ -276,43 +287,74 @@ __global__ void __launch_bounds__(kThreads)
     block[j] = it / Ops::kParts;
     part[j] = it % Ops::kParts;
   }
-  typename Ops::WeightPart w[kR][kJ];
+  typename Ops::WeightPart w[kM][kR][kJ];
 #pragma unroll
-  for (int r = 0; r < kR; ++r) {
+  for (int m = 0; m < kM; ++m) {
 #pragma unroll
-    for (int j = 0; j < kJ; ++j) {
-      const int row = min(first + r * kQ + row_of[j], rows - 1);  // rows past the end load the last, write nothing
-      w[r][j] = Ops::load_part(reinterpret_cast<const Block*>(weights + size_t(row) * row_bytes)[block[j]], part[j]);
+    for (int r = 0; r < kR; ++r) {
+#pragma unroll
+      for (int j = 0; j < kJ; ++j) {
+        // Rows past the end (and a whole warp's past the last row) load the last row and write nothing.
+        const int row = min(first + r * kQ + row_of[j], rows - 1);
+        const Block* blocks = reinterpret_cast<const Block*>(mat[m] + size_t(row) * row_bytes);
+        w[m][r][j] = Ops::load_part(blocks[block[j]], part[j]);
+      }
     }
   }
   if (weights_early) {
     ops::pdl_wait();
     ops::pdl_trigger();
   }
-  const auto* a = reinterpret_cast<const typename Ops::Act*>(act + group_act_row(g, row0) * act_row_bytes);
+  const Act* a;
+  if (act_float) {  // uniform over the CTA
+    static_assert(std::is_same_v<Act, quant::BlockQ8_K>, "act_float quantizes to Q8_K");
+    extern __shared__ quant::BlockQ8_K staged_act[];
+    const float* src = reinterpret_cast<const float*>(act + group_act_row(g, row0) * act_row_bytes);
+    const int n_blocks = items / Ops::kParts;
+    for (int b = warp; b < n_blocks; b += kWarps) {
+      const float4 lo = reinterpret_cast<const float4*>(src + quant::kQK_K * b)[2 * lane];
+      const float4 hi = reinterpret_cast<const float4*>(src + quant::kQK_K * b)[2 * lane + 1];
+      const float xs[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      q8::block_q8_k_lane8(xs, &staged_act[b], lane);
+    }
+    __syncthreads();
+    a = staged_act;
+  } else {
+    a = reinterpret_cast<const Act*>(act + group_act_row(g, row0) * act_row_bytes);
+  }
+  if (first >= rows) return;  // whole warps, after the barrier
   y += size_t(row0) * size_t(rows);
   typename Ops::ActPart x[kJ];
 #pragma unroll
   for (int j = 0; j < kJ; ++j) x[j] = Ops::act_part(a[block[j]], part[j]);
-  float acc[kRowsPerWarp];
+  float acc[kM * kRowsPerWarp];
 #pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < kM * kRowsPerWarp; ++i) acc[i] = 0.0f;
 #pragma unroll
-  for (int r = 0; r < kR; ++r) {
+  for (int m = 0; m < kM; ++m) {
 #pragma unroll
-    for (int j = 0; j < kJ; ++j) {
-      const float v = Ops::dot_loaded(w[r][j], x[j], part[j]);
-      if constexpr (kQ == 1) {
-        acc[r] += v;
-      } else {
+    for (int r = 0; r < kR; ++r) {
 #pragma unroll
-        for (int q = 0; q < kQ; ++q) acc[r * kQ + q] += row_of[j] == q ? v : 0.0f;
+      for (int j = 0; j < kJ; ++j) {
+        const float v = Ops::dot_loaded(w[m][r][j], x[j], part[j]);
+        if constexpr (kQ == 1) {
+          acc[m * kRowsPerWarp + r] += v;
+        } else {
+#pragma unroll
+          for (int q = 0; q < kQ; ++q) acc[m * kRowsPerWarp + r * kQ + q] += row_of[j] == q ? v : 0.0f;
+        }
       }
     }
   }
+  constexpr int kSums = kM * kRowsPerWarp;
   const float sum = reduce_rows(acc, lane);
-  const int row = first + reduced_row<kRowsPerWarp>(lane);
-  if ((lane & (kWarpSize / kRowsPerWarp - 1)) == 0 && row < rows) y[row] = sum;
+  const int row = first + reduced_row<kSums>(lane) % kRowsPerWarp;
+  if constexpr (kGlu) {
+    const float up = __shfl_xor_sync(0xffffffffu, sum, kWarpSize / 2);  // the first stage split gate from up
+    if (lane < kWarpSize / 2 && (lane & (kWarpSize / kSums - 1)) == 0 && row < rows) y[row] = ops::silu_mul(sum, up);
+  } else {
+    if ((lane & (kWarpSize / kSums - 1)) == 0 && row < rows) y[row] = sum;
+  }
 }
 
 // Groups of kQ rows whose parts tile whole warps, kJ parts per lane (at most 8), as
@@ -335,40 +377,42 @@ StationaryShape stationary_shape(int items) {
   return s;
 }
 
-template <Type T, int kJ, int kQ>
+template <Type T, int kJ, int kQ, bool kGlu>
 void launch_stationary(const MatvecLaunch& a, int items, cudaStream_t stream) {
-  // kJ kR weight parts in flight per lane (4 or more where kJ allows), at most 8 rows per warp.
-  constexpr int kR = kJ >= 4 ? 1 : (4 / kJ) * kQ <= 8 ? 4 / kJ : 8 / kQ;
+  // kJ kR weight parts in flight per lane (4 or more where kJ allows, counting gate and up), at most 8 rows per warp.
+  constexpr int kR0 = kJ >= 4 ? 1 : (4 / kJ) * kQ <= 8 ? 4 / kJ : 8 / kQ;
+  constexpr int kR = kGlu && kR0 > 1 ? kR0 / 2 : kR0;
   const int rows_per_cta = kWarps * kQ * kR;
   const dim3 grid(unsigned((a.rows + rows_per_cta - 1) / rows_per_cta), unsigned(a.group.items ? a.group.n_items : 1),
-                  unsigned(a.group.items ? a.group.n_parts : 1));
-  CUDA_CHECK(ops::launch(mmvq_stationary_kernel<T, kJ, kQ, kR>, grid, kThreads, 0, stream,
+                  unsigned(a.group.items && !kGlu ? a.group.n_parts : 1));
+  const size_t smem = a.act_float ? size_t(items / mmvq::MmvqType<T>::kParts) * sizeof(quant::BlockQ8_K) : 0;
+  CUDA_CHECK(ops::launch(mmvq_stationary_kernel<T, kJ, kQ, kR, kGlu>, grid, kThreads, smem, stream,
                          static_cast<const uint8_t*>(a.weights), a.row_bytes, int(a.rows), items,
-                         static_cast<const uint8_t*>(a.act), a.act_row_bytes, a.y, a.group));
+                         static_cast<const uint8_t*>(a.act), a.act_row_bytes, a.act_float, a.y, a.group));
 }
 
 // Launches the stationary kernel when the row fits it; false otherwise.
-template <Type T>
+template <Type T, bool kGlu>
 bool try_stationary(const MatvecLaunch& a, int blocks_per_row, cudaStream_t stream) {
   const int items = blocks_per_row * mmvq::MmvqType<T>::kParts;
   const StationaryShape s = stationary_shape(items);
   switch (s.kQ * 16 + s.kJ) {
-    case 16 + 1: launch_stationary<T, 1, 1>(a, items, stream); return true;
-    case 16 + 2: launch_stationary<T, 2, 1>(a, items, stream); return true;
-    case 16 + 3: launch_stationary<T, 3, 1>(a, items, stream); return true;
-    case 16 + 4: launch_stationary<T, 4, 1>(a, items, stream); return true;
-    case 16 + 5: launch_stationary<T, 5, 1>(a, items, stream); return true;
-    case 16 + 6: launch_stationary<T, 6, 1>(a, items, stream); return true;
-    case 16 + 7: launch_stationary<T, 7, 1>(a, items, stream); return true;
-    case 16 + 8: launch_stationary<T, 8, 1>(a, items, stream); return true;
-    case 32 + 1: launch_stationary<T, 1, 2>(a, items, stream); return true;
-    case 32 + 3: launch_stationary<T, 3, 2>(a, items, stream); return true;
-    case 32 + 5: launch_stationary<T, 5, 2>(a, items, stream); return true;
-    case 32 + 7: launch_stationary<T, 7, 2>(a, items, stream); return true;
-    case 64 + 1: launch_stationary<T, 1, 4>(a, items, stream); return true;
-    case 64 + 3: launch_stationary<T, 3, 4>(a, items, stream); return true;
-    case 64 + 5: launch_stationary<T, 5, 4>(a, items, stream); return true;
-    case 64 + 7: launch_stationary<T, 7, 4>(a, items, stream); return true;
+    case 16 + 1: launch_stationary<T, 1, 1, kGlu>(a, items, stream); return true;
+    case 16 + 2: launch_stationary<T, 2, 1, kGlu>(a, items, stream); return true;
+    case 16 + 3: launch_stationary<T, 3, 1, kGlu>(a, items, stream); return true;
+    case 16 + 4: launch_stationary<T, 4, 1, kGlu>(a, items, stream); return true;
+    case 16 + 5: launch_stationary<T, 5, 1, kGlu>(a, items, stream); return true;
+    case 16 + 6: launch_stationary<T, 6, 1, kGlu>(a, items, stream); return true;
+    case 16 + 7: launch_stationary<T, 7, 1, kGlu>(a, items, stream); return true;
+    case 16 + 8: launch_stationary<T, 8, 1, kGlu>(a, items, stream); return true;
+    case 32 + 1: launch_stationary<T, 1, 2, kGlu>(a, items, stream); return true;
+    case 32 + 3: launch_stationary<T, 3, 2, kGlu>(a, items, stream); return true;
+    case 32 + 5: launch_stationary<T, 5, 2, kGlu>(a, items, stream); return true;
+    case 32 + 7: launch_stationary<T, 7, 2, kGlu>(a, items, stream); return true;
+    case 64 + 1: launch_stationary<T, 1, 4, kGlu>(a, items, stream); return true;
+    case 64 + 3: launch_stationary<T, 3, 4, kGlu>(a, items, stream); return true;
+    case 64 + 5: launch_stationary<T, 5, 4, kGlu>(a, items, stream); return true;
+    case 64 + 7: launch_stationary<T, 7, 4, kGlu>(a, items, stream); return true;
     default: return false;
   }
 }
@@ -397,7 +441,14 @@ template <Type T>
 void launch(const MatvecLaunch& a, cudaStream_t stream) {
   const int blocks_per_row = int(a.row_bytes / sizeof(typename mmvq::MmvqType<T>::Block));
   if constexpr (mmvq_has_stationary_kernel(T)) {
-    if (a.n_vectors == 1 && a.stationary && try_stationary<T>(a, blocks_per_row, stream)) return;
+    // swiglu and act_float exist only there: matvec.cpp checked that the row fits (mmvq_stationary_fits).
+    if (a.swiglu) {
+      try_stationary<T, true>(a, blocks_per_row, stream);
+      return;
+    }
+    if ((a.n_vectors == 1 && a.stationary) || a.act_float) {
+      if (try_stationary<T, false>(a, blocks_per_row, stream)) return;
+    }
   }
   if constexpr (mmvq_has_rows_kernel(T)) {
     if (a.n_vectors == 1 && a.rows_per_warp > 0) {
@@ -426,6 +477,11 @@ void launch(const MatvecLaunch& a, cudaStream_t stream) {
 }
 
 }  // namespace
+
+bool mmvq_stationary_fits(quant::Type type, int64_t cols) {
+  if (!mmvq_has_stationary_kernel(type) || cols % quant::kQK_K != 0 || cols > 65536) return false;
+  return stationary_shape(int(cols / quant::kQK_K) * mmvq::MmvqType<quant::Type::Q4_K>::kParts).kJ > 0;
+}
 
 bool mmvq_supports(quant::Type type) {
   switch (type) {

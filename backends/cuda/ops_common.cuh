@@ -38,6 +38,12 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// SwiGLU's element: g / (1 + exp(-g)) * u, in the CPU's operation order (models/qwen3_moe/qwen3_moe.cpp) with the
+// accurate expf (2 ulp; not __expf, whose error grows with |x|).
+__device__ __forceinline__ float silu_mul(float g, float u) {
+  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
 // Programmatic dependent launch (sm_90+). A decode token is ~900 small kernels in a row, and without it each one
 // starts only after the one before has finished and its grid has drained: launch and ramp-up are paid one after
 // the other. A kernel launched by launch() below may instead start as soon as every CTA of the kernel before it has

@@ -24,17 +24,13 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxCtas = 8192;  // grid-stride beyond this: enough CTAs to fill any current GPU
 
-__device__ __forceinline__ float silu_mul(float g, float u) {
-  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
-}
-
 __global__ void __launch_bounds__(kThreads)
     swiglu_kernel(float* __restrict__ gate, const float* __restrict__ up, int64_t count) {
   ops::pdl_wait();
   ops::pdl_trigger();
   const int64_t stride = int64_t(gridDim.x) * kThreads;
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < count; i += stride) {
-    gate[i] = silu_mul(gate[i], up[i]);
+    gate[i] = ops::silu_mul(gate[i], up[i]);
   }
 }
 
@@ -58,7 +54,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int k = 0; k < kPerLane; ++k) {
     const size_t i = base + size_t(lane + ops::kWarpSize * k);
-    v[k] = silu_mul(gate[i], up[i]);
+    v[k] = ops::silu_mul(gate[i], up[i]);
     gate[i] = v[k];
   }
   q8::block_regs<kA>(v, out + size_t(row) * out_row_bytes, int(b), lane);
@@ -73,7 +69,7 @@ __global__ void __launch_bounds__(kThreads)
   ops::pdl_trigger();
   const int64_t row = int64_t(blockIdx.x) / per_row, b = int64_t(blockIdx.x) % per_row;
   const size_t i = size_t(row) * size_t(n_cols) + size_t(b) * quant::kQK_K + threadIdx.x;
-  const float v = silu_mul(gate[i], up[i]);
+  const float v = ops::silu_mul(gate[i], up[i]);
   gate[i] = v;
   q8::block_q8_k_cta(v, reinterpret_cast<quant::BlockQ8_K*>(out + size_t(row) * out_row_bytes) + b);
 }

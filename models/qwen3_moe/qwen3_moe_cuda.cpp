@@ -124,30 +124,41 @@ bool refuse_captures() {
 //   kCombine     the MoE combine in the next add_rms_norm (AddRmsNormArgs::residual_rows);
 //   kNormQuant   a norm whose output feeds quantized products writes the quantized rows too (y_quantized);
 //   kSwigluQuant the MoE's swiglu quantizes for the down projection (swiglu_quantize);
-//   kAttnQuant   decode attention quantizes its output for the output projection (AttentionArgs::out_q8k).
-// MAGNETAR_CUDA_FUSE picks them: a comma list of combine, norm, swiglu, attn; 1 for all, 0 for none; unset: the
-// default set, combine, swiglu, attn and the norm's quantization where the norm runs on a cluster of CTAs
+//   kAttnQuant   decode attention quantizes its output for the output projection (AttentionArgs::out_q8k);
+//   kSwigluMmvq  decode's swiglu inside the experts' gate/up product, the down projection quantizing its float input
+//                (GroupedMatvecArgs::swiglu, x_float: where mmvq's stationary kernel takes both shapes).
+// MAGNETAR_CUDA_FUSE picks them: a comma list of combine, norm, swiglu, attn, mmvq; 1 for all, 0 for none; unset: the
+// default set, combine, swiglu, attn, mmvq and the norm's quantization where the norm runs on a cluster of CTAs
 // (kNormQuantCluster: cuda::norm_in_cluster, decode rows). H200, tg128 (run.sh --decode-bench, two rounds of one call
 // each): combine + swiglu 416.4 / 416.4 t/s against combine 412.1 / 409.6, combine + norm on the one-CTA row kernel
 // 411.5 / 406.5 (swiglu_quantize with a CTA per Q8_K block; with a warp per block it had cost 3%:
 // docs/benchmarks/2026-11-30-cuda-decode-pdl.md); with the norm on clusters, the default 443.1 / 442.7 against 438.2 /
 // 439.8 without attn and 425.8 / 423.8 without the norm's quantization (docs/benchmarks/2026-12-01-cuda-decode-norm-
 // cluster.md).
-enum class Fusion { kCombine = 1, kNormQuant = 2, kSwigluQuant = 4, kNormQuantCluster = 8, kAttnQuant = 16 };
+enum class Fusion {
+  kCombine = 1,
+  kNormQuant = 2,
+  kSwigluQuant = 4,
+  kNormQuantCluster = 8,
+  kAttnQuant = 16,
+  kSwigluMmvq = 32
+};
 bool fused(Fusion f) {
   static const int set = [] {
     const char* v = std::getenv("MAGNETAR_CUDA_FUSE");
     if (v == nullptr) {
       return int(Fusion::kCombine) | int(Fusion::kSwigluQuant) | int(Fusion::kNormQuantCluster) |
-             int(Fusion::kAttnQuant);
+             int(Fusion::kAttnQuant) | int(Fusion::kSwigluMmvq);
     }
     const std::string_view s = v;
     if (s == "1") {
-      return int(Fusion::kCombine) | int(Fusion::kNormQuant) | int(Fusion::kSwigluQuant) | int(Fusion::kAttnQuant);
+      return int(Fusion::kCombine) | int(Fusion::kNormQuant) | int(Fusion::kSwigluQuant) | int(Fusion::kAttnQuant) |
+             int(Fusion::kSwigluMmvq);
     }
     int bits = 0;
     for (const auto& [name, bit] : {std::pair{"combine", Fusion::kCombine}, std::pair{"norm", Fusion::kNormQuant},
-                                    std::pair{"swiglu", Fusion::kSwigluQuant}, std::pair{"attn", Fusion::kAttnQuant}}) {
+                                    std::pair{"swiglu", Fusion::kSwigluQuant}, std::pair{"attn", Fusion::kAttnQuant},
+                                    std::pair{"mmvq", Fusion::kSwigluMmvq}}) {
       if (s.find(name) != std::string_view::npos) bits |= int(bit);
     }
     return bits;
@@ -1188,9 +1199,25 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   float* down = down_.as<float>();
   const bool q_in = is_quantized(L.exp_type);
   const void* x = q_in ? quantize_xn(L.exp_type, n) : static_cast<const void*>(xn_.as<float>());
+  // Decode's swiglu folded into the two products (Fusion::kSwigluMmvq): gate/up writes silu(gate) * up as float rows
+  // into gate, which the down projection quantizes itself.
+  const bool swiglu_in_products = !mmq && max_n == 1 && fused(Fusion::kSwigluMmvq) && mmvq_stationary() &&
+                                  cuda::matvec_stationary_fits(L.exp_type, E) &&
+                                  cuda::matvec_stationary_fits(L.down_type, F);
   auto experts_on = [&](int64_t item0, int64_t count, int64_t row0, int64_t rows) -> Status {
     if (count == 0) return Status();
     const GroupItem* its = items + item0;
+    if (swiglu_in_products) {
+      MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matvec({.type = L.exp_type, .items = its, .n_items = count, .part = 0,
+                                                     .n_parts = 2, .rows = F, .cols = E, .x = x, .x_rows = x_rows,
+                                                     .single_x = n == 1, .y = gate, .max_n = 1, .stationary = true,
+                                                     .swiglu = true},
+                                                    stream_));
+      return cuda::grouped_matvec({.type = L.down_type, .items = its, .n_items = count, .part = 2, .n_parts = 1,
+                                   .rows = E, .cols = F, .x = gate, .x_rows = nullptr, .y = down, .max_n = 1,
+                                   .stationary = true, .items_settled = settled_items(), .x_float = true},
+                                  stream_);
+    }
     if (mmq) {
       MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matmul_q({.type = L.exp_type, .items = its, .n_items = count,
                                                        .part = 0, .n_parts = 2, .rows = F, .cols = E, .x = x,

@@ -575,5 +575,150 @@ TEST(CudaMatvec, GroupedMatchesSingleProducts) {
   }
 }
 
+// Decode's SwiGLU folded into the expert products (GroupedMatvecArgs::swiglu, x_float) against the launches it
+// replaces, bit for bit: gate/up with swiglu = true writes what the plain gate/up launch followed by cuda::swiglu
+// writes (each row's sums are the same butterfly over the lanes, and the same silu_mul); the down projection from
+// those float rows with x_float writes what it writes from quantize_activations' Q8_K bytes of them, its items read
+// before (items_settled) or after waiting. An item with null weights leaves its rows as they were. Shapes (hidden E,
+// expert width F): groups of 1, 2 and 4 rows on either side. Bad combinations are refused with a Status.
+TEST(CudaMatvec, SwigluInProductsMatchesSeparateLaunches) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  Rng rng(kSeed + 91);
+  const Type type = Type::Q4_K;
+  auto download = [](const cuda::DeviceBuffer& buf, size_t n) {
+    std::vector<float> v(n);
+    EXPECT_TRUE(buf.download(v.data(), n * sizeof(float)).ok());
+    return v;
+  };
+  auto upload = [](const std::vector<float>& v) {
+    auto buf = cuda::DeviceBuffer::allocate(v.size() * sizeof(float));
+    EXPECT_TRUE(buf.ok() && buf->upload(v.data(), v.size() * sizeof(float)).ok());
+    return std::move(buf).value();
+  };
+  const int32_t expert_of[] = {1, 0, -1, 2, 1};  // item -> expert; -1: null weights
+  const int32_t act_row_of[] = {2, 0, 1, 3, 1};  // item -> activation row
+  constexpr int64_t kItems = int64_t(std::size(expert_of)), kExperts = 3, kActRows = 4;
+  for (const auto& [E, F] : {std::pair<int64_t, int64_t>{2048, 768}, {1024, 1536}, {4096, 256}, {512, 2048}}) {
+    ASSERT_TRUE(cuda::matvec_stationary_fits(type, E) && cuda::matvec_stationary_fits(type, F));
+    const std::string shape = "E=" + std::to_string(E) + " F=" + std::to_string(F);
+    std::vector<cuda::DeviceBuffer> w;  // [expert][gate, up, down]
+    for (int64_t i = 0; i < kExperts * 3; ++i) {
+      const bool down = i % 3 == 2;
+      const std::vector<uint8_t> qw = quantize_ref(type, gaussian(rng, E * F), down ? F : E);
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer buf, cuda::DeviceBuffer::allocate(qw.size()));
+      ASSERT_OK(buf.upload(qw.data(), qw.size()));
+      w.push_back(std::move(buf));
+    }
+    std::vector<cuda::GroupItem> items(static_cast<size_t>(kItems));
+    for (int64_t i = 0; i < kItems; ++i) {
+      for (int p = 0; p < 3; ++p) {
+        items[size_t(i)].w[p] = expert_of[i] < 0 ? nullptr : w[size_t(3 * expert_of[i] + p)].data();
+      }
+      items[size_t(i)].row0 = int32_t(i);
+      items[size_t(i)].n = 1;
+    }
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer items_dev, cuda::DeviceBuffer::allocate(sizeof(cuda::GroupItem) * kItems));
+    ASSERT_OK(items_dev.upload(items.data(), sizeof(cuda::GroupItem) * kItems));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer rows_dev, cuda::DeviceBuffer::allocate(sizeof(act_row_of)));
+    ASSERT_OK(rows_dev.upload(act_row_of, sizeof(act_row_of)));
+    const cuda::DeviceBuffer x_dev = upload(activations(rng, kActRows, E));
+    const size_t act_e = quant::row_size(Type::Q8_K, E), act_f = quant::row_size(Type::Q8_K, F);
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer xq, cuda::DeviceBuffer::allocate(act_e * kActRows));
+    ASSERT_OK(cuda::quantize_activations(Type::Q8_K, x_dev.as<float>(), xq.data(), E, kActRows, stream));
+    const cuda::GroupedMatvecArgs gate_up{.type = type, .items = items_dev.as<cuda::GroupItem>(), .n_items = kItems,
+                                          .part = 0, .n_parts = 2, .rows = F, .cols = E, .x = xq.data(),
+                                          .x_rows = rows_dev.as<int32_t>(), .max_n = 1, .stationary = true};
+    const cuda::GroupedMatvecArgs down{.type = type, .items = items_dev.as<cuda::GroupItem>(), .n_items = kItems,
+                                       .part = 2, .n_parts = 1, .rows = E, .cols = F, .max_n = 1, .stationary = true};
+
+    // The separate launches: gate/up, swiglu, quantize_activations, down.
+    cuda::DeviceBuffer gu = upload(std::vector<float>(size_t(2 * kItems * F), 0.0f));
+    cuda::GroupedMatvecArgs a = gate_up;
+    a.y = gu.as<float>();
+    a.y_part_stride = kItems * F;
+    ASSERT_OK(cuda::grouped_matvec(a, stream));
+    ASSERT_OK(cuda::swiglu(gu.as<float>(), gu.as<float>() + kItems * F, kItems * F, stream));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer hq, cuda::DeviceBuffer::allocate(act_f * kItems));
+    ASSERT_OK(cuda::quantize_activations(Type::Q8_K, gu.as<float>(), hq.data(), F, kItems, stream));
+    cuda::DeviceBuffer want_down = upload(poisoned(size_t(kItems * E)));
+    a = down;
+    a.x = hq.data();
+    a.y = want_down.as<float>();
+    ASSERT_OK(cuda::grouped_matvec(a, stream));
+    stream.synchronize();
+    const std::vector<float> want_h = download(gu, size_t(kItems * F));
+    const std::vector<float> want_y = download(want_down, size_t(kItems * E));
+
+    // The folded launches.
+    cuda::DeviceBuffer h = upload(poisoned(size_t(kItems * F)));
+    a = gate_up;
+    a.y = h.as<float>();
+    a.swiglu = true;
+    ASSERT_OK(cuda::grouped_matvec(a, stream));
+    stream.synchronize();
+    const std::vector<float> got_h = download(h, size_t(kItems * F));
+    for (int64_t i = 0; i < kItems; ++i) {
+      const float* got = got_h.data() + size_t(i * F);
+      if (expert_of[i] < 0) {
+        for (int64_t r = 0; r < F; ++r) ASSERT_TRUE(std::isnan(got[r])) << shape << ": item " << i << " row " << r;
+        continue;
+      }
+      EXPECT_EQ(0, std::memcmp(got, want_h.data() + size_t(i * F), size_t(F) * sizeof(float)))
+          << shape << ": swiglu rows of item " << i;
+    }
+    for (const bool settled : {false, true}) {
+      cuda::DeviceBuffer y = upload(poisoned(size_t(kItems * E)));
+      a = down;
+      a.x = h.data();
+      a.x_float = true;
+      a.items_settled = settled;
+      a.y = y.as<float>();
+      ASSERT_OK(cuda::grouped_matvec(a, stream));
+      stream.synchronize();
+      const std::vector<float> got_y = download(y, size_t(kItems * E));
+      for (int64_t i = 0; i < kItems; ++i) {
+        const float* got = got_y.data() + size_t(i * E);
+        if (expert_of[i] < 0) {
+          for (int64_t r = 0; r < E; ++r) ASSERT_TRUE(std::isnan(got[r])) << shape << ": item " << i << " row " << r;
+          continue;
+        }
+        EXPECT_EQ(0, std::memcmp(got, want_y.data() + size_t(i * E), size_t(E) * sizeof(float)))
+            << shape << (settled ? " items_settled" : "") << ": down rows of item " << i << " from float input";
+      }
+    }
+  }
+
+  // Refused: without the stationary kernel, swiglu without both parts, a shape or type the kernel does not take.
+  auto expect_error = [](const Status& st, const std::string& needle) {
+    EXPECT_FALSE(st.ok()) << needle;
+    EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
+  };
+  alignas(16) static uint8_t fake[64];
+  const cuda::GroupedMatvecArgs ok{.type = type, .items = reinterpret_cast<const cuda::GroupItem*>(fake),
+                                   .n_items = 1, .part = 0, .n_parts = 2, .rows = 8, .cols = 2048, .x = fake,
+                                   .y = reinterpret_cast<float*>(fake), .max_n = 1, .stationary = true,
+                                   .swiglu = true};
+  cuda::GroupedMatvecArgs bad = ok;
+  bad.stationary = false;
+  expect_error(cuda::grouped_matvec(bad, stream), "stationary");
+  bad = ok;
+  bad.n_parts = 1;
+  expect_error(cuda::grouped_matvec(bad, stream), "not 1)");
+  bad = ok;
+  bad.cols = 2816;
+  expect_error(cuda::grouped_matvec(bad, stream), "2816 columns");
+  bad = ok;
+  bad.swiglu = false;
+  bad.x_float = true;
+  bad.type = Type::Q8_0;
+  expect_error(cuda::grouped_matvec(bad, stream), "Q8_0 row");
+  bad = ok;
+  bad.swiglu = false;
+  bad.x_float = true;
+  bad.x = fake + 4;
+  expect_error(cuda::grouped_matvec(bad, stream), "aligned");
+}
+
 }  // namespace
 }  // namespace magnetar
