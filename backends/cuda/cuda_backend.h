@@ -230,6 +230,10 @@ struct MatvecArgs {
   // lane: 256-8,192 columns in steps of 1,024, and 512-3,584, 256-1,792 in steps of 512 and 256); other rows and types
   // ignore it and go by rows_per_warp. The model asks for it (MAGNETAR_CUDA_MMVQ_STATIONARY=0 does not).
   bool stationary = false;
+  // Single-vector Q8_0 products whose rows are whole 16-byte units (cols a multiple of 256) and at most 12 KiB take
+  // mmvq.cu's staged kernel (each row copied to shared memory with 16-byte loads: Q8_0's 34-byte blocks allow only
+  // 2-byte ones); other rows and types ignore it. The model asks for it (MAGNETAR_CUDA_MMVQ_STAGED=0 does not).
+  bool staged = false;
 };
 
 // Queues y = W x on `stream`; returns once queued (the result is ready after stream.synchronize()).

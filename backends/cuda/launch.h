@@ -45,6 +45,7 @@ struct MatvecLaunch {
   bool stationary = false;  // MatvecArgs::stationary (mmvq's stationary kernel where the type and row fit it)
   bool swiglu = false;      // GroupedMatvecArgs::swiglu (stationary kernel only)
   bool act_float = false;   // GroupedMatvecArgs::x_float (stationary kernel only): act is float rows
+  bool staged = false;      // MatvecArgs::staged (mmvq's staged kernel where the type and row fit it)
 };
 
 // matvec.cpp: whether `type` is an activation format (Q8_0, Q8_1, Q8_K), and the bytes of one row of `cols` of it
@@ -73,6 +74,9 @@ constexpr bool mmvq_has_rows_kernel(quant::Type type) {
 
 // Weight types with mmvq.cu's activation-stationary kernel (MatvecArgs::stationary).
 constexpr bool mmvq_has_stationary_kernel(quant::Type type) { return type == quant::Type::Q4_K; }
+// Weight types with mmvq.cu's staged kernel (MatvecArgs::staged).
+constexpr bool mmvq_has_staged_kernel(quant::Type type) { return type == quant::Type::Q8_0; }
+
 // Whether a row of `cols` of `type` fits that kernel (mmvq.cu).
 bool mmvq_stationary_fits(quant::Type type, int64_t cols);
 

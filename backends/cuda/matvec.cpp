@@ -137,6 +137,7 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
       .group = {},
       .rows_per_warp = args.rows_per_warp,
       .stationary = args.stationary,
+      .staged = args.staged,
   };
   if (!quantized) {
     detail::launch_matvec_float(args.type, launch, stream.raw());

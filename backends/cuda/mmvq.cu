@@ -35,6 +35,7 @@
 #include <type_traits>
 
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/cuda_check.cuh"
 #include "backends/cuda/grouping.cuh"
 #include "backends/cuda/launch.h"
@@ -417,6 +418,47 @@ bool try_stationary(const MatvecLaunch& a, int blocks_per_row, cudaStream_t stre
   }
 }
 
+// The staged kernel (MatvecLaunch::staged; one vector, a plain launch; Q8_0 rows of a multiple of 256 columns, whose
+// length is a multiple of 16 bytes). Q8_0's 34-byte blocks allow only 2-byte loads from global memory: the decode
+// LM head (151,936 x 2,048, 331 MB) streamed at 2.5 TB/s in the rows kernel (H200 kernel trace, 2026-12-01). Here each
+// warp copies its row into shared memory with 16-byte cp.async loads (issued before waiting for the kernel before:
+// a plain launch's weights are no kernel's output), then takes the rows kernel's one-row loop with the blocks read
+// from shared memory. Grid: ceil(rows / kWarps) CTAs of kThreads, kWarps rows of row_bytes of shared memory.
+template <Type T>
+__global__ void __launch_bounds__(kThreads)
+    mmvq_staged_kernel(const uint8_t* __restrict__ weights, size_t row_bytes, int rows, int blocks_per_row,
+                       const uint8_t* __restrict__ act, float* __restrict__ y) {
+  using Ops = mmvq::MmvqType<T>;
+  using Block = typename Ops::Block;
+  using Act = typename Ops::Act;
+  extern __shared__ int4 staged_rows[];
+  const int warp = int(threadIdx.x) / kWarpSize;
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int row = int(blockIdx.x) * kWarps + warp;
+  const int units = int(row_bytes / 16);
+  int4* mine = staged_rows + size_t(warp) * size_t(units);
+  if (row < rows) {
+    const int4* src = reinterpret_cast<const int4*>(weights + size_t(row) * row_bytes);
+    for (int u = lane; u < units; u += kWarpSize) cp_async16(mine + u, src + u, 16);
+  }
+  cp_async_commit();
+  ops::pdl_wait();
+  ops::pdl_trigger();
+  if (row >= rows) return;  // whole warps: no barrier below
+  const Act* a = reinterpret_cast<const Act*>(act);
+  const Block* w = reinterpret_cast<const Block*>(mine);
+  cp_async_wait_all();
+  __syncwarp();
+  float acc = 0.0f;
+  const int items = blocks_per_row * Ops::kParts;
+#pragma unroll 2
+  for (int it = lane; it < items; it += kWarpSize) {
+    acc += Ops::dot(w[it / Ops::kParts], a[it / Ops::kParts], it % Ops::kParts);
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) y[row] = acc;
+}
+
 // Warps per row: 4 when the row has at least one item per thread of the CTA, fewer for short rows so that
 // threads are not left idle. Measured on the H200 (bench/cuda/mmvq_bench.cpp, 2026-11-30, v1, Q4_0 Q4_1
 // Q8_0 Q2_K Q4_K Q6_K IQ4_XS at 4096x4096 and 2048x7168): forcing 2 warps per row (unroll 4) was within
@@ -448,6 +490,17 @@ void launch(const MatvecLaunch& a, cudaStream_t stream) {
     }
     if ((a.n_vectors == 1 && a.stationary) || a.act_float) {
       if (try_stationary<T, false>(a, blocks_per_row, stream)) return;
+    }
+  }
+  if constexpr (mmvq_has_staged_kernel(T)) {
+    if (a.n_vectors == 1 && a.staged && a.group.items == nullptr && a.row_bytes % 16 == 0) {
+      const size_t smem = size_t(kWarps) * a.row_bytes;
+      if (smem <= 48 * 1024) {
+        CUDA_CHECK(ops::launch(mmvq_staged_kernel<T>, unsigned((a.rows + kWarps - 1) / kWarps), kThreads, smem, stream,
+                               static_cast<const uint8_t*>(a.weights), a.row_bytes, int(a.rows), blocks_per_row,
+                               static_cast<const uint8_t*>(a.act), a.y));
+        return;
+      }
     }
   }
   if constexpr (mmvq_has_rows_kernel(T)) {

@@ -189,6 +189,16 @@ bool mmvq_stationary() {
   return on;
 }
 
+// Single-vector Q8_0 products (the LM head) take mmvq's staged kernel where the row fits it (MatvecArgs::staged);
+// MAGNETAR_CUDA_MMVQ_STAGED=0 is the baseline (the rows kernel).
+bool mmvq_staged() {
+  static const bool on = [] {
+    const char* v = std::getenv("MAGNETAR_CUDA_MMVQ_STAGED");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on;
+}
+
 // The down projection's stationary kernel loads its expert weights before waiting for swiglu (the items came from
 // route_topk, two launches earlier: GroupedMatvecArgs::items_settled); MAGNETAR_CUDA_SETTLED=0 is the baseline.
 bool settled_items() {
@@ -722,7 +732,7 @@ Status Qwen3Cuda::linear(const DevTensor& W, const float* x, float* y, int64_t n
     MAGNETAR_RETURN_IF_ERROR(cuda::matvec(
         {.type = W.type, .weights = W.p, .rows = W.rows, .cols = W.cols, .x = x + c * W.cols, .y = y + c * W.rows,
          .n_vectors = nv, .x_quantized = quantized ? static_cast<const uint8_t*>(xq) + size_t(c) * act_row : nullptr,
-         .rows_per_warp = mmvq_rows_per_warp(), .stationary = mmvq_stationary()},
+         .rows_per_warp = mmvq_rows_per_warp(), .stationary = mmvq_stationary(), .staged = mmvq_staged()},
         mv_ws_, stream_));
   }
   return Status();

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <ostream>
 #include <random>
@@ -221,25 +222,18 @@ TEST_P(CudaMatvecTest, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(AllWeightTypes, CudaMatvecTest, testing::ValuesIn(weight_types()), type_case_name);
 
-// The activation-stationary kernel (MatvecArgs::stationary, Q4_K) against the reference vec_dot, as above, at every
-// row shape it takes: groups of 4 rows (256, 768, 1,280, 1,792 columns: 1, 3, 5, 7 parts per lane), of 2 rows (512,
-// 1,536, 2,560, 3,584) and of 1 row (1,024 to 8,192 in steps of 1,024: 1 to 8 parts), and at 2,816 and 9,216
-// columns, which it does not take (the rows kernel runs). Row counts cut the warps' and CTAs' row groups: 1, 3, 9,
-// 67 and 1,031. Outputs sit between poisoned guard floats. And the same bytes with stationary off give outputs
-// within the same bound (the rows kernel; the float sums are added in another order).
-TEST(CudaMatvec, StationaryMatchesReference) {
-  SKIP_WITHOUT_GPU();
-  const Type type = Type::Q4_K;
-  ASSERT_TRUE(cuda::has_matvec_stationary_kernel(type));
-  ASSERT_FALSE(cuda::has_matvec_stationary_kernel(Type::Q8_0));
+// Single-vector products of `type` at each of `cols` and row counts 1, 3, 9, 67 and 1,031 (cutting the warps' and
+// CTAs' row groups), with MatvecArgs::stationary / staged both set and both clear, against the reference vec_dot of
+// the same quantized row with the activations quantize_activations made (within the derived bound, as above).
+// Outputs sit between poisoned guard floats.
+void expect_single_vector_products(Type type, std::initializer_list<int64_t> col_list, uint64_t seed) {
   const TypeTraits& t = quant::traits(type);
   const TypeTraits& act = quant::traits(t.vec_dot_type);
-  Rng rng(kSeed ^ 0x57a7);
+  Rng rng(seed);
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
   cuda::MatvecWorkspace workspace;  // not used: x_quantized
   constexpr int64_t kRows = 1031;
-  for (const int64_t cols : {256, 768, 1280, 1792, 512, 1536, 2560, 3584, 1024, 2048, 3072, 4096, 5120, 6144, 7168,
-                             8192, 2816, 9216}) {
+  for (const int64_t cols : col_list) {
     const size_t row_bytes = quant::row_size(type, cols);
     const std::vector<uint8_t> qw = quantize_ref(type, gaussian(rng, kRows * cols), cols);
     const std::vector<float> w = dequantize_ref(type, qw.data(), kRows * cols);
@@ -257,15 +251,15 @@ TEST(CudaMatvec, StationaryMatchesReference) {
     const std::vector<float> y_act = dequantize_ref(act.type, qx.data(), cols);
     ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer y_dev, cuda::DeviceBuffer::allocate((kRows + kGuardFloats) * sizeof(float)));
     for (const int64_t rows : {1, 3, 9, 67, 1031}) {
-      for (const bool stationary : {true, false}) {
-        const std::string where = "Q4_K rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
-                                  (stationary ? " stationary" : " rows kernel");
+      for (const bool fast : {true, false}) {
+        const std::string where = std::string(t.name) + " rows=" + std::to_string(rows) + " cols=" +
+                                  std::to_string(cols) + (fast ? " stationary/staged" : " rows kernel");
         const size_t y_count = size_t(rows);
         const std::vector<float> poison = poisoned(y_count + kGuardFloats);
         ASSERT_OK(y_dev.upload(poison.data(), poison.size() * sizeof(float)));
         ASSERT_OK(cuda::matvec({.type = type, .weights = w_dev.data(), .rows = rows, .cols = cols, .x = nullptr,
                                 .y = y_dev.as<float>(), .x_quantized = qx_dev.data(), .rows_per_warp = 1,
-                                .stationary = stationary},
+                                .stationary = fast, .staged = fast},
                                workspace, stream));
         stream.synchronize();
         std::vector<float> got(y_count + kGuardFloats);
@@ -285,6 +279,26 @@ TEST(CudaMatvec, StationaryMatchesReference) {
       }
     }
   }
+}
+
+// The activation-stationary kernel (MatvecArgs::stationary, Q4_K) at every row shape it takes: groups of 4 rows (256,
+// 768, 1,280, 1,792 columns: 1, 3, 5, 7 parts per lane), of 2 rows (512, 1,536, 2,560, 3,584) and of 1 row (1,024 to
+// 8,192 in steps of 1,024: 1 to 8 parts), and at 2,816 and 9,216 columns, which it does not take (the rows kernel
+// runs).
+TEST(CudaMatvec, StationaryMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_TRUE(cuda::has_matvec_stationary_kernel(Type::Q4_K));
+  ASSERT_FALSE(cuda::has_matvec_stationary_kernel(Type::Q8_0));
+  expect_single_vector_products(Type::Q4_K, {256, 768, 1280, 1792, 512, 1536, 2560, 3584, 1024, 2048, 3072, 4096, 5120,
+                                             6144, 7168, 8192, 2816, 9216},
+                                kSeed ^ 0x57a7);
+}
+
+// The staged kernel (MatvecArgs::staged, Q8_0): rows of 256 to 11,264 columns (whole 16-byte units up to 12 KiB), and
+// rows it does not take (288 columns: 306 bytes; 11,520: over 12 KiB).
+TEST(CudaMatvec, StagedMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  expect_single_vector_products(Type::Q8_0, {256, 512, 2048, 2816, 4096, 11264, 288, 11520}, kSeed ^ 0x57a8);
 }
 
 // ---- quantize_activations ---------------------------------------------------------------------------------
