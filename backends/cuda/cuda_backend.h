@@ -227,8 +227,8 @@ struct MatvecArgs {
   int rows_per_warp = 0;
   // Single-vector products of a type with mmvq.cu's activation-stationary kernel (has_matvec_stationary_kernel:
   // Q4_K) take it where the row fits (groups of 1, 2 or 4 rows whose parts tile a warp's lanes, at most 8 parts per
-  // lane: 256-8,192 columns in steps of 1,024, and 512-3,584, 256-1,792 in steps of 512 and 256); other rows and types
-  // ignore it and go by rows_per_warp. The model asks for it (MAGNETAR_CUDA_MMVQ_STATIONARY=0 does not).
+  // lane: 1,024-8,192 columns in steps of 1,024, 512-3,584 in steps of 1,024, 256-1,792 in steps of 512); other rows
+  // and types ignore it and go by rows_per_warp. The model asks for it (MAGNETAR_CUDA_MMVQ_STATIONARY=0 does not).
   bool stationary = false;
   // Single-vector Q8_0 products whose rows are whole 16-byte units (cols a multiple of 256) and at most 12 KiB take
   // mmvq.cu's staged kernel (each row copied to shared memory with 16-byte loads: Q8_0's 34-byte blocks allow only

@@ -29,7 +29,9 @@
 //   __vsub4 (emulated on sm_90), short-lived CTAs; and with n_vectors > 1 the weight unpacking is repeated
 //   per vector. Next steps, each to be measured (ncu works on these machines): a whole block per thread
 //   with 16-byte loads staged through shared memory, activation sums instead of __vsub4 for the offsets,
-//   unpacking once for all vectors, a persistent grid.
+//   unpacking once for all vectors, a persistent grid. Since then decode's single-vector products take the kernels
+//   below that: the rows kernel, the activation-stationary kernel (Q4_K) and the staged kernel (Q8_0)
+//   (docs/benchmarks/2026-12-01-cuda-decode-stationary-mmvq.md).
 #include <cuda_runtime.h>
 
 #include <type_traits>

@@ -134,7 +134,8 @@ bool refuse_captures() {
 // 411.5 / 406.5 (swiglu_quantize with a CTA per Q8_K block; with a warp per block it had cost 3%:
 // docs/benchmarks/2026-11-30-cuda-decode-pdl.md); with the norm on clusters, the default 443.1 / 442.7 against 438.2 /
 // 439.8 without attn and 425.8 / 423.8 without the norm's quantization (docs/benchmarks/2026-12-01-cuda-decode-norm-
-// cluster.md).
+// cluster.md); with mmvq 476.6 / 469.8 against 459.6 / 456.4 (docs/benchmarks/2026-12-01-cuda-decode-stationary-
+// mmvq.md).
 enum class Fusion {
   kCombine = 1,
   kNormQuant = 2,
@@ -180,7 +181,8 @@ int mmvq_rows_per_warp() {
 }
 
 // Single-vector Q4_K products take mmvq's activation-stationary kernel where the row fits it (MatvecArgs::stationary);
-// MAGNETAR_CUDA_MMVQ_STATIONARY=0 is the baseline (the rows kernel).
+// MAGNETAR_CUDA_MMVQ_STATIONARY=0 is the baseline (the rows kernel): tg128 461.9 / 461.3 against 451.7 / 451.1 (H200,
+// docs/benchmarks/2026-12-01-cuda-decode-stationary-mmvq.md).
 bool mmvq_stationary() {
   static const bool on = [] {
     const char* v = std::getenv("MAGNETAR_CUDA_MMVQ_STATIONARY");
@@ -190,7 +192,7 @@ bool mmvq_stationary() {
 }
 
 // Single-vector Q8_0 products (the LM head) take mmvq's staged kernel where the row fits it (MatvecArgs::staged);
-// MAGNETAR_CUDA_MMVQ_STAGED=0 is the baseline (the rows kernel).
+// MAGNETAR_CUDA_MMVQ_STAGED=0 is the baseline (the rows kernel): the LM head 115.8 us per token against 131.7 (H200).
 bool mmvq_staged() {
   static const bool on = [] {
     const char* v = std::getenv("MAGNETAR_CUDA_MMVQ_STAGED");
@@ -200,7 +202,8 @@ bool mmvq_staged() {
 }
 
 // The down projection's stationary kernel loads its expert weights before waiting for swiglu (the items came from
-// route_topk, two launches earlier: GroupedMatvecArgs::items_settled); MAGNETAR_CUDA_SETTLED=0 is the baseline.
+// route_topk, two launches earlier: GroupedMatvecArgs::items_settled); MAGNETAR_CUDA_SETTLED=0 is the baseline (tg128
+// 479.6 / 479.6 against 462.6 / 458.0, H200, docs/benchmarks/2026-12-01-cuda-decode-stationary-mmvq.md).
 bool settled_items() {
   static const bool on = [] {
     const char* v = std::getenv("MAGNETAR_CUDA_SETTLED");
