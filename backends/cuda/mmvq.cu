@@ -534,8 +534,9 @@ void launch(const MatvecLaunch& a, cudaStream_t stream) {
 }  // namespace
 
 bool mmvq_stationary_fits(quant::Type type, int64_t cols) {
-  if (!mmvq_has_stationary_kernel(type) || cols % quant::kQK_K != 0 || cols > 65536) return false;
-  return stationary_shape(int(cols / quant::kQK_K) * mmvq::MmvqType<quant::Type::Q4_K>::kParts).kJ > 0;
+  static_assert(mmvq_has_stationary_kernel(Type::Q4_K), "the one type with the stationary kernel");
+  if (type != Type::Q4_K || cols % quant::kQK_K != 0 || cols > 65536) return false;
+  return stationary_shape(int(cols / quant::kQK_K) * mmvq::MmvqType<Type::Q4_K>::kParts).kJ > 0;
 }
 
 bool mmvq_supports(quant::Type type) {
