@@ -184,20 +184,14 @@ int mmvq_rows_per_warp() {
 // MAGNETAR_CUDA_MMVQ_STATIONARY=0 is the baseline (the rows kernel): tg128 461.9 / 461.3 against 451.7 / 451.1 (H200,
 // docs/benchmarks/2026-12-01-cuda-decode-stationary-mmvq.md).
 bool mmvq_stationary() {
-  static const bool on = [] {
-    const char* v = std::getenv("MAGNETAR_CUDA_MMVQ_STATIONARY");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
+  static const bool on = switch_on("MAGNETAR_CUDA_MMVQ_STATIONARY");
   return on;
 }
 
 // Single-vector Q8_0 products (the LM head) take mmvq's staged kernel where the row fits it (MatvecArgs::staged);
 // MAGNETAR_CUDA_MMVQ_STAGED=0 is the baseline (the rows kernel): the LM head 115.8 us per token against 131.7 (H200).
 bool mmvq_staged() {
-  static const bool on = [] {
-    const char* v = std::getenv("MAGNETAR_CUDA_MMVQ_STAGED");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
+  static const bool on = switch_on("MAGNETAR_CUDA_MMVQ_STAGED");
   return on;
 }
 
@@ -205,10 +199,7 @@ bool mmvq_staged() {
 // route_topk, two launches earlier: GroupedMatvecArgs::items_settled); MAGNETAR_CUDA_SETTLED=0 is the baseline (tg128
 // 479.6 / 479.6 against 462.6 / 458.0, H200, docs/benchmarks/2026-12-01-cuda-decode-stationary-mmvq.md).
 bool settled_items() {
-  static const bool on = [] {
-    const char* v = std::getenv("MAGNETAR_CUDA_SETTLED");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
+  static const bool on = switch_on("MAGNETAR_CUDA_SETTLED");
   return on;
 }
 

@@ -671,16 +671,20 @@ TEST(CudaMatvec, SwigluInProductsMatchesSeparateLaunches) {
     a.swiglu = true;
     ASSERT_OK(cuda::grouped_matvec(a, stream));
     stream.synchronize();
-    const std::vector<float> got_h = download(h, size_t(kItems * F));
-    for (int64_t i = 0; i < kItems; ++i) {
-      const float* got = got_h.data() + size_t(i * F);
-      if (expert_of[i] < 0) {
-        for (int64_t r = 0; r < F; ++r) ASSERT_TRUE(std::isnan(got[r])) << shape << ": item " << i << " row " << r;
-        continue;
+    // Each item's rows of got ([kItems, width]) bit for bit want's; a null item's still NaN.
+    auto expect_rows = [&](const std::vector<float>& got, const std::vector<float>& want, int64_t width,
+                           const std::string& what) {
+      for (int64_t i = 0; i < kItems; ++i) {
+        const float* row = got.data() + size_t(i * width);
+        if (expert_of[i] < 0) {
+          for (int64_t r = 0; r < width; ++r) ASSERT_TRUE(std::isnan(row[r])) << what << ": item " << i << " row " << r;
+          continue;
+        }
+        EXPECT_EQ(0, std::memcmp(row, want.data() + size_t(i * width), size_t(width) * sizeof(float)))
+            << what << ": rows of item " << i;
       }
-      EXPECT_EQ(0, std::memcmp(got, want_h.data() + size_t(i * F), size_t(F) * sizeof(float)))
-          << shape << ": swiglu rows of item " << i;
-    }
+    };
+    expect_rows(download(h, size_t(kItems * F)), want_h, F, shape + " swiglu");
     for (const bool settled : {false, true}) {
       cuda::DeviceBuffer y = upload(poisoned(size_t(kItems * E)));
       a = down;
@@ -690,16 +694,8 @@ TEST(CudaMatvec, SwigluInProductsMatchesSeparateLaunches) {
       a.y = y.as<float>();
       ASSERT_OK(cuda::grouped_matvec(a, stream));
       stream.synchronize();
-      const std::vector<float> got_y = download(y, size_t(kItems * E));
-      for (int64_t i = 0; i < kItems; ++i) {
-        const float* got = got_y.data() + size_t(i * E);
-        if (expert_of[i] < 0) {
-          for (int64_t r = 0; r < E; ++r) ASSERT_TRUE(std::isnan(got[r])) << shape << ": item " << i << " row " << r;
-          continue;
-        }
-        EXPECT_EQ(0, std::memcmp(got, want_y.data() + size_t(i * E), size_t(E) * sizeof(float)))
-            << shape << (settled ? " items_settled" : "") << ": down rows of item " << i << " from float input";
-      }
+      expect_rows(download(y, size_t(kItems * E)), want_y, E,
+                  shape + " down from float input" + (settled ? ", items_settled" : ""));
     }
   }
 
