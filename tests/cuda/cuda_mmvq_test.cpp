@@ -287,8 +287,6 @@ void expect_single_vector_products(Type type, std::initializer_list<int64_t> col
 // runs).
 TEST(CudaMatvec, StationaryMatchesReference) {
   SKIP_WITHOUT_GPU();
-  ASSERT_TRUE(cuda::has_matvec_stationary_kernel(Type::Q4_K));
-  ASSERT_FALSE(cuda::has_matvec_stationary_kernel(Type::Q8_0));
   expect_single_vector_products(Type::Q4_K, {256, 768, 1280, 1792, 512, 1536, 2560, 3584, 1024, 2048, 3072, 4096, 5120,
                                              6144, 7168, 8192, 2816, 9216},
                                 kSeed ^ 0x57a7);
@@ -698,8 +696,28 @@ TEST(CudaMatvec, SwigluInProductsMatchesSeparateLaunches) {
                   shape + " down from float input" + (settled ? ", items_settled" : ""));
     }
   }
+}
 
-  // Refused: without the stationary kernel, swiglu without both parts, a shape or type the kernel does not take.
+// Which rows the stationary kernel takes, and the folded products' bad arguments (refused with a Status before any
+// device call: these run on every machine): without the stationary kernel, swiglu without both parts, a shape or type
+// the kernel does not take, a float input not 16-byte aligned.
+TEST(CudaMatvec, StationaryShapesAndFoldedArguments) {
+  EXPECT_TRUE(cuda::has_matvec_stationary_kernel(Type::Q4_K));
+  EXPECT_FALSE(cuda::has_matvec_stationary_kernel(Type::Q8_0));
+  std::vector<int64_t> taken;
+  for (int64_t cols = 256; cols <= 16384; cols += 256) {
+    if (cuda::matvec_stationary_fits(Type::Q4_K, cols)) taken.push_back(cols);
+  }
+  // Groups of 4 rows (an odd number of blocks, at most 7), of 2 (2 mod 4 blocks, at most 14), of 1 (a multiple of 4
+  // blocks, at most 32).
+  const std::vector<int64_t> want = {256, 512, 768, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 5120, 6144,
+                                     7168, 8192};
+  EXPECT_EQ(taken, want);
+  EXPECT_FALSE(cuda::matvec_stationary_fits(Type::Q4_K, 300));
+  EXPECT_FALSE(cuda::matvec_stationary_fits(Type::Q8_0, 2048));
+
+  cuda::Stream stream;
+  const Type type = Type::Q4_K;
   auto expect_error = [](const Status& st, const std::string& needle) {
     EXPECT_FALSE(st.ok()) << needle;
     EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
