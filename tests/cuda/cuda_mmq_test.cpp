@@ -40,6 +40,7 @@ namespace {
 
 using cuda_test::activations;
 using cuda_test::dequantize_ref;
+using cuda_test::expect_error;
 using cuda_test::gaussian;
 using cuda_test::guard_intact;
 using cuda_test::poisoned;
@@ -365,10 +366,6 @@ TEST(CudaMmq, RejectsBadArguments) {
   alignas(16) static float fake[64];
   alignas(16) static cuda::GroupItem fake_items[1];
   cuda::Stream stream;
-  auto expect_error = [](const Status& s, const std::string& needle) {
-    ASSERT_FALSE(s.ok()) << "expected an error mentioning '" << needle << "'";
-    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
-  };
   const cuda::MatmulArgs ok{.type = Type::Q4_0, .weights = fake, .rows = 7, .cols = 256, .x = fake, .y = fake, .n = 3};
   cuda::MatmulArgs a = ok;
   a.type = Type::Q8_K;

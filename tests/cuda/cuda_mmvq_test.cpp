@@ -27,6 +27,7 @@
 #include <limits>
 #include <ostream>
 #include <random>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,6 +41,7 @@ namespace {
 
 using cuda_test::activations;
 using cuda_test::dequantize_ref;
+using cuda_test::expect_error;
 using cuda_test::gaussian;
 using cuda_test::guard_intact;
 using cuda_test::poisoned;
@@ -366,10 +368,6 @@ TEST(CudaMatvec, RejectsBadArguments) {
   auto call = [&](cuda::MatvecArgs args) { return cuda::matvec(args, workspace, stream); };
   const cuda::MatvecArgs ok{.type = Type::Q4_0, .weights = fake, .rows = 7, .cols = 256, .x = fake, .y = fake,
                             .n_vectors = 1};
-  auto expect_error = [](const Status& s, const std::string& needle) {
-    ASSERT_FALSE(s.ok()) << "expected an error mentioning '" << needle << "'";
-    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
-  };
 
   cuda::MatvecArgs a = ok;
   a.type = Type::Q8_K;  // an activation format: no weight kernel
@@ -483,6 +481,20 @@ TEST(CudaMatmulFloat, MatchesReference) {
 
 // ---- grouped_matvec ---------------------------------------------------------------------------------------------
 
+// One single-row item per entry of expert_of (item i: row0 i, n 1), pointing at expert e's weights w[per_expert e + p]
+// (p < per_expert: gate, up[, down]); an expert of -1 gives null weights ("not on this device").
+std::vector<cuda::GroupItem> expert_items(std::span<const int32_t> expert_of, const std::vector<cuda::DeviceBuffer>& w,
+                                          int per_expert) {
+  std::vector<cuda::GroupItem> items(expert_of.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const int32_t e = expert_of[i];
+    for (int p = 0; p < per_expert; ++p) items[i].w[p] = e < 0 ? nullptr : w[size_t(per_expert * e + p)].data();
+    items[i].row0 = int32_t(i);
+    items[i].n = 1;
+  }
+  return items;
+}
+
 // grouped_matvec against matvec: each item's rows of each part are the plain product of that part's weights with the
 // item's activation row (x_rows), bit for bit (the same kernel on the same bytes); an item whose weights are null
 // ("not on this device") leaves its rows as they were; gate and up land y_part_stride apart. Q4_K with the default
@@ -520,14 +532,7 @@ TEST(CudaMatvec, GroupedMatchesSingleProducts) {
     ASSERT_OK(x_dev.upload(x.data(), x.size() * sizeof(float)));
     ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer xq, cuda::DeviceBuffer::allocate(act_row * kActRows));
     ASSERT_OK(cuda::quantize_activations(act_type, x_dev.as<float>(), xq.data(), kCols, kActRows, stream));
-    std::vector<cuda::GroupItem> items(static_cast<size_t>(kItems));
-    for (int64_t i = 0; i < kItems; ++i) {
-      const int32_t e = expert_of[i];
-      items[size_t(i)].w[0] = e < 0 ? nullptr : w[size_t(2 * e)].data();
-      items[size_t(i)].w[1] = e < 0 ? nullptr : w[size_t(2 * e + 1)].data();
-      items[size_t(i)].row0 = int32_t(i);
-      items[size_t(i)].n = 1;
-    }
+    const std::vector<cuda::GroupItem> items = expert_items(expert_of, w, 2);
     ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer items_dev, cuda::DeviceBuffer::allocate(sizeof(cuda::GroupItem) * kItems));
     ASSERT_OK(items_dev.upload(items.data(), sizeof(cuda::GroupItem) * kItems));
     ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer rows_dev, cuda::DeviceBuffer::allocate(sizeof(act_row_of)));
@@ -622,14 +627,7 @@ TEST(CudaMatvec, SwigluInProductsMatchesSeparateLaunches) {
       ASSERT_OK(buf.upload(qw.data(), qw.size()));
       w.push_back(std::move(buf));
     }
-    std::vector<cuda::GroupItem> items(static_cast<size_t>(kItems));
-    for (int64_t i = 0; i < kItems; ++i) {
-      for (int p = 0; p < 3; ++p) {
-        items[size_t(i)].w[p] = expert_of[i] < 0 ? nullptr : w[size_t(3 * expert_of[i] + p)].data();
-      }
-      items[size_t(i)].row0 = int32_t(i);
-      items[size_t(i)].n = 1;
-    }
+    const std::vector<cuda::GroupItem> items = expert_items(expert_of, w, 3);
     ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer items_dev, cuda::DeviceBuffer::allocate(sizeof(cuda::GroupItem) * kItems));
     ASSERT_OK(items_dev.upload(items.data(), sizeof(cuda::GroupItem) * kItems));
     ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer rows_dev, cuda::DeviceBuffer::allocate(sizeof(act_row_of)));
@@ -718,10 +716,6 @@ TEST(CudaMatvec, StationaryShapesAndFoldedArguments) {
 
   cuda::Stream stream;
   const Type type = Type::Q4_K;
-  auto expect_error = [](const Status& st, const std::string& needle) {
-    EXPECT_FALSE(st.ok()) << needle;
-    EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
-  };
   alignas(16) static uint8_t fake[64];
   const cuda::GroupedMatvecArgs ok{.type = type, .items = reinterpret_cast<const cuda::GroupItem*>(fake),
                                    .n_items = 1, .part = 0, .n_parts = 2, .rows = 8, .cols = 2048, .x = fake,

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -111,6 +112,12 @@ inline testing::AssertionResult guard_intact(const std::vector<float>& got, size
     }
   }
   return testing::AssertionSuccess();
+}
+
+// A Status that failed with a message naming `needle`.
+inline void expect_error(const Status& s, const std::string& needle) {
+  ASSERT_FALSE(s.ok()) << "expected an error mentioning '" << needle << "'";
+  EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
 }
 
 }  // namespace magnetar::cuda_test
