@@ -398,7 +398,7 @@ Status rms_norm(const RmsNormArgs& args, Stream& stream);
 // Optionally y is also quantized in the same launch (y_quantized set): the bytes quantize_activations(y_type, y)
 // would write, for the quantized matrix products that read y (can_quantize_norm says which shapes).
 struct AddRmsNormArgs {
-  float* x = nullptr;               // [n_rows, n_cols], updated in place
+  float* x = nullptr;               // [n_rows, n_cols], updated in place (unless x_out)
   const float* residual = nullptr;  // [n_rows, n_cols]
   const float* weight = nullptr;    // [n_cols]
   float* y = nullptr;               // [n_rows, n_cols]
@@ -412,8 +412,29 @@ struct AddRmsNormArgs {
   const int32_t* residual_rows = nullptr;
   const float* residual_weights = nullptr;
   int64_t residual_k = 0;  // 1..64
+  // Optional: x + residual goes here and x is only read ([n_rows, n_cols], aliasing none of x, residual and y).
+  float* x_out = nullptr;
 };
 Status add_rms_norm(const AddRmsNormArgs& args, Stream& stream);
+
+// add_rms_norm of one row folded into the float matrix-vector product that reads y (decode's MoE router, norm_matvec.cu):
+// every CTA makes the row's norm itself, so the norm's launch and its boundary are gone. out = W y; x + residual is
+// written to norm.x_out (required: x is only read, every CTA reads it), y to norm.y and, when norm.y_quantized is set
+// (y_type Q8_K only), the quantized y as add_rms_norm would write them. The sum of squares is added in rms_norm's
+// cluster kernel's order and the product in matvec's: bit for bit add_rms_norm then matvec where add_rms_norm runs on
+// clusters (norm_in_cluster). One row (norm.n_rows 1), no MoE combine, n_cols a multiple of kNormMatvecStep up to
+// kMaxNormMatvecCols (add_rms_norm_matvec_fits).
+inline constexpr int64_t kNormMatvecStep = 1024;
+inline constexpr int64_t kMaxNormMatvecCols = 8192;
+struct NormMatvecArgs {
+  AddRmsNormArgs norm;
+  quant::Type type = quant::Type::F32;  // of the weights: F32, F16 or BF16
+  const void* weights = nullptr;        // [rows, row_size(type, norm.n_cols)] bytes, 16-byte aligned
+  int64_t rows = 0;
+  float* out = nullptr;  // [rows]
+};
+Status add_rms_norm_matvec(const NormMatvecArgs& args, Stream& stream);
+bool add_rms_norm_matvec_fits(quant::Type type, int64_t n_cols);
 // The longest row add_rms_norm quantizes (y is staged in shared memory: 32 KiB, under the 48 KiB a launch gets
 // without opting in, with the kernel's static shared memory).
 inline constexpr int64_t kMaxNormQuantizeCols = 8192;

@@ -210,40 +210,8 @@ __global__ void __launch_bounds__(kThreads)
 // row f / items, item f % items, the same for every group. So a lane loads its kJ activation parts once, into
 // registers, and for each of its kR groups issues all kJ weight loads (the block's 16-byte head and 16 quant bytes)
 // before it uses any; the warp's kQ kR row sums are then reduced together: each shuffle stage halves the values a
-// lane holds (kQ kR - 1 + 5 - log2(kQ kR) shuffles instead of 5 per row).
+// lane holds (ops::warp_sums: kQ kR - 1 + 5 - log2(kQ kR) shuffles instead of 5 per row).
 // Grid: ceil(rows / (kWarps kQ kR)) x items x parts CTAs of kThreads.
-template <int kN>
-__device__ __forceinline__ float reduce_rows(float (&v)[kN], int lane) {
-  int n = kN;
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    if (n > 1) {  // lanes with this bit set keep the upper half of the values, the others the lower half
-      const bool upper = (lane & offset) != 0;
-#pragma unroll
-      for (int i = 0; i < kN / 2; ++i) {
-        if (i < n / 2) {
-          const float keep = upper ? v[i + n / 2] : v[i];
-          const float send = upper ? v[i] : v[i + n / 2];
-          v[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
-        }
-      }
-      n /= 2;
-    } else {
-      v[0] += __shfl_xor_sync(0xffffffffu, v[0], offset);
-    }
-  }
-  return v[0];
-}
-// The value index reduce_rows leaves in `lane`: the bits of the first log2(kN) stages' offsets (16, 8, ...), first
-// stage highest.
-template <int kN>
-__device__ __forceinline__ int reduced_row(int lane) {
-  int r = 0;
-#pragma unroll
-  for (int offset = kWarpSize / 2, n = kN; n > 1; offset /= 2, n /= 2) r = 2 * r + ((lane & offset) != 0);
-  return r;
-}
-
 // kGlu (a grouped gate/up launch, MatvecLaunch::swiglu): each warp takes its rows of both the gate (item weight
 // g.part) and the up matrix (g.part + 1), reduces the 2 kQ kR sums together (gate sums in lanes 0-15, the same rows'
 // up sums in lanes 16-31) and writes y = silu(gate) * up (ops::silu_mul, swiglu.cu's expression): the SwiGLU launch
@@ -350,8 +318,8 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   constexpr int kSums = kM * kRowsPerWarp;
-  const float sum = reduce_rows(acc, lane);
-  const int row = first + reduced_row<kSums>(lane) % kRowsPerWarp;
+  const float sum = ops::warp_sums(acc, lane);
+  const int row = first + ops::warp_sums_index<kSums>(lane) % kRowsPerWarp;
   if constexpr (kGlu) {
     const float up = __shfl_xor_sync(0xffffffffu, sum, kWarpSize / 2);  // the first stage split gate from up
     if (lane < kWarpSize / 2 && (lane & (kWarpSize / kSums - 1)) == 0 && row < rows) y[row] = ops::silu_mul(sum, up);

@@ -32,6 +32,44 @@ __device__ __forceinline__ double warp_sum(double v) {
   return v;
 }
 
+// warp_sum of kN values at once (kN a power of two <= 32, lane holding its share of each in v[i]): each stage halves
+// the values a lane holds (lanes with the stage's offset bit set keep the upper half, the others the lower half), so
+// the warp issues kN - 1 + 5 - log2(kN) shuffles instead of 5 kN. Every value is added over the same tree as
+// warp_sum's (the lanes xor 16 apart, then 8, ...; each add commutes): the same sums, bit for bit. Lane l returns
+// value warp_sums_index<kN>(l).
+template <int kN, typename T>
+__device__ __forceinline__ T warp_sums(T (&v)[kN], int lane) {
+  static_assert(kN >= 1 && kN <= kWarpSize && (kN & (kN - 1)) == 0);
+  int n = kN;
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    if (n > 1) {
+      const bool upper = (lane & offset) != 0;
+#pragma unroll
+      for (int i = 0; i < kN / 2; ++i) {
+        if (i < n / 2) {
+          const T keep = upper ? v[i + n / 2] : v[i];
+          const T send = upper ? v[i] : v[i + n / 2];
+          v[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+        }
+      }
+      n /= 2;
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], offset);
+    }
+  }
+  return v[0];
+}
+// The value index warp_sums leaves in `lane`: the bits of the first log2(kN) stages' offsets (16, 8, ...), first
+// stage highest.
+template <int kN>
+__device__ __forceinline__ int warp_sums_index(int lane) {
+  int r = 0;
+#pragma unroll
+  for (int offset = kWarpSize / 2, n = kN; n > 1; offset /= 2, n /= 2) r = 2 * r + ((lane & offset) != 0);
+  return r;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));

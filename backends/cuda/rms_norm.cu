@@ -207,7 +207,8 @@ __global__ void __launch_bounds__(kRowThreads == ops::kWarpSize ? kThreads : kRo
 // per token on the 30B-A3B geometry, and a quantization folded into it took 2.4 us more, where a launch of its own over
 // 8 CTAs took 1.5 (H200, kernel trace, 2026-12-01). Here a row takes a thread-block cluster of kClusterCtas CTAs of
 // kClusterThreads threads (sm_90): CTA c takes columns [c m, (c + 1) m), m = n_cols / kClusterCtas, up to kPer per
-// thread; each CTA's double sum of squares (threads, warp tree, warps in order) goes to its shared memory, and after
+// thread; each CTA's double sum of squares (each 32-column group over a warp tree, the groups in column order) goes
+// to its shared memory, and after
 // the cluster barrier every warp reads the kClusterCtas sums from distributed shared memory and adds them in rank
 // order, so every CTA makes the same scale. Each CTA then writes y and, when asked, quantizes its own columns: Q8_K a
 // block per 256 threads (q8::block_q8_k_group, m a multiple of 256), Q8_0 / Q8_1 a block per warp. A second barrier,
@@ -257,7 +258,7 @@ __global__ void __launch_bounds__(kClusterThreads)
     stage_pairs(residual, row, t, pairs);
     __syncthreads();
   }
-  double sum = 0;
+  double sq[kPer];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = c0 + t + j * kClusterThreads;
@@ -269,17 +270,21 @@ __global__ void __launch_bounds__(kClusterThreads)
         v[j] = __fadd_rn(v[j], s);
         x_out[off + i] = v[j];
       }
-      sum += double(v[j]) * double(v[j]);
     }
+    sq[j] = double(v[j]) * double(v[j]);
   }
-  sum = ops::warp_sum(sum);
-  __shared__ double warp_sums[kWarps];
+  // Each 32-column group (a warp's j) over warp_sum's tree, the groups in column order (j, then warp), then the CTAs in
+  // rank order: norm_matvec.cu restates this order.
+  const double group = ops::warp_sums(sq, lane);
+  __shared__ double group_sums[kPer][kWarps];
   __shared__ double cta_sum;
-  if (lane == 0) warp_sums[warp] = sum;
+  if (lane % (ops::kWarpSize / kPer) == 0) group_sums[ops::warp_sums_index<kPer>(lane)][warp] = group;
   __syncthreads();
   if (t == 0) {
     double s = 0;
-    for (int k = 0; k < kWarps; ++k) s += warp_sums[k];
+    for (int j = 0; j < kPer; ++j) {
+      for (int k = 0; k < kWarps; ++k) s += group_sums[j][k];
+    }
     cta_sum = s;
   }
   cluster_arrive();
@@ -407,6 +412,9 @@ Status add_rms_norm(const AddRmsNormArgs& a, Stream& stream) {
     return Status::error("add_rms_norm: x, residual, weight and y must be 4-byte aligned");
   }
   if (a.y == a.x || a.y == a.residual) return Status::error("add_rms_norm: y must not alias x or residual");
+  if (a.x_out != nullptr && (!ops::aligned(a.x_out, 4) || a.x_out == a.x || a.x_out == a.residual || a.x_out == a.y)) {
+    return Status::error("add_rms_norm: x_out must be 4-byte aligned and not alias x, residual or y");
+  }
   if ((a.residual_rows == nullptr) != (a.residual_weights == nullptr) ||
       (a.residual_rows != nullptr &&
        (a.residual_k < 1 || a.residual_k > kMaxCombineK || a.n_rows * a.residual_k > INT_MAX))) {
@@ -415,8 +423,9 @@ Status add_rms_norm(const AddRmsNormArgs& a, Stream& stream) {
   }
   const Residual res{a.residual, a.residual_rows, a.residual_weights, int(a.residual_k)};
   auto* yq = static_cast<uint8_t*>(a.y_quantized);
+  float* x_out = a.x_out != nullptr ? a.x_out : a.x;
   if (yq == nullptr) {
-    launch<true, Act::kNone>(a.x, a.x, res, a.weight, a.y, a.n_rows, a.n_cols, a.eps, nullptr, 0, stream.raw());
+    launch<true, Act::kNone>(a.x, x_out, res, a.weight, a.y, a.n_rows, a.n_cols, a.eps, nullptr, 0, stream.raw());
     return Status();
   }
   if (!can_quantize_norm(a.y_type, a.n_cols)) {
@@ -428,15 +437,15 @@ Status add_rms_norm(const AddRmsNormArgs& a, Stream& stream) {
   const size_t row_bytes = detail::act_row_bytes(a.y_type, a.n_cols);
   switch (a.y_type) {
     case quant::Type::Q8_0:
-      launch<true, Act::kQ8_0>(a.x, a.x, res, a.weight, a.y, a.n_rows, a.n_cols, a.eps, yq, row_bytes,
+      launch<true, Act::kQ8_0>(a.x, x_out, res, a.weight, a.y, a.n_rows, a.n_cols, a.eps, yq, row_bytes,
                                stream.raw());
       break;
     case quant::Type::Q8_1:
-      launch<true, Act::kQ8_1>(a.x, a.x, res, a.weight, a.y, a.n_rows, a.n_cols, a.eps, yq, row_bytes,
+      launch<true, Act::kQ8_1>(a.x, x_out, res, a.weight, a.y, a.n_rows, a.n_cols, a.eps, yq, row_bytes,
                                stream.raw());
       break;
     default:
-      launch<true, Act::kQ8_K>(a.x, a.x, res, a.weight, a.y, a.n_rows, a.n_cols, a.eps, yq, row_bytes,
+      launch<true, Act::kQ8_K>(a.x, x_out, res, a.weight, a.y, a.n_rows, a.n_cols, a.eps, yq, row_bytes,
                                stream.raw());
       break;
   }

@@ -190,6 +190,13 @@ bool mmvq_stationary() {
 
 // Single-vector Q8_0 products (the LM head) take mmvq's staged kernel where the row fits it (MatvecArgs::staged);
 // MAGNETAR_CUDA_MMVQ_STAGED=0 is the baseline (the rows kernel): the LM head 115.8 us per token against 131.7 (H200).
+// Decode's norm before an MoE layer runs inside the router's product (cuda::add_rms_norm_matvec: one launch and its
+// boundary fewer per layer); MAGNETAR_CUDA_NORM_ROUTER=0 is the baseline (add_rms_norm, then the router's matvec).
+bool norm_router() {
+  static const bool on = switch_on("MAGNETAR_CUDA_NORM_ROUTER");
+  return on;
+}
+
 bool mmvq_staged() {
   static const bool on = switch_on("MAGNETAR_CUDA_MMVQ_STAGED");
   return on;
@@ -314,10 +321,14 @@ class Qwen3Cuda final : public Model {
   const void* quantize(quant::Type weight_type, const float* x, int64_t cols, int64_t n, void* out) const;
   // xn_ quantized for weight_type's products, in q_exp_: by the norm that wrote xn_ (xn_act_), else here.
   const void* quantize_xn(quant::Type weight_type, int64_t n) const;
-  // xn_ = norm(x_ += proj_) with `weight`, or with `combine` norm(x_ += the MoE combine of down_'s rows, which the
-  // MoE layer before left uncombined: combine_in_norm); when the products reading xn_ quantize it (for `next`, the
-  // type of their weights; F32: none or not shared), the norm writes q_exp_ too.
-  Status add_norm(const float* weight, quant::Type next, int64_t n, bool combine = false) const;
+  // xn_ = norm(x += proj_) with `weight` (x: the residual stream, x_ or x2_), or with `combine` norm(x += the MoE
+  // combine of down_'s rows, which the MoE layer before left uncombined: combine_in_norm); when the products reading
+  // xn_ quantize it (for `next`, the type of their weights; F32: none or not shared), the norm writes q_exp_ too.
+  Status add_norm(float* x, const float* weight, quant::Type next, int64_t n, bool combine = false) const;
+  // Decode's norm before an MoE layer inside its router's product (norm_router()): x_out = x + proj_, xn_ (and
+  // q_exp_ for the experts) = norm(x_out), router_ = the router's logits. Whether it applies: norm_in_router.
+  bool norm_in_router(const DevLayer& L, int64_t n) const;
+  Status add_norm_router(const DevLayer& L, float* x, float* x_out) const;
   // Whether an MoE layer leaves its expert rows for the next add_norm to combine (Fusion::kCombine).
   bool combine_in_norm() const { return fused(Fusion::kCombine) && hp_.n_expert_used <= 64; }
   // Every expert resident and a decode-sized batch: route_topk builds the expert launches' items on the device and
@@ -330,7 +341,9 @@ class Qwen3Cuda final : public Model {
   }
   Status attention_block(const DevLayer& L, int64_t il, std::span<const SeqSpan> seqs,
                          std::span<DeviceKv* const> mirrors, int64_t n) const;
-  Status moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, int64_t n, const ForwardArgs& args) const;
+  // routed: router_ holds the layer's logits already (add_norm_router).
+  Status moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, int64_t n, const ForwardArgs& args,
+                 bool routed) const;
   Status dense_ffn(const DevLayer& L, int64_t n) const;
   // gate = swiglu(gate, up) over [rows, cols]; returns gate quantized for down_type's product (into q_out; fused
   // with the swiglu when it can be), or null when down_type is not quantized.
@@ -386,7 +399,8 @@ class Qwen3Cuda final : public Model {
   mutable cuda::Stream stream_;
   mutable cuda::MatvecWorkspace mv_ws_;
   mutable cuda::AttentionWorkspace attn_ws_;
-  mutable DeviceBuffer x_, xn_, proj_, qkv_, attn_, router_, ids_, weights_, gu_, down_, q_in_, q_exp_;
+  // x2_: one row, the residual stream's other buffer (add_norm_router reads one and writes the other).
+  mutable DeviceBuffer x_, x2_, xn_, proj_, qkv_, attn_, router_, ids_, weights_, gu_, down_, q_in_, q_exp_;
   mutable DeviceBuffer positions_, items_, x_rows_, slot_rows_, logits_;
   mutable cuda::PinnedBuffer h_x_, h_positions_, h_ids_, h_items_, h_logits_;
   int64_t act_row_max_ = 0;  // bytes of the largest quantized activation row
@@ -639,7 +653,7 @@ Status Qwen3Cuda::init() {
     size_t bytes;
   };
   const Want wants[] = {
-      {&x_, B * size_t(E) * f},           {&xn_, B * size_t(E) * f},          {&proj_, B * size_t(E) * f},
+      {&x_, B * size_t(E) * f},           {&x2_, size_t(E) * f},              {&xn_, B * size_t(E) * f},          {&proj_, B * size_t(E) * f},
       {&qkv_, B * size_t(q_dim + 2 * kv_dim) * f},
       {&attn_, B * size_t(q_dim) * f},    {&router_, B * size_t(std::max<int64_t>(X, 1)) * f},
       {&ids_, size_t(hp_.n_layer) * R * 4}, {&weights_, R * f},                 {&gu_, 2 * R * size_t(ff) * f},
@@ -694,12 +708,12 @@ const void* Qwen3Cuda::quantize_xn(quant::Type weight_type, int64_t n) const {
   return quantize(weight_type, xn_.as<float>(), hp_.n_embd, n, q_exp_.data());
 }
 
-Status Qwen3Cuda::add_norm(const float* weight, quant::Type next, int64_t n, bool combine) const {
+Status Qwen3Cuda::add_norm(float* x, const float* weight, quant::Type next, int64_t n, bool combine) const {
   const quant::Type act = is_quantized(next) ? quant::traits(next).vec_dot_type : quant::Type::F32;
   const bool fold = fused(Fusion::kNormQuant) ||
                     (fused(Fusion::kNormQuantCluster) && cuda::norm_in_cluster(act, n, hp_.n_embd));
   xn_act_ = fold && cuda::can_quantize_norm(act, hp_.n_embd) ? act : quant::Type::F32;
-  return cuda::add_rms_norm({.x = x_.as<float>(), .residual = combine ? down_.as<float>() : proj_.as<float>(),
+  return cuda::add_rms_norm({.x = x, .residual = combine ? down_.as<float>() : proj_.as<float>(),
                              .weight = weight, .y = xn_.as<float>(), .n_rows = n, .n_cols = hp_.n_embd,
                              .eps = hp_.rms_eps, .y_type = xn_act_,
                              .y_quantized = xn_act_ == quant::Type::F32 ? nullptr : q_exp_.data(),
@@ -707,6 +721,21 @@ Status Qwen3Cuda::add_norm(const float* weight, quant::Type next, int64_t n, boo
                              .residual_weights = combine ? weights_.as<float>() : nullptr,
                              .residual_k = combine ? hp_.n_expert_used : 0},
                             stream_);
+}
+
+bool Qwen3Cuda::norm_in_router(const DevLayer& L, int64_t n) const {
+  return n == 1 && L.moe && norm_router() && cuda::add_rms_norm_matvec_fits(L.gate_inp.type, hp_.n_embd);
+}
+
+Status Qwen3Cuda::add_norm_router(const DevLayer& L, float* x, float* x_out) const {
+  const quant::Type act = is_quantized(L.exp_type) ? quant::traits(L.exp_type).vec_dot_type : quant::Type::F32;
+  xn_act_ = cuda::can_quantize_norm(act, hp_.n_embd) ? act : quant::Type::F32;
+  return cuda::add_rms_norm_matvec(
+      {.norm = {.x = x, .residual = proj_.as<float>(), .weight = L.ffn_norm.f32(),
+                .y = xn_.as<float>(), .n_rows = 1, .n_cols = hp_.n_embd, .eps = hp_.rms_eps, .y_type = xn_act_,
+                .y_quantized = xn_act_ == quant::Type::F32 ? nullptr : q_exp_.data(), .x_out = x_out},
+       .type = L.gate_inp.type, .weights = L.gate_inp.p, .rows = L.gate_inp.rows, .out = router_.as<float>()},
+      stream_);
 }
 
 Status Qwen3Cuda::linear(const DevTensor& W, const float* x, float* y, int64_t n, const void* xq) const {
@@ -1117,7 +1146,7 @@ void Qwen3Cuda::run_cpu_lane(cpu::ThreadPool& pool, const DevLayer& L, int64_t n
 }
 
 Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, int64_t n,
-                          const ForwardArgs& args) const {
+                          const ForwardArgs& args, bool routed) const {
   const int64_t E = hp_.n_embd, X = hp_.n_expert, K = hp_.n_expert_used, F = hp_.n_ff_exp;
   const int64_t R = n * K;
   float* router = router_.as<float>();
@@ -1128,7 +1157,7 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   auto* slot_rows = slot_rows_.as<int32_t>();
   // Decode with every expert resident: one item per (token, slot), built on the device by the router's launch.
   const bool resolve = routes_on_device(n);
-  MAGNETAR_RETURN_IF_ERROR(linear(L.gate_inp, xn_.as<float>(), router, n));
+  if (!routed) MAGNETAR_RETURN_IF_ERROR(linear(L.gate_inp, xn_.as<float>(), router, n));
   MAGNETAR_RETURN_IF_ERROR(cuda::route_topk({.logits = router, .ids = ids, .weights = weights, .n_tok = n,
                                              .n_expert = X, .k = K, .normalize = hp_.norm_topk_prob,
                                              .table = resolve ? L.table : nullptr, .items = items, .x_rows = x_rows,
@@ -1374,7 +1403,8 @@ Status Qwen3Cuda::enqueue_layers(cpu::ThreadPool& pool, const ForwardArgs& args,
                                  const float** head_in) const {
   const int64_t E = hp_.n_embd;
   const std::vector<DeviceKv*>& mirrors = mirrors_;
-  float* x = x_.as<float>();
+  float* x = x_.as<float>();  // the residual stream: x_, or x2_ after a norm inside the router (add_norm_router)
+  float* x_other = x2_.as<float>();
   float* xn = xn_.as<float>();
   stream_.copy(x, h_x_.as<float>(), size_t(n * E) * sizeof(float));
   stream_.copy(positions_.data(), h_positions_.as<int32_t>(), size_t(n) * 4);
@@ -1388,17 +1418,23 @@ Status Qwen3Cuda::enqueue_layers(cpu::ThreadPool& pool, const ForwardArgs& args,
                                                .eps = hp_.rms_eps}, stream_));
     } else {
       MAGNETAR_RETURN_IF_ERROR(
-          add_norm(L.attn_norm.f32(), qkv_share_input(L) ? L.wq.type : quant::Type::F32, n, combine));
+          add_norm(x, L.attn_norm.f32(), qkv_share_input(L) ? L.wq.type : quant::Type::F32, n, combine));
     }
     MAGNETAR_RETURN_IF_ERROR(attention_block(L, int64_t(il), args.seqs, mirrors, n));
     const quant::Type ffn_in = L.moe ? L.exp_type
                                : L.ffn_gate.type == L.ffn_up.type ? L.ffn_gate.type
                                                                   : quant::Type::F32;
-    MAGNETAR_RETURN_IF_ERROR(add_norm(L.ffn_norm.f32(), ffn_in, n));
-    MAGNETAR_RETURN_IF_ERROR(L.moe ? moe_ffn(pool, L, int64_t(il), n, args) : dense_ffn(L, n));
+    const bool routed = norm_in_router(L, n);
+    if (routed) {
+      MAGNETAR_RETURN_IF_ERROR(add_norm_router(L, x, x_other));
+      std::swap(x, x_other);
+    } else {
+      MAGNETAR_RETURN_IF_ERROR(add_norm(x, L.ffn_norm.f32(), ffn_in, n));
+    }
+    MAGNETAR_RETURN_IF_ERROR(L.moe ? moe_ffn(pool, L, int64_t(il), n, args, routed) : dense_ffn(L, n));
     combine = L.moe && combine_in_norm();
   }
-  MAGNETAR_RETURN_IF_ERROR(add_norm(output_norm_.f32(), quant::Type::F32, n, combine));
+  MAGNETAR_RETURN_IF_ERROR(add_norm(x, output_norm_.f32(), quant::Type::F32, n, combine));
   // The head's input rows: every token, or each sequence's last (gathered when they are not already adjacent).
   *head_in = xn;
   if (!args.all_logits) {

@@ -1,6 +1,6 @@
-// The non-matmul ops of the forward pass on the GPU (rms_norm, add_rms_norm, rope_neox, qk_norm_rope, swiglu,
-// route_topk, store_kv, qkv_prepare, kv_to_f16) against the scalar CPU formulas (STYLE.md rule 7). Needs a
-// GPU: without one every test that launches a kernel reports SKIPPED, never passed; the argument checks
+// The non-matmul ops of the forward pass on the GPU (rms_norm, add_rms_norm, add_rms_norm_matvec, rope_neox,
+// qk_norm_rope, swiglu, route_topk, store_kv, qkv_prepare, kv_to_f16) against the scalar CPU formulas (STYLE.md rule 7).
+// Needs a GPU: without one every test that launches a kernel reports SKIPPED, never passed; the argument checks
 // (RejectsBadArguments) need no device and always run.
 //
 // The references restate the CPU ops (backends/cpu/ops.cpp, models/qwen3_moe/qwen3_moe.cpp) in scalar code,
@@ -23,6 +23,8 @@
 //   route_topk              ids identical (comparisons only, same tie order); |w - ref| <= 1e-6: both compute
 //                           in double and round to float, so they differ by at most one float ulp (<= 6e-8 for
 //                           weights <= 1) per rounding step.
+//   add_rms_norm_matvec     bit-identical with add_rms_norm then matvec where add_rms_norm runs on clusters; x_out,
+//                           y and out also against the CPU references (the test states the product's bound).
 //   store_kv                bit-identical with quant::float_to_fp16 (both round to nearest even); rows outside
 //                           [row0, row0 + n_tok) untouched.
 // The attention ops are checked in cuda_attention_test.cpp. Shapes: rows 1, 7, 33 (and long rows through the CTA
@@ -510,6 +512,101 @@ TEST(CudaOps, AddRmsNormQuantizeEqualsNormThenQuantize) {
   }
 }
 
+// add_rms_norm_matvec (the norm inside the router's product) against add_rms_norm then matvec on the GPU: bit for bit
+// where add_rms_norm runs on clusters (norm_in_cluster: the fused kernel restates that kernel's order of the sum of
+// squares and matvec_float's order of the product), and against the CPU references everywhere: x_out exactly
+// x + residual, y within add_rms_norm's bound, out within (n + 8) u sum |w y| + 2^-21 sum |w y| of the double dot
+// product of the weights with the reference y (float accumulation of n terms, plus y's own error). Weights F32, F16 and
+// BF16; 1,024-8,192 columns (1, 2, 3, 4, 7 and 8 steps of 1,024); 1, 5 and 128 rows; y unquantized and as Q8_K.
+TEST(CudaOps, AddRmsNormMatvecEqualsNormThenMatvec) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  ASSERT_OK_AND_ASSIGN(cuda::MatvecWorkspace ws, cuda::MatvecWorkspace::create(8192, 1));
+  Rng rng(kSeed + 45);
+  struct Case {
+    quant::Type w_type;
+    int64_t cols, rows;
+    quant::Type y_type;  // F32: y not quantized
+  };
+  std::vector<Case> cases;
+  for (const quant::Type y_type : {quant::Type::F32, quant::Type::Q8_K}) {
+    cases.push_back({quant::Type::F32, 2048, 128, y_type});
+  }
+  for (const quant::Type w_type : {quant::Type::F32, quant::Type::F16, quant::Type::BF16}) {
+    for (const int64_t cols : {1024, 3072, 4096, 7168, 8192}) cases.push_back({w_type, cols, 5, quant::Type::Q8_K});
+  }
+  cases.push_back({quant::Type::F32, 2048, 1, quant::Type::Q8_K});  // one CTA quantizes every block
+  for (const Case& c : cases) {
+    const std::string what = shape_name(c.w_type, c.rows, c.cols) + " y " + std::string(quant::type_name(c.y_type));
+    ASSERT_TRUE(cuda::add_rms_norm_matvec_fits(c.w_type, c.cols)) << what;
+    const int64_t n = c.cols;
+    const std::vector<float> x = gaussian(rng, size_t(n)), r = gaussian(rng, size_t(n), 0.5f);
+    const std::vector<float> nw = gaussian(rng, size_t(n));
+    std::vector<float> w = gaussian(rng, size_t(c.rows * n), 0.05f);
+    std::vector<uint16_t> w16(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (c.w_type == quant::Type::F16) w16[i] = quant::float_to_fp16(w[i]), w[i] = quant::fp16_to_float(w16[i]);
+      if (c.w_type == quant::Type::BF16) w16[i] = quant::float_to_bf16(w[i]), w[i] = quant::bf16_to_float(w16[i]);
+    }
+    const bool quantized = c.y_type != quant::Type::F32;
+    const size_t qbytes = quantized ? quant::row_size(c.y_type, n) : 4;
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dw, c.w_type == quant::Type::F32 ? to_device(w) : to_device(w16));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dnw, to_device(nw));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dr, to_device(r));
+    struct Out {
+      std::vector<float> x, y, out;
+      std::vector<uint8_t> q;
+    } got[2];
+    for (const bool fuse : {true, false}) {
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dx, to_device(x));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dx_out, cuda::DeviceBuffer::allocate(size_t(n) * 4));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dy, cuda::DeviceBuffer::allocate(size_t(n) * 4));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dq, cuda::DeviceBuffer::allocate(qbytes));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dout, cuda::DeviceBuffer::allocate(size_t(c.rows) * 4));
+      const cuda::AddRmsNormArgs norm{.x = dx.as<float>(), .residual = dr.as<float>(), .weight = dnw.as<float>(),
+                                      .y = dy.as<float>(), .n_rows = 1, .n_cols = n, .eps = 1e-6f,
+                                      .y_type = c.y_type, .y_quantized = quantized ? dq.data() : nullptr,
+                                      .x_out = dx_out.as<float>()};
+      if (fuse) {
+        ASSERT_OK(cuda::add_rms_norm_matvec(
+            {.norm = norm, .type = c.w_type, .weights = dw.data(), .rows = c.rows, .out = dout.as<float>()}, stream));
+      } else {
+        ASSERT_OK(cuda::add_rms_norm(norm, stream));
+        ASSERT_OK(cuda::matvec({.type = c.w_type, .weights = dw.data(), .rows = c.rows, .cols = n,
+                                .x = dy.as<float>(), .y = dout.as<float>()},
+                               ws, stream));
+      }
+      stream.synchronize();
+      Out& o = got[fuse ? 0 : 1];
+      o.x = from_device<float>(dx_out, size_t(n));
+      o.y = from_device<float>(dy, size_t(n));
+      o.out = from_device<float>(dout, size_t(c.rows));
+      if (quantized) o.q = from_device<uint8_t>(dq, qbytes);
+      EXPECT_EQ(0, std::memcmp(from_device<float>(dx, size_t(n)).data(), x.data(), x.size() * 4)) << what << ": x read";
+    }
+    if (cuda::norm_in_cluster(c.y_type, 1, n)) {
+      EXPECT_EQ(0, std::memcmp(got[0].x.data(), got[1].x.data(), size_t(n) * 4)) << what << ": x_out";
+      EXPECT_EQ(0, std::memcmp(got[0].y.data(), got[1].y.data(), size_t(n) * 4)) << what << ": y";
+      EXPECT_EQ(0, std::memcmp(got[0].out.data(), got[1].out.data(), size_t(c.rows) * 4)) << what << ": out";
+      EXPECT_EQ(got[0].q, got[1].q) << what << ": quantized y";
+    }  // else (rows of 1,024 or 3,072 for Q8_K; GPUs before sm_90): the CPU references below only
+    std::vector<float> sum(x.size()), want_y(x.size());
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = x[i] + r[i];
+    ref_rms_norm(sum.data(), nw.data(), want_y.data(), 1, n, 1e-6f);
+    EXPECT_EQ(0, std::memcmp(got[0].x.data(), sum.data(), size_t(n) * 4)) << what << ": x_out is not x + residual";
+    expect_norm_close(got[0].y, want_y, what);
+    for (int64_t row = 0; row < c.rows; ++row) {
+      double dot = 0, mag = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        dot += double(w[size_t(row * n + i)]) * double(want_y[size_t(i)]);
+        mag += std::fabs(double(w[size_t(row * n + i)]) * double(want_y[size_t(i)]));
+      }
+      EXPECT_NEAR(got[0].out[size_t(row)], dot, (double(n + 8) * kU + std::ldexp(1.0, -21)) * mag) << what << " row "
+                                                                                                     << row;
+    }
+  }
+}
+
 TEST(CudaOps, SwigluQuantizeEqualsSwigluThenQuantize) {
   SKIP_WITHOUT_GPU();
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
@@ -884,6 +981,48 @@ TEST(CudaOps, RejectsBadArguments) {
                             .residual_rows = reinterpret_cast<const int32_t*>(f)},
                            stream),
         "residual_rows");  // rows without weights
+  fails(cuda::add_rms_norm({.x = f, .residual = f + 1, .weight = f, .y = f + 2, .n_rows = 1, .n_cols = 4,
+                            .x_out = f + 1},
+                           stream),
+        "x_out");  // x_out aliases residual
+  // add_rms_norm_matvec: its shapes, and what it refuses before launching anything.
+  EXPECT_TRUE(cuda::add_rms_norm_matvec_fits(quant::Type::F32, 2048));
+  EXPECT_TRUE(cuda::add_rms_norm_matvec_fits(quant::Type::BF16, 8192));
+  EXPECT_FALSE(cuda::add_rms_norm_matvec_fits(quant::Type::F32, 1536));   // not whole steps of 1,024
+  EXPECT_FALSE(cuda::add_rms_norm_matvec_fits(quant::Type::F16, 9216));   // past 8,192
+  EXPECT_FALSE(cuda::add_rms_norm_matvec_fits(quant::Type::Q8_0, 2048));  // float weights only
+  alignas(16) static float g[6][2048];
+  const cuda::NormMatvecArgs nm{.norm = {.x = g[0], .residual = g[1], .weight = g[2], .y = g[3], .n_rows = 1,
+                                         .n_cols = 2048, .x_out = g[4]},
+                                .type = quant::Type::F32, .weights = g[5], .rows = 4, .out = g[5] + 2044};
+  cuda::NormMatvecArgs bad_nm = nm;
+  bad_nm.norm.n_cols = 1000;
+  fails(cuda::add_rms_norm_matvec(bad_nm, stream), "1000 columns");
+  bad_nm = nm;
+  bad_nm.norm.n_rows = 2;
+  fails(cuda::add_rms_norm_matvec(bad_nm, stream), "one row");
+  bad_nm = nm;
+  bad_nm.norm.residual_rows = ids;
+  fails(cuda::add_rms_norm_matvec(bad_nm, stream), "MoE combine");
+  bad_nm = nm;
+  bad_nm.norm.x_out = nullptr;
+  fails(cuda::add_rms_norm_matvec(bad_nm, stream), "x_out is required");
+  bad_nm = nm;
+  bad_nm.norm.x_out = g[0];
+  fails(cuda::add_rms_norm_matvec(bad_nm, stream), "must not alias");
+  bad_nm = nm;
+  bad_nm.out = g[3];
+  fails(cuda::add_rms_norm_matvec(bad_nm, stream), "three buffers");
+  bad_nm = nm;
+  bad_nm.norm.y = g[3] + 1;
+  fails(cuda::add_rms_norm_matvec(bad_nm, stream), "16-byte aligned");
+  bad_nm = nm;
+  bad_nm.rows = 0;
+  fails(cuda::add_rms_norm_matvec(bad_nm, stream), "rows=0");
+  bad_nm = nm;
+  bad_nm.norm.y_quantized = g[5];
+  bad_nm.norm.y_type = quant::Type::Q8_0;  // Q8_K only
+  fails(cuda::add_rms_norm_matvec(bad_nm, stream), "cannot be quantized");
   fails(cuda::rope_neox({.x = f, .positions = ids, .n_tok = 1, .n_head = 1, .head_dim = 7}, stream), "rope_neox");
   fails(cuda::qk_norm_rope({.x = f, .weight = f, .positions = ids, .n_tok = 1, .n_head = 1, .head_dim = 96}, stream),
         "qk_norm_rope");
