@@ -409,6 +409,8 @@ struct AddRmsNormArgs {
   void* y_quantized = nullptr;            // [n_rows, row_size(y_type, n_cols)] bytes, 4-byte aligned, or null
   // Optional, together: the MoE combine in the same launch. Row r then adds moe_combine's sum over j < residual_k of
   // residual_weights[r * k + j] * residual row residual_rows[r * k + j] (bit for bit moe_combine then the add).
+  // residual_rows and residual_weights are read before waiting for the kernel launched just before (written by a copy
+  // or by a kernel two or more launches back: ops_common.cuh's rule).
   const int32_t* residual_rows = nullptr;
   const float* residual_weights = nullptr;
   int64_t residual_k = 0;  // 1..64

@@ -24,7 +24,9 @@
 //
 // add_rms_norm can also take the MoE combine of the layer before (AddRmsNormArgs::residual_rows): each element adds
 // the weighted sum of its token's k expert rows, moe_combine's fmaf chain, instead of a row that moe_combine wrote in
-// a launch of its own (decode: k = 8 rows of 2,048 floats read from L2 per token, one launch fewer per layer).
+// a launch of its own (decode: k = 8 rows of 2,048 floats read from L2 per token, one launch fewer per layer). The
+// rows' indices and weights come from route_topk, two or more launches back, and are read before pdl_wait
+// (ops_common.cuh's rule): one round trip to L2 off the chain after the wait.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -110,16 +112,14 @@ __global__ void __launch_bounds__(kRowThreads == ops::kWarpSize ? kThreads : kRo
 #pragma unroll
     for (int j = 0; j < kKeep; ++j) wk[j] = t + j * kRowThreads < n_cols ? w[t + j * kRowThreads] : 0.0f;
   }
-  ops::pdl_wait();
-  ops::pdl_trigger();
-  // A row of its own CTA with a combine stages the row's pairs (StagedPairs).
+  // A row of its own CTA with a combine stages the row's pairs (StagedPairs) before the wait, as the weights.
   __shared__ StagedPairs pairs;
   const bool staged = kLoadW && kAdd && residual.rows != nullptr;  // uniform over the CTA
   constexpr int kCombineUnroll = kKeep <= 4 ? 8 : 1;  // 8 kept elements leave no registers (spills)
-  if (staged) {
-    stage_pairs(residual, row, t, pairs);
-    __syncthreads();
-  }
+  if (staged) stage_pairs(residual, row, t, pairs);
+  ops::pdl_wait();
+  ops::pdl_trigger();
+  if (staged) __syncthreads();
   auto added = [&](int i) {
     return staged ? staged_combine<kCombineUnroll>(residual, pairs, i, n_cols)
                   : residual_at(residual, row, off, i, n_cols);
@@ -250,14 +250,12 @@ __global__ void __launch_bounds__(kClusterThreads)
   float wk[kPer], v[kPer];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) wk[j] = t + j * kClusterThreads < m ? w[c0 + t + j * kClusterThreads] : 0.0f;
+  __shared__ StagedPairs pairs;
+  const bool combine = kAdd && residual.rows != nullptr;  // the pairs staged before the wait, as rms_norm_kernel's
+  if (combine) stage_pairs(residual, row, t, pairs);
   ops::pdl_wait();
   ops::pdl_trigger();
-  __shared__ StagedPairs pairs;
-  const bool combine = kAdd && residual.rows != nullptr;  // the pairs staged, as rms_norm_kernel's
-  if (combine) {
-    stage_pairs(residual, row, t, pairs);
-    __syncthreads();
-  }
+  if (combine) __syncthreads();
   double sq[kPer];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
