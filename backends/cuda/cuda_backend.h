@@ -419,13 +419,13 @@ struct AddRmsNormArgs {
 };
 Status add_rms_norm(const AddRmsNormArgs& args, Stream& stream);
 
-// add_rms_norm of one row folded into the float matrix-vector product that reads y (decode's MoE router, norm_matvec.cu):
-// every CTA makes the row's norm itself, so the norm's launch and its boundary are gone. out = W y; x + residual is
-// written to norm.x_out (required: x is only read, every CTA reads it), y to norm.y and, when norm.y_quantized is set
-// (y_type Q8_K only), the quantized y as add_rms_norm would write them. The sum of squares is added in rms_norm's
-// cluster kernel's order and the product in matvec's: bit for bit add_rms_norm then matvec where add_rms_norm runs on
-// clusters (norm_in_cluster). One row (norm.n_rows 1), no MoE combine, n_cols a multiple of kNormMatvecStep up to
-// kMaxNormMatvecCols (add_rms_norm_matvec_fits).
+// add_rms_norm of one row folded into the float matrix-vector product that reads y (decode's MoE router,
+// norm_matvec.cu): every CTA makes the row's norm itself, so the norm's launch and its boundary are gone. out = W y;
+// x + residual is written to norm.x_out (required: x is only read, every CTA reads it), y to norm.y and, when
+// norm.y_quantized is set (y_type Q8_K only), the quantized y as add_rms_norm would write them. The sum of squares is
+// added in rms_norm's cluster kernel's order and the product in matvec's: bit for bit add_rms_norm then matvec where
+// add_rms_norm runs on clusters (norm_in_cluster). One row (norm.n_rows 1), no MoE combine, n_cols a multiple of
+// kNormMatvecStep up to kMaxNormMatvecCols (add_rms_norm_matvec_fits).
 inline constexpr int64_t kNormMatvecStep = 1024;
 inline constexpr int64_t kMaxNormMatvecCols = 8192;
 struct NormMatvecArgs {

@@ -8,8 +8,9 @@
 // squares and scales the columns it multiplies. The router's weights and the norm's weights are loaded before waiting
 // for the kernel before (no kernel writes them), so after the wait the chain is: x and residual from L2, the sum of
 // squares (warp shuffles, one barrier), the dot product in registers. Everything stays in registers but the groups'
-// sums (2 KB of shared memory at most): a first version staged the row in 8 KB of dynamic shared memory and was
-// slower than the two launches it replaced (tg128 460-464 t/s against 472-475, H200).
+// sums (2 KB of shared memory at most): versions that staged the row in 8 KB of dynamic shared memory were slower than
+// the two launches they replaced (tg128 452-464 t/s against 471-478, H200;
+// docs/benchmarks/2026-12-01-cuda-decode-norm-in-router.md).
 //
 // Same numbers as the two launches it replaces: the sum of squares is added in rms_norm_cluster_kernel's order (each
 // 32-column group over warp_sum's tree, the groups of each of its 8 slices of n/8 columns in column order, then the
@@ -179,8 +180,8 @@ bool add_rms_norm_matvec_fits(quant::Type type, int64_t n_cols) {
 Status add_rms_norm_matvec(const NormMatvecArgs& a, Stream& stream) {
   const AddRmsNormArgs& nm = a.norm;
   if (!add_rms_norm_matvec_fits(a.type, nm.n_cols)) {
-    return Status::error(format("add_rms_norm_matvec: weights of type id %d, %lld columns (F32, F16 or BF16, a multiple "
-                                "of %lld up to %lld)", int(a.type), (long long)nm.n_cols,
+    return Status::error(format("add_rms_norm_matvec: weights of type id %d, %lld columns (F32, F16 or BF16, a "
+                                "multiple of %lld up to %lld)", int(a.type), (long long)nm.n_cols,
                                 (long long)kNormMatvecStep, (long long)kMaxNormMatvecCols));
   }
   if (nm.n_rows != 1 || nm.residual_rows != nullptr || nm.residual_weights != nullptr) {
@@ -218,7 +219,8 @@ Status add_rms_norm_matvec(const NormMatvecArgs& a, Stream& stream) {
   }
   const Params p{.x = nm.x, .residual = nm.residual, .norm_w = nm.weight, .x_out = nm.x_out, .y = nm.y,
                  .yq = static_cast<uint8_t*>(nm.y_quantized),
-                 .weights = static_cast<const uint8_t*>(a.weights), .row_bytes = size_t(nm.n_cols) * (a.type == Type::F32 ? 4 : 2),
+                 .weights = static_cast<const uint8_t*>(a.weights),
+                 .row_bytes = size_t(nm.n_cols) * (a.type == Type::F32 ? 4u : 2u),
                  .out = a.out, .n_cols = int(nm.n_cols), .eps = nm.eps};
   switch (a.type) {
     case Type::F16: launch<Type::F16>(p, int(a.rows), stream.raw()); break;

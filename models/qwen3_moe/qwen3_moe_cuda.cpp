@@ -190,15 +190,16 @@ bool mmvq_stationary() {
 
 // Single-vector Q8_0 products (the LM head) take mmvq's staged kernel where the row fits it (MatvecArgs::staged);
 // MAGNETAR_CUDA_MMVQ_STAGED=0 is the baseline (the rows kernel): the LM head 115.8 us per token against 131.7 (H200).
-// Decode's norm before an MoE layer runs inside the router's product (cuda::add_rms_norm_matvec: one launch and its
-// boundary fewer per layer); MAGNETAR_CUDA_NORM_ROUTER=0 is the baseline (add_rms_norm, then the router's matvec).
-bool norm_router() {
-  static const bool on = switch_on("MAGNETAR_CUDA_NORM_ROUTER");
+bool mmvq_staged() {
+  static const bool on = switch_on("MAGNETAR_CUDA_MMVQ_STAGED");
   return on;
 }
 
-bool mmvq_staged() {
-  static const bool on = switch_on("MAGNETAR_CUDA_MMVQ_STAGED");
+// Decode's norm before an MoE layer runs inside the router's product (cuda::add_rms_norm_matvec: one launch and its
+// boundary fewer per layer); MAGNETAR_CUDA_NORM_ROUTER=0 is the baseline (add_rms_norm, then the router's matvec):
+// tg128 493.4 / 493.6 against 470.7 / 477.7 (H200, docs/benchmarks/2026-12-01-cuda-decode-norm-in-router.md).
+bool norm_router() {
+  static const bool on = switch_on("MAGNETAR_CUDA_NORM_ROUTER");
   return on;
 }
 
@@ -653,7 +654,8 @@ Status Qwen3Cuda::init() {
     size_t bytes;
   };
   const Want wants[] = {
-      {&x_, B * size_t(E) * f},           {&x2_, size_t(E) * f},              {&xn_, B * size_t(E) * f},          {&proj_, B * size_t(E) * f},
+      {&x_, B * size_t(E) * f},           {&x2_, size_t(E) * f},
+      {&xn_, B * size_t(E) * f},          {&proj_, B * size_t(E) * f},
       {&qkv_, B * size_t(q_dim + 2 * kv_dim) * f},
       {&attn_, B * size_t(q_dim) * f},    {&router_, B * size_t(std::max<int64_t>(X, 1)) * f},
       {&ids_, size_t(hp_.n_layer) * R * 4}, {&weights_, R * f},                 {&gu_, 2 * R * size_t(ff) * f},
@@ -728,8 +730,9 @@ bool Qwen3Cuda::norm_in_router(const DevLayer& L, int64_t n) const {
 }
 
 Status Qwen3Cuda::add_norm_router(const DevLayer& L, float* x, float* x_out) const {
-  const quant::Type act = is_quantized(L.exp_type) ? quant::traits(L.exp_type).vec_dot_type : quant::Type::F32;
-  xn_act_ = cuda::can_quantize_norm(act, hp_.n_embd) ? act : quant::Type::F32;
+  // The fused launch quantizes to Q8_K only; the experts of other activation formats quantize xn_ themselves.
+  const bool q8k = is_quantized(L.exp_type) && quant::traits(L.exp_type).vec_dot_type == quant::Type::Q8_K;
+  xn_act_ = q8k ? quant::Type::Q8_K : quant::Type::F32;
   return cuda::add_rms_norm_matvec(
       {.norm = {.x = x, .residual = proj_.as<float>(), .weight = L.ffn_norm.f32(),
                 .y = xn_.as<float>(), .n_rows = 1, .n_cols = hp_.n_embd, .eps = hp_.rms_eps, .y_type = xn_act_,

@@ -1,7 +1,7 @@
 // The non-matmul ops of the forward pass on the GPU (rms_norm, add_rms_norm, add_rms_norm_matvec, rope_neox,
-// qk_norm_rope, swiglu, route_topk, store_kv, qkv_prepare, kv_to_f16) against the scalar CPU formulas (STYLE.md rule 7).
-// Needs a GPU: without one every test that launches a kernel reports SKIPPED, never passed; the argument checks
-// (RejectsBadArguments) need no device and always run.
+// qk_norm_rope, swiglu, route_topk, store_kv, qkv_prepare, kv_to_f16) against the scalar CPU formulas (STYLE.md
+// rule 7). Needs a GPU: without one every test that launches a kernel reports SKIPPED, never passed; the argument
+// checks (RejectsBadArguments) need no device and always run.
 //
 // The references restate the CPU ops (backends/cpu/ops.cpp, models/qwen3_moe/qwen3_moe.cpp) in scalar code,
 // step for step where the op is exact and in double where it is not; this executable does not link

@@ -203,7 +203,7 @@ fi
 # alone) on the resident 30B-A3B geometry. The steps' timeline with its overlaps and gaps: --kernel-trace.
 if [ "$filter" = "--profile-decode" ]; then
   build_with_model
-  per_token=${PER_TOKEN_LAUNCHES:-766}  # launches per decode token of the 30B-A3B geometry
+  per_token=${PER_TOKEN_LAUNCHES:-438}  # launches per decode token of the 30B-A3B geometry (kernel trace, 2026-12-01)
   ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip $((per_token * 4)) \
     --launch-count $((per_token * 2)) --print-summary per-kernel "$bin" run -m "$model" --device cuda --tokens 1,2,3 \
     -n 8 >"$OUT/ncu.txt" 2>&1
