@@ -354,8 +354,8 @@ void launch_stationary(const MatvecLaunch& a, int items, cudaStream_t stream) {
   // kJ = 3 (rows of 768, 1,536 or 3,072 columns: an expert's down projection) takes kR0 = 2, 6 parts: the experts'
   // down projection with 8 rows per warp instead of 4 added ~1% to tg128 (H200, 2026-12-01,
   // docs/benchmarks/2026-12-01-cuda-decode-down-rows.md); 8 parts for gate/up (kR = kR0 there) cost ~1.5%.
-  constexpr int kPartsR = (4 + kJ - 1) / kJ;
-  constexpr int kR0 = kJ >= 4 ? 1 : kPartsR * kQ <= 8 ? kPartsR : 8 / kQ;
+  constexpr int kR4 = (4 + kJ - 1) / kJ;  // the row groups that put 4 or more parts in flight
+  constexpr int kR0 = kJ >= 4 ? 1 : kR4 * kQ <= 8 ? kR4 : 8 / kQ;
   constexpr int kR = kGlu && kR0 > 1 ? kR0 / 2 : kR0;
   const int rows_per_cta = kWarps * kQ * kR;
   const dim3 grid(unsigned((a.rows + rows_per_cta - 1) / rows_per_cta), unsigned(a.group.items ? a.group.n_items : 1),

@@ -207,11 +207,11 @@ __global__ void __launch_bounds__(kRowThreads == ops::kWarpSize ? kThreads : kRo
 // per token on the 30B-A3B geometry, and a quantization folded into it took 2.4 us more, where a launch of its own over
 // 8 CTAs took 1.5 (H200, kernel trace, 2026-12-01). Here a row takes a thread-block cluster of kClusterCtas CTAs of
 // kClusterThreads threads (sm_90): CTA c takes columns [c m, (c + 1) m), m = n_cols / kClusterCtas, up to kPer per
-// thread; each CTA's double sum of squares (each 32-column group over a warp tree, the groups in column order) goes
-// to its shared memory, and after the cluster barrier every warp reads the kClusterCtas sums from distributed shared
-// memory and adds them in rank order, so every CTA makes the same scale. Each CTA then writes y and, when asked, quantizes its own columns: Q8_K a
-// block per 256 threads (q8::block_q8_k_group, m a multiple of 256), Q8_0 / Q8_1 a block per warp. A second barrier,
-// waited for last, keeps every CTA's sum alive until the others have read it.
+// thread; each CTA's double sum of squares (each 32-column group over a warp tree, the groups in column order) goes to
+// its shared memory, and after the cluster barrier every warp reads the kClusterCtas sums from distributed shared
+// memory and adds them in rank order, so every CTA makes the same scale. Each CTA then writes y and, when asked,
+// quantizes its own columns: Q8_K a block per 256 threads (q8::block_q8_k_group, m a multiple of 256), Q8_0 / Q8_1 a
+// block per warp. A second barrier, waited for last, keeps every CTA's sum alive until the others have read it.
 constexpr int kClusterCtas = 8;
 constexpr int kClusterThreads = 256;
 constexpr int kClusterMaxPer = 4;         // columns per thread: rows of up to 8,192
