@@ -75,7 +75,7 @@ std::string stream_text(httplib::Client& c, const json& body) {
   b["stream"] = true;
   std::string raw;
   httplib::Result r = c.Post("/v1/chat/completions", b.dump(), "application/json");
-  if (!r) return "ERROR no response";
+  if (!r) return "ERROR no response (" + httplib::to_string(r.error()) + ")";  // the client's error names the cause
   if (r->status != 200) return "ERROR status " + std::to_string(r->status);
   std::string text;
   bool done = false;
