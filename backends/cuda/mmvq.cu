@@ -54,6 +54,7 @@ using quant::Type;
 
 constexpr int kThreads = 128;  // per CTA: 4 warps
 constexpr int kWarps = kThreads / kWarpSize;
+constexpr size_t kMaxStageBytes = 48 << 10;  // a staged gate/up CTA's rows (mmvq_stationary_kernel's kStage)
 constexpr int kUnrollItems = 2;  // 2 and 4 (with 1, 2 warps per row) measured alike, see warps_per_row
 
 // Grid: ceil(rows / (kWarps / warps_per_row)) CTAs of kThreads. warps_per_row is 1, 2 or 4.
@@ -218,8 +219,17 @@ __global__ void __launch_bounds__(kThreads)
 // between gate/up and down is gone. act_float (MatvecLaunch::act_float, Q8_K activations): act holds float rows; the
 // CTA quantizes its row into shared memory first (a warp per 256-element block, q8::block_q8_k_lane8: the bytes of
 // quantize_activations) and reads its parts from there.
-template <Type T, int kJ, int kQ, int kR, bool kGlu>
-__global__ void __launch_bounds__(kThreads)
+// kStage (kGlu launches whose items are not settled, MatvecLaunch::stage_glu): the weights cannot be loaded before
+// waiting, and with a lane's 4 weight parts in registers the experts' gate/up launch (2,048 columns) took 80 registers
+// per thread, which kept the down projection's CTAs (98 registers) off the SMs while it ran. Staged, each warp copies
+// its rows into shared memory with 16-byte cp.async (kM kQ kR row_bytes per warp) and loads its parts from there just
+// before their dot products: the same parts and sums, bit for bit, in 48 registers (launch bounds of kStageCtas CTAs
+// per SM; 12, i.e. 40 registers with a 16-byte spill, measured the same). H200 (2026-12-02): the down projection's
+// weights now arrive while gate/up runs (its marginal time per step 190 -> 157 us), tg128 +1.5-2.3%
+// (docs/benchmarks/2026-12-02-cuda-decode-staged-glu.md).
+constexpr int kStageCtas = 10;
+template <Type T, int kJ, int kQ, int kR, bool kGlu, bool kStage>
+__global__ void __launch_bounds__(kThreads, kStage ? kStageCtas : 0)  // 0: no minimum (what the others had)
     mmvq_stationary_kernel(const uint8_t* __restrict__ weights, size_t row_bytes, int rows, int items,
                            const uint8_t* __restrict__ act, size_t act_row_bytes, bool act_float, float* __restrict__ y,
                            Grouping g) {
@@ -247,6 +257,7 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = int(threadIdx.x) / kWarpSize;
   const int lane = int(threadIdx.x) % kWarpSize;
   const int first = (int(blockIdx.x) * kWarps + warp) * kRowsPerWarp;
+  static_assert(!kStage || kGlu, "only the gate/up launch stages its rows");
   int row_of[kJ];  // the part's row within a group
   int block[kJ];   // the part's block within its row
   int part[kJ];
@@ -259,16 +270,38 @@ __global__ void __launch_bounds__(kThreads)
     part[j] = it % Ops::kParts;
   }
   typename Ops::WeightPart w[kM][kR][kJ];
+  // kStage: the warp's rows first .. first + kRowsPerWarp - 1 (clamped as below) of each matrix, copied whole
+  // (rows are 16-byte aligned: load_part's contract), matrix m's at staged + m kRowsPerWarp row_bytes.
+  [[maybe_unused]] const uint8_t* staged = nullptr;
+  if constexpr (kStage) {
+    extern __shared__ int4 stage_s[];
+    const int units = int(row_bytes / 16);
+    int4* mine = stage_s + size_t(warp) * size_t(kM * kRowsPerWarp) * size_t(units);
+    staged = reinterpret_cast<const uint8_t*>(mine);
+    if (first < rows) {
 #pragma unroll
-  for (int m = 0; m < kM; ++m) {
+      for (int m = 0; m < kM; ++m) {
 #pragma unroll
-    for (int r = 0; r < kR; ++r) {
+        for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+          const int4* src = reinterpret_cast<const int4*>(mat[m] + size_t(min(first + rr, rows - 1)) * row_bytes);
+          int4* dst = mine + size_t(m * kRowsPerWarp + rr) * size_t(units);
+          for (int u = lane; u < units; u += kWarpSize) cp_async16(dst + u, src + u, 16);
+        }
+      }
+      cp_async_commit();
+    }
+  } else {
 #pragma unroll
-      for (int j = 0; j < kJ; ++j) {
-        // Rows past the end (and a whole warp's past the last row) load the last row and write nothing.
-        const int row = min(first + r * kQ + row_of[j], rows - 1);
-        const Block* blocks = reinterpret_cast<const Block*>(mat[m] + size_t(row) * row_bytes);
-        w[m][r][j] = Ops::load_part(blocks[block[j]], part[j]);
+    for (int m = 0; m < kM; ++m) {
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+#pragma unroll
+        for (int j = 0; j < kJ; ++j) {
+          // Rows past the end (and a whole warp's past the last row) load the last row and write nothing.
+          const int row = min(first + r * kQ + row_of[j], rows - 1);
+          const Block* blocks = reinterpret_cast<const Block*>(mat[m] + size_t(row) * row_bytes);
+          w[m][r][j] = Ops::load_part(blocks[block[j]], part[j]);
+        }
       }
     }
   }
@@ -298,21 +331,48 @@ __global__ void __launch_bounds__(kThreads)
   typename Ops::ActPart x[kJ];
 #pragma unroll
   for (int j = 0; j < kJ; ++j) x[j] = Ops::act_part(a[block[j]], part[j]);
+  if constexpr (kStage) {  // the warp's own copies: its lanes' cp.async done, then the warp's barrier
+    cp_async_wait_all();
+    __syncwarp();
+  }
   float acc[kM * kRowsPerWarp];
 #pragma unroll
   for (int i = 0; i < kM * kRowsPerWarp; ++i) acc[i] = 0.0f;
+  if constexpr (kStage) {
+    // Part j of every row, then part j + 1: each sum still takes its parts in the order of j, and the weight parts
+    // are loaded from shared memory just before their dot products.
 #pragma unroll
-  for (int m = 0; m < kM; ++m) {
+    for (int j = 0; j < kJ; ++j) {
 #pragma unroll
-    for (int r = 0; r < kR; ++r) {
+      for (int m = 0; m < kM; ++m) {
 #pragma unroll
-      for (int j = 0; j < kJ; ++j) {
-        const float v = Ops::dot_loaded(w[m][r][j], x[j], part[j]);
-        if constexpr (kQ == 1) {
-          acc[m * kRowsPerWarp + r] += v;
-        } else {
+        for (int r = 0; r < kR; ++r) {
+          const Block* blocks =
+              reinterpret_cast<const Block*>(staged + size_t(m * kRowsPerWarp + r * kQ + row_of[j]) * row_bytes);
+          const float v = Ops::dot_loaded(Ops::load_part(blocks[block[j]], part[j]), x[j], part[j]);
+          if constexpr (kQ == 1) {
+            acc[m * kRowsPerWarp + r] += v;
+          } else {
 #pragma unroll
-          for (int q = 0; q < kQ; ++q) acc[m * kRowsPerWarp + r * kQ + q] += row_of[j] == q ? v : 0.0f;
+            for (int q = 0; q < kQ; ++q) acc[m * kRowsPerWarp + r * kQ + q] += row_of[j] == q ? v : 0.0f;
+          }
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+#pragma unroll
+        for (int j = 0; j < kJ; ++j) {
+          const float v = Ops::dot_loaded(w[m][r][j], x[j], part[j]);
+          if constexpr (kQ == 1) {
+            acc[m * kRowsPerWarp + r] += v;
+          } else {
+#pragma unroll
+            for (int q = 0; q < kQ; ++q) acc[m * kRowsPerWarp + r * kQ + q] += row_of[j] == q ? v : 0.0f;
+          }
         }
       }
     }
@@ -361,7 +421,18 @@ void launch_stationary(const MatvecLaunch& a, int items, cudaStream_t stream) {
   const dim3 grid(unsigned((a.rows + rows_per_cta - 1) / rows_per_cta), unsigned(a.group.items ? a.group.n_items : 1),
                   unsigned(a.group.items && !kGlu ? a.group.n_parts : 1));
   const size_t smem = a.act_float ? size_t(items / mmvq::MmvqType<T>::kParts) * sizeof(quant::BlockQ8_K) : 0;
-  CUDA_CHECK(ops::launch(mmvq_stationary_kernel<T, kJ, kQ, kR, kGlu>, grid, kThreads, smem, stream,
+  if constexpr (kGlu) {
+    if (a.stage_glu && !a.act_float && !a.group.items_settled && a.row_bytes % 16 == 0) {
+      const size_t stage_bytes = size_t(kWarps) * size_t(2 * kQ * kR) * a.row_bytes;
+      if (stage_bytes <= kMaxStageBytes) {
+        CUDA_CHECK(ops::launch(mmvq_stationary_kernel<T, kJ, kQ, kR, true, true>, grid, kThreads, stage_bytes, stream, static_cast<const uint8_t*>(a.weights),
+                               a.row_bytes, int(a.rows), items, static_cast<const uint8_t*>(a.act), a.act_row_bytes,
+                               false, a.y, a.group));
+        return;
+      }
+    }
+  }
+  CUDA_CHECK(ops::launch(mmvq_stationary_kernel<T, kJ, kQ, kR, kGlu, false>, grid, kThreads, smem, stream,
                          static_cast<const uint8_t*>(a.weights), a.row_bytes, int(a.rows), items,
                          static_cast<const uint8_t*>(a.act), a.act_row_bytes, a.act_float, a.y, a.group));
 }
