@@ -254,6 +254,26 @@ struct GroupItem {
   int32_t n = 0;  // 1..kMaxMatvecVectors
 };
 
+// Decode of one token with every expert of a layer resident in one buffer (GroupedMatvecArgs::route): the grouped
+// launch routes itself instead of reading items that route_topk made. Each CTA ranks the token's router logits (one
+// warp, route_topk's order: the larger logit, on equal logits the lower id) and takes the expert e of rank y for its
+// item y (the token's slot y, output row y); e's part p lies at base + e * stride + offset[p]. With ids set, the
+// launch also writes what route_topk writes for the combine: ids[j], weights[j] (route_topk's softmax, bit for bit,
+// renormalized when normalize) and slot_rows[j] = j, for j < k.
+struct RouteInProducts {
+  const float* logits = nullptr;  // [n_expert], device; null: the launch reads items
+  int n_expert = 0;               // 1..kMaxRoutedExperts
+  int k = 0;                      // the items: 1..min(n_expert, 32)
+  const void* base = nullptr;
+  size_t stride = 0;
+  size_t offset[3] = {0, 0, 0};
+  int32_t* ids = nullptr;  // [k], device, or null
+  float* weights = nullptr;
+  int32_t* slot_rows = nullptr;
+  bool normalize = false;
+};
+constexpr int kMaxRoutedExperts = 128;  // a lane of the ranking warp keeps 4 logits in registers
+
 // For each item and each of its n_parts weights starting at `part` (0 gate, 1 up, 2 down): y rows
 // row0 .. row0 + n - 1 = W x rows. The weights are [rows, row_size(type, cols)] each, 16-byte aligned.
 struct GroupedMatvecArgs {
@@ -287,6 +307,9 @@ struct GroupedMatvecArgs {
   // quantize_activations) instead of by a launch before.
   bool swiglu = false;
   bool x_float = false;
+  // Items from the logits (RouteInProducts; items null, n_items = route.k; the stationary kernel, max_n 1). The
+  // logits count as an item table for items_settled: settled when written two or more launches before.
+  RouteInProducts route = {};
 };
 Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream);
 // Whether `type` has mmvq.cu's rows kernel (rows_per_warp 1, 2, 4): Q4_K and Q8_0.

@@ -26,7 +26,9 @@ struct Grouping {
   bool single_act = false;  // every output row reads activation row 0 (act_rows not read)
   size_t y_part_stride = 0;
   bool items_settled = false;  // GroupedMatvecArgs::items_settled
+  RouteInProducts route = {};  // GroupedMatvecArgs::route (items null; the stationary kernel only)
 };
+inline bool grouped(const Grouping& g) { return g.items != nullptr || g.route.logits != nullptr; }
 
 // One matrix-vector launch, for quantized (mmvq.cu) and float (matvec_float.cu) weights alike.
 struct MatvecLaunch {

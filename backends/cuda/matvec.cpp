@@ -1,5 +1,6 @@
 // Host side of matvec and quantize_activations: argument checks (every expected failure is a Status that
 // names the argument), sizes from the trait table, and the launches (launch.h). Allocates nothing.
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -189,9 +190,27 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
   }
   MAGNETAR_RETURN_IF_ERROR(check_vectors("grouped_matvec", args.max_n));
   MAGNETAR_RETURN_IF_ERROR(check_rows_per_warp("grouped_matvec", args.rows_per_warp));
-  if (args.items == nullptr || args.x == nullptr || args.y == nullptr) {
-    return Status::error("grouped_matvec: null device pointer (items, x or y)");
+  const RouteInProducts& route = args.route;
+  if (route.logits != nullptr) {
+    if (args.items != nullptr || route.n_expert < 1 || route.n_expert > kMaxRoutedExperts || route.k < 1 ||
+        route.k > std::min(route.n_expert, 32) || args.n_items != route.k || route.base == nullptr ||
+        !aligned(route.base, 16) || route.stride % 16 != 0 || args.max_n != 1 || !args.stationary ||
+        !quantized || !detail::mmvq_stationary_fits(args.type, args.cols)) {
+      return Status::error(format("grouped_matvec: route needs no items, n_expert in 1..%d, n_items = k <= 32, a "
+                                  "16-byte aligned expert buffer and the stationary kernel (max_n 1, a %s row of "
+                                  "%lld columns that it takes)",
+                                  kMaxRoutedExperts, std::string(t->name).c_str(), (long long)args.cols));
+    }
+    for (int p = args.part; p < args.part + args.n_parts; ++p) {
+      if (route.offset[p] % 16 != 0) return Status::error("grouped_matvec: route offsets must be 16-byte aligned");
+    }
+    if (route.ids != nullptr && (route.weights == nullptr || route.slot_rows == nullptr)) {
+      return Status::error("grouped_matvec: route ids need weights and slot_rows");
+    }
+  } else if (args.items == nullptr) {
+    return Status::error("grouped_matvec: null device pointer (items)");
   }
+  if (args.x == nullptr || args.y == nullptr) return Status::error("grouped_matvec: null device pointer (x or y)");
   if (!aligned(args.items, alignof(GroupItem)) || !aligned(args.x, args.x_float ? 16 : 4) || !aligned(args.y, 4)) {
     return Status::error("grouped_matvec: items, x and y must be aligned");
   }
@@ -221,7 +240,8 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
                 .act_rows = args.x_rows,
                 .single_act = args.single_x,
                 .y_part_stride = size_t(args.y_part_stride),
-                .items_settled = args.items_settled},
+                .items_settled = args.items_settled,
+                .route = args.route},
       .rows_per_warp = args.rows_per_warp,
       .stationary = args.stationary,
       .swiglu = args.swiglu,

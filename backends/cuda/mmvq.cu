@@ -44,6 +44,7 @@
 #include "backends/cuda/mmvq.cuh"
 #include "backends/cuda/ops_common.cuh"
 #include "backends/cuda/quantize_q8.cuh"
+#include "backends/cuda/route_topk.cuh"
 
 namespace magnetar::cuda::detail {
 namespace {
@@ -54,6 +55,7 @@ using quant::Type;
 
 constexpr int kThreads = 128;  // per CTA: 4 warps
 constexpr int kWarps = kThreads / kWarpSize;
+constexpr int kRouteLogitsPerLane = kMaxRoutedExperts / kWarpSize;  // GroupedMatvecArgs::route's ranking warp
 constexpr size_t kMaxStageBytes = 48 << 10;  // a staged gate/up CTA's rows (mmvq_stationary_kernel's kStage)
 constexpr int kUnrollItems = 2;  // 2 and 4 (with 1, 2 warps per row) measured alike, see warps_per_row
 
@@ -240,22 +242,42 @@ __global__ void __launch_bounds__(kThreads, kStage ? kStageCtas : 0)  // 0: no m
   constexpr int kRowsPerWarp = kQ * kR;
   // The weights are loaded before waiting for the kernel before this one where they are known by then: always for a
   // plain launch, for a grouped one when its items are settled (ops_common.cuh's rule); otherwise after.
-  const bool weights_early = g.items == nullptr || g.items_settled;
+  const bool weights_early = (g.items == nullptr && g.route.logits == nullptr) || g.items_settled;
   if (!weights_early) {
     ops::pdl_wait();
     ops::pdl_trigger();
   }
+  const int warp = int(threadIdx.x) / kWarpSize;
+  const int lane = int(threadIdx.x) % kWarpSize;
   int row0;
   int n_vectors = 1;
   const uint8_t* mat[kM] = {};
-  if (!resolve_group(g, weights, row0, n_vectors, y)) {  // uniform over the CTA
-    ops::pdl_wait();  // every CTA waits before it exits (ops_common.cuh)
-    return;
+  // GroupedMatvecArgs::route: warp 0 ranks the logits and the CTA takes the expert of rank `slot`; slots run in
+  // reverse over blockIdx.y, so that the CTAs launched last (a partial second wave) need the fewest rounds. Warp 0 of
+  // CTA (0, 0) (the last slot: it ranks all k) writes the combine's ids and weights below.
+  const int slot = g.route.k - 1 - int(blockIdx.y);
+  const bool route_writer = g.route.ids != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && warp == 0;
+  int route_lane_id = 0;  // route_writer: lane j's expert, of rank j
+  if (g.route.logits != nullptr) {
+    __shared__ int expert_s;
+    if (warp == 0) {
+      const auto logits = route::warp_logits<kRouteLogitsPerLane>(g.route.logits, g.route.n_expert, lane);
+      const int e = route::warp_top(logits, g.route.n_expert, slot + 1, lane, &route_lane_id);
+      if (lane == 0) expert_s = e;
+    }
+    __syncthreads();
+    const uint8_t* expert = static_cast<const uint8_t*>(g.route.base) + size_t(expert_s) * g.route.stride;
+#pragma unroll
+    for (int m = 0; m < kM; ++m) mat[m] = expert + g.route.offset[g.part + m];
+    row0 = slot;
+  } else {
+    if (!resolve_group(g, weights, row0, n_vectors, y)) {  // uniform over the CTA
+      ops::pdl_wait();  // every CTA waits before it exits (ops_common.cuh)
+      return;
+    }
+    mat[0] = weights;
+    if constexpr (kGlu) mat[1] = static_cast<const uint8_t*>(g.items[blockIdx.y].w[g.part + 1]);
   }
-  mat[0] = weights;
-  if constexpr (kGlu) mat[1] = static_cast<const uint8_t*>(g.items[blockIdx.y].w[g.part + 1]);
-  const int warp = int(threadIdx.x) / kWarpSize;
-  const int lane = int(threadIdx.x) % kWarpSize;
   const int first = (int(blockIdx.x) * kWarps + warp) * kRowsPerWarp;
   static_assert(!kStage || kGlu, "only the gate/up launch stages its rows");
   int row_of[kJ];  // the part's row within a group
@@ -308,6 +330,16 @@ __global__ void __launch_bounds__(kThreads, kStage ? kStageCtas : 0)  // 0: no m
   if (weights_early) {
     ops::pdl_wait();
     ops::pdl_trigger();
+  }
+  if (route_writer) {  // after the wait (the launch before may still read these) and after its own weight loads
+    const auto logits = route::warp_logits<kRouteLogitsPerLane>(g.route.logits, g.route.n_expert, lane);
+    const float wt = route::warp_weight(logits, g.route.n_expert, g.route.k, g.route.normalize, lane,
+                                        route_lane_id);
+    if (lane < g.route.k) {
+      g.route.ids[lane] = route_lane_id;
+      g.route.weights[lane] = wt;
+      g.route.slot_rows[lane] = lane;
+    }
   }
   const Act* a;
   if (act_float) {  // uniform over the CTA
@@ -418,10 +450,10 @@ void launch_stationary(const MatvecLaunch& a, int items, cudaStream_t stream) {
   constexpr int kR0 = kJ >= 4 ? 1 : kR4 * kQ <= 8 ? kR4 : 8 / kQ;
   constexpr int kR = kGlu && kR0 > 1 ? kR0 / 2 : kR0;
   const int rows_per_cta = kWarps * kQ * kR;
-  const dim3 grid(unsigned((a.rows + rows_per_cta - 1) / rows_per_cta), unsigned(a.group.items ? a.group.n_items : 1),
-                  unsigned(a.group.items && !kGlu ? a.group.n_parts : 1));
+  const dim3 grid(unsigned((a.rows + rows_per_cta - 1) / rows_per_cta), unsigned(grouped(a.group) ? a.group.n_items : 1),
+                  unsigned(grouped(a.group) && !kGlu ? a.group.n_parts : 1));
   const size_t smem = a.act_float ? size_t(items / mmvq::MmvqType<T>::kParts) * sizeof(quant::BlockQ8_K) : 0;
-  if constexpr (kGlu) {
+  if constexpr (kGlu && kJ <= 2) {  // longer rows spill at kStageCtas' 48 registers
     if (a.stage_glu && !a.act_float && !a.group.items_settled && a.row_bytes % 16 == 0) {
       const size_t stage_bytes = size_t(kWarps) * size_t(2 * kQ * kR) * a.row_bytes;
       if (stage_bytes <= kMaxStageBytes) {

@@ -7,6 +7,10 @@
 
 #include <cstdint>
 
+#ifdef __CUDACC__
+#include "backends/cuda/ops_common.cuh"
+#endif
+
 #ifndef MAGNETAR_HD
 #define MAGNETAR_HD __host__ __device__ __forceinline__
 #endif
@@ -42,5 +46,97 @@ MAGNETAR_HD int rank_of(const float* logits, int n_expert, int e) {
   for (int q = 0; q < kRankParts; ++q) rank += rank_part(logits, n_expert, e, q);
   return rank;
 }
+
+#ifdef __CUDACC__
+// ---- one warp's routing, for the expert products that route themselves (GroupedMatvecArgs::route) ----------------
+constexpr int kWarpMaxExperts = 256;  // a lane keeps n_expert / 32 <= 8 logits in registers
+
+// A warp's logits: lane l holds experts l + 32 i (i < kPer), -0 made +0 so that the ordered keys compare as floats do.
+template <int kPer>
+struct WarpLogits {
+  float v[kPer];
+};
+template <int kPer>
+__device__ __forceinline__ WarpLogits<kPer> warp_logits(const float* logits, int n_expert, int lane) {
+  WarpLogits<kPer> w;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    w.v[i] = e < n_expert ? logits[e] + 0.0f : -INFINITY;
+  }
+  return w;
+}
+
+// The unsigned key that orders as the float does (larger key: larger logit; NaN above +inf).
+__device__ __forceinline__ uint32_t order_key(float v) {
+  const uint32_t u = __float_as_uint(v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// The experts of ranks 0 .. n - 1 in ranks_before's order (the larger logit, on equal logits the lower id), by rounds
+// of a warp-wide maximum: each round the largest key left, then the lowest id holding it; the chosen key becomes 0
+// (the lowest: only a negative NaN has it too). Returns the id of rank n - 1 in every lane; lane j < n also gets the
+// id of rank j in *lane_id. Ids past n_expert never win (n <= n_expert).
+template <int kPer>
+__device__ __forceinline__ int warp_top(const WarpLogits<kPer>& w, int n_expert, int n, int lane, int* lane_id) {
+  uint32_t key[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) key[i] = lane + 32 * i < n_expert ? order_key(w.v[i]) : 0u;
+  int id = 0;
+  for (int r = 0; r < n; ++r) {
+    uint32_t best = key[0];
+#pragma unroll
+    for (int i = 1; i < kPer; ++i) best = max(best, key[i]);
+    const uint32_t top = __reduce_max_sync(0xffffffffu, best);
+    uint32_t mine = 0xffffffffu;
+#pragma unroll
+    for (int i = kPer - 1; i >= 0; --i) {
+      if (key[i] == top && lane + 32 * i < n_expert) mine = uint32_t(lane + 32 * i);
+    }
+    id = int(__reduce_min_sync(0xffffffffu, mine));
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) key[i] = lane + 32 * i == id ? 0u : key[i];
+    if (lane == r) *lane_id = id;
+  }
+  return id;
+}
+
+// Lane j < k: the weight of slot j, whose expert is lane_id (warp_top's), as route_topk computes it: the float
+// maximum of the logits; exp(double(l - max)) summed in route_topk's order (its thread t < kSumThreads adds experts
+// t, t + kSumThreads, ..., each warp of those threads is added over warp_sum's tree, the warps' sums in order);
+// float(exp / sum), then renormalized by the double sum of the k float weights in slot order.
+template <int kPer>
+__device__ __forceinline__ float warp_weight(const WarpLogits<kPer>& w, int n_expert, int k, bool normalize, int lane,
+                                             int lane_id) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    if (lane + 32 * i < n_expert) mx = fmaxf(mx, w.v[i]);
+  }
+  mx = ops::warp_max(mx);
+  constexpr int kSumWarps = kSumThreads / 32;
+  double sum = 0;
+#pragma unroll
+  for (int sw = 0; sw < kSumWarps; ++sw) {  // route_topk's warp sw: experts 32 sw + lane + kSumThreads m
+    double part = 0;
+#pragma unroll
+    for (int i = sw; i < kPer; i += kSumWarps) {
+      if (lane + 32 * i < n_expert) part += exp(double(__fsub_rn(w.v[i], mx)));
+    }
+    sum += ops::warp_sum(part);
+  }
+  // The chosen expert's logit from its lane (lane_id % 32 holds it at index lane_id / 32).
+  float l = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const float v = __shfl_sync(0xffffffffu, w.v[i], lane_id & 31);
+    if (i == lane_id >> 5) l = v;
+  }
+  const float weight = lane < k ? float(exp(double(__fsub_rn(l, mx))) / sum) : 0.0f;
+  double top_sum = 0;
+  for (int j = 0; j < k; ++j) top_sum += double(__shfl_sync(0xffffffffu, weight, j));
+  return normalize ? float(double(weight) / top_sum) : weight;
+}
+#endif
 
 }  // namespace magnetar::cuda::route

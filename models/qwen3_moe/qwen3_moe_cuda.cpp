@@ -211,6 +211,14 @@ bool settled_items() {
   return on;
 }
 
+// A decode token's expert products route themselves (GroupedMatvecArgs::route: gate/up ranks the router's logits,
+// writes the combine's ids and weights, and the down projection ranks them again before waiting): no route_topk
+// launch; MAGNETAR_CUDA_ROUTE_IN_PRODUCTS=0 is the baseline (route_topk, then the products read its items).
+bool route_in_products() {
+  static const bool on = switch_on("MAGNETAR_CUDA_ROUTE_IN_PRODUCTS");
+  return on;
+}
+
 // Attention runs on f16 tensor cores where a kernel has the shape: a sequence with at least kMmaAttentionTokens new
 // tokens on attention_prefill_mma (each K/V row read once per tile of tokens), fewer (decode) on
 // attention_decode_mma (split-K, one CTA per token and split); the other shapes on attention() (FP32 cores).
@@ -248,6 +256,10 @@ struct DevLayer {
   quant::Type exp_type = quant::Type::F32, down_type = quant::Type::F32;
   const void* const* table = nullptr;  // device: [n_expert * 3] gate, up, down pointers
   std::vector<const void*> host_table; // the same pointers, for prefill grouping on the host
+  // The same as one buffer: expert e's part p at expert_base + e * expert_stride + part_offset[p] (routes_in_products).
+  const void* expert_base = nullptr;
+  size_t expert_stride = 0;
+  size_t part_offset[3] = {0, 0, 0};
 };
 
 // A session's KV cache on the device: per layer K and V, [n_ctx, n_head_kv * head_dim] in the host cache's type (F16
@@ -606,6 +618,10 @@ Status Qwen3Cuda::init() {
       MAGNETAR_ASSIGN_OR_RETURN(DeviceBuffer table, device_buffer(d.host_table.size() * sizeof(void*)));
       MAGNETAR_RETURN_IF_ERROR(table.upload(d.host_table.data(), d.host_table.size() * sizeof(void*)));
       d.table = static_cast<const void* const*>(table.data());
+      d.expert_base = buf.data();
+      d.expert_stride = per_expert;
+      d.part_offset[1] = part_bytes[0];
+      d.part_offset[2] = part_bytes[0] + part_bytes[1];
       owned_.push_back(std::move(buf));
       owned_.push_back(std::move(table));
     } else {
@@ -1161,17 +1177,29 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   // Decode with every expert resident: one item per (token, slot), built on the device by the router's launch.
   const bool resolve = routes_on_device(n);
   if (!routed) MAGNETAR_RETURN_IF_ERROR(linear(L.gate_inp, xn_.as<float>(), router, n));
-  MAGNETAR_RETURN_IF_ERROR(cuda::route_topk({.logits = router, .ids = ids, .weights = weights, .n_tok = n,
-                                             .n_expert = X, .k = K, .normalize = hp_.norm_topk_prob,
-                                             .table = resolve ? L.table : nullptr, .items = items, .x_rows = x_rows,
-                                             .slot_rows = slot_rows}, stream_));
+  // Prefill with an mmq-able expert type groups up to kMmqItemRows rows per item for grouped_matmul_q.
+  const bool mmq = use_mmq(L.exp_type, n) && cuda::has_matmul_q(L.down_type);
+  // Decode's swiglu folded into the two products (Fusion::kSwigluMmvq) where every item has one row (max_n 1).
+  const bool swiglu_in_products = !mmq && fused(Fusion::kSwigluMmvq) && mmvq_stationary() &&
+                                  cuda::matvec_stationary_fits(L.exp_type, E) &&
+                                  cuda::matvec_stationary_fits(L.down_type, F);
+  // One token, every expert resident: the products route themselves (route_in_products()), route_topk is not run.
+  const bool self_routed = resolve && n == 1 && swiglu_in_products && route_in_products() &&
+                           L.expert_base != nullptr && X <= cuda::kMaxRoutedExperts && K <= 32;
+  if (!self_routed) {
+    MAGNETAR_RETURN_IF_ERROR(cuda::route_topk({.logits = router, .ids = ids, .weights = weights, .n_tok = n,
+                                               .n_expert = X, .k = K, .normalize = hp_.norm_topk_prob,
+                                               .table = resolve ? L.table : nullptr, .items = items,
+                                               .x_rows = x_rows, .slot_rows = slot_rows}, stream_));
+  }
+  const cuda::RouteInProducts route{.logits = self_routed ? router : nullptr, .n_expert = int(X), .k = int(K),
+                                    .base = L.expert_base, .stride = L.expert_stride,
+                                    .offset = {L.part_offset[0], L.part_offset[1], L.part_offset[2]}};
 
   int64_t n_items = R, max_n = 1;
   Early early{.items = R, .rows = R};  // items and rows that need no copy still in flight (all but the pool's misses)
   // Bytes of one row of the down projection's quantized input (q_in_), or 0 (float input).
   const size_t h_row = is_quantized(L.down_type) ? quant::row_size(quant::traits(L.down_type).vec_dot_type, F) : 0;
-  // Prefill with an mmq-able expert type groups up to kMmqItemRows rows per item for grouped_matmul_q.
-  const bool mmq = use_mmq(L.exp_type, n) && cuda::has_matmul_q(L.down_type);
   const int32_t item_rows = mmq ? kMmqItemRows : int32_t(kVec);
   lane_.clear();
   if (!resolve) {
@@ -1235,23 +1263,28 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   float* down = down_.as<float>();
   const bool q_in = is_quantized(L.exp_type);
   const void* x = q_in ? quantize_xn(L.exp_type, n) : static_cast<const void*>(xn_.as<float>());
-  // Decode's swiglu folded into the two products (Fusion::kSwigluMmvq): gate/up writes silu(gate) * up as float rows
-  // into gate, which the down projection quantizes itself.
-  const bool swiglu_in_products = !mmq && max_n == 1 && fused(Fusion::kSwigluMmvq) && mmvq_stationary() &&
-                                  cuda::matvec_stationary_fits(L.exp_type, E) &&
-                                  cuda::matvec_stationary_fits(L.down_type, F);
+  // Decode's swiglu folded into the two products: gate/up writes silu(gate) * up as float rows into gate, which the
+  // down projection quantizes itself.
   auto experts_on = [&](int64_t item0, int64_t count, int64_t row0, int64_t rows) -> Status {
     if (count == 0) return Status();
-    const GroupItem* its = items + item0;
-    if (swiglu_in_products) {
+    const GroupItem* its = self_routed ? nullptr : items + item0;
+    if (swiglu_in_products && max_n == 1) {
+      cuda::RouteInProducts gate_route = route;  // gate/up writes the combine's ids and weights
+      if (self_routed) {
+        gate_route.ids = ids;
+        gate_route.weights = weights;
+        gate_route.slot_rows = slot_rows;
+        gate_route.normalize = hp_.norm_topk_prob;
+      }
       MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matvec({.type = L.exp_type, .items = its, .n_items = count, .part = 0,
                                                      .n_parts = 2, .rows = F, .cols = E, .x = x, .x_rows = x_rows,
                                                      .single_x = n == 1, .y = gate, .max_n = 1, .stationary = true,
-                                                     .swiglu = true},
+                                                     .swiglu = true, .route = gate_route},
                                                     stream_));
       return cuda::grouped_matvec({.type = L.down_type, .items = its, .n_items = count, .part = 2, .n_parts = 1,
                                    .rows = E, .cols = F, .x = gate, .x_rows = nullptr, .y = down, .max_n = 1,
-                                   .stationary = true, .items_settled = settled_items(), .x_float = true},
+                                   .stationary = true, .items_settled = settled_items(), .x_float = true,
+                                   .route = route},
                                   stream_);
     }
     if (mmq) {

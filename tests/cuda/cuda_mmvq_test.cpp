@@ -696,6 +696,142 @@ TEST(CudaMatvec, SwigluInProductsMatchesSeparateLaunches) {
   }
 }
 
+// Expert products that route themselves (GroupedMatvecArgs::route) against route_topk with a table and the launches
+// that read its items, bit for bit: the ids, weights (renormalized or not) and slot rows gate/up writes, the SwiGLU
+// rows and the down projection's rows (the logits read before or after waiting). Every expert of the layer lies in one
+// buffer (256-byte aligned parts, as the model uploads them). Logits: gaussian; in steps of 0.5 (many ties, broken
+// by the lower id); with +-0, -inf and one far above the rest. Shapes: the 30B-A3B geometry's rows (2,048 x 768, on few experts)
+// and 256-column rows on up to 128 experts.
+TEST(CudaMatvec, RouteInProductsMatchesRouteTopk) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  Rng rng(kSeed + 92);
+  const Type type = Type::Q4_K;
+  auto download = [](const cuda::DeviceBuffer& buf, size_t bytes) {
+    std::vector<uint8_t> v(bytes);
+    EXPECT_TRUE(buf.download(v.data(), bytes).ok());
+    return v;
+  };
+  auto device = [](const void* data, size_t bytes) {
+    auto buf = cuda::DeviceBuffer::allocate(bytes);
+    EXPECT_TRUE(buf.ok() && buf->upload(data, bytes).ok());
+    return std::move(buf).value();
+  };
+  auto align256 = [](size_t n) { return (n + 255) / 256 * 256; };
+  struct Case {
+    int64_t E, F;
+    int n_expert, k;
+  };
+  for (const Case c : {Case{2048, 768, 12, 8}, Case{2048, 768, 9, 3}, Case{256, 256, 128, 8}, Case{256, 256, 100, 4},
+                       Case{256, 512, 33, 1}}) {
+    const std::string shape = "E=" + std::to_string(c.E) + " F=" + std::to_string(c.F) + " experts=" +
+                              std::to_string(c.n_expert) + " k=" + std::to_string(c.k);
+    const size_t part_bytes[3] = {align256(quant::row_size(type, c.E) * size_t(c.F)),
+                                  align256(quant::row_size(type, c.E) * size_t(c.F)),
+                                  align256(quant::row_size(type, c.F) * size_t(c.E))};
+    const size_t stride = part_bytes[0] + part_bytes[1] + part_bytes[2];
+    std::vector<uint8_t> experts(stride * size_t(c.n_expert), 0);
+    for (int e = 0; e < c.n_expert; ++e) {
+      size_t off = size_t(e) * stride;
+      for (int p = 0; p < 3; ++p) {
+        const std::vector<uint8_t> q = quantize_ref(type, gaussian(rng, c.E * c.F), p == 2 ? c.F : c.E);
+        std::memcpy(experts.data() + off, q.data(), q.size());
+        off += part_bytes[p];
+      }
+    }
+    const cuda::DeviceBuffer experts_dev = device(experts.data(), experts.size());
+    std::vector<const void*> table(size_t(c.n_expert) * 3);
+    for (int e = 0; e < c.n_expert; ++e) {
+      size_t off = size_t(e) * stride;
+      for (int p = 0; p < 3; ++p) {
+        table[size_t(e) * 3 + size_t(p)] = static_cast<const uint8_t*>(experts_dev.data()) + off;
+        off += part_bytes[p];
+      }
+    }
+    const cuda::DeviceBuffer table_dev = device(table.data(), table.size() * sizeof(void*));
+    const cuda::DeviceBuffer x_dev = device(activations(rng, 1, c.E).data(), size_t(c.E) * sizeof(float));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer xq, cuda::DeviceBuffer::allocate(quant::row_size(Type::Q8_K, c.E)));
+    ASSERT_OK(cuda::quantize_activations(Type::Q8_K, x_dev.as<float>(), xq.data(), c.E, 1, stream));
+    const size_t k = size_t(c.k);
+    for (int logit_case = 0; logit_case < 3; ++logit_case) {
+      std::vector<float> logits = gaussian(rng, c.n_expert);
+      if (logit_case == 1) {
+        for (float& l : logits) l = std::round(l * 2.0f) / 2.0f;
+      } else if (logit_case == 2) {
+        for (int e = 0; e < c.n_expert; ++e) {
+          if (e % 5 == 1) logits[size_t(e)] = e % 2 ? 0.0f : -0.0f;
+          if (e % 7 == 3) logits[size_t(e)] = -INFINITY;
+        }
+        logits[size_t(c.n_expert / 2)] = 1e30f;
+      }
+      const cuda::DeviceBuffer logits_dev = device(logits.data(), logits.size() * sizeof(float));
+      for (const bool normalize : {true, false}) {
+        const std::string where = shape + " logits case " + std::to_string(logit_case) +
+                                  (normalize ? " normalized" : "");
+        // route_topk with the table, then the products on its items.
+        const std::vector<float> nan(std::max(c.E, c.F) * int64_t(k), std::nanf(""));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer items, cuda::DeviceBuffer::allocate(k * sizeof(cuda::GroupItem)));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer rows, cuda::DeviceBuffer::allocate(2 * k * sizeof(int32_t)));
+        cuda::DeviceBuffer ids_a = device(nan.data(), k * 4), weights_a = device(nan.data(), k * 4),
+                           slots_a = device(nan.data(), k * 4);
+        ASSERT_OK(cuda::route_topk({.logits = logits_dev.as<float>(), .ids = ids_a.as<int32_t>(),
+                                    .weights = weights_a.as<float>(), .n_tok = 1, .n_expert = c.n_expert, .k = c.k,
+                                    .normalize = normalize, .table = table_dev.as<const void*>(),
+                                    .items = items.as<cuda::GroupItem>(), .x_rows = rows.as<int32_t>(),
+                                    .slot_rows = slots_a.as<int32_t>()},
+                                   stream));
+        cuda::DeviceBuffer h_a = device(nan.data(), k * size_t(c.F) * 4), y_a = device(nan.data(), k * size_t(c.E) * 4);
+        const cuda::GroupedMatvecArgs gate_up{.type = type, .items = items.as<cuda::GroupItem>(), .n_items = c.k,
+                                              .part = 0, .n_parts = 2, .rows = c.F, .cols = c.E, .x = xq.data(),
+                                              .single_x = true, .y = h_a.as<float>(), .max_n = 1, .stationary = true,
+                                              .swiglu = true};
+        ASSERT_OK(cuda::grouped_matvec(gate_up, stream));
+        const cuda::GroupedMatvecArgs down{.type = type, .items = items.as<cuda::GroupItem>(), .n_items = c.k,
+                                           .part = 2, .n_parts = 1, .rows = c.E, .cols = c.F, .x = h_a.data(),
+                                           .y = y_a.as<float>(), .max_n = 1, .stationary = true,
+                                           .items_settled = true, .x_float = true};
+        ASSERT_OK(cuda::grouped_matvec(down, stream));
+        stream.synchronize();
+
+        // The products routing themselves.
+        cuda::DeviceBuffer ids_b = device(nan.data(), k * 4), weights_b = device(nan.data(), k * 4),
+                           slots_b = device(nan.data(), k * 4);
+        cuda::DeviceBuffer h_b = device(nan.data(), k * size_t(c.F) * 4);
+        const cuda::RouteInProducts route{.logits = logits_dev.as<float>(), .n_expert = c.n_expert, .k = c.k,
+                                          .base = experts_dev.data(), .stride = stride,
+                                          .offset = {0, part_bytes[0], part_bytes[0] + part_bytes[1]}};
+        cuda::GroupedMatvecArgs a = gate_up;
+        a.items = nullptr;
+        a.y = h_b.as<float>();
+        a.route = route;
+        a.route.ids = ids_b.as<int32_t>();
+        a.route.weights = weights_b.as<float>();
+        a.route.slot_rows = slots_b.as<int32_t>();
+        a.route.normalize = normalize;
+        ASSERT_OK(cuda::grouped_matvec(a, stream));
+        stream.synchronize();
+        EXPECT_EQ(download(ids_a, k * 4), download(ids_b, k * 4)) << where << ": ids";
+        EXPECT_EQ(download(weights_a, k * 4), download(weights_b, k * 4)) << where << ": weights";
+        EXPECT_EQ(download(slots_a, k * 4), download(slots_b, k * 4)) << where << ": slot rows";
+        EXPECT_EQ(download(h_a, k * size_t(c.F) * 4), download(h_b, k * size_t(c.F) * 4)) << where << ": swiglu rows";
+        for (const bool settled : {true, false}) {
+          cuda::DeviceBuffer y_b = device(nan.data(), k * size_t(c.E) * 4);
+          a = down;
+          a.items = nullptr;
+          a.x = h_b.data();
+          a.y = y_b.as<float>();
+          a.items_settled = settled;
+          a.route = route;
+          ASSERT_OK(cuda::grouped_matvec(a, stream));
+          stream.synchronize();
+          EXPECT_EQ(download(y_a, k * size_t(c.E) * 4), download(y_b, k * size_t(c.E) * 4))
+              << where << ": down rows" << (settled ? ", logits read before waiting" : "");
+        }
+      }
+    }
+  }
+}
+
 // Which rows the stationary kernel takes, and the folded products' bad arguments (refused with a Status before any
 // device call: these run on every machine): without the stationary kernel, swiglu without both parts, a shape or type
 // the kernel does not take, a float input not 16-byte aligned.
@@ -740,6 +876,33 @@ TEST(CudaMatvec, StationaryShapesAndFoldedArguments) {
   bad.x_float = true;
   bad.x = fake + 4;
   expect_error(cuda::grouped_matvec(bad, stream), "aligned");
+  // Routing in the products: no items, n_items = k, up to kMaxRoutedExperts experts, 16-byte aligned parts.
+  cuda::GroupedMatvecArgs routed = ok;
+  routed.items = nullptr;
+  routed.n_items = 8;
+  routed.route = {.logits = reinterpret_cast<const float*>(fake), .n_expert = 128, .k = 8, .base = fake,
+                  .stride = 256};
+  bad = routed;
+  bad.items = ok.items;
+  expect_error(cuda::grouped_matvec(bad, stream), "route needs no items");
+  bad = routed;
+  bad.route.n_expert = cuda::kMaxRoutedExperts + 1;
+  expect_error(cuda::grouped_matvec(bad, stream), "route needs");
+  bad = routed;
+  bad.n_items = 4;
+  expect_error(cuda::grouped_matvec(bad, stream), "route needs");
+  bad = routed;
+  bad.route.stride = 264;
+  expect_error(cuda::grouped_matvec(bad, stream), "route needs");
+  bad = routed;
+  bad.route.offset[1] = 8;
+  expect_error(cuda::grouped_matvec(bad, stream), "offsets");
+  bad = routed;
+  bad.route.ids = reinterpret_cast<int32_t*>(fake);
+  expect_error(cuda::grouped_matvec(bad, stream), "weights and slot_rows");
+  bad = ok;
+  bad.items = nullptr;
+  expect_error(cuda::grouped_matvec(bad, stream), "null device pointer (items)");
 }
 
 }  // namespace
