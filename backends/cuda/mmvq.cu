@@ -498,42 +498,122 @@ bool try_stationary(const MatvecLaunch& a, int blocks_per_row, cudaStream_t stre
 // The staged kernel (MatvecLaunch::staged; one vector, a plain launch; Q8_0 rows of a multiple of 256 columns, whose
 // length is a multiple of 16 bytes). Q8_0's 34-byte blocks allow only 2-byte loads from global memory: the decode
 // LM head (151,936 x 2,048, 331 MB) streamed at 2.5 TB/s in the rows kernel (H200 kernel trace, 2026-12-01). Here each
-// warp copies its row into shared memory with 16-byte cp.async loads (issued before waiting for the kernel before:
-// a plain launch's weights are no kernel's output), then takes the rows kernel's one-row loop with the blocks read
-// from shared memory. Grid: ceil(rows / kWarps) CTAs of kThreads, kWarps rows of row_bytes of shared memory.
-template <Type T>
+// warp copies its rows into shared memory with 16-byte cp.async loads, then takes the rows kernel's one-row loop with
+// the blocks read from shared memory. The grid is one wave (the CTAs the GPU holds at once, staged_grid) and each
+// warp takes rows row0, row0 + stride, ... (stride = the grid's warps) through kStagedBuffers row buffers: the copies
+// of its next kStagedBuffers - 1 rows are in flight while it computes one, so that the memory system never waits for
+// a CTA to end and the next to start (the first version's CTA per 4 rows: 2.9 TB/s on the LM head, 115.8 us per
+// token). The first rows' copies are issued before waiting for the kernel before (a plain launch's weights are no
+// kernel's output). That alone took the LM head to 121.4 us (H200, 2026-12-01): the loop's 2-byte loads of the staged
+// weights and of the activation (16 per 16-value item) held it. kIpl > 0 (Q8_0 rows of 512 kIpl columns): lane l
+// always takes the items l + 32 j (j < kIpl) of a row, so it loads its activation items once, into registers, and
+// reads each weight item as 4 or 5 aligned 32-bit words of the staged row (its quants start 2 bytes into a word in
+// the blocks of even index: a byte permute joins two words) and its scale as one 2-byte load. Per row the same items,
+// products and sum as the rows kernel: the same bits.
+constexpr int kStagedBuffers = 3;
+constexpr size_t kMaxStagedRowBytes = 12 * 1024;  // 144 KiB of shared memory per CTA
+constexpr int kMaxStagedIpl = 8;                  // 4,096 columns
+template <Type T, int kIpl>
 __global__ void __launch_bounds__(kThreads)
     mmvq_staged_kernel(const uint8_t* __restrict__ weights, size_t row_bytes, int rows, int blocks_per_row,
                        const uint8_t* __restrict__ act, float* __restrict__ y) {
   using Ops = mmvq::MmvqType<T>;
   using Block = typename Ops::Block;
   using Act = typename Ops::Act;
-  extern __shared__ int4 staged_rows[];
+  extern __shared__ int4 staged_rows[];  // [kWarps][kStagedBuffers][units]
   const int warp = int(threadIdx.x) / kWarpSize;
   const int lane = int(threadIdx.x) % kWarpSize;
-  const int row = int(blockIdx.x) * kWarps + warp;
+  const int stride = int(gridDim.x) * kWarps;
+  const int row0 = int(blockIdx.x) * kWarps + warp;
   const int units = int(row_bytes / 16);
-  int4* mine = staged_rows + size_t(warp) * size_t(units);
-  if (row < rows) {
-    const int4* src = reinterpret_cast<const int4*>(weights + size_t(row) * row_bytes);
-    for (int u = lane; u < units; u += kWarpSize) cp_async16(mine + u, src + u, 16);
-  }
-  cp_async_commit();
+  int4* mine = staged_rows + size_t(warp) * kStagedBuffers * size_t(units);
+  // Copy i (row row0 + i * stride) into buffer i % kStagedBuffers; one commit group per copy, empty past the last row.
+  auto issue = [&](int i) {
+    const int64_t row = int64_t(row0) + int64_t(i) * stride;
+    if (row < rows) {
+      const int4* src = reinterpret_cast<const int4*>(weights + size_t(row) * row_bytes);
+      int4* dst = mine + (i % kStagedBuffers) * units;
+      for (int u = lane; u < units; u += kWarpSize) cp_async16(dst + u, src + u, 16);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < kStagedBuffers - 1; ++i) issue(i);
   ops::pdl_wait();
   ops::pdl_trigger();
-  if (row >= rows) return;  // whole warps: no barrier below
   const Act* a = reinterpret_cast<const Act*>(act);
-  const Block* w = reinterpret_cast<const Block*>(mine);
-  cp_async_wait_all();
-  __syncwarp();
-  float acc = 0.0f;
   const int items = blocks_per_row * Ops::kParts;
-#pragma unroll 2
-  for (int it = lane; it < items; it += kWarpSize) {
-    acc += Ops::dot(w[it / Ops::kParts], a[it / Ops::kParts], it % Ops::kParts);
+  static_assert(kIpl == 0 || T == Type::Q8_0, "the word loads are Q8_0's");
+  [[maybe_unused]] int xq[kIpl > 0 ? kIpl : 1][4];  // kIpl: the lane's activation items (item lane + 32 j)
+  [[maybe_unused]] float xd[kIpl > 0 ? kIpl : 1];
+  if constexpr (kIpl > 0) {
+#pragma unroll
+    for (int j = 0; j < kIpl; ++j) {
+      const int it = lane + kWarpSize * j;
+      const Act& ab = a[it / 2];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) xq[j][k] = mmvq::load_a2(mmvq::bytes(ab.qs) + 16 * (it % 2) + 4 * k);
+      xd[j] = mmvq::fp16_to_float(ab.d);
+    }
   }
-  acc = warp_sum(acc);
-  if (lane == 0) y[row] = acc;
+  int i = 0;
+  for (int64_t row = row0; row < rows; ++i, row += stride) {  // whole warps: no barrier below
+    issue(i + kStagedBuffers - 1);  // into the buffer computed last iteration (__syncwarp below)
+    cp_async_wait_group<kStagedBuffers - 1>();
+    __syncwarp();  // every lane's copies of row i have landed
+    const Block* w = reinterpret_cast<const Block*>(mine + (i % kStagedBuffers) * units);
+    float acc = 0.0f;
+    if constexpr (kIpl > 0) {
+      const uint8_t* rb = reinterpret_cast<const uint8_t*>(w);
+      // Item it = lane + 32 j: block b = it / 2 (b's parity is the lane's: 16 j is even), quants 16 (it % 2) bytes
+      // into the block's 32, i.e. at byte 34 b + 2 + 16 (it % 2) of the row: word-aligned for odd b, else 2 past.
+      const bool straddles = (lane / 2) % 2 == 0;
+#pragma unroll
+      for (int j = 0; j < kIpl; ++j) {
+        const int it = lane + kWarpSize * j;
+        const int start = 34 * (it / 2) + 2 + 16 * (it % 2);
+        const uint32_t* words = reinterpret_cast<const uint32_t*>(rb + (start & ~3));
+        uint32_t wd[5];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) wd[k] = words[k];
+        wd[4] = straddles ? words[4] : 0u;
+        int sumi = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t q = straddles ? __byte_perm(wd[k], wd[k + 1], 0x5432) : wd[k];
+          sumi = mmvq::dp4a(int(q), xq[j][k], sumi);
+        }
+        const float dw = mmvq::fp16_to_float(*reinterpret_cast<const uint16_t*>(rb + 34 * (it / 2)));
+        acc += float(sumi) * (dw * xd[j]);  // MmvqType<Q8_0>::dot's expression
+      }
+    } else {
+#pragma unroll 2
+      for (int it = lane; it < items; it += kWarpSize) {
+        acc += Ops::dot(w[it / Ops::kParts], a[it / Ops::kParts], it % Ops::kParts);
+      }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) y[row] = acc;
+    __syncwarp();  // every lane is done with the buffer before the next issue refills it
+  }
+  cp_async_wait_all();  // nothing lands after the CTA has left
+}
+
+// The staged kernel's grid for `rows` rows of row_bytes: the CTAs the GPU holds at once with its shared memory (one
+// wave), at most one per kWarps rows. Sets the kernel's shared-memory opt-in (a host-side attribute write).
+template <Type T, int kIpl>
+void launch_staged(const MatvecLaunch& a, int blocks_per_row, cudaStream_t stream) {
+  const auto kernel = mmvq_staged_kernel<T, kIpl>;
+  const size_t smem = size_t(kWarps) * kStagedBuffers * a.row_bytes;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  int device = 0, sms = 0, per_sm = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+  const int64_t wave = int64_t(std::max(sms, 1)) * std::max(per_sm, 1);
+  const unsigned grid = unsigned(std::min<int64_t>(wave, (a.rows + kWarps - 1) / kWarps));
+  CUDA_CHECK(ops::launch(kernel, grid, kThreads, smem, stream, static_cast<const uint8_t*>(a.weights), a.row_bytes,
+                         int(a.rows), blocks_per_row, static_cast<const uint8_t*>(a.act), a.y));
 }
 
 // Warps per row: 4 when the row has at least one item per thread of the CTA, fewer for short rows so that
@@ -571,11 +651,20 @@ void launch(const MatvecLaunch& a, cudaStream_t stream) {
   }
   if constexpr (mmvq_has_staged_kernel(T)) {
     if (a.n_vectors == 1 && a.staged && a.group.items == nullptr && a.row_bytes % 16 == 0) {
-      const size_t smem = size_t(kWarps) * a.row_bytes;
-      if (smem <= 48 * 1024) {
-        CUDA_CHECK(ops::launch(mmvq_staged_kernel<T>, unsigned((a.rows + kWarps - 1) / kWarps), kThreads, smem, stream,
-                               static_cast<const uint8_t*>(a.weights), a.row_bytes, int(a.rows), blocks_per_row,
-                               static_cast<const uint8_t*>(a.act), a.y));
+      if (a.row_bytes <= kMaxStagedRowBytes) {
+        const int items = blocks_per_row * mmvq::MmvqType<T>::kParts;
+        switch (T == Type::Q8_0 && items % kWarpSize == 0 && items <= kMaxStagedIpl * kWarpSize ? items / kWarpSize
+                                                                                               : 0) {
+          case 1: launch_staged<T, 1>(a, blocks_per_row, stream); break;
+          case 2: launch_staged<T, 2>(a, blocks_per_row, stream); break;
+          case 3: launch_staged<T, 3>(a, blocks_per_row, stream); break;
+          case 4: launch_staged<T, 4>(a, blocks_per_row, stream); break;
+          case 5: launch_staged<T, 5>(a, blocks_per_row, stream); break;
+          case 6: launch_staged<T, 6>(a, blocks_per_row, stream); break;
+          case 7: launch_staged<T, 7>(a, blocks_per_row, stream); break;
+          case 8: launch_staged<T, 8>(a, blocks_per_row, stream); break;
+          default: launch_staged<T, 0>(a, blocks_per_row, stream); break;
+        }
         return;
       }
     }

@@ -224,21 +224,21 @@ TEST_P(CudaMatvecTest, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(AllWeightTypes, CudaMatvecTest, testing::ValuesIn(weight_types()), type_case_name);
 
-// Single-vector products of `type` at each of `cols` and row counts 1, 3, 9, 67 and 1,031 (cutting the warps' and
-// CTAs' row groups), with MatvecArgs::stationary / staged both set and both clear, against the reference vec_dot of
-// the same quantized row with the activations quantize_activations made (within the derived bound, as above).
-// Outputs sit between poisoned guard floats.
-void expect_single_vector_products(Type type, std::initializer_list<int64_t> col_list, uint64_t seed) {
+// Single-vector products of `type` at each of `cols` and row counts 1, 3, 9, 67 and max_rows (default 1,031: cutting
+// the warps' and CTAs' row groups), with MatvecArgs::stationary / staged both set and both clear, against the reference
+// vec_dot of the same quantized row with the activations quantize_activations made (within the derived bound, as
+// above). Outputs sit between poisoned guard floats.
+void expect_single_vector_products(Type type, std::initializer_list<int64_t> col_list, uint64_t seed,
+                                   int64_t max_rows = 1031) {
   const TypeTraits& t = quant::traits(type);
   const TypeTraits& act = quant::traits(t.vec_dot_type);
   Rng rng(seed);
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
   cuda::MatvecWorkspace workspace;  // not used: x_quantized
-  constexpr int64_t kRows = 1031;
   for (const int64_t cols : col_list) {
     const size_t row_bytes = quant::row_size(type, cols);
-    const std::vector<uint8_t> qw = quantize_ref(type, gaussian(rng, kRows * cols), cols);
-    const std::vector<float> w = dequantize_ref(type, qw.data(), kRows * cols);
+    const std::vector<uint8_t> qw = quantize_ref(type, gaussian(rng, max_rows * cols), cols);
+    const std::vector<float> w = dequantize_ref(type, qw.data(), max_rows * cols);
     ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer w_dev, cuda::DeviceBuffer::allocate(qw.size()));
     ASSERT_OK(w_dev.upload(qw.data(), qw.size()));
     const std::vector<float> x = activations(rng, 1, cols);
@@ -251,8 +251,9 @@ void expect_single_vector_products(Type type, std::initializer_list<int64_t> col
     std::vector<uint8_t> qx(act_row);
     ASSERT_OK(qx_dev.download(qx.data(), qx.size()));
     const std::vector<float> y_act = dequantize_ref(act.type, qx.data(), cols);
-    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer y_dev, cuda::DeviceBuffer::allocate((kRows + kGuardFloats) * sizeof(float)));
-    for (const int64_t rows : {1, 3, 9, 67, 1031}) {
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer y_dev,
+                         cuda::DeviceBuffer::allocate((max_rows + kGuardFloats) * sizeof(float)));
+    for (const int64_t rows : {int64_t(1), int64_t(3), int64_t(9), int64_t(67), max_rows}) {
       for (const bool fast : {true, false}) {
         const std::string where = std::string(t.name) + " rows=" + std::to_string(rows) + " cols=" +
                                   std::to_string(cols) + (fast ? " stationary/staged" : " rows kernel");
@@ -299,6 +300,15 @@ TEST(CudaMatvec, StationaryMatchesReference) {
 TEST(CudaMatvec, StagedMatchesReference) {
   SKIP_WITHOUT_GPU();
   expect_single_vector_products(Type::Q8_0, {256, 512, 2048, 2816, 4096, 11264, 288, 11520}, kSeed ^ 0x57a8);
+}
+
+// The staged kernel's grid is one wave of CTAs whose warps loop over the rows through a ring of row buffers: rows
+// enough for several rows per warp (the LM head's 2,048 columns: 8 CTAs per SM, ~4,200 rows per wave on an H200;
+// 11,264 columns: 1 CTA per SM, ~530), so that every buffer is refilled.
+TEST(CudaMatvec, StagedLoopsOverManyRows) {
+  SKIP_WITHOUT_GPU();
+  expect_single_vector_products(Type::Q8_0, {2048}, kSeed ^ 0x57a9, 20011);
+  expect_single_vector_products(Type::Q8_0, {11264}, kSeed ^ 0x57aa, 3001);
 }
 
 // ---- quantize_activations ---------------------------------------------------------------------------------
