@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(kThreads)
 // before their dot products: the same parts and sums, bit for bit, in 48 registers (launch bounds of kStageCtas CTAs
 // per SM; 12, i.e. 40 registers with a 16-byte spill, measured the same). H200 (2026-12-02): the down projection's
 // weights now arrive while gate/up runs (its marginal time per step 190 -> 157 us), tg128 +1.5-2.3%
-// (docs/benchmarks/2026-12-02-cuda-decode-staged-glu.md).
+// (docs/benchmarks/2026-12-02-cuda-decode-route-in-products.md).
 constexpr int kStageCtas = 10;
 template <Type T, int kJ, int kQ, int kR, bool kGlu, bool kStage>
 __global__ void __launch_bounds__(kThreads, kStage ? kStageCtas : 0)  // 0: no minimum (what the others had)
@@ -440,6 +440,21 @@ StationaryShape stationary_shape(int items) {
   return s;
 }
 
+// The staged gate/up launch (mmvq_stationary_kernel's kStage) with kR row groups per warp; false where its rows do not
+// fit kMaxStageBytes. kR as the unstaged launch's (1 SwiGLU row per warp at 2,048 columns): 2 and 4 row groups took
+// tg128 1.2% and 6.6% lower (H200, 2026-12-02).
+template <Type T, int kJ, int kQ, int kR>
+bool launch_staged_glu(const MatvecLaunch& a, int items, cudaStream_t stream) {
+  const int rows_per_cta = kWarps * kQ * kR;
+  const size_t stage_bytes = size_t(kWarps) * size_t(2 * kQ * kR) * a.row_bytes;
+  if (stage_bytes > kMaxStageBytes) return false;
+  const dim3 grid(unsigned((a.rows + rows_per_cta - 1) / rows_per_cta), unsigned(a.group.n_items), 1);
+  CUDA_CHECK(ops::launch(mmvq_stationary_kernel<T, kJ, kQ, kR, true, true>, grid, kThreads, stage_bytes, stream,
+                         static_cast<const uint8_t*>(a.weights), a.row_bytes, int(a.rows), items,
+                         static_cast<const uint8_t*>(a.act), a.act_row_bytes, false, a.y, a.group));
+  return true;
+}
+
 template <Type T, int kJ, int kQ, bool kGlu>
 void launch_stationary(const MatvecLaunch& a, int items, cudaStream_t stream) {
   // kJ kR weight parts in flight per lane (4 or more where kJ allows, counting gate and up), at most 8 rows per warp.
@@ -450,18 +465,13 @@ void launch_stationary(const MatvecLaunch& a, int items, cudaStream_t stream) {
   constexpr int kR0 = kJ >= 4 ? 1 : kR4 * kQ <= 8 ? kR4 : 8 / kQ;
   constexpr int kR = kGlu && kR0 > 1 ? kR0 / 2 : kR0;
   const int rows_per_cta = kWarps * kQ * kR;
-  const dim3 grid(unsigned((a.rows + rows_per_cta - 1) / rows_per_cta), unsigned(grouped(a.group) ? a.group.n_items : 1),
-                  unsigned(grouped(a.group) && !kGlu ? a.group.n_parts : 1));
+  const bool group = grouped(a.group);
+  const dim3 grid(unsigned((a.rows + rows_per_cta - 1) / rows_per_cta), unsigned(group ? a.group.n_items : 1),
+                  unsigned(group && !kGlu ? a.group.n_parts : 1));
   const size_t smem = a.act_float ? size_t(items / mmvq::MmvqType<T>::kParts) * sizeof(quant::BlockQ8_K) : 0;
   if constexpr (kGlu && kJ <= 2) {  // longer rows spill at kStageCtas' 48 registers
     if (a.stage_glu && !a.act_float && !a.group.items_settled && a.row_bytes % 16 == 0) {
-      const size_t stage_bytes = size_t(kWarps) * size_t(2 * kQ * kR) * a.row_bytes;
-      if (stage_bytes <= kMaxStageBytes) {
-        CUDA_CHECK(ops::launch(mmvq_stationary_kernel<T, kJ, kQ, kR, true, true>, grid, kThreads, stage_bytes, stream, static_cast<const uint8_t*>(a.weights),
-                               a.row_bytes, int(a.rows), items, static_cast<const uint8_t*>(a.act), a.act_row_bytes,
-                               false, a.y, a.group));
-        return;
-      }
+      if (launch_staged_glu<T, kJ, kQ, kR>(a, items, stream)) return;
     }
   }
   CUDA_CHECK(ops::launch(mmvq_stationary_kernel<T, kJ, kQ, kR, kGlu, false>, grid, kThreads, smem, stream,
@@ -499,7 +509,7 @@ bool try_stationary(const MatvecLaunch& a, int blocks_per_row, cudaStream_t stre
 // length is a multiple of 16 bytes). Q8_0's 34-byte blocks allow only 2-byte loads from global memory: the decode
 // LM head (151,936 x 2,048, 331 MB) streamed at 2.5 TB/s in the rows kernel (H200 kernel trace, 2026-12-01). Here each
 // warp copies its rows into shared memory with 16-byte cp.async loads, then takes the rows kernel's one-row loop with
-// the blocks read from shared memory. The grid is one wave (the CTAs the GPU holds at once, staged_grid) and each
+// the blocks read from shared memory. The grid is one wave (the CTAs the GPU holds at once, launch_staged) and each
 // warp takes rows row0, row0 + stride, ... (stride = the grid's warps) through kStagedBuffers row buffers: the copies
 // of its next kStagedBuffers - 1 rows are in flight while it computes one, so that the memory system never waits for
 // a CTA to end and the next to start (the first version's CTA per 4 rows: 2.9 TB/s on the LM head, 115.8 us per
@@ -599,8 +609,8 @@ __global__ void __launch_bounds__(kThreads)
   cp_async_wait_all();  // nothing lands after the CTA has left
 }
 
-// The staged kernel's grid for `rows` rows of row_bytes: the CTAs the GPU holds at once with its shared memory (one
-// wave), at most one per kWarps rows. Sets the kernel's shared-memory opt-in (a host-side attribute write).
+// Launches the staged kernel over one wave: the CTAs the GPU holds at once with its shared memory, at most one per
+// kWarps rows (after the kernel's shared-memory opt-in, a host-side attribute write).
 template <Type T, int kIpl>
 void launch_staged(const MatvecLaunch& a, int blocks_per_row, cudaStream_t stream) {
   const auto kernel = mmvq_staged_kernel<T, kIpl>;

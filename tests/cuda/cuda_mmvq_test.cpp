@@ -710,8 +710,8 @@ TEST(CudaMatvec, SwigluInProductsMatchesSeparateLaunches) {
 // that read its items, bit for bit: the ids, weights (renormalized or not) and slot rows gate/up writes, the SwiGLU
 // rows and the down projection's rows (the logits read before or after waiting). Every expert of the layer lies in one
 // buffer (256-byte aligned parts, as the model uploads them). Logits: gaussian; in steps of 0.5 (many ties, broken
-// by the lower id); with +-0, -inf and one far above the rest. Shapes: the 30B-A3B geometry's rows (2,048 x 768, on few experts)
-// and 256-column rows on up to 128 experts.
+// by the lower id); with +-0, -inf and one far above the rest. Shapes: the 30B-A3B geometry's rows (2,048 x 768, on
+// few experts) and 256-column rows on up to 128 experts.
 TEST(CudaMatvec, RouteInProductsMatchesRouteTopk) {
   SKIP_WITHOUT_GPU();
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
