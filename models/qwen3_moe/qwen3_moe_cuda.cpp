@@ -213,7 +213,9 @@ bool settled_items() {
 
 // A decode token's expert products route themselves (GroupedMatvecArgs::route: gate/up ranks the router's logits,
 // writes the combine's ids and weights, and the down projection ranks them again before waiting): no route_topk
-// launch; MAGNETAR_CUDA_ROUTE_IN_PRODUCTS=0 is the baseline (route_topk, then the products read its items).
+// launch; MAGNETAR_CUDA_ROUTE_IN_PRODUCTS=0 is the baseline (route_topk, then the products read its items): tg128
+// 497.8 / 493.9 / 497.0 against 483.7 / 477.0 / 480.0 (H200,
+// docs/benchmarks/2026-12-02-cuda-decode-route-in-products.md).
 bool route_in_products() {
   static const bool on = switch_on("MAGNETAR_CUDA_ROUTE_IN_PRODUCTS");
   return on;
