@@ -260,11 +260,6 @@ bool detail::norm_clusters() {
   return enabled;
 }
 
-bool detail::glu_staged() {
-  static const bool enabled = device_feature("MAGNETAR_CUDA_GLU_STAGE", cudaDevAttrComputeCapabilityMajor, 8);
-  return enabled;
-}
-
 // MAGNETAR_CUDA_SKIP (diagnostic; the results are wrong): a comma list of kernel name parts, e.g.
 // "quantize_q8_kernel,swiglu_kernel"; launches of kernels whose (mangled) name contains one are dropped. The decode
 // time with and without a kernel is its share of the step, boundaries with the kernels around it included (run.sh

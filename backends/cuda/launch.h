@@ -48,7 +48,6 @@ struct MatvecLaunch {
   bool swiglu = false;      // GroupedMatvecArgs::swiglu (stationary kernel only)
   bool act_float = false;   // GroupedMatvecArgs::x_float (stationary kernel only): act is float rows
   bool staged = false;      // MatvecArgs::staged (mmvq's staged kernel where the type and row fit it)
-  bool stage_glu = false;   // swiglu launches with unsettled items: rows staged in shared memory (mmvq.cu)
 };
 
 // matvec.cpp: whether `type` is an activation format (Q8_0, Q8_1, Q8_K), and the bytes of one row of `cols` of it
@@ -65,11 +64,6 @@ bool pdl_enabled();
 // clusters (compute capability 9.0 and up), unless MAGNETAR_CUDA_NORM_CLUSTER=0 (the baseline switch). Read once per
 // process (device_memory.cpp).
 bool norm_clusters();
-
-// Whether mmvq's gate/up launches whose expert items are not settled stage their rows in shared memory (mmvq.cu's
-// kStage) on devices with cp.async (compute capability 8.0 and up), unless MAGNETAR_CUDA_GLU_STAGE=0 (the baseline
-// switch; tg128 508.0 / 509.2 against 496.7 / 501.4 on the H200). Read once per process (device_memory.cpp).
-bool glu_staged();
 
 // Whether launches of `kernel` are dropped (MAGNETAR_CUDA_SKIP, a diagnostic: device_memory.cpp).
 bool launch_skipped(const void* kernel);

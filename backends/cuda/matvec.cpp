@@ -246,7 +246,6 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
       .stationary = args.stationary,
       .swiglu = args.swiglu,
       .act_float = args.x_float,
-      .stage_glu = args.swiglu && detail::glu_staged(),
   };
   if (quantized) {
     detail::launch_mmvq(args.type, launch, stream.raw());

@@ -56,7 +56,6 @@ using quant::Type;
 constexpr int kThreads = 128;  // per CTA: 4 warps
 constexpr int kWarps = kThreads / kWarpSize;
 constexpr int kRouteLogitsPerLane = kMaxRoutedExperts / kWarpSize;  // GroupedMatvecArgs::route's ranking warp
-constexpr size_t kMaxStageBytes = 48 << 10;  // a staged gate/up CTA's rows (mmvq_stationary_kernel's kStage)
 constexpr int kUnrollItems = 2;  // 2 and 4 (with 1, 2 warps per row) measured alike, see warps_per_row
 
 // Grid: ceil(rows / (kWarps / warps_per_row)) CTAs of kThreads. warps_per_row is 1, 2 or 4.
@@ -221,17 +220,8 @@ __global__ void __launch_bounds__(kThreads)
 // between gate/up and down is gone. act_float (MatvecLaunch::act_float, Q8_K activations): act holds float rows; the
 // CTA quantizes its row into shared memory first (a warp per 256-element block, q8::block_q8_k_lane8: the bytes of
 // quantize_activations) and reads its parts from there.
-// kStage (kGlu launches whose items are not settled, MatvecLaunch::stage_glu): the weights cannot be loaded before
-// waiting, and with a lane's 4 weight parts in registers the experts' gate/up launch (2,048 columns) took 80 registers
-// per thread, which kept the down projection's CTAs (98 registers) off the SMs while it ran. Staged, each warp copies
-// its rows into shared memory with 16-byte cp.async (kM kQ kR row_bytes per warp) and loads its parts from there just
-// before their dot products: the same parts and sums, bit for bit, in 48 registers (launch bounds of kStageCtas CTAs
-// per SM; 12, i.e. 40 registers with a 16-byte spill, measured the same). H200 (2026-12-02): the down projection's
-// weights now arrive while gate/up runs (its marginal time per step 190 -> 157 us), tg128 +1.5-2.3%
-// (docs/benchmarks/2026-12-02-cuda-decode-route-in-products.md).
-constexpr int kStageCtas = 10;
-template <Type T, int kJ, int kQ, int kR, bool kGlu, bool kStage>
-__global__ void __launch_bounds__(kThreads, kStage ? kStageCtas : 0)  // 0: no minimum (what the others had)
+template <Type T, int kJ, int kQ, int kR, bool kGlu>
+__global__ void __launch_bounds__(kThreads)
     mmvq_stationary_kernel(const uint8_t* __restrict__ weights, size_t row_bytes, int rows, int items,
                            const uint8_t* __restrict__ act, size_t act_row_bytes, bool act_float, float* __restrict__ y,
                            Grouping g) {
@@ -253,8 +243,8 @@ __global__ void __launch_bounds__(kThreads, kStage ? kStageCtas : 0)  // 0: no m
   int n_vectors = 1;
   const uint8_t* mat[kM] = {};
   // GroupedMatvecArgs::route: warp 0 ranks the logits and the CTA takes the expert of rank `slot`; slots run in
-  // reverse over blockIdx.y, so that the CTAs launched last (a partial second wave) need the fewest rounds. Warp 0 of
-  // CTA (0, 0) (the last slot: it ranks all k) writes the combine's ids and weights below.
+  // reverse over blockIdx.y, so that the CTAs launched last (gate/up takes two waves) need the fewest rounds. Warp 0
+  // of CTA (0, 0) (the last slot: it ranks all k) writes the combine's ids and weights below.
   const int slot = g.route.k - 1 - int(blockIdx.y);
   const bool route_writer = g.route.ids != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && warp == 0;
   int route_lane_id = 0;  // route_writer: lane j's expert, of rank j
@@ -279,7 +269,6 @@ __global__ void __launch_bounds__(kThreads, kStage ? kStageCtas : 0)  // 0: no m
     if constexpr (kGlu) mat[1] = static_cast<const uint8_t*>(g.items[blockIdx.y].w[g.part + 1]);
   }
   const int first = (int(blockIdx.x) * kWarps + warp) * kRowsPerWarp;
-  static_assert(!kStage || kGlu, "only the gate/up launch stages its rows");
   int row_of[kJ];  // the part's row within a group
   int block[kJ];   // the part's block within its row
   int part[kJ];
@@ -292,38 +281,16 @@ __global__ void __launch_bounds__(kThreads, kStage ? kStageCtas : 0)  // 0: no m
     part[j] = it % Ops::kParts;
   }
   typename Ops::WeightPart w[kM][kR][kJ];
-  // kStage: the warp's rows first .. first + kRowsPerWarp - 1 (clamped as below) of each matrix, copied whole
-  // (rows are 16-byte aligned: load_part's contract), matrix m's at staged + m kRowsPerWarp row_bytes.
-  [[maybe_unused]] const uint8_t* staged = nullptr;
-  if constexpr (kStage) {
-    extern __shared__ int4 stage_s[];
-    const int units = int(row_bytes / 16);
-    int4* mine = stage_s + size_t(warp) * size_t(kM * kRowsPerWarp) * size_t(units);
-    staged = reinterpret_cast<const uint8_t*>(mine);
-    if (first < rows) {
 #pragma unroll
-      for (int m = 0; m < kM; ++m) {
+  for (int m = 0; m < kM; ++m) {
 #pragma unroll
-        for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-          const int4* src = reinterpret_cast<const int4*>(mat[m] + size_t(min(first + rr, rows - 1)) * row_bytes);
-          int4* dst = mine + size_t(m * kRowsPerWarp + rr) * size_t(units);
-          for (int u = lane; u < units; u += kWarpSize) cp_async16(dst + u, src + u, 16);
-        }
-      }
-      cp_async_commit();
-    }
-  } else {
+    for (int r = 0; r < kR; ++r) {
 #pragma unroll
-    for (int m = 0; m < kM; ++m) {
-#pragma unroll
-      for (int r = 0; r < kR; ++r) {
-#pragma unroll
-        for (int j = 0; j < kJ; ++j) {
-          // Rows past the end (and a whole warp's past the last row) load the last row and write nothing.
-          const int row = min(first + r * kQ + row_of[j], rows - 1);
-          const Block* blocks = reinterpret_cast<const Block*>(mat[m] + size_t(row) * row_bytes);
-          w[m][r][j] = Ops::load_part(blocks[block[j]], part[j]);
-        }
+      for (int j = 0; j < kJ; ++j) {
+        // Rows past the end (and a whole warp's past the last row) load the last row and write nothing.
+        const int row = min(first + r * kQ + row_of[j], rows - 1);
+        const Block* blocks = reinterpret_cast<const Block*>(mat[m] + size_t(row) * row_bytes);
+        w[m][r][j] = Ops::load_part(blocks[block[j]], part[j]);
       }
     }
   }
@@ -363,48 +330,21 @@ __global__ void __launch_bounds__(kThreads, kStage ? kStageCtas : 0)  // 0: no m
   typename Ops::ActPart x[kJ];
 #pragma unroll
   for (int j = 0; j < kJ; ++j) x[j] = Ops::act_part(a[block[j]], part[j]);
-  if constexpr (kStage) {  // the warp's own copies: its lanes' cp.async done, then the warp's barrier
-    cp_async_wait_all();
-    __syncwarp();
-  }
   float acc[kM * kRowsPerWarp];
 #pragma unroll
   for (int i = 0; i < kM * kRowsPerWarp; ++i) acc[i] = 0.0f;
-  if constexpr (kStage) {
-    // Part j of every row, then part j + 1: each sum still takes its parts in the order of j, and the weight parts
-    // are loaded from shared memory just before their dot products.
 #pragma unroll
-    for (int j = 0; j < kJ; ++j) {
+  for (int m = 0; m < kM; ++m) {
 #pragma unroll
-      for (int m = 0; m < kM; ++m) {
+    for (int r = 0; r < kR; ++r) {
 #pragma unroll
-        for (int r = 0; r < kR; ++r) {
-          const Block* blocks =
-              reinterpret_cast<const Block*>(staged + size_t(m * kRowsPerWarp + r * kQ + row_of[j]) * row_bytes);
-          const float v = Ops::dot_loaded(Ops::load_part(blocks[block[j]], part[j]), x[j], part[j]);
-          if constexpr (kQ == 1) {
-            acc[m * kRowsPerWarp + r] += v;
-          } else {
+      for (int j = 0; j < kJ; ++j) {
+        const float v = Ops::dot_loaded(w[m][r][j], x[j], part[j]);
+        if constexpr (kQ == 1) {
+          acc[m * kRowsPerWarp + r] += v;
+        } else {
 #pragma unroll
-            for (int q = 0; q < kQ; ++q) acc[m * kRowsPerWarp + r * kQ + q] += row_of[j] == q ? v : 0.0f;
-          }
-        }
-      }
-    }
-  } else {
-#pragma unroll
-    for (int m = 0; m < kM; ++m) {
-#pragma unroll
-      for (int r = 0; r < kR; ++r) {
-#pragma unroll
-        for (int j = 0; j < kJ; ++j) {
-          const float v = Ops::dot_loaded(w[m][r][j], x[j], part[j]);
-          if constexpr (kQ == 1) {
-            acc[m * kRowsPerWarp + r] += v;
-          } else {
-#pragma unroll
-            for (int q = 0; q < kQ; ++q) acc[m * kRowsPerWarp + r * kQ + q] += row_of[j] == q ? v : 0.0f;
-          }
+          for (int q = 0; q < kQ; ++q) acc[m * kRowsPerWarp + r * kQ + q] += row_of[j] == q ? v : 0.0f;
         }
       }
     }
@@ -440,21 +380,6 @@ StationaryShape stationary_shape(int items) {
   return s;
 }
 
-// The staged gate/up launch (mmvq_stationary_kernel's kStage) with kR row groups per warp; false where its rows do not
-// fit kMaxStageBytes. kR as the unstaged launch's (1 SwiGLU row per warp at 2,048 columns): 2 and 4 row groups took
-// tg128 1.2% and 6.6% lower (H200, 2026-12-02).
-template <Type T, int kJ, int kQ, int kR>
-bool launch_staged_glu(const MatvecLaunch& a, int items, cudaStream_t stream) {
-  const int rows_per_cta = kWarps * kQ * kR;
-  const size_t stage_bytes = size_t(kWarps) * size_t(2 * kQ * kR) * a.row_bytes;
-  if (stage_bytes > kMaxStageBytes) return false;
-  const dim3 grid(unsigned((a.rows + rows_per_cta - 1) / rows_per_cta), unsigned(a.group.n_items), 1);
-  CUDA_CHECK(ops::launch(mmvq_stationary_kernel<T, kJ, kQ, kR, true, true>, grid, kThreads, stage_bytes, stream,
-                         static_cast<const uint8_t*>(a.weights), a.row_bytes, int(a.rows), items,
-                         static_cast<const uint8_t*>(a.act), a.act_row_bytes, false, a.y, a.group));
-  return true;
-}
-
 template <Type T, int kJ, int kQ, bool kGlu>
 void launch_stationary(const MatvecLaunch& a, int items, cudaStream_t stream) {
   // kJ kR weight parts in flight per lane (4 or more where kJ allows, counting gate and up), at most 8 rows per warp.
@@ -469,12 +394,7 @@ void launch_stationary(const MatvecLaunch& a, int items, cudaStream_t stream) {
   const dim3 grid(unsigned((a.rows + rows_per_cta - 1) / rows_per_cta), unsigned(group ? a.group.n_items : 1),
                   unsigned(group && !kGlu ? a.group.n_parts : 1));
   const size_t smem = a.act_float ? size_t(items / mmvq::MmvqType<T>::kParts) * sizeof(quant::BlockQ8_K) : 0;
-  if constexpr (kGlu && kJ <= 2) {  // longer rows spill at kStageCtas' 48 registers
-    if (a.stage_glu && !a.act_float && !a.group.items_settled && a.row_bytes % 16 == 0) {
-      if (launch_staged_glu<T, kJ, kQ, kR>(a, items, stream)) return;
-    }
-  }
-  CUDA_CHECK(ops::launch(mmvq_stationary_kernel<T, kJ, kQ, kR, kGlu, false>, grid, kThreads, smem, stream,
+  CUDA_CHECK(ops::launch(mmvq_stationary_kernel<T, kJ, kQ, kR, kGlu>, grid, kThreads, smem, stream,
                          static_cast<const uint8_t*>(a.weights), a.row_bytes, int(a.rows), items,
                          static_cast<const uint8_t*>(a.act), a.act_row_bytes, a.act_float, a.y, a.group));
 }
