@@ -346,9 +346,10 @@ class Qwen3Cuda final : public Model {
   Status add_norm_router(const DevLayer& L, float* x, float* x_out) const;
   // Whether an MoE layer leaves its expert rows for the next add_norm to combine (Fusion::kCombine).
   bool combine_in_norm() const { return fused(Fusion::kCombine) && hp_.n_expert_used <= 64; }
-  // Every expert resident and a decode-sized batch: route_topk builds the expert launches' items on the device and
-  // no layer's ids come to the host during the pass; forward() reads all layers' back at the end (copy_routes_back)
-  // when it counts routing. A copy inside the pass would stall the launches behind it (~10 us per layer).
+  // Every expert resident and a decode-sized batch: route_topk builds the expert launches' items on the device (one
+  // token: the products route themselves, route_in_products()) and no layer's ids come to the host during the pass;
+  // forward() reads all layers' back at the end (copy_routes_back) when it counts routing. A copy inside the pass
+  // would stall the launches behind it (~10 us per layer).
   bool routes_on_device(int64_t n) const { return n <= kVec && pool_bytes_ == 0; }
   void copy_routes_back(const ForwardArgs& args, int64_t n) const {
     if (args.routing == nullptr || !routes_on_device(n)) return;
@@ -1176,7 +1177,8 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   auto* items = items_.as<GroupItem>();
   auto* x_rows = x_rows_.as<int32_t>();
   auto* slot_rows = slot_rows_.as<int32_t>();
-  // Decode with every expert resident: one item per (token, slot), built on the device by the router's launch.
+  // Decode with every expert resident: one item per (token, slot), built on the device by route_topk's launch (or, for
+  // one token, by the expert products themselves: self_routed below).
   const bool resolve = routes_on_device(n);
   if (!routed) MAGNETAR_RETURN_IF_ERROR(linear(L.gate_inp, xn_.as<float>(), router, n));
   // Prefill with an mmq-able expert type groups up to kMmqItemRows rows per item for grouped_matmul_q.
