@@ -417,9 +417,11 @@ json anthropic_usage(const Job& job) {
 
 // ---- waiting on a job (HTTP threads) ----------------------------------------------------------------------------
 
-// The accepted socket a request came on: httplib 0.11 does not give it to handlers, so it is found among this
-// process's sockets by its peer address. -1 when not found.
-int request_socket(const httplib::Request& req) {
+// The first of this process's sockets (found among /proc/self/fd) whose address -- the peer's (peer) or its own --
+// `match` accepts as (host, port); -1 when none does. httplib 0.11 hands out neither its accepted sockets nor its
+// listening one.
+template <typename Match>
+int find_socket(bool peer, Match match) {
   DIR* dir = ::opendir("/proc/self/fd");
   if (!dir) return -1;
   int found = -1;
@@ -428,27 +430,35 @@ int request_socket(const httplib::Request& req) {
     const int fd = std::atoi(e->d_name);
     struct stat st;
     if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_storage peer{};
-    socklen_t len = sizeof(peer);
-    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    sockaddr* a = reinterpret_cast<sockaddr*>(&addr);
+    if ((peer ? ::getpeername(fd, a, &len) : ::getsockname(fd, a, &len)) != 0) continue;
     char host[INET6_ADDRSTRLEN] = {};
     int port = -1;
-    if (peer.ss_family == AF_INET) {
-      const auto* a = reinterpret_cast<const sockaddr_in*>(&peer);
-      ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-      port = ntohs(a->sin_port);
-    } else if (peer.ss_family == AF_INET6) {
-      const auto* a = reinterpret_cast<const sockaddr_in6*>(&peer);
-      ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-      port = ntohs(a->sin6_port);
+    if (addr.ss_family == AF_INET) {
+      const auto* a4 = reinterpret_cast<const sockaddr_in*>(&addr);
+      ::inet_ntop(AF_INET, &a4->sin_addr, host, sizeof(host));
+      port = ntohs(a4->sin_port);
+    } else if (addr.ss_family == AF_INET6) {
+      const auto* a6 = reinterpret_cast<const sockaddr_in6*>(&addr);
+      ::inet_ntop(AF_INET6, &a6->sin6_addr, host, sizeof(host));
+      port = ntohs(a6->sin6_port);
     }
-    if (port == req.remote_port && req.remote_addr == host) {
+    if (port >= 0 && match(fd, std::string_view(host), port)) {
       found = fd;
       break;
     }
   }
   ::closedir(dir);
   return found;
+}
+
+// The accepted socket a request came on, found by its peer address; -1 when not found.
+int request_socket(const httplib::Request& req) {
+  return find_socket(true, [&](int, std::string_view host, int port) {
+    return port == req.remote_port && req.remote_addr == host;
+  });
 }
 
 // The client closed its side: a peek reads end-of-file (a pipelined next request would read data instead).
@@ -1205,6 +1215,22 @@ std::string Server::Impl::metrics() {
 }
 
 constexpr size_t kHttpThreads = 128;  // concurrent connections served (see bind)
+constexpr size_t kKeepAliveRequests = 1000;  // requests per kept-alive connection (httplib's default: 5)
+constexpr int kListenBacklog = 1024;         // connections waiting to be accepted (httplib's: 5)
+
+// Debian's compiled cpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, fixed in the library). When
+// dozens of clients (re)connect while the server is busy, the accept queue overflows; a handshake the kernel then
+// drops leaves the client with a connection that fails its first read (the load test saw 1 of 192 streamed requests
+// end "no response (Read)" under `ctest -j2`). Linux lets listen() be called again on a listening socket to change the
+// backlog: this does it on the process's listening socket bound to `port`. False when none was found.
+bool raise_listen_backlog(int port) {
+  const int fd = find_socket(false, [&](int fd, std::string_view, int bound) {
+    int accepting = 0;
+    socklen_t len = sizeof(accepting);
+    return bound == port && ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) == 0 && accepting != 0;
+  });
+  return fd >= 0 && ::listen(fd, kListenBacklog) == 0;
+}
 
 Result<std::unique_ptr<Server>> Server::bind(Engine& engine, const ServerOptions& options) {
   if (!engine.info().has_tokenizer)
@@ -1252,10 +1278,17 @@ Result<std::unique_ptr<Server>> Server::bind(Engine& engine, const ServerOptions
   // thread while the worker computes, so httplib's default pool (8 threads on a small machine) made the 9th of 32
   // concurrent clients wait past its timeout (the load test). The threads mostly sleep on a job's condition variable.
   impl->http.new_task_queue = [] { return new httplib::ThreadPool(kHttpThreads); };
+  // A client keeps its connection: with httplib's 5 requests per connection, every 6th request of a busy client
+  // reconnected.
+  impl->http.set_keep_alive_max_count(kKeepAliveRequests);
   impl->routes();
   impl->port = options.port == 0 ? impl->http.bind_to_any_port(options.host)
                                  : (impl->http.bind_to_port(options.host, options.port) ? options.port : -1);
   if (impl->port <= 0) return Status::error(format("cannot listen on %s:%d", options.host.c_str(), options.port));
+  if (!raise_listen_backlog(impl->port)) {
+    std::fprintf(stderr, "magnetar serve: warning: could not raise the listen backlog of port %d (it stays 5)\n",
+                 impl->port);
+  }
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
