@@ -1219,15 +1219,16 @@ constexpr size_t kKeepAliveRequests = 1000;  // requests per kept-alive connecti
 constexpr int kListenBacklog = 1024;         // connections waiting to be accepted (httplib's: 5)
 
 // Debian's compiled cpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, fixed in the library). When
-// dozens of clients (re)connect while the server is busy, the accept queue overflows; a handshake the kernel then
-// drops leaves the client with a connection that fails its first read (the load test saw 1 of 192 streamed requests
-// end "no response (Read)" under `ctest -j2`). Linux lets listen() be called again on a listening socket to change the
-// backlog: this does it on the process's listening socket bound to `port`. False when none was found.
+// dozens of clients (re)connect while the server is busy, the accept queue overflows, and a handshake the kernel then
+// drops can leave a client with a connection that fails its first read: the likely cause of the load test's rare
+// "no response (Read)" (1 of 192 streamed requests, under `ctest -j2`, twice in ~8 runs). Linux lets listen() be
+// called again on a listening socket to change the backlog: this does it on the process's listening socket bound to
+// `port`. False when none was found.
 bool raise_listen_backlog(int port) {
-  const int fd = find_socket(false, [&](int fd, std::string_view, int bound) {
+  const int fd = find_socket(false, [&](int sock, std::string_view, int bound) {
     int accepting = 0;
     socklen_t len = sizeof(accepting);
-    return bound == port && ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) == 0 && accepting != 0;
+    return bound == port && ::getsockopt(sock, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) == 0 && accepting != 0;
   });
   return fd >= 0 && ::listen(fd, kListenBacklog) == 0;
 }
