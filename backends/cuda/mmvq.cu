@@ -530,17 +530,27 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Launches the staged kernel over one wave: the CTAs the GPU holds at once with its shared memory, at most one per
-// kWarps rows (after the kernel's shared-memory opt-in, a host-side attribute write).
+// kWarps rows. The wave (after the kernel's shared-memory opt-in, a host-side attribute write) is worked out once per
+// thread, device and row size: outside a graph (tiered decode) the LM head launches every token.
 template <Type T, int kIpl>
 void launch_staged(const MatvecLaunch& a, int blocks_per_row, cudaStream_t stream) {
   const auto kernel = mmvq_staged_kernel<T, kIpl>;
   const size_t smem = size_t(kWarps) * kStagedBuffers * a.row_bytes;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  int device = 0, sms = 0, per_sm = 0;
+  thread_local struct {
+    int device = -1;
+    size_t smem = 0;
+    int64_t wave = 0;
+  } last;
+  int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-  const int64_t wave = int64_t(std::max(sms, 1)) * std::max(per_sm, 1);
+  if (last.device != device || last.smem != smem) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    int sms = 0, per_sm = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+    last = {device, smem, int64_t(std::max(sms, 1)) * std::max(per_sm, 1)};
+  }
+  const int64_t wave = last.wave;
   const unsigned grid = unsigned(std::min<int64_t>(wave, (a.rows + kWarps - 1) / kWarps));
   CUDA_CHECK(ops::launch(kernel, grid, kThreads, smem, stream, static_cast<const uint8_t*>(a.weights), a.row_bytes,
                          int(a.rows), blocks_per_row, static_cast<const uint8_t*>(a.act), a.y));
