@@ -263,7 +263,7 @@ struct GroupItem {
 struct RouteInProducts {
   const float* logits = nullptr;  // [n_expert], device; null: the launch reads items
   int n_expert = 0;               // 1..kMaxRoutedExperts
-  int k = 0;                      // the items: 1..min(n_expert, 32)
+  int k = 0;                      // the items: 1..min(n_expert, kMaxRoutedK)
   const void* base = nullptr;
   size_t stride = 0;
   size_t offset[3] = {0, 0, 0};
@@ -273,6 +273,7 @@ struct RouteInProducts {
   bool normalize = false;
 };
 constexpr int kMaxRoutedExperts = 128;  // a lane of the ranking warp keeps 4 logits in registers
+constexpr int kMaxRoutedK = 32;         // lane j of the ranking warp keeps slot j
 
 // For each item and each of its n_parts weights starting at `part` (0 gate, 1 up, 2 down): y rows
 // row0 .. row0 + n - 1 = W x rows. The weights are [rows, row_size(type, cols)] each, 16-byte aligned.

@@ -193,13 +193,13 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
   const RouteInProducts& route = args.route;
   if (route.logits != nullptr) {
     if (args.items != nullptr || route.n_expert < 1 || route.n_expert > kMaxRoutedExperts || route.k < 1 ||
-        route.k > std::min(route.n_expert, 32) || args.n_items != route.k || route.base == nullptr ||
+        route.k > std::min(route.n_expert, kMaxRoutedK) || args.n_items != route.k || route.base == nullptr ||
         !aligned(route.base, 16) || route.stride % 16 != 0 || args.max_n != 1 || !args.stationary ||
         !quantized || !detail::mmvq_stationary_fits(args.type, args.cols)) {
-      return Status::error(format("grouped_matvec: route needs no items, n_expert in 1..%d, n_items = k <= 32, a "
+      return Status::error(format("grouped_matvec: route needs no items, n_expert in 1..%d, n_items = k <= %d, a "
                                   "16-byte aligned expert buffer and the stationary kernel (max_n 1, a %s row of "
                                   "%lld columns that it takes)",
-                                  kMaxRoutedExperts, std::string(t->name).c_str(), (long long)args.cols));
+                                  kMaxRoutedExperts, kMaxRoutedK, std::string(t->name).c_str(), (long long)args.cols));
     }
     for (int p = args.part; p < args.part + args.n_parts; ++p) {
       if (route.offset[p] % 16 != 0) return Status::error("grouped_matvec: route offsets must be 16-byte aligned");

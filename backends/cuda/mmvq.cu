@@ -56,6 +56,7 @@ using quant::Type;
 constexpr int kThreads = 128;  // per CTA: 4 warps
 constexpr int kWarps = kThreads / kWarpSize;
 constexpr int kRouteLogitsPerLane = kMaxRoutedExperts / kWarpSize;  // GroupedMatvecArgs::route's ranking warp
+static_assert(kMaxRoutedK <= kWarpSize, "the ranking warp's lane j keeps slot j");
 constexpr int kUnrollItems = 2;  // 2 and 4 (with 1, 2 warps per row) measured alike, see warps_per_row
 
 // Grid: ceil(rows / (kWarps / warps_per_row)) CTAs of kThreads. warps_per_row is 1, 2 or 4.

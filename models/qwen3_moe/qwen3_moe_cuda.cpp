@@ -1046,7 +1046,7 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
                                   cuda::matvec_stationary_fits(L.down_type, F);
   // One token, every expert resident: the products route themselves (route_in_products()), route_topk is not run.
   const bool self_routed = resolve && n == 1 && swiglu_in_products && route_in_products() &&
-                           L.expert_base != nullptr && X <= cuda::kMaxRoutedExperts && K <= 32;
+                           L.expert_base != nullptr && X <= cuda::kMaxRoutedExperts && K <= cuda::kMaxRoutedK;
   if (!self_routed) {
     MAGNETAR_RETURN_IF_ERROR(cuda::route_topk({.logits = router, .ids = ids, .weights = weights, .n_tok = n,
                                                .n_expert = X, .k = K, .normalize = hp_.norm_topk_prob,
