@@ -545,7 +545,8 @@ struct Session::Impl {
   std::unique_ptr<kv::KvCache> kv;
   std::unique_ptr<models::Workspace> ws;
   std::vector<int32_t> tokens;   // timeline whose KV is valid
-  std::vector<float> last_logits;
+  std::span<float> last_logits;   // [n_vocab]: ws->logits_row() where the model has one, else own_logits
+  std::vector<float> own_logits;
   bool have_logits = false;
   std::vector<float> all_logits;
   int64_t all_first = 0;
@@ -580,7 +581,11 @@ Result<std::unique_ptr<Session>> Engine::new_session() {
   const quant::Type kv_type = kv_quant_type(impl_->options.kv_type);
   s->kv = std::make_unique<kv::KvCache>(kv_type, hp.n_layer, impl_->options.n_ctx, hp.n_head_kv * hp.head_dim);
   s->ws = impl_->model->make_workspace(impl_->options.n_batch, impl_->options.n_ctx, impl_->options.n_threads);
-  s->last_logits.resize(size_t(hp.n_vocab));
+  s->last_logits = s->ws->logits_row();
+  if (s->last_logits.size() != size_t(hp.n_vocab)) {
+    s->own_logits.resize(size_t(hp.n_vocab));
+    s->last_logits = s->own_logits;
+  }
   if (impl_->options.count_routing && hp.n_expert > 0) {
     s->routing = {.n_expert = hp.n_expert, .counts = std::vector<uint64_t>(size_t(hp.n_layer * hp.n_expert))};
   }

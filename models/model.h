@@ -42,6 +42,10 @@ struct HParams {
 class Workspace {
  public:
   virtual ~Workspace() = default;
+  // Host memory of n_vocab floats for the logits of a forward call of one sequence that the model fills without a
+  // copy of its own (a GPU model's page-locked row: its device-to-host copy lands there), or empty where any memory
+  // does as well. Valid while the workspace lives; the caller may pass it as ForwardArgs::logits.
+  virtual std::span<float> logits_row() { return {}; }
 };
 
 // Where forward() spends its time, by op (a diagnostic: `magnetar bench --profile`). Wall-clock seconds,

@@ -46,6 +46,14 @@ inline bool graphs_enabled() {
   static const bool enabled = switch_on("MAGNETAR_CUDA_GRAPH");
   return enabled;
 }
+// A session's logits land in its page-locked row (CudaWorkspace). MAGNETAR_CUDA_LOGITS_ROW=0 gives the sessions no
+// such row: the logits land in the model's pinned buffer and the host copies them out, the baseline of
+// docs/benchmarks/2026-12-02-cuda-decode-host.md.
+inline bool logits_row_enabled() {
+  static const bool enabled = switch_on("MAGNETAR_CUDA_LOGITS_ROW");
+  return enabled;
+}
+
 // MAGNETAR_CUDA_GRAPH=refuse (a test switch, read at each capture): every decode graph is recorded and then refused,
 // as a driver refusing the capture would, so the fallback to launching kernel by kernel runs.
 inline bool refuse_captures() {

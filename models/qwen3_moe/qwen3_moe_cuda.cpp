@@ -34,8 +34,8 @@
 //
 // Decode steps with every weight resident replay a CUDA graph of the whole pass (decode_graph): the token's
 // position is read on the device (KV store row, attention's length and split plan), the embeddings and positions
-// come up from, and the logits go down to, fixed pinned buffers, so one capture serves every later step of the same
-// sequences.
+// come up from fixed pinned buffers, so one capture serves every later step of the same sequences; the logits go
+// down after it (to the session's pinned row: CudaWorkspace).
 //
 // Not here yet (issue #6): disk reads pipelined into the copies (a layer's misses are copied once all are in host
 // memory), per-op profiles (Session::op_profile stays empty).
@@ -137,7 +137,21 @@ class DeviceKv final : public kv::KvCache::Mirror {
   }
 };
 
-class EmptyWorkspace : public Workspace {};
+// A session's page-locked logits row (Workspace::logits_row): the decode step's device-to-host copy lands there, so
+// no host copy of the 608 KB of a 151,936-token vocabulary sits between one step and the next (~54 us per token on
+// the H200's host). Empty where the allocation fails: the model's own pinned rows and a copy then serve.
+class CudaWorkspace : public Workspace {
+ public:
+  explicit CudaWorkspace(int64_t n_vocab) {
+    if (!logits_row_enabled()) return;
+    Result<cuda::PinnedBuffer> row = cuda::PinnedBuffer::allocate(size_t(n_vocab) * sizeof(float));
+    if (row.ok()) row_ = std::move(row).value();
+  }
+  std::span<float> logits_row() override { return {row_.as<float>(), row_.size() / sizeof(float)}; }
+
+ private:
+  cuda::PinnedBuffer row_;
+};
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 bool is_quantized(quant::Type t) { return quant::traits(t).is_quantized; }
@@ -160,7 +174,7 @@ class Qwen3Cuda final : public Model {
   const HParams& hparams() const override { return hp_; }
   std::unique_ptr<Workspace> make_workspace(int64_t n_batch, int64_t, int) const override {
     MAGNETAR_CHECK(n_batch <= n_batch_);
-    return std::make_unique<EmptyWorkspace>();
+    return std::make_unique<CudaWorkspace>(hp_.n_vocab);
   }
   Status forward(cpu::ThreadPool& pool, Workspace& ws, const ForwardArgs& args) const override;
   const experts::ExpertLayout* expert_layout() const override { return layout_.get(); }
@@ -1189,7 +1203,7 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
 
 // ---- forward ------------------------------------------------------------------------------------------------------
 
-Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& args) const {
+Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace& ws, const ForwardArgs& args) const {
   const auto t_call = std::chrono::steady_clock::now();
   const int64_t n = args.n_tok, E = hp_.n_embd, V = hp_.n_vocab;
   MAGNETAR_CHECK(n >= 1 && n <= n_batch_ && !args.seqs.empty());
@@ -1236,20 +1250,28 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
   }
   const double embed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_embed).count();
 
-  float* h_logits = h_logits_.as<float>();
+  // The logits' device-to-host copy lands in the caller's row when that is the session's page-locked one (one
+  // sequence's last token: CudaWorkspace), else in h_logits_, copied out after the wait.
+  const int64_t n_out = args.all_logits ? n : int64_t(args.seqs.size());
+  const std::span<float> row = ws.logits_row();
+  float* h_logits = args.logits == row.data() && size_t(n_out * V) <= row.size() ? args.logits : h_logits_.as<float>();
+  const auto copy_out = [&](int64_t at, int64_t rows) {
+    if (h_logits != args.logits) std::memcpy(args.logits + at * V, h_logits, size_t(rows * V) * sizeof(float));
+  };
   bool graphed = graphs_enabled() && !graphs_failed_ && routes_on_device(n);
   for (const SeqSpan& seq : args.seqs) graphed = graphed && seq.n_tok == 1;
   if (graphed) {
-    // One token per sequence: n head rows (<= kVec) come back in one copy, recorded in the graph. A capture the
+    // One token per sequence: n head rows (<= kVec) come back in one copy after the graph. A capture the
     // driver refuses turns graphs off for this model: the launches below then run one by one (an op's own error
     // comes back from them as it would have from the capture).
     const Result<const cuda::Graph*> graph = decode_graph(pool, args, n);
     if (graph.ok()) {
       if (args.profile) device_start_.record(stream_);
       graph.value()->launch(stream_);
+      stream_.copy(h_logits, logits_.as<float>(), size_t(n * V) * sizeof(float));
       if (args.profile) device_end_.record(stream_);
       stream_.synchronize();
-      std::memcpy(args.logits, h_logits, size_t(n * V) * sizeof(float));
+      copy_out(0, n);
     } else {
       // Once per model: decode keeps working, ~10-25% slower (docs/benchmarks/2026-11-30-cuda-decode-graph.md).
       std::fprintf(stderr, "magnetar: CUDA graph capture of the decode step failed (%s); decoding kernel by kernel\n",
@@ -1263,14 +1285,13 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
     const float* head_in = nullptr;
     MAGNETAR_RETURN_IF_ERROR(enqueue_layers(pool, args, n, &head_in));
     copy_routes_back(args, n);
-    const int64_t n_out = args.all_logits ? n : int64_t(args.seqs.size());
     float* d_logits = logits_.as<float>();
     for (int64_t c = 0; c < n_out; c += kVec) {
       const int64_t nv = std::min(kVec, n_out - c);
       MAGNETAR_RETURN_IF_ERROR(linear(head_, head_in + c * E, d_logits, nv));
-      stream_.copy(h_logits, d_logits, size_t(nv * V) * sizeof(float));
+      stream_.copy(h_logits == args.logits ? args.logits + c * V : h_logits, d_logits, size_t(nv * V) * sizeof(float));
       stream_.synchronize();
-      std::memcpy(args.logits + c * V, h_logits, size_t(nv * V) * sizeof(float));
+      copy_out(c, nv);
     }
     if (args.profile) {
       device_end_.record(stream_);
@@ -1366,7 +1387,6 @@ Result<const cuda::Graph*> Qwen3Cuda::decode_graph(cpu::ThreadPool& pool, const 
   const float* head_in = nullptr;
   Status st = enqueue_layers(pool, args, n, &head_in);
   if (st.ok()) st = linear(head_, head_in, logits_.as<float>(), n);
-  if (st.ok()) stream_.copy(h_logits_.as<float>(), logits_.as<float>(), size_t(n * hp_.n_vocab) * sizeof(float));
   if (st.ok()) copy_routes_back(args, n);
   Result<cuda::Graph> graph = cuda::Graph::end_capture(stream_);
   MAGNETAR_RETURN_IF_ERROR(st);
