@@ -45,6 +45,7 @@ test-asan: deps
 
 bench: build
 	$(BUILD)/bench/magnetar_bench_quant --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+	$(BUILD)/bench/magnetar_bench_sampling --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 
 lint: deps build
 	@bash scripts/lint.sh $(BUILD)

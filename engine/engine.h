@@ -297,9 +297,12 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
  private:
+  static void select_top(std::span<const float> logits, size_t m, std::vector<std::pair<float, int32_t>>& out);
+
   SamplingParams params_;
   std::mt19937_64 rng_;
-  std::vector<std::pair<float, int32_t>> candidates_;  // scratch, reused across calls
+  std::vector<std::pair<float, int32_t>> candidates_;  // scratch, reused across calls: (logit, id)
+  std::vector<std::pair<float, int32_t>> penalized_;   // (penalized logit, id) of the penalty window's tokens
 };
 
 }  // namespace magnetar

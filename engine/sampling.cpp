@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <unordered_map>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 #include "engine/engine.h"
 
@@ -11,13 +14,70 @@ namespace magnetar {
 Sampler::Sampler(const SamplingParams& params)
     : params_(params), rng_(params.seed != 0 ? params.seed : std::random_device{}()) {}
 
+namespace {
+
+bool by_logit(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+  return a.first > b.first || (a.first == b.first && a.second < b.second);
+}
+
+// A NaN logit ranks as -inf (by_logit needs an order).
+float ranked(float x) { return x == x ? x : -INFINITY; }
+
+// Whether any of x[0, 16) is above bar (false for NaN): 4 SSE compares (x86-64's baseline), else a loop.
+bool any_above(const float* x, float bar) {
+#if defined(__SSE2__)
+  const __m128 b = _mm_set1_ps(bar);
+  const __m128 a = _mm_or_ps(_mm_or_ps(_mm_cmpgt_ps(_mm_loadu_ps(x), b), _mm_cmpgt_ps(_mm_loadu_ps(x + 4), b)),
+                             _mm_or_ps(_mm_cmpgt_ps(_mm_loadu_ps(x + 8), b), _mm_cmpgt_ps(_mm_loadu_ps(x + 12), b)));
+  return _mm_movemask_ps(a) != 0;
+#else
+  bool any = false;
+  for (int i = 0; i < 16; ++i) any |= x[i] > bar;
+  return any;
+#endif
+}
+
+}  // namespace
+
+// The m best entries (by_logit, ties to the lower id) of the raw logits, unsorted, into out. One pass: the entries
+// above the m-th best seen so far are kept, and every time 4 m (at least 1,024) are kept they are cut back to m
+// (nth_element), which raises that bar. 151,936 logits and m = 40: ~25 us on the CPU box instead of ~170 for the
+// copy of every (logit, id) pair and a partial sort.
+void Sampler::select_top(std::span<const float> logits, size_t m, std::vector<std::pair<float, int32_t>>& out) {
+  out.clear();
+  const size_t n = logits.size();
+  const size_t cap = std::max<size_t>(4 * m, 1024);
+  float bar = -INFINITY;
+  bool full = false;  // out has been cut back to m: `bar` is its m-th best
+  constexpr size_t kBlock = 16;  // a block is looked into only when one of its logits passes the bar
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t e = std::min(n, b + kBlock);
+    if (full && e - b == kBlock && !any_above(logits.data() + b, bar)) continue;
+    for (size_t i = b; i < e; ++i) {
+      const float x = logits[i];
+      if (full && !(x > bar)) continue;  // later ids lose the ties: nothing at the bar (or NaN) can enter
+      out.push_back({ranked(x), int32_t(i)});
+      if (out.size() == cap) {
+        std::nth_element(out.begin(), out.begin() + ptrdiff_t(m - 1), out.end(), by_logit);
+        out.resize(m);
+        bar = out[m - 1].first;
+        full = true;
+      }
+    }
+  }
+  if (out.size() > m) {
+    std::nth_element(out.begin(), out.begin() + ptrdiff_t(m - 1), out.end(), by_logit);
+    out.resize(m);
+  }
+}
+
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history, const TokenFilter& allow) {
   const size_t n = logits.size();
-  candidates_.resize(n);
-  for (size_t i = 0; i < n; ++i) candidates_[i] = {logits[i], int32_t(i)};
+  if (n == 0) return -1;
 
   // Penalties over the last penalty_last_n tokens: repeat and presence once per distinct token, frequency once per
-  // occurrence (llama.cpp's penalties sampler).
+  // occurrence (llama.cpp's penalties sampler). penalized_ holds each such token's new logit.
+  penalized_.clear();
   if ((params_.repeat_penalty != 1.0f || params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) &&
       params_.penalty_last_n != 0) {
     const size_t window = params_.penalty_last_n < 0 ? history.size()
@@ -27,40 +87,60 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
       const int32_t id = history[i];
       if (id >= 0 && size_t(id) < n) ++counts[id];
     }
-    // In history order of first appearance, as before frequency_penalty existed (the result is order-free).
-    for (size_t i = history.size() - window; i < history.size(); ++i) {
-      const int32_t id = history[i];
-      auto it = counts.find(id);
-      if (it == counts.end() || it->second == 0) continue;
-      float& l = candidates_[size_t(id)].first;
+    for (const auto& [id, count] : counts) {
+      float l = ranked(logits[size_t(id)]);
       l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
       l -= params_.presence_penalty;
-      if (params_.frequency_penalty != 0.0f) l -= params_.frequency_penalty * float(it->second);
-      it->second = 0;  // applied
+      if (params_.frequency_penalty != 0.0f) l -= params_.frequency_penalty * float(count);
+      penalized_.push_back({l, id});
     }
   }
-
-  auto by_logit = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  // Every token's (penalized) logit, in id order: the constrained fallbacks' slow path.
+  auto fill_all = [&] {
+    candidates_.resize(n);
+    for (size_t i = 0; i < n; ++i) candidates_[i] = {ranked(logits[i]), int32_t(i)};
+    for (const auto& [l, id] : penalized_) candidates_[size_t(id)].first = l;
   };
-  // Constrained fallback: the best allowed token among candidates_[from, n), which hold (penalized) logits.
+  // The k best (penalized) tokens, sorted, in candidates_[0, k). The k + |penalized_| best raw logits hold the k
+  // best unpenalized tokens; each penalized token joins with its new logit wherever that puts it.
+  auto top = [&](size_t k) {
+    const size_t m = std::min(n, k + penalized_.size());
+    if (m == n) {
+      fill_all();
+    } else {
+      select_top(logits, m, candidates_);
+      for (const auto& [l, id] : penalized_) {
+        auto it = std::find_if(candidates_.begin(), candidates_.end(), [id](const auto& c) { return c.second == id; });
+        if (it != candidates_.end()) {
+          it->first = l;
+        } else {
+          candidates_.push_back({l, id});
+        }
+      }
+    }
+    std::partial_sort(candidates_.begin(), candidates_.begin() + ptrdiff_t(k), candidates_.end(), by_logit);
+    candidates_.resize(k);
+  };
+  // Constrained fallback: the best allowed token after the `from` best (penalized) tokens.
   auto best_allowed = [&](size_t from) -> int32_t {
-    std::sort(candidates_.begin() + ptrdiff_t(from), candidates_.end(), by_logit);
+    fill_all();
+    std::sort(candidates_.begin(), candidates_.end(), by_logit);
     for (size_t i = from; i < n; ++i) {
       if (allow(candidates_[i].second)) return candidates_[i].second;
     }
     return -1;
   };
   if (params_.temperature <= 0.0f) {
-    const int32_t best = std::min_element(candidates_.begin(), candidates_.end(), by_logit)->second;
+    top(1);
+    const int32_t best = candidates_[0].second;
     if (!allow || allow(best)) return best;
     return best_allowed(0);
   }
 
   size_t k = n;
   if (params_.top_k > 0 && size_t(params_.top_k) < n) k = size_t(params_.top_k);
-  const size_t k_sorted = k;  // candidates_[k_sorted, n) keep their logits, unsorted
-  std::partial_sort(candidates_.begin(), candidates_.begin() + ptrdiff_t(k), candidates_.end(), by_logit);
+  const size_t k_sorted = k;  // the tokens after the k_sorted best are not in candidates_
+  top(k);
   // Softmax at the temperature over the k best; probabilities replace logits in place.
   const float max_logit = candidates_[0].first;
   double sum = 0;

@@ -1,7 +1,10 @@
 // Sampler: each filter checked against its definition on hand-made logits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
+#include <random>
 
 #include "engine/engine.h"
 
@@ -92,6 +95,131 @@ TEST(Sampler, FilterTakesTheBestAllowedToken) {
   for (int i = 0; i < 50; ++i) EXPECT_EQ(hot.sample(logits, {}, not_1), 3);
   for (int i = 0; i < 50; ++i) EXPECT_EQ(hot.sample(logits, {}, only_2), 2);
   EXPECT_EQ(hot.sample(logits, {}, none), -1);
+}
+
+// The sampler's definition on the whole vocabulary, spelled out plainly: NaN ranks as -inf, the penalties, every token
+// sorted by (logit descending, id ascending), then greedy, or top-k, the softmax at the temperature, top-p, min-p, the
+// filter and one uniform draw from the same generator. The sampler selects the few best tokens in one pass instead
+// (Sampler::select_top): it must pick the same token every time.
+struct FullSort {
+  std::vector<float> l;         // penalized logits
+  std::vector<int32_t> order;  // every token, best first
+};
+FullSort full_sort(const SamplingParams& p, const std::vector<float>& raw, const std::vector<int32_t>& history) {
+  const size_t n = raw.size();
+  std::vector<float> l(n);
+  for (size_t i = 0; i < n; ++i) l[i] = std::isnan(raw[i]) ? -INFINITY : raw[i];
+  if (p.penalty_last_n != 0) {
+    const size_t window = p.penalty_last_n < 0 ? history.size() : std::min(history.size(), size_t(p.penalty_last_n));
+    std::map<int32_t, int> count;
+    for (size_t i = history.size() - window; i < history.size(); ++i) count[history[i]]++;
+    for (const auto& [id, c] : count) {
+      float& x = l[size_t(id)];
+      x = x > 0 ? x / p.repeat_penalty : x * p.repeat_penalty;
+      x -= p.presence_penalty;
+      x -= p.frequency_penalty * float(c);
+    }
+  }
+  std::vector<int32_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = int32_t(i);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+  return {std::move(l), std::move(order)};
+}
+int32_t sample_by_full_sort(const SamplingParams& p, std::mt19937_64& rng, const FullSort& sorted,
+                            const TokenFilter& allow) {
+  const std::vector<float>& l = sorted.l;
+  const std::vector<int32_t>& order = sorted.order;
+  const size_t n = l.size();
+  auto first_allowed = [&](size_t from) -> int32_t {
+    for (size_t i = from; i < n; ++i) {
+      if (!allow || allow(order[i])) return order[i];
+    }
+    return -1;
+  };
+  if (p.temperature <= 0) return first_allowed(0);
+  const size_t k_top = p.top_k > 0 && size_t(p.top_k) < n ? size_t(p.top_k) : n;
+  std::vector<float> prob(k_top);
+  double sum = 0;
+  for (size_t i = 0; i < k_top; ++i) sum += prob[i] = std::exp((l[order[i]] - l[order[0]]) / p.temperature);
+  for (float& x : prob) x = float(x / sum);
+  size_t k = k_top;
+  if (p.top_p < 1) {
+    double cum = 0;
+    for (k = 0; k < k_top;) {
+      cum += prob[k++];
+      if (cum >= p.top_p) break;
+    }
+  }
+  if (p.min_p > 0) {
+    size_t keep = 1;
+    while (keep < k && prob[keep] >= prob[0] * p.min_p) ++keep;
+    k = keep;
+  }
+  if (allow) {
+    bool any = false;
+    for (size_t i = 0; i < k; ++i) {
+      if (allow(order[i])) {
+        any = true;
+      } else {
+        prob[i] = 0;
+      }
+    }
+    if (!any) return first_allowed(k);
+  }
+  double mass = 0;
+  for (size_t i = 0; i < k; ++i) mass += prob[i];
+  const double r = std::uniform_real_distribution<double>(0.0, mass)(rng);
+  double cum = 0;
+  for (size_t i = 0; i < k; ++i) {
+    cum += prob[i];
+    if (r < cum) return order[i];
+  }
+  for (size_t i = k; i-- > 0;) {
+    if (prob[i] > 0) return order[i];
+  }
+  return order[k - 1];
+}
+
+TEST(Sampler, LargeVocabularyPicksWhatAFullSortPicks) {
+  std::mt19937 gen(42);
+  std::normal_distribution<float> normal(0.0f, 2.5f);
+  for (const size_t n : {size_t(1), size_t(37), size_t(5000), size_t(151936)}) {
+    std::vector<float> logits(n);
+    // Steps of 1/8: many ties, which the lower id wins. A few NaN and -inf logits besides.
+    for (float& x : logits) x = std::round(normal(gen) * 8.0f) / 8.0f;
+    if (n > 100) logits[n / 3] = NAN, logits[n / 2] = -INFINITY, logits[n - 1] = 20.0f;
+    // A history with the best tokens in it (penalized away) and a low one (a negative presence penalty lifts it).
+    std::vector<int32_t> history;
+    for (size_t i = 0; i < 70; ++i) history.push_back(int32_t(gen() % n));
+    history.push_back(int32_t(n - 1));
+    history.push_back(int32_t(n - 1));
+    const TokenFilter even = [](int32_t id) { return id % 2 == 0; };
+    const TokenFilter rare = [n](int32_t id) { return size_t(id) == n / 2 || size_t(id) == n / 3; };
+    const SamplingParams cases[] = {
+        {.temperature = 0},
+        {.temperature = 0, .repeat_penalty = 1.5f, .presence_penalty = -30.0f, .penalty_last_n = 3},
+        {.temperature = 0.8f},
+        {.temperature = 1.0f, .top_k = 200, .top_p = 1, .min_p = 0},
+        {.temperature = 0.7f, .top_k = 3, .top_p = 0.9f, .min_p = 0.1f, .repeat_penalty = 1.3f,
+         .presence_penalty = 0.4f, .frequency_penalty = 0.25f, .penalty_last_n = 64},
+        {.temperature = 1.2f, .top_k = 50, .top_p = 0.5f, .min_p = 0, .presence_penalty = -6.0f, .penalty_last_n = -1},
+    };
+    for (size_t c = 0; c < std::size(cases); ++c) {
+      const FullSort sorted = full_sort(cases[c], logits, history);
+      for (const TokenFilter* filter : {static_cast<const TokenFilter*>(nullptr), &even, &rare}) {
+        SamplingParams p = cases[c];
+        p.seed = 99 + c;
+        Sampler s(p);
+        std::mt19937_64 rng(p.seed);
+        const TokenFilter allow = filter ? *filter : TokenFilter{};
+        for (int draw = 0; draw < (filter == &rare ? 2 : 20); ++draw) {  // `rare` takes the sampler's full sort
+          ASSERT_EQ(s.sample(logits, history, allow), sample_by_full_sort(p, rng, sorted, allow))
+              << "vocabulary " << n << ", case " << c << ", filter " << (filter ? (filter == &even ? "even" : "rare")
+                                                                             : "none") << ", draw " << draw;
+        }
+      }
+    }
+  }
 }
 
 TEST(Sampler, AFilterThatAllowsEverythingChangesNothing) {
