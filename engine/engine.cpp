@@ -41,7 +41,6 @@ struct Engine::Impl {
   EngineOptions options;
   ModelInfo info;
   double load_seconds = 0;
-  std::vector<float> batch_logits;  // Engine::step's [sessions, n_vocab], kept between calls
   std::unique_ptr<kv::DiskCache> disk_kv;  // --kv-disk-dir
   models::RoutingCounts uses;              // every session's routing, for expert_map() (MoE models)
   bool on_gpu = false;                     // the model runs on the CUDA device (weights, KV and scratch there)
@@ -610,7 +609,9 @@ Status Session::Impl::compute(int64_t from, Logits mode, const SyncProgress& pro
     const models::SeqSpan seq{.kv = kv.get(), .pos0 = b, .n_tok = n};
     const Status s = engine->model->forward(
         *engine->pool, *ws,
-        {.tokens = next.data() + b, .n_tok = n, .seqs = {&seq, 1}, .all_logits = mode == Logits::kAll, .logits = out,
+        {.tokens = next.data() + b, .n_tok = n, .seqs = {&seq, 1}, .all_logits = mode == Logits::kAll,
+         .logits = mode == Logits::kAll ? out : nullptr,
+         .seq_logits = mode == Logits::kAll ? std::span<float* const>() : std::span<float* const>(&out, 1),
          .profile = engine->options.profile ? &profile : nullptr,
          .routing = routing.counts.empty() ? (engine->uses.counts.empty() ? nullptr : &engine->uses) : &routing,
          .experts = engine->store.get(),
@@ -713,6 +714,7 @@ Status Engine::step(std::span<Session* const> sessions, std::span<const int32_t>
   }
   const size_t n_batch = size_t(impl_->options.n_batch);
   std::vector<models::SeqSpan> seqs;
+  std::vector<float*> rows;  // the sessions' logits rows: the model writes each session's own
   for (size_t b = 0; b < sessions.size(); b += n_batch) {
     const size_t n = std::min(n_batch, sessions.size() - b);
     const auto t0 = std::chrono::steady_clock::now();
@@ -724,11 +726,12 @@ Status Engine::step(std::span<Session* const> sessions, std::span<const int32_t>
       s.have_logits = false;
       s.all_rows = 0;
     }
-    if (impl_->batch_logits.size() < n * size_t(n_vocab)) impl_->batch_logits.resize(n * size_t(n_vocab));
+    rows.clear();
+    for (size_t i = b; i < b + n; ++i) rows.push_back(sessions[i]->impl_->last_logits.data());
     Session::Impl& lead = *sessions[b]->impl_;  // its scratch, profile and routing counts serve the batch
     const Status st = impl_->model->forward(
         *impl_->pool, *lead.ws,
-        {.tokens = ids.data() + b, .n_tok = int64_t(n), .seqs = seqs, .logits = impl_->batch_logits.data(),
+        {.tokens = ids.data() + b, .n_tok = int64_t(n), .seqs = seqs, .seq_logits = rows,
          .profile = impl_->options.profile ? &lead.profile : nullptr,
          .routing = lead.routing.counts.empty() ? (impl_->uses.counts.empty() ? nullptr : &impl_->uses) : &lead.routing,
          .experts = impl_->store.get(),
@@ -740,8 +743,6 @@ Status Engine::step(std::span<Session* const> sessions, std::span<const int32_t>
         s.tokens.pop_back();  // its KV row was not (fully) written: the timeline is what it was
         continue;
       }
-      const float* row = impl_->batch_logits.data() + (i - b) * size_t(n_vocab);
-      std::copy(row, row + n_vocab, s.last_logits.begin());
       s.have_logits = true;
       s.stats.decode_tokens += 1;
       s.stats.decode_seconds += dt;

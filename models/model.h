@@ -42,9 +42,9 @@ struct HParams {
 class Workspace {
  public:
   virtual ~Workspace() = default;
-  // Host memory of n_vocab floats for the logits of a forward call of one sequence that the model fills without a
-  // copy of its own (a GPU model's page-locked row: its device-to-host copy lands there), or empty where any memory
-  // does as well. Valid while the workspace lives; the caller may pass it as ForwardArgs::logits.
+  // Host memory of n_vocab floats for a sequence's logits (ForwardArgs::seq_logits) that the model fills fastest (a
+  // GPU model's page-locked row: its device-to-host copy lands there), or empty where any memory does as well. Valid
+  // while the workspace lives.
   virtual std::span<float> logits_row() { return {}; }
 };
 
@@ -102,6 +102,9 @@ struct ForwardArgs {
   std::span<const SeqSpan> seqs;    // their n_tok sum to n_tok
   bool all_logits = false;          // logits of every token, else of each sequence's last token
   float* logits = nullptr;          // [all_logits ? n_tok : seqs.size(), n_vocab]
+  // Instead of `logits` (then unused), when not all_logits: sequence i's row of n_vocab floats goes to seq_logits[i]
+  // (sessions' own rows: a GPU model's copies land in each directly, Workspace::logits_row).
+  std::span<float* const> seq_logits;
   Profile* profile = nullptr;       // non-null: accumulate time per op
   RoutingCounts* routing = nullptr; // non-null: count expert selections (sized n_layer * n_expert)
   experts::ExpertSource* experts = nullptr;  // routed experts from here (null: the model's own mapping)

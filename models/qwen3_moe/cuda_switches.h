@@ -47,7 +47,7 @@ inline bool graphs_enabled() {
   return enabled;
 }
 // A session's logits land in its page-locked row (CudaWorkspace). MAGNETAR_CUDA_LOGITS_ROW=0 gives the sessions no
-// such row: the logits land in the model's pinned buffer and the host copies them out, the baseline of
+// such row (ordinary memory, which the driver copies into through its staging buffers): the baseline of
 // docs/benchmarks/2026-12-02-cuda-decode-host.md.
 inline bool logits_row_enabled() {
   static const bool enabled = switch_on("MAGNETAR_CUDA_LOGITS_ROW");

@@ -40,6 +40,7 @@ class Qwen3Workspace : public Workspace {
   std::vector<MatmulJob> jobs;                      // [2 * n_expert]
   std::vector<float> row_weight;                    // row -> routing weight
   std::vector<float> gate, up, down;                // [n_batch * k, n_ff] / [n_batch * k, n_embd]
+  std::vector<float> head_rows;                     // [sequences, n_vocab]: ForwardArgs::seq_logits of several
   std::vector<uint8_t> qa, qb;                      // prepared (quantized) activations
   std::vector<uint8_t> qd;                          // prepared inputs of the experts' down projections
   std::vector<int32_t> active;                      // distinct experts of the layer's tokens
@@ -428,8 +429,23 @@ Status Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, const Fo
   }
   const Tensor& head = w_.output.present() ? w_.output : w_.token_embd;
   const PreparedInput xh = cpu::prepare_input(pool, head.type, ws.xn.data(), E, E, n_out, ws.qa.data());
-  cpu::matmul(pool, {.w = head.data, .type = head.type, .n_in = E, .n_out = hp_.n_vocab, .x = xh, .y = args.logits,
+  // Rows for seq_logits: straight into the one row of a single sequence, else through ws.head_rows.
+  const bool per_seq = !args.seq_logits.empty();
+  MAGNETAR_CHECK(!per_seq || (!args.all_logits && args.seq_logits.size() == args.seqs.size()));
+  float* y = args.logits;
+  if (per_seq && n_out == 1) {
+    y = args.seq_logits[0];
+  } else if (per_seq) {
+    ws.head_rows.resize(size_t(n_out * hp_.n_vocab));
+    y = ws.head_rows.data();
+  }
+  cpu::matmul(pool, {.w = head.data, .type = head.type, .n_in = E, .n_out = hp_.n_vocab, .x = xh, .y = y,
                      .ldy = hp_.n_vocab});
+  if (per_seq && n_out > 1) {
+    for (int64_t i = 0; i < n_out; ++i) {
+      std::copy_n(y + i * hp_.n_vocab, hp_.n_vocab, args.seq_logits[size_t(i)]);
+    }
+  }
   return Status();
 }
 

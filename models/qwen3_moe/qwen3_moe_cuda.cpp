@@ -35,7 +35,7 @@
 // Decode steps with every weight resident replay a CUDA graph of the whole pass (decode_graph): the token's
 // position is read on the device (KV store row, attention's length and split plan), the embeddings and positions
 // come up from fixed pinned buffers, so one capture serves every later step of the same sequences; the logits go
-// down after it (to the session's pinned row: CudaWorkspace).
+// down after it, into the sessions' own pinned rows (ForwardArgs::seq_logits, CudaWorkspace).
 //
 // Not here yet (issue #6): disk reads pipelined into the copies (a layer's misses are copied once all are in host
 // memory), per-op profiles (Session::op_profile stays empty).
@@ -139,7 +139,8 @@ class DeviceKv final : public kv::KvCache::Mirror {
 
 // A session's page-locked logits row (Workspace::logits_row): the decode step's device-to-host copy lands there, so
 // no host copy of the 608 KB of a 151,936-token vocabulary sits between one step and the next (~54 us per token on
-// the H200's host). Empty where the allocation fails: the model's own pinned rows and a copy then serve.
+// the H200's host). Empty where the allocation fails: the session's row is then ordinary memory, which the driver
+// copies into through its own staging.
 class CudaWorkspace : public Workspace {
  public:
   explicit CudaWorkspace(int64_t n_vocab) {
@@ -1203,7 +1204,7 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
 
 // ---- forward ------------------------------------------------------------------------------------------------------
 
-Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace& ws, const ForwardArgs& args) const {
+Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& args) const {
   const auto t_call = std::chrono::steady_clock::now();
   const int64_t n = args.n_tok, E = hp_.n_embd, V = hp_.n_vocab;
   MAGNETAR_CHECK(n >= 1 && n <= n_batch_ && !args.seqs.empty());
@@ -1250,13 +1251,21 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace& ws, const ForwardArg
   }
   const double embed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_embed).count();
 
-  // The logits' device-to-host copy lands in the caller's row when that is the session's page-locked one (one
-  // sequence's last token: CudaWorkspace), else in h_logits_, copied out after the wait.
+  // The logits' device-to-host copies: rows n0 .. n0 + rows - 1 of the head's output (at d_rows) straight into the
+  // sequences' own rows (seq_logits: the sessions' page-locked rows, CudaWorkspace), or into h_logits_ and from there
+  // into `logits` after the wait (copy_out).
   const int64_t n_out = args.all_logits ? n : int64_t(args.seqs.size());
-  const std::span<float> row = ws.logits_row();
-  float* h_logits = args.logits == row.data() && size_t(n_out * V) <= row.size() ? args.logits : h_logits_.as<float>();
-  const auto copy_out = [&](int64_t at, int64_t rows) {
-    if (h_logits != args.logits) std::memcpy(args.logits + at * V, h_logits, size_t(rows * V) * sizeof(float));
+  const bool per_seq = !args.seq_logits.empty();
+  MAGNETAR_CHECK(!per_seq || (!args.all_logits && args.seq_logits.size() == args.seqs.size()));
+  float* h_logits = h_logits_.as<float>();
+  const auto copy_down = [&](const float* d_rows, int64_t n0, int64_t rows) {
+    for (int64_t i = 0; per_seq && i < rows; ++i) {
+      stream_.copy(args.seq_logits[size_t(n0 + i)], d_rows + i * V, size_t(V) * sizeof(float));
+    }
+    if (!per_seq) stream_.copy(h_logits, d_rows, size_t(rows * V) * sizeof(float));
+  };
+  const auto copy_out = [&](int64_t n0, int64_t rows) {
+    if (!per_seq) std::memcpy(args.logits + n0 * V, h_logits, size_t(rows * V) * sizeof(float));
   };
   bool graphed = graphs_enabled() && !graphs_failed_ && routes_on_device(n);
   for (const SeqSpan& seq : args.seqs) graphed = graphed && seq.n_tok == 1;
@@ -1268,7 +1277,7 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace& ws, const ForwardArg
     if (graph.ok()) {
       if (args.profile) device_start_.record(stream_);
       graph.value()->launch(stream_);
-      stream_.copy(h_logits, logits_.as<float>(), size_t(n * V) * sizeof(float));
+      copy_down(logits_.as<float>(), 0, n);
       if (args.profile) device_end_.record(stream_);
       stream_.synchronize();
       copy_out(0, n);
@@ -1289,7 +1298,7 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace& ws, const ForwardArg
     for (int64_t c = 0; c < n_out; c += kVec) {
       const int64_t nv = std::min(kVec, n_out - c);
       MAGNETAR_RETURN_IF_ERROR(linear(head_, head_in + c * E, d_logits, nv));
-      stream_.copy(h_logits == args.logits ? args.logits + c * V : h_logits, d_logits, size_t(nv * V) * sizeof(float));
+      copy_down(d_logits, c, nv);
       stream_.synchronize();
       copy_out(c, nv);
     }
