@@ -303,6 +303,7 @@ class Sampler {
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> candidates_;  // scratch, reused across calls: (logit, id)
   std::vector<std::pair<float, int32_t>> penalized_;   // (penalized logit, id) of the penalty window's tokens
+  std::vector<float> work_;                            // without top-k: every token's penalized logit
 };
 
 }  // namespace magnetar

@@ -102,14 +102,15 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     for (const auto& [l, id] : penalized_) candidates_[size_t(id)].first = l;
   };
   // The k best (penalized) tokens, sorted, in candidates_[0, k). The k + |penalized_| best raw logits hold the k
-  // best unpenalized tokens; each penalized token joins with its new logit wherever that puts it.
-  auto top = [&](size_t k) {
-    const size_t m = std::min(n, k + penalized_.size());
-    if (m == n) {
+  // best unpenalized tokens; each penalized token joins with its new logit wherever that puts it. `penalized`:
+  // logits holds the raw logits (else work_, the penalized ones).
+  auto top = [&](size_t k, bool penalized = true) {
+    const size_t m = std::min(n, k + (penalized ? penalized_.size() : 0));
+    if (m == n && penalized) {
       fill_all();
     } else {
-      select_top(logits, m, candidates_);
-      for (const auto& [l, id] : penalized_) {
+      select_top(penalized ? logits : std::span<const float>(work_), m, candidates_);
+      for (const auto& [l, id] : penalized ? penalized_ : std::vector<std::pair<float, int32_t>>{}) {
         auto it = std::find_if(candidates_.begin(), candidates_.end(), [id](const auto& c) { return c.second == id; });
         if (it != candidates_.end()) {
           it->first = l;
@@ -139,50 +140,101 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
 
   size_t k = n;
   if (params_.top_k > 0 && size_t(params_.top_k) < n) k = size_t(params_.top_k);
-  const size_t k_sorted = k;  // the tokens after the k_sorted best are not in candidates_
-  top(k);
-  // Softmax at the temperature over the k best; probabilities replace logits in place.
-  const float max_logit = candidates_[0].first;
-  double sum = 0;
-  for (size_t i = 0; i < k; ++i) {
-    candidates_[i].first = std::exp((candidates_[i].first - max_logit) / params_.temperature);
-    sum += candidates_[i].first;
-  }
-  for (size_t i = 0; i < k; ++i) candidates_[i].first = float(candidates_[i].first / sum);
-  // top-p: the smallest prefix whose mass reaches top_p (at least one token).
-  if (params_.top_p < 1.0f) {
-    double cum = 0;
-    size_t keep = 0;
-    while (keep < k) {
-      cum += candidates_[keep].first;
-      ++keep;
-      if (cum >= params_.top_p) break;
+  const float T = params_.temperature;
+  if (k == n && !allow) {
+    // No top-k (a sort of 151,936 tokens took ~20 ms per token): the softmax's sum over every token in id order, and
+    // only as many of the best sorted as the cuts (top-p, min-p) or the draw reach: 256, then 8 times more a round.
+    work_.resize(n);
+    for (size_t i = 0; i < n; ++i) work_[i] = ranked(logits[i]);
+    for (const auto& [l, id] : penalized_) work_[size_t(id)] = l;
+    const float max_logit = *std::max_element(work_.begin(), work_.end());
+    double sum = 0;
+    for (const float l : work_) sum += std::exp((l - max_logit) / T);
+    const auto prob = [&](float l) { return float(std::exp((l - max_logit) / T) / sum); };
+    const bool cuts = params_.top_p < 1.0f || params_.min_p > 0.0f;
+    double r = 0;
+    if (!cuts) {  // a draw over every token, their mass summed in id order
+      double mass = 0;
+      for (const float l : work_) mass += prob(l);
+      r = std::uniform_real_distribution<double>(0.0, mass)(rng_);
     }
-    k = keep;
-  }
-  // min-p: drop tokens less likely than min_p times the best one.
-  if (params_.min_p > 0.0f) {
-    const float floor = candidates_[0].first * params_.min_p;
-    size_t keep = 1;
-    while (keep < k && candidates_[keep].first >= floor) ++keep;
-    k = keep;
-  }
-  // A filter removes the disallowed survivors (their probability becomes 0); when none is left, the best allowed
-  // token of the rest: first the sorted ones that the filters dropped, then the unsorted tail.
-  if (allow) {
-    bool any = false;
+    for (size_t m = std::min<size_t>(n, 256);; m = std::min(n, 8 * m)) {
+      top(m, false);
+      for (auto& c : candidates_) c.first = prob(c.first);
+      if (!cuts) {
+        double cum = 0;
+        for (const auto& [p, id] : candidates_) {
+          cum += p;
+          if (r < cum) return id;
+        }
+        if (m == n) return candidates_[n - 1].second;  // rounding left r at the end
+        continue;
+      }
+      size_t keep_p = m + 1, keep_min = m + 1;  // m + 1: the cut is not among the m best
+      if (params_.top_p < 1.0f) {
+        double cum = 0;
+        for (size_t j = 0; j < m && keep_p > m; ++j) {
+          cum += candidates_[j].first;
+          if (cum >= params_.top_p) keep_p = j + 1;
+        }
+      }
+      if (params_.min_p > 0.0f) {
+        const float floor = candidates_[0].first * params_.min_p;
+        for (size_t j = 1; j < std::min(m, keep_p) && keep_min > m; ++j) {
+          if (candidates_[j].first < floor) keep_min = j;
+        }
+      }
+      if (keep_p <= m || keep_min <= m || m == n) {
+        k = std::min({keep_p, keep_min, m});
+        break;
+      }
+    }
+  } else {
+    const size_t k_sorted = k;  // the tokens after the k_sorted best are not in candidates_
+    top(k);
+    // Softmax at the temperature over the k best; probabilities replace logits in place.
+    const float max_logit = candidates_[0].first;
+    double sum = 0;
     for (size_t i = 0; i < k; ++i) {
-      if (allow(candidates_[i].second)) {
-        any = true;
-      } else {
-        candidates_[i].first = 0.0f;
-      }
+      candidates_[i].first = std::exp((candidates_[i].first - max_logit) / T);
+      sum += candidates_[i].first;
     }
-    if (!any) {
-      for (size_t i = k; i < k_sorted; ++i) {
-        if (allow(candidates_[i].second)) return candidates_[i].second;
+    for (size_t i = 0; i < k; ++i) candidates_[i].first = float(candidates_[i].first / sum);
+    // top-p: the smallest prefix whose mass reaches top_p (at least one token).
+    if (params_.top_p < 1.0f) {
+      double cum = 0;
+      size_t keep = 0;
+      while (keep < k) {
+        cum += candidates_[keep].first;
+        ++keep;
+        if (cum >= params_.top_p) break;
       }
-      return best_allowed(k_sorted);
+      k = keep;
+    }
+    // min-p: drop tokens less likely than min_p times the best one.
+    if (params_.min_p > 0.0f) {
+      const float floor = candidates_[0].first * params_.min_p;
+      size_t keep = 1;
+      while (keep < k && candidates_[keep].first >= floor) ++keep;
+      k = keep;
+    }
+    // A filter removes the disallowed survivors (their probability becomes 0); when none is left, the best allowed
+    // token of the rest: first the sorted ones that the filters dropped, then the unsorted tail.
+    if (allow) {
+      bool any = false;
+      for (size_t i = 0; i < k; ++i) {
+        if (allow(candidates_[i].second)) {
+          any = true;
+        } else {
+          candidates_[i].first = 0.0f;
+        }
+      }
+      if (!any) {
+        for (size_t i = k; i < k_sorted; ++i) {
+          if (allow(candidates_[i].second)) return candidates_[i].second;
+        }
+        return best_allowed(k_sorted);
+      }
     }
   }
   double mass = 0;

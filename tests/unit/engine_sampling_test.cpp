@@ -99,8 +99,10 @@ TEST(Sampler, FilterTakesTheBestAllowedToken) {
 
 // The sampler's definition on the whole vocabulary, spelled out plainly: NaN ranks as -inf, the penalties, every token
 // sorted by (logit descending, id ascending), then greedy, or top-k, the softmax at the temperature, top-p, min-p, the
-// filter and one uniform draw from the same generator. The sampler selects the few best tokens in one pass instead
-// (Sampler::select_top): it must pick the same token every time.
+// filter and one uniform draw from the same generator. Without top-k and without a filter the softmax's denominator
+// is summed in id order, and so is the mass of the draw when neither top-p nor min-p cuts (else in rank order). The
+// sampler selects the few best tokens in one pass instead (Sampler::select_top) and sorts only as many as it needs:
+// it must pick the same token every time.
 struct FullSort {
   std::vector<float> l;         // penalized logits
   std::vector<int32_t> order;  // every token, best first
@@ -138,10 +140,12 @@ int32_t sample_by_full_sort(const SamplingParams& p, std::mt19937_64& rng, const
   };
   if (p.temperature <= 0) return first_allowed(0);
   const size_t k_top = p.top_k > 0 && size_t(p.top_k) < n ? size_t(p.top_k) : n;
+  const bool id_order = k_top == n && !allow;
+  auto e = [&](int32_t id) { return std::exp((l[size_t(id)] - l[order[0]]) / p.temperature); };
   std::vector<float> prob(k_top);
   double sum = 0;
-  for (size_t i = 0; i < k_top; ++i) sum += prob[i] = std::exp((l[order[i]] - l[order[0]]) / p.temperature);
-  for (float& x : prob) x = float(x / sum);
+  for (size_t i = 0; i < k_top; ++i) sum += prob[i] = e(id_order ? int32_t(i) : order[i]);
+  for (size_t i = 0; i < k_top; ++i) prob[i] = float(e(order[i]) / sum);
   size_t k = k_top;
   if (p.top_p < 1) {
     double cum = 0;
@@ -167,7 +171,11 @@ int32_t sample_by_full_sort(const SamplingParams& p, std::mt19937_64& rng, const
     if (!any) return first_allowed(k);
   }
   double mass = 0;
-  for (size_t i = 0; i < k; ++i) mass += prob[i];
+  if (id_order && p.top_p >= 1 && p.min_p <= 0) {
+    for (size_t i = 0; i < n; ++i) mass += float(e(int32_t(i)) / sum);
+  } else {
+    for (size_t i = 0; i < k; ++i) mass += prob[i];
+  }
   const double r = std::uniform_real_distribution<double>(0.0, mass)(rng);
   double cum = 0;
   for (size_t i = 0; i < k; ++i) {
@@ -203,6 +211,10 @@ TEST(Sampler, LargeVocabularyPicksWhatAFullSortPicks) {
         {.temperature = 0.7f, .top_k = 3, .top_p = 0.9f, .min_p = 0.1f, .repeat_penalty = 1.3f,
          .presence_penalty = 0.4f, .frequency_penalty = 0.25f, .penalty_last_n = 64},
         {.temperature = 1.2f, .top_k = 50, .top_p = 0.5f, .min_p = 0, .presence_penalty = -6.0f, .penalty_last_n = -1},
+        // No top-k: a top-p cut, a min-p cut (penalized), and no cut at all.
+        {.temperature = 0.5f, .top_k = 0, .top_p = 0.9f, .min_p = 0},
+        {.temperature = 0.9f, .top_k = 0, .top_p = 1, .min_p = 0.1f, .repeat_penalty = 1.3f, .presence_penalty = -3.0f},
+        {.temperature = 1.1f, .top_k = 0, .top_p = 1, .min_p = 0},
     };
     for (size_t c = 0; c < std::size(cases); ++c) {
       const FullSort sorted = full_sort(cases[c], logits, history);
