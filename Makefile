@@ -2,7 +2,7 @@
 #   make demo      install deps, build, run the main job on the bundled default
 #   make test      install deps, build, run every test suite (what CI runs)
 #   make test-asan the GGUF, quant and conformance suites under AddressSanitizer + UBSan (CI runs it too)
-#   make bench     build and run the kernel microbenchmarks
+#   make bench     build and run the kernel and sampler microbenchmarks
 #   make lint      clang-format check + clang-tidy on the sources
 #   make fuzz      libFuzzer run of the GGUF parser (clang++), FUZZ_SECONDS long
 JOBS ?= 2
