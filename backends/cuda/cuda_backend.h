@@ -225,10 +225,12 @@ struct MatvecArgs {
   // (has_matvec_rows_kernel) take it, with that many rows per warp, or 4 for rows shorter than a warp's lanes
   // (so that every lane has a part). The model asks for 1 (MAGNETAR_CUDA_MMVQ_ROWS); other launches ignore it.
   int rows_per_warp = 0;
-  // Single-vector products of a type with mmvq.cu's activation-stationary kernel (has_matvec_stationary_kernel:
-  // Q4_K) take it where the row fits (groups of 1, 2 or 4 rows whose parts tile a warp's lanes, at most 8 parts per
-  // lane: 1,024-8,192 columns in steps of 1,024, 512-3,584 in steps of 1,024, 256-1,792 in steps of 512); other rows
-  // and types ignore it and go by rows_per_warp. The model asks for it (MAGNETAR_CUDA_MMVQ_STATIONARY=0 does not).
+  // Products of a type with mmvq.cu's activation-stationary kernel (has_matvec_stationary_kernel: Q4_K) take it where
+  // the row fits (groups of 1, 2 or 4 rows whose parts tile a warp's lanes, at most 8 parts per lane: 1,024-8,192
+  // columns in steps of 1,024, 512-3,584 in steps of 1,024, 256-1,792 in steps of 512), for several vectors where
+  // they and the warp's rows fit its lanes (4 or 8 vectors times 1-8 rows <= 32); each vector's outputs are the bits
+  // of a product of it alone. Other rows and types ignore it and go by rows_per_warp. The model asks for it
+  // (MAGNETAR_CUDA_MMVQ_STATIONARY=0 does not).
   bool stationary = false;
   // Single-vector Q8_0 products whose rows are whole 16-byte units (cols a multiple of 256) and at most 12 KiB take
   // mmvq.cu's staged kernel (each row copied to shared memory with 16-byte loads: Q8_0's 34-byte blocks allow only

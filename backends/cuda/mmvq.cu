@@ -221,16 +221,20 @@ __global__ void __launch_bounds__(kThreads)
 // between gate/up and down is gone. act_float (MatvecLaunch::act_float, Q8_K activations): act holds float rows; the
 // CTA quantizes its row into shared memory first (a warp per 256-element block, q8::block_q8_k_lane8: the bytes of
 // quantize_activations) and reads its parts from there.
-template <Type T, int kJ, int kQ, int kR, bool kGlu>
+// kV > 1 (a plain launch of n_vec <= kV vectors: the decode of several sessions at once): the weights are loaded once,
+// and each vector's parts in turn are loaded and dotted with them into its own sums, in the single vector's order; the
+// warp reduces all kV kQ kR sums together. Each vector's outputs are the bits a launch of it alone gives.
+template <Type T, int kJ, int kQ, int kR, bool kGlu, int kV>
 __global__ void __launch_bounds__(kThreads)
     mmvq_stationary_kernel(const uint8_t* __restrict__ weights, size_t row_bytes, int rows, int items,
                            const uint8_t* __restrict__ act, size_t act_row_bytes, bool act_float, float* __restrict__ y,
-                           Grouping g) {
+                           Grouping g, int n_vec) {
   using Ops = mmvq::MmvqType<T>;
   using Block = typename Ops::Block;
   using Act = typename Ops::Act;
   constexpr int kM = kGlu ? 2 : 1;  // weight matrices per row: gate and up, or one
   constexpr int kRowsPerWarp = kQ * kR;
+  static_assert(kV == 1 || !kGlu, "several vectors: plain launches only");
   // The weights are loaded before waiting for the kernel before this one where they are known by then: always for a
   // plain launch, for a grouped one when its items are settled (ops_common.cuh's rule); otherwise after.
   const bool weights_early = (g.items == nullptr && g.route.logits == nullptr) || g.items_settled;
@@ -328,36 +332,48 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (first >= rows) return;  // whole warps, after the barrier
   y += size_t(row0) * size_t(rows);
-  typename Ops::ActPart x[kJ];
+  constexpr int kPerVector = kM * kRowsPerWarp;
+  float acc[kV * kPerVector];
 #pragma unroll
-  for (int j = 0; j < kJ; ++j) x[j] = Ops::act_part(a[block[j]], part[j]);
-  float acc[kM * kRowsPerWarp];
+  for (int i = 0; i < kV * kPerVector; ++i) acc[i] = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kM * kRowsPerWarp; ++i) acc[i] = 0.0f;
+  for (int vec = 0; vec < kV; ++vec) {
+    if (kV == 1 || vec < n_vec) {  // uniform
+      const Act* av = reinterpret_cast<const Act*>(reinterpret_cast<const uint8_t*>(a) + size_t(vec) * act_row_bytes);
+      typename Ops::ActPart x[kJ];
 #pragma unroll
-  for (int m = 0; m < kM; ++m) {
+      for (int j = 0; j < kJ; ++j) x[j] = Ops::act_part(av[block[j]], part[j]);
+      float* acc_v = acc + vec * kPerVector;
 #pragma unroll
-    for (int r = 0; r < kR; ++r) {
+      for (int m = 0; m < kM; ++m) {
 #pragma unroll
-      for (int j = 0; j < kJ; ++j) {
-        const float v = Ops::dot_loaded(w[m][r][j], x[j], part[j]);
-        if constexpr (kQ == 1) {
-          acc[m * kRowsPerWarp + r] += v;
-        } else {
+        for (int r = 0; r < kR; ++r) {
 #pragma unroll
-          for (int q = 0; q < kQ; ++q) acc[m * kRowsPerWarp + r * kQ + q] += row_of[j] == q ? v : 0.0f;
+          for (int j = 0; j < kJ; ++j) {
+            const float v = Ops::dot_loaded(w[m][r][j], x[j], part[j]);
+            if constexpr (kQ == 1) {
+              acc_v[m * kRowsPerWarp + r] += v;
+            } else {
+#pragma unroll
+              for (int q = 0; q < kQ; ++q) acc_v[m * kRowsPerWarp + r * kQ + q] += row_of[j] == q ? v : 0.0f;
+            }
+          }
         }
       }
     }
   }
-  constexpr int kSums = kM * kRowsPerWarp;
+  constexpr int kSums = kV * kPerVector;
   const float sum = ops::warp_sums(acc, lane);
-  const int row = first + ops::warp_sums_index<kSums>(lane) % kRowsPerWarp;
+  const int index = ops::warp_sums_index<kSums>(lane);  // vector index / kPerVector, row index % kRowsPerWarp
+  const int row = first + index % kRowsPerWarp;
   if constexpr (kGlu) {
     const float up = __shfl_xor_sync(0xffffffffu, sum, kWarpSize / 2);  // the first stage split gate from up
     if (lane < kWarpSize / 2 && (lane & (kWarpSize / kSums - 1)) == 0 && row < rows) y[row] = ops::silu_mul(sum, up);
   } else {
-    if ((lane & (kWarpSize / kSums - 1)) == 0 && row < rows) y[row] = sum;
+    const int vec = kV == 1 ? 0 : index / kPerVector;
+    if ((lane & (kWarpSize / kSums - 1)) == 0 && row < rows && (kV == 1 || vec < n_vec)) {
+      y[size_t(vec) * size_t(rows) + row] = sum;
+    }
   }
 }
 
@@ -382,7 +398,7 @@ StationaryShape stationary_shape(int items) {
 }
 
 template <Type T, int kJ, int kQ, bool kGlu>
-void launch_stationary(const MatvecLaunch& a, int items, cudaStream_t stream) {
+bool launch_stationary(const MatvecLaunch& a, int items, cudaStream_t stream) {
   // kJ kR weight parts in flight per lane (4 or more where kJ allows, counting gate and up), at most 8 rows per warp.
   // kJ = 3 (rows of 768, 1,536 or 3,072 columns: an expert's down projection) takes kR0 = 2, 6 parts: the experts'
   // down projection with 8 rows per warp instead of 4 added ~1% to tg128 (H200, 2026-12-01,
@@ -395,9 +411,22 @@ void launch_stationary(const MatvecLaunch& a, int items, cudaStream_t stream) {
   const dim3 grid(unsigned((a.rows + rows_per_cta - 1) / rows_per_cta), unsigned(group ? a.group.n_items : 1),
                   unsigned(group && !kGlu ? a.group.n_parts : 1));
   const size_t smem = a.act_float ? size_t(items / mmvq::MmvqType<T>::kParts) * sizeof(quant::BlockQ8_K) : 0;
-  CUDA_CHECK(ops::launch(mmvq_stationary_kernel<T, kJ, kQ, kR, kGlu>, grid, kThreads, smem, stream,
-                         static_cast<const uint8_t*>(a.weights), a.row_bytes, int(a.rows), items,
-                         static_cast<const uint8_t*>(a.act), a.act_row_bytes, a.act_float, a.y, a.group));
+  const auto go = [&](auto kernel) {
+    CUDA_CHECK(ops::launch(kernel, grid, kThreads, smem, stream, static_cast<const uint8_t*>(a.weights), a.row_bytes,
+                           int(a.rows), items, static_cast<const uint8_t*>(a.act), a.act_row_bytes, a.act_float, a.y,
+                           a.group, a.n_vectors));
+    return true;
+  };
+  if (a.n_vectors == 1) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, kGlu, 1>);
+  // Several vectors (plain launches): 4 or 8 at a time where the warp's sums fit its 32 lanes.
+  constexpr int kRowsPerWarp = kQ * kR;
+  if constexpr (!kGlu && 4 * kRowsPerWarp <= kWarpSize) {
+    if (!group && !a.act_float && a.n_vectors <= 4) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, false, 4>);
+  }
+  if constexpr (!kGlu && 8 * kRowsPerWarp <= kWarpSize) {
+    if (!group && !a.act_float && a.n_vectors <= 8) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, false, 8>);
+  }
+  return false;
 }
 
 // Launches the stationary kernel when the row fits it; false otherwise.
@@ -406,22 +435,22 @@ bool try_stationary(const MatvecLaunch& a, int blocks_per_row, cudaStream_t stre
   const int items = blocks_per_row * mmvq::MmvqType<T>::kParts;
   const StationaryShape s = stationary_shape(items);
   switch (s.kQ * 16 + s.kJ) {
-    case 16 + 1: launch_stationary<T, 1, 1, kGlu>(a, items, stream); return true;
-    case 16 + 2: launch_stationary<T, 2, 1, kGlu>(a, items, stream); return true;
-    case 16 + 3: launch_stationary<T, 3, 1, kGlu>(a, items, stream); return true;
-    case 16 + 4: launch_stationary<T, 4, 1, kGlu>(a, items, stream); return true;
-    case 16 + 5: launch_stationary<T, 5, 1, kGlu>(a, items, stream); return true;
-    case 16 + 6: launch_stationary<T, 6, 1, kGlu>(a, items, stream); return true;
-    case 16 + 7: launch_stationary<T, 7, 1, kGlu>(a, items, stream); return true;
-    case 16 + 8: launch_stationary<T, 8, 1, kGlu>(a, items, stream); return true;
-    case 32 + 1: launch_stationary<T, 1, 2, kGlu>(a, items, stream); return true;
-    case 32 + 3: launch_stationary<T, 3, 2, kGlu>(a, items, stream); return true;
-    case 32 + 5: launch_stationary<T, 5, 2, kGlu>(a, items, stream); return true;
-    case 32 + 7: launch_stationary<T, 7, 2, kGlu>(a, items, stream); return true;
-    case 64 + 1: launch_stationary<T, 1, 4, kGlu>(a, items, stream); return true;
-    case 64 + 3: launch_stationary<T, 3, 4, kGlu>(a, items, stream); return true;
-    case 64 + 5: launch_stationary<T, 5, 4, kGlu>(a, items, stream); return true;
-    case 64 + 7: launch_stationary<T, 7, 4, kGlu>(a, items, stream); return true;
+    case 16 + 1: return launch_stationary<T, 1, 1, kGlu>(a, items, stream);
+    case 16 + 2: return launch_stationary<T, 2, 1, kGlu>(a, items, stream);
+    case 16 + 3: return launch_stationary<T, 3, 1, kGlu>(a, items, stream);
+    case 16 + 4: return launch_stationary<T, 4, 1, kGlu>(a, items, stream);
+    case 16 + 5: return launch_stationary<T, 5, 1, kGlu>(a, items, stream);
+    case 16 + 6: return launch_stationary<T, 6, 1, kGlu>(a, items, stream);
+    case 16 + 7: return launch_stationary<T, 7, 1, kGlu>(a, items, stream);
+    case 16 + 8: return launch_stationary<T, 8, 1, kGlu>(a, items, stream);
+    case 32 + 1: return launch_stationary<T, 1, 2, kGlu>(a, items, stream);
+    case 32 + 3: return launch_stationary<T, 3, 2, kGlu>(a, items, stream);
+    case 32 + 5: return launch_stationary<T, 5, 2, kGlu>(a, items, stream);
+    case 32 + 7: return launch_stationary<T, 7, 2, kGlu>(a, items, stream);
+    case 64 + 1: return launch_stationary<T, 1, 4, kGlu>(a, items, stream);
+    case 64 + 3: return launch_stationary<T, 3, 4, kGlu>(a, items, stream);
+    case 64 + 5: return launch_stationary<T, 5, 4, kGlu>(a, items, stream);
+    case 64 + 7: return launch_stationary<T, 7, 4, kGlu>(a, items, stream);
     default: return false;
   }
 }
@@ -586,7 +615,7 @@ void launch(const MatvecLaunch& a, cudaStream_t stream) {
       try_stationary<T, true>(a, blocks_per_row, stream);
       return;
     }
-    if ((a.n_vectors == 1 && a.stationary) || a.act_float) {
+    if (a.stationary || a.act_float) {  // several vectors: plain launches of rows that fit (launch_stationary)
       if (try_stationary<T, false>(a, blocks_per_row, stream)) return;
     }
   }

@@ -296,6 +296,58 @@ TEST(CudaMatvec, StationaryMatchesReference) {
                                 kSeed ^ 0x57a7);
 }
 
+// The stationary kernel for several vectors (the decode of several sessions at once): 2 to 8 vectors at every row shape
+// it takes for one (and 2,816 columns, which it does not take), each vector's outputs bit for bit those of a launch of
+// that vector alone (which StationaryMatchesReference checks against the reference); outputs between guard floats.
+TEST(CudaMatvec, StationaryVectorsEqualOneAtATime) {
+  SKIP_WITHOUT_GPU();
+  const Type type = Type::Q4_K;
+  const TypeTraits& act = quant::traits(quant::traits(type).vec_dot_type);
+  Rng rng(kSeed ^ 0x57b0);
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  cuda::MatvecWorkspace workspace;  // not used: x_quantized
+  constexpr int64_t kRows = 523, kMaxN = cuda::kMaxMatvecVectors;
+  for (const int64_t cols : {256, 768, 1792, 512, 1536, 3584, 1024, 2048, 3072, 4096, 8192, 2816}) {
+    const std::vector<uint8_t> qw = quantize_ref(type, gaussian(rng, kRows * cols), cols);
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer w_dev, cuda::DeviceBuffer::allocate(qw.size()));
+    ASSERT_OK(w_dev.upload(qw.data(), qw.size()));
+    const std::vector<float> x = activations(rng, kMaxN, cols);
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer x_dev, cuda::DeviceBuffer::allocate(x.size() * sizeof(float)));
+    ASSERT_OK(x_dev.upload(x.data(), x.size() * sizeof(float)));
+    const size_t act_row = quant::row_size(act.type, cols);
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer qx_dev, cuda::DeviceBuffer::allocate(act_row * size_t(kMaxN)));
+    ASSERT_OK(cuda::quantize_activations(act.type, x_dev.as<float>(), qx_dev.data(), cols, kMaxN, stream));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer y_dev,
+                         cuda::DeviceBuffer::allocate((kMaxN * kRows + kGuardFloats) * sizeof(float)));
+    // Each vector alone.
+    std::vector<float> alone(size_t(kMaxN * kRows));
+    for (int64_t v = 0; v < kMaxN; ++v) {
+      ASSERT_OK(cuda::matvec({.type = type, .weights = w_dev.data(), .rows = kRows, .cols = cols, .x = nullptr,
+                              .y = y_dev.as<float>(), .x_quantized = qx_dev.as<uint8_t>() + size_t(v) * act_row,
+                              .stationary = true},
+                             workspace, stream));
+      stream.synchronize();
+      ASSERT_OK(y_dev.download(alone.data() + size_t(v * kRows), size_t(kRows) * sizeof(float)));
+    }
+    for (const int64_t n : {2, 3, 4, 5, 8}) {
+      const std::string where = "cols=" + std::to_string(cols) + " n_vectors=" + std::to_string(n);
+      const size_t y_count = size_t(n * kRows);
+      const std::vector<float> poison = poisoned(y_count + kGuardFloats);
+      ASSERT_OK(y_dev.upload(poison.data(), poison.size() * sizeof(float)));
+      ASSERT_OK(cuda::matvec({.type = type, .weights = w_dev.data(), .rows = kRows, .cols = cols, .x = nullptr,
+                              .y = y_dev.as<float>(), .n_vectors = n, .x_quantized = qx_dev.data(),
+                              .stationary = true},
+                             workspace, stream));
+      stream.synchronize();
+      std::vector<float> got(y_count + kGuardFloats);
+      ASSERT_OK(y_dev.download(got.data(), got.size() * sizeof(float)));
+      ASSERT_TRUE(guard_intact(got, y_count)) << where;
+      if (cols == 2816) continue;  // not the stationary kernel, one vector or several: no claim of equal bits
+      EXPECT_EQ(std::memcmp(got.data(), alone.data(), y_count * sizeof(float)), 0) << where;
+    }
+  }
+}
+
 // The staged kernel (MatvecArgs::staged, Q8_0): rows of 256 to 11,264 columns (whole 16-byte units up to 12 KiB), and
 // rows it does not take (288 columns: 306 bytes; 11,520: over 12 KiB).
 TEST(CudaMatvec, StagedMatchesReference) {
