@@ -1270,7 +1270,7 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
   bool graphed = graphs_enabled() && !graphs_failed_ && routes_on_device(n);
   for (const SeqSpan& seq : args.seqs) graphed = graphed && seq.n_tok == 1;
   if (graphed) {
-    // One token per sequence: n head rows (<= kVec) come back in one copy after the graph. A capture the
+    // One token per sequence: the n head rows (<= kVec) come back after the graph (copy_down). A capture the
     // driver refuses turns graphs off for this model: the launches below then run one by one (an op's own error
     // comes back from them as it would have from the capture).
     const Result<const cuda::Graph*> graph = decode_graph(pool, args, n);
