@@ -2,10 +2,8 @@
 // (llama.cpp's default order). Scratch is reused across calls: no allocation per token after the first.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <unordered_map>
-#if defined(__SSE2__)
-#include <immintrin.h>
-#endif
 
 #include "engine/engine.h"
 
@@ -23,18 +21,20 @@ bool by_logit(const std::pair<float, int32_t>& a, const std::pair<float, int32_t
 // A NaN logit ranks as -inf (by_logit needs an order).
 float ranked(float x) { return x == x ? x : -INFINITY; }
 
-// Whether any of x[0, 16) is above bar (false for NaN): 4 SSE compares (x86-64's baseline), else a loop.
+// Whether any of x[0, 16) is above bar (false for NaN), as four 4-float compares: the compiler's generic vectors
+// (SSE2 on any x86-64, NEON on arm64; no ISA flags), which a plain loop did not become at -O2 (GCC 12).
+using Floats4 = float __attribute__((vector_size(16)));
+using Ints4 = int __attribute__((vector_size(16)));
 bool any_above(const float* x, float bar) {
-#if defined(__SSE2__)
-  const __m128 b = _mm_set1_ps(bar);
-  const __m128 a = _mm_or_ps(_mm_or_ps(_mm_cmpgt_ps(_mm_loadu_ps(x), b), _mm_cmpgt_ps(_mm_loadu_ps(x + 4), b)),
-                             _mm_or_ps(_mm_cmpgt_ps(_mm_loadu_ps(x + 8), b), _mm_cmpgt_ps(_mm_loadu_ps(x + 12), b)));
-  return _mm_movemask_ps(a) != 0;
-#else
-  bool any = false;
-  for (int i = 0; i < 16; ++i) any |= x[i] > bar;
-  return any;
-#endif
+  Floats4 a, b, c, d;
+  std::memcpy(&a, x, sizeof(a));
+  std::memcpy(&b, x + 4, sizeof(b));
+  std::memcpy(&c, x + 8, sizeof(c));
+  std::memcpy(&d, x + 12, sizeof(d));
+  const Ints4 above = (a > bar) | (b > bar) | (c > bar) | (d > bar);
+  uint64_t half[2];
+  std::memcpy(half, &above, sizeof(half));
+  return (half[0] | half[1]) != 0;
 }
 
 }  // namespace
