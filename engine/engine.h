@@ -297,8 +297,6 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
  private:
-  static void select_top(std::span<const float> logits, size_t m, std::vector<std::pair<float, int32_t>>& out);
-
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> candidates_;  // scratch, reused across calls: (logit, id)

@@ -37,13 +37,11 @@ bool any_above(const float* x, float bar) {
   return (half[0] | half[1]) != 0;
 }
 
-}  // namespace
-
 // The m best entries (by_logit, ties to the lower id) of the raw logits, unsorted, into out. One pass: the entries
 // above the m-th best seen so far are kept, and every time 4 m (at least 1,024) are kept they are cut back to m
 // (nth_element), which raises that bar. 151,936 logits and the default filters: ~30 us per token on the CPU box
 // instead of ~150 for the copy of every (logit, id) pair and a partial sort (bench/engine/sampling_bench.cpp).
-void Sampler::select_top(std::span<const float> logits, size_t m, std::vector<std::pair<float, int32_t>>& out) {
+void select_top(std::span<const float> logits, size_t m, std::vector<std::pair<float, int32_t>>& out) {
   out.clear();
   const size_t n = logits.size();
   const size_t cap = std::max<size_t>(4 * m, 1024);
@@ -70,6 +68,8 @@ void Sampler::select_top(std::span<const float> logits, size_t m, std::vector<st
     out.resize(m);
   }
 }
+
+}  // namespace
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history, const TokenFilter& allow) {
   const size_t n = logits.size();

@@ -49,8 +49,6 @@ MAGNETAR_HD int rank_of(const float* logits, int n_expert, int e) {
 
 #ifdef __CUDACC__
 // ---- one warp's routing, for the expert products that route themselves (GroupedMatvecArgs::route) ----------------
-constexpr int kWarpMaxExperts = 256;  // a lane keeps n_expert / 32 <= 8 logits in registers
-
 // A warp's logits: lane l holds experts l + 32 i (i < kPer), -0 made +0 so that the ordered keys compare as floats do.
 template <int kPer>
 struct WarpLogits {

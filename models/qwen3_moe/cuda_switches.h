@@ -121,7 +121,7 @@ inline int mmvq_rows_per_warp() {
   return rows;
 }
 
-// Single-vector Q4_K products take mmvq's activation-stationary kernel where the row fits it (MatvecArgs::stationary);
+// Q4_K products of 1-8 vectors take mmvq's activation-stationary kernel where the row fits it (MatvecArgs::stationary);
 // MAGNETAR_CUDA_MMVQ_STATIONARY=0 is the baseline (the rows kernel): tg128 461.9 / 461.3 against 451.7 / 451.1 (H200,
 // docs/benchmarks/2026-12-01-cuda-decode-stationary-mmvq.md).
 inline bool mmvq_stationary() {
