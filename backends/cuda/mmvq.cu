@@ -473,10 +473,14 @@ bool try_stationary(const MatvecLaunch& a, int blocks_per_row, cudaStream_t stre
 constexpr int kStagedBuffers = 3;
 constexpr size_t kMaxStagedRowBytes = 12 * 1024;  // 144 KiB of shared memory per CTA
 constexpr int kMaxStagedIpl = 8;                  // 4,096 columns
-template <Type T, int kIpl>
+// kV > 1 (kIpl > 0: a plain launch of n_vec <= kV vectors, the LM head of several sessions' decode): each staged row
+// is dotted with every vector's items (kV kIpl items in registers), the weight words loaded once per item; each
+// vector's sum is the single vector's (same items, expression, order and warp tree): the bits of a launch of it alone.
+template <Type T, int kIpl, int kV>
 __global__ void __launch_bounds__(kThreads)
     mmvq_staged_kernel(const uint8_t* __restrict__ weights, size_t row_bytes, int rows, int blocks_per_row,
-                       const uint8_t* __restrict__ act, float* __restrict__ y) {
+                       const uint8_t* __restrict__ act, size_t act_row_bytes, int n_vec, float* __restrict__ y) {
+  static_assert(kV == 1 || kIpl > 0, "several vectors: the word-load loop only");
   using Ops = mmvq::MmvqType<T>;
   using Block = typename Ops::Block;
   using Act = typename Ops::Act;
@@ -504,16 +508,21 @@ __global__ void __launch_bounds__(kThreads)
   const Act* a = reinterpret_cast<const Act*>(act);
   const int items = blocks_per_row * Ops::kParts;
   static_assert(kIpl == 0 || T == Type::Q8_0, "the word loads are Q8_0's");
-  [[maybe_unused]] int xq[kIpl > 0 ? kIpl : 1][4];  // kIpl: the lane's activation items (item lane + 32 j)
-  [[maybe_unused]] float xd[kIpl > 0 ? kIpl : 1];
+  // kIpl: the lane's activation items (item lane + 32 j) of each vector.
+  [[maybe_unused]] int xq[kV][kIpl > 0 ? kIpl : 1][4];
+  [[maybe_unused]] float xd[kV][kIpl > 0 ? kIpl : 1];
   if constexpr (kIpl > 0) {
 #pragma unroll
-    for (int j = 0; j < kIpl; ++j) {
-      const int it = lane + kWarpSize * j;
-      const Act& ab = a[it / 2];
+    for (int v = 0; v < kV; ++v) {
+      const Act* av = reinterpret_cast<const Act*>(act + size_t(kV == 1 || v < n_vec ? v : 0) * act_row_bytes);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) xq[j][k] = mmvq::load_a2(mmvq::bytes(ab.qs) + 16 * (it % 2) + 4 * k);
-      xd[j] = mmvq::fp16_to_float(ab.d);
+      for (int j = 0; j < kIpl; ++j) {
+        const int it = lane + kWarpSize * j;
+        const Act& ab = av[it / 2];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) xq[v][j][k] = mmvq::load_a2(mmvq::bytes(ab.qs) + 16 * (it % 2) + 4 * k);
+        xd[v][j] = mmvq::fp16_to_float(ab.d);
+      }
     }
   }
   int i = 0;
@@ -522,7 +531,9 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_wait_group<kStagedBuffers - 1>();
     __syncwarp();  // every lane's copies of row i have landed
     const Block* w = reinterpret_cast<const Block*>(mine + (i % kStagedBuffers) * units);
-    float acc = 0.0f;
+    float acc[kV];
+#pragma unroll
+    for (int v = 0; v < kV; ++v) acc[v] = 0.0f;
     if constexpr (kIpl > 0) {
       const uint8_t* rb = reinterpret_cast<const uint8_t*>(w);
       // Item it = lane + 32 j: block b = it / 2 (b's parity is the lane's: 16 j is even), quants 16 (it % 2) bytes
@@ -537,23 +548,29 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int k = 0; k < 4; ++k) wd[k] = words[k];
         wd[4] = straddles ? words[4] : 0u;
-        int sumi = 0;
+        uint32_t q[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const uint32_t q = straddles ? __byte_perm(wd[k], wd[k + 1], 0x5432) : wd[k];
-          sumi = mmvq::dp4a(int(q), xq[j][k], sumi);
-        }
+        for (int k = 0; k < 4; ++k) q[k] = straddles ? __byte_perm(wd[k], wd[k + 1], 0x5432) : wd[k];
         const float dw = mmvq::fp16_to_float(*reinterpret_cast<const uint16_t*>(rb + 34 * (it / 2)));
-        acc += float(sumi) * (dw * xd[j]);  // MmvqType<Q8_0>::dot's expression
+#pragma unroll
+        for (int v = 0; v < kV; ++v) {
+          int sumi = 0;
+#pragma unroll
+          for (int k = 0; k < 4; ++k) sumi = mmvq::dp4a(int(q[k]), xq[v][j][k], sumi);
+          acc[v] += float(sumi) * (dw * xd[v][j]);  // MmvqType<Q8_0>::dot's expression
+        }
       }
     } else {
 #pragma unroll 2
       for (int it = lane; it < items; it += kWarpSize) {
-        acc += Ops::dot(w[it / Ops::kParts], a[it / Ops::kParts], it % Ops::kParts);
+        acc[0] += Ops::dot(w[it / Ops::kParts], a[it / Ops::kParts], it % Ops::kParts);
       }
     }
-    acc = warp_sum(acc);
-    if (lane == 0) y[row] = acc;
+#pragma unroll
+    for (int v = 0; v < kV; ++v) {
+      const float sum = warp_sum(acc[v]);
+      if (lane == 0 && (kV == 1 || v < n_vec)) y[size_t(v) * size_t(rows) + size_t(row)] = sum;
+    }
     __syncwarp();  // every lane is done with the buffer before the next issue refills it
   }
   cp_async_wait_all();  // nothing lands after the CTA has left
@@ -562,9 +579,9 @@ __global__ void __launch_bounds__(kThreads)
 // Launches the staged kernel over one wave: the CTAs the GPU holds at once with its shared memory, at most one per
 // kWarps rows. The wave (after the kernel's shared-memory opt-in, a host-side attribute write) is worked out once per
 // thread, device and row size: outside a graph (tiered decode) the LM head launches every token.
-template <Type T, int kIpl>
+template <Type T, int kIpl, int kV = 1>
 void launch_staged(const MatvecLaunch& a, int blocks_per_row, cudaStream_t stream) {
-  const auto kernel = mmvq_staged_kernel<T, kIpl>;
+  const auto kernel = mmvq_staged_kernel<T, kIpl, kV>;
   const size_t smem = size_t(kWarps) * kStagedBuffers * a.row_bytes;
   thread_local struct {
     int device = -1;
@@ -582,8 +599,12 @@ void launch_staged(const MatvecLaunch& a, int blocks_per_row, cudaStream_t strea
   }
   const int64_t wave = last.wave;
   const unsigned grid = unsigned(std::min<int64_t>(wave, (a.rows + kWarps - 1) / kWarps));
-  CUDA_CHECK(ops::launch(kernel, grid, kThreads, smem, stream, static_cast<const uint8_t*>(a.weights), a.row_bytes,
-                         int(a.rows), blocks_per_row, static_cast<const uint8_t*>(a.act), a.y));
+  // kV vectors per launch: a second launch (reading the weights again) takes vectors kV .. n_vectors - 1.
+  for (int v0 = 0; v0 < a.n_vectors; v0 += kV) {
+    CUDA_CHECK(ops::launch(kernel, grid, kThreads, smem, stream, static_cast<const uint8_t*>(a.weights), a.row_bytes,
+                           int(a.rows), blocks_per_row, static_cast<const uint8_t*>(a.act) + size_t(v0) * a.act_row_bytes,
+                           a.act_row_bytes, std::min(kV, a.n_vectors - v0), a.y + size_t(v0) * size_t(a.rows)));
+  }
 }
 
 // Warps per row: 4 when the row has at least one item per thread of the CTA, fewer for short rows so that
@@ -620,11 +641,22 @@ void launch(const MatvecLaunch& a, cudaStream_t stream) {
     }
   }
   if constexpr (mmvq_has_staged_kernel(T)) {
+    const int items = blocks_per_row * mmvq::MmvqType<T>::kParts;
+    const int ipl = T == Type::Q8_0 && items % kWarpSize == 0 && items <= kMaxStagedIpl * kWarpSize ? items / kWarpSize
+                                                                                                   : 0;
+    // Several vectors: rows of 512-2,048 columns (kIpl 1-4), 4 vectors a launch (kV kIpl <= 16 items in registers).
+    if (a.n_vectors > 1 && a.staged && !grouped(a.group) && a.row_bytes % 16 == 0 && ipl > 0 && ipl <= 4) {
+      switch (ipl) {
+        case 1: launch_staged<T, 1, 4>(a, blocks_per_row, stream); break;
+        case 2: launch_staged<T, 2, 4>(a, blocks_per_row, stream); break;
+        case 3: launch_staged<T, 3, 4>(a, blocks_per_row, stream); break;
+        default: launch_staged<T, 4, 4>(a, blocks_per_row, stream); break;
+      }
+      return;
+    }
     if (a.n_vectors == 1 && a.staged && a.group.items == nullptr && a.row_bytes % 16 == 0) {
       if (a.row_bytes <= kMaxStagedRowBytes) {
-        const int items = blocks_per_row * mmvq::MmvqType<T>::kParts;
-        switch (T == Type::Q8_0 && items % kWarpSize == 0 && items <= kMaxStagedIpl * kWarpSize ? items / kWarpSize
-                                                                                               : 0) {
+        switch (ipl) {
           case 1: launch_staged<T, 1>(a, blocks_per_row, stream); break;
           case 2: launch_staged<T, 2>(a, blocks_per_row, stream); break;
           case 3: launch_staged<T, 3>(a, blocks_per_row, stream); break;

@@ -296,19 +296,19 @@ TEST(CudaMatvec, StationaryMatchesReference) {
                                 kSeed ^ 0x57a7);
 }
 
-// The stationary kernel for several vectors (the decode of several sessions at once): 2 to 8 vectors at every row shape
-// it takes for one (and 2,816 columns, which it does not take), each vector's outputs bit for bit those of a launch of
-// that vector alone (which StationaryMatchesReference checks against the reference); outputs between guard floats.
-TEST(CudaMatvec, StationaryVectorsEqualOneAtATime) {
-  SKIP_WITHOUT_GPU();
-  const Type type = Type::Q4_K;
+// Products of 2 to 8 vectors (the decode of several sessions at once) of `type` with MatvecArgs::stationary and staged
+// set, at each of `cols` and `rows` rows: each vector's outputs bit for bit those of a launch of that vector alone
+// (which the single-vector tests check against the reference), except at `other` columns, which the kernel does not
+// take for several vectors (only the guard floats are checked there); outputs between guard floats.
+void expect_vectors_equal_one_at_a_time(Type type, std::initializer_list<int64_t> col_list, int64_t other,
+                                        int64_t rows, uint64_t seed) {
   const TypeTraits& act = quant::traits(quant::traits(type).vec_dot_type);
-  Rng rng(kSeed ^ 0x57b0);
+  Rng rng(seed);
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
   cuda::MatvecWorkspace workspace;  // not used: x_quantized
-  constexpr int64_t kRows = 523, kMaxN = cuda::kMaxMatvecVectors;
-  for (const int64_t cols : {256, 768, 1792, 512, 1536, 3584, 1024, 2048, 3072, 4096, 8192, 2816}) {
-    const std::vector<uint8_t> qw = quantize_ref(type, gaussian(rng, kRows * cols), cols);
+  constexpr int64_t kMaxN = cuda::kMaxMatvecVectors;
+  for (const int64_t cols : col_list) {
+    const std::vector<uint8_t> qw = quantize_ref(type, gaussian(rng, rows * cols), cols);
     ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer w_dev, cuda::DeviceBuffer::allocate(qw.size()));
     ASSERT_OK(w_dev.upload(qw.data(), qw.size()));
     const std::vector<float> x = activations(rng, kMaxN, cols);
@@ -318,34 +318,50 @@ TEST(CudaMatvec, StationaryVectorsEqualOneAtATime) {
     ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer qx_dev, cuda::DeviceBuffer::allocate(act_row * size_t(kMaxN)));
     ASSERT_OK(cuda::quantize_activations(act.type, x_dev.as<float>(), qx_dev.data(), cols, kMaxN, stream));
     ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer y_dev,
-                         cuda::DeviceBuffer::allocate((kMaxN * kRows + kGuardFloats) * sizeof(float)));
+                         cuda::DeviceBuffer::allocate((kMaxN * rows + kGuardFloats) * sizeof(float)));
     // Each vector alone.
-    std::vector<float> alone(size_t(kMaxN * kRows));
+    std::vector<float> alone(size_t(kMaxN * rows));
     for (int64_t v = 0; v < kMaxN; ++v) {
-      ASSERT_OK(cuda::matvec({.type = type, .weights = w_dev.data(), .rows = kRows, .cols = cols, .x = nullptr,
+      ASSERT_OK(cuda::matvec({.type = type, .weights = w_dev.data(), .rows = rows, .cols = cols, .x = nullptr,
                               .y = y_dev.as<float>(), .x_quantized = qx_dev.as<uint8_t>() + size_t(v) * act_row,
-                              .stationary = true},
+                              .stationary = true, .staged = true},
                              workspace, stream));
       stream.synchronize();
-      ASSERT_OK(y_dev.download(alone.data() + size_t(v * kRows), size_t(kRows) * sizeof(float)));
+      ASSERT_OK(y_dev.download(alone.data() + size_t(v * rows), size_t(rows) * sizeof(float)));
     }
     for (const int64_t n : {2, 3, 4, 5, 8}) {
-      const std::string where = "cols=" + std::to_string(cols) + " n_vectors=" + std::to_string(n);
-      const size_t y_count = size_t(n * kRows);
+      const std::string where = std::string(quant::type_name(type)) + " cols=" + std::to_string(cols) +
+                                " n_vectors=" + std::to_string(n);
+      const size_t y_count = size_t(n * rows);
       const std::vector<float> poison = poisoned(y_count + kGuardFloats);
       ASSERT_OK(y_dev.upload(poison.data(), poison.size() * sizeof(float)));
-      ASSERT_OK(cuda::matvec({.type = type, .weights = w_dev.data(), .rows = kRows, .cols = cols, .x = nullptr,
+      ASSERT_OK(cuda::matvec({.type = type, .weights = w_dev.data(), .rows = rows, .cols = cols, .x = nullptr,
                               .y = y_dev.as<float>(), .n_vectors = n, .x_quantized = qx_dev.data(),
-                              .stationary = true},
+                              .stationary = true, .staged = true},
                              workspace, stream));
       stream.synchronize();
       std::vector<float> got(y_count + kGuardFloats);
       ASSERT_OK(y_dev.download(got.data(), got.size() * sizeof(float)));
       ASSERT_TRUE(guard_intact(got, y_count)) << where;
-      if (cols == 2816) continue;  // not the stationary kernel, one vector or several: no claim of equal bits
+      if (cols == other) continue;  // another kernel for several vectors than for one: no claim of equal bits
       EXPECT_EQ(std::memcmp(got.data(), alone.data(), y_count * sizeof(float)), 0) << where;
     }
   }
+}
+
+// The stationary kernel (Q4_K) for several vectors at every row shape it takes for one, and at 2,816 columns.
+TEST(CudaMatvec, StationaryVectorsEqualOneAtATime) {
+  SKIP_WITHOUT_GPU();
+  expect_vectors_equal_one_at_a_time(Type::Q4_K, {256, 768, 1792, 512, 1536, 3584, 1024, 2048, 3072, 4096, 8192, 2816},
+                                     2816, 523, kSeed ^ 0x57b0);
+}
+
+// The staged kernel (Q8_0) for several vectors: rows of 512 to 2,048 columns (1-4 items per lane; 4 vectors a launch,
+// so 5 and 8 take two), over enough rows that the warps loop (the LM head's 2,048 columns: ~4,200 rows per wave on an
+// H200), and 4,096 columns, which it takes for one vector only.
+TEST(CudaMatvec, StagedVectorsEqualOneAtATime) {
+  SKIP_WITHOUT_GPU();
+  expect_vectors_equal_one_at_a_time(Type::Q8_0, {512, 1024, 1536, 2048, 4096}, 4096, 9001, kSeed ^ 0x57b1);
 }
 
 // The staged kernel (MatvecArgs::staged, Q8_0): rows of 256 to 11,264 columns (whole 16-byte units up to 12 KiB), and
