@@ -313,6 +313,9 @@ struct GroupedMatvecArgs {
   // Items from the logits (RouteInProducts; items null, n_items = route.k; the stationary kernel, max_n 1). The
   // logits count as an item table for items_settled: settled when written two or more launches before.
   RouteInProducts route = {};
+  // A swiglu launch of Q4_K weights streams them through shared memory by bulk copies, one wave of CTAs of many rows
+  // (mmvq_bulk.cu) where the GPU has them (sm_90+), the stationary kernel otherwise: the same bits either way.
+  bool bulk = false;
 };
 Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream);
 // Whether `type` has mmvq.cu's rows kernel (rows_per_warp 1, 2, 4): Q4_K and Q8_0.

@@ -48,6 +48,7 @@ struct MatvecLaunch {
   bool swiglu = false;      // GroupedMatvecArgs::swiglu (stationary kernel only)
   bool act_float = false;   // GroupedMatvecArgs::x_float (stationary kernel only): act is float rows
   bool staged = false;      // MatvecArgs::staged (mmvq's staged kernel where the type and row fit it)
+  bool bulk = false;        // GroupedMatvecArgs::bulk (mmvq_bulk.cu where it takes the launch)
 };
 
 // matvec.cpp: whether `type` is an activation format (Q8_0, Q8_1, Q8_K), and the bytes of one row of `cols` of it
@@ -85,6 +86,11 @@ bool mmvq_stationary_fits(quant::Type type, int64_t cols);
 // mmvq.cu: whether `type` has a quantized kernel, and the launch (a no-op returning false without one).
 bool mmvq_supports(quant::Type type);
 bool launch_mmvq(quant::Type type, const MatvecLaunch& args, CUstream_st* stream);
+
+// mmvq_bulk.cu: a SwiGLU launch (swiglu, one vector, grouped) with the weights streamed through shared memory by bulk
+// copies, where the type (Q4_K), the row shape (the stationary kernel's) and the GPU (sm_90+) take it; false (nothing
+// queued) otherwise.
+bool launch_mmvq_bulk(quant::Type type, const MatvecLaunch& args, CUstream_st* stream);
 
 // matvec_float.cu: F32, F16, BF16.
 bool matvec_float_supports(quant::Type type);

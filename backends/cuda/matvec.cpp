@@ -246,6 +246,7 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
       .stationary = args.stationary,
       .swiglu = args.swiglu,
       .act_float = args.x_float,
+      .bulk = args.bulk,
   };
   if (quantized) {
     detail::launch_mmvq(args.type, launch, stream.raw());

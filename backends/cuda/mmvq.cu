@@ -377,35 +377,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Groups of kQ rows whose parts tile whole warps, kJ parts per lane (at most 8), as
-// mmvq_stationary_kernel takes them; kJ == 0 where the row does not fit.
-struct StationaryShape {
-  int kJ = 0;
-  int kQ = 1;
-};
-StationaryShape stationary_shape(int items) {
-  StationaryShape s;
-  int g = items;  // gcd(items, 32)
-  for (int b = kWarpSize; b != 0;) {
-    const int t = g % b;
-    g = b;
-    b = t;
-  }
-  s.kQ = kWarpSize / g;
-  const int j = items * s.kQ / kWarpSize;
-  if (s.kQ <= 4 && j <= 8) s.kJ = j;
-  return s;
-}
-
 template <Type T, int kJ, int kQ, bool kGlu>
 bool launch_stationary(const MatvecLaunch& a, int items, cudaStream_t stream) {
-  // kJ kR weight parts in flight per lane (4 or more where kJ allows, counting gate and up), at most 8 rows per warp.
-  // kJ = 3 (rows of 768, 1,536 or 3,072 columns: an expert's down projection) takes kR0 = 2, 6 parts: the experts'
-  // down projection with 8 rows per warp instead of 4 added ~1% to tg128 (H200, 2026-12-01,
-  // docs/benchmarks/2026-12-01-cuda-decode-down-rows.md); 8 parts for gate/up (kR = kR0 there) cost ~1.5%.
-  constexpr int kR4 = (4 + kJ - 1) / kJ;  // the row groups that put 4 or more parts in flight
-  constexpr int kR0 = kJ >= 4 ? 1 : kR4 * kQ <= 8 ? kR4 : 8 / kQ;
-  constexpr int kR = kGlu && kR0 > 1 ? kR0 / 2 : kR0;
+  constexpr int kR = mmvq::stationary_groups(kJ, kQ, kGlu);
   const int rows_per_cta = kWarps * kQ * kR;
   const bool group = grouped(a.group);
   const dim3 grid(unsigned((a.rows + rows_per_cta - 1) / rows_per_cta), unsigned(group ? a.group.n_items : 1),
@@ -433,7 +407,7 @@ bool launch_stationary(const MatvecLaunch& a, int items, cudaStream_t stream) {
 template <Type T, bool kGlu>
 bool try_stationary(const MatvecLaunch& a, int blocks_per_row, cudaStream_t stream) {
   const int items = blocks_per_row * mmvq::MmvqType<T>::kParts;
-  const StationaryShape s = stationary_shape(items);
+  const mmvq::StationaryShape s = mmvq::stationary_shape(items);
   switch (s.kQ * 16 + s.kJ) {
     case 16 + 1: return launch_stationary<T, 1, 1, kGlu>(a, items, stream);
     case 16 + 2: return launch_stationary<T, 2, 1, kGlu>(a, items, stream);
@@ -633,6 +607,7 @@ void launch(const MatvecLaunch& a, cudaStream_t stream) {
   if constexpr (mmvq_has_stationary_kernel(T)) {
     // swiglu and act_float exist only there: matvec.cpp checked that the row fits (mmvq_stationary_fits).
     if (a.swiglu) {
+      if (a.bulk && launch_mmvq_bulk(T, a, stream)) return;
       try_stationary<T, true>(a, blocks_per_row, stream);
       return;
     }
@@ -702,7 +677,7 @@ void launch(const MatvecLaunch& a, cudaStream_t stream) {
 bool mmvq_stationary_fits(quant::Type type, int64_t cols) {
   static_assert(mmvq_has_stationary_kernel(Type::Q4_K), "the one type with the stationary kernel");
   if (type != Type::Q4_K || cols % quant::kQK_K != 0 || cols > 65536) return false;
-  return stationary_shape(int(cols / quant::kQK_K) * mmvq::MmvqType<Type::Q4_K>::kParts).kJ > 0;
+  return mmvq::stationary_shape(int(cols / quant::kQK_K) * mmvq::MmvqType<Type::Q4_K>::kParts).kJ > 0;
 }
 
 bool mmvq_supports(quant::Type type) {

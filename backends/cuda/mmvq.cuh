@@ -554,4 +554,38 @@ struct MmvqType<Type::IQ4_XS> {
   }
 };
 
+// ---- the activation-stationary kernel's row shapes (mmvq.cu; mmvq_bulk.cu takes the same) ----------------------
+
+// Groups of kQ consecutive rows whose parts tile whole warps, kJ parts per lane (at most 8): items (the parts of a
+// row) times kQ is 32 kJ. kJ == 0 where the row does not fit.
+struct StationaryShape {
+  int kJ = 0;
+  int kQ = 1;
+};
+inline StationaryShape stationary_shape(int items) {
+  constexpr int kLanes = 32;
+  StationaryShape s;
+  int g = items;  // gcd(items, 32)
+  for (int b = kLanes; b != 0;) {
+    const int t = g % b;
+    g = b;
+    b = t;
+  }
+  s.kQ = kLanes / g;
+  const int j = items * s.kQ / kLanes;
+  if (s.kQ <= 4 && j <= 8) s.kJ = j;
+  return s;
+}
+
+// The row groups a warp takes at once (its kJ kR weight parts in flight per lane, per matrix): enough for 4 or more
+// parts where kJ allows, at most 8 rows per warp, halved for a SwiGLU launch (gate and up: both matrices' parts in
+// flight). kJ = 3 (rows of 768, 1,536 or 3,072 columns: an expert's down projection) takes 2, 6 parts: 8 rows per
+// warp instead of 4 added ~1% to tg128 (H200, 2026-12-01, docs/benchmarks/2026-12-01-cuda-decode-down-rows.md);
+// 8 parts for gate/up (no halving) cost ~1.5%.
+MAGNETAR_HD constexpr int stationary_groups(int kJ, int kQ, bool glu) {
+  const int r4 = (4 + kJ - 1) / kJ;  // the row groups that put 4 or more parts in flight
+  const int r0 = kJ >= 4 ? 1 : r4 * kQ <= 8 ? r4 : 8 / kQ;
+  return glu && r0 > 1 ? r0 / 2 : r0;
+}
+
 }  // namespace magnetar::cuda::mmvq

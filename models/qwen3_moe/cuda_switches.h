@@ -162,4 +162,11 @@ inline bool route_in_products() {
   return on;
 }
 
+// Decode's expert gate/up streams its weights through shared memory by bulk copies (GroupedMatvecArgs::bulk);
+// MAGNETAR_CUDA_EXPERTS_BULK=0 is the baseline (the stationary kernel's SwiGLU launch).
+inline bool experts_bulk() {
+  static const bool on = switch_on("MAGNETAR_CUDA_EXPERTS_BULK");
+  return on;
+}
+
 }  // namespace magnetar::models::qwen3_cuda

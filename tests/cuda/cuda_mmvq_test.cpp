@@ -760,6 +760,14 @@ TEST(CudaMatvec, SwigluInProductsMatchesSeparateLaunches) {
       }
     };
     expect_rows(download(h, size_t(kItems * F)), want_h, F, shape + " swiglu");
+    // The same launch with the weights streamed through shared memory (GroupedMatvecArgs::bulk; the stationary kernel
+    // where the row or the GPU does not take it: the same bits either way).
+    cuda::DeviceBuffer h_bulk = upload(poisoned(size_t(kItems * F)));
+    a.y = h_bulk.as<float>();
+    a.bulk = true;
+    ASSERT_OK(cuda::grouped_matvec(a, stream));
+    stream.synchronize();
+    expect_rows(download(h_bulk, size_t(kItems * F)), want_h, F, shape + " swiglu, bulk");
     for (const bool settled : {false, true}) {
       cuda::DeviceBuffer y = upload(poisoned(size_t(kItems * E)));
       a = down;
@@ -871,27 +879,34 @@ TEST(CudaMatvec, RouteInProductsMatchesRouteTopk) {
         ASSERT_OK(cuda::grouped_matvec(down, stream));
         stream.synchronize();
 
-        // The products routing themselves.
-        cuda::DeviceBuffer ids_b = device(nan.data(), k * 4), weights_b = device(nan.data(), k * 4),
-                           slots_b = device(nan.data(), k * 4);
-        cuda::DeviceBuffer h_b = device(nan.data(), k * size_t(c.F) * 4);
+        // The products routing themselves (gate/up on the stationary kernel, then streaming its weights through
+        // shared memory: GroupedMatvecArgs::bulk).
         const cuda::RouteInProducts route{.logits = logits_dev.as<float>(), .n_expert = c.n_expert, .k = c.k,
                                           .base = experts_dev.data(), .stride = stride,
                                           .offset = {0, part_bytes[0], part_bytes[0] + part_bytes[1]}};
-        cuda::GroupedMatvecArgs a = gate_up;
-        a.items = nullptr;
-        a.y = h_b.as<float>();
-        a.route = route;
-        a.route.ids = ids_b.as<int32_t>();
-        a.route.weights = weights_b.as<float>();
-        a.route.slot_rows = slots_b.as<int32_t>();
-        a.route.normalize = normalize;
-        ASSERT_OK(cuda::grouped_matvec(a, stream));
-        stream.synchronize();
-        EXPECT_TRUE(same(ids_a, ids_b, k * 4)) << where << ": ids";
-        EXPECT_TRUE(same(weights_a, weights_b, k * 4)) << where << ": weights";
-        EXPECT_TRUE(same(slots_a, slots_b, k * 4)) << where << ": slot rows";
-        EXPECT_TRUE(same(h_a, h_b, k * size_t(c.F) * 4)) << where << ": swiglu rows";
+        cuda::GroupedMatvecArgs a;
+        cuda::DeviceBuffer h_b;
+        for (const bool bulk : {false, true}) {
+          cuda::DeviceBuffer ids_b = device(nan.data(), k * 4), weights_b = device(nan.data(), k * 4),
+                             slots_b = device(nan.data(), k * 4);
+          h_b = device(nan.data(), k * size_t(c.F) * 4);
+          a = gate_up;
+          a.items = nullptr;
+          a.y = h_b.as<float>();
+          a.route = route;
+          a.route.ids = ids_b.as<int32_t>();
+          a.route.weights = weights_b.as<float>();
+          a.route.slot_rows = slots_b.as<int32_t>();
+          a.route.normalize = normalize;
+          a.bulk = bulk;
+          ASSERT_OK(cuda::grouped_matvec(a, stream));
+          stream.synchronize();
+          const std::string how = where + (bulk ? ", bulk" : "");
+          EXPECT_TRUE(same(ids_a, ids_b, k * 4)) << how << ": ids";
+          EXPECT_TRUE(same(weights_a, weights_b, k * 4)) << how << ": weights";
+          EXPECT_TRUE(same(slots_a, slots_b, k * 4)) << how << ": slot rows";
+          EXPECT_TRUE(same(h_a, h_b, k * size_t(c.F) * 4)) << how << ": swiglu rows";
+        }
         for (const bool settled : {true, false}) {
           cuda::DeviceBuffer y_b = device(nan.data(), k * size_t(c.E) * 4);
           a = down;

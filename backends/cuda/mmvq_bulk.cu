@@ -1,0 +1,294 @@
+// The experts' gate/up product of decode with the weights streamed into shared memory by bulk copies
+// (GroupedMatvecArgs::bulk; sm_90's cp.async.bulk, completed on mbarriers).
+//
+// Why: the stationary kernel's SwiGLU launch (mmvq.cu) is 1,536 CTAs of 4 rows on the 30B-A3B geometry (8 experts x
+// 768 rows of gate and up, 2,048 Q4_K columns: 14.2 MB), two waves of them. A CTA learns its expert only after
+// waiting for the router's product and ranking its logits; then its weights' HBM latency follows, and the second
+// wave's CTAs pay both again. The launch took 12.5 us per layer (9.4 of the step's span) for 14.2 MB: ~1.5 TB/s.
+// Here a CTA takes many rows, one wave of CTAs covers the launch, and thread 0 asks for all of the CTA's gate and up
+// rows at once right after the routing (a bulk copy per matrix and chunk: no registers held, every byte in flight);
+// the warps compute each chunk as its barrier completes.
+//
+// Each row's sum is the stationary kernel's (its kGlu launch's shape: the same parts per lane, the same products in
+// the same order, the same warp tree over the same kQ kR rows of gate and up): the same bits.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cuda_check.cuh"
+#include "backends/cuda/grouping.cuh"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/mmvq.cuh"
+#include "backends/cuda/ops_common.cuh"
+#include "backends/cuda/route_topk.cuh"
+
+namespace magnetar::cuda::detail {
+namespace {
+
+using ops::kWarpSize;
+using quant::Type;
+
+constexpr int kThreads = 256;  // 8 warps
+constexpr int kWarps = kThreads / kWarpSize;
+constexpr int kMaxChunks = 16;  // barriers per CTA
+constexpr int kLogitsPerLane = kMaxRoutedExperts / kWarpSize;
+constexpr size_t kMaxSmem = 200 * 1024;
+
+// A warp's row units per chunk (a unit: kQ kR rows of gate and of up, the stationary kernel's warp of a SwiGLU launch):
+// 2 where their weight parts (2 kR kJ a unit) are at most 4, so that a lane loads up to 8 parts from shared memory
+// before it uses any; else 1.
+__host__ __device__ constexpr int bulk_units(int kJ, int kQ) { return 2 * mmvq::stationary_groups(kJ, kQ, true) * kJ <= 4 ? 2 : 1; }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void barrier_init(uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_address(bar)) : "memory");
+}
+// The one arrival a barrier expects, and the bytes its copies will bring.
+__device__ __forceinline__ void barrier_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(bar)), "r"(bytes)
+               : "memory");
+}
+// bytes (a multiple of 16, both ends 16-byte aligned) from global src to this CTA's shared dst, counted on bar.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(smem_address(dst)), "l"(src), "r"(bytes), "r"(smem_address(bar))
+               : "memory");
+}
+// Until the barrier's first phase has completed (its copies have landed and are visible to the waiting thread).
+__device__ __forceinline__ void barrier_wait(uint64_t* bar) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(smem_address(bar))
+        : "memory");
+  } while (done == 0);
+}
+#endif
+
+// Grid (ceil(rows / rows_per_cta), n_items). CTA (x, y) computes rows [x rows_per_cta, + rows_per_cta) of item y's gate
+// and up and writes silu(gate) * up there. Shared memory: the CTA's gate rows, then its up rows, in chunks of
+// kWarps kUnits units (bulk_units); warp w takes units w kUnits .. of each chunk. Two CTAs per SM (128 registers).
+template <Type T, int kJ, int kQ>
+__global__ void __launch_bounds__(kThreads, 2)
+    mmvq_bulk_glu_kernel(int rows, int items, size_t row_bytes, int rows_per_cta, const uint8_t* __restrict__ act,
+                         size_t act_row_bytes, float* __restrict__ y, Grouping g) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Ops = mmvq::MmvqType<T>;
+  using Block = typename Ops::Block;
+  using Act = typename Ops::Act;
+  constexpr int kR = mmvq::stationary_groups(kJ, kQ, true);
+  constexpr int kUnits = bulk_units(kJ, kQ);
+  constexpr int kUnitRows = kQ * kR;
+  constexpr int kSums = 2 * kUnitRows;  // gate and up
+  constexpr int kChunkRows = kWarps * kUnits * kUnitRows;
+  extern __shared__ __align__(128) uint8_t staged[];
+  __shared__ uint64_t full[kMaxChunks];
+  const int warp = int(threadIdx.x) / kWarpSize;
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int r0 = int(blockIdx.x) * rows_per_cta;
+  const int n_rows = min(rows_per_cta, rows - r0);
+  const int n_chunks = (n_rows + kChunkRows - 1) / kChunkRows;
+  if (threadIdx.x == 0) {
+    for (int c = 0; c < n_chunks; ++c) barrier_init(&full[c]);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  ops::pdl_wait();
+  ops::pdl_trigger();
+
+  // The item: its gate and up weights and output row. Routed (GroupedMatvecArgs::route): warp 0 ranks the logits as
+  // the stationary kernel does (slots in reverse over blockIdx.y), and only its thread 0 needs the expert.
+  const uint8_t* mat[2] = {nullptr, nullptr};
+  int row0;
+  int route_lane_id = 0;
+  const bool routed = g.route.logits != nullptr;
+  const bool route_writer = routed && g.route.ids != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && warp == 0;
+  if (routed) {
+    row0 = g.route.k - 1 - int(blockIdx.y);
+    if (warp == 0) {
+      const auto logits = route::warp_logits<kLogitsPerLane>(g.route.logits, g.route.n_expert, lane);
+      const int e = route::warp_top(logits, g.route.n_expert, row0 + 1, lane, &route_lane_id);
+      const uint8_t* expert = static_cast<const uint8_t*>(g.route.base) + size_t(e) * g.route.stride;
+      mat[0] = expert + g.route.offset[g.part];
+      mat[1] = expert + g.route.offset[g.part + 1];
+    }
+  } else {
+    const GroupItem& item = g.items[blockIdx.y];
+    mat[0] = static_cast<const uint8_t*>(item.w[g.part]);
+    mat[1] = static_cast<const uint8_t*>(item.w[g.part + 1]);
+    if (mat[0] == nullptr) return;  // not on this device: nothing written (uniform over the CTA; no copy issued)
+    row0 = item.row0;
+  }
+  uint8_t* const up_rows = staged + size_t(rows_per_cta) * row_bytes;
+  if (threadIdx.x == 0) {
+    for (int c = 0; c < n_chunks; ++c) {
+      const int first = c * kChunkRows;
+      const uint32_t bytes = uint32_t(size_t(min(kChunkRows, n_rows - first)) * row_bytes);
+      const size_t from = size_t(r0 + first) * row_bytes;
+      barrier_expect(&full[c], 2 * bytes);
+      bulk_copy(staged + size_t(first) * row_bytes, mat[0] + from, bytes, &full[c]);
+      bulk_copy(up_rows + size_t(first) * row_bytes, mat[1] + from, bytes, &full[c]);
+    }
+  }
+  if (route_writer) {  // after its copies are asked for (mmvq.cu's stationary kernel writes the same)
+    const auto logits = route::warp_logits<kLogitsPerLane>(g.route.logits, g.route.n_expert, lane);
+    const float wt = route::warp_weight(logits, g.route.n_expert, g.route.k, g.route.normalize, lane,
+                                        route_lane_id);
+    if (lane < g.route.k) {
+      g.route.ids[lane] = route_lane_id;
+      g.route.weights[lane] = wt;
+      g.route.slot_rows[lane] = lane;
+    }
+  }
+
+  // The lane's activation parts (the stationary kernel's: part f = lane + 32 j of a row group).
+  const Act* a = reinterpret_cast<const Act*>(act + group_act_row(g, row0) * act_row_bytes);
+  int row_of[kJ], block[kJ], part[kJ];
+  typename Ops::ActPart x[kJ];
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+    const int f = lane + kWarpSize * j;
+    const int it = f % items;
+    row_of[j] = f / items;
+    block[j] = it / Ops::kParts;
+    part[j] = it % Ops::kParts;
+    x[j] = Ops::act_part(a[block[j]], part[j]);
+  }
+  y += size_t(row0) * size_t(rows);
+  for (int c = 0; c < n_chunks; ++c) {
+    const int base = c * kChunkRows + warp * kUnits * kUnitRows;  // the warp's first row in the chunk (CTA-local)
+    if (base >= n_rows) break;  // whole warps; every copy has a waiter in warp 0 (base 0 of each chunk)
+    barrier_wait(&full[c]);
+    typename Ops::WeightPart w[kUnits][2][kR][kJ];
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+#pragma unroll
+          for (int j = 0; j < kJ; ++j) {
+            // Rows past the CTA's last read its last row and write nothing.
+            const int row = min(base + u * kUnitRows + r * kQ + row_of[j], n_rows - 1);
+            const Block* blocks = reinterpret_cast<const Block*>((m == 0 ? staged : up_rows) + size_t(row) * row_bytes);
+            w[u][m][r][j] = Ops::load_part(blocks[block[j]], part[j]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const int first = base + u * kUnitRows;
+      if (first >= n_rows) break;  // uniform over the warp
+      float acc[kSums];
+#pragma unroll
+      for (int i = 0; i < kSums; ++i) acc[i] = 0.0f;
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+#pragma unroll
+          for (int j = 0; j < kJ; ++j) {
+            const float v = Ops::dot_loaded(w[u][m][r][j], x[j], part[j]);
+            if constexpr (kQ == 1) {
+              acc[m * kUnitRows + r] += v;
+            } else {
+#pragma unroll
+              for (int q = 0; q < kQ; ++q) acc[m * kUnitRows + r * kQ + q] += row_of[j] == q ? v : 0.0f;
+            }
+          }
+        }
+      }
+      const float sum = ops::warp_sums(acc, lane);
+      const int row = first + ops::warp_sums_index<kSums>(lane) % kUnitRows;
+      const float up = __shfl_xor_sync(0xffffffffu, sum, kWarpSize / 2);  // the first stage split gate from up
+      if (lane < kWarpSize / 2 && (lane & (kWarpSize / kSums - 1)) == 0 && row < n_rows) {
+        y[r0 + row] = ops::silu_mul(sum, up);
+      }
+    }
+  }
+#endif
+}
+
+// Whether this binary's bulk kernel has a body: compiled for sm_90 or newer (a build for older GPUs only, run on a
+// newer one through its PTX, has the empty kernel), on a device that runs it.
+bool bulk_kernel_built() {
+  static const bool built = [] {
+    cudaFuncAttributes attr{};
+    int device = 0, major = 0;
+    return cudaFuncGetAttributes(&attr, mmvq_bulk_glu_kernel<Type::Q4_K, 2, 1>) == cudaSuccess &&
+           attr.ptxVersion >= 90 && cudaGetDevice(&device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
+  }();
+  return built;
+}
+
+// The CTAs per SM the launch aims at (MAGNETAR_CUDA_BULK_CTAS, 1-4; 2 unless set).
+int ctas_per_sm() {
+  static const int n = [] {
+    const char* v = std::getenv("MAGNETAR_CUDA_BULK_CTAS");
+    const int k = v != nullptr ? std::atoi(v) : 2;
+    return k >= 1 && k <= 4 ? k : 2;
+  }();
+  return n;
+}
+
+template <Type T, int kJ, int kQ>
+bool launch_bulk(const MatvecLaunch& a, int items, cudaStream_t stream) {
+  constexpr int kUnitRows = kQ * mmvq::stationary_groups(kJ, kQ, true);
+  constexpr int kChunkRows = kWarps * bulk_units(kJ, kQ) * kUnitRows;
+  const auto kernel = mmvq_bulk_glu_kernel<T, kJ, kQ>;
+  thread_local int configured_device = -1;
+  thread_local int sms = 1;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  if (configured_device != device) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    configured_device = device;
+  }
+  // One wave of about ctas_per_sm() CTAs per SM: the rows of every item shared out, in whole units.
+  const int64_t items_rows = a.rows * int64_t(a.group.n_items);
+  const int64_t target = int64_t(std::max(sms, 1)) * ctas_per_sm();
+  int64_t per_cta = (items_rows + target - 1) / target;
+  per_cta = (per_cta + kUnitRows - 1) / kUnitRows * kUnitRows;
+  const int64_t by_smem = int64_t(kMaxSmem / (2 * a.row_bytes)) / kUnitRows * kUnitRows;
+  per_cta = std::min({per_cta, by_smem, int64_t(kMaxChunks) * kChunkRows});
+  if (per_cta < kUnitRows) return false;
+  const dim3 grid(unsigned((a.rows + per_cta - 1) / per_cta), unsigned(a.group.n_items));
+  CUDA_CHECK(ops::launch(kernel, grid, kThreads, size_t(2 * per_cta) * a.row_bytes, stream, int(a.rows), items,
+                         a.row_bytes, int(per_cta), static_cast<const uint8_t*>(a.act), a.act_row_bytes, a.y, a.group));
+  return true;
+}
+
+}  // namespace
+
+bool launch_mmvq_bulk(Type type, const MatvecLaunch& a, CUstream_st* stream) {
+  if (type != Type::Q4_K || !a.swiglu || a.act_float || a.n_vectors != 1 || !grouped(a.group) ||
+      a.group.n_parts != 2 || a.row_bytes % 16 != 0 || !bulk_kernel_built()) {
+    return false;
+  }
+  const int items = int(a.row_bytes / sizeof(quant::BlockQ4_K)) * mmvq::MmvqType<Type::Q4_K>::kParts;
+  const mmvq::StationaryShape s = mmvq::stationary_shape(items);
+  // Rows of at most 3 parts per lane (up to 3,072 columns): with more, a warp's weight and activation parts exceed the
+  // 128 registers of two CTAs per SM (ptxas spills from kJ = 4 on).
+  switch (s.kQ * 16 + s.kJ) {
+    case 16 + 1: return launch_bulk<Type::Q4_K, 1, 1>(a, items, stream);
+    case 16 + 2: return launch_bulk<Type::Q4_K, 2, 1>(a, items, stream);
+    case 16 + 3: return launch_bulk<Type::Q4_K, 3, 1>(a, items, stream);
+    case 32 + 1: return launch_bulk<Type::Q4_K, 1, 2>(a, items, stream);
+    case 32 + 3: return launch_bulk<Type::Q4_K, 3, 2>(a, items, stream);
+    case 64 + 1: return launch_bulk<Type::Q4_K, 1, 4>(a, items, stream);
+    case 64 + 3: return launch_bulk<Type::Q4_K, 3, 4>(a, items, stream);
+    default: return false;
+  }
+}
+
+}  // namespace magnetar::cuda::detail
