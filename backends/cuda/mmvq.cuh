@@ -104,6 +104,24 @@ MAGNETAR_HD int dp4a(int a, int b, int c) {
 #endif
 }
 
+// c + a.h0 * b.b0 + a.h1 * b.b1: the two signed 16-bit halves of a times the signed bytes 0, 1 (lo) or 2, 3 (hi) of b.
+MAGNETAR_HD int dp2a_lo(int a, int b, int c) {
+#ifdef __CUDA_ARCH__
+  return __dp2a_lo(a, b, c);
+#else
+  return c + int(int16_t(uint32_t(a))) * int(int8_t(uint32_t(b))) +
+         int(int16_t(uint32_t(a) >> 16)) * int(int8_t(uint32_t(b) >> 8));
+#endif
+}
+MAGNETAR_HD int dp2a_hi(int a, int b, int c) {
+#ifdef __CUDA_ARCH__
+  return __dp2a_hi(a, b, c);
+#else
+  return c + int(int16_t(uint32_t(a))) * int(int8_t(uint32_t(b) >> 16)) +
+         int(int16_t(uint32_t(a) >> 16)) * int(int8_t(uint32_t(b) >> 24));
+#endif
+}
+
 // Per-byte a - b, modulo 256 (no carries between bytes).
 MAGNETAR_HD int sub_bytes(int a, int b) {
 #ifdef __CUDA_ARCH__
@@ -398,8 +416,7 @@ struct MmvqType<Type::Q4_K> {
   struct ActPart {
     int lo[4];
     int hi[4];
-    int bsum_lo;
-    int bsum_hi;
+    int bsums;  // the two block sums, lo in the low 16 bits (each at most 16 * 128 in magnitude)
     float d;
   };
   static MAGNETAR_HD ActPart act_part(const Act& a, int part) {
@@ -411,8 +428,7 @@ struct MmvqType<Type::Q4_K> {
       x.lo[i] = load_a4(y + 4 * i);
       x.hi[i] = load_a4(y + 32 + 4 * i);
     }
-    x.bsum_lo = a.bsums[4 * k + h];
-    x.bsum_hi = a.bsums[4 * k + 2 + h];
+    x.bsums = int(uint32_t(uint16_t(a.bsums[4 * k + h])) | uint32_t(uint16_t(a.bsums[4 * k + 2 + h])) << 16);
     x.d = a.d;
     return x;
   }
@@ -430,34 +446,31 @@ struct MmvqType<Type::Q4_K> {
     load_a16(w.qs + 16 * part, p.q);  // 32k + 16h = 16p
     return p;
   }
-  // Part p of one weight block against an activation part.
+  // The 6-bit scales and mins of sub-blocks 2k and 2k + 1 (get_scale_min_k4 on the scale words s0 = scales[0..3],
+  // s1 = [4..7], s2 = [8..11]) as the bytes [scale 2k, scale 2k + 1, min 2k, min 2k + 1] of one word. k < 2: bytes
+  // 2k, 2k + 1 of s0 (scales) and of s1 (mins), 6 bits each. k >= 2, j = 2k - 4: the low (scales) and high (mins)
+  // nibbles of bytes j, j + 1 of s2, with the top 2 bits of the same bytes of s0 (scales) and s1 (mins) as bits 4-5.
+  static MAGNETAR_HD uint32_t scales_mins(uint32_t s0, uint32_t s1, uint32_t s2, int k) {
+    const uint32_t j = uint32_t(k < 2 ? 2 * k : 2 * k - 4);
+    const uint32_t a = byte_perm(s0, s1, j | (j + 1) << 4 | (j + 4) << 8 | (j + 5) << 12);
+    const uint32_t b = byte_perm(s2, s2, j | (j + 1) << 4 | j << 8 | (j + 1) << 12);
+    const uint32_t high = (b & 0x00000F0Fu) | ((b >> 4) & 0x0F0F0000u) | ((a >> 2) & 0x30303030u);
+    return k < 2 ? a & 0x3F3F3F3Fu : high;
+  }
+  // Part p of one weight block against an activation part. The integer sums are exact (scale times quant dot, each
+  // dot of 16 quants of 0..15 with 16 int8 at most 30,720 in magnitude: int16, so both products take one dp2a).
   static MAGNETAR_HD float dot_loaded(const WeightPart& w, const ActPart& x, int part) {
-    const int k = part / 2;
     int dot_lo = 0;
     int dot_hi = 0;
     for (int i = 0; i < 4; ++i) {
       dot_lo = dp4a(int(uint32_t(w.q[i]) & 0x0F0F0F0Fu), x.lo[i], dot_lo);
       dot_hi = dp4a(int((uint32_t(w.q[i]) >> 4) & 0x0F0F0F0Fu), x.hi[i], dot_hi);
     }
-    // Sub-blocks 2k and 2k + 1 (scale_min_k4 on the words s0 = scales[0..3], s1 = [4..7], s2 = [8..11]).
-    const uint32_t s0 = uint32_t(w.head[1]), s1 = uint32_t(w.head[2]), s2 = uint32_t(w.head[3]);
-    int sc0, m0, sc1, m1;
-    if (k < 2) {
-      const int j = 2 * k;
-      sc0 = int(s0 >> (8 * j)) & 63;
-      m0 = int(s1 >> (8 * j)) & 63;
-      sc1 = int(s0 >> (8 * j + 8)) & 63;
-      m1 = int(s1 >> (8 * j + 8)) & 63;
-    } else {
-      const int j = 2 * k - 4;  // byte j of s0, s1, s2 for sub-block 2k; j + 1 for 2k + 1
-      sc0 = int((s2 >> (8 * j)) & 0xF) | int(((s0 >> (8 * j + 6)) & 3) << 4);
-      m0 = int((s2 >> (8 * j + 4)) & 0xF) | int(((s1 >> (8 * j + 6)) & 3) << 4);
-      sc1 = int((s2 >> (8 * j + 8)) & 0xF) | int(((s0 >> (8 * j + 14)) & 3) << 4);
-      m1 = int((s2 >> (8 * j + 12)) & 0xF) | int(((s1 >> (8 * j + 14)) & 3) << 4);
-    }
+    const int sm = int(scales_mins(uint32_t(w.head[1]), uint32_t(w.head[2]), uint32_t(w.head[3]), part / 2));
+    const int dots = int(byte_perm(uint32_t(dot_lo), uint32_t(dot_hi), 0x5410));  // the low halves, dot_lo first
+    const int sumi = dp2a_lo(dots, sm, 0);
+    const int summ = dp2a_hi(x.bsums, sm, 0);
     const uint32_t dm = uint32_t(w.head[0]);
-    const int sumi = sc0 * dot_lo + sc1 * dot_hi;
-    const int summ = m0 * x.bsum_lo + m1 * x.bsum_hi;
     return fp16_to_float(uint16_t(dm)) * x.d * float(sumi) - fp16_to_float(uint16_t(dm >> 16)) * x.d * float(summ);
   }
   static MAGNETAR_HD float dot(const Block& w, const Act& a, int part) {

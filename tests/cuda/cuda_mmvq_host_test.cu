@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "backends/cuda/mmvq.cuh"
 #include "quant/formats.h"
 #include "quant/ref/ref.h"
+#include "quant/ref/scale_search.h"
 #include "tests/cuda/quantized_tolerance.h"
 
 namespace magnetar {
@@ -143,6 +145,29 @@ TEST(MmvqHost, NibbleLookupMatchesTables) {
       EXPECT_EQ(int8_t(mx >> (8 * pos)), quant::kMXFP4Values[i]) << "index " << i << " byte " << pos;
       const int other = (pos + 1) % 4;
       EXPECT_EQ(int8_t(nl >> (8 * other)), quant::kIQ4NLValues[(i + 5) & 15]);
+    }
+  }
+}
+
+// Q4_K's part dot reads the 6-bit scales and mins of its two sub-blocks as the bytes of one word (scales_mins: two
+// byte permutes and masks, no branch on the part): every byte pattern of the 12 scale bytes (random, all bits) decodes
+// as the reference's get_scale_min_k4 (quant/ref/scale_search.h) decodes it.
+TEST(MmvqHost, Q4KScalesAndMinsMatchReference) {
+  using Ops = cuda::mmvq::MmvqType<Type::Q4_K>;
+  std::mt19937 gen(20261202);
+  for (int trial = 0; trial < 4096; ++trial) {
+    uint8_t packed[12];
+    for (uint8_t& b : packed) b = uint8_t(gen());
+    uint32_t words[3];
+    std::memcpy(words, packed, sizeof(words));
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t sm = Ops::scales_mins(words[0], words[1], words[2], k);
+      for (int h = 0; h < 2; ++h) {
+        uint8_t scale = 0, min = 0;
+        quant::ref::unpack_scale_min_k4(2 * k + h, packed, &scale, &min);
+        ASSERT_EQ(uint8_t(sm >> (8 * h)), scale) << "trial " << trial << " sub-block " << 2 * k + h;
+        ASSERT_EQ(uint8_t(sm >> (16 + 8 * h)), min) << "trial " << trial << " sub-block " << 2 * k + h;
+      }
     }
   }
 }
