@@ -104,6 +104,18 @@ MAGNETAR_HD int dp4a(int a, int b, int c) {
 #endif
 }
 
+// c + sum of the four products of the unsigned bytes of a and the signed bytes of b.
+MAGNETAR_HD int dp4a_us(uint32_t a, int b, int c) {
+#ifdef __CUDA_ARCH__
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+#else
+  for (int i = 0; i < 4; ++i) c += int(uint8_t(a >> (8 * i))) * int(int8_t(uint32_t(b) >> (8 * i)));
+  return c;
+#endif
+}
+
 // c + a.h0 * b.b0 + a.h1 * b.b1: the two signed 16-bit halves of a times the signed bytes 0, 1 (lo) or 2, 3 (hi) of b.
 MAGNETAR_HD int dp2a_lo(int a, int b, int c) {
 #ifdef __CUDA_ARCH__
@@ -461,11 +473,12 @@ struct MmvqType<Type::Q4_K> {
   // dot of 16 quants of 0..15 with 16 int8 at most 30,720 in magnitude: int16, so both products take one dp2a).
   static MAGNETAR_HD float dot_loaded(const WeightPart& w, const ActPart& x, int part) {
     int dot_lo = 0;
-    int dot_hi = 0;
+    int dot_hi16 = 0;  // 16 times the high nibbles' dot: each taken in place, as 16 q
     for (int i = 0; i < 4; ++i) {
       dot_lo = dp4a(int(uint32_t(w.q[i]) & 0x0F0F0F0Fu), x.lo[i], dot_lo);
-      dot_hi = dp4a(int((uint32_t(w.q[i]) >> 4) & 0x0F0F0F0Fu), x.hi[i], dot_hi);
+      dot_hi16 = dp4a_us(uint32_t(w.q[i]) & 0xF0F0F0F0u, x.hi[i], dot_hi16);
     }
+    const int dot_hi = dot_hi16 >> 4;  // exact: a multiple of 16
     const int sm = int(scales_mins(uint32_t(w.head[1]), uint32_t(w.head[2]), uint32_t(w.head[3]), part / 2));
     const int dots = int(byte_perm(uint32_t(dot_lo), uint32_t(dot_hi), 0x5410));  // the low halves, dot_lo first
     const int sumi = dp2a_lo(dots, sm, 0);
