@@ -575,9 +575,10 @@ void launch_staged(const MatvecLaunch& a, int blocks_per_row, cudaStream_t strea
   const unsigned grid = unsigned(std::min<int64_t>(wave, (a.rows + kWarps - 1) / kWarps));
   // kV vectors per launch: a second launch (reading the weights again) takes vectors kV .. n_vectors - 1.
   for (int v0 = 0; v0 < a.n_vectors; v0 += kV) {
+    const uint8_t* act = static_cast<const uint8_t*>(a.act) + size_t(v0) * a.act_row_bytes;
     CUDA_CHECK(ops::launch(kernel, grid, kThreads, smem, stream, static_cast<const uint8_t*>(a.weights), a.row_bytes,
-                           int(a.rows), blocks_per_row, static_cast<const uint8_t*>(a.act) + size_t(v0) * a.act_row_bytes,
-                           a.act_row_bytes, std::min(kV, a.n_vectors - v0), a.y + size_t(v0) * size_t(a.rows)));
+                           int(a.rows), blocks_per_row, act, a.act_row_bytes, std::min(kV, a.n_vectors - v0),
+                           a.y + size_t(v0) * size_t(a.rows)));
   }
 }
 

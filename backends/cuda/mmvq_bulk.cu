@@ -5,16 +5,24 @@
 // 768 rows of gate and up, 2,048 Q4_K columns: 14.2 MB), two waves of them. A CTA learns its expert only after
 // waiting for the router's product and ranking its logits; then its weights' HBM latency follows, and the second
 // wave's CTAs pay both again. The launch took 12.5 us per layer (9.4 of the step's span) for 14.2 MB: ~1.5 TB/s.
-// Here a CTA takes many rows, one wave of CTAs covers the launch, and thread 0 asks for all of the CTA's gate and up
-// rows at once right after the routing (a bulk copy per matrix and chunk: no registers held, every byte in flight);
-// the warps compute each chunk as its barrier completes.
+// Here a CTA takes many rows, one wave of CTAs covers the launch (two CTAs of 8 warps per SM: 24 rows of gate and of
+// up each on the 30B-A3B geometry), and thread 0 asks for all of the CTA's gate and up rows at once right after the
+// routing (a bulk copy per matrix and chunk: no registers held, every byte in flight); the warps compute each chunk as
+// its barrier completes.
+//
+// Measured (H200, 2026-12-02, docs/benchmarks/2026-12-02-cuda-decode-bulk-experts.md): tg128 +1.8% with the first
+// Q4_K part dot (534.8 / 535.7 against 525.0 / 526.6), +4% with the present one (570.6 / 570.2 / 571.2 against
+// 547.2 / 543.9 / 549.2). One CTA per SM (48 rows each) was slower (491), three or four per SM (16 or 12 rows, one
+// unit per warp at 64-67 registers) alike or slower (557-564 against 564-569). ncu (first dot): 11.65 us in isolation,
+// issue slots 31% busy at 21% occupancy, 1.22 TB/s: after the copies land the warps' arithmetic sets the time, hence
+// the part dot's instruction count matters here (mmvq.cuh). The batched decode of several sessions keeps the
+// stationary kernel (models/qwen3_moe/cuda_switches.h: slower with this one).
 //
 // Each row's sum is the stationary kernel's (its kGlu launch's shape: the same parts per lane, the same products in
 // the same order, the same warp tree over the same kQ kR rows of gate and up): the same bits.
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
@@ -35,11 +43,14 @@ constexpr int kWarps = kThreads / kWarpSize;
 constexpr int kMaxChunks = 16;  // barriers per CTA
 constexpr int kLogitsPerLane = kMaxRoutedExperts / kWarpSize;
 constexpr size_t kMaxSmem = 200 * 1024;
+constexpr int kCtasPerSm = 2;  // the wave aimed at (the kernel's launch bounds: at most 128 registers)
 
 // A warp's row units per chunk (a unit: kQ kR rows of gate and of up, the stationary kernel's warp of a SwiGLU launch):
 // 2 where their weight parts (2 kR kJ a unit) are at most 4, so that a lane loads up to 8 parts from shared memory
 // before it uses any; else 1.
-__host__ __device__ constexpr int bulk_units(int kJ, int kQ) { return 2 * mmvq::stationary_groups(kJ, kQ, true) * kJ <= 4 ? 2 : 1; }
+__host__ __device__ constexpr int bulk_units(int kJ, int kQ) {
+  return 2 * mmvq::stationary_groups(kJ, kQ, true) * kJ <= 4 ? 2 : 1;
+}
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ uint32_t smem_address(const void* p) {
@@ -74,9 +85,9 @@ __device__ __forceinline__ void barrier_wait(uint64_t* bar) {
 
 // Grid (ceil(rows / rows_per_cta), n_items). CTA (x, y) computes rows [x rows_per_cta, + rows_per_cta) of item y's gate
 // and up and writes silu(gate) * up there. Shared memory: the CTA's gate rows, then its up rows, in chunks of
-// kWarps kUnits units (bulk_units); warp w takes units w kUnits .. of each chunk. Two CTAs per SM (128 registers).
+// kWarps kUnits units (bulk_units); warp w takes units w kUnits .. of each chunk.
 template <Type T, int kJ, int kQ>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, kCtasPerSm)
     mmvq_bulk_glu_kernel(int rows, int items, size_t row_bytes, int rows_per_cta, const uint8_t* __restrict__ act,
                          size_t act_row_bytes, float* __restrict__ y, Grouping g) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -230,16 +241,6 @@ bool bulk_kernel_built() {
   return built;
 }
 
-// The CTAs per SM the launch aims at (MAGNETAR_CUDA_BULK_CTAS, 1-4; 2 unless set).
-int ctas_per_sm() {
-  static const int n = [] {
-    const char* v = std::getenv("MAGNETAR_CUDA_BULK_CTAS");
-    const int k = v != nullptr ? std::atoi(v) : 2;
-    return k >= 1 && k <= 4 ? k : 2;
-  }();
-  return n;
-}
-
 template <Type T, int kJ, int kQ>
 bool launch_bulk(const MatvecLaunch& a, int items, cudaStream_t stream) {
   constexpr int kUnitRows = kQ * mmvq::stationary_groups(kJ, kQ, true);
@@ -254,13 +255,13 @@ bool launch_bulk(const MatvecLaunch& a, int items, cudaStream_t stream) {
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     configured_device = device;
   }
-  // One wave of about ctas_per_sm() CTAs per SM: the rows of every item shared out, in whole units.
+  // One wave of about kCtasPerSm CTAs per SM: the rows of every item shared out, in whole units, at most an item's.
+  const auto units = [](int64_t r) { return (r + kUnitRows - 1) / kUnitRows * kUnitRows; };
   const int64_t items_rows = a.rows * int64_t(a.group.n_items);
-  const int64_t target = int64_t(std::max(sms, 1)) * ctas_per_sm();
-  int64_t per_cta = (items_rows + target - 1) / target;
-  per_cta = (per_cta + kUnitRows - 1) / kUnitRows * kUnitRows;
+  const int64_t target = int64_t(std::max(sms, 1)) * kCtasPerSm;
   const int64_t by_smem = int64_t(kMaxSmem / (2 * a.row_bytes)) / kUnitRows * kUnitRows;
-  per_cta = std::min({per_cta, by_smem, int64_t(kMaxChunks) * kChunkRows});
+  const int64_t per_cta = std::min({units((items_rows + target - 1) / target), units(a.rows), by_smem,
+                                    int64_t(kMaxChunks) * kChunkRows});
   if (per_cta < kUnitRows) return false;
   const dim3 grid(unsigned((a.rows + per_cta - 1) / per_cta), unsigned(a.group.n_items));
   CUDA_CHECK(ops::launch(kernel, grid, kThreads, size_t(2 * per_cta) * a.row_bytes, stream, int(a.rows), items,
