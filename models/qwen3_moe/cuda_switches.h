@@ -164,8 +164,9 @@ inline bool route_in_products() {
 
 // A decode token's expert gate/up (one token, routed in the products) streams its weights through shared memory by
 // bulk copies (GroupedMatvecArgs::bulk); MAGNETAR_CUDA_EXPERTS_BULK=0 is the baseline (the stationary kernel's SwiGLU
-// launch). The batched decode of several sessions keeps the stationary kernel: 739 t/s against 697 with bulk for 4
-// sessions, 834 against 803 for 8 (H200, 2026-12-02).
+// launch): tg128 570.6 / 570.2 / 571.2 against 547.2 / 543.9 / 549.2 (H200,
+// docs/benchmarks/2026-12-02-cuda-decode-bulk-experts.md). The batched decode of several sessions keeps the stationary
+// kernel: 739 t/s against 697 with bulk for 4 sessions, 834 against 803 for 8.
 inline bool experts_bulk() {
   static const bool on = switch_on("MAGNETAR_CUDA_EXPERTS_BULK");
   return on;
