@@ -274,17 +274,10 @@ __global__ void __launch_bounds__(kThreads)
     if constexpr (kGlu) mat[1] = static_cast<const uint8_t*>(g.items[blockIdx.y].w[g.part + 1]);
   }
   const int first = (int(blockIdx.x) * kWarps + warp) * kRowsPerWarp;
-  int row_of[kJ];  // the part's row within a group
-  int block[kJ];   // the part's block within its row
-  int part[kJ];
-#pragma unroll
-  for (int j = 0; j < kJ; ++j) {
-    const int f = lane + kWarpSize * j;
-    const int it = f % items;
-    row_of[j] = f / items;
-    block[j] = it / Ops::kParts;
-    part[j] = it % Ops::kParts;
-  }
+  const auto lp = mmvq::lane_parts<kJ, Ops::kParts>(lane, items);
+  const int(&row_of)[kJ] = lp.row_of;  // the part's row within a group
+  const int(&block)[kJ] = lp.block;    // the part's block within its row
+  const int(&part)[kJ] = lp.part;
   typename Ops::WeightPart w[kM][kR][kJ];
 #pragma unroll
   for (int m = 0; m < kM; ++m) {
@@ -304,14 +297,7 @@ __global__ void __launch_bounds__(kThreads)
     ops::pdl_trigger();
   }
   if (route_writer) {  // after the wait (the launch before may still read these) and after its own weight loads
-    const auto logits = route::warp_logits<kRouteLogitsPerLane>(g.route.logits, g.route.n_expert, lane);
-    const float wt = route::warp_weight(logits, g.route.n_expert, g.route.k, g.route.normalize, lane,
-                                        route_lane_id);
-    if (lane < g.route.k) {
-      g.route.ids[lane] = route_lane_id;
-      g.route.weights[lane] = wt;
-      g.route.slot_rows[lane] = lane;
-    }
+    route::write_routes<kRouteLogitsPerLane>(g.route, lane, route_lane_id);
   }
   const Act* a;
   if (act_float) {  // uniform over the CTA

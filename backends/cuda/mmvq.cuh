@@ -603,6 +603,28 @@ inline StationaryShape stationary_shape(int items) {
   return s;
 }
 
+// A lane's kJ parts of a row group in that kernel's layout (mmvq.cu; mmvq_bulk.cu): part f = lane + 32 j of the group's
+// kQ rows of `items` parts each is row f / items of the group, block (f % items) / kParts of that row and part
+// (f % items) % kParts of the block; the same in every group, so a lane's activation parts never change.
+template <int kJ>
+struct LaneParts {
+  int row_of[kJ];
+  int block[kJ];
+  int part[kJ];
+};
+template <int kJ, int kParts>
+MAGNETAR_HD LaneParts<kJ> lane_parts(int lane, int items) {
+  LaneParts<kJ> p;
+  for (int j = 0; j < kJ; ++j) {
+    const int f = lane + 32 * j;
+    const int it = f % items;
+    p.row_of[j] = f / items;
+    p.block[j] = it / kParts;
+    p.part[j] = it % kParts;
+  }
+  return p;
+}
+
 // The row groups a warp takes at once (its kJ kR weight parts in flight per lane, per matrix): enough for 4 or more
 // parts where kJ allows, at most 8 rows per warp, halved for a SwiGLU launch (gate and up: both matrices' parts in
 // flight). kJ = 3 (rows of 768, 1,536 or 3,072 columns: an expert's down projection) takes 2, 6 parts: 8 rows per

@@ -149,29 +149,18 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     }
   }
   if (route_writer) {  // after its copies are asked for (mmvq.cu's stationary kernel writes the same)
-    const auto logits = route::warp_logits<kLogitsPerLane>(g.route.logits, g.route.n_expert, lane);
-    const float wt = route::warp_weight(logits, g.route.n_expert, g.route.k, g.route.normalize, lane,
-                                        route_lane_id);
-    if (lane < g.route.k) {
-      g.route.ids[lane] = route_lane_id;
-      g.route.weights[lane] = wt;
-      g.route.slot_rows[lane] = lane;
-    }
+    route::write_routes<kLogitsPerLane>(g.route, lane, route_lane_id);
   }
 
   // The lane's activation parts (the stationary kernel's: part f = lane + 32 j of a row group).
   const Act* a = reinterpret_cast<const Act*>(act + group_act_row(g, row0) * act_row_bytes);
-  int row_of[kJ], block[kJ], part[kJ];
+  const auto lp = mmvq::lane_parts<kJ, Ops::kParts>(lane, items);
+  const int(&row_of)[kJ] = lp.row_of;
+  const int(&block)[kJ] = lp.block;
+  const int(&part)[kJ] = lp.part;
   typename Ops::ActPart x[kJ];
 #pragma unroll
-  for (int j = 0; j < kJ; ++j) {
-    const int f = lane + kWarpSize * j;
-    const int it = f % items;
-    row_of[j] = f / items;
-    block[j] = it / Ops::kParts;
-    part[j] = it % Ops::kParts;
-    x[j] = Ops::act_part(a[block[j]], part[j]);
-  }
+  for (int j = 0; j < kJ; ++j) x[j] = Ops::act_part(a[block[j]], part[j]);
   y += size_t(row0) * size_t(rows);
   for (int c = 0; c < n_chunks; ++c) {
     const int base = c * kChunkRows + warp * kUnits * kUnitRows;  // the warp's first row in the chunk (CTA-local)

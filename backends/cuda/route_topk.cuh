@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "backends/cuda/cuda_backend.h"
+
 #ifdef __CUDACC__
 #include "backends/cuda/ops_common.cuh"
 #endif
@@ -134,6 +136,19 @@ __device__ __forceinline__ float warp_weight(const WarpLogits<kPer>& w, int n_ex
   double top_sum = 0;
   for (int j = 0; j < k; ++j) top_sum += double(__shfl_sync(0xffffffffu, weight, j));
   return normalize ? float(double(weight) / top_sum) : weight;
+}
+
+// The routing warp of a launch that writes the combine's items (RouteInProducts::ids set): lane j < k writes slot j's
+// expert (lane_id, warp_top's), its weight (warp_weight) and slot row j, what route_topk writes.
+template <int kPer>
+__device__ __forceinline__ void write_routes(const RouteInProducts& r, int lane, int lane_id) {
+  const auto logits = warp_logits<kPer>(r.logits, r.n_expert, lane);
+  const float wt = warp_weight(logits, r.n_expert, r.k, r.normalize, lane, lane_id);
+  if (lane < r.k) {
+    r.ids[lane] = lane_id;
+    r.weights[lane] = wt;
+    r.slot_rows[lane] = lane;
+  }
 }
 #endif
 
