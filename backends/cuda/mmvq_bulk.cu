@@ -218,14 +218,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 }
 
 // Whether this binary's bulk kernel has a body: compiled for sm_90 or newer (a build for older GPUs only, run on a
-// newer one through its PTX, has the empty kernel), on a device that runs it.
+// newer one through its PTX, has the empty kernel; code for sm_90 loads on sm_90 devices and newer only). As
+// rms_norm.cu's cluster_kernel_built.
 bool bulk_kernel_built() {
   static const bool built = [] {
     cudaFuncAttributes attr{};
-    int device = 0, major = 0;
     return cudaFuncGetAttributes(&attr, mmvq_bulk_glu_kernel<Type::Q4_K, 2, 1>) == cudaSuccess &&
-           attr.ptxVersion >= 90 && cudaGetDevice(&device) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
+           attr.ptxVersion >= 90;
   }();
   return built;
 }
