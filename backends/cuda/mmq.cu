@@ -29,7 +29,9 @@
 //      runs 8 mma, scales or sums the int32 results into its 32 accumulators.
 // The unpacking reads the K-step's raw blocks from shared memory, copied there by cp.async during the previous step's
 // mma (stage_step, Raw), for every type whose tiles and staging fit two CTAs per SM (all but Q8_0); Q8_0 reads global
-// memory, with the next step's blocks prefetched into L1 during the mma (prefetch_step).
+// memory, with the next step's blocks prefetched into L1 during the mma (prefetch_step). The K-quants but Q6_K skip
+// the activation tile where the rows allow (the direct-X form, Raw's comment): their A fragments are read from the
+// staged Q8_K blocks themselves.
 // Shared memory (dynamic, opted in): 64 * 272 + 128 * 272 bytes of quants (51 KiB), the scales, 64 row pointers and
 // the staging: 96-111 KiB for the staged types, 65 KiB for Q8_0; two CTAs per SM (also the register limit: 128 per
 // thread, __launch_bounds__(256, 2)).
@@ -97,6 +99,7 @@ struct MmqParams {
   int split[2];            // plain launches: weight rows [0, split[0]) go to y, [split[0], split[1]) to y_split[0],
   float* y_split[2];       // [split[1], rows) to y_split[1], each with its own row pitch (split[0] = rows: no split)
   int prefetch;            // 1: prefetch the next K-step's blocks into L1 during this one's mma (see prefetch_step)
+  int direct;              // 1: the direct-X form where it applies (launch_type; MAGNETAR_CUDA_MMQ_DIRECT=0: never)
 };
 
 __device__ __forceinline__ void mma_k32(int (&c)[4], const int (&a)[4], const int (&b)[2]) {
@@ -180,24 +183,40 @@ struct IntScales {
 // blocks of 32) at its global address's offset modulo 16 within a 16-byte aligned row, so the unpackers' aligned
 // loads read shared memory as they would read global memory. A row's 16-byte units: up to 15 bytes of the chunk's
 // first line before it, the chunk, a partial last unit.
-template <Type T>
-struct Raw {
+//
+// The direct-X form (kDirect; the K-quants whose buffers fit two CTAs per SM, kDirectX: all but Q6_K; launch_type says
+// for which rows): the A fragments are read straight from the staged activation blocks (Q8_K, one per row and K-step):
+// no activation tile and no unpacking of its quants (a K-step of 64 Q8_K rows is as many bytes as 128 Q4_K weight rows:
+// docs/benchmarks/2026-12-01-cuda-prefill-small-kernels.md); only the block's d and slice sums are unpacked. The staged
+// blocks are double-buffered (step k + 1 is copied while step k's fragments are read) and their rows padded to an odd
+// count of 16-byte units, so that the 8 rows of a fragment load start in distinct 4-bank groups. A row's quants start
+// 4-byte aligned (Q8_K blocks are 292 bytes, their quants at byte 4), so the fragments are 32-bit shared loads. Same
+// integer sums and epilogue as the tiled form: the same bits. Measured:
+// docs/benchmarks/2026-12-02-cuda-prefill-direct-x.md.
+template <Type T, bool kDirect>
+struct RawOf {
   using Ops = mmq::MmqType<T>;
   static constexpr int kWChunk = kStepK / Ops::kBlockElems * int(sizeof(typename Ops::Block));
   static constexpr int kXChunk = kStepK / Ops::kActBlockElems * int(sizeof(typename Ops::Act));
   static constexpr int kWUnits = (15 + kWChunk + 15) / 16;
   static constexpr int kXUnits = (15 + kXChunk + 15) / 16;
+  static constexpr int kXRowUnits = kDirect ? (kXUnits | 1) : kXUnits;
+  static constexpr int kXBuffers = kDirect ? 2 : 1;
   alignas(16) uint8_t w[kTileW][16 * kWUnits];
-  alignas(16) uint8_t x[kTileX][16 * kXUnits];
+  alignas(16) uint8_t x[kXBuffers][kTileX][16 * kXRowUnits];
 };
 
-template <Type T>
-struct SmemTiles {
+struct NoXTile {};
+struct XTile {
+  alignas(16) int8_t x[kTileX][kRowBytes];
+};
+
+template <Type T, bool kDirect>
+struct SmemTilesOf : std::conditional_t<kDirect, NoXTile, XTile> {
   using Ops = mmq::MmqType<T>;
   static constexpr int kSlices = kStepK / Ops::kSlice;  // per K-step
   static_assert(kTileW * kSlices % kThreads == 0 && kTileX * kSlices % kThreads == 0);
   static_assert(!Ops::kIntScales || Ops::kBlockElems == kStepK);  // one K-quant block per row and K-step
-  alignas(16) int8_t x[kTileX][kRowBytes];
   alignas(16) int8_t w[kTileW][kRowBytes];
   std::conditional_t<Ops::kIntScales, IntScales<kSlices>, FloatScales<kSlices>> sc;
   const uint8_t* x_row[kTileX];  // activation row of each tile row (null past the tile's count)
@@ -206,15 +225,26 @@ struct SmemTiles {
 // Two CTAs per SM (the register bound of __launch_bounds__(256, 2)) fit in the SM's 228 KiB of shared memory when a
 // CTA takes at most 113 KiB (1 KiB per CTA is the driver's). The types whose staged tiles fit stage their K-steps
 // by cp.async (96-111 KiB: every K-quant and 32-element type but Q8_0, whose 8 x 34-byte blocks and Q8_0 activations
-// make 121 KiB); Q8_0 reads global memory in the unpacking, with the next K-step's blocks prefetched into L1.
+// make 121 KiB); Q8_0 reads global memory in the unpacking, with the next K-step's blocks prefetched into L1. The
+// K-quants whose double-buffered activation blocks fit read their fragments there (all but Q6_K: 117 KiB).
 constexpr size_t kTwoCtaSmem = 113 * 1024;
 template <Type T>
-constexpr bool kStaged = sizeof(SmemTiles<T>) + sizeof(Raw<T>) <= kTwoCtaSmem;
+constexpr bool kDirectX =
+    mmq::MmqType<T>::kIntScales && sizeof(SmemTilesOf<T, true>) + sizeof(RawOf<T, true>) <= kTwoCtaSmem;
+template <Type T, bool kD>
+using SmemTiles = SmemTilesOf<T, kD>;
+template <Type T, bool kD>
+using Raw = RawOf<T, kD>;
+template <Type T>
+constexpr bool kStaged = sizeof(SmemTiles<T, false>) + sizeof(Raw<T, false>) <= kTwoCtaSmem;
 
 struct NoRaw {};
-template <Type T>
-struct Smem : SmemTiles<T> {
-  std::conditional_t<kStaged<T>, Raw<T>, NoRaw> raw;
+// kD: the direct-X form of a launch (kDirectX<T> and activation rows whose bytes are a multiple of 16: every row's
+// K-step chunk then starts at the same offset within its 16-byte line).
+template <Type T, bool kD>
+struct Smem : SmemTiles<T, kD> {
+  static_assert(!kD || (kDirectX<T> && kStaged<T>));
+  std::conditional_t<kStaged<T>, Raw<T, kD>, NoRaw> raw;
 };
 
 // The bytes of K-step k0 in a row of `row_bytes` bytes of blocks of kElems elements and kBytes bytes: offset and
@@ -227,11 +257,11 @@ __device__ __forceinline__ int2 chunk_of(int k0, size_t row_bytes) {
 
 // Issues the copies of K-step k0 of the tile's weight rows and activation rows into sm.raw (one commit group).
 // Rows past the matrix or the tile's count copy nothing (zero-filled, never unpacked).
-template <Type T>
-__device__ __forceinline__ void stage_step(Smem<T>& sm, const uint8_t* __restrict__ weights, const MmqParams& p,
-                                           int w0, int n_x, int k0) {
+template <Type T, bool kD>
+__device__ __forceinline__ void stage_step(Smem<T, kD>& sm, const uint8_t* __restrict__ weights, const MmqParams& p,
+                                           int w0, int n_x, int k0, int buf) {
   using Ops = mmq::MmqType<T>;
-  using R = Raw<T>;
+  using R = Raw<T, kD>;
   const int2 wc = chunk_of<Ops::kBlockElems, int(sizeof(typename Ops::Block))>(k0, p.row_bytes);
   const int2 xc = chunk_of<Ops::kActBlockElems, int(sizeof(typename Ops::Act))>(k0, p.x_row_bytes);
 #pragma unroll 1
@@ -244,7 +274,7 @@ __device__ __forceinline__ void stage_step(Smem<T>& sm, const uint8_t* __restric
   for (int u = int(threadIdx.x); u < kTileX * R::kXUnits; u += kThreads) {
     const int r = u / R::kXUnits;
     const bool in = r < n_x;
-    stage_unit(sm.raw.x[r], (in ? sm.x_row[r] : p.x) + xc.x, in ? xc.y : 0, u % R::kXUnits);
+    stage_unit(sm.raw.x[buf][r], (in ? sm.x_row[r] : p.x) + xc.x, in ? xc.y : 0, u % R::kXUnits);
   }
   cp_async_commit();
 }
@@ -268,9 +298,9 @@ struct WarpPos {
 // 1. The K-step at k0 unpacked into shared memory: every thread kTileW * kSlices / 256 weight slices (4 or 8) and
 // kTileX * kSlices / 256 activation slices (2 or 4), with their scales (float or integer form).
 // w_chunk(r) / x_chunk(r): the first block of K-step k0 of tile row r (global memory, or its staged copy).
-template <Type T, typename WChunk, typename XChunk>
-__device__ __forceinline__ void unpack_step(Smem<T>& sm, const MmqParams& p, int w0, int n_x, int k0, WChunk w_chunk,
-                                            XChunk x_chunk) {
+template <Type T, bool kD, typename WChunk, typename XChunk>
+__device__ __forceinline__ void unpack_step(Smem<T, kD>& sm, const MmqParams& p, int w0, int n_x, int k0,
+                                            WChunk w_chunk, XChunk x_chunk) {
   using Ops = mmq::MmqType<T>;
   using Block = typename Ops::Block;
   using Act = typename Ops::Act;
@@ -316,36 +346,70 @@ __device__ __forceinline__ void unpack_step(Smem<T>& sm, const MmqParams& p, int
     for (int j = 0; j < kSlice / 4; ++j) q[j] = 0;
     const bool in = r < n_x && k < p.cols;
     const Act* row = reinterpret_cast<const Act*>(x_chunk(r)) + s * kSlice / Ops::kActBlockElems;
-    if constexpr (Ops::kIntScales) {
+    if constexpr (kD) {  // the quants stay in the staged block (load_fragments); only the scales here
+      const int bsum = in ? mmq::ActSlice<Act, kSlice>::slice_sum(*row, s) : 0;
+      if (Ops::kHasOffset) mmq::split_sum(bsum, &sm.sc.x_hl[r][s], &sm.sc.x_hl[r][kSlices + s]);
+      if (s == 0) sm.sc.x_d[r] = in ? row->d : 0.0f;
+    } else if constexpr (Ops::kIntScales) {
       int bsum = 0;
       if (in) mmq::ActSlice<Act, kSlice>::view_int(*row, s, q, &bsum);
-      if (Ops::kHasOffset) {
-        mmq::split_sum(bsum, &sm.sc.x_hl[r][s], &sm.sc.x_hl[r][kSlices + s]);
-      }
+      if (Ops::kHasOffset) mmq::split_sum(bsum, &sm.sc.x_hl[r][s], &sm.sc.x_hl[r][kSlices + s]);
       if (s == 0) sm.sc.x_d[r] = in ? row->d : 0.0f;
+      store_slice<kSlice>(&sm.x[r][s * kSlice], s, q);
     } else {
       float d = 0.0f, sum = 0.0f;
       if (in) mmq::ActSlice<Act, kSlice>::view(*row, (k % Ops::kActBlockElems) / kSlice, q, &d, &sum);
       sm.sc.x_ds[r][s] = make_float2(d, sum);
+      store_slice<kSlice>(&sm.x[r][s * kSlice], s, q);
     }
-    store_slice<kSlice>(&sm.x[r][s * kSlice], s, q);
   }
 }
 
-// The A (activation) and B (weight) fragments of slice s of the K-step in shared memory.
-template <Type T>
-__device__ __forceinline__ void load_fragments(const Smem<T>& sm, const WarpPos& wp, int s, int (&a)[kMTiles][4],
-                                               int (&b)[kNTiles][2]) {
+// Where a thread's A fragments come from in a K-step of the direct-X form: the byte offset, in the staged activation
+// buffers, of the quants of activation row wx0 + g of buffer buf (x_off: the K-step's byte offset in an activation
+// row, whose chunk sits at its global address's offset modulo 16 in the staged row). The thread's other rows (+ 8,
+// + 16, + 24) are constant offsets from it, their chunks at the same offset modulo 16 (launch_type: rows of a
+// multiple of 16 bytes, or rows in order, 8 rows being 8 * 292 k bytes apart): one register over the slice loop.
+struct XRows {
+  int base;
+};
+
+template <Type T, bool kD>
+__device__ __forceinline__ XRows x_rows_of(const Smem<T, kD>& sm, const WarpPos& wp, int buf, int x_off) {
+  XRows xr{};
+  if constexpr (kD) {
+    const int r = wp.wx0 + wp.g;
+    const int line = int((reinterpret_cast<uintptr_t>(sm.x_row[r]) + uintptr_t(x_off)) % 16);
+    xr.base = buf * int(sizeof(sm.raw.x[0])) + r * int(sizeof(sm.raw.x[0][0])) + line +
+              int(offsetof(quant::BlockQ8_K, qs));
+  }
+  return xr;
+}
+
+// The A (activation) and B (weight) fragments of slice s of the K-step in shared memory (A of a direct-X type from
+// the staged blocks, xr).
+template <Type T, bool kD>
+__device__ __forceinline__ void load_fragments(const Smem<T, kD>& sm, const WarpPos& wp, const XRows& xr, int s,
+                                               int (&a)[kMTiles][4], int (&b)[kNTiles][2]) {
   constexpr int kSlice = mmq::MmqType<T>::kSlice;
   const int kb = s * kSlice + 4 * wp.t;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
     if (mt >= wp.n_mt) break;
-    const int r = wp.wx0 + 16 * mt + wp.g;
-    a[mt][0] = lds32(&sm.x[r][kb]);
-    a[mt][1] = lds32(&sm.x[r + 8][kb]);
-    a[mt][2] = kSlice == 32 ? lds32(&sm.x[r][kb + 16]) : 0;
-    a[mt][3] = kSlice == 32 ? lds32(&sm.x[r + 8][kb + 16]) : 0;
+    if constexpr (kD) {
+      constexpr int kPitch = int(sizeof(sm.raw.x[0][0]));
+      const int8_t* x = reinterpret_cast<const int8_t*>(&sm.raw.x[0][0][0]) + xr.base + 16 * mt * kPitch + kb;
+      a[mt][0] = lds32(x);
+      a[mt][1] = lds32(x + 8 * kPitch);
+      a[mt][2] = kSlice == 32 ? lds32(x + 16) : 0;
+      a[mt][3] = kSlice == 32 ? lds32(x + 8 * kPitch + 16) : 0;
+    } else {
+      const int r = wp.wx0 + 16 * mt + wp.g;
+      a[mt][0] = lds32(&sm.x[r][kb]);
+      a[mt][1] = lds32(&sm.x[r + 8][kb]);
+      a[mt][2] = kSlice == 32 ? lds32(&sm.x[r][kb + 16]) : 0;
+      a[mt][3] = kSlice == 32 ? lds32(&sm.x[r + 8][kb + 16]) : 0;
+    }
   }
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) {
@@ -378,8 +442,8 @@ __device__ __forceinline__ void slice_mma(const WarpPos& wp, const int (&a)[kMTi
 
 // 2. The K-step's products into the float accumulators, per-slice float scales: per slice n_mt x 4 mma per warp,
 // each int32 result scaled in registers (per output and slice: the scale product, the conversion, one or two FMA).
-template <Type T>
-__device__ __forceinline__ void compute_step_float(const Smem<T>& sm, const WarpPos& wp,
+template <Type T, bool kD>
+__device__ __forceinline__ void compute_step_float(const Smem<T, kD>& sm, const WarpPos& wp, const XRows& xr,
                                                    float (&acc)[kMTiles][kNTiles][4]) {
   using Ops = mmq::MmqType<T>;
   constexpr int kSlices = kStepK / Ops::kSlice;
@@ -387,7 +451,7 @@ __device__ __forceinline__ void compute_step_float(const Smem<T>& sm, const Warp
   for (int s = 0; s < kSlices; ++s) {
     int a[kMTiles][4];
     int b[kNTiles][2];
-    load_fragments<T>(sm, wp, s, a, b);
+    load_fragments<T, kD>(sm, wp, xr, s, a, b);
     float xd[kMTiles][2], xs[kMTiles][2], ws[kNTiles][2], wo[kNTiles][2];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
@@ -425,8 +489,8 @@ __device__ __forceinline__ void compute_step_float(const Smem<T>& sm, const Warp
 // 64 * hi-product + lo-product); then per output and block one conversion and two FMAs: acc += (d_w d_x) * isum -
 // (dmin_w d_x) * min-sum. Fewer than half the instructions of the float form (measured:
 // docs/benchmarks/2026-12-01-cuda-prefill-int-epilogue.md).
-template <Type T>
-__device__ __forceinline__ void compute_step_int(const Smem<T>& sm, const WarpPos& wp,
+template <Type T, bool kD>
+__device__ __forceinline__ void compute_step_int(const Smem<T, kD>& sm, const WarpPos& wp, const XRows& xr,
                                                  float (&acc)[kMTiles][kNTiles][4]) {
   using Ops = mmq::MmqType<T>;
   constexpr int kSlices = kStepK / Ops::kSlice;
@@ -486,7 +550,7 @@ __device__ __forceinline__ void compute_step_int(const Smem<T>& sm, const WarpPo
   for (int s = 0; s < kSlices; ++s) {
     int a[kMTiles][4];
     int b[kNTiles][2];
-    load_fragments<T>(sm, wp, s, a, b);
+    load_fragments<T, kD>(sm, wp, xr, s, a, b);
     int sc[kNTiles][2];
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
@@ -514,20 +578,21 @@ __device__ __forceinline__ void compute_step_int(const Smem<T>& sm, const WarpPo
   }
 }
 
-template <Type T>
-__device__ __forceinline__ void compute_step(const Smem<T>& sm, const WarpPos& wp, float (&acc)[kMTiles][kNTiles][4]) {
+template <Type T, bool kD>
+__device__ __forceinline__ void compute_step(const Smem<T, kD>& sm, const WarpPos& wp, const XRows& xr,
+                                             float (&acc)[kMTiles][kNTiles][4]) {
   if constexpr (mmq::MmqType<T>::kIntScales) {
-    compute_step_int<T>(sm, wp, acc);
+    compute_step_int<T, kD>(sm, wp, xr, acc);
   } else {
-    compute_step_float<T>(sm, wp, acc);
+    compute_step_float<T, kD>(sm, wp, xr, acc);
   }
 }
 
 // One tile: weight rows w0 .. w0 + kTileW - 1 of `weights`, activation rows sm.x_row[0 .. n_x - 1], output
 // row i of the tile at y_rows + i * pitch, weight row c at column c - col0. Every thread of the CTA calls it (it
 // synchronizes).
-template <Type T>
-__device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const MmqParams& p, int w0, int n_x,
+template <Type T, bool kD>
+__device__ void mmq_tile(Smem<T, kD>& sm, const uint8_t* __restrict__ weights, const MmqParams& p, int w0, int n_x,
                          float* __restrict__ y_rows, int pitch, int col0) {
   using Ops = mmq::MmqType<T>;
   using Block = typename Ops::Block;
@@ -545,28 +610,32 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
   if constexpr (kStaged<T>) {
     // K-step k's raw blocks were copied during step k - 1's mma: wait for them, unpack them from shared memory,
     // start the copies of step k + 1, compute step k.
-    stage_step<T>(sm, weights, p, w0, n_x, 0);
+    // (kDirectX: the activation blocks of step k are in buffer k % 2 and are read by step k's mma.)
+    stage_step<T, kD>(sm, weights, p, w0, n_x, 0, 0);
+    int buf = 0;
     for (int k0 = 0; k0 < p.cols; k0 += kStepK) {
       cp_async_wait_all();
       __syncthreads();  // the raw step visible to every thread; every thread done with the previous step's tiles
       const int2 wc = chunk_of<Ops::kBlockElems, int(sizeof(Block))>(k0, p.row_bytes);
       const int2 xc = chunk_of<Ops::kActBlockElems, int(sizeof(Act))>(k0, p.x_row_bytes);
-      unpack_step<T>(
+      unpack_step<T, kD>(
           sm, p, w0, n_x, k0,
           [&](int r) {
             const uintptr_t src = reinterpret_cast<uintptr_t>(weights + size_t(w0 + r) * p.row_bytes) + wc.x;
             return &sm.raw.w[r][src % 16];
           },
-          [&](int r) { return &sm.raw.x[r][(reinterpret_cast<uintptr_t>(sm.x_row[r]) + xc.x) % 16]; });
-      __syncthreads();  // the tiles complete; the raw buffers free
-      if (k0 + kStepK < p.cols) stage_step<T>(sm, weights, p, w0, n_x, k0 + kStepK);
-      compute_step<T>(sm, wp, acc);
+          [&](int r) { return &sm.raw.x[buf][r][(reinterpret_cast<uintptr_t>(sm.x_row[r]) + xc.x) % 16]; });
+      __syncthreads();  // the tiles complete; the raw weights (and, unless kDirectX, activations) free
+      const int next = kD ? buf ^ 1 : 0;
+      if (k0 + kStepK < p.cols) stage_step<T, kD>(sm, weights, p, w0, n_x, k0 + kStepK, next);
+      compute_step<T, kD>(sm, wp, x_rows_of<T, kD>(sm, wp, buf, xc.x), acc);
+      buf = next;
     }
   } else {
     for (int k0 = 0; k0 < p.cols; k0 += kStepK) {
       const int2 wc = chunk_of<Ops::kBlockElems, int(sizeof(Block))>(k0, p.row_bytes);
       const int2 xc = chunk_of<Ops::kActBlockElems, int(sizeof(Act))>(k0, p.x_row_bytes);
-      unpack_step<T>(
+      unpack_step<T, kD>(
           sm, p, w0, n_x, k0, [&](int r) { return weights + size_t(w0 + r) * p.row_bytes + wc.x; },
           [&](int r) { return sm.x_row[r] + xc.x; });
       __syncthreads();
@@ -581,7 +650,7 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
         });
         prefetch_step(kTileX, size_t(xn.x), xn.y, [&](int r) { return r < n_x ? sm.x_row[r] : nullptr; });
       }
-      compute_step<T>(sm, wp, acc);
+      compute_step<T, kD>(sm, wp, XRows{}, acc);
       __syncthreads();
     }
   }
@@ -601,10 +670,10 @@ __device__ void mmq_tile(Smem<T>& sm, const uint8_t* __restrict__ weights, const
 }
 
 // Grid: (ceil(rows / kTileW), plain: ceil(n / kTileX) | grouped: n_items, grouped: n_parts).
-template <Type T>
+template <Type T, bool kD>
 __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const MmqParams p) {
   extern __shared__ __align__(16) uint8_t smem_bytes[];
-  Smem<T>& sm = *reinterpret_cast<Smem<T>*>(smem_bytes);
+  Smem<T, kD>& sm = *reinterpret_cast<Smem<T, kD>*>(smem_bytes);
   const int w0 = int(blockIdx.x) * kTileW;
   const int tid = int(threadIdx.x);
   if (p.items == nullptr) {
@@ -619,7 +688,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const MmqParams p) {
     const int col0 = past1 ? p.split[1] : past0 ? p.split[0] : 0;
     const int pitch = (past1 ? p.rows : past0 ? p.split[1] : p.split[0]) - col0;
     float* y = past1 ? p.y_split[1] : past0 ? p.y_split[0] : p.y;
-    mmq_tile<T>(sm, p.weights, p, w0, n_x, y + size_t(x0) * size_t(pitch), pitch, col0);
+    mmq_tile<T, kD>(sm, p.weights, p, w0, n_x, y + size_t(x0) * size_t(pitch), pitch, col0);
     return;
   }
   const GroupItem& item = p.items[blockIdx.y];
@@ -634,7 +703,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const MmqParams p) {
           tid < n_x ? p.x + size_t(p.x_rows != nullptr ? p.x_rows[r] : r) * p.x_row_bytes : nullptr;
     }
     __syncthreads();  // also orders this chunk's x_row writes after the previous chunk's last reads
-    mmq_tile<T>(sm, weights, p, w0, n_x, y + size_t(item.row0 + x0) * size_t(p.rows), p.rows, 0);
+    mmq_tile<T, kD>(sm, weights, p, w0, n_x, y + size_t(item.row0 + x0) * size_t(p.rows), p.rows, 0);
     __syncthreads();
   }
 }
@@ -650,22 +719,39 @@ struct TypeInfo {
   void (*launch)(dim3 grid, const MmqParams& p, cudaStream_t stream);
 };
 
-template <Type T>
-void launch_type(dim3 grid, const MmqParams& p, cudaStream_t stream) {
-  // Over the 48 KiB of static shared memory: opted in once per type (thread-safe static initialization).
-  static const bool opted_in = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(mmq_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem<T>))));
+template <Type T, bool kD>
+void launch_form(dim3 grid, const MmqParams& p, cudaStream_t stream) {
+  const auto kernel = mmq_kernel<T, kD>;
+  // Over the 48 KiB of static shared memory: opted in once per type and form (thread-safe static initialization).
+  static const bool opted_in = [&] {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem<T, kD>))));
     // The staged types need the largest shared-memory carveout for two CTAs per SM; the others keep L1 for their
     // prefetches.
     if (kStaged<T>) {
-      CUDA_CHECK(cudaFuncSetAttribute(mmq_kernel<T>, cudaFuncAttributePreferredSharedMemoryCarveout,
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                       int(cudaSharedmemCarveoutMaxShared)));
     }
     return true;
   }();
   (void)opted_in;
-  mmq_kernel<T><<<grid, kThreads, sizeof(Smem<T>), stream>>>(p);
+  kernel<<<grid, kThreads, sizeof(Smem<T, kD>), stream>>>(p);
   CUDA_CHECK(cudaGetLastError());
+}
+
+// The direct-X form where the type has it and the activation rows a thread reads (wx0 + g + 8 i) lie at the same
+// offset modulo 16 (x_rows_of): rows in order (plain launches, grouped ones without x_rows: 8 rows apart is 8 * 292 k
+// bytes), or rows of a multiple of 16 bytes (K a multiple of 1,024) from a 16-byte aligned x (checked by the callers).
+// Else the tiled form.
+template <Type T>
+void launch_type(dim3 grid, const MmqParams& p, cudaStream_t stream) {
+  if constexpr (kDirectX<T>) {
+    static_assert(sizeof(quant::BlockQ8_K) % 4 == 0 && offsetof(quant::BlockQ8_K, qs) % 4 == 0);
+    if (p.direct != 0 && (p.x_rows == nullptr || p.x_row_bytes % 16 == 0)) {
+      launch_form<T, true>(grid, p, stream);
+      return;
+    }
+  }
+  launch_form<T, false>(grid, p, stream);
 }
 
 template <Type T>
@@ -744,6 +830,15 @@ bool prefetch_enabled() {
   return enabled;
 }
 
+// MAGNETAR_CUDA_MMQ_DIRECT=0 keeps the K-quants' activation tile (a diagnostic switch: the baseline).
+bool direct_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("MAGNETAR_CUDA_MMQ_DIRECT");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return enabled;
+}
+
 MmqParams params(const TypeInfo& info, int64_t rows, int64_t cols, const void* x, float* y) {
   MmqParams p{};
   p.row_bytes = size_t(cols / info.block_elems) * info.block_bytes;
@@ -754,6 +849,7 @@ MmqParams params(const TypeInfo& info, int64_t rows, int64_t cols, const void* x
   p.y = y;
   p.split[0] = p.split[1] = int(rows);
   p.prefetch = prefetch_enabled() ? 1 : 0;
+  p.direct = direct_enabled() ? 1 : 0;
   return p;
 }
 

@@ -340,8 +340,11 @@ struct ActSlice<quant::BlockQ8_K, kSlice> {
   // The integer form the K-quant kernel uses: the quants and sum(q) of the slice (the block's d is a.d).
   static MAGNETAR_HD void view_int(const quant::BlockQ8_K& a, int slice, uint32_t* q, int* bsum) {
     load_words<4>(mmvq::bytes(a.qs) + kSlice * slice, q, kSlice / 4);
-    *bsum = a.bsums[(kSlice / 16) * slice];
-    if (kSlice == 32) *bsum += a.bsums[2 * slice + 1];
+    *bsum = slice_sum(a, slice);
+  }
+  // sum(q) of the slice.
+  static MAGNETAR_HD int slice_sum(const quant::BlockQ8_K& a, int slice) {
+    return kSlice == 32 ? a.bsums[2 * slice] + a.bsums[2 * slice + 1] : a.bsums[slice];
   }
   static MAGNETAR_HD void view(const quant::BlockQ8_K& a, int slice, uint32_t* q, float* d, float* sum) {
     int bsum = 0;

@@ -7,16 +7,18 @@
 //                     the same quantized weight row with the activation row quantized by the reference
 //                     quantizer of traits(type).vec_dot_type (byte-identical with quantize_activations,
 //                     cuda_mmvq_test.cpp), for rows 1, 7, 33, 4096 (prefixes of one matrix), cols 32, 96, 160,
-//                     288 (block-32 types: a partial K-step), 256, 512, 2816, 4096 and n 1, 7, 64, 100, 200, 512
+//                     288 (block-32 types: a partial K-step), 256, 512, 2816, 4096 (Q8_K rows of a multiple of 16
+//                     bytes: the K-quants' direct-X form, mmq.cu) and n 1, 7, 64, 100, 200, 512
 //                     activation rows. Large shapes check every weight row of 6 activation rows (first, last,
 //                     tile edges 63/64, two random) and every activation row of 6 weight rows (first, last,
 //                     tile edges 127/128, two random); every output must be written (NaN-poisoned) and nothing
 //                     past the end (guard floats);
 //   split outputs     matmul_q over stacked matrices into three buffers, bit for bit the plain launch's columns;
 //   grouped_matmul_q  items of n 1, 5, 37, 64, 70 and 137 rows (70 and 137: several 64-row chunks; 5, 37 and the
-//                     chunk tails of 70 and 137: warps with empty m16 tiles), two parts
-//                     (gate, up) at a y_part_stride, a permuted x_rows, one item with a null up weight
-//                     (its part-1 rows must stay untouched) and one item with a null gate weight.
+//                     chunk tails of 70 and 137: warps with empty m16 tiles), two parts (gate, up) at a
+//                     y_part_stride, cols 256, 2048 and 2816, a permuted x_rows (300 weight rows) or none (7), one
+//                     item with a null up weight (its part-1 rows must stay untouched) and one with a null gate weight.
+//                     The K-quants take mmq.cu's direct-X form for cols 2048, and for 2816 without x_rows.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -200,7 +202,8 @@ TEST_P(CudaGroupedMmqTest, MatchesReference) {
   int32_t total = 0;
   for (int32_t n : kItemRows) total += n;
 
-  for (int64_t cols : {int64_t(256), int64_t(2816)}) {
+  // 2048: Q8_K activation rows of a multiple of 16 bytes, the K-quants' direct-X form (mmq.cu); 256, 2816: the tile
+  for (int64_t cols : {int64_t(256), int64_t(2048), int64_t(2816)}) {
     for (int64_t rows : {int64_t(7), int64_t(300)}) {
       const std::string shape = std::string(t.name) + " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols);
       const size_t w_row = quant::row_size(t.type, cols);
@@ -213,12 +216,14 @@ TEST_P(CudaGroupedMmqTest, MatchesReference) {
         ASSERT_OK_AND_ASSIGN(m.dev, cuda::DeviceBuffer::allocate(m.q.size()));
         ASSERT_OK(m.dev.upload(m.q.data(), m.q.size()));
       }
-      // x has more rows than the output; x_rows is a random map into it.
+      // x has more rows than the output; x_rows is a random map into it (300 rows), or null: row r of x (7 rows;
+      // the direct-X form of activation rows that are not a multiple of 16 bytes, mmq.cu).
+      const bool mapped = rows == 300;
       const int64_t n_x = total + 11;
       const std::vector<uint8_t> qx = quantize_ref(act_type, activations(rng, n_x, cols), cols);
       const std::vector<float> xd = dequantize_ref(act_type, qx.data(), n_x * cols);
       std::vector<int32_t> x_rows(static_cast<size_t>(total));
-      for (int32_t& r : x_rows) r = int32_t(rng.bits() % uint64_t(n_x));
+      for (size_t r = 0; r < x_rows.size(); ++r) x_rows[r] = mapped ? int32_t(rng.bits() % uint64_t(n_x)) : int32_t(r);
 
       // Items: expert i % 3; item 1 has no up weight, item 3 no gate weight.
       std::vector<cuda::GroupItem> items;
@@ -256,7 +261,7 @@ TEST_P(CudaGroupedMmqTest, MatchesReference) {
                                         .rows = rows,
                                         .cols = cols,
                                         .x = x_dev.data(),
-                                        .x_rows = x_rows_dev.as<int32_t>(),
+                                        .x_rows = mapped ? x_rows_dev.as<int32_t>() : nullptr,
                                         .y = y_dev.as<float>(),
                                         .y_part_stride = stride},
                                        stream));
