@@ -31,7 +31,8 @@
 // mma (stage_step, Raw), for every type whose tiles and staging fit two CTAs per SM (all but Q8_0); Q8_0 reads global
 // memory, with the next step's blocks prefetched into L1 during the mma (prefetch_step). The K-quants but Q6_K skip
 // the activation tile where the rows allow (the direct-X form, Raw's comment): their A fragments are read from the
-// staged Q8_K blocks themselves.
+// staged Q8_K blocks themselves; in that form Q4_K skips its weight tile too (direct-W), and step 1 makes only the
+// scales.
 // Shared memory (dynamic, opted in): 64 * 272 + 128 * 272 bytes of quants (51 KiB), the scales, 64 row pointers and
 // the staging: 96-111 KiB for the staged types, 65 KiB for Q8_0; two CTAs per SM (also the register limit: 128 per
 // thread, __launch_bounds__(256, 2)).
@@ -190,11 +191,18 @@ struct IntScales {
 // docs/benchmarks/2026-12-01-cuda-prefill-small-kernels.md); only the block's d and slice sums are unpacked. The staged
 // blocks are double-buffered (step k + 1 is copied while step k's fragments are read) and their rows padded to an odd
 // count of 16-byte units, so that the 8 rows of a fragment load start in distinct 4-bank groups. A row's quants start
-// 4-byte aligned (Q8_K blocks are 292 bytes, their quants at byte 4), so the fragments are 32-bit shared loads. Same
-// integer sums and epilogue as the tiled form: the same bits. Measured:
-// docs/benchmarks/2026-12-02-cuda-prefill-direct-x.md.
+// 4-byte aligned (Q8_K blocks are 292 bytes, their quants at byte 4), so the fragments are 32-bit shared loads.
+// Q4_K weights in that form also skip their tile (the direct-W form, kDirectW): a B fragment word is 4 consecutive
+// quants of one nibble of the staged block (slice s: the low or high nibbles of bytes 32 (s / 2) ..), masked out at
+// the fragment load; the unpacking makes only the scales, and the staged weights are double-buffered as the
+// activations (each weight word is masked by the 2 warps that share its rows, where the tile's unpacking did it once
+// and stored it, then a barrier later the warps loaded it). Q4_K rows are multiples of 144 bytes and the weights
+// 16-byte aligned (matmul_q checks it; grouped items' weights are GGUF tensors or pool slots): the quants are
+// 4-byte aligned.
+// Same integer sums and epilogue as the tiled form: the same bits. Measured (H200, pp512 +8-9% for direct-X, then
+// +9-12% for direct-W): docs/benchmarks/2026-12-02-cuda-prefill-direct-x.md.
 template <Type T, bool kDirect>
-struct RawOf {
+struct Raw {
   using Ops = mmq::MmqType<T>;
   static constexpr int kWChunk = kStepK / Ops::kBlockElems * int(sizeof(typename Ops::Block));
   static constexpr int kXChunk = kStepK / Ops::kActBlockElems * int(sizeof(typename Ops::Act));
@@ -202,7 +210,10 @@ struct RawOf {
   static constexpr int kXUnits = (15 + kXChunk + 15) / 16;
   static constexpr int kXRowUnits = kDirect ? (kXUnits | 1) : kXUnits;
   static constexpr int kXBuffers = kDirect ? 2 : 1;
-  alignas(16) uint8_t w[kTileW][16 * kWUnits];
+  static constexpr bool kDirectW = kDirect && T == Type::Q4_K;  // the direct-W form (below)
+  static constexpr int kWRowUnits = kDirectW ? (kWUnits | 1) : kWUnits;
+  static constexpr int kWBuffers = kDirectW ? 2 : 1;
+  alignas(16) uint8_t w[kWBuffers][kTileW][16 * kWRowUnits];
   alignas(16) uint8_t x[kXBuffers][kTileX][16 * kXRowUnits];
 };
 
@@ -210,14 +221,18 @@ struct NoXTile {};
 struct XTile {
   alignas(16) int8_t x[kTileX][kRowBytes];
 };
+struct NoWTile {};
+struct WTile {
+  alignas(16) int8_t w[kTileW][kRowBytes];
+};
 
 template <Type T, bool kDirect>
-struct SmemTilesOf : std::conditional_t<kDirect, NoXTile, XTile> {
+struct SmemTiles : std::conditional_t<kDirect, NoXTile, XTile>,
+                     std::conditional_t<Raw<T, kDirect>::kDirectW, NoWTile, WTile> {
   using Ops = mmq::MmqType<T>;
   static constexpr int kSlices = kStepK / Ops::kSlice;  // per K-step
   static_assert(kTileW * kSlices % kThreads == 0 && kTileX * kSlices % kThreads == 0);
   static_assert(!Ops::kIntScales || Ops::kBlockElems == kStepK);  // one K-quant block per row and K-step
-  alignas(16) int8_t w[kTileW][kRowBytes];
   std::conditional_t<Ops::kIntScales, IntScales<kSlices>, FloatScales<kSlices>> sc;
   const uint8_t* x_row[kTileX];  // activation row of each tile row (null past the tile's count)
 };
@@ -230,17 +245,12 @@ struct SmemTilesOf : std::conditional_t<kDirect, NoXTile, XTile> {
 constexpr size_t kTwoCtaSmem = 113 * 1024;
 template <Type T>
 constexpr bool kDirectX =
-    mmq::MmqType<T>::kIntScales && sizeof(SmemTilesOf<T, true>) + sizeof(RawOf<T, true>) <= kTwoCtaSmem;
-template <Type T, bool kD>
-using SmemTiles = SmemTilesOf<T, kD>;
-template <Type T, bool kD>
-using Raw = RawOf<T, kD>;
+    mmq::MmqType<T>::kIntScales && sizeof(SmemTiles<T, true>) + sizeof(Raw<T, true>) <= kTwoCtaSmem;
 template <Type T>
 constexpr bool kStaged = sizeof(SmemTiles<T, false>) + sizeof(Raw<T, false>) <= kTwoCtaSmem;
 
 struct NoRaw {};
-// kD: the direct-X form of a launch (kDirectX<T> and activation rows whose bytes are a multiple of 16: every row's
-// K-step chunk then starts at the same offset within its 16-byte line).
+// kD: the direct-X form of a launch (kDirectX<T> and activation rows that allow it, launch_type; Q4_K: direct-W too).
 template <Type T, bool kD>
 struct Smem : SmemTiles<T, kD> {
   static_assert(!kD || (kDirectX<T> && kStaged<T>));
@@ -268,7 +278,8 @@ __device__ __forceinline__ void stage_step(Smem<T, kD>& sm, const uint8_t* __res
   for (int u = int(threadIdx.x); u < kTileW * R::kWUnits; u += kThreads) {
     const int r = u / R::kWUnits;
     const bool in = w0 + r < p.rows;
-    stage_unit(sm.raw.w[r], weights + size_t(in ? w0 + r : 0) * p.row_bytes + wc.x, in ? wc.y : 0, u % R::kWUnits);
+    stage_unit(sm.raw.w[R::kDirectW ? buf : 0][r], weights + size_t(in ? w0 + r : 0) * p.row_bytes + wc.x,
+               in ? wc.y : 0, u % R::kWUnits);
   }
 #pragma unroll 1
   for (int u = int(threadIdx.x); u < kTileX * R::kXUnits; u += kThreads) {
@@ -318,22 +329,34 @@ __device__ __forceinline__ void unpack_step(Smem<T, kD>& sm, const MmqParams& p,
     for (int j = 0; j < kSlice / 4; ++j) q[j] = 0;
     const bool in = w0 + r < p.rows && k < p.cols;
     const Block* row = reinterpret_cast<const Block*>(w_chunk(r)) + s * kSlice / Ops::kBlockElems;
-    if constexpr (Ops::kIntScales) {
+    if constexpr (Raw<T, kD>::kDirectW) {  // the quants stay in the staged block (load_fragments); only the scales
       int isc = 0, imin = 0;
       float d = 0.0f, dmin = 0.0f;
       if (in) {
-        Ops::unpack_int(*row, s, q, &isc, &imin);
+        mmvq::scale_min_k4(s, row->scales, &isc, &imin);
         if (s == 0) Ops::block_scales(*row, &d, &dmin);
       }
       sm.sc.w_sc[r][s] = int8_t(isc);
-      if (Ops::kHasOffset) sm.sc.w_min[r][s] = int8_t(imin);
+      sm.sc.w_min[r][s] = int8_t(imin);
       if (s == 0) sm.sc.w_dm[r] = make_float2(d, dmin);
     } else {
-      float scale = 0.0f, offset = 0.0f;
-      if (in) Ops::unpack(*row, (k % Ops::kBlockElems) / kSlice, q, &scale, &offset);
-      sm.sc.w_so[r][s] = make_float2(scale, offset);
+      if constexpr (Ops::kIntScales) {
+        int isc = 0, imin = 0;
+        float d = 0.0f, dmin = 0.0f;
+        if (in) {
+          Ops::unpack_int(*row, s, q, &isc, &imin);
+          if (s == 0) Ops::block_scales(*row, &d, &dmin);
+        }
+        sm.sc.w_sc[r][s] = int8_t(isc);
+        if (Ops::kHasOffset) sm.sc.w_min[r][s] = int8_t(imin);
+        if (s == 0) sm.sc.w_dm[r] = make_float2(d, dmin);
+      } else {
+        float scale = 0.0f, offset = 0.0f;
+        if (in) Ops::unpack(*row, (k % Ops::kBlockElems) / kSlice, q, &scale, &offset);
+        sm.sc.w_so[r][s] = make_float2(scale, offset);
+      }
+      store_slice<kSlice>(&sm.w[r][s * kSlice], s, q);
     }
-    store_slice<kSlice>(&sm.w[r][s * kSlice], s, q);
   }
 #pragma unroll 4
   for (int i = 0; i < kTileX * kSlices / kThreads; ++i) {
@@ -370,26 +393,34 @@ __device__ __forceinline__ void unpack_step(Smem<T, kD>& sm, const MmqParams& p,
 // row, whose chunk sits at its global address's offset modulo 16 in the staged row). The thread's other rows (+ 8,
 // + 16, + 24) are constant offsets from it, their chunks at the same offset modulo 16 (launch_type: rows of a
 // multiple of 16 bytes, or rows in order, 8 rows being 8 * 292 k bytes apart): one register over the slice loop.
-struct XRows {
-  int base;
+// The direct-W form (Q4_K) the same for its B fragments: weight row ww0 + g's quants in the staged weight buffer buf
+// (w_line: the row's chunk's offset modulo 16; Q4_K rows are multiples of 144 bytes, so 8 rows apart share it).
+struct DirectRows {
+  int x;
+  int w;
 };
 
 template <Type T, bool kD>
-__device__ __forceinline__ XRows x_rows_of(const Smem<T, kD>& sm, const WarpPos& wp, int buf, int x_off) {
-  XRows xr{};
+__device__ __forceinline__ DirectRows direct_rows(const Smem<T, kD>& sm, const WarpPos& wp, int buf, int x_off,
+                                                  int w_line) {
+  DirectRows dr{};
   if constexpr (kD) {
     const int r = wp.wx0 + wp.g;
     const int line = int((reinterpret_cast<uintptr_t>(sm.x_row[r]) + uintptr_t(x_off)) % 16);
-    xr.base = buf * int(sizeof(sm.raw.x[0])) + r * int(sizeof(sm.raw.x[0][0])) + line +
-              int(offsetof(quant::BlockQ8_K, qs));
+    dr.x = buf * int(sizeof(sm.raw.x[0])) + r * int(sizeof(sm.raw.x[0][0])) + line +
+           int(offsetof(quant::BlockQ8_K, qs));
   }
-  return xr;
+  if constexpr (Raw<T, kD>::kDirectW) {
+    dr.w = buf * int(sizeof(sm.raw.w[0])) + (wp.ww0 + wp.g) * int(sizeof(sm.raw.w[0][0])) + w_line +
+           int(offsetof(quant::BlockQ4_K, qs));
+  }
+  return dr;
 }
 
 // The A (activation) and B (weight) fragments of slice s of the K-step in shared memory (A of a direct-X type from
-// the staged blocks, xr).
+// the staged blocks, dr; B of the direct-W form too).
 template <Type T, bool kD>
-__device__ __forceinline__ void load_fragments(const Smem<T, kD>& sm, const WarpPos& wp, const XRows& xr, int s,
+__device__ __forceinline__ void load_fragments(const Smem<T, kD>& sm, const WarpPos& wp, const DirectRows& dr, int s,
                                                int (&a)[kMTiles][4], int (&b)[kNTiles][2]) {
   constexpr int kSlice = mmq::MmqType<T>::kSlice;
   const int kb = s * kSlice + 4 * wp.t;
@@ -398,7 +429,7 @@ __device__ __forceinline__ void load_fragments(const Smem<T, kD>& sm, const Warp
     if (mt >= wp.n_mt) break;
     if constexpr (kD) {
       constexpr int kPitch = int(sizeof(sm.raw.x[0][0]));
-      const int8_t* x = reinterpret_cast<const int8_t*>(&sm.raw.x[0][0][0]) + xr.base + 16 * mt * kPitch + kb;
+      const int8_t* x = reinterpret_cast<const int8_t*>(&sm.raw.x[0][0][0]) + dr.x + 16 * mt * kPitch + kb;
       a[mt][0] = lds32(x);
       a[mt][1] = lds32(x + 8 * kPitch);
       a[mt][2] = kSlice == 32 ? lds32(x + 16) : 0;
@@ -411,11 +442,23 @@ __device__ __forceinline__ void load_fragments(const Smem<T, kD>& sm, const Warp
       a[mt][3] = kSlice == 32 ? lds32(&sm.x[r + 8][kb + 16]) : 0;
     }
   }
+  if constexpr (Raw<T, kD>::kDirectW) {
+    // Q4_K slice s: the low (even s) or high nibbles of the block's quants 32 (s / 2) .. + 31, in order.
+    constexpr int kPitch = int(sizeof(sm.raw.w[0][0]));
+    const int8_t* w = reinterpret_cast<const int8_t*>(&sm.raw.w[0][0][0]) + dr.w + 32 * (s / 2) + 4 * wp.t;
+    const int shift = 4 * (s % 2);
 #pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt) {
-    const int c = wp.ww0 + 8 * nt + wp.g;
-    b[nt][0] = lds32(&sm.w[c][kb]);
-    b[nt][1] = kSlice == 32 ? lds32(&sm.w[c][kb + 16]) : 0;
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      b[nt][0] = int((uint32_t(lds32(w + 8 * nt * kPitch)) >> shift) & 0x0F0F0F0Fu);
+      b[nt][1] = int((uint32_t(lds32(w + 8 * nt * kPitch + 16)) >> shift) & 0x0F0F0F0Fu);
+    }
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      const int c = wp.ww0 + 8 * nt + wp.g;
+      b[nt][0] = lds32(&sm.w[c][kb]);
+      b[nt][1] = kSlice == 32 ? lds32(&sm.w[c][kb + 16]) : 0;
+    }
   }
 }
 
@@ -443,7 +486,7 @@ __device__ __forceinline__ void slice_mma(const WarpPos& wp, const int (&a)[kMTi
 // 2. The K-step's products into the float accumulators, per-slice float scales: per slice n_mt x 4 mma per warp,
 // each int32 result scaled in registers (per output and slice: the scale product, the conversion, one or two FMA).
 template <Type T, bool kD>
-__device__ __forceinline__ void compute_step_float(const Smem<T, kD>& sm, const WarpPos& wp, const XRows& xr,
+__device__ __forceinline__ void compute_step_float(const Smem<T, kD>& sm, const WarpPos& wp, const DirectRows& dr,
                                                    float (&acc)[kMTiles][kNTiles][4]) {
   using Ops = mmq::MmqType<T>;
   constexpr int kSlices = kStepK / Ops::kSlice;
@@ -451,7 +494,7 @@ __device__ __forceinline__ void compute_step_float(const Smem<T, kD>& sm, const 
   for (int s = 0; s < kSlices; ++s) {
     int a[kMTiles][4];
     int b[kNTiles][2];
-    load_fragments<T, kD>(sm, wp, xr, s, a, b);
+    load_fragments<T, kD>(sm, wp, dr, s, a, b);
     float xd[kMTiles][2], xs[kMTiles][2], ws[kNTiles][2], wo[kNTiles][2];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
@@ -490,7 +533,7 @@ __device__ __forceinline__ void compute_step_float(const Smem<T, kD>& sm, const 
 // (dmin_w d_x) * min-sum. Fewer than half the instructions of the float form (measured:
 // docs/benchmarks/2026-12-01-cuda-prefill-int-epilogue.md).
 template <Type T, bool kD>
-__device__ __forceinline__ void compute_step_int(const Smem<T, kD>& sm, const WarpPos& wp, const XRows& xr,
+__device__ __forceinline__ void compute_step_int(const Smem<T, kD>& sm, const WarpPos& wp, const DirectRows& dr,
                                                  float (&acc)[kMTiles][kNTiles][4]) {
   using Ops = mmq::MmqType<T>;
   constexpr int kSlices = kStepK / Ops::kSlice;
@@ -550,7 +593,7 @@ __device__ __forceinline__ void compute_step_int(const Smem<T, kD>& sm, const Wa
   for (int s = 0; s < kSlices; ++s) {
     int a[kMTiles][4];
     int b[kNTiles][2];
-    load_fragments<T, kD>(sm, wp, xr, s, a, b);
+    load_fragments<T, kD>(sm, wp, dr, s, a, b);
     int sc[kNTiles][2];
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
@@ -579,12 +622,12 @@ __device__ __forceinline__ void compute_step_int(const Smem<T, kD>& sm, const Wa
 }
 
 template <Type T, bool kD>
-__device__ __forceinline__ void compute_step(const Smem<T, kD>& sm, const WarpPos& wp, const XRows& xr,
+__device__ __forceinline__ void compute_step(const Smem<T, kD>& sm, const WarpPos& wp, const DirectRows& dr,
                                              float (&acc)[kMTiles][kNTiles][4]) {
   if constexpr (mmq::MmqType<T>::kIntScales) {
-    compute_step_int<T, kD>(sm, wp, xr, acc);
+    compute_step_int<T, kD>(sm, wp, dr, acc);
   } else {
-    compute_step_float<T, kD>(sm, wp, xr, acc);
+    compute_step_float<T, kD>(sm, wp, dr, acc);
   }
 }
 
@@ -610,7 +653,8 @@ __device__ void mmq_tile(Smem<T, kD>& sm, const uint8_t* __restrict__ weights, c
   if constexpr (kStaged<T>) {
     // K-step k's raw blocks were copied during step k - 1's mma: wait for them, unpack them from shared memory,
     // start the copies of step k + 1, compute step k.
-    // (kDirectX: the activation blocks of step k are in buffer k % 2 and are read by step k's mma.)
+    // (kD: the activation blocks of step k are in buffer k % 2 and are read by step k's mma; direct-W: the weight
+    // blocks too.)
     stage_step<T, kD>(sm, weights, p, w0, n_x, 0, 0);
     int buf = 0;
     for (int k0 = 0; k0 < p.cols; k0 += kStepK) {
@@ -622,13 +666,14 @@ __device__ void mmq_tile(Smem<T, kD>& sm, const uint8_t* __restrict__ weights, c
           sm, p, w0, n_x, k0,
           [&](int r) {
             const uintptr_t src = reinterpret_cast<uintptr_t>(weights + size_t(w0 + r) * p.row_bytes) + wc.x;
-            return &sm.raw.w[r][src % 16];
+            return &sm.raw.w[Raw<T, kD>::kDirectW ? buf : 0][r][src % 16];
           },
           [&](int r) { return &sm.raw.x[buf][r][(reinterpret_cast<uintptr_t>(sm.x_row[r]) + xc.x) % 16]; });
-      __syncthreads();  // the tiles complete; the raw weights (and, unless kDirectX, activations) free
+      __syncthreads();  // the tiles complete; the raw weights (and, unless kD, activations) free
       const int next = kD ? buf ^ 1 : 0;
       if (k0 + kStepK < p.cols) stage_step<T, kD>(sm, weights, p, w0, n_x, k0 + kStepK, next);
-      compute_step<T, kD>(sm, wp, x_rows_of<T, kD>(sm, wp, buf, xc.x), acc);
+      const uintptr_t w_src = reinterpret_cast<uintptr_t>(weights + size_t(w0 + wp.ww0 + wp.g) * p.row_bytes) + wc.x;
+      compute_step<T, kD>(sm, wp, direct_rows<T, kD>(sm, wp, buf, xc.x, int(w_src % 16)), acc);
       buf = next;
     }
   } else {
@@ -650,7 +695,7 @@ __device__ void mmq_tile(Smem<T, kD>& sm, const uint8_t* __restrict__ weights, c
         });
         prefetch_step(kTileX, size_t(xn.x), xn.y, [&](int r) { return r < n_x ? sm.x_row[r] : nullptr; });
       }
-      compute_step<T, kD>(sm, wp, XRows{}, acc);
+      compute_step<T, kD>(sm, wp, DirectRows{}, acc);
       __syncthreads();
     }
   }
@@ -739,7 +784,7 @@ void launch_form(dim3 grid, const MmqParams& p, cudaStream_t stream) {
 }
 
 // The direct-X form where the type has it and the activation rows a thread reads (wx0 + g + 8 i) lie at the same
-// offset modulo 16 (x_rows_of): rows in order (plain launches, grouped ones without x_rows: 8 rows apart is 8 * 292 k
+// offset modulo 16 (direct_rows): rows in order (plain launches, grouped ones without x_rows: 8 rows apart is 8 * 292 k
 // bytes), or rows of a multiple of 16 bytes (K a multiple of 1,024) from a 16-byte aligned x (checked by the callers).
 // Else the tiled form.
 template <Type T>
@@ -802,7 +847,8 @@ Status check_type_and_shape(const char* op, Type type, int64_t rows, int64_t col
   if (!find_type(type, info)) {
     const char* label = type_label(type);
     return Status::error(format("%s: no int8 matrix-matrix kernel for %s%s (quantized weight types only)", op,
-                                label ? label : "weight type id ", label ? "" : std::to_string(unsigned(type)).c_str()));
+                                label ? label : "weight type id ",
+                                label ? "" : std::to_string(unsigned(type)).c_str()));
   }
   if (rows < 1 || rows > INT_MAX) {
     return Status::error(format("%s: rows=%lld is outside 1..%d", op, (long long)rows, INT_MAX));
