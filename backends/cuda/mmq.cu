@@ -100,7 +100,7 @@ struct MmqParams {
   int split[2];            // plain launches: weight rows [0, split[0]) go to y, [split[0], split[1]) to y_split[0],
   float* y_split[2];       // [split[1], rows) to y_split[1], each with its own row pitch (split[0] = rows: no split)
   int prefetch;            // 1: prefetch the next K-step's blocks into L1 during this one's mma (see prefetch_step)
-  int direct;              // 1: the direct-X form where it applies (launch_type; MAGNETAR_CUDA_MMQ_DIRECT=0: never)
+  int direct;              // 1: the direct forms where they apply (launch_type; MAGNETAR_CUDA_MMQ_DIRECT=0: never)
 };
 
 __device__ __forceinline__ void mma_k32(int (&c)[4], const int (&a)[4], const int (&b)[2]) {
@@ -876,7 +876,7 @@ bool prefetch_enabled() {
   return enabled;
 }
 
-// MAGNETAR_CUDA_MMQ_DIRECT=0 keeps the K-quants' activation tile (a diagnostic switch: the baseline).
+// MAGNETAR_CUDA_MMQ_DIRECT=0 keeps the K-quants' unpacked tiles (no direct-X or direct-W form; the baseline switch).
 bool direct_enabled() {
   static const bool enabled = [] {
     const char* v = std::getenv("MAGNETAR_CUDA_MMQ_DIRECT");

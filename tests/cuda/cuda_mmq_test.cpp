@@ -7,8 +7,8 @@
 //                     the same quantized weight row with the activation row quantized by the reference
 //                     quantizer of traits(type).vec_dot_type (byte-identical with quantize_activations,
 //                     cuda_mmvq_test.cpp), for rows 1, 7, 33, 4096 (prefixes of one matrix), cols 32, 96, 160,
-//                     288 (block-32 types: a partial K-step), 256, 512, 2816, 4096 (Q8_K rows of a multiple of 16
-//                     bytes: the K-quants' direct-X form, mmq.cu) and n 1, 7, 64, 100, 200, 512
+//                     288 (block-32 types: a partial K-step), 256, 512, 2816, 4096 (rows in order: the K-quants but
+//                     Q6_K take mmq.cu's direct forms at every cols) and n 1, 7, 64, 100, 200, 512
 //                     activation rows. Large shapes check every weight row of 6 activation rows (first, last,
 //                     tile edges 63/64, two random) and every activation row of 6 weight rows (first, last,
 //                     tile edges 127/128, two random); every output must be written (NaN-poisoned) and nothing
@@ -18,7 +18,7 @@
 //                     chunk tails of 70 and 137: warps with empty m16 tiles), two parts (gate, up) at a
 //                     y_part_stride, cols 256, 2048 and 2816, a permuted x_rows (300 weight rows) or none (7), one
 //                     item with a null up weight (its part-1 rows must stay untouched) and one with a null gate weight.
-//                     The K-quants take mmq.cu's direct-X form for cols 2048, and for 2816 without x_rows.
+//                     The K-quants take mmq.cu's direct forms for cols 2048, and for every cols without x_rows.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -202,7 +202,7 @@ TEST_P(CudaGroupedMmqTest, MatchesReference) {
   int32_t total = 0;
   for (int32_t n : kItemRows) total += n;
 
-  // 2048: Q8_K activation rows of a multiple of 16 bytes, the K-quants' direct-X form (mmq.cu); 256, 2816: the tile
+  // 2048: Q8_K rows of a multiple of 16 bytes (mmq.cu's direct forms with x_rows); 256, 2816: tiled with x_rows
   for (int64_t cols : {int64_t(256), int64_t(2048), int64_t(2816)}) {
     for (int64_t rows : {int64_t(7), int64_t(300)}) {
       const std::string shape = std::string(t.name) + " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols);
@@ -217,7 +217,7 @@ TEST_P(CudaGroupedMmqTest, MatchesReference) {
         ASSERT_OK(m.dev.upload(m.q.data(), m.q.size()));
       }
       // x has more rows than the output; x_rows is a random map into it (300 rows), or null: row r of x (7 rows;
-      // the direct-X form of activation rows that are not a multiple of 16 bytes, mmq.cu).
+      // rows in order: mmq.cu's direct forms for any row length).
       const bool mapped = rows == 300;
       const int64_t n_x = total + 11;
       const std::vector<uint8_t> qx = quantize_ref(act_type, activations(rng, n_x, cols), cols);
