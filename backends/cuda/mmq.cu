@@ -329,34 +329,28 @@ __device__ __forceinline__ void unpack_step(Smem<T, kD>& sm, const MmqParams& p,
     for (int j = 0; j < kSlice / 4; ++j) q[j] = 0;
     const bool in = w0 + r < p.rows && k < p.cols;
     const Block* row = reinterpret_cast<const Block*>(w_chunk(r)) + s * kSlice / Ops::kBlockElems;
-    if constexpr (Raw<T, kD>::kDirectW) {  // the quants stay in the staged block (load_fragments); only the scales
+    // The direct-W form's quants stay in the staged block (load_fragments): only its scales here.
+    constexpr bool kDirectW = Raw<T, kD>::kDirectW;
+    if constexpr (Ops::kIntScales) {
       int isc = 0, imin = 0;
       float d = 0.0f, dmin = 0.0f;
       if (in) {
-        mmvq::scale_min_k4(s, row->scales, &isc, &imin);
+        if constexpr (kDirectW) {
+          mmvq::scale_min_k4(s, row->scales, &isc, &imin);
+        } else {
+          Ops::unpack_int(*row, s, q, &isc, &imin);
+        }
         if (s == 0) Ops::block_scales(*row, &d, &dmin);
       }
       sm.sc.w_sc[r][s] = int8_t(isc);
-      sm.sc.w_min[r][s] = int8_t(imin);
+      if (Ops::kHasOffset) sm.sc.w_min[r][s] = int8_t(imin);
       if (s == 0) sm.sc.w_dm[r] = make_float2(d, dmin);
     } else {
-      if constexpr (Ops::kIntScales) {
-        int isc = 0, imin = 0;
-        float d = 0.0f, dmin = 0.0f;
-        if (in) {
-          Ops::unpack_int(*row, s, q, &isc, &imin);
-          if (s == 0) Ops::block_scales(*row, &d, &dmin);
-        }
-        sm.sc.w_sc[r][s] = int8_t(isc);
-        if (Ops::kHasOffset) sm.sc.w_min[r][s] = int8_t(imin);
-        if (s == 0) sm.sc.w_dm[r] = make_float2(d, dmin);
-      } else {
-        float scale = 0.0f, offset = 0.0f;
-        if (in) Ops::unpack(*row, (k % Ops::kBlockElems) / kSlice, q, &scale, &offset);
-        sm.sc.w_so[r][s] = make_float2(scale, offset);
-      }
-      store_slice<kSlice>(&sm.w[r][s * kSlice], s, q);
+      float scale = 0.0f, offset = 0.0f;
+      if (in) Ops::unpack(*row, (k % Ops::kBlockElems) / kSlice, q, &scale, &offset);
+      sm.sc.w_so[r][s] = make_float2(scale, offset);
     }
+    if constexpr (!kDirectW) store_slice<kSlice>(&sm.w[r][s * kSlice], s, q);
   }
 #pragma unroll 4
   for (int i = 0; i < kTileX * kSlices / kThreads; ++i) {
@@ -369,22 +363,24 @@ __device__ __forceinline__ void unpack_step(Smem<T, kD>& sm, const MmqParams& p,
     for (int j = 0; j < kSlice / 4; ++j) q[j] = 0;
     const bool in = r < n_x && k < p.cols;
     const Act* row = reinterpret_cast<const Act*>(x_chunk(r)) + s * kSlice / Ops::kActBlockElems;
-    if constexpr (kD) {  // the quants stay in the staged block (load_fragments); only the scales here
-      const int bsum = in ? mmq::ActSlice<Act, kSlice>::slice_sum(*row, s) : 0;
-      if (Ops::kHasOffset) mmq::split_sum(bsum, &sm.sc.x_hl[r][s], &sm.sc.x_hl[r][kSlices + s]);
-      if (s == 0) sm.sc.x_d[r] = in ? row->d : 0.0f;
-    } else if constexpr (Ops::kIntScales) {
+    // The direct-X form's quants stay in the staged block (load_fragments): only their sums and d here.
+    if constexpr (Ops::kIntScales) {
       int bsum = 0;
-      if (in) mmq::ActSlice<Act, kSlice>::view_int(*row, s, q, &bsum);
+      if (in) {
+        if constexpr (kD) {
+          bsum = mmq::ActSlice<Act, kSlice>::slice_sum(*row, s);
+        } else {
+          mmq::ActSlice<Act, kSlice>::view_int(*row, s, q, &bsum);
+        }
+      }
       if (Ops::kHasOffset) mmq::split_sum(bsum, &sm.sc.x_hl[r][s], &sm.sc.x_hl[r][kSlices + s]);
       if (s == 0) sm.sc.x_d[r] = in ? row->d : 0.0f;
-      store_slice<kSlice>(&sm.x[r][s * kSlice], s, q);
     } else {
       float d = 0.0f, sum = 0.0f;
       if (in) mmq::ActSlice<Act, kSlice>::view(*row, (k % Ops::kActBlockElems) / kSlice, q, &d, &sum);
       sm.sc.x_ds[r][s] = make_float2(d, sum);
-      store_slice<kSlice>(&sm.x[r][s * kSlice], s, q);
     }
+    if constexpr (!kD) store_slice<kSlice>(&sm.x[r][s * kSlice], s, q);
   }
 }
 
