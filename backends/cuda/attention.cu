@@ -79,6 +79,7 @@ struct Params {
   // per-KV-head tickets (workspace, zero between launches).
   int rows_per_split;
   int slots;
+  int decode_want;  // attn::decode_split_target of the launch (the device's plan_decode_rows)
   unsigned* tickets;
   // attention_decode_mma: the output also as Q8_K rows (AttentionArgs::out_q8k), or null.
   uint8_t* out_q8k;
@@ -459,8 +460,7 @@ struct DecodeRun {
 __device__ __forceinline__ DecodeRun decode_run(const Params& p) {
   if (p.pos0_device == nullptr) return {p.pos0, p.rows_per_split, p.n_splits};
   const int64_t pos0 = *p.pos0_device;
-  const int64_t rows = attn::attended_rows(p.window, pos0 + 1);
-  const attn::DecodePlan plan = attn::plan_decode(rows, p.kv_row / p.head_dim, p.slots, p.max_splits);
+  const attn::DecodePlan plan = attn::plan_decode_rows(int(attn::attended_rows(p.window, pos0 + 1)), p.decode_want);
   return {pos0, plan.rows_per_split, plan.n_splits};
 }
 
@@ -803,24 +803,32 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
   // attention_bench: 5.78 us per call instead of 7.30 at 512 rows, 9.05 instead of 10.19 at 2K, 17.0 for 18.5 at
   // 16K; tg128 334.2 t/s against 323.5 (docs/benchmarks/2026-12-01-cuda-decode-knockouts.md).
   constexpr int kBatch = 8;
-  const size_t per_head = size_t(run.n_splits) * size_t(stride);
+  const int n_splits = run.n_splits;
   for (int i = tid; i < G * (D / 8); i += kThreads) {
     const int h = i / (D / 8), d = 8 * (i % (D / 8));
-    const float* rec = p.partials + size_t(h_first + h) * per_head;
+    const float* rec = p.partials + size_t(h_first + h) * size_t(n_splits) * size_t(stride);
     float m_run = -INFINITY, l_run = 0.0f, acc[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
-    for (int sp0 = 0; sp0 < run.n_splits; sp0 += kBatch) {
+    for (int sp0 = 0; sp0 < n_splits; sp0 += kBatch) {
       float ms[kBatch], ls[kBatch];
       float4 xa[kBatch], xb[kBatch];
+      // Every load unconditional (splits past the last read the last one's record, then count as empty ones), 32-bit
+      // offsets, the max and sum (adjacent, 8-byte aligned) in one load: this combine is a single warp's instruction
+      // chain per scheduler (clock64 stamps at tg128's contexts, H200, 2026-12-02: ~5,100 cycles of the last CTA's
+      // ~14,300), and with the 32-bit plan (plan_decode_rows) tg128 went from 567-569 to 574-575 t/s
+      // (docs/benchmarks/2026-12-02-cuda-decode-chain.md).
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
-        const bool in = sp0 + b < run.n_splits;
-        const float* r = rec + size_t(in ? sp0 + b : sp0) * stride;
-        ms[b] = in ? __ldcg(r + D) : -INFINITY;
-        ls[b] = in ? __ldcg(r + D + 1) : 0.0f;
-        xa[b] = in ? __ldcg(reinterpret_cast<const float4*>(r + d)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        xb[b] = in ? __ldcg(reinterpret_cast<const float4*>(r + d + 4)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const bool in = sp0 + b < n_splits;
+        const float* r = rec + min(sp0 + b, n_splits - 1) * stride;
+        const float2 ml = __ldcg(reinterpret_cast<const float2*>(r + D));
+        const float4 x0 = __ldcg(reinterpret_cast<const float4*>(r + d));
+        const float4 x1 = __ldcg(reinterpret_cast<const float4*>(r + d + 4));
+        ms[b] = in ? ml.x : -INFINITY;
+        ls[b] = in ? ml.y : 0.0f;
+        xa[b] = in ? x0 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        xb[b] = in ? x1 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
       float m = m_run;
 #pragma unroll
@@ -950,6 +958,7 @@ Status make_params(const char* op, const AttentionArgs& a, AttentionWorkspace& w
   p.max_splits = int(kMaxAttentionSplits);
   p.rows_per_split = INT_MAX;
   p.slots = 0;
+  p.decode_want = 1;
   p.tickets = nullptr;
   p.out_q8k = nullptr;
   p.q8k_row_bytes = 0;
@@ -1004,6 +1013,7 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
     return n > 0 ? n : 1;
   }();
   p.slots = workspace.sm_count() * per_sm;
+  p.decode_want = int(attn::decode_split_target(a.n_head_kv, p.slots, p.max_splits));
   p.tickets = workspace.tickets();
   int grid_splits = 1;
   if (a.pos0_device != nullptr) {

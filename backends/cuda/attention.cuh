@@ -70,15 +70,21 @@ MAGNETAR_HD int64_t decode_split_target(int64_t n_head_kv, int slots, int max_sp
   const int64_t want = slots / n_head_kv;
   return want < 1 ? 1 : want > max_splits ? max_splits : want;
 }
-MAGNETAR_HD DecodePlan plan_decode(int64_t rows, int64_t n_head_kv, int slots, int max_splits) {
-  const int64_t want = decode_split_target(n_head_kv, slots, max_splits);
-  int64_t per = (rows + want - 1) / want;
-  per = (per + kDecodeStep - 1) / kDecodeStep * kDecodeStep;
-  if (per < kDecodeStep) per = kDecodeStep;
+// The plan of `rows` (1..INT_MAX) over `want` splits aimed at (decode_split_target), in 32-bit unsigned arithmetic:
+// the decode kernel makes it in every CTA before it issues its first loads, a prologue on the step's critical path (its
+// CTAs start about when the launch before them ends), where 64-bit divisions are long instruction sequences.
+MAGNETAR_HD DecodePlan plan_decode_rows(int rows, int want) {
+  const unsigned r = unsigned(rows), w = unsigned(want);
+  unsigned per = r / w + (r % w != 0 ? 1u : 0u);
+  per = (per + unsigned(kDecodeStep) - 1u) / unsigned(kDecodeStep) * unsigned(kDecodeStep);
+  if (per < unsigned(kDecodeStep)) per = unsigned(kDecodeStep);
   DecodePlan d;
   d.rows_per_split = int(per);
-  d.n_splits = int((rows + per - 1) / per);
+  d.n_splits = int(r / per + (r % per != 0 ? 1u : 0u));
   return d;
+}
+MAGNETAR_HD DecodePlan plan_decode(int64_t rows, int64_t n_head_kv, int slots, int max_splits) {
+  return plan_decode_rows(int(rows), int(decode_split_target(n_head_kv, slots, max_splits)));
 }
 // The most splits plan_decode gives for any row count up to max_rows (a graph's grid).
 MAGNETAR_HD int decode_split_bound(int64_t max_rows, int64_t n_head_kv, int slots, int max_splits) {
