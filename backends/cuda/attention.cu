@@ -75,11 +75,10 @@ struct Params {
   const int32_t* pos0_device;
   int sm_count;
   int max_splits;
-  // attention_decode_mma's plan (attn::plan_decode over `slots` CTAs; rows_per_split INT_MAX with one split) and its
-  // per-KV-head tickets (workspace, zero between launches).
+  // attention_decode_mma's plan (attn::plan_decode_rows of the decode_want splits aimed at; rows_per_split INT_MAX with
+  // one split) and its per-KV-head tickets (workspace, zero between launches).
   int rows_per_split;
-  int slots;
-  int decode_want;  // attn::decode_split_target of the launch (the device's plan_decode_rows)
+  int decode_want;
   unsigned* tickets;
   // attention_decode_mma: the output also as Q8_K rows (AttentionArgs::out_q8k), or null.
   uint8_t* out_q8k;
@@ -957,7 +956,6 @@ Status make_params(const char* op, const AttentionArgs& a, AttentionWorkspace& w
   p.sm_count = workspace.sm_count();
   p.max_splits = int(kMaxAttentionSplits);
   p.rows_per_split = INT_MAX;
-  p.slots = 0;
   p.decode_want = 1;
   p.tickets = nullptr;
   p.out_q8k = nullptr;
@@ -1012,16 +1010,16 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, kSmem));
     return n > 0 ? n : 1;
   }();
-  p.slots = workspace.sm_count() * per_sm;
-  p.decode_want = int(attn::decode_split_target(a.n_head_kv, p.slots, p.max_splits));
+  const int slots = workspace.sm_count() * per_sm;
+  p.decode_want = int(attn::decode_split_target(a.n_head_kv, slots, p.max_splits));
   p.tickets = workspace.tickets();
   int grid_splits = 1;
   if (a.pos0_device != nullptr) {
-    grid_splits = attn::decode_split_bound(attn::attended_rows(a.window, a.max_rows), a.n_head_kv, p.slots,
+    grid_splits = attn::decode_split_bound(attn::attended_rows(a.window, a.max_rows), a.n_head_kv, slots,
                                            p.max_splits);
   } else if (a.n_tok == 1) {
     const int64_t rows = attn::attended_rows(a.window, a.pos0 + 1);
-    const attn::DecodePlan plan = attn::plan_decode(rows, a.n_head_kv, p.slots, p.max_splits);
+    const attn::DecodePlan plan = attn::plan_decode_rows(int(rows), p.decode_want);
     if (plan.n_splits > 1) {
       p.rows_per_split = plan.rows_per_split;
       p.n_splits = plan.n_splits;
