@@ -41,6 +41,7 @@
 #include "backends/cuda/cuda_check.cuh"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/ops_common.cuh"
+#include "backends/cuda/qk_norm_rope.cuh"
 #include "backends/cuda/quantize_q8.cuh"
 
 namespace magnetar::cuda {
@@ -83,6 +84,14 @@ struct Params {
   // attention_decode_mma: the output also as Q8_K rows (AttentionArgs::out_q8k), or null.
   uint8_t* out_q8k;
   size_t q8k_row_bytes;
+  // attention_decode_mma with AttentionArgs::prepare (prep_k non-null): q holds the raw projections, the kernel norms
+  // and rotates them and the split holding row pos0 stores the token's K and V there.
+  const float* prep_q_weight;
+  const float* prep_k;
+  const float* prep_k_weight;
+  const float* prep_v;
+  const float* prep_rope;
+  float prep_eps;
 };
 
 // The position of the first query token, the chunks per split and the split count this launch runs with.
@@ -406,7 +415,11 @@ struct DecodeSmem {
   static constexpr int kOPitch = D + 4;                    // floats per merged output row
   static constexpr size_t kRing = size_t(kWarps) * kWarpBytes;
   static constexpr size_t kMerge = size_t(kWarps) * 8 * kHT * kOPitch * 4;
-  static constexpr size_t kBytes = kRing > kMerge ? kRing : kMerge;
+  // AttentionArgs::prepare: the group's normed and rotated query heads [8 kHT][D + 8] (f32), past the ring and merge
+  // (the ring's first stages are in flight while they are made).
+  static constexpr int kQPitch = D + 8;
+  static constexpr size_t kQAt = kRing > kMerge ? kRing : kMerge;
+  static constexpr size_t kBytes = kQAt + size_t(8 * kHT) * kQPitch * 4;
 };
 
 // Copies of one Q8_0 ring stage (the F16 kernel's are in the kernel): kStep rows of K and of V, the head row of
@@ -576,9 +589,69 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
     issue(s, j_begin, fresh, true);
     attn::cp_async_commit();
   }
+  // AttentionArgs::prepare, before the wait (nothing a kernel writes: the table was copied before the step's first
+  // launch): the norm weights and the rotation's cos/sin of pairs lane + 32 k.
+  constexpr int kPer = D / 32;  // a head row's elements per lane
+  const bool prep = p.prep_k != nullptr;
+  float wq[kPer] = {}, wk[kPer] = {}, cs[kPer / 2] = {}, sn[kPer / 2] = {};
+  if (prep) {
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      wq[k] = p.prep_q_weight[lane + k * ops::kWarpSize];
+      wk[k] = p.prep_k_weight[lane + k * ops::kWarpSize];
+    }
+#pragma unroll
+    for (int k = 0; k < kPer / 2; ++k) {
+      cs[k] = p.prep_rope[lane + k * ops::kWarpSize];
+      sn[k] = p.prep_rope[D / 2 + lane + k * ops::kWarpSize];
+    }
+  }
   ops::pdl_wait();
   ops::pdl_trigger();
-  if (fresh < j_end) {
+  // qkv_prepare's rows of this CTA, a warp per row: the group's query heads normed and rotated into q_s and, where the
+  // split holds row pos0 (n_tok is 1), the token's K head normed and rotated and its V head stored there (rows 0 and
+  // 1, first), with qkv_prepare's arithmetic (qk_norm_rope.cuh). When that row's step is one of the ring's first
+  // kStages - 1 (copied before the loop), K and V also go straight into the ring; a later step copies them back.
+  float* q_s = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(ring_s) + S::kQAt);  // [8 kHT][S::kQPitch]
+  bool row_in_ring = false;
+  if (prep) {
+    const int extra = fresh < j_end ? 2 : 0;
+    const int rel = int(fresh - j_begin);  // the row in the split (extra only): warp step, warp, row in the step
+    row_in_ring = extra > 0 && rel / attn::kDecodeStep < kStages - 1;
+    uint8_t* ring_row = nullptr;  // the K row's first byte in the ring
+    if (row_in_ring) {
+      ring_row = reinterpret_cast<uint8_t*>(ring_s) + rel / kStep % kWarps * S::kWarpBytes +
+                 rel / attn::kDecodeStep % kStages * S::kStageBytes;
+      ring_row += kQ8 ? rel % kStep * S::kRawPitch + int((size_t(fresh) * row_bytes + head_off) % 16)
+                      : rel % kStep * S::kPitch * 2;
+    }
+    for (int r = warp; r < G + extra; r += kWarps) {
+      const int kind = r < extra ? r : 2;  // 0: K, 1: V, 2: query head r - extra
+      const float* src = kind == 0   ? p.prep_k + size_t(hk) * size_t(D)
+                         : kind == 1 ? p.prep_v + size_t(hk) * size_t(D)
+                                     : p.q + size_t(hk * G + r - extra) * size_t(D);
+      float e[kPer];
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) e[k] = src[lane + k * ops::kWarpSize];
+      if (kind != 1) {
+        float w[kPer];  // selected element by element: registers, not local memory
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) w[k] = kind == 0 ? wk[k] : wq[k];
+        qk::norm_rope<kPer>(e, w, cs, sn, p.prep_eps);
+      }
+      if (kind == 2) {
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) q_s[(r - extra) * S::kQPitch + lane + k * ops::kWarpSize] = e[k];
+      } else {
+        uint8_t* cache = reinterpret_cast<uint8_t*>(const_cast<uint16_t*>(kind == 0 ? p.k : p.v));
+        qk::store_head<kPer>(e, cache + size_t(fresh) * row_bytes + head_off, kQ8, lane);
+        const int v_at = kQ8 ? kStep * S::kRawPitch : kStep * S::kPitch * 2;  // V rows after the stage's K rows
+        if (row_in_ring) qk::store_head<kPer>(e, ring_row + (kind == 1 ? v_at : 0), kQ8, lane);
+      }
+    }
+    __syncthreads();  // q_s and the ring's row complete; the cache row's stores visible to the CTA's copies of it
+  }
+  if (fresh < j_end && !row_in_ring) {
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) issue(s, fresh, j_end, false);
     attn::cp_async_commit();
@@ -592,7 +665,9 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
   for (int r = 0; r < 2; ++r) {
     const int h = g + 8 * r;
     const bool valid = h < G && (r == 0 || kHT == 2);
-    const float* qh = p.q + (size_t(tok) * size_t(p.n_head) + size_t(hk * G + (valid ? h : 0))) * size_t(D);
+    const int hq = valid ? h : 0;
+    const float* qh =
+        prep ? q_s + hq * S::kQPitch : p.q + (size_t(tok) * size_t(p.n_head) + size_t(hk * G + hq)) * size_t(D);
 #pragma unroll
     for (int kk = 0; kk < kMT; ++kk) {
       float2 a = make_float2(0.0f, 0.0f), b = a;
@@ -922,6 +997,7 @@ Status check_args(const char* op, const AttentionArgs& a, uintptr_t v_align, boo
   }
   if (a.out == a.q) return Status::error(format("%s: out must not alias q", op));
   if (a.out_q8k != nullptr && !takes_q8) return Status::error(format("%s: out_q8k is attention_decode_mma's", op));
+  if (a.prepare.k != nullptr && !takes_q8) return Status::error(format("%s: prepare is attention_decode_mma's", op));
   return Status();
 }
 
@@ -960,6 +1036,12 @@ Status make_params(const char* op, const AttentionArgs& a, AttentionWorkspace& w
   p.tickets = nullptr;
   p.out_q8k = nullptr;
   p.q8k_row_bytes = 0;
+  p.prep_q_weight = nullptr;
+  p.prep_k = nullptr;
+  p.prep_k_weight = nullptr;
+  p.prep_v = nullptr;
+  p.prep_rope = nullptr;
+  p.prep_eps = 0.0f;
   return Status();
 }
 
@@ -1098,6 +1180,25 @@ Status attention_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspac
     if (!ops::aligned(a.out_q8k, 4)) return Status::error("attention_decode_mma: out_q8k must be 4-byte aligned");
     p.out_q8k = static_cast<uint8_t*>(a.out_q8k);
     p.q8k_row_bytes = detail::act_row_bytes(quant::Type::Q8_K, a.n_head * a.head_dim);
+  }
+  if (a.prepare.k != nullptr) {
+    const AttentionArgs::Prepare& pr = a.prepare;
+    if (a.n_tok != 1) {
+      return Status::error(format("attention_decode_mma: prepare takes n_tok=1 (got %lld)", (long long)a.n_tok));
+    }
+    if (pr.q_weight == nullptr || pr.k_weight == nullptr || pr.v == nullptr || pr.rope == nullptr) {
+      return Status::error("attention_decode_mma: prepare needs q_weight, k, k_weight, v and rope");
+    }
+    if (!ops::aligned(pr.q_weight, 4) || !ops::aligned(pr.k, 4) || !ops::aligned(pr.k_weight, 4) ||
+        !ops::aligned(pr.v, 4) || !ops::aligned(pr.rope, 4)) {
+      return Status::error("attention_decode_mma: prepare's vectors must be 4-byte aligned");
+    }
+    p.prep_q_weight = pr.q_weight;
+    p.prep_k = pr.k;
+    p.prep_k_weight = pr.k_weight;
+    p.prep_v = pr.v;
+    p.prep_rope = pr.rope;
+    p.prep_eps = pr.eps;
   }
   return a.kv_type == quant::Type::Q8_0 ? launch_decode_mma<true>(a, workspace, p, stream.raw())
                                         : launch_decode_mma<false>(a, workspace, p, stream.raw());

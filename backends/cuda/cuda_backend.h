@@ -533,6 +533,9 @@ struct QkvPrepareArgs {
   quant::Type kv_type = quant::Type::F16;  // F16 or Q8_0
 };
 Status qkv_prepare(const QkvPrepareArgs& args, Stream& stream);
+// The NeoX rotation's cos and sin at position pos (host code, the values qkv_prepare computes on the device:
+// rope.cuh's formula): out[i] = cos and out[head_dim / 2 + i] = sin of pair i < head_dim / 2 (AttentionArgs::prepare).
+void rope_table(int32_t pos, int64_t head_dim, float theta, float* out);
 
 // gate[i] = silu(gate[i]) * up[i] = gate / (1 + exp(-gate)) * up, for i < count (in place into gate).
 Status swiglu(float* gate, const float* up, int64_t count, Stream& stream);
@@ -669,6 +672,21 @@ struct AttentionArgs {
   // [n_tok, row_size(Q8_K, n_head * head_dim)] (quantize_activations' bytes, 4-byte aligned), in the same launch, for
   // the output projection's quantized product. Null: none (the other ops take only null).
   void* out_q8k = nullptr;
+  // attention_decode_mma only, n_tok == 1: qkv_prepare's work for the token in the same launch (one launch fewer on
+  // each decode layer's chain). q is then the raw query projection (read, not changed): each CTA norms (q_weight) and
+  // rotates (RoPE by the rope table: rope_table() of pos0) its group's heads with qkv_prepare's arithmetic, and the CTA
+  // whose split holds row pos0 norms and rotates k (k_weight) and stores it and v there in kv_type's format, as
+  // qkv_prepare would: the call then writes that row of k_cache and v_cache. k, v: [n_head_kv, head_dim]. The weights
+  // and the table are read before the launch before this one is done (ops::pdl_wait's rule): they must have been
+  // written two or more launches earlier (a decode graph copies the table before its first kernel). Null k: none.
+  struct Prepare {
+    const float* q_weight = nullptr;  // [head_dim]
+    const float* k = nullptr;
+    const float* k_weight = nullptr;  // [head_dim]
+    const float* v = nullptr;
+    const float* rope = nullptr;  // [head_dim]: the pairs' cos, then their sin (rope_table)
+    float eps = 1e-6f;
+  } prepare = {};
 };
 Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Stream& stream);
 

@@ -19,7 +19,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
 #include "backends/cuda/ops_common.cuh"
-#include "backends/cuda/quantize_q8.cuh"
+#include "backends/cuda/qk_norm_rope.cuh"
 #include "backends/cuda/rope.cuh"
 
 namespace magnetar::cuda {
@@ -50,29 +50,12 @@ struct Rows {
   float theta;
 };
 
-// A head row (lane holding elements lane + 32 k in e[k]) into a cache row at dst: F16 bits (store_kv's rounding) or
-// Q8_0 blocks (block k = the elements 32 k .. 32 k + 31: e[k] over the warp). Every lane of the warp calls it.
-template <int kPerLane>
-__device__ __forceinline__ void store_head(const float (&e)[kPerLane], uint8_t* dst, bool q8, int lane) {
-  if (q8) {
-#pragma unroll
-    for (int k = 0; k < kPerLane; ++k) {
-      q8::block_q8_32<quant::BlockQ8_0, false>(e[k], reinterpret_cast<quant::BlockQ8_0*>(dst) + k, lane);
-    }
-  } else {
-    uint16_t* d16 = reinterpret_cast<uint16_t*>(dst);
-#pragma unroll
-    for (int k = 0; k < kPerLane; ++k) d16[lane + k * ops::kWarpSize] = __half_as_ushort(__float2half_rn(e[k]));
-  }
-}
-
 // Head row h (slot: the q heads, then the k heads, then the v heads) of token t, by one warp (lane holding elements
 // lane + 32 k in e[k]): wk the row's norm weights, c/s its rotation's cos/sin of pairs lane + 32 k (k < kHalf).
 template <int kPerLane>
 __device__ __forceinline__ void head_row(const Rows& r, int t, int h, int64_t cache_row, const float (&wk)[kPerLane],
                                          const float (&c)[kPerLane / 2], const float (&s)[kPerLane / 2], int lane) {
   constexpr int kHeadDim = kPerLane * ops::kWarpSize;
-  constexpr int kHalf = kPerLane / 2;  // element i + head_dim / 2 is slot k + kHalf of the same lane
   // A cache head row: F16 (2 bytes per element) or Q8_0 (34 bytes per 32 elements).
   constexpr int kF16Bytes = 2 * kHeadDim, kQ8Bytes = kHeadDim / 32 * int(sizeof(quant::BlockQ8_0));
   const float* src;
@@ -90,35 +73,21 @@ __device__ __forceinline__ void head_row(const Rows& r, int t, int h, int64_t ca
       float e[kPerLane];
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) e[k] = r.v[in_off + lane + k * ops::kWarpSize];
-      store_head<kPerLane>(e, r.v_cache + cache_off, r.q8, lane);
+      qk::store_head<kPerLane>(e, r.v_cache + cache_off, r.q8, lane);
       return;
     }
     src = r.k + in_off;
     cache = r.k_cache + cache_off;
   }
   float e[kPerLane];
-  double sum = 0;
 #pragma unroll
-  for (int k = 0; k < kPerLane; ++k) {
-    e[k] = src[lane + k * ops::kWarpSize];
-    sum += double(e[k]) * double(e[k]);
-  }
-  sum = ops::warp_sum(sum);
-  const float scale = float(1.0 / sqrt(sum / double(kHeadDim) + double(r.eps)));
-#pragma unroll
-  for (int k = 0; k < kPerLane; ++k) e[k] = __fmul_rn(__fmul_rn(e[k], scale), wk[k]);
-#pragma unroll
-  for (int k = 0; k < kHalf; ++k) {
-    const float a = e[k];
-    const float b = e[k + kHalf];
-    e[k] = __fsub_rn(__fmul_rn(a, c[k]), __fmul_rn(b, s[k]));
-    e[k + kHalf] = __fadd_rn(__fmul_rn(b, c[k]), __fmul_rn(a, s[k]));
-  }
+  for (int k = 0; k < kPerLane; ++k) e[k] = src[lane + k * ops::kWarpSize];
+  qk::norm_rope<kPerLane>(e, wk, c, s, r.eps);
   if (out != nullptr) {
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) out[lane + k * ops::kWarpSize] = e[k];
   } else {
-    store_head<kPerLane>(e, cache, r.q8, lane);
+    qk::store_head<kPerLane>(e, cache, r.q8, lane);
   }
 }
 
@@ -295,6 +264,11 @@ Status qkv_prepare(const QkvPrepareArgs& a, Stream& stream) {
   r.theta = a.theta;
   launch(r, a.head_dim, stream.raw());
   return Status();
+}
+
+void rope_table(int32_t pos, int64_t head_dim, float theta, float* out) {
+  const int64_t half = head_dim / 2;
+  for (int64_t i = 0; i < half; ++i) rope::cos_sin(pos, int(i), int(head_dim), theta, &out[i], &out[half + i]);
 }
 
 }  // namespace magnetar::cuda

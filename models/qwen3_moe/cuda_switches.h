@@ -67,9 +67,11 @@ inline bool refuse_captures() {
 //   kSwigluQuant the MoE's swiglu quantizes for the down projection (swiglu_quantize);
 //   kAttnQuant   decode attention quantizes its output for the output projection (AttentionArgs::out_q8k);
 //   kSwigluMmvq  decode's swiglu inside the experts' gate/up product, the down projection quantizing its float input
-//                (GroupedMatvecArgs::swiglu, x_float: where mmvq's stationary kernel takes both shapes).
-// MAGNETAR_CUDA_FUSE picks them: a comma list of combine, norm, swiglu, attn, mmvq; 1 for all, 0 for none; unset: the
-// default set, combine, swiglu, attn, mmvq and the norm's quantization where the norm runs on a cluster of CTAs
+//                (GroupedMatvecArgs::swiglu, x_float: where mmvq's stationary kernel takes both shapes);
+//   kAttnPrepare a decode token's q/k norm, RoPE and K/V stores (qkv_prepare) inside its attention launch
+//                (AttentionArgs::prepare).
+// MAGNETAR_CUDA_FUSE picks them: a comma list of combine, norm, swiglu, attn, mmvq, prepare; 1 for all, 0 for none;
+// unset: the default set, combine, swiglu, attn, mmvq, prepare and the norm's quantization where the norm runs on a cluster of CTAs
 // (kNormQuantCluster: cuda::norm_in_cluster, decode rows). H200, tg128 (run.sh --decode-bench, two rounds of one call
 // each): combine + swiglu 416.4 / 416.4 t/s against combine 412.1 / 409.6, combine + norm on the one-CTA row kernel
 // 411.5 / 406.5 (swiglu_quantize with a CTA per Q8_K block; with a warp per block it had cost 3%:
@@ -83,24 +85,25 @@ enum class Fusion {
   kSwigluQuant = 4,
   kNormQuantCluster = 8,
   kAttnQuant = 16,
-  kSwigluMmvq = 32
+  kSwigluMmvq = 32,
+  kAttnPrepare = 64
 };
 inline bool fused(Fusion f) {
   static const int set = [] {
     const char* v = std::getenv("MAGNETAR_CUDA_FUSE");
     if (v == nullptr) {
       return int(Fusion::kCombine) | int(Fusion::kSwigluQuant) | int(Fusion::kNormQuantCluster) |
-             int(Fusion::kAttnQuant) | int(Fusion::kSwigluMmvq);
+             int(Fusion::kAttnQuant) | int(Fusion::kSwigluMmvq) | int(Fusion::kAttnPrepare);
     }
     const std::string_view s = v;
     if (s == "1") {
       return int(Fusion::kCombine) | int(Fusion::kNormQuant) | int(Fusion::kSwigluQuant) | int(Fusion::kAttnQuant) |
-             int(Fusion::kSwigluMmvq);
+             int(Fusion::kSwigluMmvq) | int(Fusion::kAttnPrepare);
     }
     int bits = 0;
     for (const auto& [name, bit] : {std::pair{"combine", Fusion::kCombine}, std::pair{"norm", Fusion::kNormQuant},
                                     std::pair{"swiglu", Fusion::kSwigluQuant}, std::pair{"attn", Fusion::kAttnQuant},
-                                    std::pair{"mmvq", Fusion::kSwigluMmvq}}) {
+                                    std::pair{"mmvq", Fusion::kSwigluMmvq}, std::pair{"prepare", Fusion::kAttnPrepare}}) {
       if (s.find(name) != std::string_view::npos) bits |= int(bit);
     }
     return bits;

@@ -289,8 +289,11 @@ class Qwen3Cuda final : public Model {
   mutable cuda::AttentionWorkspace attn_ws_;
   // x2_: one row, the residual stream's other buffer (add_norm_router reads one and writes the other).
   mutable DeviceBuffer x_, x2_, xn_, proj_, qkv_, attn_, router_, ids_, weights_, gu_, down_, q_in_, q_exp_;
+  // positions_ (h_positions_): the tokens' positions [n_batch_ int32], then from rope_at_ bytes the decode tokens'
+  // rotation tables [n_batch_][head_dim] (cuda::rope_table: the attention launch's prepare reads them).
   mutable DeviceBuffer positions_, items_, x_rows_, slot_rows_, logits_;
   mutable cuda::PinnedBuffer h_x_, h_positions_, h_ids_, h_items_, h_logits_;
+  size_t rope_at_ = 0;
   int64_t act_row_max_ = 0;  // bytes of the largest quantized activation row
   mutable quant::Type xn_act_ = quant::Type::F32;  // q_exp_ holds xn_ in this format (F32: nothing)
 
@@ -534,6 +537,8 @@ Status Qwen3Cuda::init() {
 
   // ---- scratch -----------------------------------------------------------------------------------------------
   const size_t B = size_t(n_batch_), R = B * size_t(K), f = sizeof(float);
+  rope_at_ = (B * 4 + 15) / 16 * 16;
+  const size_t positions_bytes = rope_at_ + B * size_t(D) * f;
   // Quantized activation rows: Q8_1 (36 bytes per 32) or Q8_K (292 per 256) of up to max_cols (+ a block).
   act_row_max_ = int64_t(quant::row_size(quant::Type::Q8_K, (max_cols + 255) / 256 * 256));
   act_row_max_ =
@@ -551,7 +556,7 @@ Status Qwen3Cuda::init() {
       {&attn_, B * size_t(q_dim) * f},    {&router_, B * size_t(std::max<int64_t>(X, 1)) * f},
       {&ids_, size_t(hp_.n_layer) * R * 4}, {&weights_, R * f},                 {&gu_, 2 * R * size_t(ff) * f},
       {&down_, R * size_t(E) * f},        {&q_in_, std::max(B, R) * size_t(act_row_max_)},
-      {&q_exp_, B * size_t(act_row_max_)}, {&positions_, B * 4},
+      {&q_exp_, B * size_t(act_row_max_)}, {&positions_, positions_bytes},
       {&items_, (R + size_t(std::max<int64_t>(X, 1))) * sizeof(GroupItem)}, {&x_rows_, R * 4},
       {&slot_rows_, R * 4},               {&logits_, size_t(kVec) * size_t(hp_.n_vocab) * f},
   };
@@ -559,7 +564,7 @@ Status Qwen3Cuda::init() {
     MAGNETAR_ASSIGN_OR_RETURN(*want.buf, device_buffer(want.bytes));
   }
   MAGNETAR_ASSIGN_OR_RETURN(h_x_, cuda::PinnedBuffer::allocate(B * size_t(E) * f));
-  MAGNETAR_ASSIGN_OR_RETURN(h_positions_, cuda::PinnedBuffer::allocate(B * 4));
+  MAGNETAR_ASSIGN_OR_RETURN(h_positions_, cuda::PinnedBuffer::allocate(positions_bytes));
   MAGNETAR_ASSIGN_OR_RETURN(h_ids_, cuda::PinnedBuffer::allocate(size_t(hp_.n_layer) * R * 4));
   MAGNETAR_ASSIGN_OR_RETURN(h_items_, cuda::PinnedBuffer::allocate(
                                           (R + size_t(std::max<int64_t>(X, 1))) * sizeof(GroupItem) + 2 * R * 4));
@@ -750,14 +755,17 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
     void* vc = mirrors[s]->v[size_t(il)].data();
     // A decode token's position is read on the device (positions_), so a decode graph replays these launches.
     const int32_t* pos0_device = seq.n_tok == 1 ? pos + t0 : nullptr;
-    if (one_launch) {
+    // A decode token's qkv_prepare inside its attention launch (AttentionArgs::prepare, kAttnPrepare).
+    const bool prepare_in = one_launch && seq.n_tok == 1 && fused(Fusion::kAttnPrepare) &&
+                            decode_mma_for({.n_tok = 1, .head_dim = D}, group);
+    if (one_launch && !prepare_in) {
       MAGNETAR_RETURN_IF_ERROR(cuda::qkv_prepare(
           {.q = q + t0 * q_dim, .q_weight = L.q_norm.f32(), .k = k + t0 * kv_dim, .k_weight = L.k_norm.f32(),
            .v = v + t0 * kv_dim, .k_cache = kc, .v_cache = vc, .positions = pos + t0, .n_tok = seq.n_tok,
            .n_head = hp_.n_head, .n_head_kv = hp_.n_head_kv, .head_dim = D, .eps = hp_.rms_eps,
            .theta = hp_.rope_theta, .row0 = seq.pos0, .row0_device = pos0_device, .kv_type = kv_type_},
           stream_));
-    } else {  // F16 (init: Q8_0 KV takes the fused head sizes)
+    } else if (!one_launch) {  // F16 (init: Q8_0 KV takes the fused head sizes)
       MAGNETAR_RETURN_IF_ERROR(cuda::store_kv({.x = k + t0 * kv_dim, .cache = static_cast<uint16_t*>(kc),
                                                .n_tok = seq.n_tok, .n = kv_dim, .row0 = seq.pos0,
                                                .row0_device = pos0_device}, stream_));
@@ -771,6 +779,12 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
         .window = L.window, .scale = float(1.0 / std::sqrt(double(D))), .pos0_device = pos0_device,
         .max_rows = seq.kv->n_ctx(), .kv_type = kv_type_,
         .out_q8k = quantized_out ? static_cast<uint8_t*>(q_in_.data()) + size_t(t0) * q_row : nullptr};
+    if (prepare_in) {
+      args.prepare = {.q_weight = L.q_norm.f32(), .k = k + t0 * kv_dim, .k_weight = L.k_norm.f32(),
+                      .v = v + t0 * kv_dim,
+                      .rope = reinterpret_cast<const float*>(positions_.as<uint8_t>() + rope_at_) + t0 * D,
+                      .eps = hp_.rms_eps};
+    }
     if (kv_type_ == quant::Type::Q8_0 && !decode_mma_for(args, group)) {
       // Prefill: the F16 kernels read the attended rows dequantized (the values decode computes with).
       for (auto [cache, out] : {std::pair{kc, &kv_f16_k_}, std::pair{vc, &kv_f16_v_}}) {
@@ -1239,6 +1253,10 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
     }
     mirrors.push_back(m);
     for (int64_t i = 0; i < seq.n_tok; ++i) h_pos[t + i] = int32_t(seq.pos0 + i);
+    if (seq.n_tok == 1) {
+      float* table = reinterpret_cast<float*>(h_positions_.as<uint8_t>() + rope_at_) + t * hp_.head_dim;
+      cuda::rope_table(int32_t(seq.pos0), hp_.head_dim, hp_.rope_theta, table);
+    }
     t += seq.n_tok;
   }
   MAGNETAR_CHECK(t == n);
@@ -1335,7 +1353,14 @@ Status Qwen3Cuda::enqueue_layers(cpu::ThreadPool& pool, const ForwardArgs& args,
   float* x_other = x2_.as<float>();
   float* xn = xn_.as<float>();
   stream_.copy(x, h_x_.as<float>(), size_t(n * E) * sizeof(float));
-  stream_.copy(positions_.data(), h_positions_.as<int32_t>(), size_t(n) * 4);
+  // The positions, and the rotation tables up to the last decode token's when there is one.
+  int64_t tables = 0, t = 0;
+  for (const SeqSpan& seq : args.seqs) {
+    t += seq.n_tok;
+    if (seq.n_tok == 1) tables = t;
+  }
+  stream_.copy(positions_.data(), h_positions_.as<uint8_t>(),
+               tables > 0 ? rope_at_ + size_t(tables * hp_.head_dim) * sizeof(float) : size_t(n) * 4);
 
   bool combine = false;  // the layer before was an MoE layer whose rows the next add_norm combines
   for (size_t il = 0; il < layers_.size(); ++il) {

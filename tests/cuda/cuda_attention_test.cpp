@@ -662,6 +662,141 @@ TEST(CudaOps, AttentionDecodeMmaQuantizesItsOutput) {
   EXPECT_GT(covered, 20);
 }
 
+// attention_decode_mma with prepare (qkv_prepare's work for the token inside the launch, the rotation from rope_table's
+// host values) against qkv_prepare followed by attention_decode_mma over the prepared q: the outputs and both caches (every row: the token's row written, the
+// others untouched) bit for bit, the raw q unchanged; F16 and Q8_0 caches, the position from the host and from the
+// device (a graph's), head_dim 64/128/256, groups 2 to 16, one split (the CTA that writes the row is the only one) and
+// several (the last split's CTA writes it, the others must not need it), a sliding window. The rows past the token's
+// hold NaN (F16 NaN, Q8_0 blocks of NaN scale): a kernel that read one would poison the output.
+TEST(CudaOps, AttentionDecodeMmaPrepareEqualsQkvPrepare) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(64, 256));
+  const quant::TypeTraits& q8 = quant::traits(quant::Type::Q8_0);
+  Rng rng(kSeed + 17);
+  const AttnShape shapes[] = {{32, 4, 128}, {16, 1, 128}, {8, 2, 64}, {4, 2, 256}, {64, 4, 128}};
+  struct Ctx {
+    int64_t rows, window;
+  };
+  for (const AttnShape& sh : shapes) {
+    for (const Ctx ctx : {Ctx{1, 0}, Ctx{17, 0}, Ctx{65, 0}, Ctx{600, 0}, Ctx{5000, 0}, Ctx{3000, 700}}) {
+      for (const quant::Type kv_type : {quant::Type::F16, quant::Type::Q8_0}) {
+        for (const bool device_pos : {false, true}) {
+          const int64_t HK = sh.n_head_kv, D = sh.head_dim, kv = HK * D, pos0 = ctx.rows - 1, n_rows = ctx.rows + 3;
+          const bool is_q8 = kv_type == quant::Type::Q8_0;
+          const size_t row_bytes = is_q8 ? quant::row_size(quant::Type::Q8_0, kv) : size_t(kv) * 2;
+          // The cache: rows before pos0 random (Q8_0: the reference quantizer's blocks), the rest NaN.
+          std::vector<uint8_t> cache[2];
+          for (std::vector<uint8_t>& c : cache) {
+            c.resize(size_t(n_rows) * row_bytes);
+            const std::vector<float> x = gaussian(rng, size_t(pos0 * kv));
+            if (is_q8) {
+              q8.from_float(x.data(), c.data(), pos0 * kv);
+              const quant::BlockQ8_0 nan_block = {0x7e00, {}};
+              for (size_t b = size_t(pos0) * row_bytes; b < c.size(); b += sizeof nan_block) {
+                std::memcpy(c.data() + b, &nan_block, sizeof nan_block);
+              }
+            } else {
+              auto* h = reinterpret_cast<uint16_t*>(c.data());
+              for (size_t i = 0; i < c.size() / 2; ++i) h[i] = i < x.size() ? quant::float_to_fp16(x[i]) : 0x7e00;
+            }
+          }
+          const std::vector<float> q = gaussian(rng, size_t(sh.n_head * D), 2.0f);
+          const std::vector<float> k = gaussian(rng, size_t(kv), 2.0f), v = gaussian(rng, size_t(kv), 3.0f);
+          const std::vector<float> qw = gaussian(rng, size_t(D)), kw = gaussian(rng, size_t(D));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer q_prepared, to_device(q));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer q_raw, to_device(q));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer k_normed, to_device(k));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dk, to_device(k));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dv, to_device(v));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dqw, to_device(qw));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dkw, to_device(kw));
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dpos, to_device(std::vector<int32_t>{int32_t(pos0)}));
+          std::vector<float> rope(static_cast<size_t>(D));
+          cuda::rope_table(int32_t(pos0), D, 1e6f, rope.data());
+          ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer drope, to_device(rope));
+          cuda::DeviceBuffer kc[2], vc[2], out[2];
+          for (int i = 0; i < 2; ++i) {
+            ASSERT_OK_AND_ASSIGN(kc[i], to_device(cache[0]));
+            ASSERT_OK_AND_ASSIGN(vc[i], to_device(cache[1]));
+            ASSERT_OK_AND_ASSIGN(out[i], cuda::DeviceBuffer::allocate(q.size() * sizeof(float)));
+          }
+          ASSERT_OK(cuda::qkv_prepare({.q = q_prepared.as<float>(), .q_weight = dqw.as<float>(),
+                                       .k = k_normed.as<float>(), .k_weight = dkw.as<float>(), .v = dv.as<float>(),
+                                       .k_cache = kc[0].data(), .v_cache = vc[0].data(),
+                                       .positions = dpos.as<int32_t>(), .n_tok = 1, .n_head = sh.n_head,
+                                       .n_head_kv = HK, .head_dim = D, .eps = 1e-6f, .theta = 1e6f, .row0 = pos0,
+                                       .kv_type = kv_type},
+                                      stream));
+          cuda::AttentionArgs args{.q = q_prepared.as<float>(),
+                                   .k_cache = kc[0].data(),
+                                   .v_cache = vc[0].data(),
+                                   .out = out[0].as<float>(),
+                                   .n_tok = 1,
+                                   .pos0 = device_pos ? 777 : pos0,
+                                   .n_head = sh.n_head,
+                                   .n_head_kv = HK,
+                                   .head_dim = D,
+                                   .window = ctx.window,
+                                   .scale = float(1.0 / std::sqrt(double(D))),
+                                   .pos0_device = device_pos ? dpos.as<int32_t>() : nullptr,
+                                   .max_rows = device_pos ? n_rows : 0,
+                                   .kv_type = kv_type};
+          ASSERT_OK(cuda::attention_decode_mma(args, ws, stream));
+          args.q = q_raw.as<float>();
+          args.k_cache = kc[1].data();
+          args.v_cache = vc[1].data();
+          args.out = out[1].as<float>();
+          args.prepare = {.q_weight = dqw.as<float>(), .k = dk.as<float>(), .k_weight = dkw.as<float>(),
+                          .v = dv.as<float>(), .rope = drope.as<float>(), .eps = 1e-6f};
+          ASSERT_OK(cuda::attention_decode_mma(args, ws, stream));
+          stream.synchronize();
+          const std::string what = "n_head " + std::to_string(sh.n_head) + "/" + std::to_string(HK) + " head_dim " +
+                                   std::to_string(D) + " rows " + std::to_string(ctx.rows) + " window " +
+                                   std::to_string(ctx.window) + (is_q8 ? " Q8_0" : " F16") +
+                                   (device_pos ? " position on the device" : "");
+          const std::vector<float> want = from_device<float>(out[0], q.size()), got = from_device<float>(out[1], q.size());
+          for (size_t i = 0; i < want.size(); ++i) ASSERT_FALSE(std::isnan(want[i])) << what << " element " << i;
+          ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << what << ": output";
+          const size_t bytes = cache[0].size();
+          ASSERT_EQ(from_device<uint8_t>(kc[0], bytes), from_device<uint8_t>(kc[1], bytes)) << what << ": K cache";
+          ASSERT_EQ(from_device<uint8_t>(vc[0], bytes), from_device<uint8_t>(vc[1], bytes)) << what << ": V cache";
+          ASSERT_EQ(from_device<float>(q_raw, q.size()), q) << what << ": q changed";
+        }
+      }
+    }
+  }
+}
+
+// attention_decode_mma's prepare is refused with a Status for more than one token and for a missing vector, and by
+// the other attention ops.
+TEST(CudaOps, AttentionDecodeMmaPrepareRejectsBadArguments) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(64, 256));
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer buf, cuda::DeviceBuffer::allocate(1 << 20));
+  float* f = buf.as<float>();
+  cuda::AttentionArgs args{.q = f, .k_cache = f + 4096, .v_cache = f + 8192, .out = f + 12288, .n_tok = 1,
+                           .pos0 = 3, .n_head = 8, .n_head_kv = 2, .head_dim = 64};
+  args.prepare = {.q_weight = f, .k = f, .k_weight = f, .v = f, .rope = f};
+  auto refused = [&](const cuda::AttentionArgs& a, const Status& st) {
+    EXPECT_FALSE(st.ok()) << "n_tok " << a.n_tok;
+    EXPECT_NE(st.message().find("prepare"), std::string::npos) << st.message();
+  };
+  cuda::AttentionArgs bad = args;
+  bad.n_tok = 2;
+  refused(bad, cuda::attention_decode_mma(bad, ws, stream));
+  bad = args;
+  bad.prepare.v = nullptr;
+  refused(bad, cuda::attention_decode_mma(bad, ws, stream));
+  bad = args;
+  bad.prepare.rope = nullptr;
+  refused(bad, cuda::attention_decode_mma(bad, ws, stream));
+  refused(args, cuda::attention(args, ws, stream));
+  refused(args, cuda::attention_prefill_mma(args, stream));
+  stream.synchronize();
+}
+
 // attention_decode_mma over a Q8_0 cache: within mma_expect's bound of the exact attention over the values the kernel
 // is specified to compute with, each element f16(d * q) (kv_to_f16's, computed here on the host), for
 // decode_mma_cases() (contexts of 1 to 40000 rows, windows, groups 1 to 16, head_dim 64/128/256; cache rows 16-byte
