@@ -2,7 +2,8 @@
 // with the same per-(token, KV head) kernel run over the whole context. Two kernels: attention() on FP32 cores
 // (below; every head size, the numerics of the CPU op; split plan attn::plan_splits and a combine launch) and
 // attention_decode_mma() on f16 tensor cores (further down; what the model's decode runs; its own plan, K/V staged
-// through cp.async rings, the combine done by the last CTA of each KV head).
+// through cp.async rings, the combine done by the last CTA of each KV head; for a decode token it can also do
+// qkv_prepare's work, AttentionArgs::prepare, one launch fewer on each layer's chain).
 //
 // Cost per query token and KV head over n context rows: K and V reads of 2 * n * head_dim * 2 bytes (shared by
 // the group of query heads), 4 * group * n * head_dim flops. Decode of Qwen3-30B-A3B (32 heads, 4 KV heads,

@@ -5,6 +5,8 @@
 // qk_norm_rope does q (or k) in place; qkv_prepare does a layer's q in place and k and v straight into the KV cache
 // (F16: store_kv's rounding; Q8_0: quantize_q8.cuh's block quantizer, the bytes of the CPU's Q8_0 rounding), one
 // launch where the unfused path takes four (q and k norm + RoPE, K and V stores) and one read and write of k fewer.
+// A decode token's qkv_prepare usually runs inside its attention launch instead (AttentionArgs::prepare, the same
+// arithmetic: qk_norm_rope.cuh).
 //
 // One warp per head row; lane l holds elements l, l + 32, ... (head_dim / 32 of them), so for head_dim a
 // multiple of 64 the rotation pairs (i, i + head_dim / 2) sit in the same lane and need no exchange.

@@ -13,7 +13,8 @@
 //                           reference; many tokens per call against one call per token within twice that bound.
 //                           (exact data) the K = 0 check above holds bit for bit (ex2(0) = 1, integer sums exact).
 //   attention_decode_mma    the same bound and exact check (F16), and over Q8_0 caches the bound against the
-//                           values it is specified to compute with, f16(d * q).
+//                           values it is specified to compute with, f16(d * q); with prepare (qkv_prepare's work in
+//                           the launch) bit for bit the output and caches of qkv_prepare + the plain call.
 // Shapes: head_dim 64, 96, 128, 256, n_head/n_head_kv 8/2, 4/4, 32/4, 16/1; contexts 1, 17, 300, 5000, 20000
 // (several splits, a partial last chunk, several chunks per split), windows that cut inside a chunk; prefill of 7
 // and 33 tokens after 0, 17 and 300 cached rows. attention_prefill_mma: prefill_mma_cases() (groups 1, 3, 4, 8, 16;
