@@ -40,7 +40,8 @@ __device__ __forceinline__ void norm_rope(float (&e)[kPerLane], const float (&w)
 }
 
 // A head row into a cache row at dst: F16 bits (store_kv's rounding) or Q8_0 blocks (block k = the elements
-// 32 k .. 32 k + 31: e[k] over the warp; quantize_q8.cuh's quantizer, the CPU's bytes). Every lane of the warp calls it.
+// 32 k .. 32 k + 31: e[k] over the warp; quantize_q8.cuh's quantizer, the CPU's bytes). Every lane of the warp calls
+// it.
 template <int kPerLane>
 __device__ __forceinline__ void store_head(const float (&e)[kPerLane], uint8_t* dst, bool q8, int lane) {
   if (q8) {

@@ -664,11 +664,12 @@ TEST(CudaOps, AttentionDecodeMmaQuantizesItsOutput) {
 }
 
 // attention_decode_mma with prepare (qkv_prepare's work for the token inside the launch, the rotation from rope_table's
-// host values) against qkv_prepare followed by attention_decode_mma over the prepared q: the outputs and both caches (every row: the token's row written, the
-// others untouched) bit for bit, the raw q unchanged; F16 and Q8_0 caches, the position from the host and from the
-// device (a graph's), head_dim 64/128/256, groups 2 to 16, one split (the CTA that writes the row is the only one) and
-// several (the last split's CTA writes it, the others must not need it), a sliding window. The rows past the token's
-// hold NaN (F16 NaN, Q8_0 blocks of NaN scale): a kernel that read one would poison the output.
+// host values) against qkv_prepare followed by attention_decode_mma over the prepared q: the outputs and both caches
+// (every row: the token's row written, the others untouched) bit for bit, the raw q unchanged; F16 and Q8_0 caches,
+// the position from the host and from the device (a graph's), head_dim 64/128/256, groups 2 to 16, one split (the CTA
+// that writes the row is the only one) and several (the last split's CTA writes it, the others must not need it), a
+// sliding window. The rows past the token's hold NaN (F16 NaN, Q8_0 blocks of NaN scale): a kernel that read one would
+// poison the output.
 TEST(CudaOps, AttentionDecodeMmaPrepareEqualsQkvPrepare) {
   SKIP_WITHOUT_GPU();
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
@@ -756,7 +757,8 @@ TEST(CudaOps, AttentionDecodeMmaPrepareEqualsQkvPrepare) {
                                    std::to_string(D) + " rows " + std::to_string(ctx.rows) + " window " +
                                    std::to_string(ctx.window) + (is_q8 ? " Q8_0" : " F16") +
                                    (device_pos ? " position on the device" : "");
-          const std::vector<float> want = from_device<float>(out[0], q.size()), got = from_device<float>(out[1], q.size());
+          const std::vector<float> want = from_device<float>(out[0], q.size());
+          const std::vector<float> got = from_device<float>(out[1], q.size());
           for (size_t i = 0; i < want.size(); ++i) ASSERT_FALSE(std::isnan(want[i])) << what << " element " << i;
           ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << what << ": output";
           const size_t bytes = cache[0].size();
