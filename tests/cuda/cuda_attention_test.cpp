@@ -87,6 +87,19 @@ struct AttnData {
 
 int64_t n_rows_of(const AttnCase& c) { return c.pos0 + c.n_tok + 5; }  // 5 NaN rows past the last position
 
+// A Q8_0 cache of `rows` rows of kv elements: the first `valid` the reference quantizer's blocks of x (valid * kv
+// values), the rest blocks of NaN scale (NaN when dequantized: a kernel that read them would show it).
+std::vector<uint8_t> q8_cache(const std::vector<float>& x, int64_t valid, int64_t rows, int64_t kv) {
+  const size_t row_bytes = quant::row_size(quant::Type::Q8_0, kv);
+  std::vector<uint8_t> c(size_t(rows) * row_bytes);
+  quant::traits(quant::Type::Q8_0).from_float(x.data(), c.data(), valid * kv);
+  const quant::BlockQ8_0 nan_block = {0x7e00, {}};
+  for (size_t b = size_t(valid) * row_bytes; b < c.size(); b += sizeof nan_block) {
+    std::memcpy(c.data() + b, &nan_block, sizeof nan_block);
+  }
+  return c;
+}
+
 // kRandom: Gaussian K and V. kUniformScores: K = 0 (every score 0) and V integers in [-8, 8].
 enum class AttnFill { kRandom, kUniformScores };
 
@@ -674,7 +687,6 @@ TEST(CudaOps, AttentionDecodeMmaPrepareEqualsQkvPrepare) {
   SKIP_WITHOUT_GPU();
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
   ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(64, 256));
-  const quant::TypeTraits& q8 = quant::traits(quant::Type::Q8_0);
   Rng rng(kSeed + 17);
   const AttnShape shapes[] = {{32, 4, 128}, {16, 1, 128}, {8, 2, 64}, {4, 2, 256}, {64, 4, 128}};
   struct Ctx {
@@ -686,19 +698,14 @@ TEST(CudaOps, AttentionDecodeMmaPrepareEqualsQkvPrepare) {
         for (const bool device_pos : {false, true}) {
           const int64_t HK = sh.n_head_kv, D = sh.head_dim, kv = HK * D, pos0 = ctx.rows - 1, n_rows = ctx.rows + 3;
           const bool is_q8 = kv_type == quant::Type::Q8_0;
-          const size_t row_bytes = is_q8 ? quant::row_size(quant::Type::Q8_0, kv) : size_t(kv) * 2;
           // The cache: rows before pos0 random (Q8_0: the reference quantizer's blocks), the rest NaN.
           std::vector<uint8_t> cache[2];
           for (std::vector<uint8_t>& c : cache) {
-            c.resize(size_t(n_rows) * row_bytes);
             const std::vector<float> x = gaussian(rng, size_t(pos0 * kv));
             if (is_q8) {
-              q8.from_float(x.data(), c.data(), pos0 * kv);
-              const quant::BlockQ8_0 nan_block = {0x7e00, {}};
-              for (size_t b = size_t(pos0) * row_bytes; b < c.size(); b += sizeof nan_block) {
-                std::memcpy(c.data() + b, &nan_block, sizeof nan_block);
-              }
+              c = q8_cache(x, pos0, n_rows, kv);
             } else {
+              c.resize(size_t(n_rows * kv) * 2);
               auto* h = reinterpret_cast<uint16_t*>(c.data());
               for (size_t i = 0; i < c.size() / 2; ++i) h[i] = i < x.size() ? quant::float_to_fp16(x[i]) : 0x7e00;
             }
@@ -817,17 +824,11 @@ TEST(CudaOps, AttentionDecodeMmaQ8MatchesReference) {
   for (const AttnCase& c : decode_mma_cases()) {
     const int64_t HK = c.shape.n_head_kv, D = c.shape.head_dim, kv = HK * D;
     const int64_t rows = n_rows_of(c), valid = c.pos0 + c.n_tok;
-    const size_t row_bytes = quant::row_size(quant::Type::Q8_0, kv);
     AttnData d;  // q and the F16 values f16(d * q) of the Q8_0 caches
     d.q = gaussian(rng, size_t(c.n_tok * c.shape.n_head * D));
-    std::vector<uint8_t> k8(size_t(rows) * row_bytes), v8(k8.size());
+    std::vector<uint8_t> k8, v8;
     for (auto [c8, c16] : {std::pair{&k8, &d.k}, std::pair{&v8, &d.v}}) {
-      const std::vector<float> x = gaussian(rng, size_t(valid * kv));
-      q8.from_float(x.data(), c8->data(), valid * kv);
-      for (size_t b = size_t(valid) * row_bytes; b < c8->size(); b += sizeof(quant::BlockQ8_0)) {
-        const quant::BlockQ8_0 nan_block = {0x7e00, {}};
-        std::memcpy(c8->data() + b, &nan_block, sizeof nan_block);
-      }
+      *c8 = q8_cache(gaussian(rng, size_t(valid * kv)), valid, rows, kv);
       std::vector<float> deq(size_t(rows * kv));
       q8.to_float(c8->data(), deq.data(), rows * kv);
       c16->resize(deq.size());
