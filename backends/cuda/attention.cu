@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(const Param
 // Q8_0 KV (kQ8): the ring holds the cached blocks (each head row's 16-byte-aligned window, 53% of F16's bytes), and
 // each step dequantizes its K rows into an f16 tile before the scores and its V rows while the scores' mma chain runs
 // (each element f16(d * q), 4 codes per xor, 2 byte permutes, 2 half2 subtracts and 2 half2 multiplies); the mma
-// part is the F16 kernel's. At head_dim 128 the smaller stages fit 2 CTAs per SM. Measured (H200, 2026-12-01,
+// part is the F16 kernel's (one CTA per SM as F16's, launch_decode_mma). Measured (H200, 2026-12-01,
 // attention_bench): 44.5 us per 64K call against F16's 42.9, 22.1 against 18.5 at 16K, 10.0 against 10.2 at 2K. It
 // moves half the bytes but executes 1.7x the instructions (ncu of the first version, which dequantized K and V before
 // the scores: 13.0 M against 7.7 M per 64K call; issue slots 42% busy, stalls on fixed-latency dependencies and
@@ -1084,13 +1084,23 @@ void launch_combine(const Params& p, int grid_splits, int64_t n_head, cudaStream
 template <int D, int kHT, int kStages, bool kQ8>
 Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, Params p, cudaStream_t stream) {
   const auto kernel = attention_decode_mma_kernel<D, kHT, kStages, kQ8>;
-  constexpr size_t kSmem = DecodeSmem<D, kHT, kStages, kQ8>::kBytes;
+  // One CTA per SM: where the kernel's own shared memory would let two or more share an SM (Q8_0 at head_dim 128:
+  // 113 KB; head_dim 64), the launch asks for more than half of the SM's. With two per SM the plan aimed at twice the
+  // splits, and at short contexts, where fewer splits than that carry rows, the block scheduler put two of them on
+  // one SM while other SMs had none: Q8_0 KV decoded at 449 t/s at 2K depth against F16's 527; one per SM, 522
+  // (docs/benchmarks/2026-12-02-cuda-decode-attention-one-per-sm.md).
+  static const size_t smem = [] {
+    int device = 0, per_sm_bytes = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&per_sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+    return std::max(DecodeSmem<D, kHT, kStages, kQ8>::kBytes, size_t(per_sm_bytes) / 2 + 1);
+  }();
   // Above 48 KiB of dynamic shared memory needs the opt-in; set on every call (a host-side attribute write, no
   // stream work) so that it holds for whichever device is current.
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   static const int per_sm = [&] {
     int n = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, kSmem));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
     return n > 0 ? n : 1;
   }();
   const int slots = workspace.sm_count() * per_sm;
@@ -1111,7 +1121,7 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
   }
   MAGNETAR_RETURN_IF_ERROR(check_workspace("attention_decode_mma", a, workspace, grid_splits));
   const dim3 grid(unsigned(grid_splits), unsigned(a.n_head_kv), unsigned(a.n_tok));
-  CUDA_CHECK(ops::launch(kernel, grid, kThreads, kSmem, stream, p));
+  CUDA_CHECK(ops::launch(kernel, grid, kThreads, smem, stream, p));
   return Status();
 }
 // The kernel of the call's head size and group.

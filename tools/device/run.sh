@@ -81,10 +81,10 @@ run_arm() {
   esac
 }
 
-# Decode over 64 tokens at depth 2K, 16K, 32K and 64K (2,048-token prefill chunks) of the model, with the environment
-# switches given as arguments (VAR=VALUE ...) and the bench flags in DEPTH_FLAGS (e.g. "--kv-type q8_0").
+# Decode over 64 tokens at depth 2K, 16K, 32K and 64K (2,048-token prefill chunks) of the model, under the arm given
+# (run_arm: "VAR=VALUE ..." or ARM=NAME; none: the default) with the bench flags in DEPTH_FLAGS (e.g. "--kv-type q8_0").
 depth_arm() {
-  env "$@" "$bin" bench -m "$model" --device cuda --ctx 67700 --ctx-start 2048 --ctx-max 65536 --step 2048 --gen 64 \
+  run_arm "${1:-}" bench -m "$model" --device cuda --ctx 67700 --ctx-start 2048 --ctx-max 65536 --step 2048 --gen 64 \
     --reps 1 --batch 2048 ${DEPTH_FLAGS:-} 2>&1 | grep -E "^ *(2048|16384|32768|65536) |depth" | head -12
 }
 
@@ -131,14 +131,17 @@ if [ "$filter" = "--model-bench" ]; then
   exit 0
 fi
 
-# `run.sh --depth-bench`: only decode at depth 2K to 64K (2,048-token prefill chunks) on the resident 30B-A3B geometry,
-# with F16 KV and then with Q8_0 KV.
+# `run.sh --depth-bench [ARM ...]`: only decode at depth 2K to 64K (2,048-token prefill chunks) on the resident 30B-A3B
+# geometry, with F16 KV and then with Q8_0 KV (DEPTH_KV="q8_0": only that), each for the default and then for every
+# arm given (as --decode-bench's).
 if [ "$filter" = "--depth-bench" ]; then
   build_with_model
-  echo "KV f16"
-  depth_arm
-  echo "KV q8_0"
-  DEPTH_FLAGS="--kv-type q8_0" depth_arm
+  for kv in ${DEPTH_KV:-f16 q8_0}; do
+    for arm in "" "${@:2}"; do
+      echo "KV $kv ${arm:-default}"
+      DEPTH_FLAGS="--kv-type $kv" depth_arm "$arm"
+    done
+  done
   exit 0
 fi
 
@@ -217,7 +220,8 @@ fi
 # geometry, kernel by kernel inside the graph, with the copies and the host's graph launches
 # (tools/device/kernel_trace.cpp: a CUPTI injection library built here against the image's CUPTI; nsys is not usable
 # on the image), summarized by tools/device/kernel_gaps.py: per kernel the busy time it adds to a step and the idle
-# time before it, and the time between steps. Environment switches (VAR=VALUE) apply to the traced run.
+# time before it, and the time between steps. Environment switches (VAR=VALUE) apply to the traced run; TRACE_FLAGS
+# adds bench flags (e.g. "--kv-type q8_0").
 if [ "$filter" = "--kernel-trace" ]; then
   build_with_model
   cuda=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
@@ -228,7 +232,8 @@ if [ "$filter" = "--kernel-trace" ]; then
   g++ -std=c++17 -O2 -shared -fPIC -I"$cuda/include" -I"$inc" tools/device/kernel_trace.cpp -L"$lib" \
     -Wl,-rpath,"$lib" -lcupti -o /tmp/libkernel_trace.so || exit 1
   env "${@:2}" CUDA_INJECTION64_PATH=/tmp/libkernel_trace.so KERNEL_TRACE_OUT="$OUT/kernel_trace.csv" "$bin" bench \
-    -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step "${TRACE_STEP:-512}" --gen 32 --reps 1 >/dev/null \
+    -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step "${TRACE_STEP:-512}" --gen 32 --reps 1 \
+    ${TRACE_FLAGS:-} >/dev/null \
     2>"$OUT/kernel_trace.err"
   echo "traced run exit $? ($(($(wc -l <"$OUT/kernel_trace.csv") - 1)) kernels; stderr: $OUT/kernel_trace.err)"
   python3 tools/device/kernel_gaps.py "$OUT/kernel_trace.csv" 20 40
