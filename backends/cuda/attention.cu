@@ -382,6 +382,12 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(const Param
 // short scoreboards): dequantization, not memory, sets its time (docs/benchmarks/2026-12-01-cuda-kv-q8_0.md).
 constexpr int kStep = 16;  // rows per warp step
 static_assert(kWarps * kStep == attn::kDecodeStep);
+// Q8_0 KV at head_dim 128 attending this many cached rows or more: 8 warps per CTA (attention_decode_variant; still
+// one CTA per SM, 217 KB of rings), so that two warps per scheduler hide each other's dequantization latency, at the
+// price of a longer merge. H200, decode t/s of the 30B-A3B geometry with 4 / 8 warps (2026-12-02,
+// docs/benchmarks/2026-12-02-cuda-decode-attention-one-per-sm.md): 522.5 / 499.2 at 2K, 419.5 / 413.6 at 16K,
+// 353.2 / 362.3 at 32K, 267.8 / 286.3 at 64K.
+constexpr int64_t kDecodeWideRows = 24 * 1024;
 
 // Dims d .. d + 7 of query head h_first + h of token tok, made by thread `item` of a loop over a KV head's G * D / 8
 // items in thread order; with out_q8k, each warp's 32 items are a Q8_K block of the token's row (G * D a multiple of
@@ -403,7 +409,7 @@ __device__ __forceinline__ void write_output(const Params& p, int tok, int h_fir
 // [kWarps][heads][D + 4] (the pitch makes the merge's stores conflict-free). F16 KV: a ring stage is the f16 tile the
 // mma reads. Q8_0 KV (kQ8): a stage holds the cached bytes as they are (a head row is D / 32 blocks of 34 bytes: an
 // f16 scale, 32 int8), and each warp has one f16 tile besides, which every step dequantizes its stage into.
-template <int D, int kHT, int kStages, bool kQ8>
+template <int D, int kHT, int kStages, bool kQ8, int kW>
 struct DecodeSmem {
   static constexpr int kPitch = D + 8;                    // halves per f16 tile row
   static constexpr int kStageHalves = 2 * kStep * kPitch;  // K rows, then V rows
@@ -414,8 +420,8 @@ struct DecodeSmem {
   static constexpr int kStageBytes = kQ8 ? 2 * kStep * kRawPitch : 2 * kStageHalves;
   static constexpr int kWarpBytes = kStages * kStageBytes + (kQ8 ? 2 * kStageHalves : 0);  // the ring (+ f16 tile)
   static constexpr int kOPitch = D + 4;                    // floats per merged output row
-  static constexpr size_t kRing = size_t(kWarps) * kWarpBytes;
-  static constexpr size_t kMerge = size_t(kWarps) * 8 * kHT * kOPitch * 4;
+  static constexpr size_t kRing = size_t(kW) * kWarpBytes;
+  static constexpr size_t kMerge = size_t(kW) * 8 * kHT * kOPitch * 4;
   // AttentionArgs::prepare: the group's normed and rotated query heads [8 kHT][D + 8] (f32), past the ring and merge
   // (the ring's first stages are in flight while they are made).
   static constexpr int kQPitch = D + 8;
@@ -478,9 +484,12 @@ __device__ __forceinline__ DecodeRun decode_run(const Params& p) {
 }
 
 // kHT: n8 tiles of query heads (group <= 8: 1, <= 16: 2); kQ8: the cache holds Q8_0 rows (else F16).
-template <int D, int kHT, int kStages, bool kQ8>
-__global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Params p) {
-  using S = DecodeSmem<D, kHT, kStages, kQ8>;
+template <int D, int kHT, int kStages, bool kQ8, int kW>
+__global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kernel(const Params p) {
+  using S = DecodeSmem<D, kHT, kStages, kQ8, kW>;
+  constexpr int kWarps = kW;  // this kernel's warps (the file's kWarps, 4, or 8: attention_decode_variant)
+  constexpr int kThreads = kW * ops::kWarpSize;
+  constexpr int kCtaStep = kW * kStep;  // rows of one step of all warps (attn::kDecodeStep at 4 warps)
   constexpr int kMT = D / 16;                         // m16 tiles of O^T (dims); also k16 steps of the scores
   constexpr int kHeads = 8 * kHT;
   constexpr int kPieces = D / 8;                      // 16-byte pieces per row
@@ -506,8 +515,8 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
   const int64_t lo = p.window > 0 && pos - p.window + 1 > 0 ? pos - p.window + 1 : 0;
   const int64_t j_begin = lo + int64_t(split) * run.rows_per_split;
   const int64_t j_end = min(pos + 1, j_begin + run.rows_per_split);
-  const int64_t first = j_begin + kStep * warp;  // this warp's first row; its step s starts 64 s rows later
-  const int n_steps = first < j_end ? int((j_end - first + attn::kDecodeStep - 1) / attn::kDecodeStep) : 0;
+  const int64_t first = j_begin + kStep * warp;  // this warp's first row; its step s starts kCtaStep s rows later
+  const int n_steps = first < j_end ? int((j_end - first + kCtaStep - 1) / kCtaStep) : 0;
 
   // K/V of step s into ring stage s % kStages (copy_stage), of the rows in [from, to).
   const uint32_t ring = attn::shared_address(ring_s) + uint32_t(warp * S::kWarpBytes);
@@ -520,7 +529,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
   // zero-filled when zero_tail, others are left alone.
   auto issue = [&](int s, int64_t from, int64_t to, bool zero_tail) {
     if (s >= n_steps) return;
-    const int64_t base = first + int64_t(s) * attn::kDecodeStep;
+    const int64_t base = first + int64_t(s) * kCtaStep;
     const uint32_t stage = ring + uint32_t((s % kStages) * S::kStageBytes);
     if constexpr (kQ8) {
       copy_stage_q8<S::kWinPieces, S::kRawPitch, S::kHeadBytes>(stage, reinterpret_cast<const uint8_t*>(p.k),
@@ -557,7 +566,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
     uint16_t* out = reinterpret_cast<uint16_t*>(reinterpret_cast<uint8_t*>(ring_s) + warp * S::kWarpBytes +
                                                 kStages * S::kStageBytes);
     const int row = lane % kStep;
-    const int skew = int((size_t(first + int64_t(s) * attn::kDecodeStep + row) * row_bytes + head_off) % 16);
+    const int skew = int((size_t(first + int64_t(s) * kCtaStep + row) * row_bytes + head_off) % 16);
 #pragma unroll
     for (int j = 0; j < kNb / 2; ++j) {
       const int b = j / kBlockStep * 2 * kBlockStep + j % kBlockStep + kBlockStep * (lane / kStep);
@@ -618,11 +627,11 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
   if (prep) {
     const int extra = fresh < j_end ? 2 : 0;
     const int rel = int(fresh - j_begin);  // the row in the split (extra only): warp step, warp, row in the step
-    row_in_ring = extra > 0 && rel / attn::kDecodeStep < kStages - 1;
+    row_in_ring = extra > 0 && rel / kCtaStep < kStages - 1;
     uint8_t* ring_row = nullptr;  // the K row's first byte in the ring
     if (row_in_ring) {
       ring_row = reinterpret_cast<uint8_t*>(ring_s) + rel / kStep % kWarps * S::kWarpBytes +
-                 rel / attn::kDecodeStep % kStages * S::kStageBytes;
+                 rel / kCtaStep % kStages * S::kStageBytes;
       ring_row += kQ8 ? rel % kStep * S::kRawPitch + int((size_t(fresh) * row_bytes + head_off) % 16)
                       : rel % kStep * S::kPitch * 2;
     }
@@ -702,7 +711,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Pa
   for (int s = 0; s < n_steps; ++s) {
     issue(s + kStages - 1, j_begin, j_end, true);  // into the stage computed last iteration (__syncwarp below)
     attn::cp_async_commit();
-    const int64_t j = first + int64_t(s) * attn::kDecodeStep;
+    const int64_t j = first + int64_t(s) * kCtaStep;
     if (j + kStep > fresh) {
       attn::cp_async_wait<0>();  // the step has rows of the call's own tokens: their group came after the prologue
     } else {
@@ -1081,9 +1090,10 @@ void launch_combine(const Params& p, int grid_splits, int64_t n_head, cudaStream
 
 // Launches the decode kernel of one shape with its own plan (plan_decode over the CTAs the GPU holds of it at once) on
 // top of make_params' parameters; a graph's grid is sized for max_rows.
-template <int D, int kHT, int kStages, bool kQ8>
+template <int D, int kHT, int kStages, bool kQ8, int kW = kWarps>
 Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, Params p, cudaStream_t stream) {
-  const auto kernel = attention_decode_mma_kernel<D, kHT, kStages, kQ8>;
+  const auto kernel = attention_decode_mma_kernel<D, kHT, kStages, kQ8, kW>;
+  constexpr int kThreads = kW * ops::kWarpSize;
   // One CTA per SM: where the kernel's own shared memory would let two or more share an SM (Q8_0 at head_dim 128:
   // 113 KB; head_dim 64), the launch asks for more than half of the SM's. With two per SM the plan aimed at twice the
   // splits, and at short contexts, where fewer splits than that carry rows, the block scheduler put two of them on
@@ -1093,7 +1103,7 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
     int device = 0, per_sm_bytes = 0;
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&per_sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-    return std::max(DecodeSmem<D, kHT, kStages, kQ8>::kBytes, size_t(per_sm_bytes) / 2 + 1);
+    return std::max(DecodeSmem<D, kHT, kStages, kQ8, kW>::kBytes, size_t(per_sm_bytes) / 2 + 1);
   }();
   // Above 48 KiB of dynamic shared memory needs the opt-in; set on every call (a host-side attribute write, no
   // stream work) so that it holds for whichever device is current.
@@ -1133,6 +1143,12 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
       return two ? launch_decode_mma<64, 2, 4, kQ8>(a, workspace, p, stream)
                  : launch_decode_mma<64, 1, 4, kQ8>(a, workspace, p, stream);
     case 128:
+      if constexpr (kQ8) {
+        if (attention_decode_variant(a.head_dim, quant::Type::Q8_0, a.pos0 + a.n_tok) == 8) {
+          return two ? launch_decode_mma<128, 2, 4, kQ8, 8>(a, workspace, p, stream)
+                     : launch_decode_mma<128, 1, 4, kQ8, 8>(a, workspace, p, stream);
+        }
+      }
       return two ? launch_decode_mma<128, 2, 4, kQ8>(a, workspace, p, stream)
                  : launch_decode_mma<128, 1, 4, kQ8>(a, workspace, p, stream);
     default:
@@ -1161,6 +1177,10 @@ Status attention(const AttentionArgs& a, AttentionWorkspace& workspace, Stream& 
   }
   launch_combine(p, grid_splits, a.n_head, stream.raw());
   return Status();
+}
+
+int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows) {
+  return kv_type == quant::Type::Q8_0 && head_dim == 128 && rows >= kDecodeWideRows ? 8 : kWarps;
 }
 
 bool has_attention_decode_mma(int64_t head_dim, int64_t group) {

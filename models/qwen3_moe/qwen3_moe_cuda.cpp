@@ -342,7 +342,8 @@ class Qwen3Cuda final : public Model {
   mutable GpuTierStats tier_stats_;
 
   // ---- decode graphs (graphs_enabled()): the forward pass of a decode step, captured per batch shape -----------
-  // The key: the routing copy on or off, then each sequence's mirror id in batch order (one token each).
+  // The key: the routing copy on or off, then each sequence's mirror id in batch order (one token each), then the
+  // attention kernel of each at its length (cuda::attention_decode_variant).
   struct DecodeGraph {
     std::vector<uint64_t> key;
     cuda::Graph graph;
@@ -1410,6 +1411,9 @@ Result<const cuda::Graph*> Qwen3Cuda::decode_graph(cpu::ThreadPool& pool, const 
   std::vector<uint64_t>& key = graph_key_;
   key.assign(1, args.routing != nullptr ? 1 : 0);
   for (const DeviceKv* m : mirrors_) key.push_back(m->id);
+  for (const SeqSpan& seq : args.seqs) {  // the attention kernel each sequence's launch takes at its length
+    key.push_back(uint64_t(cuda::attention_decode_variant(hp_.head_dim, kv_type_, seq.pos0 + seq.n_tok)));
+  }
   ++graph_tick_;
   for (DecodeGraph& g : graphs_) {
     if (g.key == key) {
