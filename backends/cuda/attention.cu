@@ -1180,7 +1180,17 @@ Status attention(const AttentionArgs& a, AttentionWorkspace& workspace, Stream& 
 }
 
 int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows) {
-  return kv_type == quant::Type::Q8_0 && head_dim == 128 && rows >= kDecodeWideRows ? 8 : kWarps;
+  // The 8-warp kernel's rings take up to 226 KB of shared memory per CTA: within Hopper's opt-in limit (227 KB), not
+  // within Ampere's (163 KB), where the 4-warp kernel stays.
+  static const bool fits = [] {
+    int device = 0, optin = 0;
+    cudaFuncAttributes attr{};
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    CUDA_CHECK(cudaFuncGetAttributes(&attr, attention_decode_mma_kernel<128, 2, 4, true, 8>));
+    return size_t(optin) >= DecodeSmem<128, 2, 4, true, 8>::kBytes + attr.sharedSizeBytes;
+  }();
+  return fits && kv_type == quant::Type::Q8_0 && head_dim == 128 && rows >= kDecodeWideRows ? 8 : kWarps;
 }
 
 bool has_attention_decode_mma(int64_t head_dim, int64_t group) {

@@ -711,8 +711,8 @@ Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Strea
 Status attention_decode_mma(const AttentionArgs& args, AttentionWorkspace& workspace, Stream& stream);
 bool has_attention_decode_mma(int64_t head_dim, int64_t group);
 // The warps per CTA of the kernel attention_decode_mma takes for a call over `rows` cached rows (a graph's launch:
-// the rows at capture): 8 for a Q8_0 cache at head_dim 128 from ~24K rows on, else 4. A decode graph's key holds it,
-// so that a sequence crossing that length is captured again.
+// the rows at capture): 8 for a Q8_0 cache at head_dim 128 from ~24K rows on where the GPU has the shared memory
+// (Hopper), else 4. A decode graph's key holds it, so that a sequence crossing that length is captured again.
 int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows);
 // Whether attention_decode_mma can also write its output as Q8_K (AttentionArgs::out_q8k): group * head_dim a multiple
 // of 256, each KV head's outputs whole blocks.
