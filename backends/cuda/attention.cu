@@ -57,6 +57,14 @@ constexpr int kWarps = kThreads / ops::kWarpSize;
 constexpr int kMaxHeadDim = int(kMaxAttentionHeadDim);
 constexpr int kFold = 4;  // query heads whose p * V sums are folded at a time (red_s: 16 KB)
 
+// The current device's `attr`.
+int device_attribute(cudaDeviceAttr attr) {
+  int device = 0, value = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
+  return value;
+}
+
 struct Params {
   const float* q;     // [n_tok, n_head, head_dim]
   const uint16_t* k;  // [n_ctx, n_head_kv, head_dim]
@@ -964,10 +972,7 @@ Result<AttentionWorkspace> AttentionWorkspace::create(int64_t max_heads, int64_t
   MAGNETAR_ASSIGN_OR_RETURN(DeviceBuffer tickets, DeviceBuffer::allocate(size_t(max_heads) * sizeof(unsigned)));
   const std::vector<unsigned> zeros(size_t(max_heads), 0u);
   MAGNETAR_RETURN_IF_ERROR(tickets.upload(zeros.data(), zeros.size() * sizeof(unsigned)));
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  int sms = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
   AttentionWorkspace ws;
   ws.scratch_ = std::move(scratch);
   ws.tickets_ = std::move(tickets);
@@ -1099,12 +1104,8 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
   // splits, and at short contexts, where fewer splits than that carry rows, the block scheduler put two of them on
   // one SM while other SMs had none: Q8_0 KV decoded at 449 t/s at 2K depth against F16's 527; one per SM, 522
   // (docs/benchmarks/2026-12-02-cuda-decode-attention-one-per-sm.md).
-  static const size_t smem = [] {
-    int device = 0, per_sm_bytes = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&per_sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-    return std::max(DecodeSmem<D, kHT, kStages, kQ8, kW>::kBytes, size_t(per_sm_bytes) / 2 + 1);
-  }();
+  static const size_t smem = std::max(DecodeSmem<D, kHT, kStages, kQ8, kW>::kBytes,
+                                      size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor)) / 2 + 1);
   // Above 48 KiB of dynamic shared memory needs the opt-in; set on every call (a host-side attribute write, no
   // stream work) so that it holds for whichever device is current.
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -1183,12 +1184,10 @@ int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows
   // The 8-warp kernel's rings take up to 226 KB of shared memory per CTA: within Hopper's opt-in limit (227 KB), not
   // within Ampere's (163 KB), where the 4-warp kernel stays.
   static const bool fits = [] {
-    int device = 0, optin = 0;
     cudaFuncAttributes attr{};
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     CUDA_CHECK(cudaFuncGetAttributes(&attr, attention_decode_mma_kernel<128, 2, 4, true, 8>));
-    return size_t(optin) >= DecodeSmem<128, 2, 4, true, 8>::kBytes + attr.sharedSizeBytes;
+    return size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) >=
+           DecodeSmem<128, 2, 4, true, 8>::kBytes + attr.sharedSizeBytes;
   }();
   return fits && kv_type == quant::Type::Q8_0 && head_dim == 128 && rows >= kDecodeWideRows ? 8 : kWarps;
 }
