@@ -86,7 +86,7 @@ struct Params {
   int sm_count;
   int max_splits;
   // attention_decode_mma's plan (attn::plan_decode_rows of the decode_want splits aimed at; rows_per_split INT_MAX with
-  // one split) and its per-KV-head tickets (workspace, zero between launches).
+  // one split) and its per-KV-head tickets (workspace, zero between launches; a set per token of several sequences).
   int rows_per_split;
   int decode_want;
   unsigned* tickets;
@@ -101,6 +101,11 @@ struct Params {
   const float* prep_v;
   const float* prep_rope;
   float prep_eps;
+  // attention_decode_mma over several sequences (AttentionArgs::seq_k; seq_k[0] null: k and v for every token): token
+  // z's caches, its position pos0_device[z]. split_stride: records per (token, head) in partials (the grid's splits).
+  const uint16_t* seq_k[kMaxDecodeSeqs];
+  const uint16_t* seq_v[kMaxDecodeSeqs];
+  int split_stride;
 };
 
 // The position of the first query token, the chunks per split and the split count this launch runs with.
@@ -484,9 +489,9 @@ struct DecodeRun {
   int rows_per_split;
   int n_splits;
 };
-__device__ __forceinline__ DecodeRun decode_run(const Params& p) {
+__device__ __forceinline__ DecodeRun decode_run(const Params& p, int seq) {
   if (p.pos0_device == nullptr) return {p.pos0, p.rows_per_split, p.n_splits};
-  const int64_t pos0 = *p.pos0_device;
+  const int64_t pos0 = p.pos0_device[seq];
   const attn::DecodePlan plan = attn::plan_decode_rows(int(attn::attended_rows(p.window, pos0 + 1)), p.decode_want);
   return {pos0, plan.rows_per_split, plan.n_splits};
 }
@@ -517,9 +522,23 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
   const int g = lane / 4;  // mma groupID
   const int t = lane % 4;  // mma threadID_in_group
   const int G = p.group;
-  const DecodeRun run = decode_run(p);
+  // Several sequences (Params::seq_k): token tok is sequence tok's, at its own position, over its own caches. The
+  // pointers are picked with constant parameter offsets (an indexed parameter array would be copied to local memory).
+  const bool seqs = p.seq_k[0] != nullptr;
+  const uint16_t* kc = p.k;
+  const uint16_t* vc = p.v;
+  if (seqs) {
+#pragma unroll
+    for (int z = 0; z < int(kMaxDecodeSeqs); ++z) {
+      if (z == tok) {
+        kc = p.seq_k[z];
+        vc = p.seq_v[z];
+      }
+    }
+  }
+  const DecodeRun run = decode_run(p, seqs ? tok : 0);
   if (split >= run.n_splits) return;  // a graph's grid sized for a longer context: the whole CTA leaves
-  const int64_t pos = run.pos0 + tok;
+  const int64_t pos = run.pos0 + (seqs ? 0 : tok);
   const int64_t lo = p.window > 0 && pos - p.window + 1 > 0 ? pos - p.window + 1 : 0;
   const int64_t j_begin = lo + int64_t(split) * run.rows_per_split;
   const int64_t j_end = min(pos + 1, j_begin + run.rows_per_split);
@@ -531,8 +550,8 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
   const uint32_t tile = ring + uint32_t(kStages * S::kStageBytes);  // kQ8: the f16 tile the mma reads
   const size_t row_bytes = kQ8 ? size_t(attn::q8_head_bytes(int(p.kv_row))) : size_t(p.kv_row) * 2;
   const size_t head_off = size_t(hk) * size_t(kQ8 ? S::kHeadBytes : 2 * D);
-  const uint16_t* k_head = p.k + size_t(hk) * size_t(D);  // F16
-  const uint16_t* v_head = p.v + size_t(hk) * size_t(D);
+  const uint16_t* k_head = kc + size_t(hk) * size_t(D);  // F16
+  const uint16_t* v_head = vc + size_t(hk) * size_t(D);
   // F16: lane copies 16-byte pieces lane, lane + 32, ... (two rows per instruction: coalesced); rows past j_end are
   // zero-filled when zero_tail, others are left alone.
   auto issue = [&](int s, int64_t from, int64_t to, bool zero_tail) {
@@ -540,8 +559,8 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
     const int64_t base = first + int64_t(s) * kCtaStep;
     const uint32_t stage = ring + uint32_t((s % kStages) * S::kStageBytes);
     if constexpr (kQ8) {
-      copy_stage_q8<S::kWinPieces, S::kRawPitch, S::kHeadBytes>(stage, reinterpret_cast<const uint8_t*>(p.k),
-                                                                reinterpret_cast<const uint8_t*>(p.v), row_bytes,
+      copy_stage_q8<S::kWinPieces, S::kRawPitch, S::kHeadBytes>(stage, reinterpret_cast<const uint8_t*>(kc),
+                                                                reinterpret_cast<const uint8_t*>(vc), row_bytes,
                                                                 head_off, base, j_end, from, to, zero_tail, lane);
     } else {
 #pragma unroll
@@ -618,10 +637,11 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
       wq[k] = p.prep_q_weight[lane + k * ops::kWarpSize];
       wk[k] = p.prep_k_weight[lane + k * ops::kWarpSize];
     }
+    const float* rope = p.prep_rope + size_t(tok) * size_t(D);  // tok 0 but with several sequences
 #pragma unroll
     for (int k = 0; k < kPer / 2; ++k) {
-      cs[k] = p.prep_rope[lane + k * ops::kWarpSize];
-      sn[k] = p.prep_rope[D / 2 + lane + k * ops::kWarpSize];
+      cs[k] = rope[lane + k * ops::kWarpSize];
+      sn[k] = rope[D / 2 + lane + k * ops::kWarpSize];
     }
   }
   ops::pdl_wait();
@@ -645,9 +665,10 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
     }
     for (int r = warp; r < G + extra; r += kWarps) {
       const int kind = r < extra ? r : 2;  // 0: K, 1: V, 2: query head r - extra
-      const float* src = kind == 0   ? p.prep_k + size_t(hk) * size_t(D)
-                         : kind == 1 ? p.prep_v + size_t(hk) * size_t(D)
-                                     : p.q + size_t(hk * G + r - extra) * size_t(D);
+      const size_t kv_at = size_t(tok) * size_t(p.kv_row) + size_t(hk) * size_t(D);
+      const float* src = kind == 0   ? p.prep_k + kv_at
+                         : kind == 1 ? p.prep_v + kv_at
+                                     : p.q + (size_t(tok) * size_t(p.n_head) + size_t(hk * G + r - extra)) * size_t(D);
       float e[kPer];
 #pragma unroll
       for (int k = 0; k < kPer; ++k) e[k] = src[lane + k * ops::kWarpSize];
@@ -661,7 +682,7 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
 #pragma unroll
         for (int k = 0; k < kPer; ++k) q_s[(r - extra) * S::kQPitch + lane + k * ops::kWarpSize] = e[k];
       } else {
-        uint8_t* cache = reinterpret_cast<uint8_t*>(const_cast<uint16_t*>(kind == 0 ? p.k : p.v));
+        uint8_t* cache = reinterpret_cast<uint8_t*>(const_cast<uint16_t*>(kind == 0 ? kc : vc));
         qk::store_head<kPer>(e, cache + size_t(fresh) * row_bytes + head_off, kQ8, lane);
         const int v_at = kQ8 ? kStep * S::kRawPitch : kStep * S::kPitch * 2;  // V rows after the stage's K rows
         if (row_in_ring) qk::store_head<kPer>(e, ring_row + (kind == 1 ? v_at : 0), kQ8, lane);
@@ -849,6 +870,8 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
   // 8 consecutive dims of one head (as the combine below, whose layout out_q8k's quantizer takes).
   const int h_first = hk * G;
   const int stride = D + 4;
+  // The records of this token's heads: [n_head][split_stride] per token.
+  const size_t records = (size_t(tok) * size_t(p.n_head) + size_t(h_first)) * size_t(p.split_stride);
   for (int i = tid; i < G * (D / 8); i += kThreads) {
     const int h = i / (D / 8), d = 8 * (i % (D / 8));
     float sum[8];
@@ -863,7 +886,7 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
       for (int e = 0; e < 8; ++e) sum[e] = sum[e] / big_l_s[h];
       write_output(p, tok, h_first, h, d, sum, i);
     } else {
-      float* rec = p.partials + (size_t(h_first + h) * size_t(run.n_splits) + size_t(split)) * size_t(stride);
+      float* rec = p.partials + (records + size_t(h) * size_t(p.split_stride) + size_t(split)) * size_t(stride);
       reinterpret_cast<float4*>(rec + d)[0] = make_float4(sum[0], sum[1], sum[2], sum[3]);
       reinterpret_cast<float4*>(rec + d)[1] = make_float4(sum[4], sum[5], sum[6], sum[7]);
       if (d == 0) {
@@ -881,9 +904,10 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
   // version fenced (sequentially consistent) in all 128 threads before the ticket and again in the last CTA: 5.73 us
   // per call at 512 rows and 9.07 at 2K, this one 5.55 and 8.81 (H200, attention_bench, the same call).
   __syncthreads();
+  unsigned* ticket = p.tickets + tok * int(gridDim.y) + hk;
   if (tid == 0) {
     unsigned before;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(p.tickets + hk) : "memory");
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(ticket) : "memory");
     last_s = before == unsigned(run.n_splits - 1);
   }
   __syncthreads();
@@ -898,7 +922,7 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
   const int n_splits = run.n_splits;
   for (int i = tid; i < G * (D / 8); i += kThreads) {
     const int h = i / (D / 8), d = 8 * (i % (D / 8));
-    const float* rec = p.partials + size_t(h_first + h) * size_t(n_splits) * size_t(stride);
+    const float* rec = p.partials + (records + size_t(h) * size_t(p.split_stride)) * size_t(stride);
     float m_run = -INFINITY, l_run = 0.0f, acc[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
@@ -947,9 +971,9 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] = acc[e] / l_run;
-    write_output(p, 0, h_first, h, d, acc, i);
+    write_output(p, tok, h_first, h, d, acc, i);
   }
-  if (tid == 0) p.tickets[hk] = 0u;  // for the next launch (stream order: nothing else reads it meanwhile)
+  if (tid == 0) *ticket = 0u;  // for the next launch (stream order: nothing else reads it meanwhile)
 }
 
 template <int kMaxGroup>
@@ -961,24 +985,33 @@ void launch(const Params& p, dim3 grid, cudaStream_t stream) {
 
 // ---- AttentionWorkspace -------------------------------------------------------------------------------------
 
-Result<AttentionWorkspace> AttentionWorkspace::create(int64_t max_heads, int64_t max_head_dim) {
-  if (max_heads < 1 || max_heads > INT_MAX || max_head_dim < 1 || max_head_dim > kMaxAttentionHeadDim) {
-    return Status::error(format("AttentionWorkspace: max_heads=%lld must be positive, max_head_dim=%lld in 1..%lld",
-                                (long long)max_heads, (long long)max_head_dim, (long long)kMaxAttentionHeadDim));
+Result<AttentionWorkspace> AttentionWorkspace::create(int64_t max_heads, int64_t max_head_dim, int64_t max_seqs) {
+  if (max_heads < 1 || max_heads > INT_MAX || max_head_dim < 1 || max_head_dim > kMaxAttentionHeadDim ||
+      max_seqs < 1 || max_seqs > kMaxDecodeSeqs) {
+    return Status::error(format("AttentionWorkspace: max_heads=%lld must be positive, max_head_dim=%lld in 1..%lld, "
+                                "max_seqs=%lld in 1..%lld",
+                                (long long)max_heads, (long long)max_head_dim, (long long)kMaxAttentionHeadDim,
+                                (long long)max_seqs, (long long)kMaxDecodeSeqs));
   }
-  // Records of up to head_dim + 4 floats (attention_decode_mma's; attention()'s take head_dim + 2).
-  const size_t floats = size_t(max_heads) * size_t(kMaxAttentionSplits) * size_t(max_head_dim + 4);
+  const int sms = std::max(device_attribute(cudaDevAttrMultiProcessorCount), 1);
+  // Records of up to head_dim + 4 floats (attention_decode_mma's; attention()'s take head_dim + 2): kMaxAttentionSplits
+  // per head, and for a launch of several sequences each one's plan, at most group x SMs per KV head (one CTA per SM:
+  // launch_decode_mma), i.e. max_heads x SMs per sequence.
+  const int64_t records = max_heads * std::max(int64_t(kMaxAttentionSplits), max_seqs > 1 ? max_seqs * sms : 0);
+  const size_t floats = size_t(records) * size_t(max_head_dim + 4);
   MAGNETAR_ASSIGN_OR_RETURN(DeviceBuffer scratch, DeviceBuffer::allocate(floats * sizeof(float)));
-  MAGNETAR_ASSIGN_OR_RETURN(DeviceBuffer tickets, DeviceBuffer::allocate(size_t(max_heads) * sizeof(unsigned)));
-  const std::vector<unsigned> zeros(size_t(max_heads), 0u);
+  const size_t n_tickets = size_t(max_heads * max_seqs);
+  MAGNETAR_ASSIGN_OR_RETURN(DeviceBuffer tickets, DeviceBuffer::allocate(n_tickets * sizeof(unsigned)));
+  const std::vector<unsigned> zeros(n_tickets, 0u);
   MAGNETAR_RETURN_IF_ERROR(tickets.upload(zeros.data(), zeros.size() * sizeof(unsigned)));
-  const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
   AttentionWorkspace ws;
   ws.scratch_ = std::move(scratch);
   ws.tickets_ = std::move(tickets);
   ws.max_heads_ = max_heads;
   ws.max_head_dim_ = max_head_dim;
-  ws.sm_count_ = sms > 0 ? sms : 1;
+  ws.max_seqs_ = max_seqs;
+  ws.max_records_ = records;
+  ws.sm_count_ = sms;
   return Result<AttentionWorkspace>(std::move(ws));
 }
 
@@ -987,6 +1020,9 @@ Result<AttentionWorkspace> AttentionWorkspace::create(int64_t max_heads, int64_t
 namespace attn {
 
 Status check_args(const char* op, const AttentionArgs& a, uintptr_t v_align, bool takes_q8) {
+  if ((a.seq_k != nullptr || a.seq_v != nullptr) && !takes_q8) {
+    return Status::error(format("%s: seq_k and seq_v are attention_decode_mma's", op));
+  }
   if (a.n_tok < 1 || a.n_tok > 65535 || a.pos0 < 0 || a.pos0 > INT_MAX - a.n_tok) {
     return Status::error(format("%s: n_tok=%lld must be in 1..65535 and pos0=%lld non-negative", op,
                                 (long long)a.n_tok, (long long)a.pos0));
@@ -1025,9 +1061,10 @@ namespace {
 Status make_params(const char* op, const AttentionArgs& a, AttentionWorkspace& workspace, Params& p,
                    bool takes_q8 = false) {
   MAGNETAR_RETURN_IF_ERROR(attn::check_args(op, a, 16, takes_q8));  // 16-byte K and V loads
-  if (a.pos0_device != nullptr && (a.n_tok != 1 || a.max_rows < 1 || a.max_rows > INT_MAX)) {
-    return Status::error(format("%s: pos0_device takes n_tok=1 (got %lld) and max_rows in 1..%d (got %lld)", op,
-                                (long long)a.n_tok, INT_MAX, (long long)a.max_rows));
+  const int64_t max_tok = a.seq_k != nullptr ? kMaxDecodeSeqs : 1;
+  if (a.pos0_device != nullptr && (a.n_tok > max_tok || a.max_rows < 1 || a.max_rows > INT_MAX)) {
+    return Status::error(format("%s: pos0_device takes n_tok up to %lld (got %lld) and max_rows in 1..%d (got %lld)",
+                                op, (long long)max_tok, (long long)a.n_tok, INT_MAX, (long long)a.max_rows));
   }
   p.q = a.q;
   p.k = static_cast<const uint16_t*>(a.k_cache);  // Q8_0 (attention_decode_mma): bytes, read as such there
@@ -1057,15 +1094,22 @@ Status make_params(const char* op, const AttentionArgs& a, AttentionWorkspace& w
   p.prep_v = nullptr;
   p.prep_rope = nullptr;
   p.prep_eps = 0.0f;
+  for (int z = 0; z < int(kMaxDecodeSeqs); ++z) p.seq_k[z] = p.seq_v[z] = nullptr;
+  p.split_stride = 1;
   return Status();
 }
 
-// Several splits write partial records (and take tickets) in the workspace: it must hold the call's heads.
-Status check_workspace(const char* op, const AttentionArgs& a, const AttentionWorkspace& workspace, int grid_splits) {
-  if (grid_splits > 1 && (a.n_head > workspace.max_heads() || a.head_dim > workspace.max_head_dim())) {
-    return Status::error(format("%s: %lld heads of %lld exceed the workspace (%lld heads of %lld)", op,
-                                (long long)a.n_head, (long long)a.head_dim, (long long)workspace.max_heads(),
-                                (long long)workspace.max_head_dim()));
+// Several splits write partial records (and take tickets) in the workspace: it must hold the call's heads (of each of
+// `seqs` sequences: AttentionArgs::seq_k).
+Status check_workspace(const char* op, const AttentionArgs& a, const AttentionWorkspace& workspace, int grid_splits,
+                       int64_t seqs = 1) {
+  if (grid_splits > 1 && (a.n_head > workspace.max_heads() || a.head_dim > workspace.max_head_dim() ||
+                          seqs > workspace.max_seqs() || seqs * a.n_head * grid_splits > workspace.max_records())) {
+    return Status::error(format("%s: %lld sequences of %lld heads of %lld in %d splits exceed the workspace (%lld "
+                                "sequences of %lld heads of %lld, %lld records)",
+                                op, (long long)seqs, (long long)a.n_head, (long long)a.head_dim, grid_splits,
+                                (long long)workspace.max_seqs(), (long long)workspace.max_heads(),
+                                (long long)workspace.max_head_dim(), (long long)workspace.max_records()));
   }
   return Status();
 }
@@ -1130,7 +1174,9 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
     }
     grid_splits = p.n_splits;
   }
-  MAGNETAR_RETURN_IF_ERROR(check_workspace("attention_decode_mma", a, workspace, grid_splits));
+  MAGNETAR_RETURN_IF_ERROR(
+      check_workspace("attention_decode_mma", a, workspace, grid_splits, a.seq_k != nullptr ? a.n_tok : 1));
+  p.split_stride = grid_splits;
   const dim3 grid(unsigned(grid_splits), unsigned(a.n_head_kv), unsigned(a.n_tok));
   CUDA_CHECK(ops::launch(kernel, grid, kThreads, smem, stream, p));
   return Status();
@@ -1145,7 +1191,8 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
                  : launch_decode_mma<64, 1, 4, kQ8>(a, workspace, p, stream);
     case 128:
       if constexpr (kQ8) {
-        if (attention_decode_variant(a.head_dim, quant::Type::Q8_0, a.pos0 + a.n_tok) == 8) {
+        const int64_t rows = a.pos0 + (a.seq_k != nullptr ? 1 : a.n_tok);  // seq_k: the first sequence's (all alike)
+        if (attention_decode_variant(a.head_dim, quant::Type::Q8_0, rows) == 8) {
           return two ? launch_decode_mma<128, 2, 4, kQ8, 8>(a, workspace, p, stream)
                      : launch_decode_mma<128, 1, 4, kQ8, 8>(a, workspace, p, stream);
         }
@@ -1211,7 +1258,29 @@ Status attention_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspac
     return Status::error("attention_decode_mma: q and out must be 16-byte aligned");
   }
   Params p;
-  MAGNETAR_RETURN_IF_ERROR(make_params("attention_decode_mma", a, workspace, p, true));
+  if (a.seq_k != nullptr || a.seq_v != nullptr) {
+    if (a.seq_k == nullptr || a.seq_v == nullptr || a.pos0_device == nullptr || a.n_tok > kMaxDecodeSeqs) {
+      return Status::error(format("attention_decode_mma: several sequences take seq_k, seq_v and pos0_device, at most "
+                                  "%lld of them (n_tok=%lld)", (long long)kMaxDecodeSeqs, (long long)a.n_tok));
+    }
+    for (int64_t z = 0; z < a.n_tok; ++z) {
+      if (a.seq_k[z] == nullptr || a.seq_v[z] == nullptr || !ops::aligned(a.seq_k[z], 16) ||
+          !ops::aligned(a.seq_v[z], 16)) {
+        return Status::error(format("attention_decode_mma: sequence %lld's caches must be non-null and 16-byte "
+                                    "aligned", (long long)z));
+      }
+    }
+    AttentionArgs first = a;  // the shared checks see the first sequence's caches
+    first.k_cache = a.seq_k[0];
+    first.v_cache = a.seq_v[0];
+    MAGNETAR_RETURN_IF_ERROR(make_params("attention_decode_mma", first, workspace, p, true));
+    for (int64_t z = 0; z < a.n_tok; ++z) {
+      p.seq_k[z] = static_cast<const uint16_t*>(a.seq_k[z]);
+      p.seq_v[z] = static_cast<const uint16_t*>(a.seq_v[z]);
+    }
+  } else {
+    MAGNETAR_RETURN_IF_ERROR(make_params("attention_decode_mma", a, workspace, p, true));
+  }
   if (a.out_q8k != nullptr) {
     if (!attention_decode_quantizes(a.head_dim, p.group)) {
       return Status::error(format("attention_decode_mma: out_q8k needs group * head_dim a multiple of 256 (group %d, "
@@ -1223,8 +1292,9 @@ Status attention_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspac
   }
   if (a.prepare.k != nullptr) {
     const AttentionArgs::Prepare& pr = a.prepare;
-    if (a.n_tok != 1) {
-      return Status::error(format("attention_decode_mma: prepare takes n_tok=1 (got %lld)", (long long)a.n_tok));
+    if (a.n_tok != 1 && a.seq_k == nullptr) {
+      return Status::error(format("attention_decode_mma: prepare takes n_tok=1 (got %lld) or several sequences",
+                                  (long long)a.n_tok));
     }
     if (pr.q_weight == nullptr || pr.k_weight == nullptr || pr.v == nullptr || pr.rope == nullptr) {
       return Status::error("attention_decode_mma: prepare needs q_weight, k, k_weight, v and rope");

@@ -609,6 +609,7 @@ inline constexpr int64_t kMaxAttentionGroup = 16;
 inline constexpr int64_t kMaxAttentionHeadDim = 256;
 // Most pieces one decode query's context is split into (split-K); see attention.cu.
 inline constexpr int64_t kMaxAttentionSplits = 512;
+inline constexpr int64_t kMaxDecodeSeqs = kMaxMatvecVectors;  // sequences of one attention_decode_mma launch
 
 // Device scratch of attention's split-K decode: per query head and split, the partial output, max and sum.
 // Sized once for the largest head count and head size (not the context: the split count is bounded), so no
@@ -616,12 +617,16 @@ inline constexpr int64_t kMaxAttentionSplits = 512;
 class AttentionWorkspace {
  public:
   AttentionWorkspace() = default;
-  static Result<AttentionWorkspace> create(int64_t max_heads, int64_t max_head_dim);
+  // max_seqs: the most sequences one attention_decode_mma launch takes (AttentionArgs::seq_k), up to kMaxDecodeSeqs.
+  static Result<AttentionWorkspace> create(int64_t max_heads, int64_t max_head_dim, int64_t max_seqs = 1);
   int64_t max_heads() const { return max_heads_; }
+  int64_t max_seqs() const { return max_seqs_; }
+  // Partial records of head_dim + 4 floats the scratch holds (heads x splits x sequences of one launch).
+  int64_t max_records() const { return max_records_; }
   int64_t max_head_dim() const { return max_head_dim_; }
   int sm_count() const { return sm_count_; }  // of the current device at creation: sizes the split count
   float* partials() { return scratch_.as<float>(); }
-  // attention_decode_mma's count of finished splits per KV head (zero between launches).
+  // attention_decode_mma's count of finished splits per sequence and KV head (zero between launches).
   unsigned* tickets() { return tickets_.as<unsigned>(); }
 
  private:
@@ -629,6 +634,8 @@ class AttentionWorkspace {
   DeviceBuffer tickets_;
   int64_t max_heads_ = 0;
   int64_t max_head_dim_ = 0;
+  int64_t max_seqs_ = 1;
+  int64_t max_records_ = 0;
   int sm_count_ = 1;
 };
 
@@ -687,6 +694,14 @@ struct AttentionArgs {
     const float* rope = nullptr;  // [head_dim]: the pairs' cos, then their sin (rope_table)
     float eps = 1e-6f;
   } prepare = {};
+  // attention_decode_mma only: the decode of n_tok sequences in one launch (2..kMaxDecodeSeqs, pos0_device set): token
+  // t is sequence t's one new token, at position pos0_device[t], attending to its own caches seq_k[t] and seq_v[t]
+  // (host arrays of n_tok device pointers, read at the call; k_cache and v_cache unused), each of at most max_rows
+  // rows. q, out, out_q8k and prepare's k, v and rope hold the tokens' rows in that order. Each sequence gets the plan
+  // a launch of it alone would make: the same bits as n_tok launches of one token (one launch instead of n_tok on the
+  // step's chain). The workspace must have been created for n_tok sequences.
+  const void* const* seq_k = nullptr;
+  const void* const* seq_v = nullptr;
 };
 Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Stream& stream);
 

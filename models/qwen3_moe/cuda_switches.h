@@ -69,9 +69,11 @@ inline bool refuse_captures() {
 //   kSwigluMmvq  decode's swiglu inside the experts' gate/up product, the down projection quantizing its float input
 //                (GroupedMatvecArgs::swiglu, x_float: where mmvq's stationary kernel takes both shapes);
 //   kAttnPrepare a decode token's q/k norm, RoPE and K/V stores (qkv_prepare) inside its attention launch
-//                (AttentionArgs::prepare).
-// MAGNETAR_CUDA_FUSE picks them: a comma list of combine, norm, swiglu, attn, mmvq, prepare; 1 for all, 0 for none;
-// unset: the default set, combine, swiglu, attn, mmvq, prepare and the norm's quantization where the norm runs on a
+//                (AttentionArgs::prepare);
+//   kAttnSeqs    a batched decode's sequences in one attention launch (AttentionArgs::seq_k), not one each.
+// MAGNETAR_CUDA_FUSE picks them: a comma list of combine, norm, swiglu, attn, mmvq, prepare, seqs; 1 for all, 0 for
+// none; unset: the default set, combine, swiglu, attn, mmvq, prepare, seqs and the norm's quantization where the norm
+// runs on a
 // cluster of CTAs (kNormQuantCluster: cuda::norm_in_cluster, decode rows). H200, tg128 (run.sh --decode-bench, two
 // rounds of one call each): combine + swiglu 416.4 / 416.4 t/s against combine 412.1 / 409.6, combine + norm on the
 // one-CTA row kernel 411.5 / 406.5 (swiglu_quantize with a CTA per Q8_K block; with a warp per block it had cost 3%:
@@ -87,25 +89,26 @@ enum class Fusion {
   kNormQuantCluster = 8,
   kAttnQuant = 16,
   kSwigluMmvq = 32,
-  kAttnPrepare = 64
+  kAttnPrepare = 64,
+  kAttnSeqs = 128
 };
 inline bool fused(Fusion f) {
   static const int set = [] {
     const char* v = std::getenv("MAGNETAR_CUDA_FUSE");
     if (v == nullptr) {
       return int(Fusion::kCombine) | int(Fusion::kSwigluQuant) | int(Fusion::kNormQuantCluster) |
-             int(Fusion::kAttnQuant) | int(Fusion::kSwigluMmvq) | int(Fusion::kAttnPrepare);
+             int(Fusion::kAttnQuant) | int(Fusion::kSwigluMmvq) | int(Fusion::kAttnPrepare) | int(Fusion::kAttnSeqs);
     }
     const std::string_view s = v;
     if (s == "1") {
       return int(Fusion::kCombine) | int(Fusion::kNormQuant) | int(Fusion::kSwigluQuant) | int(Fusion::kAttnQuant) |
-             int(Fusion::kSwigluMmvq) | int(Fusion::kAttnPrepare);
+             int(Fusion::kSwigluMmvq) | int(Fusion::kAttnPrepare) | int(Fusion::kAttnSeqs);
     }
     int bits = 0;
     for (const auto& [name, bit] : {std::pair{"combine", Fusion::kCombine}, std::pair{"norm", Fusion::kNormQuant},
                                     std::pair{"swiglu", Fusion::kSwigluQuant}, std::pair{"attn", Fusion::kAttnQuant},
                                     std::pair{"mmvq", Fusion::kSwigluMmvq},
-                                    std::pair{"prepare", Fusion::kAttnPrepare}}) {
+                                    std::pair{"prepare", Fusion::kAttnPrepare}, std::pair{"seqs", Fusion::kAttnSeqs}}) {
       if (s.find(name) != std::string_view::npos) bits |= int(bit);
     }
     return bits;

@@ -39,6 +39,7 @@
 //
 // Not here yet (issue #6): disk reads pipelined into the copies (a layer's misses are copied once all are in host
 // memory), per-op profiles (Session::op_profile stays empty).
+#include <array>
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -71,6 +72,7 @@ using qwen3::Layer;
 using namespace qwen3_cuda;  // the switches
 
 constexpr int64_t kVec = cuda::kMaxMatvecVectors;
+constexpr int64_t kSeqs = cuda::kMaxDecodeSeqs;  // sequences of one decode attention launch
 // Prefill's grouped expert products (mmq) take up to one CTA tile of activation rows per item, so an expert
 // with many rows spreads over several CTAs instead of one CTA looping over them.
 constexpr int32_t kMmqItemRows = 64;
@@ -545,7 +547,7 @@ Status Qwen3Cuda::init() {
   act_row_max_ =
       std::max<int64_t>(act_row_max_, int64_t(quant::row_size(quant::Type::Q8_1, (max_cols + 31) / 32 * 32)));
   MAGNETAR_ASSIGN_OR_RETURN(mv_ws_, cuda::MatvecWorkspace::create(max_cols, kVec));
-  MAGNETAR_ASSIGN_OR_RETURN(attn_ws_, cuda::AttentionWorkspace::create(hp_.n_head, D));
+  MAGNETAR_ASSIGN_OR_RETURN(attn_ws_, cuda::AttentionWorkspace::create(hp_.n_head, D, std::min(n_batch_, kSeqs)));
   struct Want {
     DeviceBuffer* buf;
     size_t bytes;
@@ -749,6 +751,33 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
   for (const SeqSpan& seq : seqs) {
     quantized_out = quantized_out && decode_mma_for({.n_tok = seq.n_tok, .head_dim = D}, group);
   }
+  const bool prepare_one =
+      one_launch && fused(Fusion::kAttnPrepare) && decode_mma_for({.n_tok = 1, .head_dim = D}, group);
+  // A batched decode's tokens (one per sequence, each attention with its prepare) in one launch (kAttnSeqs) when they
+  // take the same kernel at their lengths: the same bits as a launch each, one launch on the layer's chain.
+  bool together = prepare_one && fused(Fusion::kAttnSeqs) && seqs.size() > 1 && int64_t(seqs.size()) <= kSeqs &&
+                  int64_t(seqs.size()) <= attn_ws_.max_seqs();
+  std::array<const void*, kSeqs> seq_k{}, seq_v{};
+  int64_t max_rows = 0;
+  for (size_t s = 0; together && s < seqs.size(); ++s) {
+    together = seqs[s].n_tok == 1 && cuda::attention_decode_variant(D, kv_type_, seqs[s].pos0 + 1) ==
+                                         cuda::attention_decode_variant(D, kv_type_, seqs[0].pos0 + 1);
+    seq_k[s] = mirrors[s]->k[size_t(il)].data();
+    seq_v[s] = mirrors[s]->v[size_t(il)].data();
+    max_rows = std::max(max_rows, seqs[s].kv->n_ctx());
+  }
+  if (together) {
+    const cuda::AttentionArgs args{
+        .q = q, .out = attn_.as<float>(), .n_tok = n, .pos0 = seqs[0].pos0, .n_head = hp_.n_head,
+        .n_head_kv = hp_.n_head_kv, .head_dim = D, .window = L.window, .scale = float(1.0 / std::sqrt(double(D))),
+        .pos0_device = pos, .max_rows = max_rows, .kv_type = kv_type_,
+        .out_q8k = quantized_out ? q_in_.data() : nullptr,
+        .prepare = {.q_weight = L.q_norm.f32(), .k = k, .k_weight = L.k_norm.f32(), .v = v,
+                    .rope = reinterpret_cast<const float*>(positions_.as<uint8_t>() + rope_at_), .eps = hp_.rms_eps},
+        .seq_k = seq_k.data(), .seq_v = seq_v.data()};
+    MAGNETAR_RETURN_IF_ERROR(attend(args, group, attn_ws_, stream_));
+    return linear(L.wo, attn_.as<float>(), proj_.as<float>(), n, quantized_out ? q_in_.data() : nullptr);
+  }
   int64_t t0 = 0;
   for (size_t s = 0; s < seqs.size(); ++s) {
     const SeqSpan& seq = seqs[s];
@@ -757,8 +786,7 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
     // A decode token's position is read on the device (positions_), so a decode graph replays these launches.
     const int32_t* pos0_device = seq.n_tok == 1 ? pos + t0 : nullptr;
     // A decode token's qkv_prepare inside its attention launch (AttentionArgs::prepare, kAttnPrepare).
-    const bool prepare_in = one_launch && seq.n_tok == 1 && fused(Fusion::kAttnPrepare) &&
-                            decode_mma_for({.n_tok = 1, .head_dim = D}, group);
+    const bool prepare_in = prepare_one && seq.n_tok == 1;
     if (one_launch && !prepare_in) {
       MAGNETAR_RETURN_IF_ERROR(cuda::qkv_prepare(
           {.q = q + t0 * q_dim, .q_weight = L.q_norm.f32(), .k = k + t0 * kv_dim, .k_weight = L.k_norm.f32(),

@@ -780,6 +780,194 @@ TEST(CudaOps, AttentionDecodeMmaPrepareEqualsQkvPrepare) {
   }
 }
 
+// attention_decode_mma over several sequences in one launch (AttentionArgs::seq_k, a batched decode step) against one
+// launch per sequence with the same arguments: every output, its Q8_K bytes and both caches of every sequence bit for
+// bit (each sequence gets its own plan, the same as alone). Sequences of different lengths in one call (one split and
+// many; a split count above the one-wave target of the others), F16 and Q8_0 caches, head_dim 64/128/256, a sliding
+// window, 2 to 8 sequences, the positions on the device with a grid sized for the longest cache; Q8_0 at head_dim 128
+// also past 24K rows (the 8-warp kernel). Rows past each token's hold NaN, as above.
+TEST(CudaOps, AttentionDecodeMmaSequencesEqualOneLaunchEach) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(64, 256, cuda::kMaxDecodeSeqs));
+  Rng rng(kSeed + 18);
+  const AttnShape shapes[] = {{32, 4, 128}, {16, 1, 128}, {8, 2, 64}, {4, 2, 256}};
+  struct Batch {
+    std::vector<int64_t> rows;  // each sequence's rows with the token's (its position + 1)
+    int64_t window;
+  };
+  const Batch batches[] = {{{600, 1}, 0},
+                           {{65, 5000, 17, 600}, 0},
+                           {{1, 2, 63, 64, 65, 600, 2000, 9000}, 0},
+                           {{3000, 700, 5000}, 700}};
+  const Batch wide = {{25000, 30000, 24001}, 0};  // Q8_0, head_dim 128: the 8-warp kernel for all three
+  for (const AttnShape& sh : shapes) {
+    for (const quant::Type kv_type : {quant::Type::F16, quant::Type::Q8_0}) {
+      const bool is_q8 = kv_type == quant::Type::Q8_0;
+      std::vector<Batch> todo(std::begin(batches), std::end(batches));
+      if (is_q8 && sh.head_dim == 128 && sh.n_head_kv == 4) todo.push_back(wide);
+      for (const Batch& b : todo) {
+        const int64_t n = int64_t(b.rows.size()), HK = sh.n_head_kv, D = sh.head_dim, kv = HK * D;
+        const int64_t width = sh.n_head * D, G = sh.n_head / HK;
+        const bool quantizes = cuda::attention_decode_quantizes(D, G);
+        const size_t q8_row = quant::row_size(quant::Type::Q8_K, width);
+        const std::string what = "n_head " + std::to_string(sh.n_head) + "/" + std::to_string(HK) + " head_dim " +
+                                 std::to_string(D) + (is_q8 ? " Q8_0" : " F16") + " window " +
+                                 std::to_string(b.window) + " first rows " + std::to_string(b.rows[0]) + " of " +
+                                 std::to_string(n) + " sequences";
+        // Per sequence: caches of rows + 3 (random before the token's row, NaN from it), a copy for each side.
+        int64_t max_rows = 0;
+        std::vector<int32_t> positions;
+        std::vector<float> rope;
+        std::vector<cuda::DeviceBuffer> caches[2][2];  // [side][K, V]
+        std::vector<std::vector<uint8_t>> host_caches;
+        for (const int64_t rows : b.rows) {
+          const int64_t pos0 = rows - 1, n_rows = rows + 3;
+          max_rows = std::max(max_rows, n_rows);
+          positions.push_back(int32_t(pos0));
+          std::vector<float> table(static_cast<size_t>(D));
+          cuda::rope_table(int32_t(pos0), D, 1e6f, table.data());
+          rope.insert(rope.end(), table.begin(), table.end());
+          for (int m = 0; m < 2; ++m) {
+            const std::vector<float> x = gaussian(rng, size_t(pos0 * kv));
+            std::vector<uint8_t> c;
+            if (is_q8) {
+              c = q8_cache(x, pos0, n_rows, kv);
+            } else {
+              c.resize(size_t(n_rows * kv) * 2);
+              auto* h = reinterpret_cast<uint16_t*>(c.data());
+              for (size_t i = 0; i < c.size() / 2; ++i) h[i] = i < x.size() ? quant::float_to_fp16(x[i]) : 0x7e00;
+            }
+            for (int side = 0; side < 2; ++side) {
+              ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dc, to_device(c));
+              caches[side][m].push_back(std::move(dc));
+            }
+            host_caches.push_back(std::move(c));
+          }
+        }
+        const std::vector<float> q = gaussian(rng, size_t(n * width), 2.0f);
+        const std::vector<float> k = gaussian(rng, size_t(n * kv), 2.0f), v = gaussian(rng, size_t(n * kv), 3.0f);
+        const std::vector<float> qw = gaussian(rng, size_t(D)), kw = gaussian(rng, size_t(D));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dq, to_device(q));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dk, to_device(k));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dv, to_device(v));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dqw, to_device(qw));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dkw, to_device(kw));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dpos, to_device(positions));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer drope, to_device(rope));
+        cuda::DeviceBuffer out[2], q8[2];
+        for (int side = 0; side < 2; ++side) {
+          ASSERT_OK_AND_ASSIGN(out[side], cuda::DeviceBuffer::allocate(q.size() * sizeof(float)));
+          ASSERT_OK_AND_ASSIGN(q8[side], cuda::DeviceBuffer::allocate(size_t(n) * q8_row + 4));
+        }
+        cuda::AttentionArgs args{.q = dq.as<float>(),
+                                 .out = out[0].as<float>(),
+                                 .n_tok = 1,
+                                 .n_head = sh.n_head,
+                                 .n_head_kv = HK,
+                                 .head_dim = D,
+                                 .window = b.window,
+                                 .scale = float(1.0 / std::sqrt(double(D))),
+                                 .max_rows = max_rows,
+                                 .kv_type = kv_type};
+        args.prepare = {.q_weight = dqw.as<float>(), .k_weight = dkw.as<float>(), .eps = 1e-6f};
+        for (int64_t s = 0; s < n; ++s) {  // one launch each
+          cuda::AttentionArgs one = args;
+          one.q = dq.as<float>() + s * width;
+          one.k_cache = caches[0][0][size_t(s)].data();
+          one.v_cache = caches[0][1][size_t(s)].data();
+          one.out = out[0].as<float>() + s * width;
+          one.pos0 = positions[size_t(s)];
+          one.pos0_device = dpos.as<int32_t>() + s;
+          one.out_q8k = quantizes ? q8[0].as<uint8_t>() + size_t(s) * q8_row : nullptr;
+          one.prepare.k = dk.as<float>() + s * kv;
+          one.prepare.v = dv.as<float>() + s * kv;
+          one.prepare.rope = drope.as<float>() + s * D;
+          ASSERT_OK(cuda::attention_decode_mma(one, ws, stream));
+        }
+        std::vector<const void*> seq_k, seq_v;
+        for (int64_t s = 0; s < n; ++s) {
+          seq_k.push_back(caches[1][0][size_t(s)].data());
+          seq_v.push_back(caches[1][1][size_t(s)].data());
+        }
+        args.n_tok = n;
+        args.pos0 = positions[0];
+        args.pos0_device = dpos.as<int32_t>();
+        args.out = out[1].as<float>();
+        args.out_q8k = quantizes ? q8[1].data() : nullptr;
+        args.prepare.k = dk.as<float>();
+        args.prepare.v = dv.as<float>();
+        args.prepare.rope = drope.as<float>();
+        args.seq_k = seq_k.data();
+        args.seq_v = seq_v.data();
+        ASSERT_OK(cuda::attention_decode_mma(args, ws, stream));
+        stream.synchronize();
+        const std::vector<float> want = from_device<float>(out[0], q.size());
+        const std::vector<float> got = from_device<float>(out[1], q.size());
+        for (size_t i = 0; i < want.size(); ++i) ASSERT_FALSE(std::isnan(want[i])) << what << " element " << i;
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << what << ": output";
+        if (quantizes) {
+          const size_t bytes = size_t(n) * q8_row;
+          EXPECT_EQ(from_device<uint8_t>(q8[0], bytes), from_device<uint8_t>(q8[1], bytes)) << what << ": Q8_K";
+        }
+        for (int64_t s = 0; s < n; ++s) {
+          for (int m = 0; m < 2; ++m) {
+            const size_t bytes = host_caches[size_t(2 * s + m)].size();
+            ASSERT_EQ(from_device<uint8_t>(caches[0][m][size_t(s)], bytes),
+                      from_device<uint8_t>(caches[1][m][size_t(s)], bytes))
+                << what << ": sequence " << s << (m == 0 ? " K" : " V") << " cache";
+          }
+        }
+      }
+    }
+  }
+}
+
+// Several sequences in one attention_decode_mma launch are refused with a Status without their positions on the
+// device, with more than kMaxDecodeSeqs, with a null cache, on a workspace made for fewer, and by attention().
+TEST(CudaOps, AttentionDecodeMmaSequencesRejectBadArguments) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws1, cuda::AttentionWorkspace::create(8, 64));
+  ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(8, 64, 4));
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer buf, cuda::DeviceBuffer::allocate(64 << 20));
+  float* f = buf.as<float>();
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dpos, to_device(std::vector<int32_t>(16, 4000)));
+  const void* caches[16];
+  for (int i = 0; i < 16; ++i) caches[i] = f + (1 << 20) + i * (1 << 18);  // 4,096 rows of 2 x 64 F16 each
+  const cuda::AttentionArgs args{.q = f, .out = f + 4096, .n_tok = 3, .pos0 = 4000, .n_head = 8, .n_head_kv = 2,
+                                 .head_dim = 64, .pos0_device = dpos.as<int32_t>(), .max_rows = 4096,
+                                 .seq_k = caches, .seq_v = caches + 8};
+  ASSERT_OK(cuda::attention_decode_mma(args, ws, stream));
+  auto refused = [&](const cuda::AttentionArgs& a, cuda::AttentionWorkspace& w, const char* word) {
+    const Status st = cuda::attention_decode_mma(a, w, stream);
+    EXPECT_FALSE(st.ok()) << word;
+    EXPECT_NE(st.message().find(word), std::string::npos) << st.message();
+  };
+  cuda::AttentionArgs bad = args;
+  bad.pos0_device = nullptr;
+  refused(bad, ws, "pos0_device");
+  bad = args;
+  bad.n_tok = cuda::kMaxDecodeSeqs + 1;
+  refused(bad, ws, "at most");
+  bad = args;
+  const void* with_null[3] = {caches[0], nullptr, caches[2]};
+  bad.seq_k = with_null;
+  refused(bad, ws, "sequence 1");
+  bad = args;
+  bad.seq_v = nullptr;
+  refused(bad, ws, "seq_v");
+  refused(args, ws1, "workspace");
+  bad = args;
+  bad.n_tok = 5;
+  refused(bad, ws, "workspace");
+  const Status st = cuda::attention(args, ws, stream);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("seq_k"), std::string::npos) << st.message();
+  EXPECT_FALSE(cuda::AttentionWorkspace::create(8, 64, cuda::kMaxDecodeSeqs + 1).ok());
+  stream.synchronize();
+}
+
 // attention_decode_mma's prepare is refused with a Status for more than one token and for a missing vector, and by
 // the other attention ops.
 TEST(CudaOps, AttentionDecodeMmaPrepareRejectsBadArguments) {

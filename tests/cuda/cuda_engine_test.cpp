@@ -230,9 +230,10 @@ TEST_P(CudaEngine, PrefillLogitsMatchCpu) {
   }
 }
 
-TEST_P(CudaEngine, BatchedDecodeEqualsAlone) {
-  SKIP_WITHOUT_GPU();
-  auto gpu = load(path_, Device::kCuda);
+// 3 sessions decoded together (one step of the batch; with head_dim 64 their attention in one launch:
+// AttentionArgs::seq_k) and each alone, 5 steps: the logits bit for bit.
+void expect_batched_decode_equals_alone(const std::string& path, KvType kv_type) {
+  auto gpu = load(path, Device::kCuda, {}, 128, 32, kv_type);
   ASSERT_TRUE(gpu);
   const size_t kSessions = 3;
   std::vector<std::unique_ptr<Session>> alone, batched;
@@ -259,6 +260,11 @@ TEST_P(CudaEngine, BatchedDecodeEqualsAlone) {
       ASSERT_TRUE(std::equal(a.begin(), a.end(), b.begin())) << "session " << i << " step " << step;
     }
   }
+}
+
+TEST_P(CudaEngine, BatchedDecodeEqualsAlone) {
+  SKIP_WITHOUT_GPU();
+  expect_batched_decode_equals_alone(path_, KvType::kF16);
 }
 
 // With F16 and with Q8_0 KV (the mirror's rows are the host cache's bytes either way).
@@ -350,6 +356,11 @@ TEST_P(CudaQ8Kv, PrefillLogitsMatchCpu) {
               std::string(quant::traits(GetParam()).name).c_str(), max_abs, agree, decided);
   ASSERT_GT(decided, 0);
   EXPECT_GE(double(agree), 0.9 * decided);
+}
+
+TEST_P(CudaQ8Kv, BatchedDecodeEqualsAlone) {
+  SKIP_WITHOUT_GPU();
+  expect_batched_decode_equals_alone(path_, KvType::kQ8_0);
 }
 
 TEST_P(CudaQ8Kv, DiskKvRestoreContinuesExactly) {

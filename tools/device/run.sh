@@ -268,6 +268,23 @@ if [ "$filter" = "--decode-bench" ]; then
   exit 0
 fi
 
+# `run.sh --sessions-bench [ARM ...]`: batched decode of SESSIONS sessions at once (default "4 8"; `bench --sessions N
+# --gen 64 --reps 3`: one session's t/s and the aggregate, medians of 3) on the resident 30B-A3B geometry, then the same
+# for each arm (run_arm) in the same call; DECODE_ROUNDS=N repeats the round of arms.
+if [ "$filter" = "--sessions-bench" ]; then
+  build_with_model
+  for round in $(seq "${DECODE_ROUNDS:-1}"); do
+    for arm in "" "${@:2}"; do
+      for n in ${SESSIONS:-4 8}; do
+        echo "== ${arm:-default}, $n sessions"
+        run_arm "$arm" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 64 --reps 3 \
+          --sessions "$n" 2>&1 | tail -2
+      done
+    done
+  done
+  exit 0
+fi
+
 # `run.sh --decode-profile [ARM]`: tg128 with `bench --profile` (the decode step split per op: the device's span, the
 # host's share, the embedding) on the resident 30B-A3B geometry.
 if [ "$filter" = "--decode-profile" ]; then
