@@ -496,8 +496,10 @@ __device__ __forceinline__ DecodeRun decode_run(const Params& p, int seq) {
   return {pos0, plan.rows_per_split, plan.n_splits};
 }
 
-// kHT: n8 tiles of query heads (group <= 8: 1, <= 16: 2); kQ8: the cache holds Q8_0 rows (else F16).
-template <int D, int kHT, int kStages, bool kQ8, int kW>
+// kHT: n8 tiles of query heads (group <= 8: 1, <= 16: 2); kQ8: the cache holds Q8_0 rows (else F16); kSeqs: token z
+// is sequence z's (Params::seq_k; a kernel of its own so that the one-sequence kernel keeps its instructions: a
+// prologue on the step's chain).
+template <int D, int kHT, int kStages, bool kQ8, int kW, bool kSeqs>
 __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kernel(const Params p) {
   using S = DecodeSmem<D, kHT, kStages, kQ8, kW>;
   constexpr int kWarps = kW;  // this kernel's warps (the file's kWarps, 4, or 8: attention_decode_variant)
@@ -522,12 +524,14 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
   const int g = lane / 4;  // mma groupID
   const int t = lane % 4;  // mma threadID_in_group
   const int G = p.group;
-  // Several sequences (Params::seq_k): token tok is sequence tok's, at its own position, over its own caches. The
-  // pointers are picked with constant parameter offsets (an indexed parameter array would be copied to local memory).
-  const bool seqs = p.seq_k[0] != nullptr;
+  // Several sequences (kSeqs): token tok is sequence tok's, at its own position, over its own caches. The pointers are
+  // picked with constant parameter offsets (an indexed parameter array would be copied to local memory). ztok: the
+  // token's index where only several sequences can have one other than 0 (records, tickets, prepare's rows).
+  constexpr bool seqs = kSeqs;
+  const int ztok = kSeqs ? tok : 0;
   const uint16_t* kc = p.k;
   const uint16_t* vc = p.v;
-  if (seqs) {
+  if constexpr (kSeqs) {
 #pragma unroll
     for (int z = 0; z < int(kMaxDecodeSeqs); ++z) {
       if (z == tok) {
@@ -637,7 +641,7 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
       wq[k] = p.prep_q_weight[lane + k * ops::kWarpSize];
       wk[k] = p.prep_k_weight[lane + k * ops::kWarpSize];
     }
-    const float* rope = p.prep_rope + size_t(tok) * size_t(D);  // tok 0 but with several sequences
+    const float* rope = p.prep_rope + size_t(ztok) * size_t(D);
 #pragma unroll
     for (int k = 0; k < kPer / 2; ++k) {
       cs[k] = rope[lane + k * ops::kWarpSize];
@@ -665,10 +669,10 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
     }
     for (int r = warp; r < G + extra; r += kWarps) {
       const int kind = r < extra ? r : 2;  // 0: K, 1: V, 2: query head r - extra
-      const size_t kv_at = size_t(tok) * size_t(p.kv_row) + size_t(hk) * size_t(D);
+      const size_t kv_at = size_t(ztok) * size_t(p.kv_row) + size_t(hk) * size_t(D);
       const float* src = kind == 0   ? p.prep_k + kv_at
                          : kind == 1 ? p.prep_v + kv_at
-                                     : p.q + (size_t(tok) * size_t(p.n_head) + size_t(hk * G + r - extra)) * size_t(D);
+                                     : p.q + (size_t(ztok) * size_t(p.n_head) + size_t(hk * G + r - extra)) * size_t(D);
       float e[kPer];
 #pragma unroll
       for (int k = 0; k < kPer; ++k) e[k] = src[lane + k * ops::kWarpSize];
@@ -870,8 +874,9 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
   // 8 consecutive dims of one head (as the combine below, whose layout out_q8k's quantizer takes).
   const int h_first = hk * G;
   const int stride = D + 4;
-  // The records of this token's heads: [n_head][split_stride] per token.
-  const size_t records = (size_t(tok) * size_t(p.n_head) + size_t(h_first)) * size_t(p.split_stride);
+  // The records of this token's heads: [n_head][splits] per token (several sequences: the grid's splits each).
+  const int rec_splits = kSeqs ? p.split_stride : run.n_splits;
+  const size_t records = (size_t(ztok) * size_t(p.n_head) + size_t(h_first)) * size_t(rec_splits);
   for (int i = tid; i < G * (D / 8); i += kThreads) {
     const int h = i / (D / 8), d = 8 * (i % (D / 8));
     float sum[8];
@@ -886,7 +891,7 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
       for (int e = 0; e < 8; ++e) sum[e] = sum[e] / big_l_s[h];
       write_output(p, tok, h_first, h, d, sum, i);
     } else {
-      float* rec = p.partials + (records + size_t(h) * size_t(p.split_stride) + size_t(split)) * size_t(stride);
+      float* rec = p.partials + (records + size_t(h) * size_t(rec_splits) + size_t(split)) * size_t(stride);
       reinterpret_cast<float4*>(rec + d)[0] = make_float4(sum[0], sum[1], sum[2], sum[3]);
       reinterpret_cast<float4*>(rec + d)[1] = make_float4(sum[4], sum[5], sum[6], sum[7]);
       if (d == 0) {
@@ -904,7 +909,7 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
   // version fenced (sequentially consistent) in all 128 threads before the ticket and again in the last CTA: 5.73 us
   // per call at 512 rows and 9.07 at 2K, this one 5.55 and 8.81 (H200, attention_bench, the same call).
   __syncthreads();
-  unsigned* ticket = p.tickets + tok * int(gridDim.y) + hk;
+  unsigned* ticket = p.tickets + ztok * int(gridDim.y) + hk;
   if (tid == 0) {
     unsigned before;
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(ticket) : "memory");
@@ -922,7 +927,7 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
   const int n_splits = run.n_splits;
   for (int i = tid; i < G * (D / 8); i += kThreads) {
     const int h = i / (D / 8), d = 8 * (i % (D / 8));
-    const float* rec = p.partials + (records + size_t(h) * size_t(p.split_stride)) * size_t(stride);
+    const float* rec = p.partials + (records + size_t(h) * size_t(rec_splits)) * size_t(stride);
     float m_run = -INFINITY, l_run = 0.0f, acc[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
@@ -971,7 +976,7 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] = acc[e] / l_run;
-    write_output(p, tok, h_first, h, d, acc, i);
+    write_output(p, ztok, h_first, h, d, acc, i);
   }
   if (tid == 0) *ticket = 0u;  // for the next launch (stream order: nothing else reads it meanwhile)
 }
@@ -1139,9 +1144,9 @@ void launch_combine(const Params& p, int grid_splits, int64_t n_head, cudaStream
 
 // Launches the decode kernel of one shape with its own plan (plan_decode over the CTAs the GPU holds of it at once) on
 // top of make_params' parameters; a graph's grid is sized for max_rows.
-template <int D, int kHT, int kStages, bool kQ8, int kW = kWarps>
+template <bool kSeqs, int D, int kHT, int kStages, bool kQ8, int kW = kWarps>
 Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, Params p, cudaStream_t stream) {
-  const auto kernel = attention_decode_mma_kernel<D, kHT, kStages, kQ8, kW>;
+  const auto kernel = attention_decode_mma_kernel<D, kHT, kStages, kQ8, kW, kSeqs>;
   constexpr int kThreads = kW * ops::kWarpSize;
   // One CTA per SM: where the kernel's own shared memory would let two or more share an SM (Q8_0 at head_dim 128:
   // 113 KB; head_dim 64), the launch asks for more than half of the SM's. With two per SM the plan aimed at twice the
@@ -1182,25 +1187,25 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
   return Status();
 }
 // The kernel of the call's head size and group.
-template <bool kQ8>
+template <bool kQ8, bool kSeqs>
 Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, const Params& p, cudaStream_t stream) {
   const bool two = p.group > 8;
   switch (a.head_dim) {
     case 64:
-      return two ? launch_decode_mma<64, 2, 4, kQ8>(a, workspace, p, stream)
-                 : launch_decode_mma<64, 1, 4, kQ8>(a, workspace, p, stream);
+      return two ? launch_decode_mma<kSeqs, 64, 2, 4, kQ8>(a, workspace, p, stream)
+                 : launch_decode_mma<kSeqs, 64, 1, 4, kQ8>(a, workspace, p, stream);
     case 128:
       if constexpr (kQ8) {
         const int64_t rows = a.pos0 + (a.seq_k != nullptr ? 1 : a.n_tok);  // seq_k: the first sequence's (all alike)
         if (attention_decode_variant(a.head_dim, quant::Type::Q8_0, rows) == 8) {
-          return two ? launch_decode_mma<128, 2, 4, kQ8, 8>(a, workspace, p, stream)
-                     : launch_decode_mma<128, 1, 4, kQ8, 8>(a, workspace, p, stream);
+          return two ? launch_decode_mma<kSeqs, 128, 2, 4, kQ8, 8>(a, workspace, p, stream)
+                     : launch_decode_mma<kSeqs, 128, 1, 4, kQ8, 8>(a, workspace, p, stream);
         }
       }
-      return two ? launch_decode_mma<128, 2, 4, kQ8>(a, workspace, p, stream)
-                 : launch_decode_mma<128, 1, 4, kQ8>(a, workspace, p, stream);
+      return two ? launch_decode_mma<kSeqs, 128, 2, 4, kQ8>(a, workspace, p, stream)
+                 : launch_decode_mma<kSeqs, 128, 1, 4, kQ8>(a, workspace, p, stream);
     default:
-      return launch_decode_mma<256, 1, 2, kQ8>(a, workspace, p, stream);
+      return launch_decode_mma<kSeqs, 256, 1, 2, kQ8>(a, workspace, p, stream);
   }
 }
 
@@ -1232,7 +1237,7 @@ int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows
   // within Ampere's (163 KB), where the 4-warp kernel stays.
   static const bool fits = [] {
     cudaFuncAttributes attr{};
-    CUDA_CHECK(cudaFuncGetAttributes(&attr, attention_decode_mma_kernel<128, 2, 4, true, 8>));
+    CUDA_CHECK(cudaFuncGetAttributes(&attr, attention_decode_mma_kernel<128, 2, 4, true, 8, false>));
     return size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) >=
            DecodeSmem<128, 2, 4, true, 8>::kBytes + attr.sharedSizeBytes;
   }();
@@ -1310,8 +1315,13 @@ Status attention_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspac
     p.prep_rope = pr.rope;
     p.prep_eps = pr.eps;
   }
-  return a.kv_type == quant::Type::Q8_0 ? launch_decode_mma<true>(a, workspace, p, stream.raw())
-                                        : launch_decode_mma<false>(a, workspace, p, stream.raw());
+  const bool q8 = a.kv_type == quant::Type::Q8_0;
+  if (a.seq_k != nullptr) {
+    return q8 ? launch_decode_mma<true, true>(a, workspace, p, stream.raw())
+              : launch_decode_mma<false, true>(a, workspace, p, stream.raw());
+  }
+  return q8 ? launch_decode_mma<true, false>(a, workspace, p, stream.raw())
+            : launch_decode_mma<false, false>(a, workspace, p, stream.raw());
 }
 
 }  // namespace magnetar::cuda

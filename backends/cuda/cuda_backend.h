@@ -699,7 +699,9 @@ struct AttentionArgs {
   // (host arrays of n_tok device pointers, read at the call; k_cache and v_cache unused), each of at most max_rows
   // rows. q, out, out_q8k and prepare's k, v and rope hold the tokens' rows in that order. Each sequence gets the plan
   // a launch of it alone would make: the same bits as n_tok launches of one token (one launch instead of n_tok on the
-  // step's chain). The workspace must have been created for n_tok sequences.
+  // step's chain), provided all take the same attention_decode_variant at their lengths (the caller's to check: the
+  // launch takes the variant at pos0 + 1, pos0 being the first sequence's position at the call). The workspace must
+  // have been created for n_tok sequences.
   const void* const* seq_k = nullptr;
   const void* const* seq_v = nullptr;
 };

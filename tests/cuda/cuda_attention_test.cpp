@@ -800,7 +800,7 @@ TEST(CudaOps, AttentionDecodeMmaSequencesEqualOneLaunchEach) {
                            {{65, 5000, 17, 600}, 0},
                            {{1, 2, 63, 64, 65, 600, 2000, 9000}, 0},
                            {{3000, 700, 5000}, 700}};
-  const Batch wide = {{25000, 30000, 24001}, 0};  // Q8_0, head_dim 128: the 8-warp kernel for all three
+  const Batch wide = {{25000, 30000, 24577}, 0};  // Q8_0, head_dim 128: the 8-warp kernel for all three
   for (const AttnShape& sh : shapes) {
     for (const quant::Type kv_type : {quant::Type::F16, quant::Type::Q8_0}) {
       const bool is_q8 = kv_type == quant::Type::Q8_0;
@@ -815,6 +815,11 @@ TEST(CudaOps, AttentionDecodeMmaSequencesEqualOneLaunchEach) {
                                  std::to_string(D) + (is_q8 ? " Q8_0" : " F16") + " window " +
                                  std::to_string(b.window) + " first rows " + std::to_string(b.rows[0]) + " of " +
                                  std::to_string(n) + " sequences";
+        for (const int64_t rows : b.rows) {  // the call's precondition: one kernel for all
+          ASSERT_EQ(cuda::attention_decode_variant(D, kv_type, rows), cuda::attention_decode_variant(D, kv_type,
+                                                                                                    b.rows[0]))
+              << what << ": rows " << rows;
+        }
         // Per sequence: caches of rows + 3 (random before the token's row, NaN from it), a copy for each side.
         int64_t max_rows = 0;
         std::vector<int32_t> positions;
