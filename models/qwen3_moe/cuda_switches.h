@@ -81,7 +81,8 @@ inline bool refuse_captures() {
 // 439.8 without attn and 425.8 / 423.8 without the norm's quantization
 // (docs/benchmarks/2026-12-01-cuda-decode-norm-cluster.md); with mmvq 476.6 / 469.8 against 459.6 / 456.4
 // (docs/benchmarks/2026-12-01-cuda-decode-stationary-mmvq.md); with prepare 596.0-598.4 against 574.8-575.1
-// (docs/benchmarks/2026-12-02-cuda-decode-prepare-in-attention.md).
+// (docs/benchmarks/2026-12-02-cuda-decode-prepare-in-attention.md); with seqs 4 sessions decode 975 t/s in all
+// against 811, 8 sessions 1,178 against 931 (docs/benchmarks/2026-12-02-cuda-decode-sessions-attention.md).
 enum class Fusion {
   kCombine = 1,
   kNormQuant = 2,
