@@ -101,8 +101,8 @@ struct Params {
   const float* prep_v;
   const float* prep_rope;
   float prep_eps;
-  // attention_decode_mma over several sequences (AttentionArgs::seq_k; seq_k[0] null: k and v for every token): token
-  // z's caches, its position pos0_device[z]. split_stride: records per (token, head) in partials (the grid's splits).
+  // attention_decode_mma over several sequences (AttentionArgs::seq_k: the kSeqs kernels): token z's caches, its
+  // position pos0_device[z]. split_stride: records per (token, head) in partials (the grid's splits).
   const uint16_t* seq_k[kMaxDecodeSeqs];
   const uint16_t* seq_v[kMaxDecodeSeqs];
   int split_stride;
@@ -527,7 +527,6 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
   // Several sequences (kSeqs): token tok is sequence tok's, at its own position, over its own caches. The pointers are
   // picked with constant parameter offsets (an indexed parameter array would be copied to local memory). ztok: the
   // token's index where only several sequences can have one other than 0 (records, tickets, prepare's rows).
-  constexpr bool seqs = kSeqs;
   const int ztok = kSeqs ? tok : 0;
   const uint16_t* kc = p.k;
   const uint16_t* vc = p.v;
@@ -540,9 +539,9 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
       }
     }
   }
-  const DecodeRun run = decode_run(p, seqs ? tok : 0);
+  const DecodeRun run = decode_run(p, ztok);
   if (split >= run.n_splits) return;  // a graph's grid sized for a longer context: the whole CTA leaves
-  const int64_t pos = run.pos0 + (seqs ? 0 : tok);
+  const int64_t pos = run.pos0 + (kSeqs ? 0 : tok);
   const int64_t lo = p.window > 0 && pos - p.window + 1 > 0 ? pos - p.window + 1 : 0;
   const int64_t j_begin = lo + int64_t(split) * run.rows_per_split;
   const int64_t j_end = min(pos + 1, j_begin + run.rows_per_split);
@@ -1264,7 +1263,8 @@ Status attention_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspac
   }
   Params p;
   if (a.seq_k != nullptr || a.seq_v != nullptr) {
-    if (a.seq_k == nullptr || a.seq_v == nullptr || a.pos0_device == nullptr || a.n_tok > kMaxDecodeSeqs) {
+    if (a.seq_k == nullptr || a.seq_v == nullptr || a.pos0_device == nullptr || a.n_tok < 1 ||
+        a.n_tok > kMaxDecodeSeqs) {
       return Status::error(format("attention_decode_mma: several sequences take seq_k, seq_v and pos0_device, at most "
                                   "%lld of them (n_tok=%lld)", (long long)kMaxDecodeSeqs, (long long)a.n_tok));
     }

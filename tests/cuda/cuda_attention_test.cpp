@@ -100,6 +100,15 @@ std::vector<uint8_t> q8_cache(const std::vector<float>& x, int64_t valid, int64_
   return c;
 }
 
+// The same for an F16 (else Q8_0) cache: the first `valid` rows x as F16, the rest F16 NaN.
+std::vector<uint8_t> kv_cache(const std::vector<float>& x, int64_t valid, int64_t rows, int64_t kv, bool q8) {
+  if (q8) return q8_cache(x, valid, rows, kv);
+  std::vector<uint8_t> c(size_t(rows * kv) * 2);
+  auto* h = reinterpret_cast<uint16_t*>(c.data());
+  for (size_t i = 0; i < c.size() / 2; ++i) h[i] = i < size_t(valid * kv) ? quant::float_to_fp16(x[i]) : 0x7e00;
+  return c;
+}
+
 // kRandom: Gaussian K and V. kUniformScores: K = 0 (every score 0) and V integers in [-8, 8].
 enum class AttnFill { kRandom, kUniformScores };
 
@@ -702,16 +711,7 @@ TEST(CudaOps, AttentionDecodeMmaPrepareEqualsQkvPrepare) {
           const bool is_q8 = kv_type == quant::Type::Q8_0;
           // The cache: rows before pos0 random (Q8_0: the reference quantizer's blocks), the rest NaN.
           std::vector<uint8_t> cache[2];
-          for (std::vector<uint8_t>& c : cache) {
-            const std::vector<float> x = gaussian(rng, size_t(pos0 * kv));
-            if (is_q8) {
-              c = q8_cache(x, pos0, n_rows, kv);
-            } else {
-              c.resize(size_t(n_rows * kv) * 2);
-              auto* h = reinterpret_cast<uint16_t*>(c.data());
-              for (size_t i = 0; i < c.size() / 2; ++i) h[i] = i < x.size() ? quant::float_to_fp16(x[i]) : 0x7e00;
-            }
-          }
+          for (std::vector<uint8_t>& c : cache) c = kv_cache(gaussian(rng, size_t(pos0 * kv)), pos0, n_rows, kv, is_q8);
           const std::vector<float> q = gaussian(rng, size_t(sh.n_head * D), 2.0f);
           const std::vector<float> k = gaussian(rng, size_t(kv), 2.0f), v = gaussian(rng, size_t(kv), 3.0f);
           const std::vector<float> qw = gaussian(rng, size_t(D)), kw = gaussian(rng, size_t(D));
@@ -834,15 +834,7 @@ TEST(CudaOps, AttentionDecodeMmaSequencesEqualOneLaunchEach) {
           cuda::rope_table(int32_t(pos0), D, 1e6f, table.data());
           rope.insert(rope.end(), table.begin(), table.end());
           for (int m = 0; m < 2; ++m) {
-            const std::vector<float> x = gaussian(rng, size_t(pos0 * kv));
-            std::vector<uint8_t> c;
-            if (is_q8) {
-              c = q8_cache(x, pos0, n_rows, kv);
-            } else {
-              c.resize(size_t(n_rows * kv) * 2);
-              auto* h = reinterpret_cast<uint16_t*>(c.data());
-              for (size_t i = 0; i < c.size() / 2; ++i) h[i] = i < x.size() ? quant::float_to_fp16(x[i]) : 0x7e00;
-            }
+            std::vector<uint8_t> c = kv_cache(gaussian(rng, size_t(pos0 * kv)), pos0, n_rows, kv, is_q8);
             for (int side = 0; side < 2; ++side) {
               ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dc, to_device(c));
               caches[side][m].push_back(std::move(dc));
