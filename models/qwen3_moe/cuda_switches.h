@@ -73,16 +73,15 @@ inline bool refuse_captures() {
 //   kAttnSeqs    a batched decode's sequences in one attention launch (AttentionArgs::seq_k), not one each.
 // MAGNETAR_CUDA_FUSE picks them: a comma list of combine, norm, swiglu, attn, mmvq, prepare, seqs; 1 for all, 0 for
 // none; unset: the default set, combine, swiglu, attn, mmvq, prepare, seqs and the norm's quantization where the norm
-// runs on a
-// cluster of CTAs (kNormQuantCluster: cuda::norm_in_cluster, decode rows). H200, tg128 (run.sh --decode-bench, two
-// rounds of one call each): combine + swiglu 416.4 / 416.4 t/s against combine 412.1 / 409.6, combine + norm on the
-// one-CTA row kernel 411.5 / 406.5 (swiglu_quantize with a CTA per Q8_K block; with a warp per block it had cost 3%:
-// docs/benchmarks/2026-11-30-cuda-decode-pdl.md); with the norm on clusters, the default 443.1 / 442.7 against 438.2 /
-// 439.8 without attn and 425.8 / 423.8 without the norm's quantization
+// runs on a cluster of CTAs (kNormQuantCluster: cuda::norm_in_cluster, decode rows). H200, tg128 (run.sh
+// --decode-bench, two rounds of one call each): combine + swiglu 416.4 / 416.4 t/s against combine 412.1 / 409.6,
+// combine + norm on the one-CTA row kernel 411.5 / 406.5 (swiglu_quantize with a CTA per Q8_K block; with a warp per
+// block it had cost 3%: docs/benchmarks/2026-11-30-cuda-decode-pdl.md); with the norm on clusters, the default 443.1 /
+// 442.7 against 438.2 / 439.8 without attn and 425.8 / 423.8 without the norm's quantization
 // (docs/benchmarks/2026-12-01-cuda-decode-norm-cluster.md); with mmvq 476.6 / 469.8 against 459.6 / 456.4
 // (docs/benchmarks/2026-12-01-cuda-decode-stationary-mmvq.md); with prepare 596.0-598.4 against 574.8-575.1
-// (docs/benchmarks/2026-12-02-cuda-decode-prepare-in-attention.md); with seqs 4 sessions decode 975 t/s in all
-// against 811, 8 sessions 1,178 against 931 (docs/benchmarks/2026-12-02-cuda-decode-sessions-attention.md).
+// (docs/benchmarks/2026-12-02-cuda-decode-prepare-in-attention.md); with seqs 4 sessions decode 975 t/s in all against
+// 811, 8 sessions 1,178 against 931 (docs/benchmarks/2026-12-02-cuda-decode-sessions-attention.md).
 enum class Fusion {
   kCombine = 1,
   kNormQuant = 2,

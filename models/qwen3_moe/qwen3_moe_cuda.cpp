@@ -39,8 +39,8 @@
 //
 // Not here yet (issue #6): disk reads pipelined into the copies (a layer's misses are copied once all are in host
 // memory), per-op profiles (Session::op_profile stays empty).
-#include <array>
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cmath>
@@ -755,13 +755,14 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
       one_launch && fused(Fusion::kAttnPrepare) && decode_mma_for({.n_tok = 1, .head_dim = D}, group);
   // A batched decode's tokens (one per sequence, each attention with its prepare) in one launch (kAttnSeqs) when they
   // take the same kernel at their lengths: the same bits as a launch each, one launch on the layer's chain.
-  bool together = prepare_one && fused(Fusion::kAttnSeqs) && seqs.size() > 1 && int64_t(seqs.size()) <= kSeqs &&
+  // (The workspace holds at most kSeqs: AttentionWorkspace::create.)
+  bool together = prepare_one && fused(Fusion::kAttnSeqs) && seqs.size() > 1 &&
                   int64_t(seqs.size()) <= attn_ws_.max_seqs();
+  const int variant = cuda::attention_decode_variant(D, kv_type_, seqs[0].pos0 + 1);
   std::array<const void*, kSeqs> seq_k{}, seq_v{};
   int64_t max_rows = 0;
   for (size_t s = 0; together && s < seqs.size(); ++s) {
-    together = seqs[s].n_tok == 1 && cuda::attention_decode_variant(D, kv_type_, seqs[s].pos0 + 1) ==
-                                         cuda::attention_decode_variant(D, kv_type_, seqs[0].pos0 + 1);
+    together = seqs[s].n_tok == 1 && cuda::attention_decode_variant(D, kv_type_, seqs[s].pos0 + 1) == variant;
     seq_k[s] = mirrors[s]->k[size_t(il)].data();
     seq_v[s] = mirrors[s]->v[size_t(il)].data();
     max_rows = std::max(max_rows, seqs[s].kv->n_ctx());
