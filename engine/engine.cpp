@@ -47,6 +47,8 @@ struct Engine::Impl {
   bool gpu_tier = false;                   // ... with routed experts in host memory through a GPU pool
   std::string gpu_unused;                  // why auto stayed on the CPU although a GPU is present
   bool batch_auto = false;                 // --batch 0: choose_device picks the prefill chunk
+  int64_t sweep_tokens = 0;                // the longest prefill sweep (EngineOptions::n_sweep; 0: none)
+  uint64_t sweeps = 0;                     // prefill sweeps run since load or reset_expert_stats
   // The model lets go of the store's memory (a GPU tier page-locked it) before the store unmaps it.
   ~Impl() {
     if (model && store) (void)model->attach_host_experts(nullptr);
@@ -59,6 +61,15 @@ namespace {
 // for that scratch (choose_device), else kCpuBatch.
 constexpr int64_t kCpuBatch = 512;
 constexpr int64_t kGpuBatch = 2048;
+// EngineOptions::n_sweep -1 (auto): the longest prefill sweep whose residual stream fits this.
+constexpr uint64_t kSweepBytes = 256ull << 20;
+// The longest prefill sweep for options o whose residual stream takes bytes_per_token: a whole number of chunks (so
+// that consecutive sweeps chunk a prompt as single chunks would) or the whole context; 0 when not longer than a chunk.
+int64_t sweep_for(const EngineOptions& o, uint64_t bytes_per_token) {
+  const int64_t cap = o.n_sweep >= 0 ? o.n_sweep : int64_t(kSweepBytes / bytes_per_token);
+  const int64_t sweep = std::min(o.n_ctx, cap / o.n_batch * o.n_batch);
+  return sweep > o.n_batch ? sweep : 0;
+}
 
 quant::Type kv_quant_type(KvType t) {
   return t == KvType::kF32 ? quant::Type::F32 : t == KvType::kQ8_0 ? quant::Type::Q8_0 : quant::Type::F16;
@@ -108,7 +119,9 @@ Status plan_experts(Engine::Impl& impl, const std::string& path) {
   fp.slab_bytes = experts::StreamedExperts::slab_bytes(*layout);
   fp.n_expert = layout->n_expert();
   fp.n_expert_used = hp.n_expert_used;
-  const uint64_t kv_bytes = session_kv_bytes(impl), scratch = session_scratch_bytes(impl);
+  // On the CPU a streamed plan's sessions may each grow a prefill sweep's residual stream (4 bytes per n_embd).
+  const uint64_t cpu_sweep = impl.on_gpu ? 0 : 4 * uint64_t(hp.n_embd) * uint64_t(sweep_for(o, 4 * uint64_t(hp.n_embd)));
+  const uint64_t kv_bytes = session_kv_bytes(impl), scratch = session_scratch_bytes(impl) + cpu_sweep;
   const experts::MemoryMode mode = o.experts == ExpertMode::kResident ? experts::MemoryMode::kResident
                                    : o.experts == ExpertMode::kStream ? experts::MemoryMode::kStream
                                                                       : experts::MemoryMode::kAuto;
@@ -123,6 +136,13 @@ Status plan_experts(Engine::Impl& impl, const std::string& path) {
   impl.plan_text += (impl.plan_text.empty() ? "" : "\n") + experts::describe(plan);
   while (!impl.plan_text.empty() && impl.plan_text.back() == '\n') impl.plan_text.pop_back();
   if (plan.mode == experts::PlanMode::kResident) return Status();
+  if (!impl.on_gpu) {
+    impl.sweep_tokens = std::min(impl.model->sweep_tokens(), sweep_for(o, 4 * uint64_t(hp.n_embd)));
+    if (impl.sweep_tokens > 0) {
+      impl.plan_text += format("\n  prefill sweeps of up to %lld tokens (--sweep: layer by layer over --batch chunks, "
+                               "each layer's experts read once per sweep)", (long long)impl.sweep_tokens);
+    }
+  }
   experts::StoreOptions so{.cache_bytes = plan.cache_bytes,
                            .queue_depth = o.stream.queue_depth,
                            .use_uring = o.stream.io_uring,
@@ -207,7 +227,10 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   }
   const uint64_t kv_scratch = kv_scratch_bytes();
   const uint64_t resident_need = impl.file->file_bytes() + kv_scratch;
-  const uint64_t fixed_need = impl.file->file_bytes() - std::min(impl.file->file_bytes(), expert_bytes) + kv_scratch;
+  // Tiered: prefill sweeps of up to `sweep` tokens (their residual stream on the GPU too).
+  const int64_t sweep = expert_bytes > 0 ? sweep_for(o, models::CudaLoad::sweep_bytes(hp.n_embd, 1)) : 0;
+  const uint64_t fixed_need = impl.file->file_bytes() - std::min(impl.file->file_bytes(), expert_bytes) + kv_scratch +
+                              models::CudaLoad::sweep_bytes(hp.n_embd, sweep);
   // The pool: asked for, or needed because the experts do not fit (or asked to stay in host memory).
   uint64_t pool = uint64_t(o.gpu_cache_gb * gib);
   if (pool == 0 && expert_bytes > 0 && (host_experts || resident_need > gpu.free_bytes)) {
@@ -228,7 +251,8 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   }
   Result<std::unique_ptr<models::Model>> model =
       entry.load_cuda(*impl.file, {.n_batch = o.n_batch, .expert_pool_bytes = pool, .cpu_experts = o.cpu_experts,
-                                   .policy = o.gpu_cache_policy, .kv_type = kv_quant_type(o.kv_type)});
+                                   .policy = o.gpu_cache_policy, .kv_type = kv_quant_type(o.kv_type),
+                                   .sweep_tokens = pool > 0 ? sweep : 0});
   if (!model.ok()) return fall_back(model.status().message());
   impl.model = std::move(model).value();
   impl.on_gpu = true;
@@ -246,6 +270,14 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
                             double(gpu.total_bytes) / gib);
     if (o.cpu_experts) {
       impl.plan_text += "\n  CPU expert lane (--cpu-experts): cold experts that miss the pool are computed on the CPU";
+    }
+    impl.sweep_tokens = impl.model->sweep_tokens();
+    if (impl.sweep_tokens > 0) {
+      impl.plan_text += format("\n  prefill sweeps of up to %lld tokens (--sweep: layer by layer over --batch chunks, "
+                               "each layer's experts copied up once; %.0f MiB)",
+                               (long long)impl.model->sweep_tokens(),
+                               double(models::CudaLoad::sweep_bytes(hp.n_embd, impl.model->sweep_tokens())) /
+                                   double(1 << 20));
     }
   } else {
     impl.plan_text = format("device: CUDA %s: every weight resident (%.1f GiB), KV in %s on the GPU (%.2f GiB per "
@@ -333,6 +365,7 @@ ExpertStats Engine::expert_stats() const {
     out.gpu_cpu_rows = t.cpu_rows;
     out.gpu_cpu_seconds = t.cpu_seconds;
   }
+  out.sweeps = impl_->sweeps;
   return out;
 }
 
@@ -356,12 +389,14 @@ ExpertStats& ExpertStats::operator+=(const ExpertStats& o) {
   gpu_hits += o.gpu_hits, gpu_misses += o.gpu_misses, gpu_evictions += o.gpu_evictions;
   gpu_bytes_h2d += o.gpu_bytes_h2d, gpu_miss_seconds += o.gpu_miss_seconds;
   gpu_cpu_experts += o.gpu_cpu_experts, gpu_cpu_rows += o.gpu_cpu_rows, gpu_cpu_seconds += o.gpu_cpu_seconds;
+  sweeps += o.sweeps;
   return *this;
 }
 
 void Engine::reset_expert_stats() {
   if (impl_->store) impl_->store->reset_stats();
   impl_->model->reset_gpu_tier_stats();
+  impl_->sweeps = 0;
 }
 Engine::~Engine() = default;
 
@@ -597,13 +632,16 @@ Status Session::Impl::compute(int64_t from, Logits mode, const SyncProgress& pro
   const int64_t n_vocab = engine->model->hparams().n_vocab;
   const int64_t total = int64_t(next.size()) - from;
   const int64_t n_batch = engine->options.n_batch;
+  // Tokens per forward call: a prefill sweep of the remaining prompt when the model takes one (sweep_tokens).
+  const int64_t sweep = engine->sweep_tokens;
   if (mode == Logits::kAll) {
     all_logits.resize(size_t(total) * size_t(n_vocab));
     all_first = from;
     all_rows = total;
   }
-  for (int64_t b = from; b < int64_t(next.size()); b += n_batch) {
-    const int64_t n = std::min<int64_t>(n_batch, int64_t(next.size()) - b);
+  for (int64_t b = from, n = 0; b < int64_t(next.size()); b += n) {
+    n = std::min<int64_t>(int64_t(next.size()) - b > n_batch ? std::max(sweep, n_batch) : n_batch,
+                          int64_t(next.size()) - b);
     const bool last_chunk = b + n == int64_t(next.size());
     float* out = mode == Logits::kAll ? all_logits.data() + size_t(b - from) * size_t(n_vocab) : last_logits.data();
     const models::SeqSpan seq{.kv = kv.get(), .pos0 = b, .n_tok = n};
@@ -621,6 +659,7 @@ Status Session::Impl::compute(int64_t from, Logits mode, const SyncProgress& pro
       all_rows = 0;
       return s;
     }
+    if (n > n_batch) ++engine->sweeps;
     checkpoint(b, b + n);
     if (last_chunk && mode == Logits::kAll) {
       std::copy(out + size_t(n - 1) * size_t(n_vocab), out + size_t(n) * size_t(n_vocab), last_logits.begin());

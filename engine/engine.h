@@ -67,6 +67,12 @@ struct EngineOptions {
   int64_t n_ctx = 0;          // context per session; 0: min(training context, 4096)
   int64_t n_batch = 0;        // tokens per forward call during prefill (bounds scratch memory); 0: 2048 when the
                               // whole model runs on the GPU with room for that scratch, else 512
+  // Experts streamed or tiered (not all resident): prompt tokens per prefill sweep (rounded down to a multiple of
+  // n_batch), which runs the prompt layer by layer over n_batch-token chunks so that each layer's experts are read
+  // (and on the GPU copied up) once per sweep instead of once per chunk, the next layer's read while this one
+  // computes. Its residual stream takes 8 bytes per token and n_embd of GPU memory (tiered), 4 of host memory per
+  // session (CPU). -1: as many as fit 256 MiB, at most n_ctx; 0: off (one chunk through every layer at a time).
+  int64_t n_sweep = -1;
   KvType kv_type = KvType::kF16;
   Device device = Device::kAuto;
   // CUDA: bytes of the GPU expert pool in GiB. 0: every weight resident on the GPU when the model fits its free
@@ -114,6 +120,7 @@ struct ExpertStats {
   // The CPU expert lane (--cpu-experts): pool misses computed on the CPU instead of copied up (not in gpu_misses).
   uint64_t gpu_cpu_experts = 0, gpu_cpu_rows = 0;
   double gpu_cpu_seconds = 0;
+  uint64_t sweeps = 0;          // prefill sweeps (EngineOptions::n_sweep) run
   uint64_t gpu_lookups() const { return gpu_hits + gpu_misses + gpu_cpu_experts; }
 
   // Sums the counters of two periods (`store` and `streamed` are taken from `other`).

@@ -122,6 +122,11 @@ class Model {
   virtual Status forward(cpu::ThreadPool& pool, Workspace& ws, const ForwardArgs& args) const = 0;
   // Where the routed experts live in the file (null for dense models).
   virtual const experts::ExpertLayout* expert_layout() const { return nullptr; }
+  // Tokens of one sequence that one forward() call may take when that is more than the workspace's n_batch (0: no
+  // more). Such a call is a prefill sweep: the model runs the prompt layer by layer, each layer over n_batch-token
+  // chunks from the first token, so that a layer's streamed experts are brought in once for all the chunks instead
+  // of once per chunk. Its logits and KV are bit for bit those of one call per chunk.
+  virtual int64_t sweep_tokens() const { return 0; }
 
   // A GPU expert tier's counters since load or the last reset (all zero without one).
   struct GpuTierStats {
@@ -147,6 +152,10 @@ struct CudaLoad {
   bool cpu_experts = false;        // tiered: cold experts that miss the pool are computed on the CPU (the lane)
   std::string policy = "lfu";      // tiered: the pool's eviction (experts::make_policy: lfu, lru)
   quant::Type kv_type = quant::Type::F16;  // the sessions' KV caches (F16 or Q8_0 where the kernels take the shape)
+  // Tiered: the longest prefill sweep (Model::sweep_tokens; a multiple of n_batch, 0: none). Its residual stream
+  // takes sweep_bytes(n_embd, sweep_tokens) of device memory.
+  int64_t sweep_tokens = 0;
+  static uint64_t sweep_bytes(int64_t n_embd, int64_t tokens) { return uint64_t(tokens) * uint64_t(n_embd) * 8; }
 };
 
 // One row per architecture (models/registry.cpp).

@@ -11,6 +11,10 @@ void ModelFlags::add_to(cli::Args& args) {
   args.option("--batch", &batch, "N",
               "prompt tokens per forward pass (bounds scratch memory; 0: 2048 when the whole model runs on the GPU "
               "with room for it, else 512)");
+  args.option("--sweep", &sweep, "N",
+              "experts streamed or tiered: prompt tokens per prefill sweep, computed layer by layer in --batch chunks "
+              "so that each layer's experts are read (and copied to the GPU) once per sweep, not once per chunk (-1: "
+              "as many as fit 256 MiB, at most --ctx; 0: off)");
   args.option("--kv-type", &kv_type, "f16|f32|q8_0",
               "KV cache precision (q8_0: 8.5 bits per element, about half of f16's memory, on the CPU and the GPU; f32: "
               "CPU only)");
@@ -61,6 +65,10 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
     std::fprintf(stderr, "magnetar %s: --ctx, -t and --batch must be >= 0\n", command);
     return nullptr;
   }
+  if (sweep < -1) {
+    std::fprintf(stderr, "magnetar %s: --sweep must be -1 (auto), 0 (off) or a token count\n", command);
+    return nullptr;
+  }
   if (int(resident) + int(mmap) + int(stream || cache_gb > 0) > 1) {
     std::fprintf(stderr, "magnetar %s: --resident, --mmap and --stream / --cache-gb exclude each other\n", command);
     return nullptr;
@@ -77,7 +85,7 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
     std::fprintf(stderr, "magnetar %s: --cache-gb must be >= 0 and --queue-depth in 1..4096\n", command);
     return nullptr;
   }
-  EngineOptions options{.n_threads = int(threads), .n_ctx = ctx, .n_batch = batch,
+  EngineOptions options{.n_threads = int(threads), .n_ctx = ctx, .n_batch = batch, .n_sweep = sweep,
                         .kv_type = kv_type == "f32" ? KvType::kF32 : kv_type == "q8_0" ? KvType::kQ8_0 : KvType::kF16,
                         .device = device == "cpu" ? Device::kCpu : device == "cuda" ? Device::kCuda : Device::kAuto,
                         .gpu_cache_gb = gpu_cache_gb,
@@ -131,6 +139,7 @@ std::string expert_summary(const ExpertStats& s, double seconds, int64_t tokens)
       100 * ratio(double(s.hits), double(acquired)), (unsigned long long)acquired,
       ratio(double(s.bytes_read), double(tokens)) / double(1 << 20), ratio(double(s.bytes_read), seconds) / 1e6, seconds,
       100 * ratio(s.wait_seconds, seconds));
+  if (s.sweeps > 0) line += format(" | %llu prefill sweeps", (unsigned long long)s.sweeps);
   if (s.acquired_with_hint > 0) {
     line += format(" | prefetch: +%.1f%% hits in flight, %llu issued, %llu used, %llu wasted, next-layer recall %.1f%%",
                    100 * ratio(double(s.inflight_hits), double(acquired)), (unsigned long long)s.prefetch_issued,
@@ -152,7 +161,7 @@ nlohmann::json expert_summary_json(const ExpertStats& s, double seconds, int64_t
           {"gpu_hits", s.gpu_hits}, {"gpu_misses", s.gpu_misses}, {"gpu_evictions", s.gpu_evictions},
           {"gpu_bytes_h2d", s.gpu_bytes_h2d}, {"gpu_miss_seconds", s.gpu_miss_seconds},
           {"gpu_cpu_experts", s.gpu_cpu_experts}, {"gpu_cpu_rows", s.gpu_cpu_rows},
-          {"gpu_cpu_seconds", s.gpu_cpu_seconds}};
+          {"gpu_cpu_seconds", s.gpu_cpu_seconds}, {"sweeps", s.sweeps}};
 }
 
 void SamplingFlags::add_to(cli::Args& args) {

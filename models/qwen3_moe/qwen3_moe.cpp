@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <optional>
 
@@ -50,6 +51,9 @@ class Qwen3Workspace : public Workspace {
   size_t gathered_row_bytes = 0;                    // rows of qa as moe_ffn gathered them for run_experts
   bool gathered_is_float = false;
   std::vector<float> attn_scratch;
+  std::vector<float> sweep_x;         // a prefill sweep's residual stream [tokens, n_embd] (grown by the first sweep)
+  bool sweeping = false;              // a prefill sweep is in progress ...
+  bool sweep_first_chunk = false;     // ... at a layer's first chunk of several (moe_ffn's prefetch)
   Profile* profile = nullptr;         // of the forward() call in progress
   RoutingCounts* routing = nullptr;   // idem
   int64_t layer = 0;                  // idem: the layer being computed
@@ -65,8 +69,16 @@ class Qwen3Model final : public Model {
   std::unique_ptr<Workspace> make_workspace(int64_t n_batch, int64_t n_ctx, int n_threads) const override;
   Status forward(cpu::ThreadPool& pool, Workspace& ws, const ForwardArgs& args) const override;
   const experts::ExpertLayout* expert_layout() const override { return layout_.get(); }
+  // Any length: a sweep's residual stream grows in the workspace (Qwen3Workspace::sweep_x).
+  int64_t sweep_tokens() const override { return layout_ ? std::numeric_limits<int64_t>::max() : 0; }
 
  private:
+  // Layer il over the workspace's n tokens (ws.x in and out, ws.positions set).
+  Status layer(cpu::ThreadPool& pool, Qwen3Workspace& ws, const ForwardArgs& args, size_t il, int64_t n) const;
+  // The final norm and the LM head over ws.x: args' logits (every token, or each sequence's last).
+  void head(cpu::ThreadPool& pool, Qwen3Workspace& ws, const ForwardArgs& args, int64_t n) const;
+  // A prefill sweep (sweep_tokens): args' one sequence layer by layer in ws.n_batch-token chunks.
+  Status sweep(cpu::ThreadPool& pool, Qwen3Workspace& ws, const ForwardArgs& args) const;
   // Each sequence's tokens attend to its own KV cache.
   void attention_block(cpu::ThreadPool& pool, Qwen3Workspace& ws, std::span<const SeqSpan> seqs, const Layer& L,
                        int64_t il, int64_t n) const;
@@ -339,7 +351,16 @@ Status Qwen3Model::moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Laye
   const std::span<experts::ExpertPtrs> ptrs(ws.ptrs.data(), n_active);
   source.acquire(ws.layer, ws.active, ptrs, std::span<uint8_t>(ws.ready.data(), n_active));
   experts::Pinned pinned(source);
-  if (args.prefetch) predict_next(pool, ws, n, source);
+  if (ws.sweep_first_chunk) {
+    // A sweep's tokens will touch nearly every expert of the next MoE layer: read them while this layer computes.
+    int64_t next = ws.layer + 1;
+    while (next < hp_.n_layer && !w_.layers[size_t(next)].moe()) ++next;
+    std::vector<int32_t>& all = ws.sort_idx;
+    std::iota(all.begin(), all.end(), 0);
+    if (next < hp_.n_layer) source.prefetch(next, all);
+  } else if (args.prefetch && !ws.sweeping) {
+    predict_next(pool, ws, n, source);
+  }
   // Activations: prepared once per token, then gathered into expert order.
   const PreparedInput xt = cpu::prepare_input(pool, L.gate_exps.type, ws.xn.data(), E, E, n, ws.qb.data());
   const uint8_t* src = static_cast<const uint8_t*>(xt.data);
@@ -372,48 +393,33 @@ Status Qwen3Model::moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Laye
   return Status();
 }
 
-Status Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, const ForwardArgs& args) const {
-  Qwen3Workspace& ws = static_cast<Qwen3Workspace&>(workspace);
-  const int64_t n = args.n_tok, E = hp_.n_embd;
-  MAGNETAR_CHECK(n >= 1 && n <= ws.n_batch && !args.seqs.empty());
-  int64_t seq_tokens = 0;
-  for (const SeqSpan& seq : args.seqs) {
-    MAGNETAR_CHECK(seq.kv && seq.n_tok >= 1 && seq.pos0 >= 0 && seq.pos0 + seq.n_tok <= seq.kv->n_ctx());
-    MAGNETAR_CHECK(seq.kv->n_ctx() <= ws.n_ctx);
-    for (int64_t t = 0; t < seq.n_tok; ++t) ws.positions[size_t(seq_tokens + t)] = int32_t(seq.pos0 + t);
-    seq_tokens += seq.n_tok;
-  }
-  MAGNETAR_CHECK(seq_tokens == n);
-  ws.profile = args.profile;
-  ws.routing = args.routing;
-  if (ws.routing) MAGNETAR_CHECK(int64_t(ws.routing->counts.size()) == hp_.n_layer * hp_.n_expert);
-  std::optional<OpTimer> timer(std::in_place, ws.profile, Op::kEmbed);
-  const quant::ToFloatFn embed = cpu::kernels(w_.token_embd.type).dequantize;
-  for (int64_t t = 0; t < n; ++t) {
-    MAGNETAR_CHECK(args.tokens[t] >= 0 && args.tokens[t] < hp_.n_vocab);
-    embed(w_.token_embd.row(args.tokens[t]), ws.x.data() + t * E, E);
-  }
+Status Qwen3Model::layer(cpu::ThreadPool& pool, Qwen3Workspace& ws, const ForwardArgs& args, size_t il,
+                         int64_t n) const {
+  const int64_t E = hp_.n_embd;
+  const Layer& L = w_.layers[il];
   const cpu::VectorKernels& vk = cpu::vector_kernels();
-  for (size_t il = 0; il < w_.layers.size(); ++il) {
-    const Layer& L = w_.layers[il];
-    ws.layer = int64_t(il);
-    timer.emplace(ws.profile, Op::kNorm);
-    cpu::rms_norm(pool, ws.x.data(), L.attn_norm.f32(), ws.xn.data(), n, E, hp_.rms_eps);
-    timer.reset();
-    attention_block(pool, ws, args.seqs, L, int64_t(il), n);
-    timer.emplace(ws.profile, Op::kNorm);
-    for (int64_t t = 0; t < n; ++t) vk.axpy_f32(E, 1.0f, ws.proj.data() + t * E, ws.x.data() + t * E);
-    cpu::rms_norm(pool, ws.x.data(), L.ffn_norm.f32(), ws.xn.data(), n, E, hp_.rms_eps);
-    timer.reset();
-    if (L.moe()) {
-      MAGNETAR_RETURN_IF_ERROR(moe_ffn(pool, ws, L, n, args));
-    } else {
-      dense_ffn(pool, ws, L, n);
-    }
-    timer.emplace(ws.profile, Op::kNorm);
-    for (int64_t t = 0; t < n; ++t) vk.axpy_f32(E, 1.0f, ws.proj.data() + t * E, ws.x.data() + t * E);
+  ws.layer = int64_t(il);
+  std::optional<OpTimer> timer(std::in_place, ws.profile, Op::kNorm);
+  cpu::rms_norm(pool, ws.x.data(), L.attn_norm.f32(), ws.xn.data(), n, E, hp_.rms_eps);
+  timer.reset();
+  attention_block(pool, ws, args.seqs, L, int64_t(il), n);
+  timer.emplace(ws.profile, Op::kNorm);
+  for (int64_t t = 0; t < n; ++t) vk.axpy_f32(E, 1.0f, ws.proj.data() + t * E, ws.x.data() + t * E);
+  cpu::rms_norm(pool, ws.x.data(), L.ffn_norm.f32(), ws.xn.data(), n, E, hp_.rms_eps);
+  timer.reset();
+  if (L.moe()) {
+    MAGNETAR_RETURN_IF_ERROR(moe_ffn(pool, ws, L, n, args));
+  } else {
+    dense_ffn(pool, ws, L, n);
   }
-  timer.emplace(ws.profile, Op::kLmHead);
+  timer.emplace(ws.profile, Op::kNorm);
+  for (int64_t t = 0; t < n; ++t) vk.axpy_f32(E, 1.0f, ws.proj.data() + t * E, ws.x.data() + t * E);
+  return Status();
+}
+
+void Qwen3Model::head(cpu::ThreadPool& pool, Qwen3Workspace& ws, const ForwardArgs& args, int64_t n) const {
+  const int64_t E = hp_.n_embd;
+  OpTimer timer(ws.profile, Op::kLmHead);
   // Rows of the head: every token, or each sequence's last.
   int64_t n_out = n;
   if (args.all_logits) {
@@ -445,6 +451,87 @@ Status Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, const Fo
     for (int64_t i = 0; i < n_out; ++i) {
       std::copy_n(y + i * hp_.n_vocab, hp_.n_vocab, args.seq_logits[size_t(i)]);
     }
+  }
+}
+
+Status Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, const ForwardArgs& args) const {
+  Qwen3Workspace& ws = static_cast<Qwen3Workspace&>(workspace);
+  const int64_t n = args.n_tok, E = hp_.n_embd;
+  MAGNETAR_CHECK(n >= 1 && !args.seqs.empty() && (n <= ws.n_batch || (args.seqs.size() == 1 && layout_)));
+  int64_t seq_tokens = 0;
+  for (const SeqSpan& seq : args.seqs) {
+    MAGNETAR_CHECK(seq.kv && seq.n_tok >= 1 && seq.pos0 >= 0 && seq.pos0 + seq.n_tok <= seq.kv->n_ctx());
+    MAGNETAR_CHECK(seq.kv->n_ctx() <= ws.n_ctx);
+    seq_tokens += seq.n_tok;
+  }
+  MAGNETAR_CHECK(seq_tokens == n);
+  ws.profile = args.profile;
+  ws.routing = args.routing;
+  if (ws.routing) MAGNETAR_CHECK(int64_t(ws.routing->counts.size()) == hp_.n_layer * hp_.n_expert);
+  if (n > ws.n_batch) return sweep(pool, ws, args);
+  seq_tokens = 0;
+  for (const SeqSpan& seq : args.seqs) {
+    for (int64_t t = 0; t < seq.n_tok; ++t) ws.positions[size_t(seq_tokens + t)] = int32_t(seq.pos0 + t);
+    seq_tokens += seq.n_tok;
+  }
+  {
+    OpTimer timer(ws.profile, Op::kEmbed);
+    const quant::ToFloatFn embed = cpu::kernels(w_.token_embd.type).dequantize;
+    for (int64_t t = 0; t < n; ++t) {
+      MAGNETAR_CHECK(args.tokens[t] >= 0 && args.tokens[t] < hp_.n_vocab);
+      embed(w_.token_embd.row(args.tokens[t]), ws.x.data() + t * E, E);
+    }
+  }
+  for (size_t il = 0; il < w_.layers.size(); ++il) MAGNETAR_RETURN_IF_ERROR(layer(pool, ws, args, il, n));
+  head(pool, ws, args, n);
+  return Status();
+}
+
+Status Qwen3Model::sweep(cpu::ThreadPool& pool, Qwen3Workspace& ws, const ForwardArgs& args) const {
+  const int64_t n = args.n_tok, E = hp_.n_embd, B = ws.n_batch;
+  const SeqSpan& seq = args.seqs[0];
+  struct EndSweep {
+    Qwen3Workspace& ws;
+    ~EndSweep() { ws.sweeping = ws.sweep_first_chunk = false; }
+  } end_sweep{ws};
+  ws.sweeping = true;
+  grow(ws.sweep_x, size_t(n * E));
+  {
+    OpTimer timer(ws.profile, Op::kEmbed);
+    const quant::ToFloatFn embed = cpu::kernels(w_.token_embd.type).dequantize;
+    for (int64_t t = 0; t < n; ++t) {
+      MAGNETAR_CHECK(args.tokens[t] >= 0 && args.tokens[t] < hp_.n_vocab);
+      embed(w_.token_embd.row(args.tokens[t]), ws.sweep_x.data() + t * E, E);
+    }
+  }
+  // Chunk c of args as a call of its own; a chunk's attention reads the rows the chunks before it stored at the layer.
+  auto chunk_args = [&](int64_t c, SeqSpan& span) {
+    span = {.kv = seq.kv, .pos0 = seq.pos0 + c, .n_tok = std::min(B, n - c)};
+    for (int64_t t = 0; t < span.n_tok; ++t) ws.positions[size_t(t)] = int32_t(span.pos0 + t);
+    ForwardArgs a = args;
+    a.tokens = args.tokens + c;
+    a.n_tok = span.n_tok;
+    a.seqs = {&span, 1};
+    return a;
+  };
+  for (size_t il = 0; il < w_.layers.size(); ++il) {
+    for (int64_t c = 0; c < n; c += B) {
+      SeqSpan span;
+      const ForwardArgs a = chunk_args(c, span);
+      std::copy_n(ws.sweep_x.data() + c * E, span.n_tok * E, ws.x.data());
+      ws.sweep_first_chunk = c == 0;
+      MAGNETAR_RETURN_IF_ERROR(layer(pool, ws, a, il, span.n_tok));
+      std::copy_n(ws.x.data(), span.n_tok * E, ws.sweep_x.data() + c * E);
+    }
+  }
+  ws.sweep_first_chunk = false;
+  // The head chunk by chunk as single calls compute it: every token's logits, or the last token's.
+  for (int64_t c = args.all_logits ? 0 : (n - 1) / B * B; c < n; c += B) {
+    SeqSpan span;
+    ForwardArgs a = chunk_args(c, span);
+    if (args.all_logits) a.logits = args.logits + c * hp_.n_vocab;
+    std::copy_n(ws.sweep_x.data() + c * E, span.n_tok * E, ws.x.data());
+    head(pool, ws, a, span.n_tok);
   }
   return Status();
 }

@@ -47,6 +47,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -170,8 +171,8 @@ class Qwen3Cuda final : public Model {
  public:
   Qwen3Cuda(Qwen3Bound bound, const gguf::Model& file, const CudaLoad& o)
       : hp_(std::move(bound.hp)), w_(std::move(bound.w)), layout_(std::move(bound.layout)), file_(file),
-        n_batch_(o.n_batch), kv_type_(o.kv_type), pool_bytes_(o.expert_pool_bytes), policy_name_(o.policy),
-        cpu_lane_(o.cpu_experts && o.expert_pool_bytes > 0) {}
+        n_batch_(o.n_batch), sweep_tokens_(o.expert_pool_bytes > 0 ? o.sweep_tokens : 0), kv_type_(o.kv_type),
+        pool_bytes_(o.expert_pool_bytes), policy_name_(o.policy), cpu_lane_(o.cpu_experts && o.expert_pool_bytes > 0) {}
   Status init();
 
   const HParams& hparams() const override { return hp_; }
@@ -181,6 +182,7 @@ class Qwen3Cuda final : public Model {
   }
   Status forward(cpu::ThreadPool& pool, Workspace& ws, const ForwardArgs& args) const override;
   const experts::ExpertLayout* expert_layout() const override { return layout_.get(); }
+  int64_t sweep_tokens() const override { return sweep_tokens_; }
   GpuTierStats gpu_tier_stats() const override { return tier_stats_; }
   std::vector<uint8_t> gpu_cached() const override {
     std::vector<uint8_t> out(slot_of_.size());
@@ -218,8 +220,9 @@ class Qwen3Cuda final : public Model {
   // q_exp_ for the experts) = norm(x_out), router_ = the router's logits. Whether it applies: norm_in_router.
   bool norm_in_router(const DevLayer& L, int64_t n) const;
   Status add_norm_router(const DevLayer& L, float* x, float* x_out) const;
-  // Whether an MoE layer leaves its expert rows for the next add_norm to combine (Fusion::kCombine).
-  bool combine_in_norm() const { return fused(Fusion::kCombine) && hp_.n_expert_used <= 64; }
+  // Whether an MoE layer leaves its expert rows for the next add_norm to combine (Fusion::kCombine); not in a sweep,
+  // whose chunks keep only x and proj_ between layers (the same bits: add_rms_norm adds moe_combine's sum).
+  bool combine_in_norm() const { return fused(Fusion::kCombine) && hp_.n_expert_used <= 64 && !sweeping_; }
   // Every expert resident and a decode-sized batch: route_topk builds the expert launches' items on the device (one
   // token: the products route themselves, route_in_products()) and no layer's ids come to the host during the pass;
   // forward() reads all layers' back at the end (copy_routes_back) when it counts routing. A copy inside the pass
@@ -243,6 +246,18 @@ class Qwen3Cuda final : public Model {
   // Queues the forward pass from the host input buffers (h_x_, h_positions_) up to the final norm; returns the
   // head's input rows (xn_, or each sequence's last row gathered) in *head_in.
   Status enqueue_layers(cpu::ThreadPool& pool, const ForwardArgs& args, int64_t n, const float** head_in) const;
+  // Layer il over args' n tokens: the residual stream x (x_ or x2_: swapped with x_other by a norm inside the
+  // router) and proj_ (the layer before's output, or with `combine` its MoE rows in down_) in, the same out.
+  Status layer(cpu::ThreadPool& pool, const ForwardArgs& args, size_t il, int64_t n, float*& x, float*& x_other,
+               bool& combine) const;
+  // The tokens' positions (and a decode token's rotation table) into h_positions_, then queued up to positions_.
+  void stage_positions(std::span<const SeqSpan> seqs) const;
+  void upload_positions(std::span<const SeqSpan> seqs, int64_t n) const;
+  // A prefill sweep (sweep_tokens): args' one sequence layer by layer over n_batch_-token chunks, each chunk's x and
+  // proj_ kept in sweep_x_ / sweep_p_ between layers.
+  Status sweep(cpu::ThreadPool& pool, const ForwardArgs& args) const;
+  // Adds layer il's routing of n tokens (its ids on the host, h_ids_) to `counts`.
+  void count_routes(RoutingCounts& counts, int64_t il, int64_t n) const;
   // The decode graph of args' batch shape, captured on first use (graphs_, least recently used evicted).
   Result<const cuda::Graph*> decode_graph(cpu::ThreadPool& pool, const ForwardArgs& args, int64_t n) const;
   // Tiered mode: the device pointers of `active`'s experts in the pool (pool_ptrs_), loading the misses from
@@ -275,6 +290,10 @@ class Qwen3Cuda final : public Model {
   std::unique_ptr<experts::ExpertLayout> layout_;
   const gguf::Model& file_;
   int64_t n_batch_;
+  int64_t sweep_tokens_;  // the longest prefill sweep (0: none); its residual stream: sweep_x_, sweep_p_
+  mutable DeviceBuffer sweep_x_, sweep_p_;
+  mutable bool sweeping_ = false;
+  mutable bool sweep_first_chunk_ = false;  // sweeping_, at a layer's first chunk of several (moe_ffn's guess)
   quant::Type kv_type_;  // the sessions' KV caches: F16 or Q8_0
   // Q8_0 KV: K and V of the rows a prefill attends, as F16 (kv_to_f16), for the attention kernels that read F16;
   // rows for the longest session's context (mirror_of).
@@ -581,6 +600,10 @@ Status Qwen3Cuda::init() {
       MAGNETAR_ASSIGN_OR_RETURN(copy_start_[b], cuda::Event::create());
       MAGNETAR_ASSIGN_OR_RETURN(copy_end_[b], cuda::Event::create());
     }
+  }
+  if (sweep_tokens_ > 0) {
+    MAGNETAR_ASSIGN_OR_RETURN(sweep_x_, device_buffer(size_t(CudaLoad::sweep_bytes(E, sweep_tokens_)) / 2));
+    MAGNETAR_ASSIGN_OR_RETURN(sweep_p_, device_buffer(size_t(CudaLoad::sweep_bytes(E, sweep_tokens_)) / 2));
   }
   if (cpu_lane_) {
     const size_t F = size_t(hp_.n_ff_exp), row = std::max(size_t(max_cols) * f, size_t(act_row_max_));
@@ -1132,12 +1155,15 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
     // read back with this layer's ids; the source reads the guessed experts it lacks while this layer waits and
     // computes. router_ is free again: route_topk has consumed it.
     int64_t next = -1;
-    if (args.prefetch && pool_bytes_ > 0 && args.experts != nullptr) {
+    // A sweep's first chunk of a layer reads the next MoE layer's experts that the pool lacks, all of them: the
+    // sweep's tokens will touch nearly every one, and the reads then overlap this layer's chunks (sweep_prefetch).
+    const bool sweep_guess = sweep_first_chunk_ && sweep_prefetch();
+    if ((sweeping_ ? sweep_guess : args.prefetch) && pool_bytes_ > 0 && args.experts != nullptr) {
       for (int64_t l = il + 1; l < hp_.n_layer && next < 0; ++l) {
         if (layers_[size_t(l)].moe) next = l;
       }
     }
-    if (next >= 0) {
+    if (next >= 0 && !sweep_guess) {
       MAGNETAR_RETURN_IF_ERROR(linear(layers_[size_t(next)].gate_inp, xn_.as<float>(), router, n));
       MAGNETAR_RETURN_IF_ERROR(cuda::route_topk({.logits = router, .ids = next_ids_.as<int32_t>(),
                                                  .weights = next_weights_.as<float>(), .n_tok = n, .n_expert = X,
@@ -1146,11 +1172,16 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
     }
     stream_.synchronize();
     settle_copies();  // the previous MoE layer's copies have landed
-    if (next >= 0) {
+    if (next >= 0 && sweep_guess) {
+      guess_.resize(size_t(X));
+      std::iota(guess_.begin(), guess_.end(), 0);
+    } else if (next >= 0) {
       const int32_t* guessed = h_next_ids_.as<int32_t>();
       guess_.assign(guessed, guessed + R);
       std::sort(guess_.begin(), guess_.end());
       guess_.erase(std::unique(guess_.begin(), guess_.end()), guess_.end());
+    }
+    if (next >= 0) {
       // Only what the pool lacks (a pooled expert needs no host read unless this layer's misses evict it).
       std::erase_if(guess_, [&](int32_t e) { return slot_of_[size_t(next * X + e)] >= 0; });
     }
@@ -1252,7 +1283,8 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
 Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& args) const {
   const auto t_call = std::chrono::steady_clock::now();
   const int64_t n = args.n_tok, E = hp_.n_embd, V = hp_.n_vocab;
-  MAGNETAR_CHECK(n >= 1 && n <= n_batch_ && !args.seqs.empty());
+  const bool sweep_call = n > n_batch_;
+  MAGNETAR_CHECK(n >= 1 && (n <= n_batch_ || (n <= sweep_tokens_ && args.seqs.size() == 1)) && !args.seqs.empty());
   if (args.routing) MAGNETAR_CHECK(int64_t(args.routing->counts.size()) == hp_.n_layer * hp_.n_expert);
   // However this call ends, the last acquired layer is released once its copies have landed.
   struct SettleOnExit {
@@ -1267,7 +1299,6 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
   // Each sequence's KV mirror, current up to its pos0.
   std::vector<DeviceKv*>& mirrors = mirrors_;
   mirrors.clear();
-  int32_t* h_pos = h_positions_.as<int32_t>();
   int64_t t = 0;
   for (const SeqSpan& seq : args.seqs) {
     MAGNETAR_CHECK(seq.kv && seq.n_tok >= 1 && seq.pos0 >= 0 && seq.pos0 + seq.n_tok <= seq.kv->n_ctx());
@@ -1282,14 +1313,11 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
       seq.kv->copied_to_device(seq.pos0);
     }
     mirrors.push_back(m);
-    for (int64_t i = 0; i < seq.n_tok; ++i) h_pos[t + i] = int32_t(seq.pos0 + i);
-    if (seq.n_tok == 1) {
-      float* table = reinterpret_cast<float*>(h_positions_.as<uint8_t>() + rope_at_) + t * hp_.head_dim;
-      cuda::rope_table(int32_t(seq.pos0), hp_.head_dim, hp_.rope_theta, table);
-    }
     t += seq.n_tok;
   }
   MAGNETAR_CHECK(t == n);
+  if (sweep_call) return sweep(pool, args);
+  stage_positions(args.seqs);
   // Embeddings: dequantized on the host (n rows of the table) into the pinned buffer the upload reads.
   const quant::ToFloatFn embed = cpu::kernels(w_.token_embd.type).dequantize;
   float* hx = h_x_.as<float>();
@@ -1357,14 +1385,7 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
     }
   }
   for (const SeqSpan& seq : args.seqs) seq.kv->wrote_device(seq.pos0, seq.pos0 + seq.n_tok);
-  if (args.routing) {
-    const int64_t K = hp_.n_expert_used;
-    for (int64_t il = 0; il < hp_.n_layer; ++il) {
-      if (!layers_[size_t(il)].moe) continue;
-      const int32_t* h_ids = h_ids_.as<int32_t>() + il * n * K;
-      for (int64_t r = 0; r < n * K; ++r) args.routing->counts[size_t(il * hp_.n_expert + h_ids[r])]++;
-    }
-  }
+  for (int64_t il = 0; args.routing && il < hp_.n_layer; ++il) count_routes(*args.routing, il, n);
   if (args.profile) {
     const double device = cuda::Event::seconds_between(device_start_, device_end_);
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_call).count();
@@ -1378,44 +1399,14 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
 Status Qwen3Cuda::enqueue_layers(cpu::ThreadPool& pool, const ForwardArgs& args, int64_t n,
                                  const float** head_in) const {
   const int64_t E = hp_.n_embd;
-  const std::vector<DeviceKv*>& mirrors = mirrors_;
   float* x = x_.as<float>();  // the residual stream: x_, or x2_ after a norm inside the router (add_norm_router)
   float* x_other = x2_.as<float>();
   float* xn = xn_.as<float>();
   stream_.copy(x, h_x_.as<float>(), size_t(n * E) * sizeof(float));
-  // The positions, and the rotation tables up to the last decode token's when there is one.
-  int64_t tables = 0, t = 0;
-  for (const SeqSpan& seq : args.seqs) {
-    t += seq.n_tok;
-    if (seq.n_tok == 1) tables = t;
-  }
-  stream_.copy(positions_.data(), h_positions_.as<uint8_t>(),
-               tables > 0 ? rope_at_ + size_t(tables * hp_.head_dim) * sizeof(float) : size_t(n) * 4);
-
+  upload_positions(args.seqs, n);
   bool combine = false;  // the layer before was an MoE layer whose rows the next add_norm combines
   for (size_t il = 0; il < layers_.size(); ++il) {
-    const DevLayer& L = layers_[il];
-    if (il == 0) {
-      xn_act_ = quant::Type::F32;
-      MAGNETAR_RETURN_IF_ERROR(cuda::rms_norm({.x = x, .weight = L.attn_norm.f32(), .y = xn, .n_rows = n, .n_cols = E,
-                                               .eps = hp_.rms_eps}, stream_));
-    } else {
-      MAGNETAR_RETURN_IF_ERROR(
-          add_norm(x, L.attn_norm.f32(), qkv_share_input(L) ? L.wq.type : quant::Type::F32, n, combine));
-    }
-    MAGNETAR_RETURN_IF_ERROR(attention_block(L, int64_t(il), args.seqs, mirrors, n));
-    const quant::Type ffn_in = L.moe ? L.exp_type
-                               : L.ffn_gate.type == L.ffn_up.type ? L.ffn_gate.type
-                                                                  : quant::Type::F32;
-    const bool routed = norm_in_router(L, n);
-    if (routed) {
-      MAGNETAR_RETURN_IF_ERROR(add_norm_router(L, x, x_other));
-      std::swap(x, x_other);
-    } else {
-      MAGNETAR_RETURN_IF_ERROR(add_norm(x, L.ffn_norm.f32(), ffn_in, n));
-    }
-    MAGNETAR_RETURN_IF_ERROR(L.moe ? moe_ffn(pool, L, int64_t(il), n, args, routed) : dense_ffn(L, n));
-    combine = L.moe && combine_in_norm();
+    MAGNETAR_RETURN_IF_ERROR(layer(pool, args, il, n, x, x_other, combine));
   }
   MAGNETAR_RETURN_IF_ERROR(add_norm(x, output_norm_.f32(), quant::Type::F32, n, combine));
   // The head's input rows: every token, or each sequence's last (gathered when they are not already adjacent).
@@ -1432,6 +1423,151 @@ Status Qwen3Cuda::enqueue_layers(cpu::ThreadPool& pool, const ForwardArgs& args,
       }
       *head_in = gathered;
     }
+  }
+  return Status();
+}
+
+Status Qwen3Cuda::layer(cpu::ThreadPool& pool, const ForwardArgs& args, size_t il, int64_t n, float*& x,
+                        float*& x_other, bool& combine) const {
+  const DevLayer& L = layers_[il];
+  if (il == 0) {
+    xn_act_ = quant::Type::F32;
+    MAGNETAR_RETURN_IF_ERROR(cuda::rms_norm({.x = x, .weight = L.attn_norm.f32(), .y = xn_.as<float>(), .n_rows = n,
+                                             .n_cols = hp_.n_embd, .eps = hp_.rms_eps}, stream_));
+  } else {
+    MAGNETAR_RETURN_IF_ERROR(
+        add_norm(x, L.attn_norm.f32(), qkv_share_input(L) ? L.wq.type : quant::Type::F32, n, combine));
+  }
+  MAGNETAR_RETURN_IF_ERROR(attention_block(L, int64_t(il), args.seqs, mirrors_, n));
+  const quant::Type ffn_in = L.moe ? L.exp_type
+                             : L.ffn_gate.type == L.ffn_up.type ? L.ffn_gate.type
+                                                                : quant::Type::F32;
+  const bool routed = norm_in_router(L, n);
+  if (routed) {
+    MAGNETAR_RETURN_IF_ERROR(add_norm_router(L, x, x_other));
+    std::swap(x, x_other);
+  } else {
+    MAGNETAR_RETURN_IF_ERROR(add_norm(x, L.ffn_norm.f32(), ffn_in, n));
+  }
+  MAGNETAR_RETURN_IF_ERROR(L.moe ? moe_ffn(pool, L, int64_t(il), n, args, routed) : dense_ffn(L, n));
+  combine = L.moe && combine_in_norm();
+  return Status();
+}
+
+void Qwen3Cuda::stage_positions(std::span<const SeqSpan> seqs) const {
+  int32_t* h_pos = h_positions_.as<int32_t>();
+  int64_t t = 0;
+  for (const SeqSpan& seq : seqs) {
+    for (int64_t i = 0; i < seq.n_tok; ++i) h_pos[t + i] = int32_t(seq.pos0 + i);
+    if (seq.n_tok == 1) {
+      float* table = reinterpret_cast<float*>(h_positions_.as<uint8_t>() + rope_at_) + t * hp_.head_dim;
+      cuda::rope_table(int32_t(seq.pos0), hp_.head_dim, hp_.rope_theta, table);
+    }
+    t += seq.n_tok;
+  }
+}
+
+void Qwen3Cuda::upload_positions(std::span<const SeqSpan> seqs, int64_t n) const {
+  // The positions, and the rotation tables up to the last decode token's when there is one.
+  int64_t tables = 0, t = 0;
+  for (const SeqSpan& seq : seqs) {
+    t += seq.n_tok;
+    if (seq.n_tok == 1) tables = t;
+  }
+  stream_.copy(positions_.data(), h_positions_.as<uint8_t>(),
+               tables > 0 ? rope_at_ + size_t(tables * hp_.head_dim) * sizeof(float) : size_t(n) * 4);
+}
+
+void Qwen3Cuda::count_routes(RoutingCounts& counts, int64_t il, int64_t n) const {
+  if (!layers_[size_t(il)].moe) return;
+  const int64_t K = hp_.n_expert_used;
+  const int32_t* h_ids = h_ids_.as<int32_t>() + il * n * K;
+  for (int64_t r = 0; r < n * K; ++r) counts.counts[size_t(il * hp_.n_expert + h_ids[r])]++;
+}
+
+Status Qwen3Cuda::sweep(cpu::ThreadPool& pool, const ForwardArgs& args) const {
+  const auto t_call = std::chrono::steady_clock::now();
+  const int64_t n = args.n_tok, E = hp_.n_embd, V = hp_.n_vocab, B = n_batch_;
+  const SeqSpan& seq = args.seqs[0];
+  MAGNETAR_CHECK(args.seq_logits.size() <= 1 && (args.all_logits || args.seq_logits.size() == 1 || args.logits));
+  sweeping_ = true;
+  struct EndSweep {
+    bool& on;
+    ~EndSweep() { on = false; }
+  } end_sweep{sweeping_}, end_first{sweep_first_chunk_};
+  float* sweep_x = sweep_x_.as<float>();
+  float* sweep_p = sweep_p_.as<float>();
+  const size_t row = size_t(E) * sizeof(float);
+  if (args.profile) device_start_.record(stream_);
+  // Embeddings, a chunk at a time through the pinned h_x_ (the copy before must have read it).
+  const quant::ToFloatFn embed = cpu::kernels(w_.token_embd.type).dequantize;
+  float* hx = h_x_.as<float>();
+  double embed_seconds = 0;
+  for (int64_t c = 0; c < n; c += B) {
+    const int64_t m = std::min(B, n - c);
+    stream_.synchronize();
+    const auto t_embed = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < m; ++i) {
+      MAGNETAR_CHECK(args.tokens[c + i] >= 0 && args.tokens[c + i] < V);
+      embed(w_.token_embd.row(args.tokens[c + i]), hx + i * E, E);
+    }
+    embed_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_embed).count();
+    stream_.copy(sweep_x + c * E, hx, size_t(m) * row);
+  }
+  // Layer by layer, chunk by chunk: a chunk's attention reads the rows the chunks before it stored at this layer.
+  for (size_t il = 0; il < layers_.size(); ++il) {
+    for (int64_t c = 0; c < n; c += B) {
+      const int64_t m = std::min(B, n - c);
+      const SeqSpan chunk{.kv = seq.kv, .pos0 = seq.pos0 + c, .n_tok = m};
+      ForwardArgs a = args;
+      a.tokens = args.tokens + c;
+      a.n_tok = m;
+      a.seqs = {&chunk, 1};
+      stream_.synchronize();  // h_positions_ was read by the chunk before's copy
+      stage_positions(a.seqs);
+      upload_positions(a.seqs, m);
+      float* x = x_.as<float>();
+      float* x_other = x2_.as<float>();
+      stream_.copy(x, sweep_x + c * E, size_t(m) * row);
+      if (il > 0) stream_.copy(proj_.data(), sweep_p + c * E, size_t(m) * row);
+      sweep_first_chunk_ = c == 0 && n > B;
+      bool combine = false;
+      MAGNETAR_RETURN_IF_ERROR(layer(pool, a, il, m, x, x_other, combine));
+      stream_.copy(sweep_x + c * E, x, size_t(m) * row);
+      stream_.copy(sweep_p + c * E, proj_.data(), size_t(m) * row);
+      if (args.routing) count_routes(*args.routing, int64_t(il), m);  // moe_ffn synchronized after the ids' copy
+    }
+  }
+  // The final norm and the head: every token's row, or the last one's, chunk by chunk as single calls compute them.
+  float* d_logits = logits_.as<float>();
+  float* h_logits = h_logits_.as<float>();
+  for (int64_t c = args.all_logits ? 0 : (n - 1) / B * B; c < n; c += B) {
+    const int64_t m = std::min(B, n - c);
+    stream_.copy(x_.data(), sweep_x + c * E, size_t(m) * row);
+    stream_.copy(proj_.data(), sweep_p + c * E, size_t(m) * row);
+    MAGNETAR_RETURN_IF_ERROR(add_norm(x_.as<float>(), output_norm_.f32(), quant::Type::F32, m, false));
+    const float* xn = xn_.as<float>();
+    const int64_t first = args.all_logits ? 0 : m - 1;
+    for (int64_t r = first; r < m; r += kVec) {
+      const int64_t nv = std::min(kVec, m - r);
+      MAGNETAR_RETURN_IF_ERROR(linear(head_, xn + r * E, d_logits, nv));
+      float* out = args.all_logits ? nullptr : !args.seq_logits.empty() ? args.seq_logits[0] : args.logits;
+      stream_.copy(out ? out : h_logits, d_logits, size_t(nv * V) * sizeof(float));
+      stream_.synchronize();
+      if (!out) std::memcpy(args.logits + (c + r) * V, h_logits, size_t(nv * V) * sizeof(float));
+    }
+  }
+  if (args.profile) {
+    device_end_.record(stream_);
+    stream_.synchronize();
+  }
+  seq.kv->wrote_device(seq.pos0, seq.pos0 + n);
+  if (args.profile) {
+    const double device = cuda::Event::seconds_between(device_start_, device_end_);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_call).count();
+    args.profile->seconds[int(Op::kEmbed)] += embed_seconds;
+    args.profile->seconds[int(Op::kDevice)] += device;
+    args.profile->seconds[int(Op::kHost)] += std::max(0.0, wall - embed_seconds - device);
   }
   return Status();
 }

@@ -482,6 +482,7 @@ TEST(CudaTier, PoolEqualsResidentBitForBit) {
     uses.push_back(map.uses);
     if (gpu_cache_gb > 0) {
       const ExpertStats st = engine.value()->expert_stats();
+      EXPECT_EQ(st.sweeps, 1u) << "the 40-token prompt is one prefill sweep of 3 chunks";
       std::printf("[cuda] tier %.3f GiB%s: %llu slots, hits %llu, misses %llu, evictions %llu\n", gpu_cache_gb,
                   stream ? " + streamed host cache" : "", (unsigned long long)st.gpu_slots,
                   (unsigned long long)st.gpu_hits, (unsigned long long)st.gpu_misses,
@@ -508,6 +509,79 @@ TEST(CudaTier, PoolEqualsResidentBitForBit) {
   }
   ASSERT_EQ(uses.size(), 4u);
   for (size_t r = 1; r < uses.size(); ++r) EXPECT_EQ(uses[r], uses[0]) << "routing counts of tiered run " << r;
+}
+
+// Prefill sweeps (EngineOptions::n_sweep) against one forward call per chunk, tiered with the 20-expert pool: every
+// position's logits (Logits::kAll) bit for bit, for sweeps of the whole prompt and of two chunks, prompts whose last
+// chunk is a single token (the decode kernels inside a sweep), a second prompt continuing the first from a position
+// inside a chunk, then decode steps over the KV the sweeps wrote, and the routing counts; whole-prompt sweeps again
+// with the experts streamed through a small RAM cache, where each layer's first chunk has the source read the next
+// layer's experts (sweep prefetch). Each layer's experts come up once per sweep: fewer host-to-GPU bytes than chunk
+// by chunk.
+TEST(CudaTier, SweepsEqualChunks) {
+  SKIP_WITHOUT_GPU();
+  const std::string demo = std::string(MAGNETAR_SOURCE_DIR) + "/models/magnetar-demo-q8_0.gguf";
+  struct Run {
+    std::vector<std::vector<float>> logits;
+    std::vector<uint64_t> uses;
+    ExpertStats stats;
+  };
+  auto run = [&](int64_t n_sweep, bool stream = false) {
+    Run out;
+    EngineOptions o;
+    if (stream) {
+      o.experts = ExpertMode::kStream;
+      o.stream.cache_gb = 0.007;
+      o.stream.census = false;
+    }
+    o.n_threads = 2;
+    o.n_ctx = 160;
+    o.n_batch = 16;
+    o.n_sweep = n_sweep;
+    o.device = Device::kCuda;
+    o.gpu_cache_gb = 0.004;
+    auto engine = Engine::load(demo, o);
+    EXPECT_TRUE(engine.ok()) << engine.status().message();
+    if (!engine.ok()) return out;
+    auto s = engine.value()->new_session();
+    EXPECT_TRUE(s.ok());
+    if (!s.ok()) return out;
+    auto expect_ok = [](const Status& st) { EXPECT_TRUE(st.ok()) << st.message(); };
+    std::vector<int32_t> tokens = prompt(49, 6);  // chunks of 16, 16, 16 and 1
+    expect_ok(s.value()->sync(tokens, Logits::kAll));
+    out.logits.emplace_back(s.value()->all_logits().begin(), s.value()->all_logits().end());
+    const std::vector<int32_t> more = prompt(56, 7);  // from position 49: chunks of 16 x 3, then 8
+    tokens.insert(tokens.end(), more.begin(), more.end());
+    expect_ok(s.value()->sync(tokens, Logits::kAll));
+    out.logits.emplace_back(s.value()->all_logits().begin(), s.value()->all_logits().end());
+    for (int i = 0; i < 6; ++i) {
+      expect_ok(s.value()->step(argmax(s.value()->logits())));
+      out.logits.emplace_back(s.value()->logits().begin(), s.value()->logits().end());
+    }
+    out.uses = engine.value()->expert_map().uses;
+    out.stats = engine.value()->expert_stats();
+    return out;
+  };
+  const Run chunks = run(0), whole = run(-1), pairs = run(32), streamed = run(-1, true);
+  ASSERT_EQ(chunks.logits.size(), 8u);
+  EXPECT_EQ(chunks.stats.sweeps, 0u);
+  EXPECT_EQ(whole.stats.sweeps, 2u) << "one sweep per prompt";
+  EXPECT_EQ(pairs.stats.sweeps, 4u) << "sweeps of two chunks: 32 + 17, then 32 + 24";
+  EXPECT_EQ(streamed.stats.sweeps, 2u);
+  EXPECT_GT(streamed.stats.prefetch_issued, 0u) << "the sweeps' next-layer reads";
+  for (const Run* r : {&whole, &pairs, &streamed}) {
+    const char* what = r == &whole ? "whole-prompt sweeps" : r == &pairs ? "two-chunk sweeps" : "streamed, prefetched";
+    ASSERT_EQ(r->logits.size(), chunks.logits.size()) << what;
+    for (size_t i = 0; i < chunks.logits.size(); ++i) {
+      EXPECT_EQ(r->logits[i], chunks.logits[i]) << what << ", call " << i;
+    }
+    EXPECT_EQ(r->uses, chunks.uses) << what << ": routing counts";
+  }
+  std::printf("[cuda] 105 prompt tokens + 6 decoded: copied up %.1f MiB chunk by chunk, %.1f MiB in whole-prompt "
+              "sweeps, %.1f MiB in two-chunk sweeps\n", double(chunks.stats.gpu_bytes_h2d) / double(1 << 20),
+              double(whole.stats.gpu_bytes_h2d) / double(1 << 20), double(pairs.stats.gpu_bytes_h2d) / double(1 << 20));
+  EXPECT_LT(whole.stats.gpu_bytes_h2d, pairs.stats.gpu_bytes_h2d);
+  EXPECT_LT(pairs.stats.gpu_bytes_h2d, chunks.stats.gpu_bytes_h2d);
 }
 
 // The CPU expert lane (--cpu-experts): the demo model with the 20-expert pool, experts streamed through a small

@@ -58,6 +58,37 @@ TEST(Streaming, LogitsBitIdenticalToResident) {
   }
 }
 
+// Prefill sweeps (--sweep): the prompt's 67 tokens in 16-token chunks, streamed through the 34-slot cache, layer by
+// layer over the chunks (the whole prompt, or 32 tokens, per sweep) against chunk by chunk (--sweep 0) and against
+// the resident model in the same chunks: every position's logits bit for bit. A sweep reads each layer's experts
+// once instead of once per chunk: fewer bytes per prompt token (the run's statistics line).
+TEST(Streaming, SweepsBitIdenticalToChunks) {
+  testing::TempDir dir;
+  const std::string cache = "--stream --no-census --cache-gb 0.007 --batch 16 ";
+  const std::vector<uint8_t> resident = dump("--resident --batch 16", false, dir, "resident");
+  ASSERT_GT(resident.size(), 1000u);
+  for (const std::string arm : {"", "--sweep 32", "--sweep 0", "--no-io-uring"}) {
+    EXPECT_EQ(dump(cache + arm, false, dir, "swept"), resident) << arm;
+  }
+  // MiB read per prompt token, and whether sweeps ran, from `run`'s statistics line.
+  auto read_per_token = [&](const std::string& arm, bool* swept) {
+    const testing::Invocation r =
+        testing::run_magnetar("run -m " + kDemo + " -f " + dir.file("prompt") + " -n 1 --device cpu " + cache + arm);
+    EXPECT_EQ(r.status, 0) << arm << "\n" << r.err;
+    *swept = r.err.find("prefill sweeps") != std::string::npos;
+    const size_t at = r.err.find("| read ");
+    EXPECT_NE(at, std::string::npos) << r.err;
+    return at == std::string::npos ? 0.0 : std::stod(r.err.substr(at + 7));
+  };
+  bool swept = false, chunked = true;
+  const double sweep_mib = read_per_token("", &swept), chunk_mib = read_per_token("--sweep 0", &chunked);
+  std::printf("[stream] 67-token prompt in 16-token chunks: %.2f MiB read per token chunk by chunk, %.2f in a sweep\n",
+              chunk_mib, sweep_mib);
+  EXPECT_TRUE(swept);
+  EXPECT_FALSE(chunked);
+  EXPECT_LT(sweep_mib, 0.5 * chunk_mib);
+}
+
 TEST(Streaming, StatisticsAndFlagErrors) {
   testing::TempDir dir;
   std::ofstream(dir.file("prompt")) << kPrompt;
@@ -71,6 +102,9 @@ TEST(Streaming, StatisticsAndFlagErrors) {
   r = testing::run_magnetar("run -m " + kDemo + " --stream --no-census --cache-policy fifo -p hi -n 1");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("fifo"), std::string::npos) << r.err;
+  r = testing::run_magnetar("run -m " + kDemo + " --stream --sweep -2 -p hi -n 1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--sweep"), std::string::npos) << r.err;
 }
 
 }  // namespace
