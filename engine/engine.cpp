@@ -87,8 +87,10 @@ uint64_t session_scratch_bytes(const Engine::Impl& impl) {
   const models::HParams& hp = impl.model->hparams();
   const EngineOptions& o = impl.options;
   const uint64_t rows = uint64_t(o.n_batch) * uint64_t(std::max<int64_t>(1, hp.n_expert_used));
+  // On the CPU a session's workspace also holds its prefill sweeps' residual stream (on the GPU the model holds it).
+  const uint64_t sweep = impl.on_gpu ? 0 : uint64_t(impl.sweep_tokens) * uint64_t(hp.n_embd);
   return 4 * (uint64_t(o.n_batch) * uint64_t(8 * hp.n_embd + 4 * hp.n_head * hp.head_dim + hp.n_expert + hp.n_vocab) +
-              rows * uint64_t(3 * hp.n_ff_exp + 2 * hp.n_embd));
+              rows * uint64_t(3 * hp.n_ff_exp + 2 * hp.n_embd) + sweep);
 }
 
 // Decides where the routed experts live (experts/planner.h) and opens the store for a streamed plan.
@@ -119,7 +121,8 @@ Status plan_experts(Engine::Impl& impl, const std::string& path) {
   fp.slab_bytes = experts::StreamedExperts::slab_bytes(*layout);
   fp.n_expert = layout->n_expert();
   fp.n_expert_used = hp.n_expert_used;
-  // On the CPU a streamed plan's sessions may each grow a prefill sweep's residual stream (4 bytes per n_embd).
+  // On the CPU a streamed plan's sessions may each grow a prefill sweep's residual stream (4 bytes per n_embd; not
+  // in session_scratch_bytes before sweep_tokens is set below).
   const uint64_t cpu_sweep = impl.on_gpu ? 0 : 4 * uint64_t(hp.n_embd) * uint64_t(sweep_for(o, 4 * uint64_t(hp.n_embd)));
   const uint64_t kv_bytes = session_kv_bytes(impl), scratch = session_scratch_bytes(impl) + cpu_sweep;
   const experts::MemoryMode mode = o.experts == ExpertMode::kResident ? experts::MemoryMode::kResident
