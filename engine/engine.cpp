@@ -48,6 +48,7 @@ struct Engine::Impl {
   std::string gpu_unused;                  // why auto stayed on the CPU although a GPU is present
   bool batch_auto = false;                 // --batch 0: choose_device picks the prefill chunk
   int64_t sweep_tokens = 0;                // the longest prefill sweep (EngineOptions::n_sweep; 0: none)
+  int64_t sweep_min = 0;                   // ... and the shortest remaining prompt computed in one
   uint64_t sweeps = 0;                     // prefill sweeps run since load or reset_expert_stats
   // The model lets go of the store's memory (a GPU tier page-locked it) before the store unmaps it.
   ~Impl() {
@@ -63,6 +64,9 @@ constexpr int64_t kCpuBatch = 512;
 constexpr int64_t kGpuBatch = 2048;
 // EngineOptions::n_sweep -1 (auto): the longest prefill sweep whose residual stream fits this.
 constexpr uint64_t kSweepBytes = 256ull << 20;
+// With the GPU tier and n_sweep -1, a prompt of fewer chunks goes chunk by chunk: on the H200 host a sweep of 4 chunks
+// was 8% slower, one of 8 even and one of 16 37% faster (docs/benchmarks/2026-12-03-prefill-sweeps.md).
+constexpr int64_t kGpuSweepMinChunks = 8;
 // The longest prefill sweep for options o whose residual stream takes bytes_per_token: a whole number of chunks (so
 // that consecutive sweeps chunk a prompt as single chunks would) or the whole context; 0 when not longer than a chunk.
 int64_t sweep_for(const EngineOptions& o, uint64_t bytes_per_token) {
@@ -141,6 +145,7 @@ Status plan_experts(Engine::Impl& impl, const std::string& path) {
   if (plan.mode == experts::PlanMode::kResident) return Status();
   if (!impl.on_gpu) {
     impl.sweep_tokens = std::min(impl.model->sweep_tokens(), sweep_for(o, 4 * uint64_t(hp.n_embd)));
+    impl.sweep_min = o.n_batch + 1;
     if (impl.sweep_tokens > 0) {
       impl.plan_text += format("\n  prefill sweeps of up to %lld tokens (--sweep: layer by layer over --batch chunks, "
                                "each layer's experts read once per sweep)", (long long)impl.sweep_tokens);
@@ -275,12 +280,14 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
       impl.plan_text += "\n  CPU expert lane (--cpu-experts): cold experts that miss the pool are computed on the CPU";
     }
     impl.sweep_tokens = impl.model->sweep_tokens();
+    impl.sweep_min = o.n_sweep < 0 ? kGpuSweepMinChunks * o.n_batch : o.n_batch + 1;
     if (impl.sweep_tokens > 0) {
       impl.plan_text += format("\n  prefill sweeps of up to %lld tokens (--sweep: layer by layer over --batch chunks, "
-                               "each layer's experts copied up once; %.0f MiB)",
+                               "each layer's experts copied up once; %.0f MiB), for prompts of at least %lld",
                                (long long)impl.model->sweep_tokens(),
                                double(models::CudaLoad::sweep_bytes(hp.n_embd, impl.model->sweep_tokens())) /
-                                   double(1 << 20));
+                                   double(1 << 20),
+                               (long long)impl.sweep_min);
     }
   } else {
     impl.plan_text = format("device: CUDA %s: every weight resident (%.1f GiB), KV in %s on the GPU (%.2f GiB per "
@@ -635,15 +642,15 @@ Status Session::Impl::compute(int64_t from, Logits mode, const SyncProgress& pro
   const int64_t n_vocab = engine->model->hparams().n_vocab;
   const int64_t total = int64_t(next.size()) - from;
   const int64_t n_batch = engine->options.n_batch;
-  // Tokens per forward call: a prefill sweep of the remaining prompt when the model takes one (sweep_tokens).
-  const int64_t sweep = engine->sweep_tokens;
+  // Tokens per forward call: a prefill sweep of the remaining prompt when it is long enough for one (sweep_min).
+  const int64_t sweep = engine->sweep_tokens, sweep_min = std::max(engine->sweep_min, n_batch + 1);
   if (mode == Logits::kAll) {
     all_logits.resize(size_t(total) * size_t(n_vocab));
     all_first = from;
     all_rows = total;
   }
   for (int64_t b = from, n = 0; b < int64_t(next.size()); b += n) {
-    n = std::min<int64_t>(int64_t(next.size()) - b > n_batch ? std::max(sweep, n_batch) : n_batch,
+    n = std::min<int64_t>(sweep > 0 && int64_t(next.size()) - b >= sweep_min ? sweep : n_batch,
                           int64_t(next.size()) - b);
     const bool last_chunk = b + n == int64_t(next.size());
     float* out = mode == Logits::kAll ? all_logits.data() + size_t(b - from) * size_t(n_vocab) : last_logits.data();

@@ -33,6 +33,9 @@ class ExpertSource {
   virtual Status wait(std::span<ExpertPtrs> ptrs) = 0;
   virtual void release() = 0;
   virtual void prefetch(int64_t /*layer*/, std::span<const int32_t> /*experts*/) {}
+  // Counts a use of these experts of `layer` that the caller served without acquiring them (a GPU tier's pool hits
+  // during a prefill sweep) in their popularity (eviction score, census), as an acquire would; no pins, no reads.
+  virtual void touch(int64_t /*layer*/, std::span<const int32_t> /*experts*/) {}
   // The one host range every pointer from this source lies in, when the source owns it (the RAM store's slot
   // arena); empty when the pointers point into mapped files. A GPU tier page-locks it for fast copies.
   virtual std::span<uint8_t> host_memory() { return {}; }

@@ -465,6 +465,16 @@ void StreamedExperts::release() {
   maybe_save_census();
 }
 
+void StreamedExperts::touch(int64_t layer, std::span<const int32_t> experts) {
+  MAGNETAR_CHECK(layer >= 0 && layer < layout_.n_layer());
+  for (const int32_t e : experts) {
+    MAGNETAR_CHECK(e >= 0 && e < layout_.n_expert());
+    const uint32_t key = uint32_t(layer * layout_.n_expert() + e);
+    census_delta_.counts[key]++;
+    policy_->touch(key, tick_);
+  }
+}
+
 void StreamedExperts::prefetch(int64_t layer, std::span<const int32_t> experts) {
   if (layer < 0 || layer >= layout_.n_layer() || !layout_.has_experts(layer)) return;
   hinted_[size_t(layer)].assign(experts.begin(), experts.end());

@@ -88,6 +88,7 @@ class StreamedExperts final : public ExpertSource {
   Status wait(std::span<ExpertPtrs> ptrs) override;
   void release() override;
   void prefetch(int64_t layer, std::span<const int32_t> experts) override;
+  void touch(int64_t layer, std::span<const int32_t> experts) override;
   std::span<uint8_t> host_memory() override { return {pool_, size_t(pool_bytes_)}; }
 
   // Bytes one slot takes: what open() needs per cached expert (the planner sizes budgets with it).

@@ -23,14 +23,6 @@ inline bool tier_overlap() {
   return on;
 }
 
-// A prefill sweep (Qwen3Cuda::sweep) asks the expert source, at each layer's first chunk, for the next MoE layer's
-// experts that the GPU pool lacks, so that their disk reads overlap this layer's chunks. MAGNETAR_CUDA_SWEEP_PREFETCH=0
-// (diagnostic) reads each layer's experts only when its first chunk needs them: the baseline.
-inline bool sweep_prefetch() {
-  static const bool on = switch_on("MAGNETAR_CUDA_SWEEP_PREFETCH");
-  return on;
-}
-
 // The pool's misses already in host memory are copied up before waiting for the disk reads of the others.
 // MAGNETAR_CUDA_TIER_READY_FIRST=0 (diagnostic) copies them after that wait: the baseline of
 // docs/benchmarks/2026-12-01-cuda-tier-ready-first.md.

@@ -52,8 +52,6 @@ class Qwen3Workspace : public Workspace {
   bool gathered_is_float = false;
   std::vector<float> attn_scratch;
   std::vector<float> sweep_x;         // a prefill sweep's residual stream [tokens, n_embd] (grown by the first sweep)
-  bool sweeping = false;              // a prefill sweep is in progress ...
-  bool sweep_first_chunk = false;     // ... at a layer's first chunk of several (moe_ffn's prefetch)
   Profile* profile = nullptr;         // of the forward() call in progress
   RoutingCounts* routing = nullptr;   // idem
   int64_t layer = 0;                  // idem: the layer being computed
@@ -351,16 +349,7 @@ Status Qwen3Model::moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Laye
   const std::span<experts::ExpertPtrs> ptrs(ws.ptrs.data(), n_active);
   source.acquire(ws.layer, ws.active, ptrs, std::span<uint8_t>(ws.ready.data(), n_active));
   experts::Pinned pinned(source);
-  if (ws.sweep_first_chunk) {
-    // A sweep's tokens will touch nearly every expert of the next MoE layer: read them while this layer computes.
-    int64_t next = ws.layer + 1;
-    while (next < hp_.n_layer && !w_.layers[size_t(next)].moe()) ++next;
-    std::vector<int32_t>& all = ws.sort_idx;
-    std::iota(all.begin(), all.end(), 0);
-    if (next < hp_.n_layer) source.prefetch(next, all);
-  } else if (args.prefetch && !ws.sweeping) {
-    predict_next(pool, ws, n, source);
-  }
+  if (args.prefetch) predict_next(pool, ws, n, source);
   // Activations: prepared once per token, then gathered into expert order.
   const PreparedInput xt = cpu::prepare_input(pool, L.gate_exps.type, ws.xn.data(), E, E, n, ws.qb.data());
   const uint8_t* src = static_cast<const uint8_t*>(xt.data);
@@ -490,11 +479,6 @@ Status Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, const Fo
 Status Qwen3Model::sweep(cpu::ThreadPool& pool, Qwen3Workspace& ws, const ForwardArgs& args) const {
   const int64_t n = args.n_tok, E = hp_.n_embd, B = ws.n_batch;
   const SeqSpan& seq = args.seqs[0];
-  struct EndSweep {
-    Qwen3Workspace& ws;
-    ~EndSweep() { ws.sweeping = ws.sweep_first_chunk = false; }
-  } end_sweep{ws};
-  ws.sweeping = true;
   grow(ws.sweep_x, size_t(n * E));
   {
     OpTimer timer(ws.profile, Op::kEmbed);
@@ -519,12 +503,10 @@ Status Qwen3Model::sweep(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Forwar
       SeqSpan span;
       const ForwardArgs a = chunk_args(c, span);
       std::copy_n(ws.sweep_x.data() + c * E, span.n_tok * E, ws.x.data());
-      ws.sweep_first_chunk = c == 0;
       MAGNETAR_RETURN_IF_ERROR(layer(pool, ws, a, il, span.n_tok));
       std::copy_n(ws.x.data(), span.n_tok * E, ws.sweep_x.data() + c * E);
     }
   }
-  ws.sweep_first_chunk = false;
   // The head chunk by chunk as single calls compute it: every token's logits, or the last token's.
   for (int64_t c = args.all_logits ? 0 : (n - 1) / B * B; c < n; c += B) {
     SeqSpan span;

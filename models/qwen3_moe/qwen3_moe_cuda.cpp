@@ -47,7 +47,6 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <numeric>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -293,7 +292,6 @@ class Qwen3Cuda final : public Model {
   int64_t sweep_tokens_;  // the longest prefill sweep (0: none); its residual stream: sweep_x_, sweep_p_
   mutable DeviceBuffer sweep_x_, sweep_p_;
   mutable bool sweeping_ = false;
-  mutable bool sweep_first_chunk_ = false;  // sweeping_, at a layer's first chunk of several (moe_ffn's guess)
   quant::Type kv_type_;  // the sessions' KV caches: F16 or Q8_0
   // Q8_0 KV: K and V of the rows a prefill attends, as F16 (kv_to_f16), for the attention kernels that read F16;
   // rows for the longest session's context (mirror_of).
@@ -337,7 +335,7 @@ class Qwen3Cuda final : public Model {
   std::unique_ptr<experts::CachePolicy> policy_;  // keys layer * n_expert + expert; a miss evicts the lowest score
   mutable std::vector<double> slot_score_;        // pool_acquire: each slot's score in this call
   mutable std::vector<const void*> pool_ptrs_;    // [n_expert * 3] of the layer being computed
-  mutable std::vector<int32_t> active_, misses_, rows_of_;
+  mutable std::vector<int32_t> active_, misses_, rows_of_, hits_;
   mutable std::vector<experts::ExpertPtrs> host_ptrs_;
   mutable std::vector<uint8_t> ready_;
   // The layer acquired last stays pinned in its source until the stream has synchronized after its copies (the
@@ -945,12 +943,14 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
   ++tick_;
   misses_.clear();
   lane_.clear();
+  hits_.clear();
   for (const int32_t e : active) {
     const int32_t s = slot_of_[size_t(il * X + e)];
     if (s >= 0) {
       slots_[size_t(s)].last_use = tick_;
       policy_->touch(uint32_t(il * X + e), tick_);
       tier_stats_.hits++;
+      hits_.push_back(e);
     } else {
       misses_.push_back(e);
     }
@@ -982,6 +982,9 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
   }
   for (const int32_t e : misses_) policy_->touch(uint32_t(il * X + e), tick_);
   for (const int32_t e : lane_) policy_->touch(uint32_t(il * X + e), tick_);
+  // A sweep's later chunks find the layer's experts in the pool: the source still counts their uses, as it counts
+  // the acquires of chunk-by-chunk calls (its eviction scores and census keep the prompt's popularity for decode).
+  if (sweeping_ && !hits_.empty()) source.touch(il, hits_);
   const bool acquire = !misses_.empty() || !lane_.empty();
   if (acquire) {
     const size_t n_copy = misses_.size();
@@ -1155,15 +1158,12 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
     // read back with this layer's ids; the source reads the guessed experts it lacks while this layer waits and
     // computes. router_ is free again: route_topk has consumed it.
     int64_t next = -1;
-    // A sweep's first chunk of a layer reads the next MoE layer's experts that the pool lacks, all of them: the
-    // sweep's tokens will touch nearly every one, and the reads then overlap this layer's chunks (sweep_prefetch).
-    const bool sweep_guess = sweep_first_chunk_ && sweep_prefetch();
-    if ((sweeping_ ? sweep_guess : args.prefetch) && pool_bytes_ > 0 && args.experts != nullptr) {
+    if (args.prefetch && pool_bytes_ > 0 && args.experts != nullptr) {
       for (int64_t l = il + 1; l < hp_.n_layer && next < 0; ++l) {
         if (layers_[size_t(l)].moe) next = l;
       }
     }
-    if (next >= 0 && !sweep_guess) {
+    if (next >= 0) {
       MAGNETAR_RETURN_IF_ERROR(linear(layers_[size_t(next)].gate_inp, xn_.as<float>(), router, n));
       MAGNETAR_RETURN_IF_ERROR(cuda::route_topk({.logits = router, .ids = next_ids_.as<int32_t>(),
                                                  .weights = next_weights_.as<float>(), .n_tok = n, .n_expert = X,
@@ -1172,16 +1172,11 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
     }
     stream_.synchronize();
     settle_copies();  // the previous MoE layer's copies have landed
-    if (next >= 0 && sweep_guess) {
-      guess_.resize(size_t(X));
-      std::iota(guess_.begin(), guess_.end(), 0);
-    } else if (next >= 0) {
+    if (next >= 0) {
       const int32_t* guessed = h_next_ids_.as<int32_t>();
       guess_.assign(guessed, guessed + R);
       std::sort(guess_.begin(), guess_.end());
       guess_.erase(std::unique(guess_.begin(), guess_.end()), guess_.end());
-    }
-    if (next >= 0) {
       // Only what the pool lacks (a pooled expert needs no host read unless this layer's misses evict it).
       std::erase_if(guess_, [&](int32_t e) { return slot_of_[size_t(next * X + e)] >= 0; });
     }
@@ -1494,7 +1489,7 @@ Status Qwen3Cuda::sweep(cpu::ThreadPool& pool, const ForwardArgs& args) const {
   struct EndSweep {
     bool& on;
     ~EndSweep() { on = false; }
-  } end_sweep{sweeping_}, end_first{sweep_first_chunk_};
+  } end_sweep{sweeping_};
   float* sweep_x = sweep_x_.as<float>();
   float* sweep_p = sweep_p_.as<float>();
   const size_t row = size_t(E) * sizeof(float);
@@ -1530,7 +1525,6 @@ Status Qwen3Cuda::sweep(cpu::ThreadPool& pool, const ForwardArgs& args) const {
       float* x_other = x2_.as<float>();
       stream_.copy(x, sweep_x + c * E, size_t(m) * row);
       if (il > 0) stream_.copy(proj_.data(), sweep_p + c * E, size_t(m) * row);
-      sweep_first_chunk_ = c == 0 && n > B;
       bool combine = false;
       MAGNETAR_RETURN_IF_ERROR(layer(pool, a, il, m, x, x_other, combine));
       stream_.copy(sweep_x + c * E, x, size_t(m) * row);

@@ -455,6 +455,7 @@ TEST(CudaTier, PoolEqualsResidentBitForBit) {
     o.n_threads = 2;
     o.n_ctx = 128;
     o.n_batch = 16;
+    o.n_sweep = 128;  // the tiered runs take the prompt in one sweep (auto would go chunk by chunk below 8 chunks)
     o.device = Device::kCuda;
     o.gpu_cache_gb = gpu_cache_gb;
     if (stream) {
@@ -515,9 +516,8 @@ TEST(CudaTier, PoolEqualsResidentBitForBit) {
 // position's logits (Logits::kAll) bit for bit, for sweeps of the whole prompt and of two chunks, prompts whose last
 // chunk is a single token (the decode kernels inside a sweep), a second prompt continuing the first from a position
 // inside a chunk, then decode steps over the KV the sweeps wrote, and the routing counts; whole-prompt sweeps again
-// with the experts streamed through a small RAM cache, where each layer's first chunk has the source read the next
-// layer's experts (sweep prefetch). Each layer's experts come up once per sweep: fewer host-to-GPU bytes than chunk
-// by chunk.
+// with the experts streamed through a small RAM cache and --prefetch (every chunk has the source read its guess of the
+// next layer's experts). Each layer's experts come up once per sweep: fewer host-to-GPU bytes than chunk by chunk.
 TEST(CudaTier, SweepsEqualChunks) {
   SKIP_WITHOUT_GPU();
   const std::string demo = std::string(MAGNETAR_SOURCE_DIR) + "/models/magnetar-demo-q8_0.gguf";
@@ -533,6 +533,7 @@ TEST(CudaTier, SweepsEqualChunks) {
       o.experts = ExpertMode::kStream;
       o.stream.cache_gb = 0.007;
       o.stream.census = false;
+      o.stream.prefetch = true;
     }
     o.n_threads = 2;
     o.n_ctx = 160;
@@ -562,13 +563,14 @@ TEST(CudaTier, SweepsEqualChunks) {
     out.stats = engine.value()->expert_stats();
     return out;
   };
-  const Run chunks = run(0), whole = run(-1), pairs = run(32), streamed = run(-1, true);
+  const Run chunks = run(0), whole = run(160), pairs = run(32), streamed = run(160, true), automatic = run(-1);
   ASSERT_EQ(chunks.logits.size(), 8u);
   EXPECT_EQ(chunks.stats.sweeps, 0u);
   EXPECT_EQ(whole.stats.sweeps, 2u) << "one sweep per prompt";
   EXPECT_EQ(pairs.stats.sweeps, 4u) << "sweeps of two chunks: 32 + 17, then 32 + 24";
   EXPECT_EQ(streamed.stats.sweeps, 2u);
-  EXPECT_GT(streamed.stats.prefetch_issued, 0u) << "the sweeps' next-layer reads";
+  EXPECT_EQ(automatic.stats.sweeps, 0u) << "--sweep -1 on the GPU: prompts of fewer than 8 chunks go chunk by chunk";
+  EXPECT_GT(streamed.stats.prefetch_issued, 0u) << "the chunks' guesses of the next layer";
   for (const Run* r : {&whole, &pairs, &streamed}) {
     const char* what = r == &whole ? "whole-prompt sweeps" : r == &pairs ? "two-chunk sweeps" : "streamed, prefetched";
     ASSERT_EQ(r->logits.size(), chunks.logits.size()) << what;

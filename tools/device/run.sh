@@ -165,19 +165,22 @@ if [ "$filter" = "--tier-bench" ]; then
 fi
 
 # `run.sh --sweep-bench [ARM ...]`: prefill of long prompts in the consumer-GPU setting (the 30B-A3B geometry, a 2.25
-# GiB GPU pool, an 8 GiB RAM cache over disk, 512-token chunks): chunk by chunk (`--sweep 0`) at 2,048 tokens, then
-# in prefill sweeps (the default) at SWEEP_STEPS tokens (default "2048 16384"), each followed by 32 decoded tokens;
-# each arm given (run_arm) runs the sweeps too.
+# GiB GPU pool, an 8 GiB RAM cache over disk, 512-token chunks): chunk by chunk (`--sweep 0`) at CHUNKED_STEPS tokens
+# (default "2048 8192"), then in one prefill sweep (`--sweep` of the prompt's length) at SWEEP_STEPS tokens (default
+# "2048 8192 16384"), each followed by 32 decoded tokens; each arm given (run_arm) runs the sweeps too.
 if [ "$filter" = "--sweep-bench" ]; then
   build_with_model
   tier=(--device cuda --gpu-cache-gb 2.25 --stream --cache-gb 8 --no-census --ctx-start 0 --ctx-max 0 --gen 32 --reps 1)
   pick() { grep -E "^ +0 |pool|experts:|sweep"; }
-  echo "== --sweep 0 (chunk by chunk), 2048 tokens"
-  "$bin" bench -m "$model" "${tier[@]}" --sweep 0 --step 2048 --show-plan 2>&1 | pick
+  for step in ${CHUNKED_STEPS:-2048 8192}; do
+    echo "== --sweep 0 (chunk by chunk), $step tokens"
+    "$bin" bench -m "$model" "${tier[@]}" --ctx $((step + 64)) --sweep 0 --step "$step" --show-plan 2>&1 | pick
+  done
   for arm in "" "${@:2}"; do
-    for step in ${SWEEP_STEPS:-2048 16384}; do
-      echo "== sweeps ${arm:-default}, $step tokens"
-      run_arm "$arm" bench -m "$model" "${tier[@]}" --ctx $((step + 64)) --step "$step" --show-plan 2>&1 | pick
+    for step in ${SWEEP_STEPS:-2048 8192 16384}; do
+      echo "== one sweep ${arm:-default}, $step tokens"
+      run_arm "$arm" bench -m "$model" "${tier[@]}" --ctx $((step + 64)) --sweep "$step" --step "$step" --show-plan \
+        2>&1 | pick
     done
   done
   exit 0
