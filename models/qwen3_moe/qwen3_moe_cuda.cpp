@@ -255,6 +255,9 @@ class Qwen3Cuda final : public Model {
   // A prefill sweep (sweep_tokens): args' one sequence layer by layer over n_batch_-token chunks, each chunk's x and
   // proj_ kept in sweep_x_ / sweep_p_ between layers.
   Status sweep(cpu::ThreadPool& pool, const ForwardArgs& args) const;
+  // A profiled forward call's time since t_call: the host's embedding rows, the device's span (device_start_ to
+  // device_end_, both complete) and the rest.
+  void add_profile(Profile& profile, std::chrono::steady_clock::time_point t_call, double embed_seconds) const;
   // Adds layer il's routing of n tokens (its ids on the host, h_ids_) to `counts`.
   void count_routes(RoutingCounts& counts, int64_t il, int64_t n) const;
   // The decode graph of args' batch shape, captured on first use (graphs_, least recently used evicted).
@@ -1381,14 +1384,17 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
   }
   for (const SeqSpan& seq : args.seqs) seq.kv->wrote_device(seq.pos0, seq.pos0 + seq.n_tok);
   for (int64_t il = 0; args.routing && il < hp_.n_layer; ++il) count_routes(*args.routing, il, n);
-  if (args.profile) {
-    const double device = cuda::Event::seconds_between(device_start_, device_end_);
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_call).count();
-    args.profile->seconds[int(Op::kEmbed)] += embed_seconds;
-    args.profile->seconds[int(Op::kDevice)] += device;
-    args.profile->seconds[int(Op::kHost)] += std::max(0.0, wall - embed_seconds - device);
-  }
+  if (args.profile) add_profile(*args.profile, t_call, embed_seconds);
   return Status();
+}
+
+void Qwen3Cuda::add_profile(Profile& profile, std::chrono::steady_clock::time_point t_call,
+                            double embed_seconds) const {
+  const double device = cuda::Event::seconds_between(device_start_, device_end_);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_call).count();
+  profile.seconds[int(Op::kEmbed)] += embed_seconds;
+  profile.seconds[int(Op::kDevice)] += device;
+  profile.seconds[int(Op::kHost)] += std::max(0.0, wall - embed_seconds - device);
 }
 
 Status Qwen3Cuda::enqueue_layers(cpu::ThreadPool& pool, const ForwardArgs& args, int64_t n,
@@ -1556,13 +1562,7 @@ Status Qwen3Cuda::sweep(cpu::ThreadPool& pool, const ForwardArgs& args) const {
     stream_.synchronize();
   }
   seq.kv->wrote_device(seq.pos0, seq.pos0 + n);
-  if (args.profile) {
-    const double device = cuda::Event::seconds_between(device_start_, device_end_);
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_call).count();
-    args.profile->seconds[int(Op::kEmbed)] += embed_seconds;
-    args.profile->seconds[int(Op::kDevice)] += device;
-    args.profile->seconds[int(Op::kHost)] += std::max(0.0, wall - embed_seconds - device);
-  }
+  if (args.profile) add_profile(*args.profile, t_call, embed_seconds);
   return Status();
 }
 
