@@ -127,7 +127,8 @@ Status plan_experts(Engine::Impl& impl, const std::string& path) {
   fp.n_expert_used = hp.n_expert_used;
   // On the CPU a streamed plan's sessions may each grow a prefill sweep's residual stream (4 bytes per n_embd; not
   // in session_scratch_bytes before sweep_tokens is set below).
-  const uint64_t cpu_sweep = impl.on_gpu ? 0 : 4 * uint64_t(hp.n_embd) * uint64_t(sweep_for(o, 4 * uint64_t(hp.n_embd)));
+  const uint64_t cpu_row = 4 * uint64_t(hp.n_embd);
+  const uint64_t cpu_sweep = impl.on_gpu ? 0 : cpu_row * uint64_t(sweep_for(o, cpu_row));
   const uint64_t kv_bytes = session_kv_bytes(impl), scratch = session_scratch_bytes(impl) + cpu_sweep;
   const experts::MemoryMode mode = o.experts == ExpertMode::kResident ? experts::MemoryMode::kResident
                                    : o.experts == ExpertMode::kStream ? experts::MemoryMode::kStream
@@ -144,7 +145,7 @@ Status plan_experts(Engine::Impl& impl, const std::string& path) {
   while (!impl.plan_text.empty() && impl.plan_text.back() == '\n') impl.plan_text.pop_back();
   if (plan.mode == experts::PlanMode::kResident) return Status();
   if (!impl.on_gpu) {
-    impl.sweep_tokens = std::min(impl.model->sweep_tokens(), sweep_for(o, 4 * uint64_t(hp.n_embd)));
+    impl.sweep_tokens = std::min(impl.model->sweep_tokens(), sweep_for(o, cpu_row));
     impl.sweep_min = o.n_batch + 1;
     if (impl.sweep_tokens > 0) {
       impl.plan_text += format("\n  prefill sweeps of up to %lld tokens (--sweep: layer by layer over --batch chunks, "
@@ -244,7 +245,8 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   if (pool == 0 && expert_bytes > 0 && (host_experts || resident_need > gpu.free_bytes)) {
     pool = gpu.free_bytes > fixed_need ? std::min(gpu.free_bytes - fixed_need, expert_bytes) : 0;
     if (pool == 0) {
-      return fall_back(format("%s: the non-expert weights, one session's KV and scratch need %.1f GiB, %.1f GiB free",
+      return fall_back(format("%s: the non-expert weights, one session's KV, scratch and prefill sweeps (--sweep) "
+                              "need %.1f GiB, %.1f GiB free",
                               gpu.name.c_str(), double(fixed_need) / gib, double(gpu.free_bytes) / gib));
     }
   }
@@ -253,8 +255,8 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
                             "%.1f GiB free", gpu.name.c_str(), double(resident_need) / gib, double(gpu.free_bytes) / gib));
   }
   if (pool > 0 && fixed_need + pool > gpu.free_bytes) {
-    return fall_back(format("%s: --gpu-cache-gb %.2f plus the non-expert weights, KV and scratch (%.1f GiB) exceed the "
-                            "%.1f GiB free", gpu.name.c_str(), o.gpu_cache_gb, double(fixed_need) / gib,
+    return fall_back(format("%s: --gpu-cache-gb %.2f plus the non-expert weights, KV, scratch and prefill sweeps "
+                            "(--sweep; %.1f GiB) exceed the %.1f GiB free", gpu.name.c_str(), o.gpu_cache_gb, double(fixed_need) / gib,
                             double(gpu.free_bytes) / gib));
   }
   Result<std::unique_ptr<models::Model>> model =

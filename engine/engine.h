@@ -67,11 +67,11 @@ struct EngineOptions {
   int64_t n_ctx = 0;          // context per session; 0: min(training context, 4096)
   int64_t n_batch = 0;        // tokens per forward call during prefill (bounds scratch memory); 0: 2048 when the
                               // whole model runs on the GPU with room for that scratch, else 512
-  // Experts streamed or tiered (not all resident): prompt tokens per prefill sweep (rounded down to a multiple of
-  // n_batch), which runs the prompt layer by layer over n_batch-token chunks so that each layer's experts are read
-  // (and on the GPU copied up) once per sweep instead of once per chunk, the next layer's read while this one
-  // computes. Its residual stream takes 8 bytes per token and n_embd of GPU memory (tiered), 4 of host memory per
-  // session (CPU). -1: as many as fit 256 MiB, at most n_ctx; 0: off (one chunk through every layer at a time).
+  // Experts streamed or tiered (not all resident): prompt tokens per prefill sweep (a whole number of n_batch chunks,
+  // or n_ctx), which runs the prompt layer by layer over n_batch-token chunks so that each layer's experts are read
+  // (and on the GPU copied up) once per sweep instead of once per chunk. Its residual stream takes 8 bytes per token
+  // and n_embd of GPU memory (tiered), 4 of host memory per session (CPU). -1: as many as fit 256 MiB, at most n_ctx,
+  // on the GPU for prompts of 8 chunks or more; 0: off (one chunk through every layer at a time).
   int64_t n_sweep = -1;
   KvType kv_type = KvType::kF16;
   Device device = Device::kAuto;
