@@ -256,8 +256,8 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   }
   if (pool > 0 && fixed_need + pool > gpu.free_bytes) {
     return fall_back(format("%s: --gpu-cache-gb %.2f plus the non-expert weights, KV, scratch and prefill sweeps "
-                            "(--sweep; %.1f GiB) exceed the %.1f GiB free", gpu.name.c_str(), o.gpu_cache_gb, double(fixed_need) / gib,
-                            double(gpu.free_bytes) / gib));
+                            "(--sweep; %.1f GiB) exceed the %.1f GiB free",
+                            gpu.name.c_str(), o.gpu_cache_gb, double(fixed_need) / gib, double(gpu.free_bytes) / gib));
   }
   Result<std::unique_ptr<models::Model>> model =
       entry.load_cuda(*impl.file, {.n_batch = o.n_batch, .expert_pool_bytes = pool, .cpu_experts = o.cpu_experts,
