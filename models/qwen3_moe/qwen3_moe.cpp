@@ -71,6 +71,8 @@ class Qwen3Model final : public Model {
   int64_t sweep_tokens() const override { return layout_ ? std::numeric_limits<int64_t>::max() : 0; }
 
  private:
+  // The n tokens' embedding rows into out [n, n_embd].
+  void embed(Qwen3Workspace& ws, const int32_t* tokens, int64_t n, float* out) const;
   // Layer il over the workspace's n tokens (ws.x in and out, ws.positions set).
   Status layer(cpu::ThreadPool& pool, Qwen3Workspace& ws, const ForwardArgs& args, size_t il, int64_t n) const;
   // The final norm and the LM head over ws.x: args' logits (every token, or each sequence's last).
@@ -382,6 +384,15 @@ Status Qwen3Model::moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Laye
   return Status();
 }
 
+void Qwen3Model::embed(Qwen3Workspace& ws, const int32_t* tokens, int64_t n, float* out) const {
+  OpTimer timer(ws.profile, Op::kEmbed);
+  const quant::ToFloatFn dequantize = cpu::kernels(w_.token_embd.type).dequantize;
+  for (int64_t t = 0; t < n; ++t) {
+    MAGNETAR_CHECK(tokens[t] >= 0 && tokens[t] < hp_.n_vocab);
+    dequantize(w_.token_embd.row(tokens[t]), out + t * hp_.n_embd, hp_.n_embd);
+  }
+}
+
 Status Qwen3Model::layer(cpu::ThreadPool& pool, Qwen3Workspace& ws, const ForwardArgs& args, size_t il,
                          int64_t n) const {
   const int64_t E = hp_.n_embd;
@@ -445,7 +456,7 @@ void Qwen3Model::head(cpu::ThreadPool& pool, Qwen3Workspace& ws, const ForwardAr
 
 Status Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, const ForwardArgs& args) const {
   Qwen3Workspace& ws = static_cast<Qwen3Workspace&>(workspace);
-  const int64_t n = args.n_tok, E = hp_.n_embd;
+  const int64_t n = args.n_tok;
   MAGNETAR_CHECK(n >= 1 && !args.seqs.empty() && (n <= ws.n_batch || (args.seqs.size() == 1 && layout_)));
   int64_t seq_tokens = 0;
   for (const SeqSpan& seq : args.seqs) {
@@ -463,14 +474,7 @@ Status Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, const Fo
     for (int64_t t = 0; t < seq.n_tok; ++t) ws.positions[size_t(seq_tokens + t)] = int32_t(seq.pos0 + t);
     seq_tokens += seq.n_tok;
   }
-  {
-    OpTimer timer(ws.profile, Op::kEmbed);
-    const quant::ToFloatFn embed = cpu::kernels(w_.token_embd.type).dequantize;
-    for (int64_t t = 0; t < n; ++t) {
-      MAGNETAR_CHECK(args.tokens[t] >= 0 && args.tokens[t] < hp_.n_vocab);
-      embed(w_.token_embd.row(args.tokens[t]), ws.x.data() + t * E, E);
-    }
-  }
+  embed(ws, args.tokens, n, ws.x.data());
   for (size_t il = 0; il < w_.layers.size(); ++il) MAGNETAR_RETURN_IF_ERROR(layer(pool, ws, args, il, n));
   head(pool, ws, args, n);
   return Status();
@@ -480,14 +484,7 @@ Status Qwen3Model::sweep(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Forwar
   const int64_t n = args.n_tok, E = hp_.n_embd, B = ws.n_batch;
   const SeqSpan& seq = args.seqs[0];
   grow(ws.sweep_x, size_t(n * E));
-  {
-    OpTimer timer(ws.profile, Op::kEmbed);
-    const quant::ToFloatFn embed = cpu::kernels(w_.token_embd.type).dequantize;
-    for (int64_t t = 0; t < n; ++t) {
-      MAGNETAR_CHECK(args.tokens[t] >= 0 && args.tokens[t] < hp_.n_vocab);
-      embed(w_.token_embd.row(args.tokens[t]), ws.sweep_x.data() + t * E, E);
-    }
-  }
+  embed(ws, args.tokens, n, ws.sweep_x.data());
   // Chunk c of args as a call of its own; a chunk's attention reads the rows the chunks before it stored at the layer.
   auto chunk_args = [&](int64_t c, SeqSpan& span) {
     span = {.kv = seq.kv, .pos0 = seq.pos0 + c, .n_tok = std::min(B, n - c)};

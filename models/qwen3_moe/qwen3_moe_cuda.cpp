@@ -1,78 +1,20 @@
-// Qwen3 / Qwen3-MoE on a CUDA device: the same weights binding (weights.h) and the same math as the CPU forward
-// pass (qwen3_moe.cpp), op for op through backends/cuda. Everything is resident in device memory: the weights
-// (uploaded at load), the activations and scratch (sized at load for n_batch tokens, so no forward call
-// allocates except a new session's first one, which gives its KV cache a device mirror) and each session's KV.
-//
-// Per layer: rms_norm (fused with the previous residual add), q/k/v matvecs from one quantized input, q/k norm
-// + RoPE and the KV store (one launch; F16 or Q8_0 KV: CudaLoad::kv_type), attention (a Q8_0 cache read directly by
-// decode, through an F16 copy of the attended rows by prefill), output projection, add + norm, then the router
-// (matvec, softmax top-k on the device) and the experts as grouped launches: every (token, slot) row carries its
-// expert's device pointers (cuda::GroupItem). Decode (at most kMaxMatvecVectors tokens) builds those items on the
-// device from the router's ids; a prefill chunk downloads the ids once per layer and groups rows by expert on the
-// host.
-// Products of more than kMaxMatvecVectors rows (prefill's projections and each expert's group of rows) run on
-// the int8 tensor-core kernel (cuda::matmul_q / grouped_matmul_q) when it takes the weight type, else as
-// matrix-vector launches of up to 8 rows.
-//
-// The host KV cache stays the session's official copy (disk checkpoints read it): the device holds a mirror
-// (DeviceKv) and kv::KvCache tracks which rows of which copy are current; rows are copied only when a disk
-// restore wrote the host or a checkpoint reads it.
-//
-// Tiered mode (load_qwen3_cuda with expert_pool_bytes > 0, for models whose experts do not fit the device):
-// the routed experts stay in host memory (the engine's RAM expert store, which streams from disk, or the mapped
-// file) and a device pool of fixed slots caches some (a miss evicts the lowest-scored expert of the pool's
-// experts::CachePolicy, lru or lfu; the current layer's experts are pinned). Misses are copied up on a stream of
-// their own (copy_stream_), at bus speed when the RAM store's slots are page-locked (attach_host_experts), while
-// the layer's hits compute; the misses' rows come last (group_rows_on_host) and their launches wait for the copies.
-// The same kernels compute the same rows, so the logits are bit-identical to the resident mode.
-//
-// The CPU expert lane (CudaLoad::cpu_experts, tiered mode): a miss with few rows (decode) that the policy scores
-// no higher than the pool's lowest-scored expert (before this use) is not copied up; its group item carries
-// null pointers (the GPU skips it), the CPU computes its rows from host memory with the CPU backend's kernels
-// while the GPU computes the others, and the rows are uploaded before the combine. Those rows carry the CPU
-// kernels' rounding (not bit-identical).
-//
-// Decode steps with every weight resident replay a CUDA graph of the whole pass (decode_graph): the token's
-// position is read on the device (KV store row, attention's length and split plan), the embeddings and positions
-// come up from fixed pinned buffers, so one capture serves every later step of the same sequences; the logits go
-// down after it, into the sessions' own pinned rows (ForwardArgs::seq_logits, CudaWorkspace).
-//
-// Not here yet (issue #6): disk reads pipelined into the copies (a layer's misses are copied once all are in host
-// memory), per-op profiles (Session::op_profile stays empty).
+// Qwen3 / Qwen3-MoE on a CUDA device: load, the building blocks and the forward pass (qwen3_moe_cuda.h describes the
+// whole; the GPU expert tier's pool and CPU lane, and prefill sweeps, are in qwen3_moe_tier_cuda.cpp).
+#include "models/qwen3_moe/qwen3_moe_cuda.h"
+
 #include <algorithm>
-#include <array>
-#include <chrono>
-#include <cstdint>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <memory>
-#include <optional>
 #include <utility>
-#include <vector>
 
 #include "backends/cpu/kernels.h"
-#include "backends/cpu/ops.h"
-#include "backends/cuda/cuda_backend.h"
-#include "experts/layout.h"
-#include "experts/policy.h"
-#include "experts/source.h"
 #include "experts/store.h"
-#include "models/model.h"
-#include "models/qwen3_moe/qwen3_moe.h"
-#include "models/qwen3_moe/cuda_switches.h"
-#include "models/qwen3_moe/weights.h"
 
 namespace magnetar::models {
+namespace qwen3_cuda {
 namespace {
 
-using cuda::DeviceBuffer;
-using cuda::GroupItem;
-using qwen3::Layer;
-using namespace qwen3_cuda;  // the switches
-
-constexpr int64_t kVec = cuda::kMaxMatvecVectors;
-constexpr int64_t kSeqs = cuda::kMaxDecodeSeqs;  // sequences of one decode attention launch
 // Prefill's grouped expert products (mmq) take up to one CTA tile of activation rows per item, so an expert
 // with many rows spreads over several CTAs instead of one CTA looping over them.
 constexpr int32_t kMmqItemRows = 64;
@@ -100,61 +42,6 @@ Status attend(const cuda::AttentionArgs& args, int64_t group, cuda::AttentionWor
   return cuda::attention(args, ws, stream);
 }
 
-// A weight matrix in device memory: [rows, row_size(type, cols)] (ggml's ne[1] x ne[0]).
-struct DevTensor {
-  const void* p = nullptr;
-  quant::Type type = quant::Type::F32;
-  int64_t rows = 0, cols = 0;
-  const float* f32() const { return static_cast<const float*>(p); }
-};
-
-struct DevLayer {
-  int64_t window = 0;
-  DevTensor attn_norm, wq, wk, wv, wo, q_norm, k_norm, ffn_norm;
-  DevTensor wqkv;  // wq, wk, wv as one matrix when they share type and width (upload_qkv); p null otherwise
-  DevTensor gate_inp, ffn_gate, ffn_up, ffn_down;
-  bool moe = false;
-  quant::Type exp_type = quant::Type::F32, down_type = quant::Type::F32;
-  const void* const* table = nullptr;  // device: [n_expert * 3] gate, up, down pointers
-  std::vector<const void*> host_table; // the same pointers, for prefill grouping on the host
-  // The same as one buffer: expert e's part p at expert_base + e * expert_stride + part_offset[p] (routes_in_products).
-  const void* expert_base = nullptr;
-  size_t expert_stride = 0;
-  size_t part_offset[3] = {0, 0, 0};
-};
-
-// A session's KV cache on the device: per layer K and V, [n_ctx, n_head_kv * head_dim] in the host cache's type (F16
-// or Q8_0), byte for byte the host's layout.
-class DeviceKv final : public kv::KvCache::Mirror {
- public:
-  std::vector<DeviceBuffer> k, v;
-  size_t row_bytes = 0;
-  uint64_t id = 0;  // unique per mirror made by this process: the decode graphs' key (an address may be reused)
-  void download(kv::KvCache& cache, int64_t from, int64_t to) override {
-    const size_t off = size_t(from) * row_bytes, n = size_t(to - from) * row_bytes;
-    for (size_t l = 0; l < k.size(); ++l) {
-      MAGNETAR_CHECK(k[l].download(static_cast<uint8_t*>(cache.k(int64_t(l))) + off, n, off).ok());
-      MAGNETAR_CHECK(v[l].download(static_cast<uint8_t*>(cache.v(int64_t(l))) + off, n, off).ok());
-    }
-  }
-};
-
-// A session's page-locked logits row (Workspace::logits_row): the decode step's device-to-host copy lands there, so
-// no host copy of the 608 KB of a 151,936-token vocabulary sits between one step and the next (~54 us per token on
-// the H200's host). Empty where the allocation fails: the session's row is then ordinary memory, which the driver
-// copies into through its own staging.
-class CudaWorkspace : public Workspace {
- public:
-  explicit CudaWorkspace(int64_t n_vocab) {
-    if (!logits_row_enabled()) return;
-    Result<cuda::PinnedBuffer> row = cuda::PinnedBuffer::allocate(size_t(n_vocab) * sizeof(float));
-    if (row.ok()) row_ = std::move(row).value();
-  }
-  std::span<float> logits_row() override { return {row_.as<float>(), row_.size() / sizeof(float)}; }
-
- private:
-  cuda::PinnedBuffer row_;
-};
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 bool is_quantized(quant::Type t) { return quant::traits(t).is_quantized; }
@@ -166,229 +53,7 @@ bool qkv_share_input(const DevLayer& L) {
          quant::traits(L.wq.type).vec_dot_type == quant::traits(L.wv.type).vec_dot_type;
 }
 
-class Qwen3Cuda final : public Model {
- public:
-  Qwen3Cuda(Qwen3Bound bound, const gguf::Model& file, const CudaLoad& o)
-      : hp_(std::move(bound.hp)), w_(std::move(bound.w)), layout_(std::move(bound.layout)), file_(file),
-        n_batch_(o.n_batch), sweep_tokens_(o.expert_pool_bytes > 0 ? o.sweep_tokens : 0), kv_type_(o.kv_type),
-        pool_bytes_(o.expert_pool_bytes), policy_name_(o.policy), cpu_lane_(o.cpu_experts && o.expert_pool_bytes > 0) {}
-  Status init();
-
-  const HParams& hparams() const override { return hp_; }
-  std::unique_ptr<Workspace> make_workspace(int64_t n_batch, int64_t, int) const override {
-    MAGNETAR_CHECK(n_batch <= n_batch_);
-    return std::make_unique<CudaWorkspace>(hp_.n_vocab);
-  }
-  Status forward(cpu::ThreadPool& pool, Workspace& ws, const ForwardArgs& args) const override;
-  const experts::ExpertLayout* expert_layout() const override { return layout_.get(); }
-  int64_t sweep_tokens() const override { return sweep_tokens_; }
-  GpuTierStats gpu_tier_stats() const override { return tier_stats_; }
-  std::vector<uint8_t> gpu_cached() const override {
-    std::vector<uint8_t> out(slot_of_.size());
-    for (size_t i = 0; i < out.size(); ++i) out[i] = slot_of_[i] >= 0;
-    return out;
-  }
-  void reset_gpu_tier_stats() override {
-    const uint64_t slots = tier_stats_.slots;
-    tier_stats_ = {};
-    tier_stats_.slots = slots;
-  }
-  Status attach_host_experts(experts::ExpertSource* source) override {
-    host_registration_ = {};
-    if (source == nullptr || pool_bytes_ == 0 || source->host_memory().empty()) return Status();
-    const std::span<uint8_t> m = source->host_memory();
-    MAGNETAR_ASSIGN_OR_RETURN(host_registration_, cuda::HostRegistration::create(m.data(), m.size()));
-    return Status();
-  }
-
- private:
-  Result<DevTensor> upload(const Tensor& t);
-  Status upload_qkv(const Layer& L, DevLayer& d);
-  Result<DeviceBuffer> device_buffer(size_t bytes);
-  // y [n, W.rows] = W x [n, W.cols]; quantized weights read x quantized in the matrix's activation format
-  // (xq: already done by the caller, else quantized here into q_in_).
-  Status linear(const DevTensor& W, const float* x, float* y, int64_t n, const void* xq = nullptr) const;
-  const void* quantize(quant::Type weight_type, const float* x, int64_t cols, int64_t n, void* out) const;
-  // xn_ quantized for weight_type's products, in q_exp_: by the norm that wrote xn_ (xn_act_), else here.
-  const void* quantize_xn(quant::Type weight_type, int64_t n) const;
-  // xn_ = norm(x += proj_) with `weight` (x: the residual stream, x_ or x2_), or with `combine` norm(x += the MoE
-  // combine of down_'s rows, which the MoE layer before left uncombined: combine_in_norm); when the products reading
-  // xn_ quantize it (for `next`, the type of their weights; F32: none or not shared), the norm writes q_exp_ too.
-  Status add_norm(float* x, const float* weight, quant::Type next, int64_t n, bool combine = false) const;
-  // Decode's norm before an MoE layer inside its router's product (norm_router()): x_out = x + proj_, xn_ (and
-  // q_exp_ for the experts) = norm(x_out), router_ = the router's logits. Whether it applies: norm_in_router.
-  bool norm_in_router(const DevLayer& L, int64_t n) const;
-  Status add_norm_router(const DevLayer& L, float* x, float* x_out) const;
-  // Whether an MoE layer leaves its expert rows for the next add_norm to combine (Fusion::kCombine); not in a sweep,
-  // whose chunks keep only x and proj_ between layers (the same bits: add_rms_norm adds moe_combine's sum).
-  bool combine_in_norm() const { return fused(Fusion::kCombine) && hp_.n_expert_used <= 64 && !sweeping_; }
-  // Every expert resident and a decode-sized batch: route_topk builds the expert launches' items on the device (one
-  // token: the products route themselves, route_in_products()) and no layer's ids come to the host during the pass;
-  // forward() reads all layers' back at the end (copy_routes_back) when it counts routing. A copy inside the pass
-  // would stall the launches behind it (~10 us per layer).
-  bool routes_on_device(int64_t n) const { return n <= kVec && pool_bytes_ == 0; }
-  void copy_routes_back(const ForwardArgs& args, int64_t n) const {
-    if (args.routing == nullptr || !routes_on_device(n)) return;
-    stream_.copy(h_ids_.as<int32_t>(), ids_.as<int32_t>(), size_t(hp_.n_layer * n * hp_.n_expert_used) * 4);
-  }
-  Status attention_block(const DevLayer& L, int64_t il, std::span<const SeqSpan> seqs,
-                         std::span<DeviceKv* const> mirrors, int64_t n) const;
-  // routed: router_ holds the layer's logits already (add_norm_router).
-  Status moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, int64_t n, const ForwardArgs& args,
-                 bool routed) const;
-  Status dense_ffn(const DevLayer& L, int64_t n) const;
-  // gate = swiglu(gate, up) over [rows, cols]; returns gate quantized for down_type's product (into q_out; fused
-  // with the swiglu when it can be), or null when down_type is not quantized.
-  Result<const void*> swiglu_for(quant::Type down_type, float* gate, const float* up, int64_t rows, int64_t cols,
-                                 void* q_out) const;
-  Result<DeviceKv*> mirror_of(kv::KvCache& cache) const;
-  // Queues the forward pass from the host input buffers (h_x_, h_positions_) up to the final norm; returns the
-  // head's input rows (xn_, or each sequence's last row gathered) in *head_in.
-  Status enqueue_layers(cpu::ThreadPool& pool, const ForwardArgs& args, int64_t n, const float** head_in) const;
-  // Layer il over args' n tokens: the residual stream x (x_ or x2_: swapped with x_other by a norm inside the
-  // router) and proj_ (the layer before's output, or with `combine` its MoE rows in down_) in, the same out.
-  Status layer(cpu::ThreadPool& pool, const ForwardArgs& args, size_t il, int64_t n, float*& x, float*& x_other,
-               bool& combine) const;
-  // The tokens' positions (and a decode token's rotation table) into h_positions_, then queued up to positions_.
-  void stage_positions(std::span<const SeqSpan> seqs) const;
-  void upload_positions(std::span<const SeqSpan> seqs, int64_t n) const;
-  // A prefill sweep (sweep_tokens): args' one sequence layer by layer over n_batch_-token chunks, each chunk's x and
-  // proj_ kept in sweep_x_ / sweep_p_ between layers.
-  Status sweep(cpu::ThreadPool& pool, const ForwardArgs& args) const;
-  // A profiled forward call's time since t_call: the host's embedding rows, the device's span (device_start_ to
-  // device_end_, both complete) and the rest.
-  void add_profile(Profile& profile, std::chrono::steady_clock::time_point t_call, double embed_seconds) const;
-  // Adds layer il's routing of n tokens (its ids on the host, h_ids_) to `counts`.
-  void count_routes(RoutingCounts& counts, int64_t il, int64_t n) const;
-  // The decode graph of args' batch shape, captured on first use (graphs_, least recently used evicted).
-  Result<const cuda::Graph*> decode_graph(cpu::ThreadPool& pool, const ForwardArgs& args, int64_t n) const;
-  // Tiered mode: the device pointers of `active`'s experts in the pool (pool_ptrs_), loading the misses from
-  // `source`; with the CPU lane, the cold misses with at most kCpuLaneMaxRows rows (rows[e]) go to lane_ (null
-  // pool pointers, host pointers in lane_ptrs_) instead. Leaves the layer acquired from `source` in held_.
-  // `guess`: the next MoE layer's predicted experts (--prefetch), handed to source.prefetch between acquire and
-  // wait. The copies are queued on copy_stream_ (those already in host memory before waiting for the others' reads;
-  // the last batch ends with copy_end_[copy_batches_ - 1]), not waited for: held_ keeps the layer pinned until
-  // settle_copies().
-  Status pool_acquire(int64_t il, std::span<const int32_t> active, std::span<const int32_t> rows,
-                      experts::ExpertSource& source, int64_t guess_layer, std::span<const int32_t> guess) const;
-  // Waits for the last acquired layer's copies (at once when stream_, which waited for them, was synchronized), adds
-  // their time to the tier's statistics and releases the layer in its source.
-  void settle_copies() const;
-  // The CPU lane: lane_'s rows (grouped order, expert_begin_/expert_rows_) computed on the CPU from h_xn_, uploaded
-  // into down_.
-  void run_cpu_lane(cpu::ThreadPool& pool, const DevLayer& L, int64_t n) const;
-  // Items of up to item_rows rows grouped by expert (host), from ids already on the host; ptr(e) gives expert
-  // e's weights. The experts in `late` (the pool's misses, still being copied) come after all others, their rows
-  // and items last: the first *early.items items cover rows [0, *early.rows).
-  struct Early {
-    int64_t items = 0, rows = 0;
-  };
-  template <typename PtrOf>
-  int64_t group_rows_on_host(const int32_t* h_ids, int64_t n, int32_t item_rows, PtrOf ptr_of, int64_t* max_n,
-                             std::span<const int32_t> late, Early* early) const;
-
-  HParams hp_;
-  qwen3::Weights w_;
-  std::unique_ptr<experts::ExpertLayout> layout_;
-  const gguf::Model& file_;
-  int64_t n_batch_;
-  int64_t sweep_tokens_;  // the longest prefill sweep (0: none); its residual stream: sweep_x_, sweep_p_
-  mutable DeviceBuffer sweep_x_, sweep_p_;
-  mutable bool sweeping_ = false;
-  quant::Type kv_type_;  // the sessions' KV caches: F16 or Q8_0
-  // Q8_0 KV: K and V of the rows a prefill attends, as F16 (kv_to_f16), for the attention kernels that read F16;
-  // rows for the longest session's context (mirror_of).
-  mutable DeviceBuffer kv_f16_k_, kv_f16_v_;
-  mutable int64_t kv_f16_rows_ = 0;
-
-  std::vector<DeviceBuffer> owned_;  // every weight buffer
-  std::vector<DevLayer> layers_;
-  DevTensor output_norm_, head_;
-
-  // Scratch, sized at load (forward calls never overlap: Engine's contract).
-  mutable cuda::Stream stream_;
-  mutable cuda::MatvecWorkspace mv_ws_;
-  mutable cuda::AttentionWorkspace attn_ws_;
-  // x2_: one row, the residual stream's other buffer (add_norm_router reads one and writes the other).
-  mutable DeviceBuffer x_, x2_, xn_, proj_, qkv_, attn_, router_, ids_, weights_, gu_, down_, q_in_, q_exp_;
-  // positions_ (h_positions_): the tokens' positions [n_batch_ int32], then from rope_at_ bytes the decode tokens'
-  // rotation tables [n_batch_][head_dim] (cuda::rope_table: the attention launch's prepare reads them).
-  mutable DeviceBuffer positions_, items_, x_rows_, slot_rows_, logits_;
-  mutable cuda::PinnedBuffer h_x_, h_positions_, h_ids_, h_items_, h_logits_;
-  size_t rope_at_ = 0;
-  int64_t act_row_max_ = 0;  // bytes of the largest quantized activation row
-  mutable quant::Type xn_act_ = quant::Type::F32;  // q_exp_ holds xn_ in this format (F32: nothing)
-
-  // ---- the GPU expert tier (pool_bytes_ > 0): experts stay in host memory (the engine's RAM store, or the
-  // mapped file) and some are cached in fixed device slots (policy_ decides), the current layer's pinned.
-  uint64_t pool_bytes_ = 0;
-  std::string policy_name_;
-  std::unique_ptr<experts::MappedExperts> mapped_;  // the source when forward() gets none
-  mutable DeviceBuffer pool_;
-  cuda::HostRegistration host_registration_;  // the RAM store's slots, page-locked (attach_host_experts)
-  size_t part_cap_[3] = {0, 0, 0};                 // bytes reserved per part in a slot
-  size_t slot_bytes_ = 0;
-  struct Slot {
-    int32_t layer = -1, expert = -1;
-    uint64_t last_use = 0;
-  };
-  mutable std::vector<Slot> slots_;
-  mutable std::vector<int32_t> slot_of_;          // [n_layer * n_expert] -> slot, -1 when not in the pool
-  mutable uint64_t tick_ = 0;                     // + 1 per MoE layer call
-  std::unique_ptr<experts::CachePolicy> policy_;  // keys layer * n_expert + expert; a miss evicts the lowest score
-  mutable std::vector<double> slot_score_;        // pool_acquire: each slot's score in this call
-  mutable std::vector<const void*> pool_ptrs_;    // [n_expert * 3] of the layer being computed
-  mutable std::vector<int32_t> active_, misses_, rows_of_, hits_;
-  mutable std::vector<experts::ExpertPtrs> host_ptrs_;
-  mutable std::vector<uint8_t> ready_;
-  // The layer acquired last stays pinned in its source until the stream has synchronized after its copies (the
-  // next MoE layer's routing readback, or the end of forward(): settle_copies); the copies are timed by events.
-  mutable std::optional<experts::Pinned> held_;
-  // The pool's copies run on their own stream, so that the layer's hits compute meanwhile (moe_ffn); stream_ waits
-  // for the last copy_end_ before the misses' launches.
-  mutable cuda::Stream copy_stream_;
-  // The copies of the last acquired layer, in up to two batches (pool_acquire: the experts already in host memory,
-  // then the ones read from disk), each between a start and an end event; the last end is what stream_ waits for.
-  mutable cuda::Event copy_start_[2], copy_end_[2];
-  // forward() with a profile: the span of its device work (Op::kDevice).
-  mutable cuda::Event device_start_, device_end_;
-  mutable int copy_batches_ = 0;
-  // --prefetch (ForwardArgs::prefetch): the next MoE layer's router on this layer's input, its top-k ids on the host.
-  mutable DeviceBuffer next_ids_, next_weights_;
-  mutable cuda::PinnedBuffer h_next_ids_;
-  mutable std::vector<int32_t> guess_;
-  // group_rows_on_host's counting sort: expert e's rows are [expert_begin_[e], + expert_rows_[e]).
-  mutable std::vector<int32_t> expert_begin_, expert_rows_, expert_fill_;
-  mutable std::vector<uint8_t> late_;
-  mutable std::vector<DeviceKv*> mirrors_;                    // forward(): each sequence's device KV
-  mutable GpuTierStats tier_stats_;
-
-  // ---- decode graphs (graphs_enabled()): the forward pass of a decode step, captured per batch shape -----------
-  // The key: the routing copy on or off, then each sequence's mirror id in batch order (one token each), then the
-  // attention kernel of each at its length (cuda::attention_decode_variant).
-  struct DecodeGraph {
-    std::vector<uint64_t> key;
-    cuda::Graph graph;
-    uint64_t last_use = 0;
-  };
-  static constexpr size_t kMaxDecodeGraphs = 8;  // a server's few live batch shapes; the least recent goes
-  mutable std::vector<DecodeGraph> graphs_;
-  mutable std::vector<uint64_t> graph_key_;
-  mutable uint64_t graph_tick_ = 0;
-  mutable uint64_t next_mirror_id_ = 1;
-  mutable bool graphs_failed_ = false;  // a capture failed: decode launches kernel by kernel from then on
-
-  // ---- the CPU expert lane (cpu_lane_: tiered mode with CudaLoad::cpu_experts) ----------------------------------
-  // Decode rows only: an expert with more rows is worth the copy (the GPU then computes all of them at once).
-  static constexpr int32_t kCpuLaneMaxRows = 4;
-  bool cpu_lane_ = false;
-  mutable std::vector<int32_t> lane_;                   // experts of the current layer computed on the CPU
-  mutable std::vector<experts::ExpertPtrs> lane_ptrs_;  // their host weights
-  mutable cuda::PinnedBuffer h_xn_, h_down_;            // [n_batch, E] the layer's normed input; [R, E] lane rows
-  mutable std::vector<uint8_t> lane_xt_, lane_xg_, lane_h_;  // prepared input per token, per row; down input
-  mutable std::vector<float> lane_gu_;                  // [2, R, F] gate then up
-  mutable std::vector<cpu::MatmulJob> lane_jobs_;
-};
+}  // namespace
 
 Result<DeviceBuffer> Qwen3Cuda::device_buffer(size_t bytes) {
   return DeviceBuffer::allocate(std::max<size_t>(bytes, 256));
@@ -939,179 +604,6 @@ int64_t Qwen3Cuda::group_rows_on_host(const int32_t* h_ids, int64_t n, int32_t i
   return n_items;
 }
 
-Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std::span<const int32_t> rows,
-                               experts::ExpertSource& source, int64_t guess_layer,
-                               std::span<const int32_t> guess) const {
-  const int64_t X = hp_.n_expert;
-  ++tick_;
-  misses_.clear();
-  lane_.clear();
-  hits_.clear();
-  for (const int32_t e : active) {
-    const int32_t s = slot_of_[size_t(il * X + e)];
-    if (s >= 0) {
-      slots_[size_t(s)].last_use = tick_;
-      policy_->touch(uint32_t(il * X + e), tick_);
-      tier_stats_.hits++;
-      hits_.push_back(e);
-    } else {
-      misses_.push_back(e);
-    }
-  }
-  // Each slot's score, once per call (lfu's is an exp() per slot; nothing touched below changes it): an empty slot
-  // scores lowest, a slot of the current layer is not evictable (+inf).
-  if (!misses_.empty()) {
-    slot_score_.resize(slots_.size());
-    for (size_t s = 0; s < slots_.size(); ++s) {
-      const Slot& sl = slots_[s];
-      slot_score_[s] = sl.last_use == tick_ ? INFINITY
-                       : sl.layer < 0       ? -1.0
-                                            : policy_->score(uint32_t(sl.layer * X + sl.expert), tick_);
-    }
-  }
-  if (cpu_lane_ && !misses_.empty()) {
-    // A miss enters the pool only when the policy scores it (before this use) above the lowest-scored expert it
-    // could displace; the others with few rows are computed on the CPU.
-    const double lowest = *std::min_element(slot_score_.begin(), slot_score_.end());
-    size_t kept = 0;
-    for (const int32_t e : misses_) {
-      if (rows[size_t(e)] <= kCpuLaneMaxRows && policy_->score(uint32_t(il * X + e), tick_) <= lowest) {
-        lane_.push_back(e);
-      } else {
-        misses_[kept++] = e;
-      }
-    }
-    misses_.resize(kept);
-  }
-  for (const int32_t e : misses_) policy_->touch(uint32_t(il * X + e), tick_);
-  for (const int32_t e : lane_) policy_->touch(uint32_t(il * X + e), tick_);
-  // A sweep's later chunks find the layer's experts in the pool: the source still counts their uses, as it counts
-  // the acquires of chunk-by-chunk calls (its eviction scores and census keep the prompt's popularity for decode).
-  if (sweeping_ && !hits_.empty()) source.touch(il, hits_);
-  const bool acquire = !misses_.empty() || !lane_.empty();
-  if (acquire) {
-    const size_t n_copy = misses_.size();
-    misses_.insert(misses_.end(), lane_.begin(), lane_.end());  // one acquire for the layer: copies, then the lane
-    host_ptrs_.resize(misses_.size());
-    ready_.resize(misses_.size());
-    source.acquire(il, misses_, host_ptrs_, ready_);
-    held_.emplace(source);  // released by settle_copies() once the copies have landed (the lane runs before)
-    if (guess_layer >= 0) source.prefetch(guess_layer, guess);
-    // The misses already in host memory are copied up while the others are read from disk (one batch each).
-    MAGNETAR_CHECK(copy_batches_ == 0);  // settle_copies() ran since the last acquire
-    cuda::Stream& copies = tier_overlap() ? copy_stream_ : stream_;
-    auto copy_batch = [&](bool in_memory) {
-      bool started = false;
-      for (size_t i = 0; i < n_copy; ++i) {
-        if ((ready_[i] != 0) != in_memory) continue;
-        // The lowest-scored slot that this layer's experts do not hold (the pool has >= n_expert slots); an empty
-        // slot first, then the least recently used among equals.
-        size_t victim = SIZE_MAX;
-        for (size_t s = 0; s < slots_.size(); ++s) {
-          if (slot_score_[s] == INFINITY) continue;
-          if (victim == SIZE_MAX || slot_score_[s] < slot_score_[victim] ||
-              (slot_score_[s] == slot_score_[victim] && slots_[s].last_use < slots_[victim].last_use)) {
-            victim = s;
-          }
-        }
-        MAGNETAR_CHECK(victim != SIZE_MAX);
-        slot_score_[victim] = INFINITY;  // this layer's now
-        Slot& slot = slots_[victim];
-        if (slot.layer >= 0) {
-          slot_of_[size_t(slot.layer * X + slot.expert)] = -1;
-          tier_stats_.evictions++;
-        }
-        slot = {.layer = int32_t(il), .expert = misses_[i], .last_use = tick_};
-        slot_of_[size_t(il * X + misses_[i])] = int32_t(victim);
-        uint8_t* dst = static_cast<uint8_t*>(pool_.data()) + victim * slot_bytes_;
-        if (!started) copy_start_[copy_batches_].record(copies);
-        started = true;
-        for (int p = 0; p < 3; ++p) {
-          const size_t bytes = size_t(layout_->extent(il, misses_[i], experts::Part(p)).bytes);
-          copies.copy(dst, host_ptrs_[i].part[p], bytes);
-          dst += part_cap_[p];
-          tier_stats_.bytes_h2d += bytes;
-        }
-        tier_stats_.misses++;
-      }
-      if (started) copy_end_[copy_batches_++].record(copies);
-    };
-    if (copy_ready_first()) copy_batch(true);
-    MAGNETAR_RETURN_IF_ERROR(source.wait(host_ptrs_));
-    if (!copy_ready_first()) copy_batch(true);
-    copy_batch(false);
-    lane_ptrs_.assign(host_ptrs_.begin() + std::ptrdiff_t(n_copy), host_ptrs_.end());
-    misses_.resize(n_copy);
-  }
-  if (!acquire && guess_layer >= 0) source.prefetch(guess_layer, guess);
-  for (const int32_t e : active) {
-    const int32_t s = slot_of_[size_t(il * X + e)];
-    for (int p = 0; p < 3; ++p) pool_ptrs_[size_t(e) * 3 + size_t(p)] = nullptr;  // the CPU lane's: not on the GPU
-    if (s < 0) continue;
-    const uint8_t* base = static_cast<uint8_t*>(pool_.data()) + size_t(s) * slot_bytes_;
-    pool_ptrs_[size_t(e) * 3] = base;
-    pool_ptrs_[size_t(e) * 3 + 1] = base + part_cap_[0];
-    pool_ptrs_[size_t(e) * 3 + 2] = base + part_cap_[0] + part_cap_[1];
-  }
-  return Status();
-}
-
-void Qwen3Cuda::settle_copies() const {
-  if (held_) copy_stream_.synchronize();  // already done when stream_ waited for the copies and was synchronized
-  for (int b = 0; b < copy_batches_; ++b) {
-    tier_stats_.h2d_seconds += cuda::Event::seconds_between(copy_start_[b], copy_end_[b]);
-  }
-  copy_batches_ = 0;
-  held_.reset();
-}
-
-void Qwen3Cuda::run_cpu_lane(cpu::ThreadPool& pool, const DevLayer& L, int64_t n) const {
-  const auto t0 = std::chrono::steady_clock::now();
-  const int64_t E = hp_.n_embd, F = hp_.n_ff_exp, X = hp_.n_expert, R = n * hp_.n_expert_used;
-  const int32_t* h_x_rows = reinterpret_cast<const int32_t*>(h_items_.as<GroupItem>() + R + X);
-  const std::vector<int32_t>& begin = expert_begin_;
-  const std::vector<int32_t>& count = expert_rows_;
-  // The tokens' input prepared for the expert weights once, then gathered per row (rows in grouped order).
-  const cpu::PreparedInput xt = cpu::prepare_input(pool, L.exp_type, h_xn_.as<float>(), E, E, n, lane_xt_.data());
-  float* gate = lane_gu_.data();
-  float* up = gate + R * F;
-  std::vector<cpu::MatmulJob>& jobs = lane_jobs_;
-  jobs.clear();
-  for (size_t j = 0; j < lane_.size(); ++j) {
-    const int32_t r0 = begin[size_t(lane_[j])], cnt = count[size_t(lane_[j])];
-    uint8_t* xg = lane_xg_.data() + size_t(r0) * xt.row_bytes;
-    for (int32_t r = 0; r < cnt; ++r) {
-      std::memcpy(xg + size_t(r) * xt.row_bytes,
-                  static_cast<const uint8_t*>(xt.data) + size_t(h_x_rows[r0 + r]) * xt.row_bytes, xt.row_bytes);
-    }
-    const cpu::PreparedInput x{.data = xg, .row_bytes = xt.row_bytes, .n_tok = cnt, .is_float = xt.is_float};
-    jobs.push_back({.w = lane_ptrs_[j].part[0], .type = L.exp_type, .n_in = E, .n_out = F, .x = x,
-                    .y = gate + int64_t(r0) * F, .ldy = F});
-    jobs.push_back({.w = lane_ptrs_[j].part[1], .type = L.exp_type, .n_in = E, .n_out = F, .x = x,
-                    .y = up + int64_t(r0) * F, .ldy = F});
-  }
-  cpu::matmul(pool, jobs);
-  jobs.clear();
-  const size_t h_row = cpu::prepare_input_bytes(L.down_type, F, 1);
-  float* down = h_down_.as<float>();
-  for (size_t j = 0; j < lane_.size(); ++j) {
-    const int32_t r0 = begin[size_t(lane_[j])], cnt = count[size_t(lane_[j])];
-    cpu::swiglu(pool, gate + int64_t(r0) * F, up + int64_t(r0) * F, int64_t(cnt) * F);
-    const cpu::PreparedInput h = cpu::prepare_input(pool, L.down_type, gate + int64_t(r0) * F, F, F, cnt,
-                                                    lane_h_.data() + size_t(r0) * h_row);
-    jobs.push_back({.w = lane_ptrs_[j].part[2], .type = L.down_type, .n_in = F, .n_out = E, .x = h,
-                    .y = down + int64_t(r0) * E, .ldy = E});
-  }
-  cpu::matmul(pool, jobs);
-  for (const int32_t e : lane_) {
-    const int32_t r0 = begin[size_t(e)], cnt = count[size_t(e)];
-    stream_.copy(down_.as<float>() + int64_t(r0) * E, down + int64_t(r0) * E, size_t(cnt) * size_t(E) * sizeof(float));
-    tier_stats_.cpu_rows += uint64_t(cnt);
-  }
-  tier_stats_.cpu_experts += lane_.size();
-  tier_stats_.cpu_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, int64_t n,
                           const ForwardArgs& args, bool routed) const {
   const int64_t E = hp_.n_embd, X = hp_.n_expert, K = hp_.n_expert_used, F = hp_.n_ff_exp;
@@ -1280,7 +772,7 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
 
 Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& args) const {
   const auto t_call = std::chrono::steady_clock::now();
-  const int64_t n = args.n_tok, E = hp_.n_embd, V = hp_.n_vocab;
+  const int64_t n = args.n_tok;
   const bool sweep_call = n > n_batch_;
   MAGNETAR_CHECK(n >= 1 && (n <= n_batch_ || (n <= sweep_tokens_ && args.seqs.size() == 1)) && !args.seqs.empty());
   if (args.routing) MAGNETAR_CHECK(int64_t(args.routing->counts.size()) == hp_.n_layer * hp_.n_expert);
@@ -1316,46 +808,24 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
   MAGNETAR_CHECK(t == n);
   if (sweep_call) return sweep(pool, args);
   stage_positions(args.seqs);
-  // Embeddings: dequantized on the host (n rows of the table) into the pinned buffer the upload reads.
-  const quant::ToFloatFn embed = cpu::kernels(w_.token_embd.type).dequantize;
-  float* hx = h_x_.as<float>();
-  const auto t_embed = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < n; ++i) {
-    MAGNETAR_CHECK(args.tokens[i] >= 0 && args.tokens[i] < V);
-    embed(w_.token_embd.row(args.tokens[i]), hx + i * E, E);
-  }
-  const double embed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_embed).count();
+  const double embed_seconds = embed_on_host(args.tokens, n);
 
-  // The logits' device-to-host copies: rows n0 .. n0 + rows - 1 of the head's output (at d_rows) straight into the
-  // sequences' own rows (seq_logits: the sessions' page-locked rows, CudaWorkspace), or into h_logits_ and from there
-  // into `logits` after the wait (copy_out).
   const int64_t n_out = args.all_logits ? n : int64_t(args.seqs.size());
-  const bool per_seq = !args.seq_logits.empty();
-  MAGNETAR_CHECK(!per_seq || (!args.all_logits && args.seq_logits.size() == args.seqs.size()));
-  float* h_logits = h_logits_.as<float>();
-  const auto copy_down = [&](const float* d_rows, int64_t n0, int64_t rows) {
-    for (int64_t i = 0; per_seq && i < rows; ++i) {
-      stream_.copy(args.seq_logits[size_t(n0 + i)], d_rows + i * V, size_t(V) * sizeof(float));
-    }
-    if (!per_seq) stream_.copy(h_logits, d_rows, size_t(rows * V) * sizeof(float));
-  };
-  const auto copy_out = [&](int64_t n0, int64_t rows) {
-    if (!per_seq) std::memcpy(args.logits + n0 * V, h_logits, size_t(rows * V) * sizeof(float));
-  };
+  MAGNETAR_CHECK(args.seq_logits.empty() || (!args.all_logits && args.seq_logits.size() == args.seqs.size()));
   bool graphed = graphs_enabled() && !graphs_failed_ && routes_on_device(n);
   for (const SeqSpan& seq : args.seqs) graphed = graphed && seq.n_tok == 1;
   if (graphed) {
-    // One token per sequence: the n head rows (<= kVec) come back after the graph (copy_down). A capture the
+    // One token per sequence: the n head rows (<= kVec) come back after the graph (logits_down). A capture the
     // driver refuses turns graphs off for this model: the launches below then run one by one (an op's own error
     // comes back from them as it would have from the capture).
     const Result<const cuda::Graph*> graph = decode_graph(pool, args, n);
     if (graph.ok()) {
       if (args.profile) device_start_.record(stream_);
       graph.value()->launch(stream_);
-      copy_down(logits_.as<float>(), 0, n);
+      logits_down(args, logits_.as<float>(), 0, n);
       if (args.profile) device_end_.record(stream_);
       stream_.synchronize();
-      copy_out(0, n);
+      logits_out(args, 0, n);
     } else {
       // Once per model: decode keeps working, ~10-25% slower (docs/benchmarks/2026-11-30-cuda-decode-graph.md).
       std::fprintf(stderr, "magnetar: CUDA graph capture of the decode step failed (%s); decoding kernel by kernel\n",
@@ -1369,14 +839,7 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
     const float* head_in = nullptr;
     MAGNETAR_RETURN_IF_ERROR(enqueue_layers(pool, args, n, &head_in));
     copy_routes_back(args, n);
-    float* d_logits = logits_.as<float>();
-    for (int64_t c = 0; c < n_out; c += kVec) {
-      const int64_t nv = std::min(kVec, n_out - c);
-      MAGNETAR_RETURN_IF_ERROR(linear(head_, head_in + c * E, d_logits, nv));
-      copy_down(d_logits, c, nv);
-      stream_.synchronize();
-      copy_out(c, nv);
-    }
+    MAGNETAR_RETURN_IF_ERROR(head(args, head_in, n_out, 0));
     if (args.profile) {
       device_end_.record(stream_);
       stream_.synchronize();
@@ -1385,6 +848,44 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
   for (const SeqSpan& seq : args.seqs) seq.kv->wrote_device(seq.pos0, seq.pos0 + seq.n_tok);
   for (int64_t il = 0; args.routing && il < hp_.n_layer; ++il) count_routes(*args.routing, il, n);
   if (args.profile) add_profile(*args.profile, t_call, embed_seconds);
+  return Status();
+}
+
+double Qwen3Cuda::embed_on_host(const int32_t* tokens, int64_t n) const {
+  const auto t0 = std::chrono::steady_clock::now();
+  const quant::ToFloatFn dequantize = cpu::kernels(w_.token_embd.type).dequantize;
+  float* hx = h_x_.as<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    MAGNETAR_CHECK(tokens[i] >= 0 && tokens[i] < hp_.n_vocab);
+    dequantize(w_.token_embd.row(tokens[i]), hx + i * hp_.n_embd, hp_.n_embd);
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void Qwen3Cuda::logits_down(const ForwardArgs& args, const float* d_rows, int64_t n0, int64_t rows) const {
+  const int64_t V = hp_.n_vocab;
+  for (int64_t i = 0; !args.seq_logits.empty() && i < rows; ++i) {
+    stream_.copy(args.seq_logits[size_t(n0 + i)], d_rows + i * V, size_t(V) * sizeof(float));
+  }
+  if (args.seq_logits.empty()) stream_.copy(h_logits_.as<float>(), d_rows, size_t(rows * V) * sizeof(float));
+}
+
+void Qwen3Cuda::logits_out(const ForwardArgs& args, int64_t n0, int64_t rows) const {
+  const int64_t V = hp_.n_vocab;
+  if (args.seq_logits.empty()) {
+    std::memcpy(args.logits + n0 * V, h_logits_.as<float>(), size_t(rows * V) * sizeof(float));
+  }
+}
+
+Status Qwen3Cuda::head(const ForwardArgs& args, const float* x, int64_t rows, int64_t out0) const {
+  float* d_logits = logits_.as<float>();
+  for (int64_t c = 0; c < rows; c += kVec) {
+    const int64_t nv = std::min(kVec, rows - c);
+    MAGNETAR_RETURN_IF_ERROR(linear(head_, x + c * hp_.n_embd, d_logits, nv));
+    logits_down(args, d_logits, out0 + c, nv);
+    stream_.synchronize();
+    logits_out(args, out0 + c, nv);
+  }
   return Status();
 }
 
@@ -1486,86 +987,6 @@ void Qwen3Cuda::count_routes(RoutingCounts& counts, int64_t il, int64_t n) const
   for (int64_t r = 0; r < n * K; ++r) counts.counts[size_t(il * hp_.n_expert + h_ids[r])]++;
 }
 
-Status Qwen3Cuda::sweep(cpu::ThreadPool& pool, const ForwardArgs& args) const {
-  const auto t_call = std::chrono::steady_clock::now();
-  const int64_t n = args.n_tok, E = hp_.n_embd, V = hp_.n_vocab, B = n_batch_;
-  const SeqSpan& seq = args.seqs[0];
-  MAGNETAR_CHECK(args.seq_logits.size() <= 1 && (args.all_logits || args.seq_logits.size() == 1 || args.logits));
-  sweeping_ = true;
-  struct EndSweep {
-    bool& on;
-    ~EndSweep() { on = false; }
-  } end_sweep{sweeping_};
-  float* sweep_x = sweep_x_.as<float>();
-  float* sweep_p = sweep_p_.as<float>();
-  const size_t row = size_t(E) * sizeof(float);
-  if (args.profile) device_start_.record(stream_);
-  // Embeddings, a chunk at a time through the pinned h_x_ (the copy before must have read it).
-  const quant::ToFloatFn embed = cpu::kernels(w_.token_embd.type).dequantize;
-  float* hx = h_x_.as<float>();
-  double embed_seconds = 0;
-  for (int64_t c = 0; c < n; c += B) {
-    const int64_t m = std::min(B, n - c);
-    stream_.synchronize();
-    const auto t_embed = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < m; ++i) {
-      MAGNETAR_CHECK(args.tokens[c + i] >= 0 && args.tokens[c + i] < V);
-      embed(w_.token_embd.row(args.tokens[c + i]), hx + i * E, E);
-    }
-    embed_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_embed).count();
-    stream_.copy(sweep_x + c * E, hx, size_t(m) * row);
-  }
-  // Layer by layer, chunk by chunk: a chunk's attention reads the rows the chunks before it stored at this layer.
-  for (size_t il = 0; il < layers_.size(); ++il) {
-    for (int64_t c = 0; c < n; c += B) {
-      const int64_t m = std::min(B, n - c);
-      const SeqSpan chunk{.kv = seq.kv, .pos0 = seq.pos0 + c, .n_tok = m};
-      ForwardArgs a = args;
-      a.tokens = args.tokens + c;
-      a.n_tok = m;
-      a.seqs = {&chunk, 1};
-      stream_.synchronize();  // h_positions_ was read by the chunk before's copy
-      stage_positions(a.seqs);
-      upload_positions(a.seqs, m);
-      float* x = x_.as<float>();
-      float* x_other = x2_.as<float>();
-      stream_.copy(x, sweep_x + c * E, size_t(m) * row);
-      if (il > 0) stream_.copy(proj_.data(), sweep_p + c * E, size_t(m) * row);
-      bool combine = false;
-      MAGNETAR_RETURN_IF_ERROR(layer(pool, a, il, m, x, x_other, combine));
-      stream_.copy(sweep_x + c * E, x, size_t(m) * row);
-      stream_.copy(sweep_p + c * E, proj_.data(), size_t(m) * row);
-      if (args.routing) count_routes(*args.routing, int64_t(il), m);  // moe_ffn synchronized after the ids' copy
-    }
-  }
-  // The final norm and the head: every token's row, or the last one's, chunk by chunk as single calls compute them.
-  float* d_logits = logits_.as<float>();
-  float* h_logits = h_logits_.as<float>();
-  for (int64_t c = args.all_logits ? 0 : (n - 1) / B * B; c < n; c += B) {
-    const int64_t m = std::min(B, n - c);
-    stream_.copy(x_.data(), sweep_x + c * E, size_t(m) * row);
-    stream_.copy(proj_.data(), sweep_p + c * E, size_t(m) * row);
-    MAGNETAR_RETURN_IF_ERROR(add_norm(x_.as<float>(), output_norm_.f32(), quant::Type::F32, m, false));
-    const float* xn = xn_.as<float>();
-    const int64_t first = args.all_logits ? 0 : m - 1;
-    for (int64_t r = first; r < m; r += kVec) {
-      const int64_t nv = std::min(kVec, m - r);
-      MAGNETAR_RETURN_IF_ERROR(linear(head_, xn + r * E, d_logits, nv));
-      float* out = args.all_logits ? nullptr : !args.seq_logits.empty() ? args.seq_logits[0] : args.logits;
-      stream_.copy(out ? out : h_logits, d_logits, size_t(nv * V) * sizeof(float));
-      stream_.synchronize();
-      if (!out) std::memcpy(args.logits + (c + r) * V, h_logits, size_t(nv * V) * sizeof(float));
-    }
-  }
-  if (args.profile) {
-    device_end_.record(stream_);
-    stream_.synchronize();
-  }
-  seq.kv->wrote_device(seq.pos0, seq.pos0 + n);
-  if (args.profile) add_profile(*args.profile, t_call, embed_seconds);
-  return Status();
-}
-
 Result<const cuda::Graph*> Qwen3Cuda::decode_graph(cpu::ThreadPool& pool, const ForwardArgs& args, int64_t n) const {
   std::vector<uint64_t>& key = graph_key_;
   key.assign(1, args.routing != nullptr ? 1 : 0);
@@ -1598,13 +1019,13 @@ Result<const cuda::Graph*> Qwen3Cuda::decode_graph(cpu::ThreadPool& pool, const 
   return &graphs_.back().graph;
 }
 
-}  // namespace
+}  // namespace qwen3_cuda
 
 Result<std::unique_ptr<Model>> load_qwen3_cuda(const gguf::Model& file, const CudaLoad& options) {
   MAGNETAR_ASSIGN_OR_RETURN(Qwen3Bound bound, bind_qwen3(file));
   CudaLoad o = options;
   if (!bound.layout) o.expert_pool_bytes = 0;  // dense: nothing to tier
-  auto model = std::make_unique<Qwen3Cuda>(std::move(bound), file, o);
+  auto model = std::make_unique<qwen3_cuda::Qwen3Cuda>(std::move(bound), file, o);
   MAGNETAR_RETURN_IF_ERROR(model->init());
   return std::unique_ptr<Model>(std::move(model));
 }
