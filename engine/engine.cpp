@@ -50,6 +50,14 @@ struct Engine::Impl {
   int64_t sweep_tokens = 0;                // the longest prefill sweep (EngineOptions::n_sweep; 0: none)
   int64_t sweep_min = 0;                   // ... and the shortest remaining prompt computed in one
   uint64_t sweeps = 0;                     // prefill sweeps run since load or reset_expert_stats
+  uint64_t sweep_pauses = 0;               // ... stopped midway by a progress hook
+  // A model that keeps a paused sweep's state itself (Model::sweep_state_in_model) holds one sweep: the last one
+  // started (its serial), whether it is paused, and the compute call in which another session first found it
+  // paused (0: none since it last ran).
+  uint64_t sweep_serial = 0;
+  bool sweep_paused = false;
+  uint64_t sweep_contested = 0;
+  uint64_t compute_calls = 0;
   // The model lets go of the store's memory (a GPU tier page-locked it) before the store unmaps it.
   ~Impl() {
     if (model && store) (void)model->attach_host_experts(nullptr);
@@ -378,6 +386,7 @@ ExpertStats Engine::expert_stats() const {
     out.gpu_cpu_seconds = t.cpu_seconds;
   }
   out.sweeps = impl_->sweeps;
+  out.sweep_pauses = impl_->sweep_pauses;
   return out;
 }
 
@@ -401,7 +410,7 @@ ExpertStats& ExpertStats::operator+=(const ExpertStats& o) {
   gpu_hits += o.gpu_hits, gpu_misses += o.gpu_misses, gpu_evictions += o.gpu_evictions;
   gpu_bytes_h2d += o.gpu_bytes_h2d, gpu_miss_seconds += o.gpu_miss_seconds;
   gpu_cpu_experts += o.gpu_cpu_experts, gpu_cpu_rows += o.gpu_cpu_rows, gpu_cpu_seconds += o.gpu_cpu_seconds;
-  sweeps += o.sweeps;
+  sweeps += o.sweeps, sweep_pauses += o.sweep_pauses;
   return *this;
 }
 
@@ -409,6 +418,7 @@ void Engine::reset_expert_stats() {
   if (impl_->store) impl_->store->reset_stats();
   impl_->model->reset_gpu_tier_stats();
   impl_->sweeps = 0;
+  impl_->sweep_pauses = 0;
 }
 Engine::~Engine() = default;
 
@@ -600,6 +610,16 @@ struct Session::Impl {
   SessionStats stats;
   models::Profile profile;
   models::RoutingCounts routing;
+  // A prefill sweep that sync's progress hook stopped midway: tokens [b, b + tokens.size()) of the timeline, whose KV
+  // rows are computed at the layers before `at`. A later sync whose timeline extends this one with those tokens
+  // continues it; anything else that moves the timeline drops it.
+  struct PausedSweep {
+    int64_t b = 0;
+    std::vector<int32_t> tokens;
+    models::SweepCursor at;
+    uint64_t serial = 0;  // Engine::Impl::sweep_serial when it started
+  };
+  std::optional<PausedSweep> paused;
 
   // Computes positions [from, tokens.size()) of `tokens` (already the whole new timeline; rows before
   // `from` are valid in the KV cache) and keeps logits as asked. Calls `progress` after each chunk (when set);
@@ -609,7 +629,26 @@ struct Session::Impl {
   // rows are copied now, the files written in the background). A failed save is a warning (the computation
   // stands; the disk may be full).
   void checkpoint(int64_t from, int64_t n_valid);
+  // Whether a new sweep may start in compute call `call`: always, unless the model holds another session's paused
+  // sweep that has not had a call of its own since a session first found it so (then that one is dropped).
+  bool may_start_sweep(uint64_t call);
+  void drop_paused();
 };
+
+bool Session::Impl::may_start_sweep(uint64_t call) {
+  Engine::Impl& e = *engine;
+  if (!e.model->sweep_state_in_model() || !e.sweep_paused) return true;
+  if (e.sweep_contested == 0 || e.sweep_contested == call) {
+    e.sweep_contested = call;
+    return false;
+  }
+  return true;
+}
+
+void Session::Impl::drop_paused() {
+  if (paused && paused->serial == engine->sweep_serial) engine->sweep_paused = false;
+  paused.reset();
+}
 
 void Session::Impl::checkpoint(int64_t from, int64_t n_valid) {
   kv::DiskCache* disk = engine->disk_kv.get();
@@ -644,19 +683,44 @@ Status Session::Impl::compute(int64_t from, Logits mode, const SyncProgress& pro
   const int64_t n_vocab = engine->model->hparams().n_vocab;
   const int64_t total = int64_t(next.size()) - from;
   const int64_t n_batch = engine->options.n_batch;
+  const uint64_t call = ++engine->compute_calls;
+  const bool model_state = engine->model->sweep_state_in_model();
   // Tokens per forward call: a prefill sweep of the remaining prompt when it is long enough for one (sweep_min).
   const int64_t sweep = engine->sweep_tokens, sweep_min = std::max(engine->sweep_min, n_batch + 1);
+  if (paused && (paused->b != from || (model_state && paused->serial != engine->sweep_serial))) drop_paused();
   if (mode == Logits::kAll) {
     all_logits.resize(size_t(total) * size_t(n_vocab));
     all_first = from;
     all_rows = total;
   }
   for (int64_t b = from, n = 0; b < int64_t(next.size()); b += n) {
-    n = std::min<int64_t>(sweep > 0 && int64_t(next.size()) - b >= sweep_min ? sweep : n_batch,
-                          int64_t(next.size()) - b);
+    const int64_t left = int64_t(next.size()) - b;
+    const bool resume = paused.has_value();  // sync() kept it: it starts here
+    n = resume ? int64_t(paused->tokens.size())
+               : std::min(sweep > 0 && left >= sweep_min && may_start_sweep(call) ? sweep : n_batch, left);
     const bool last_chunk = b + n == int64_t(next.size());
     float* out = mode == Logits::kAll ? all_logits.data() + size_t(b - from) * size_t(n_vocab) : last_logits.data();
     const models::SeqSpan seq{.kv = kv.get(), .pos0 = b, .n_tok = n};
+    // A sweep goes in steps: `progress` is asked after each (a layer of a chunk), with the share of the sweep done.
+    models::SweepCursor at = resume ? paused->at : models::SweepCursor{};
+    const int64_t step0 = at.step;
+    bool stopped = false;
+    const std::function<bool()> pause = [&] {
+      stopped = progress && !progress(b - from + n * (at.step - step0) / at.steps, total);
+      return stopped;
+    };
+    if (n > n_batch && !resume) {
+      if (model_state) {
+        engine->sweep_serial++;
+        engine->sweep_contested = 0;
+      }
+      paused = PausedSweep{.b = b, .tokens = {next.begin() + b, next.begin() + b + n}, .at = {},
+                           .serial = engine->sweep_serial};
+    }
+    if (n > n_batch && model_state) {
+      engine->sweep_paused = false;  // running
+      engine->sweep_contested = 0;
+    }
     const Status s = engine->model->forward(
         *engine->pool, *ws,
         {.tokens = next.data() + b, .n_tok = n, .seqs = {&seq, 1}, .all_logits = mode == Logits::kAll,
@@ -665,7 +729,21 @@ Status Session::Impl::compute(int64_t from, Logits mode, const SyncProgress& pro
          .profile = engine->options.profile ? &profile : nullptr,
          .routing = routing.counts.empty() ? (engine->uses.counts.empty() ? nullptr : &engine->uses) : &routing,
          .experts = engine->store.get(),
-         .prefetch = engine->store != nullptr && engine->options.stream.prefetch});
+         .prefetch = engine->store != nullptr && engine->options.stream.prefetch,
+         .sweep = n > n_batch ? &at : nullptr,
+         .pause = n > n_batch && progress ? &pause : nullptr});
+    if (s.ok() && stopped) {
+      // The sweep stays where it stopped; the timeline is the prefix before it.
+      paused->at = at;
+      ++engine->sweep_pauses;
+      if (model_state) engine->sweep_paused = true;
+      tokens.resize(size_t(b));
+      all_rows = 0;
+      stats.prefill_tokens += b - from;
+      stats.prefill_seconds += seconds_since(t0);
+      return Status::error("cancelled");
+    }
+    if (n > n_batch) drop_paused();
     if (!s.ok()) {
       tokens.resize(size_t(b));
       all_rows = 0;
@@ -713,6 +791,13 @@ Status Session::sync(std::span<const int32_t> next, Logits mode, const SyncProgr
   }
   size_t lcp = 0;
   while (lcp < s.tokens.size() && lcp < next.size() && s.tokens[lcp] == next[lcp]) ++lcp;
+  // A paused sweep continues when the new timeline extends the current one (the rows it attended) with its tokens.
+  if (s.paused) {
+    const std::vector<int32_t>& t = s.paused->tokens;
+    if (lcp != s.tokens.size() || next.size() < lcp + t.size() || !std::equal(t.begin(), t.end(), next.begin() + lcp)) {
+      s.drop_paused();
+    }
+  }
   if (mode == Logits::kLast && lcp == next.size() && s.tokens.size() == next.size() && s.have_logits) return Status();
   int64_t keep = int64_t(std::min(lcp, next.size() - 1));
   s.stats.reused_tokens += keep;
@@ -744,6 +829,7 @@ Status Session::step(int32_t id) {
   if (int64_t(s.tokens.size()) + 1 > s.kv->n_ctx()) {
     return Status::error(format("context of %lld tokens is full (raise --ctx)", (long long)s.kv->n_ctx()));
   }
+  s.drop_paused();
   s.tokens.push_back(id);
   s.all_rows = 0;
   return s.compute(int64_t(s.tokens.size()) - 1, Logits::kLast);  // compute() checkpoints a completed block
@@ -773,6 +859,7 @@ Status Engine::step(std::span<Session* const> sessions, std::span<const int32_t>
     for (size_t i = b; i < b + n; ++i) {
       Session::Impl& s = *sessions[i]->impl_;
       seqs.push_back({.kv = s.kv.get(), .pos0 = int64_t(s.tokens.size()), .n_tok = 1});
+      s.drop_paused();
       s.tokens.push_back(ids[i]);
       s.have_logits = false;
       s.all_rows = 0;
@@ -805,6 +892,7 @@ Status Engine::step(std::span<Session* const> sessions, std::span<const int32_t>
 }
 
 void Session::clear() {
+  impl_->drop_paused();
   impl_->tokens.clear();
   impl_->have_logits = false;
   impl_->all_rows = 0;

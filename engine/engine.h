@@ -121,6 +121,7 @@ struct ExpertStats {
   uint64_t gpu_cpu_experts = 0, gpu_cpu_rows = 0;
   double gpu_cpu_seconds = 0;
   uint64_t sweeps = 0;          // prefill sweeps (EngineOptions::n_sweep) run
+  uint64_t sweep_pauses = 0;    // ... stopped midway by a sync progress hook (the server: another request's turn)
   uint64_t gpu_lookups() const { return gpu_hits + gpu_misses + gpu_cpu_experts; }
 
   // Sums the counters of two periods (`store` and `streamed` are taken from `other`).
@@ -211,8 +212,9 @@ class Engine {
 
 enum class Logits { kLast, kAll };
 
-// Session::sync's progress hook: called after each forward chunk (at most EngineOptions::n_batch tokens) with the
-// tokens this call has computed so far and the number it has to compute. Returning false stops the prefill.
+// Session::sync's progress hook: called after each forward chunk (at most EngineOptions::n_batch tokens), and within a
+// prefill sweep after each of its steps (one layer of one chunk), with the tokens this call has computed so far (a
+// sweep's share in proportion to its steps) and the number it has to compute. Returning false stops the prefill.
 using SyncProgress = std::function<bool(int64_t done, int64_t total)>;
 
 struct SessionStats {
@@ -231,11 +233,14 @@ class Session {
   // rest (always at least the last token, so logits() is that of tokens.back()). Fails (and leaves the
   // session empty) when tokens is empty, longer than n_ctx(), or holds ids outside the vocabulary.
   // Logits::kAll keeps the logits of every position computed by this call (see all_logits()).
-  // `progress`, when set, is called after every chunk, ceil(to compute / n_batch) times with increasing `done`.
-  // Returning false before the last chunk stops there: sync fails with "cancelled", and the timeline becomes the
-  // prefix whose KV was computed (tokens() tells how far it got), so a later sync reuses it; logits() and
-  // all_logits() are then meaningless until the next successful sync. Returning false after the last chunk has no
-  // effect. A failing forward pass likewise leaves the computed prefix as the timeline.
+  // `progress`, when set, is called after every chunk (ceil(to compute / n_batch) times) and every step of a prefill
+  // sweep, with increasing `done`. Returning false before the last chunk stops there: sync fails with "cancelled",
+  // and the timeline becomes the prefix whose KV was computed (tokens() tells how far it got), so a later sync reuses
+  // it; logits() and all_logits() are then meaningless until the next successful sync. A sweep stopped midway keeps
+  // its place: a later sync whose timeline extends tokens() with the sweep's tokens continues it (other sessions may
+  // compute in between; on a model that holds one paused sweep, EngineOptions::n_sweep, a second session's prompt goes
+  // chunk by chunk in its first sync call after finding it paused and drops it in the next). Returning false after
+  // the last chunk has no effect. A failing forward pass likewise leaves the computed prefix as the timeline.
   Status sync(std::span<const int32_t> tokens, Logits mode = Logits::kLast, const SyncProgress& progress = {});
   // Forgets the timeline (the next sync computes everything).
   void clear();

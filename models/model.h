@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -94,6 +95,13 @@ struct SeqSpan {
   int64_t n_tok = 0;
 };
 
+// A prefill sweep's progress in steps: the embeddings, then one step per (layer, n_batch-token chunk) layer by layer,
+// then the head (steps = 2 + n_layer * chunks, set by the model at the first call; 0 before it).
+struct SweepCursor {
+  int64_t step = 0, steps = 0;
+  bool done() const { return steps > 0 && step == steps; }
+};
+
 // A forward pass over one or more sequences (several: the decode steps of concurrent sessions, so the weights
 // are read once for all of them). Every token's result is bit-identical to computing its sequence alone.
 struct ForwardArgs {
@@ -109,6 +117,12 @@ struct ForwardArgs {
   RoutingCounts* routing = nullptr; // non-null: count expert selections (sized n_layer * n_expert)
   experts::ExpertSource* experts = nullptr;  // routed experts from here (null: the model's own mapping)
   bool prefetch = false;            // hint the next MoE layer's likely experts to `experts`
+  // A prefill sweep (Model::sweep_tokens) in steps: where it stands (null: the whole sweep in this call), and a hook
+  // asked after every step but the last. Its true ends the call there (OK, *sweep at the next step); a later call with
+  // the same arguments and cursor continues the sweep, and other calls may come in between (but no other sweep when
+  // the model keeps a sweep's state itself: Model::sweep_state_in_model).
+  SweepCursor* sweep = nullptr;
+  const std::function<bool()>* pause = nullptr;
 };
 
 class Model {
@@ -127,6 +141,9 @@ class Model {
   // chunks from the first token, so that a layer's streamed experts are brought in once for all the chunks instead
   // of once per chunk. Its logits and KV are bit for bit those of one call per chunk.
   virtual int64_t sweep_tokens() const { return 0; }
+  // Whether a paused sweep's state (ForwardArgs::pause) lives in the model, so that only one sweep can be in flight
+  // at a time, rather than in the workspace.
+  virtual bool sweep_state_in_model() const { return false; }
 
   // A GPU expert tier's counters since load or the last reset (all zero without one).
   struct GpuTierStats {

@@ -127,8 +127,9 @@ void Worker::submit(std::shared_ptr<Job> job) {
 // ---- the loop --------------------------------------------------------------------------------------------------
 
 // Each turn: admit queued jobs into idle slots (a cancelled one ends at once), compute one prefill step for each
-// slot still in its prompt (a whole prompt when nothing is decoding, else one --batch chunk, so running streams
-// keep flowing), then one token for every decoding slot in a single batched forward pass.
+// slot still in its prompt (a whole prompt when nothing is decoding, else one --batch chunk or a chunk's worth of a
+// prefill sweep, so running streams keep flowing), then one token for every decoding slot in a single batched
+// forward pass.
 void Worker::loop() {
   uint64_t tick = 0;
   for (;;) {
@@ -267,14 +268,17 @@ bool Worker::scan(Slot& slot) {
   return false;
 }
 
-// Computes the prompt, or (yield_after_chunk) its next --batch chunk. A stream silent for keepalive_seconds_ gets
-// a keep-alive after a chunk; a client that left stops the prefill within a chunk (the computed prefix stays).
+// Computes the prompt, or (yield_after_chunk) its next --batch chunk, or as much of a prefill sweep (its steps, a
+// layer of a chunk each, until a chunk's worth of tokens; the next turn continues the sweep). A stream silent for
+// keepalive_seconds_ gets a keep-alive after a chunk or sweep step; a client that left stops the prefill there (the
+// computed prefix stays).
 void Worker::prefill_step(Slot& slot, bool yield_after_chunk) {
   Job& job = *slot.job;
   if (job.cancelled.load()) return finish(slot, FinishReason::kCancelled, {});
   Session& session = *slot.session;
   const SessionStats before = session.stats();
   bool yielded = false;
+  const int64_t chunk = engine_.options().n_batch;  // a turn's share: a chunk, or as much of a sweep's steps
   const Status synced = session.sync(job.prompt, Logits::kLast, [&](int64_t done, int64_t total) {
     if (job.cancelled.load()) return false;
     if (job.stream && std::chrono::duration<double>(Clock::now() - slot.last_output).count() >= keepalive_seconds_) {
@@ -283,7 +287,7 @@ void Worker::prefill_step(Slot& slot, bool yield_after_chunk) {
       ++job.keepalives;
       job.cv.notify_all();
     }
-    if (yield_after_chunk && done < total) {
+    if (yield_after_chunk && done < total && done >= chunk) {
       yielded = true;
       return false;
     }

@@ -481,10 +481,13 @@ Status Qwen3Model::forward(cpu::ThreadPool& pool, Workspace& workspace, const Fo
 }
 
 Status Qwen3Model::sweep(cpu::ThreadPool& pool, Qwen3Workspace& ws, const ForwardArgs& args) const {
-  const int64_t n = args.n_tok, E = hp_.n_embd, B = ws.n_batch;
+  const int64_t n = args.n_tok, E = hp_.n_embd, B = ws.n_batch, chunks = (n + B - 1) / B;
   const SeqSpan& seq = args.seqs[0];
-  grow(ws.sweep_x, size_t(n * E));
-  embed(ws, args.tokens, n, ws.sweep_x.data());
+  SweepCursor whole;
+  SweepCursor& at = args.sweep ? *args.sweep : whole;
+  const int64_t steps = 2 + int64_t(w_.layers.size()) * chunks;
+  if (at.steps == 0) at.steps = steps;
+  MAGNETAR_CHECK(at.steps == steps && at.step < steps);
   // Chunk c of args as a call of its own; a chunk's attention reads the rows the chunks before it stored at the layer.
   auto chunk_args = [&](int64_t c, SeqSpan& span) {
     span = {.kv = seq.kv, .pos0 = seq.pos0 + c, .n_tok = std::min(B, n - c)};
@@ -495,22 +498,30 @@ Status Qwen3Model::sweep(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Forwar
     a.seqs = {&span, 1};
     return a;
   };
-  for (size_t il = 0; il < w_.layers.size(); ++il) {
-    for (int64_t c = 0; c < n; c += B) {
+  while (at.step < steps) {
+    if (at.step == 0) {
+      grow(ws.sweep_x, size_t(n * E));
+      embed(ws, args.tokens, n, ws.sweep_x.data());
+    } else if (at.step < steps - 1) {
+      // Layer by layer, each over the chunks in order.
+      const size_t il = size_t((at.step - 1) / chunks);
+      const int64_t c = (at.step - 1) % chunks * B;
       SeqSpan span;
       const ForwardArgs a = chunk_args(c, span);
       std::copy_n(ws.sweep_x.data() + c * E, span.n_tok * E, ws.x.data());
       MAGNETAR_RETURN_IF_ERROR(layer(pool, ws, a, il, span.n_tok));
       std::copy_n(ws.x.data(), span.n_tok * E, ws.sweep_x.data() + c * E);
+    } else {
+      // The head chunk by chunk as single calls compute it: every token's logits, or the last token's.
+      for (int64_t c = args.all_logits ? 0 : (n - 1) / B * B; c < n; c += B) {
+        SeqSpan span;
+        ForwardArgs a = chunk_args(c, span);
+        if (args.all_logits) a.logits = args.logits + c * hp_.n_vocab;
+        std::copy_n(ws.sweep_x.data() + c * E, span.n_tok * E, ws.x.data());
+        head(pool, ws, a, span.n_tok);
+      }
     }
-  }
-  // The head chunk by chunk as single calls compute it: every token's logits, or the last token's.
-  for (int64_t c = args.all_logits ? 0 : (n - 1) / B * B; c < n; c += B) {
-    SeqSpan span;
-    ForwardArgs a = chunk_args(c, span);
-    if (args.all_logits) a.logits = args.logits + c * hp_.n_vocab;
-    std::copy_n(ws.sweep_x.data() + c * E, span.n_tok * E, ws.x.data());
-    head(pool, ws, a, span.n_tok);
+    if (++at.step < steps && args.pause && (*args.pause)()) return Status();
   }
   return Status();
 }

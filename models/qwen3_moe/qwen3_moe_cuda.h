@@ -49,6 +49,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backends/cpu/ops.h"
@@ -143,6 +144,7 @@ class Qwen3Cuda final : public Model {
   Status forward(cpu::ThreadPool& pool, Workspace& ws, const ForwardArgs& args) const override;
   const experts::ExpertLayout* expert_layout() const override { return layout_.get(); }
   int64_t sweep_tokens() const override { return sweep_tokens_; }
+  bool sweep_state_in_model() const override { return true; }  // sweep_x_, sweep_p_
   GpuTierStats gpu_tier_stats() const override { return tier_stats_; }
   std::vector<uint8_t> gpu_cached() const override {
     std::vector<uint8_t> out(slot_of_.size());
@@ -214,7 +216,7 @@ class Qwen3Cuda final : public Model {
   void stage_positions(std::span<const SeqSpan> seqs) const;
   void upload_positions(std::span<const SeqSpan> seqs, int64_t n) const;
   // A prefill sweep (sweep_tokens): args' one sequence layer by layer over n_batch_-token chunks, each chunk's x and
-  // proj_ kept in sweep_x_ / sweep_p_ between layers.
+  // proj_ kept in sweep_x_ / sweep_p_ between layers; in steps (ForwardArgs::sweep) when args pause it.
   Status sweep(cpu::ThreadPool& pool, const ForwardArgs& args) const;
   // The n tokens' embedding rows, dequantized on the host into the pinned h_x_ that the upload reads (the copy of
   // the call before must have read it); returns the seconds taken.
@@ -266,6 +268,7 @@ class Qwen3Cuda final : public Model {
   int64_t sweep_tokens_;  // the longest prefill sweep (0: none); its residual stream: sweep_x_, sweep_p_
   mutable DeviceBuffer sweep_x_, sweep_p_;
   mutable bool sweeping_ = false;
+  mutable std::tuple<const kv::KvCache*, int64_t, int64_t> sweep_of_;  // the sweep in them: its cache, pos0, n_tok
   quant::Type kv_type_;  // the sessions' KV caches: F16 or Q8_0
   // Q8_0 KV: K and V of the rows a prefill attends, as F16 (kv_to_f16), for the attention kernels that read F16;
   // rows for the longest session's context (mirror_of).

@@ -186,9 +186,20 @@ void Qwen3Cuda::run_cpu_lane(cpu::ThreadPool& pool, const DevLayer& L, int64_t n
 
 Status Qwen3Cuda::sweep(cpu::ThreadPool& pool, const ForwardArgs& args) const {
   const auto t_call = std::chrono::steady_clock::now();
-  const int64_t n = args.n_tok, E = hp_.n_embd, B = n_batch_;
+  const int64_t n = args.n_tok, E = hp_.n_embd, B = n_batch_, chunks = (n + B - 1) / B;
   const SeqSpan& seq = args.seqs[0];
   MAGNETAR_CHECK(args.seq_logits.size() <= 1 && (args.all_logits || args.seq_logits.size() == 1 || args.logits));
+  SweepCursor whole;
+  SweepCursor& at = args.sweep ? *args.sweep : whole;
+  const int64_t steps = 2 + int64_t(layers_.size()) * chunks;
+  if (at.steps == 0) at.steps = steps;
+  MAGNETAR_CHECK(at.steps == steps && at.step < steps);
+  // sweep_x_ / sweep_p_ hold one sweep: a continued one must be the sweep that filled them.
+  if (at.step == 0) {
+    sweep_of_ = {seq.kv, seq.pos0, n};
+  } else if (sweep_of_ != std::tuple(seq.kv, seq.pos0, n)) {
+    return Status::error("a paused prefill sweep was continued after another sweep replaced its state");
+  }
   sweeping_ = true;
   struct EndSweep {
     bool& on;
@@ -198,18 +209,19 @@ Status Qwen3Cuda::sweep(cpu::ThreadPool& pool, const ForwardArgs& args) const {
   float* sweep_p = sweep_p_.as<float>();
   const size_t row = size_t(E) * sizeof(float);
   if (args.profile) device_start_.record(stream_);
-  // Embeddings, a chunk at a time through the pinned h_x_ (the copy before must have read it).
   double embed_seconds = 0;
-  for (int64_t c = 0; c < n; c += B) {
-    const int64_t m = std::min(B, n - c);
-    stream_.synchronize();
-    embed_seconds += embed_on_host(args.tokens + c, m);
-    stream_.copy(sweep_x + c * E, h_x_.as<float>(), size_t(m) * row);
-  }
-  // Layer by layer, chunk by chunk: a chunk's attention reads the rows the chunks before it stored at this layer.
-  for (size_t il = 0; il < layers_.size(); ++il) {
-    for (int64_t c = 0; c < n; c += B) {
-      const int64_t m = std::min(B, n - c);
+  while (at.step < steps) {
+    if (at.step == 0) {
+      // Embeddings, a chunk at a time through the pinned h_x_ (the copy before must have read it).
+      for (int64_t c = 0; c < n; c += B) {
+        const int64_t m = std::min(B, n - c);
+        stream_.synchronize();
+        embed_seconds += embed_on_host(args.tokens + c, m);
+        stream_.copy(sweep_x + c * E, h_x_.as<float>(), size_t(m) * row);
+      }
+    } else if (at.step < steps - 1) {
+      // Layer by layer, chunk by chunk: a chunk's attention reads the rows the chunks before it stored at this layer.
+      const int64_t il = (at.step - 1) / chunks, c = (at.step - 1) % chunks * B, m = std::min(B, n - c);
       const SeqSpan chunk{.kv = seq.kv, .pos0 = seq.pos0 + c, .n_tok = m};
       ForwardArgs a = args;
       a.tokens = args.tokens + c;
@@ -223,27 +235,30 @@ Status Qwen3Cuda::sweep(cpu::ThreadPool& pool, const ForwardArgs& args) const {
       stream_.copy(x, sweep_x + c * E, size_t(m) * row);
       if (il > 0) stream_.copy(proj_.data(), sweep_p + c * E, size_t(m) * row);
       bool combine = false;
-      MAGNETAR_RETURN_IF_ERROR(layer(pool, a, il, m, x, x_other, combine));
+      MAGNETAR_RETURN_IF_ERROR(layer(pool, a, size_t(il), m, x, x_other, combine));
       stream_.copy(sweep_x + c * E, x, size_t(m) * row);
       stream_.copy(sweep_p + c * E, proj_.data(), size_t(m) * row);
-      if (args.routing) count_routes(*args.routing, int64_t(il), m);  // moe_ffn synchronized after the ids' copy
+      if (args.routing) count_routes(*args.routing, il, m);  // moe_ffn synchronized after the ids' copy
+    } else {
+      // The final norm and the head: every token's row, or the last one's, chunk by chunk as single calls compute
+      // them.
+      for (int64_t c = args.all_logits ? 0 : (n - 1) / B * B; c < n; c += B) {
+        const int64_t m = std::min(B, n - c);
+        stream_.copy(x_.data(), sweep_x + c * E, size_t(m) * row);
+        stream_.copy(proj_.data(), sweep_p + c * E, size_t(m) * row);
+        MAGNETAR_RETURN_IF_ERROR(add_norm(x_.as<float>(), output_norm_.f32(), quant::Type::F32, m, false));
+        const float* xn = xn_.as<float>();
+        MAGNETAR_RETURN_IF_ERROR(args.all_logits ? head(args, xn, m, c) : head(args, xn + (m - 1) * E, 1, 0));
+      }
+      seq.kv->wrote_device(seq.pos0, seq.pos0 + n);
     }
-  }
-  // The final norm and the head: every token's row, or the last one's, chunk by chunk as single calls compute them.
-  for (int64_t c = args.all_logits ? 0 : (n - 1) / B * B; c < n; c += B) {
-    const int64_t m = std::min(B, n - c);
-    stream_.copy(x_.data(), sweep_x + c * E, size_t(m) * row);
-    stream_.copy(proj_.data(), sweep_p + c * E, size_t(m) * row);
-    MAGNETAR_RETURN_IF_ERROR(add_norm(x_.as<float>(), output_norm_.f32(), quant::Type::F32, m, false));
-    const float* xn = xn_.as<float>();
-    MAGNETAR_RETURN_IF_ERROR(args.all_logits ? head(args, xn, m, c) : head(args, xn + (m - 1) * E, 1, 0));
+    if (++at.step < steps && args.pause && (*args.pause)()) break;
   }
   if (args.profile) {
     device_end_.record(stream_);
     stream_.synchronize();
+    add_profile(*args.profile, t_call, embed_seconds);
   }
-  seq.kv->wrote_device(seq.pos0, seq.pos0 + n);
-  if (args.profile) add_profile(*args.profile, t_call, embed_seconds);
   return Status();
 }
 

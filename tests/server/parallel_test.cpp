@@ -5,6 +5,9 @@
 // - Load: 32 concurrent streaming clients send random requests (from a pool of distinct prompts and lengths);
 //   every response, however the slots interleaved and batched it, is byte-identical to the same request sent
 //   alone at temperature 0, and none fails or is garbled (the SSE stream is well formed and ends with [DONE]).
+// - Sweeps: with streamed experts a prompt goes in prefill sweeps, which stop after a chunk's worth of steps while
+//   another slot decodes and continue in the slot's next turn: concurrent streams still give each request's answer
+//   alone, and /metrics counts the paused sweeps.
 #include <atomic>
 #include <cstdlib>
 #include <random>
@@ -149,6 +152,64 @@ TEST_F(ParallelLoad, ConcurrentStreamsEqualTheSameRequestsAlone) {
   EXPECT_EQ(mismatches.load(), 0) << problems;
   std::printf("load: %d clients x %d streamed requests, %d failed, %d differed from the request alone\n", kClients,
               kRequests, failures.load(), mismatches.load());
+}
+
+class ParallelSweeps : public ServeFixture {
+ protected:
+  // Sweeps of 32 tokens in chunks of 4 through a RAM cache that evicts.
+  static void SetUpTestSuite() {
+    start_server({"--parallel", "3", "--ctx", "512", "--stream", "--no-census", "--cache-gb", "0.007", "--batch", "4",
+                  "--sweep", "32"});
+  }
+};
+
+double metric(httplib::Client& c, const std::string& name) {
+  httplib::Result r = c.Get("/metrics");
+  if (!r || r->status != 200) return -1;
+  const size_t at = r->body.find("\n" + name + " ");
+  return at == std::string::npos ? -1 : std::stod(r->body.substr(at + name.size() + 2));
+}
+
+TEST_F(ParallelSweeps, PausedSweepsGiveEachRequestsAnswerAlone) {
+  std::vector<json> pool;
+  const std::vector<std::string> words = {"sea", "ships", "morning", "bread", "king", "river", "stone", "light"};
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 6; ++i) {
+    std::string prompt = "Tell me about";
+    for (int w = 0; w < 20 + int(rng() % 40); ++w) prompt += " " + words[rng() % words.size()];
+    pool.push_back(conversation({prompt}, 6 + int(rng() % 10)));
+  }
+  httplib::Client c = client();
+  std::vector<std::string> want;
+  for (const json& body : pool) want.push_back(stream_text(c, body));
+  for (const std::string& w : want) ASSERT_EQ(w.rfind("ERROR", 0), std::string::npos) << w;
+  const double sweeps = metric(c, "magnetar_prefill_sweeps_total");
+  EXPECT_GE(sweeps, double(pool.size()));  // every prompt is longer than a chunk
+  EXPECT_EQ(metric(c, "magnetar_prefill_sweep_pauses_total"), 0);  // alone: nothing else decodes
+
+  std::atomic<int> mismatches{0};
+  std::vector<std::string> problems(3);
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 3; ++t) {
+    clients.emplace_back([&, t] {
+      httplib::Client mine = client();
+      mine.set_read_timeout(120);
+      for (int i = 0; i < 4; ++i) {
+        const size_t k = size_t(t * 4 + i) % pool.size();
+        const std::string got = stream_text(mine, pool[k]);
+        if (got != want[k]) {
+          ++mismatches;
+          problems[size_t(t)] = "request " + std::to_string(k) + ": got '" + got + "' want '" + want[k] + "'";
+        }
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(mismatches.load(), 0) << problems[0] << "\n" << problems[1] << "\n" << problems[2];
+  const double pauses = metric(c, "magnetar_prefill_sweep_pauses_total");
+  std::printf("sweeps: %.0f alone, %.0f in all, %.0f paused\n", sweeps, metric(c, "magnetar_prefill_sweeps_total"),
+              pauses);
+  EXPECT_GT(pauses, 0);
 }
 
 }  // namespace

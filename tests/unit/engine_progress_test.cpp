@@ -1,8 +1,12 @@
 // Session::sync's progress hook on a tiny synthetic qwen3moe (F32, random weights): called once per chunk, and a
-// prefill it cancels keeps the computed prefix so that finishing it later gives the same logits bit for bit.
+// prefill it cancels keeps the computed prefix so that finishing it later gives the same logits bit for bit. With
+// streamed experts a prompt goes in prefill sweeps: the hook is called after every step of a sweep (a layer of a
+// chunk), and a sweep it stops continues from that step in a later sync (other sessions computing in between),
+// with the logits of the resident model computed chunk by chunk, bit for bit.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "engine/engine.h"
@@ -28,6 +32,16 @@ class SyncProgressTest : public ::testing::Test {
     engine_ = std::move(engine).value();
   }
   void TearDown() override { std::remove(path_.c_str()); }
+  // The same file with its experts streamed through the RAM store, prompts in sweeps of up to 12 tokens.
+  std::unique_ptr<Engine> streamed() {
+    EngineOptions options = engine_->options();
+    options.experts = ExpertMode::kStream;
+    options.stream.census = false;
+    options.n_sweep = 12;
+    auto engine = Engine::load(path_, options);
+    EXPECT_TRUE(engine.ok()) << engine.status().message();
+    return engine.ok() ? std::move(engine).value() : nullptr;
+  }
   std::unique_ptr<Session> session() {
     auto s = engine_->new_session();
     EXPECT_TRUE(s.ok());
@@ -90,6 +104,96 @@ TEST_F(SyncProgressTest, CancelKeepsTheComputedPrefixAndResumesBitIdentically) {
   EXPECT_EQ(s->stats().reused_tokens, 4);
   ASSERT_EQ(s->logits().size(), want.size());
   EXPECT_EQ(std::memcmp(s->logits().data(), want.data(), want.size() * sizeof(float)), 0);
+}
+
+// Two layers (write_tiny), chunks of 4: a sweep of n tokens has 2 + 2 * ceil(n / 4) steps (the embeddings, each layer
+// over each chunk, the head); the hook gets the sweep's share of its tokens after each step but the last.
+std::vector<int64_t> sweep_done(int64_t before, int64_t n, int64_t from_step = 0) {
+  const int64_t steps = 2 + 2 * ((n + 3) / 4);
+  std::vector<int64_t> done;
+  for (int64_t k = from_step + 1; k < steps; ++k) done.push_back(before + n * (k - from_step) / steps);
+  done.push_back(before + n);
+  return done;
+}
+
+std::vector<float> logits_of(Session& s) { return {s.logits().begin(), s.logits().end()}; }
+
+TEST_F(SyncProgressTest, SweepsReportEveryStep) {
+  std::unique_ptr<Engine> engine = streamed();
+  ASSERT_TRUE(engine);
+  auto s = engine->new_session();
+  ASSERT_TRUE(s.ok());
+  std::vector<int64_t> done;
+  ASSERT_TRUE(s.value()->sync(prompt(18), Logits::kLast, [&](int64_t d, int64_t total) {
+                 EXPECT_EQ(total, 18);
+                 done.push_back(d);
+                 return true;
+               }).ok());
+  // A sweep of 12 tokens (8 steps), then the 6 left (5 or more: a sweep of 2 chunks, 6 steps).
+  std::vector<int64_t> want = sweep_done(0, 12);
+  for (const int64_t d : sweep_done(12, 6)) want.push_back(d);
+  EXPECT_EQ(done, want);
+  EXPECT_EQ(engine->expert_stats().sweeps, 2u);
+  std::unique_ptr<Session> reference = session();
+  ASSERT_TRUE(reference->sync(prompt(18)).ok());
+  EXPECT_EQ(logits_of(*s.value()), logits_of(*reference));
+}
+
+TEST_F(SyncProgressTest, AStoppedSweepContinuesWhereItStopped) {
+  const std::vector<int32_t> tokens = prompt(18);
+  std::unique_ptr<Session> reference = session();
+  ASSERT_TRUE(reference->sync(tokens).ok());
+  const std::vector<float> want = logits_of(*reference);
+
+  std::unique_ptr<Engine> engine = streamed();
+  ASSERT_TRUE(engine);
+  auto made = engine->new_session(), other = engine->new_session();
+  ASSERT_TRUE(made.ok() && other.ok());
+  Session& s = *made.value();
+  // Stopped at the third step of the first sweep: nothing of the prompt is valid yet.
+  int calls = 0;
+  Status stopped = s.sync(tokens, Logits::kLast, [&](int64_t, int64_t) { return ++calls < 3; });
+  ASSERT_FALSE(stopped.ok());
+  EXPECT_EQ(stopped.message(), "cancelled");
+  EXPECT_TRUE(s.tokens().empty());
+  EXPECT_EQ(engine->expert_stats().sweeps, 0u);
+  // Another session's prompt and decode in between (its own sweeps and chunks).
+  std::vector<int32_t> mine = prompt(23);
+  std::reverse(mine.begin(), mine.end());
+  ASSERT_TRUE(other.value()->sync(mine).ok());
+  ASSERT_TRUE(other.value()->step(5).ok());
+  const uint64_t sweeps = engine->expert_stats().sweeps;
+  // Continued from the third step (the progress of this call only), then the last 6 tokens.
+  std::vector<int64_t> done;
+  ASSERT_TRUE(s.sync(tokens, Logits::kLast, [&](int64_t d, int64_t) {
+                 done.push_back(d);
+                 return true;
+               }).ok());
+  std::vector<int64_t> want_done = sweep_done(0, 12, 3);
+  for (const int64_t d : sweep_done(12, 6)) want_done.push_back(d);
+  EXPECT_EQ(done, want_done);
+  EXPECT_EQ(engine->expert_stats().sweeps, sweeps + 2);
+  EXPECT_EQ(logits_of(s), want);
+
+  // Stopped in the second sweep, then a step instead: the sweep is dropped, the step computes position 12.
+  auto again = engine->new_session();
+  ASSERT_TRUE(again.ok());
+  calls = 0;
+  stopped = again.value()->sync(tokens, Logits::kLast, [&](int64_t d, int64_t) { return d < 12 || ++calls < 2; });
+  ASSERT_FALSE(stopped.ok());
+  ASSERT_EQ(again.value()->tokens(), std::vector<int32_t>(tokens.begin(), tokens.begin() + 12));
+  ASSERT_TRUE(again.value()->step(tokens[12]).ok());
+  ASSERT_TRUE(reference->sync(std::vector<int32_t>(tokens.begin(), tokens.begin() + 13)).ok());
+  EXPECT_EQ(logits_of(*again.value()), logits_of(*reference));
+  // A stopped sweep whose tokens the next timeline changes: dropped too (the new tokens computed from the prefix).
+  calls = 0;
+  stopped = again.value()->sync(prompt(40), Logits::kLast, [&](int64_t, int64_t) { return ++calls < 4; });
+  ASSERT_FALSE(stopped.ok());
+  std::vector<int32_t> changed = again.value()->tokens();
+  for (int i = 0; i < 20; ++i) changed.push_back(int32_t((i * 5 + 1) % 61));
+  ASSERT_TRUE(again.value()->sync(changed).ok());
+  ASSERT_TRUE(reference->sync(changed).ok());
+  EXPECT_EQ(logits_of(*again.value()), logits_of(*reference));
 }
 
 }  // namespace
