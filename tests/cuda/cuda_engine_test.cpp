@@ -586,6 +586,88 @@ TEST(CudaTier, SweepsEqualChunks) {
   EXPECT_LT(pairs.stats.gpu_bytes_h2d, chunks.stats.gpu_bytes_h2d);
 }
 
+// Prefill sweeps stopped by sync's progress hook (the server's turns) on the tiered demo model, whose sweep state lives
+// in the model (one paused sweep at a time): a stopped sweep continues where it stopped after another session's
+// prompt (which then goes chunk by chunk: the paused sweep is contested) and decode; a paused sweep that another
+// session finds contested in an earlier call is dropped for that session's sweep, and its own session then computes
+// its prompt from the start. Every session's logits are bit for bit those of a chunk-by-chunk engine.
+TEST(CudaTier, PausedSweepsContinueAcrossSessions) {
+  SKIP_WITHOUT_GPU();
+  const std::string demo = std::string(MAGNETAR_SOURCE_DIR) + "/models/magnetar-demo-q8_0.gguf";
+  auto load = [&](int64_t n_sweep) {
+    EngineOptions o;
+    o.n_threads = 2;
+    o.n_ctx = 160;
+    o.n_batch = 16;
+    o.n_sweep = n_sweep;
+    o.device = Device::kCuda;
+    o.gpu_cache_gb = 0.004;
+    auto engine = Engine::load(demo, o);
+    EXPECT_TRUE(engine.ok()) << engine.status().message();
+    return engine.ok() ? std::move(engine).value() : nullptr;
+  };
+  std::unique_ptr<Engine> chunked = load(0), engine = load(160);
+  ASSERT_TRUE(chunked && engine);
+  auto session = [](Engine& e) {
+    auto s = e.new_session();
+    EXPECT_TRUE(s.ok());
+    return s.ok() ? std::move(s).value() : nullptr;
+  };
+  std::unique_ptr<Session> ref = session(*chunked), a = session(*engine), b = session(*engine), c = session(*engine);
+  ASSERT_TRUE(ref && a && b && c);
+  auto want = [&](const std::vector<int32_t>& tokens) {
+    EXPECT_TRUE(ref->sync(tokens).ok());
+    return std::vector<float>(ref->logits().begin(), ref->logits().end());
+  };
+  auto logits = [](Session& s) { return std::vector<float>(s.logits().begin(), s.logits().end()); };
+  // Progress calls of a sync, stopping at call `stop` (0: never).
+  auto sync = [](Session& s, const std::vector<int32_t>& tokens, int stop, int* calls) {
+    *calls = 0;
+    return s.sync(tokens, Logits::kLast, [&](int64_t, int64_t) { return ++*calls != stop; });
+  };
+  int calls = 0, whole = 0;
+  const std::vector<int32_t> pa = prompt(49, 8), pb = prompt(40, 9), pc = prompt(40, 10);
+  ASSERT_TRUE(sync(*c, pa, 0, &whole).ok());  // an uninterrupted sweep of pa: one call per step
+  c->clear();
+  const uint64_t sweeps0 = engine->expert_stats().sweeps;
+  EXPECT_EQ(sweeps0, 1u);
+
+  const Status stopped = sync(*a, pa, 5, &calls);
+  ASSERT_FALSE(stopped.ok());
+  EXPECT_EQ(stopped.message(), "cancelled");
+  EXPECT_TRUE(a->tokens().empty());
+  EXPECT_EQ(engine->expert_stats().sweep_pauses, 1u);
+  ASSERT_TRUE(b->sync(pb).ok());
+  EXPECT_EQ(engine->expert_stats().sweeps, sweeps0) << "b's prompt goes chunk by chunk while a's sweep is paused";
+  EXPECT_EQ(logits(*b), want(pb));
+  ASSERT_TRUE(b->step(argmax(b->logits())).ok());
+  ASSERT_TRUE(sync(*a, pa, 0, &calls).ok());
+  EXPECT_EQ(calls, whole - 5) << "a's sweep continues after its fifth step";
+  EXPECT_EQ(engine->expert_stats().sweeps, sweeps0 + 1);
+  EXPECT_EQ(logits(*a), want(pa));
+
+  // a stops again in a sweep of 40 more tokens; b contests it (chunk by chunk), c's later call takes the model.
+  std::vector<int32_t> pa2 = pa, pb2 = pb;
+  pa2.insert(pa2.end(), pc.begin(), pc.end());
+  pb2.insert(pb2.end(), pa.begin(), pa.begin() + 40);
+  ASSERT_FALSE(sync(*a, pa2, 3, &calls).ok());
+  ASSERT_EQ(a->tokens(), pa);
+  ASSERT_TRUE(b->sync(pb2).ok());
+  EXPECT_EQ(engine->expert_stats().sweeps, sweeps0 + 1) << "contested: b goes chunk by chunk";
+  ASSERT_TRUE(c->sync(pc).ok());
+  EXPECT_EQ(engine->expert_stats().sweeps, sweeps0 + 2) << "c's sweep replaces a's paused one";
+  ASSERT_TRUE(sync(*a, pa2, 0, &calls).ok());
+  EXPECT_EQ(engine->expert_stats().sweeps, sweeps0 + 3) << "a computes its 40 tokens again, in a sweep";
+  EXPECT_EQ(logits(*a), want(pa2));
+  EXPECT_EQ(logits(*b), want(pb2));
+  EXPECT_EQ(logits(*c), want(pc));
+  // Decode over the KV that the dropped and the repeated sweep wrote.
+  std::vector<int32_t> next = pa2;
+  next.push_back(argmax(a->logits()));
+  ASSERT_TRUE(a->step(next.back()).ok());
+  EXPECT_EQ(logits(*a), want(next));
+}
+
 // The CPU expert lane (--cpu-experts): the demo model with the 20-expert pool, experts streamed through a small
 // RAM cache; cold misses with few rows are computed on the CPU while the GPU computes the rest. Those rows carry
 // the CPU kernels' rounding, so the check is closeness to the resident run on the same tokens (teacher-forced:
