@@ -186,6 +186,25 @@ if [ "$filter" = "--sweep-bench" ]; then
   exit 0
 fi
 
+# `run.sh --stall-bench`: how long a running stream stalls while `magnetar serve` computes another request's long
+# prompt in the consumer-GPU setting (bench/serve_stall.py: a 2.25 GiB GPU pool over an 8 GiB RAM cache, the 30B-A3B
+# geometry with a byte-level tokenizer): prompts of STALL_TOKENS (default 16384) tokens in prefill sweeps (the default)
+# and chunk by chunk (`--sweep 0`), STALL_ROUNDS rounds each (default 3).
+if [ "$filter" = "--stall-bench" ]; then
+  build_magnetar
+  stall_model=/tmp/magnetar-q30-q4k-bytes.gguf
+  [ -f "$stall_model" ] || MAGNETAR=$bin SYNTH_FLAGS="--preset qwen3-30b-a3b --type q4_k -t $(nproc)" \
+    python3 bench/serve_stall.py "$stall_model" --make-model 2>&1 | tail -1
+  tokens=${STALL_TOKENS:-16384}
+  for arm in "" "--sweep 0"; do
+    echo "== serve ${arm:-with sweeps}, $tokens-token prompt"
+    MAGNETAR=$bin python3 bench/serve_stall.py "$stall_model" --prompt-tokens "$tokens" --rounds "${STALL_ROUNDS:-3}" \
+      --a-tokens 300 -- --device cuda --gpu-cache-gb 2.25 --stream --cache-gb 8 --no-census --ctx $((tokens + 600)) \
+      $arm 2>&1 | tail -4
+  done
+  exit 0
+fi
+
 # `run.sh --attn-prefill`: prefill at depth with the tensor-core attention (attention_prefill_mma) and without it
 # (MAGNETAR_CUDA_ATTN_MMA=0, the baseline), 2,048-token chunks up to 32K, then pp512 / pp2048 with it.
 if [ "$filter" = "--attn-prefill" ]; then
