@@ -99,7 +99,6 @@ struct SeqSpan {
 // then the head (steps = 2 + n_layer * chunks, set by the model at the first call; 0 before it).
 struct SweepCursor {
   int64_t step = 0, steps = 0;
-  bool done() const { return steps > 0 && step == steps; }
 };
 
 // A forward pass over one or more sequences (several: the decode steps of concurrent sessions, so the weights
