@@ -140,7 +140,6 @@ std::string expert_summary(const ExpertStats& s, double seconds, int64_t tokens)
       ratio(double(s.bytes_read), double(tokens)) / double(1 << 20), ratio(double(s.bytes_read), seconds) / 1e6, seconds,
       100 * ratio(s.wait_seconds, seconds));
   if (s.sweeps > 0) line += format(" | %llu prefill sweeps", (unsigned long long)s.sweeps);
-  if (s.sweep_pauses > 0) line += format(" (%llu paused)", (unsigned long long)s.sweep_pauses);
   if (s.acquired_with_hint > 0) {
     line += format(" | prefetch: +%.1f%% hits in flight, %llu issued, %llu used, %llu wasted, next-layer recall %.1f%%",
                    100 * ratio(double(s.inflight_hits), double(acquired)), (unsigned long long)s.prefetch_issued,
@@ -162,8 +161,7 @@ nlohmann::json expert_summary_json(const ExpertStats& s, double seconds, int64_t
           {"gpu_hits", s.gpu_hits}, {"gpu_misses", s.gpu_misses}, {"gpu_evictions", s.gpu_evictions},
           {"gpu_bytes_h2d", s.gpu_bytes_h2d}, {"gpu_miss_seconds", s.gpu_miss_seconds},
           {"gpu_cpu_experts", s.gpu_cpu_experts}, {"gpu_cpu_rows", s.gpu_cpu_rows},
-          {"gpu_cpu_seconds", s.gpu_cpu_seconds}, {"sweeps", s.sweeps},
-          {"sweep_pauses", s.sweep_pauses}};
+          {"gpu_cpu_seconds", s.gpu_cpu_seconds}, {"sweeps", s.sweeps}};
 }
 
 void SamplingFlags::add_to(cli::Args& args) {
