@@ -512,6 +512,18 @@ TEST(CudaTier, PoolEqualsResidentBitForBit) {
   for (size_t r = 1; r < uses.size(); ++r) EXPECT_EQ(uses[r], uses[0]) << "routing counts of tiered run " << r;
 }
 
+// The demo model tiered through a pool of 20 experts, 16-token chunks, prefill sweeps of up to n_sweep tokens.
+EngineOptions sweep_options(int64_t n_sweep) {
+  EngineOptions o;
+  o.n_threads = 2;
+  o.n_ctx = 160;
+  o.n_batch = 16;
+  o.n_sweep = n_sweep;
+  o.device = Device::kCuda;
+  o.gpu_cache_gb = 0.004;
+  return o;
+}
+
 // Prefill sweeps (EngineOptions::n_sweep) against one forward call per chunk, tiered with the 20-expert pool: every
 // position's logits (Logits::kAll) bit for bit, for sweeps of the whole prompt and of two chunks, prompts whose last
 // chunk is a single token (the decode kernels inside a sweep), a second prompt continuing the first from a position
@@ -528,19 +540,13 @@ TEST(CudaTier, SweepsEqualChunks) {
   };
   auto run = [&](int64_t n_sweep, bool stream = false) {
     Run out;
-    EngineOptions o;
+    EngineOptions o = sweep_options(n_sweep);
     if (stream) {
       o.experts = ExpertMode::kStream;
       o.stream.cache_gb = 0.007;
       o.stream.census = false;
       o.stream.prefetch = true;
     }
-    o.n_threads = 2;
-    o.n_ctx = 160;
-    o.n_batch = 16;
-    o.n_sweep = n_sweep;
-    o.device = Device::kCuda;
-    o.gpu_cache_gb = 0.004;
     auto engine = Engine::load(demo, o);
     EXPECT_TRUE(engine.ok()) << engine.status().message();
     if (!engine.ok()) return out;
@@ -595,14 +601,7 @@ TEST(CudaTier, PausedSweepsContinueAcrossSessions) {
   SKIP_WITHOUT_GPU();
   const std::string demo = std::string(MAGNETAR_SOURCE_DIR) + "/models/magnetar-demo-q8_0.gguf";
   auto load = [&](int64_t n_sweep) {
-    EngineOptions o;
-    o.n_threads = 2;
-    o.n_ctx = 160;
-    o.n_batch = 16;
-    o.n_sweep = n_sweep;
-    o.device = Device::kCuda;
-    o.gpu_cache_gb = 0.004;
-    auto engine = Engine::load(demo, o);
+    auto engine = Engine::load(demo, sweep_options(n_sweep));
     EXPECT_TRUE(engine.ok()) << engine.status().message();
     return engine.ok() ? std::move(engine).value() : nullptr;
   };
