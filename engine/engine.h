@@ -240,10 +240,11 @@ class Session {
   // sweep, with increasing `done`. Returning false before the last chunk stops there: sync fails with "cancelled",
   // and the timeline becomes the prefix whose KV was computed (tokens() tells how far it got), so a later sync reuses
   // it; logits() and all_logits() are then meaningless until the next successful sync. A sweep stopped midway keeps
-  // its place: a later sync whose timeline extends tokens() with the sweep's tokens continues it (other sessions may
-  // compute in between; on a model that holds one paused sweep, EngineOptions::n_sweep, a second session's prompt goes
-  // chunk by chunk in its first sync call after finding it paused and drops it in the next). Returning false after
-  // the last chunk has no effect. A failing forward pass likewise leaves the computed prefix as the timeline.
+  // its place: a later sync whose timeline extends tokens() with the sweep's tokens continues it. Other sessions may
+  // compute in between; on a model that holds only one sweep (the GPU tier), another session's prompt goes chunk by
+  // chunk in the call that finds the sweep paused, and a later call that finds it still paused (not continued in
+  // between) replaces it. Returning false after the last chunk has no effect. A failing forward pass likewise leaves
+  // the computed prefix as the timeline.
   Status sync(std::span<const int32_t> tokens, Logits mode = Logits::kLast, const SyncProgress& progress = {});
   // Forgets the timeline (the next sync computes everything).
   void clear();
