@@ -645,7 +645,10 @@ TEST(CudaTier, PausedSweepsContinueAcrossSessions) {
   ASSERT_TRUE(b->sync(pb).ok());
   EXPECT_EQ(engine->expert_stats().sweeps, sweeps0) << "b's prompt goes chunk by chunk while a's sweep is paused";
   EXPECT_EQ(logits(*b), want(pb));
-  ASSERT_TRUE(b->step(argmax(b->logits())).ok());
+  std::vector<int32_t> pb1 = pb;
+  pb1.push_back(argmax(b->logits()));
+  ASSERT_TRUE(b->step(pb1.back()).ok());
+  EXPECT_EQ(logits(*b), want(pb1)) << "b's decode step while a's sweep is paused";
   ASSERT_TRUE(sync(*a, pa, 0, &calls).ok());
   EXPECT_EQ(calls, whole - 5) << "a's sweep continues after its fifth step";
   EXPECT_EQ(engine->expert_stats().sweeps, sweeps0 + 1);
@@ -659,13 +662,13 @@ TEST(CudaTier, PausedSweepsContinueAcrossSessions) {
   ASSERT_EQ(a->tokens(), pa);
   ASSERT_TRUE(b->sync(pb2).ok());
   EXPECT_EQ(engine->expert_stats().sweeps, sweeps0 + 1) << "contested: b goes chunk by chunk";
+  EXPECT_EQ(logits(*b), want(pb2));
   ASSERT_TRUE(c->sync(pc).ok());
   EXPECT_EQ(engine->expert_stats().sweeps, sweeps0 + 2) << "c's sweep replaces a's paused one";
+  EXPECT_EQ(logits(*c), want(pc));
   ASSERT_TRUE(sync(*a, pa2, 0, &calls).ok());
   EXPECT_EQ(engine->expert_stats().sweeps, sweeps0 + 3) << "a computes its 40 tokens again, in a sweep";
   EXPECT_EQ(logits(*a), want(pa2));
-  EXPECT_EQ(logits(*b), want(pb2));
-  EXPECT_EQ(logits(*c), want(pc));
   // Decode over the KV that the dropped and the repeated sweep wrote.
   std::vector<int32_t> next = pa2;
   next.push_back(argmax(a->logits()));
