@@ -602,7 +602,8 @@ TEST(CudaTier, SweepsEqualChunks) {
 // in the model (one paused sweep at a time): a stopped sweep continues where it stopped after another session's
 // prompt (which then goes chunk by chunk: the paused sweep is contested) and decode; a paused sweep that another
 // session finds contested in an earlier call is dropped for that session's sweep, and its own session then computes
-// its prompt from the start. Every session's logits are bit for bit those of a chunk-by-chunk engine.
+// its prompt again. Every session's logits are bit for bit those of a session of a chunk-by-chunk engine given the
+// same calls (the same chunk boundaries: a chunk's rounding depends on its rows).
 TEST(CudaTier, PausedSweepsContinueAcrossSessions) {
   SKIP_WITHOUT_GPU();
   const std::string demo = std::string(MAGNETAR_SOURCE_DIR) + "/models/magnetar-demo-q8_0.gguf";
@@ -613,67 +614,73 @@ TEST(CudaTier, PausedSweepsContinueAcrossSessions) {
   };
   std::unique_ptr<Engine> chunked = load(0), engine = load(160);
   ASSERT_TRUE(chunked && engine);
-  auto session = [](Engine& e) {
-    auto s = e.new_session();
-    EXPECT_TRUE(s.ok());
-    return s.ok() ? std::move(s).value() : nullptr;
+  // A session of the engine and its reference twin on the chunked one.
+  struct Twin {
+    std::unique_ptr<Session> s, ref;
   };
-  std::unique_ptr<Session> ref = session(*chunked), a = session(*engine), b = session(*engine), c = session(*engine);
-  ASSERT_TRUE(ref && a && b && c);
-  auto want = [&](const std::vector<int32_t>& tokens) {
-    EXPECT_TRUE(ref->sync(tokens).ok());
-    return std::vector<float>(ref->logits().begin(), ref->logits().end());
+  auto twin = [&] {
+    auto s = engine->new_session();
+    auto r = chunked->new_session();
+    EXPECT_TRUE(s.ok() && r.ok());
+    return Twin{s.ok() ? std::move(s).value() : nullptr, r.ok() ? std::move(r).value() : nullptr};
   };
+  Twin a = twin(), b = twin(), c = twin();
+  ASSERT_TRUE(a.s && b.s && c.s && a.ref && b.ref && c.ref);
   auto logits = [](Session& s) { return std::vector<float>(s.logits().begin(), s.logits().end()); };
   // Progress calls of a sync, stopping at call `stop` (0: never).
   auto sync = [](Session& s, const std::vector<int32_t>& tokens, int stop, int* calls) {
     *calls = 0;
     return s.sync(tokens, Logits::kLast, [&](int64_t, int64_t) { return ++*calls != stop; });
   };
+  // The reference's same call, then the comparison.
+  auto check_sync = [&](Twin& t, const std::vector<int32_t>& tokens, const char* what) {
+    ASSERT_TRUE(t.ref->sync(tokens).ok());
+    EXPECT_EQ(logits(*t.s), logits(*t.ref)) << what;
+  };
+  auto step = [&](Twin& t, const char* what) {
+    const int32_t id = argmax(t.s->logits());
+    ASSERT_TRUE(t.s->step(id).ok());
+    ASSERT_TRUE(t.ref->step(id).ok());
+    EXPECT_EQ(logits(*t.s), logits(*t.ref)) << what;
+  };
   int calls = 0, whole = 0;
   const std::vector<int32_t> pa = prompt(49, 8), pb = prompt(40, 9), pc = prompt(40, 10);
-  ASSERT_TRUE(sync(*c, pa, 0, &whole).ok());  // an uninterrupted sweep of pa: one call per step
-  c->clear();
+  ASSERT_TRUE(sync(*c.s, pa, 0, &whole).ok());  // an uninterrupted sweep of pa: one call per step
+  c.s->clear();
   const uint64_t sweeps0 = engine->expert_stats().sweeps;
   EXPECT_EQ(sweeps0, 1u);
 
-  const Status stopped = sync(*a, pa, 5, &calls);
+  const Status stopped = sync(*a.s, pa, 5, &calls);
   ASSERT_FALSE(stopped.ok());
   EXPECT_EQ(stopped.message(), "cancelled");
-  EXPECT_TRUE(a->tokens().empty());
+  EXPECT_TRUE(a.s->tokens().empty());
   EXPECT_EQ(engine->expert_stats().sweep_pauses, 1u);
-  ASSERT_TRUE(b->sync(pb).ok());
+  ASSERT_TRUE(b.s->sync(pb).ok());
   EXPECT_EQ(engine->expert_stats().sweeps, sweeps0) << "b's prompt goes chunk by chunk while a's sweep is paused";
-  EXPECT_EQ(logits(*b), want(pb));
-  std::vector<int32_t> pb1 = pb;
-  pb1.push_back(argmax(b->logits()));
-  ASSERT_TRUE(b->step(pb1.back()).ok());
-  EXPECT_EQ(logits(*b), want(pb1)) << "b's decode step while a's sweep is paused";
-  ASSERT_TRUE(sync(*a, pa, 0, &calls).ok());
+  check_sync(b, pb, "b's prompt while a's sweep is paused");
+  step(b, "b's decode step while a's sweep is paused");
+  ASSERT_TRUE(sync(*a.s, pa, 0, &calls).ok());
   EXPECT_EQ(calls, whole - 5) << "a's sweep continues after its fifth step";
   EXPECT_EQ(engine->expert_stats().sweeps, sweeps0 + 1);
-  EXPECT_EQ(logits(*a), want(pa));
+  check_sync(a, pa, "a's continued sweep");
 
   // a stops again in a sweep of 40 more tokens; b contests it (chunk by chunk), c's later call takes the model.
   std::vector<int32_t> pa2 = pa, pb2 = pb;
   pa2.insert(pa2.end(), pc.begin(), pc.end());
   pb2.insert(pb2.end(), pa.begin(), pa.begin() + 40);
-  ASSERT_FALSE(sync(*a, pa2, 3, &calls).ok());
-  ASSERT_EQ(a->tokens(), pa);
-  ASSERT_TRUE(b->sync(pb2).ok());
+  ASSERT_FALSE(sync(*a.s, pa2, 3, &calls).ok());
+  ASSERT_EQ(a.s->tokens(), pa);
+  ASSERT_TRUE(b.s->sync(pb2).ok());
   EXPECT_EQ(engine->expert_stats().sweeps, sweeps0 + 1) << "contested: b goes chunk by chunk";
-  EXPECT_EQ(logits(*b), want(pb2));
-  ASSERT_TRUE(c->sync(pc).ok());
+  check_sync(b, pb2, "b's second prompt, contested");
+  ASSERT_TRUE(c.s->sync(pc).ok());
   EXPECT_EQ(engine->expert_stats().sweeps, sweeps0 + 2) << "c's sweep replaces a's paused one";
-  EXPECT_EQ(logits(*c), want(pc));
-  ASSERT_TRUE(sync(*a, pa2, 0, &calls).ok());
+  check_sync(c, pc, "c's sweep");
+  ASSERT_TRUE(sync(*a.s, pa2, 0, &calls).ok());
   EXPECT_EQ(engine->expert_stats().sweeps, sweeps0 + 3) << "a computes its 40 tokens again, in a sweep";
-  EXPECT_EQ(logits(*a), want(pa2));
-  // Decode over the KV that the dropped and the repeated sweep wrote.
-  std::vector<int32_t> next = pa2;
-  next.push_back(argmax(a->logits()));
-  ASSERT_TRUE(a->step(next.back()).ok());
-  EXPECT_EQ(logits(*a), want(next));
+  EXPECT_EQ(calls, 2 + (whole - 2) / 4 * 3) << "a's second sweep from its first step (3 chunks, not 4)";
+  check_sync(a, pa2, "a's repeated sweep");
+  step(a, "a's decode step over the KV its dropped and repeated sweeps wrote");
 }
 
 // The CPU expert lane (--cpu-experts): the demo model with the 20-expert pool, experts streamed through a small
