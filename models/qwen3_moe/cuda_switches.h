@@ -40,18 +40,6 @@ inline bool prefetch_to_pool() {
   return on;
 }
 
-// Experimental (docs/benchmarks/2026-12-03-cuda-tier-copies-ahead.md): MAGNETAR_CUDA_PREFETCH_READS=0 keeps --prefetch
-// in the tiered mode from reading the guesses the RAM cache lacks (only those in RAM are copied ahead);
-// MAGNETAR_CUDA_AHEAD_ADMIT=0 copies every guess in RAM ahead, whatever its policy score.
-inline bool prefetch_reads() {
-  static const bool on = switch_on("MAGNETAR_CUDA_PREFETCH_READS");
-  return on;
-}
-inline bool ahead_admission() {
-  static const bool on = switch_on("MAGNETAR_CUDA_AHEAD_ADMIT");
-  return on;
-}
-
 // Products of more than kVec rows go to the int8 tensor-core kernel (mmq.cu) when it takes the weight type, float
 // weights (the router) to matmul_float.cu. MAGNETAR_CUDA_MMQ=0 keeps both on the matrix-vector kernels in chunks
 // of kVec rows: the baseline of docs/benchmarks/2026-11-30-cuda-forward.md's mmq section.

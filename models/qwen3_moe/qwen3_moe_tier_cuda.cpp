@@ -81,7 +81,7 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
       ahead_ready_.resize(guess.size());
       source.pin_ready(guess_layer, guess, ahead_ptrs_, ahead_ready_);
     }
-    if (guess_layer >= 0 && prefetch_reads()) source.prefetch(guess_layer, guess);
+    if (guess_layer >= 0) source.prefetch(guess_layer, guess);
     // The misses already in host memory are copied up while the others are read from disk (one batch each).
     MAGNETAR_CHECK(copy_batches_ == 0 && !ahead_batch_);  // settle_copies() ran since the last acquire
     cuda::Stream& copies = tier_overlap() ? copy_stream_ : stream_;
@@ -137,7 +137,7 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
     for (size_t i = 0; ahead && i < guess.size(); ++i) {
       const size_t victim = lowest();
       if (!ahead_ready_[i] || victim == SIZE_MAX ||
-          (ahead_admission() && policy_->score(uint32_t(guess_layer * X + guess[i]), tick_) < slot_score_[victim])) {
+          policy_->score(uint32_t(guess_layer * X + guess[i]), tick_) < slot_score_[victim]) {
         continue;
       }
       if (!ahead_batch_) copy_start_[kAheadBatch].record(copies);
@@ -150,7 +150,7 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
     lane_ptrs_.assign(host_ptrs_.begin() + std::ptrdiff_t(n_copy), host_ptrs_.end());
     misses_.resize(n_copy);
   }
-  if (!acquire && guess_layer >= 0 && prefetch_reads()) source.prefetch(guess_layer, guess);
+  if (!acquire && guess_layer >= 0) source.prefetch(guess_layer, guess);
   for (const int32_t e : active) {
     const int32_t s = slot_of_[size_t(il * X + e)];
     for (int p = 0; p < 3; ++p) pool_ptrs_[size_t(e) * 3 + size_t(p)] = nullptr;  // the CPU lane's: not on the GPU

@@ -167,19 +167,17 @@ fi
 # `run.sh --ahead-bench`: decode in the consumer-GPU setting (a 2.25 GiB GPU pool, an 8 GiB RAM cache over disk) on
 # uniform and skewed routing without prefetch, with `--prefetch` (the next layer's guesses read into RAM and those in
 # RAM copied up ahead) and with `--prefetch` under MAGNETAR_CUDA_PREFETCH_POOL=0 (read into RAM only: the baseline),
-# the round of arms AHEAD_ROUNDS times (default 1); each `bench` gives medians of 5 (pp128, tg64). AHEAD_ARMS replaces
-# the arms: VAR=VALUE[,VAR=VALUE...]:FLAGS each.
+# the round of arms AHEAD_ROUNDS times (default 1); each `bench` gives medians of 5 (pp128, tg64).
 if [ "$filter" = "--ahead-bench" ]; then
   build_magnetar
   for round in $(seq "${AHEAD_ROUNDS:-1}"); do
     for skew in 0 1; do
       model=/tmp/magnetar-q30-q4k-skew$skew.gguf
       [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k --skew $skew -t "$(nproc)" -o "$model" >/dev/null 2>&1
-      for arm in ${AHEAD_ARMS:-"MAGNETAR_CUDA_PREFETCH_POOL=1:" "MAGNETAR_CUDA_PREFETCH_POOL=1:--prefetch" \
-                 "MAGNETAR_CUDA_PREFETCH_POOL=0:--prefetch"}; do
-        vars=${arm%%:*}
-        echo "== round $round, skew $skew, ${vars//,/ } ${arm#*:}"
-        env ${vars//,/ } "$bin" bench -m "$model" --device cuda --gpu-cache-gb 2.25 --stream --cache-gb 8 --no-census \
+      for arm in "MAGNETAR_CUDA_PREFETCH_POOL=1:" "MAGNETAR_CUDA_PREFETCH_POOL=1:--prefetch" \
+                 "MAGNETAR_CUDA_PREFETCH_POOL=0:--prefetch"; do
+        echo "== round $round, skew $skew, ${arm%%:*} ${arm#*:}"
+        env "${arm%%:*}" "$bin" bench -m "$model" --device cuda --gpu-cache-gb 2.25 --stream --cache-gb 8 --no-census \
           ${arm#*:} --ctx-start 0 --ctx-max 0 --step 128 --gen 64 --reps 5 2>&1 | grep -E "^ +0 |pool|experts:"
       done
     done
