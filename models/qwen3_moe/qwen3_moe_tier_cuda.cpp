@@ -71,9 +71,8 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
     ready_.resize(misses_.size());
     source.acquire(il, misses_, host_ptrs_, ready_);
     held_.emplace(source);  // released by settle_copies() once the copies have landed (the lane runs before)
-    // --prefetch in decode (at most k experts active: one token): the next layer's guesses already in host memory
-    // stay there until the copies ahead below have landed (pinned before the source's prefetch may evict cold
-    // entries). Not in sweeps, where a layer's chunks come before the next layer's.
+    // Decode with --prefetch: the next layer's guesses already in host memory stay there until the copies ahead
+    // below have landed (pinned before the source's own prefetch may evict cold entries).
     const bool ahead = guess_layer >= 0 && !guess.empty() && prefetch_to_pool() && tier_overlap() && !cpu_lane_ &&
                        !sweeping_ && int64_t(active.size()) <= hp_.n_expert_used;
     if (ahead) {
