@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <random>

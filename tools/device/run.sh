@@ -164,27 +164,6 @@ if [ "$filter" = "--tier-bench" ]; then
   exit 0
 fi
 
-# `run.sh --ahead-bench`: decode in the consumer-GPU setting (a 2.25 GiB GPU pool, an 8 GiB RAM cache over disk) on
-# uniform and skewed routing without prefetch, with `--prefetch` (the next layer's guesses read into RAM and those in
-# RAM copied up ahead) and with `--prefetch` under MAGNETAR_CUDA_PREFETCH_POOL=0 (read into RAM only: the baseline),
-# the round of arms AHEAD_ROUNDS times (default 2).
-if [ "$filter" = "--ahead-bench" ]; then
-  build_magnetar
-  for round in $(seq "${AHEAD_ROUNDS:-2}"); do
-    for skew in 0 1; do
-      model=/tmp/magnetar-q30-q4k-skew$skew.gguf
-      [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k --skew $skew -t "$(nproc)" -o "$model" >/dev/null 2>&1
-      for arm in "MAGNETAR_CUDA_PREFETCH_POOL=1:" "MAGNETAR_CUDA_PREFETCH_POOL=1:--prefetch" \
-                 "MAGNETAR_CUDA_PREFETCH_POOL=0:--prefetch"; do
-        echo "== round $round, skew $skew, ${arm%%:*} ${arm#*:}"
-        env "${arm%%:*}" "$bin" bench -m "$model" --device cuda --gpu-cache-gb 2.25 --stream --cache-gb 8 --no-census \
-          ${arm#*:} --ctx-start 0 --ctx-max 0 --step 128 --gen 128 --reps 3 2>&1 | grep -E "^ +0 |pool|experts:"
-      done
-    done
-  done
-  exit 0
-fi
-
 # `run.sh --sweep-bench [ARM ...]`: prefill of long prompts in the consumer-GPU setting (the 30B-A3B geometry, a 2.25
 # GiB GPU pool, an 8 GiB RAM cache over disk, 512-token chunks): chunk by chunk (`--sweep 0`) at CHUNKED_STEPS tokens
 # (default "2048 8192"), then in one prefill sweep (`--sweep` of the prompt's length) at SWEEP_STEPS tokens (default
