@@ -384,8 +384,6 @@ ExpertStats Engine::expert_stats() const {
     out.gpu_cpu_experts = t.cpu_experts;
     out.gpu_cpu_rows = t.cpu_rows;
     out.gpu_cpu_seconds = t.cpu_seconds;
-    out.gpu_prefetched = t.prefetched;
-    out.gpu_prefetch_hits = t.prefetch_hits;
   }
   out.sweeps = impl_->sweeps;
   out.sweep_pauses = impl_->sweep_pauses;
@@ -412,7 +410,6 @@ ExpertStats& ExpertStats::operator+=(const ExpertStats& o) {
   gpu_hits += o.gpu_hits, gpu_misses += o.gpu_misses, gpu_evictions += o.gpu_evictions;
   gpu_bytes_h2d += o.gpu_bytes_h2d, gpu_miss_seconds += o.gpu_miss_seconds;
   gpu_cpu_experts += o.gpu_cpu_experts, gpu_cpu_rows += o.gpu_cpu_rows, gpu_cpu_seconds += o.gpu_cpu_seconds;
-  gpu_prefetched += o.gpu_prefetched, gpu_prefetch_hits += o.gpu_prefetch_hits;
   sweeps += o.sweeps, sweep_pauses += o.sweep_pauses;
   return *this;
 }

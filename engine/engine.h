@@ -120,9 +120,6 @@ struct ExpertStats {
   // The CPU expert lane (--cpu-experts): pool misses computed on the CPU instead of copied up (not in gpu_misses).
   uint64_t gpu_cpu_experts = 0, gpu_cpu_rows = 0;
   double gpu_cpu_seconds = 0;
-  // --prefetch with the GPU pool: the next layer's guessed experts copied up ahead (counted in gpu_bytes_h2d; hits
-  // when used), and how many of them the layer used.
-  uint64_t gpu_prefetched = 0, gpu_prefetch_hits = 0;
   uint64_t sweeps = 0;          // prefill sweeps (EngineOptions::n_sweep) run
   uint64_t sweep_pauses = 0;    // ... stopped midway by a sync progress hook (the server: another request's turn)
   uint64_t gpu_lookups() const { return gpu_hits + gpu_misses + gpu_cpu_experts; }

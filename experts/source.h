@@ -7,7 +7,6 @@
 //   acquire(layer, ids, ptrs, ready)   pins the experts; ready[i] = 1 and ptrs[i] set for usable ones, the
 //                                      reads of the others are in flight when it returns
 //   prefetch(layer + 1, guess)         optional hint; never evicts pinned entries
-//   pin_ready(layer + 1, guess, ...)   optional: also pins those of another layer's experts already in memory
 //   wait(ptrs)                         blocks until all are usable, fills the remaining ptrs
 //   release()                          unpins (Pinned below does it on scope exit)
 #pragma once
@@ -34,14 +33,6 @@ class ExpertSource {
   virtual Status wait(std::span<ExpertPtrs> ptrs) = 0;
   virtual void release() = 0;
   virtual void prefetch(int64_t /*layer*/, std::span<const int32_t> /*experts*/) {}
-  // Between acquire and release: pins those of `experts` (of any layer) whose data is in memory now, until release();
-  // ready[i] = 1 and ptrs[i] set for them. Reads nothing and counts no use (a GPU tier copies a guess of the next
-  // layer's experts up from them while this layer computes).
-  virtual void pin_ready(int64_t layer, std::span<const int32_t> experts, std::span<ExpertPtrs> ptrs,
-                         std::span<uint8_t> ready) {
-    for (size_t i = 0; i < experts.size(); ++i) ready[i] = 0;
-    (void)layer, (void)ptrs;
-  }
   // Counts a use of these experts of `layer` that the caller served without acquiring them (a GPU tier's pool hits
   // during a prefill sweep) in their popularity (eviction score, census), as an acquire would; no pins, no reads.
   virtual void touch(int64_t /*layer*/, std::span<const int32_t> /*experts*/) {}
@@ -79,10 +70,6 @@ class MappedExperts final : public ExpertSource {
   }
   Status wait(std::span<ExpertPtrs>) override { return Status(); }
   void release() override {}
-  void pin_ready(int64_t layer, std::span<const int32_t> experts, std::span<ExpertPtrs> ptrs,
-                 std::span<uint8_t> ready) override {
-    acquire(layer, experts, ptrs, ready);
-  }
 
  private:
   const gguf::Model& model_;

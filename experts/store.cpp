@@ -455,15 +455,12 @@ Status StreamedExperts::wait(std::span<ExpertPtrs> ptrs) {
 
 void StreamedExperts::release() {
   if (layer_ < 0) return;
-  for (const std::vector<uint32_t>* pins : {&pinned_, &pinned_ready_}) {
-    for (const uint32_t s : *pins) {
-      Slot& slot = slots_[s];
-      MAGNETAR_CHECK(slot.pins > 0);
-      if (--slot.pins == 0 && slot.state == State::kFree) free_.push_back(s);
-    }
+  for (const uint32_t s : pinned_) {
+    Slot& slot = slots_[s];
+    MAGNETAR_CHECK(slot.pins > 0);
+    if (--slot.pins == 0 && slot.state == State::kFree) free_.push_back(s);
   }
   pinned_.clear();
-  pinned_ready_.clear();
   layer_ = -1;
   maybe_save_census();
 }
@@ -475,21 +472,6 @@ void StreamedExperts::touch(int64_t layer, std::span<const int32_t> experts) {
     const uint32_t key = uint32_t(layer * layout_.n_expert() + e);
     census_delta_.counts[key]++;
     policy_->touch(key, tick_);
-  }
-}
-
-void StreamedExperts::pin_ready(int64_t layer, std::span<const int32_t> experts, std::span<ExpertPtrs> ptrs,
-                                std::span<uint8_t> ready) {
-  MAGNETAR_CHECK(layer_ >= 0 && layer >= 0 && layer < layout_.n_layer());
-  MAGNETAR_CHECK(ptrs.size() == experts.size() && ready.size() == experts.size());
-  for (size_t i = 0; i < experts.size(); ++i) {
-    MAGNETAR_CHECK(experts[i] >= 0 && experts[i] < layout_.n_expert());
-    const int32_t s = where_[size_t(layer * layout_.n_expert() + experts[i])];
-    ready[i] = s >= 0 && slots_[size_t(s)].state == State::kReady ? 1 : 0;
-    if (!ready[i]) continue;
-    slots_[size_t(s)].pins++;
-    pinned_ready_.push_back(uint32_t(s));
-    ptrs[i] = pointers(uint32_t(s));
   }
 }
 

@@ -89,8 +89,6 @@ class StreamedExperts final : public ExpertSource {
   void release() override;
   void prefetch(int64_t layer, std::span<const int32_t> experts) override;
   void touch(int64_t layer, std::span<const int32_t> experts) override;
-  void pin_ready(int64_t layer, std::span<const int32_t> experts, std::span<ExpertPtrs> ptrs,
-                 std::span<uint8_t> ready) override;
   std::span<uint8_t> host_memory() override { return {pool_, size_t(pool_bytes_)}; }
 
   // Bytes one slot takes: what open() needs per cached expert (the planner sizes budgets with it).
@@ -181,7 +179,6 @@ class StreamedExperts final : public ExpertSource {
   // The acquired layer.
   int64_t layer_ = -1;
   std::vector<uint32_t> pinned_;     // slots, in the order of the acquire's experts
-  std::vector<uint32_t> pinned_ready_;  // pin_ready's slots
   std::vector<uint32_t> miss_scratch_, prefetch_scratch_;
   Status io_error_;
   // Prefetch prediction bookkeeping: the last hinted set per layer.

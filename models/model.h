@@ -151,8 +151,6 @@ class Model {
     double h2d_seconds = 0;  // GPU time of the pool's copies (CUDA events around each layer's copies)
     uint64_t cpu_experts = 0, cpu_rows = 0;  // CPU lane: experts (per layer call) and rows computed there
     double cpu_seconds = 0;                  // wall time of the CPU lane (runs while the GPU computes)
-    // --prefetch: guessed experts of the next layer copied up ahead (in bytes_h2d too), and those the layer then used.
-    uint64_t prefetched = 0, prefetch_hits = 0;
   };
   virtual GpuTierStats gpu_tier_stats() const { return {}; }
   // [n_layer * n_expert]: 1 where the expert is in the GPU pool now (empty without one).

@@ -131,10 +131,6 @@ std::string expert_summary(const ExpertStats& s, double seconds, int64_t tokens)
                     100 * ratio(double(s.gpu_cpu_experts), double(s.gpu_lookups())),
                     (unsigned long long)s.gpu_cpu_rows, 100 * ratio(s.gpu_cpu_seconds, seconds));
     }
-    if (s.gpu_prefetched > 0) {
-      gpu += format(" | copied ahead: %llu guesses, %.1f%% used", (unsigned long long)s.gpu_prefetched,
-                    100 * ratio(double(s.gpu_prefetch_hits), double(s.gpu_prefetched)));
-    }
   }
   if (!s.streamed) return gpu;
   const uint64_t acquired = s.hits + s.inflight_hits + s.misses;
@@ -165,8 +161,7 @@ nlohmann::json expert_summary_json(const ExpertStats& s, double seconds, int64_t
           {"gpu_hits", s.gpu_hits}, {"gpu_misses", s.gpu_misses}, {"gpu_evictions", s.gpu_evictions},
           {"gpu_bytes_h2d", s.gpu_bytes_h2d}, {"gpu_miss_seconds", s.gpu_miss_seconds},
           {"gpu_cpu_experts", s.gpu_cpu_experts}, {"gpu_cpu_rows", s.gpu_cpu_rows},
-          {"gpu_cpu_seconds", s.gpu_cpu_seconds}, {"gpu_prefetched", s.gpu_prefetched},
-          {"gpu_prefetch_hits", s.gpu_prefetch_hits}, {"sweeps", s.sweeps}};
+          {"gpu_cpu_seconds", s.gpu_cpu_seconds}, {"sweeps", s.sweeps}};
 }
 
 void SamplingFlags::add_to(cli::Args& args) {

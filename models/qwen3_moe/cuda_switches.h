@@ -31,15 +31,6 @@ inline bool copy_ready_first() {
   return on;
 }
 
-// --prefetch in the tiered mode also copies the next layer's guessed experts that are in host memory up to the pool
-// while this layer computes (decode-sized batches). MAGNETAR_CUDA_PREFETCH_POOL=0 (diagnostic) leaves them in host
-// memory (the source still reads the guesses it lacks): the baseline of
-// docs/benchmarks/2026-12-03-cuda-tier-copies-ahead.md.
-inline bool prefetch_to_pool() {
-  static const bool on = switch_on("MAGNETAR_CUDA_PREFETCH_POOL");
-  return on;
-}
-
 // Products of more than kVec rows go to the int8 tensor-core kernel (mmq.cu) when it takes the weight type, float
 // weights (the router) to matmul_float.cu. MAGNETAR_CUDA_MMQ=0 keeps both on the matrix-vector kernels in chunks
 // of kVec rows: the baseline of docs/benchmarks/2026-11-30-cuda-forward.md's mmq section.

@@ -262,7 +262,7 @@ Status Qwen3Cuda::init() {
     MAGNETAR_ASSIGN_OR_RETURN(next_weights_, device_buffer(R * f));
     MAGNETAR_ASSIGN_OR_RETURN(h_next_ids_, cuda::PinnedBuffer::allocate(R * 4));
     MAGNETAR_ASSIGN_OR_RETURN(copy_stream_, cuda::Stream::create());
-    for (int b = 0; b < 3; ++b) {
+    for (int b = 0; b < 2; ++b) {
       MAGNETAR_ASSIGN_OR_RETURN(copy_start_[b], cuda::Event::create());
       MAGNETAR_ASSIGN_OR_RETURN(copy_end_[b], cuda::Event::create());
     }

@@ -238,11 +238,10 @@ class Qwen3Cuda final : public Model {
   // Tiered mode: the device pointers of `active`'s experts in the pool (pool_ptrs_), loading the misses from
   // `source`; with the CPU lane, the cold misses with at most kCpuLaneMaxRows rows (rows[e]) go to lane_ (null
   // pool pointers, host pointers in lane_ptrs_) instead. Leaves the layer acquired from `source` in held_.
-  // `guess`: the next MoE layer's predicted experts (--prefetch) that the pool lacks, handed to source.prefetch
-  // between acquire and wait; in decode (prefetch_to_pool) those already in host memory are also copied up after the
-  // misses. The copies are queued on copy_stream_ (those already in host memory before waiting for the others' reads;
-  // the last batch of misses ends with copy_end_[copy_batches_ - 1]), not waited for: held_ keeps the layer (and the
-  // guesses) pinned until settle_copies().
+  // `guess`: the next MoE layer's predicted experts (--prefetch), handed to source.prefetch between acquire and
+  // wait. The copies are queued on copy_stream_ (those already in host memory before waiting for the others' reads;
+  // the last batch ends with copy_end_[copy_batches_ - 1]), not waited for: held_ keeps the layer pinned until
+  // settle_copies().
   Status pool_acquire(int64_t il, std::span<const int32_t> active, std::span<const int32_t> rows,
                       experts::ExpertSource& source, int64_t guess_layer, std::span<const int32_t> guess) const;
   // Waits for the last acquired layer's copies (at once when stream_, which waited for them, was synchronized), adds
@@ -306,7 +305,6 @@ class Qwen3Cuda final : public Model {
   struct Slot {
     int32_t layer = -1, expert = -1;
     uint64_t last_use = 0;
-    bool ahead = false;  // copied up for a guess (prefetch_to_pool) and not used yet
   };
   mutable std::vector<Slot> slots_;
   mutable std::vector<int32_t> slot_of_;          // [n_layer * n_expert] -> slot, -1 when not in the pool
@@ -325,13 +323,7 @@ class Qwen3Cuda final : public Model {
   mutable cuda::Stream copy_stream_;
   // The copies of the last acquired layer, in up to two batches (pool_acquire: the experts already in host memory,
   // then the ones read from disk), each between a start and an end event; the last end is what stream_ waits for.
-  // Then, with prefetch_to_pool, the next layer's guesses copied ahead in a batch of their own (kAheadBatch): the
-  // next layer's settle_copies waits for it before anything reads them.
-  static constexpr int kAheadBatch = 2;
-  mutable cuda::Event copy_start_[3], copy_end_[3];
-  mutable bool ahead_batch_ = false;
-  mutable std::vector<experts::ExpertPtrs> ahead_ptrs_;
-  mutable std::vector<uint8_t> ahead_ready_;
+  mutable cuda::Event copy_start_[2], copy_end_[2];
   // forward() with a profile: the span of its device work (Op::kDevice).
   mutable cuda::Event device_start_, device_end_;
   mutable int copy_batches_ = 0;

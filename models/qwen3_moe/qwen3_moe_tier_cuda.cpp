@@ -22,10 +22,7 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
   for (const int32_t e : active) {
     const int32_t s = slot_of_[size_t(il * X + e)];
     if (s >= 0) {
-      Slot& slot = slots_[size_t(s)];
-      slot.last_use = tick_;
-      if (slot.ahead) tier_stats_.prefetch_hits++;
-      slot.ahead = false;
+      slots_[size_t(s)].last_use = tick_;
       policy_->touch(uint32_t(il * X + e), tick_);
       tier_stats_.hits++;
       hits_.push_back(e);
@@ -71,58 +68,42 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
     ready_.resize(misses_.size());
     source.acquire(il, misses_, host_ptrs_, ready_);
     held_.emplace(source);  // released by settle_copies() once the copies have landed (the lane runs before)
-    // Decode with --prefetch: the next layer's guesses already in host memory stay there until the copies ahead
-    // below have landed (pinned before the source's own prefetch may evict cold entries).
-    const bool ahead = guess_layer >= 0 && !guess.empty() && prefetch_to_pool() && tier_overlap() && !cpu_lane_ &&
-                       !sweeping_ && int64_t(active.size()) <= hp_.n_expert_used;
-    if (ahead) {
-      ahead_ptrs_.resize(guess.size());
-      ahead_ready_.resize(guess.size());
-      source.pin_ready(guess_layer, guess, ahead_ptrs_, ahead_ready_);
-    }
     if (guess_layer >= 0) source.prefetch(guess_layer, guess);
     // The misses already in host memory are copied up while the others are read from disk (one batch each).
-    MAGNETAR_CHECK(copy_batches_ == 0 && !ahead_batch_);  // settle_copies() ran since the last acquire
+    MAGNETAR_CHECK(copy_batches_ == 0);  // settle_copies() ran since the last acquire
     cuda::Stream& copies = tier_overlap() ? copy_stream_ : stream_;
-    // The lowest-scored slot that this layer's experts do not hold (the pool has >= n_expert slots; an empty slot
-    // first, then the least recently used among equals) becomes expert e of `layer`, its parts copied from `from`.
-    auto copy_in = [&](size_t victim, int64_t layer, int32_t e, const experts::ExpertPtrs& from) {
-      slot_score_[victim] = INFINITY;  // this call's now
-      Slot& slot = slots_[victim];
-      if (slot.layer >= 0) {
-        slot_of_[size_t(slot.layer * X + slot.expert)] = -1;
-        tier_stats_.evictions++;
-      }
-      slot = {.layer = int32_t(layer), .expert = e, .last_use = tick_};
-      slot_of_[size_t(layer * X + e)] = int32_t(victim);
-      uint8_t* dst = static_cast<uint8_t*>(pool_.data()) + victim * slot_bytes_;
-      for (int p = 0; p < 3; ++p) {
-        const size_t bytes = size_t(layout_->extent(layer, e, experts::Part(p)).bytes);
-        copies.copy(dst, from.part[p], bytes);
-        dst += part_cap_[p];
-        tier_stats_.bytes_h2d += bytes;
-      }
-    };
-    auto lowest = [&] {
-      size_t victim = SIZE_MAX;
-      for (size_t s = 0; s < slots_.size(); ++s) {
-        if (slot_score_[s] == INFINITY) continue;
-        if (victim == SIZE_MAX || slot_score_[s] < slot_score_[victim] ||
-            (slot_score_[s] == slot_score_[victim] && slots_[s].last_use < slots_[victim].last_use)) {
-          victim = s;
-        }
-      }
-      return victim;
-    };
     auto copy_batch = [&](bool in_memory) {
       bool started = false;
       for (size_t i = 0; i < n_copy; ++i) {
         if ((ready_[i] != 0) != in_memory) continue;
-        const size_t victim = lowest();
+        // The lowest-scored slot that this layer's experts do not hold (the pool has >= n_expert slots); an empty
+        // slot first, then the least recently used among equals.
+        size_t victim = SIZE_MAX;
+        for (size_t s = 0; s < slots_.size(); ++s) {
+          if (slot_score_[s] == INFINITY) continue;
+          if (victim == SIZE_MAX || slot_score_[s] < slot_score_[victim] ||
+              (slot_score_[s] == slot_score_[victim] && slots_[s].last_use < slots_[victim].last_use)) {
+            victim = s;
+          }
+        }
         MAGNETAR_CHECK(victim != SIZE_MAX);
+        slot_score_[victim] = INFINITY;  // this layer's now
+        Slot& slot = slots_[victim];
+        if (slot.layer >= 0) {
+          slot_of_[size_t(slot.layer * X + slot.expert)] = -1;
+          tier_stats_.evictions++;
+        }
+        slot = {.layer = int32_t(il), .expert = misses_[i], .last_use = tick_};
+        slot_of_[size_t(il * X + misses_[i])] = int32_t(victim);
+        uint8_t* dst = static_cast<uint8_t*>(pool_.data()) + victim * slot_bytes_;
         if (!started) copy_start_[copy_batches_].record(copies);
         started = true;
-        copy_in(victim, il, misses_[i], host_ptrs_[i]);
+        for (int p = 0; p < 3; ++p) {
+          const size_t bytes = size_t(layout_->extent(il, misses_[i], experts::Part(p)).bytes);
+          copies.copy(dst, host_ptrs_[i].part[p], bytes);
+          dst += part_cap_[p];
+          tier_stats_.bytes_h2d += bytes;
+        }
         tier_stats_.misses++;
       }
       if (started) copy_end_[copy_batches_++].record(copies);
@@ -131,21 +112,6 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
     MAGNETAR_RETURN_IF_ERROR(source.wait(host_ptrs_));
     if (!copy_ready_first()) copy_batch(true);
     copy_batch(false);
-    // Then the guesses, each into a slot its policy score does not fall below (a wrong guess costs the bus time and
-    // that slot); the next MoE layer finds the right ones as hits.
-    for (size_t i = 0; ahead && i < guess.size(); ++i) {
-      const size_t victim = lowest();
-      if (!ahead_ready_[i] || victim == SIZE_MAX ||
-          policy_->score(uint32_t(guess_layer * X + guess[i]), tick_) < slot_score_[victim]) {
-        continue;
-      }
-      if (!ahead_batch_) copy_start_[kAheadBatch].record(copies);
-      ahead_batch_ = true;
-      copy_in(victim, guess_layer, guess[i], ahead_ptrs_[i]);
-      slots_[victim].ahead = true;
-      tier_stats_.prefetched++;
-    }
-    if (ahead_batch_) copy_end_[kAheadBatch].record(copies);
     lane_ptrs_.assign(host_ptrs_.begin() + std::ptrdiff_t(n_copy), host_ptrs_.end());
     misses_.resize(n_copy);
   }
@@ -167,11 +133,7 @@ void Qwen3Cuda::settle_copies() const {
   for (int b = 0; b < copy_batches_; ++b) {
     tier_stats_.h2d_seconds += cuda::Event::seconds_between(copy_start_[b], copy_end_[b]);
   }
-  if (ahead_batch_) {
-    tier_stats_.h2d_seconds += cuda::Event::seconds_between(copy_start_[kAheadBatch], copy_end_[kAheadBatch]);
-  }
   copy_batches_ = 0;
-  ahead_batch_ = false;
   held_.reset();
 }
 

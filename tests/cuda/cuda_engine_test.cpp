@@ -443,10 +443,9 @@ TEST(CudaEngineBatch, AutoBatchFollowsThePlan) {
 // The bundled demo model (16 MoE layers of 16 experts): resident on the GPU against the tiered mode with a pool of
 // 20 experts (every layer evicts), experts in host memory mapped or streamed through a small RAM cache, with and
 // without next-layer prefetch (--prefetch: the next router's guess read into the RAM cache while a layer's copies,
-// no longer waited for, are still in flight, and in decode the guesses already in RAM copied up to the pool). The
-// same kernels compute the same rows wherever the weights came from: logits bit-identical, prefill and decode. The
-// routing counts (the expert map's uses) agree as well: resident decode reads the ids back once per step, the tiered
-// mode layer by layer; every token counts k uses per layer.
+// no longer waited for, are still in flight). The same kernels compute the same rows wherever the weights came
+// from: logits bit-identical, prefill and decode. The routing counts (the expert map's uses) agree as well: resident
+// decode reads the ids back once per step, the tiered mode layer by layer; every token counts k uses per layer.
 TEST(CudaTier, PoolEqualsResidentBitForBit) {
   SKIP_WITHOUT_GPU();
   const std::string demo = std::string(MAGNETAR_SOURCE_DIR) + "/models/magnetar-demo-q8_0.gguf";
@@ -492,11 +491,6 @@ TEST(CudaTier, PoolEqualsResidentBitForBit) {
       EXPECT_GT(st.gpu_evictions, 0u) << "the pool is meant to be too small for the model";
       if (prefetch) {
         EXPECT_GT(st.prefetch_issued, 0u) << "the guesses are meant to miss the small RAM cache";
-        // Decode copies the guesses already in host memory up ahead (MAGNETAR_CUDA_PREFETCH_POOL).
-        std::printf("[cuda] copied ahead: %llu guesses, %llu used\n", (unsigned long long)st.gpu_prefetched,
-                    (unsigned long long)st.gpu_prefetch_hits);
-        EXPECT_GT(st.gpu_prefetched, 0u);
-        EXPECT_LE(st.gpu_prefetch_hits, st.gpu_prefetched);
       }
     }
   };

@@ -35,15 +35,10 @@ Opened open_model(const std::string& path) {
   return o;
 }
 
-// Acquires random expert sets layer by layer (with random hints, and random pins of the layer before's experts still
-// in memory, pin_ready, before the hints may evict) and checks every byte against the mapping, the pinned ones' after
-// the layer's reads; only the acquires count as uses.
-// *pinned_ready: how many of the pinned-ahead experts were in memory.
-void exercise(StreamedExperts& store, const Opened& o, uint64_t seed, int steps, uint64_t* pinned_ready) {
+// Acquires random expert sets layer by layer (with random hints) and checks every byte against the mapping.
+void exercise(StreamedExperts& store, const Opened& o, uint64_t seed, int steps) {
   MappedExperts mapped(*o.model, *o.layout);
   std::mt19937_64 rng(seed);
-  uint64_t acquired = 0;
-  *pinned_ready = 0;
   const int64_t X = o.layout->n_expert();
   for (int step = 0; step < steps; ++step) {
     for (int64_t layer = 0; layer < o.layout->n_layer(); ++layer) {
@@ -54,17 +49,9 @@ void exercise(StreamedExperts& store, const Opened& o, uint64_t seed, int steps,
       std::vector<ExpertPtrs> got(ids.size()), want(ids.size());
       std::vector<uint8_t> ready(ids.size()), all(ids.size());
       store.acquire(layer, ids, got, ready);
-      acquired += ids.size();
-      // Pinned: experts of the layer before (likely still in memory); the hints below may evict anything else.
-      const int64_t L = o.layout->n_layer(), next = (layer + 1) % L, before = (layer + L - 1) % L;
-      std::vector<int32_t> ahead;
-      for (int i = 0; i < 3 && rng() % 2; ++i) ahead.push_back(int32_t(rng() % uint64_t(X)));
-      std::vector<ExpertPtrs> ahead_ptrs(ahead.size()), ahead_want(ahead.size());
-      std::vector<uint8_t> ahead_ready(ahead.size()), ahead_all(ahead.size());
-      store.pin_ready(before, ahead, ahead_ptrs, ahead_ready);
       if (rng() % 2) {
         std::vector<int32_t> hint = {int32_t(rng() % uint64_t(X)), int32_t(rng() % uint64_t(X))};
-        store.prefetch(next, hint);
+        store.prefetch((layer + 1) % o.layout->n_layer(), hint);
       }
       for (size_t i = 0; i < ids.size(); ++i) {
         if (!ready[i]) continue;
@@ -79,20 +66,9 @@ void exercise(StreamedExperts& store, const Opened& o, uint64_t seed, int steps,
               << "layer " << layer << " expert " << ids[i] << " part " << p;
         }
       }
-      mapped.acquire(before, ahead, ahead_want, ahead_all);
-      for (size_t i = 0; i < ahead.size(); ++i) {
-        *pinned_ready += ahead_ready[i];
-        for (int p = 0; ahead_ready[i] && p < kParts; ++p) {
-          const uint64_t n = o.layout->part(before, Part(p)).bytes_per_expert;
-          ASSERT_EQ(std::memcmp(ahead_ptrs[i].part[p], ahead_want[i].part[p], n), 0)
-              << "pinned: layer " << before << " expert " << ahead[i] << " part " << p;
-        }
-      }
       store.release();
     }
   }
-  const LayerStats t = store.stats().total();
-  EXPECT_EQ(t.hits + t.inflight_hits + t.misses, acquired);
 }
 
 TEST(ExpertStore, BytesEqualTheFileUnderConstantEviction) {
@@ -112,9 +88,7 @@ TEST(ExpertStore, BytesEqualTheFileUnderConstantEviction) {
                               {.cache_bytes = arm.slots * slab, .use_uring = arm.uring, .direct = arm.direct,
                                .policy = arm.policy, .merge_gap_bytes = arm.merge_gap});
     ASSERT_TRUE(store.ok()) << store.status().message();
-    uint64_t pinned_ahead = 0;
-    exercise(*store.value(), o, arm.slots, 6, &pinned_ahead);
-    EXPECT_GT(pinned_ahead, 0u) << "the layer before's experts are meant to be in memory at times";
+    exercise(*store.value(), o, arm.slots, 6);
     const LayerStats t = store.value()->stats().total();
     EXPECT_GT(t.misses, 0u);
     if (arm.slots < 128) {
