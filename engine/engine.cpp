@@ -705,21 +705,22 @@ Status Session::Impl::compute(int64_t from, Logits mode, const SyncProgress& pro
     models::SweepCursor at = resume ? paused->at : models::SweepCursor{};
     const int64_t step0 = at.step;
     bool stopped = false;
-    const std::function<bool()> pause = [&] {
-      stopped = progress && !progress(b - from + n * (at.step - step0) / at.steps, total);
-      return stopped;
-    };
-    if (n > n_batch && !resume) {
+    std::function<bool()> pause;
+    if (n > n_batch) {
+      if (progress) {
+        pause = [&] {
+          stopped = !progress(b - from + n * (at.step - step0) / at.steps, total);
+          return stopped;
+        };
+      }
+      if (!resume) {
+        paused = PausedSweep{.b = b, .tokens = {next.begin() + b, next.begin() + b + n}, .at = {},
+                             .serial = model_state ? ++engine->sweep_serial : 0};
+      }
       if (model_state) {
-        engine->sweep_serial++;
+        engine->sweep_paused = false;  // running
         engine->sweep_contested = 0;
       }
-      paused = PausedSweep{.b = b, .tokens = {next.begin() + b, next.begin() + b + n}, .at = {},
-                           .serial = engine->sweep_serial};
-    }
-    if (n > n_batch && model_state) {
-      engine->sweep_paused = false;  // running
-      engine->sweep_contested = 0;
     }
     const Status s = engine->model->forward(
         *engine->pool, *ws,
@@ -731,7 +732,7 @@ Status Session::Impl::compute(int64_t from, Logits mode, const SyncProgress& pro
          .experts = engine->store.get(),
          .prefetch = engine->store != nullptr && engine->options.stream.prefetch,
          .sweep = n > n_batch ? &at : nullptr,
-         .pause = n > n_batch && progress ? &pause : nullptr});
+         .pause = pause ? &pause : nullptr});
     if (s.ok() && stopped) {
       // The sweep stays where it stopped; the timeline is the prefix before it.
       paused->at = at;

@@ -393,8 +393,7 @@ void StreamedExperts::acquire(int64_t layer, std::span<const int32_t> experts, s
   for (size_t i = 0; i < experts.size(); ++i) {
     MAGNETAR_CHECK(experts[i] >= 0 && experts[i] < layout_.n_expert());
     const uint32_t key = uint32_t(layer * layout_.n_expert() + experts[i]);
-    census_delta_.counts[key]++;
-    policy_->touch(key, tick_);
+    count_use(key);
     int32_t s = where_[key];
     if (s >= 0) {
       Slot& slot = slots_[size_t(s)];
@@ -469,9 +468,7 @@ void StreamedExperts::touch(int64_t layer, std::span<const int32_t> experts) {
   MAGNETAR_CHECK(layer >= 0 && layer < layout_.n_layer());
   for (const int32_t e : experts) {
     MAGNETAR_CHECK(e >= 0 && e < layout_.n_expert());
-    const uint32_t key = uint32_t(layer * layout_.n_expert() + e);
-    census_delta_.counts[key]++;
-    policy_->touch(key, tick_);
+    count_use(uint32_t(layer * layout_.n_expert() + e));
   }
 }
 

@@ -137,6 +137,11 @@ class StreamedExperts final : public ExpertSource {
   // A slot for `key`: a free one, else the lowest-scoring evictable one (for a prefetch, only one not used
   // in the last n_moe_layers ticks). UINT32_MAX when none.
   uint32_t allocate(bool for_prefetch);
+  // A use of expert `key` (layer * n_expert + expert): its census count and eviction score.
+  void count_use(uint32_t key) {
+    census_delta_.counts[key]++;
+    policy_->touch(key, tick_);
+  }
   void evict(uint32_t slot);
   // Issues the reads that fill `slots` (all kLoading): adjacent records or part slices, and those separated by
   // at most merge_gap_bytes, go into one vectored read.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backends/cpu/threadpool.h"
+#include "base/check.h"
 #include "base/status.h"
 #include "experts/source.h"
 #include "gguf/reader.h"
@@ -99,6 +100,16 @@ struct SeqSpan {
 // then the head (steps = 2 + n_layer * chunks, set by the model at the first call; 0 before it).
 struct SweepCursor {
   int64_t step = 0, steps = 0;
+  // Sets steps at a sweep's first call, checks them at a continuing one.
+  void begin(int64_t n_layer, int64_t chunks) {
+    if (steps == 0) steps = 2 + n_layer * chunks;
+    MAGNETAR_CHECK(steps == 2 + n_layer * chunks && step < steps);
+  }
+  bool at_embeddings() const { return step == 0; }
+  bool at_head() const { return step == steps - 1; }
+  // A layer step's layer and chunk index.
+  int64_t layer(int64_t chunks) const { return (step - 1) / chunks; }
+  int64_t chunk(int64_t chunks) const { return (step - 1) % chunks; }
 };
 
 // A forward pass over one or more sequences (several: the decode steps of concurrent sessions, so the weights

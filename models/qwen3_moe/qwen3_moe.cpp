@@ -485,9 +485,7 @@ Status Qwen3Model::sweep(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Forwar
   const SeqSpan& seq = args.seqs[0];
   SweepCursor whole;
   SweepCursor& at = args.sweep ? *args.sweep : whole;
-  const int64_t steps = 2 + int64_t(w_.layers.size()) * chunks;
-  if (at.steps == 0) at.steps = steps;
-  MAGNETAR_CHECK(at.steps == steps && at.step < steps);
+  at.begin(int64_t(w_.layers.size()), chunks);
   // Chunk c of args as a call of its own; a chunk's attention reads the rows the chunks before it stored at the layer.
   auto chunk_args = [&](int64_t c, SeqSpan& span) {
     span = {.kv = seq.kv, .pos0 = seq.pos0 + c, .n_tok = std::min(B, n - c)};
@@ -498,14 +496,14 @@ Status Qwen3Model::sweep(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Forwar
     a.seqs = {&span, 1};
     return a;
   };
-  while (at.step < steps) {
-    if (at.step == 0) {
+  while (at.step < at.steps) {
+    if (at.at_embeddings()) {
       grow(ws.sweep_x, size_t(n * E));
       embed(ws, args.tokens, n, ws.sweep_x.data());
-    } else if (at.step < steps - 1) {
+    } else if (!at.at_head()) {
       // Layer by layer, each over the chunks in order.
-      const size_t il = size_t((at.step - 1) / chunks);
-      const int64_t c = (at.step - 1) % chunks * B;
+      const size_t il = size_t(at.layer(chunks));
+      const int64_t c = at.chunk(chunks) * B;
       SeqSpan span;
       const ForwardArgs a = chunk_args(c, span);
       std::copy_n(ws.sweep_x.data() + c * E, span.n_tok * E, ws.x.data());
@@ -521,7 +519,7 @@ Status Qwen3Model::sweep(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Forwar
         head(pool, ws, a, span.n_tok);
       }
     }
-    if (++at.step < steps && args.pause && (*args.pause)()) return Status();
+    if (++at.step < at.steps && args.pause && (*args.pause)()) return Status();
   }
   return Status();
 }

@@ -191,9 +191,7 @@ Status Qwen3Cuda::sweep(cpu::ThreadPool& pool, const ForwardArgs& args) const {
   MAGNETAR_CHECK(args.seq_logits.size() <= 1 && (args.all_logits || args.seq_logits.size() == 1 || args.logits));
   SweepCursor whole;
   SweepCursor& at = args.sweep ? *args.sweep : whole;
-  const int64_t steps = 2 + int64_t(layers_.size()) * chunks;
-  if (at.steps == 0) at.steps = steps;
-  MAGNETAR_CHECK(at.steps == steps && at.step < steps);
+  at.begin(int64_t(layers_.size()), chunks);
   // sweep_x_ / sweep_p_ hold one sweep: a continued one must be the sweep that filled them.
   if (at.step == 0) {
     sweep_of_ = {seq.kv, seq.pos0, n};
@@ -210,8 +208,8 @@ Status Qwen3Cuda::sweep(cpu::ThreadPool& pool, const ForwardArgs& args) const {
   const size_t row = size_t(E) * sizeof(float);
   if (args.profile) device_start_.record(stream_);
   double embed_seconds = 0;
-  while (at.step < steps) {
-    if (at.step == 0) {
+  while (at.step < at.steps) {
+    if (at.at_embeddings()) {
       // Embeddings, a chunk at a time through the pinned h_x_ (the copy before must have read it).
       for (int64_t c = 0; c < n; c += B) {
         const int64_t m = std::min(B, n - c);
@@ -219,9 +217,9 @@ Status Qwen3Cuda::sweep(cpu::ThreadPool& pool, const ForwardArgs& args) const {
         embed_seconds += embed_on_host(args.tokens + c, m);
         stream_.copy(sweep_x + c * E, h_x_.as<float>(), size_t(m) * row);
       }
-    } else if (at.step < steps - 1) {
+    } else if (!at.at_head()) {
       // Layer by layer, chunk by chunk: a chunk's attention reads the rows the chunks before it stored at this layer.
-      const int64_t il = (at.step - 1) / chunks, c = (at.step - 1) % chunks * B, m = std::min(B, n - c);
+      const int64_t il = at.layer(chunks), c = at.chunk(chunks) * B, m = std::min(B, n - c);
       const SeqSpan chunk{.kv = seq.kv, .pos0 = seq.pos0 + c, .n_tok = m};
       ForwardArgs a = args;
       a.tokens = args.tokens + c;
@@ -252,7 +250,7 @@ Status Qwen3Cuda::sweep(cpu::ThreadPool& pool, const ForwardArgs& args) const {
       }
       seq.kv->wrote_device(seq.pos0, seq.pos0 + n);
     }
-    if (++at.step < steps && args.pause && (*args.pause)()) break;
+    if (++at.step < at.steps && args.pause && (*args.pause)()) break;
   }
   if (args.profile) {
     device_end_.record(stream_);
