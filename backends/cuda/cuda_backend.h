@@ -314,7 +314,8 @@ struct GroupedMatvecArgs {
   // logits count as an item table for items_settled: settled when written two or more launches before.
   RouteInProducts route = {};
   // A swiglu launch of Q4_K weights streams them through shared memory by bulk copies, one wave of CTAs of many rows
-  // (mmvq_bulk.cu) where the GPU has them (sm_90+), the stationary kernel otherwise: the same bits either way.
+  // (mmvq_bulk.cu) where the GPU has them (sm_90+), the stationary kernel otherwise: the same bits either way. Items'
+  // weights must be 16-byte aligned (the copies' sources).
   bool bulk = false;
 };
 Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream);

@@ -173,10 +173,18 @@ inline bool route_in_products() {
 // A decode token's expert gate/up (one token, routed in the products) streams its weights through shared memory by
 // bulk copies (GroupedMatvecArgs::bulk); MAGNETAR_CUDA_EXPERTS_BULK=0 is the baseline (the stationary kernel's SwiGLU
 // launch): tg128 570.6 / 570.2 / 571.2 against 547.2 / 543.9 / 549.2 (H200,
-// docs/benchmarks/2026-12-02-cuda-decode-bulk-experts.md). The batched decode of several sessions keeps the stationary
-// kernel: 739 t/s against 697 with bulk for 4 sessions, 834 against 803 for 8.
+// docs/benchmarks/2026-12-02-cuda-decode-bulk-experts.md).
 inline bool experts_bulk() {
   static const bool on = switch_on("MAGNETAR_CUDA_EXPERTS_BULK");
+  return on;
+}
+
+// The batched decode of several sessions (one item per token and slot, every expert resident) takes the bulk gate/up
+// too, its CTAs' rows streamed through a ring of shared-memory stages; MAGNETAR_CUDA_EXPERTS_BULK_ITEMS=0 is the
+// baseline (the stationary kernel's SwiGLU launch; the bulk kernel's first form, all of a CTA's rows staged at once,
+// was slower there: 697 t/s against 739 for 4 sessions).
+inline bool experts_bulk_items() {
+  static const bool on = experts_bulk() && switch_on("MAGNETAR_CUDA_EXPERTS_BULK_ITEMS");
   return on;
 }
 

@@ -721,7 +721,9 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
                                                      .n_parts = 2, .rows = F, .cols = E, .x = x, .x_rows = x_rows,
                                                      .single_x = n == 1, .y = gate, .max_n = 1, .stationary = true,
                                                      .swiglu = true, .route = gate_route,
-                                                     .bulk = self_routed && experts_bulk()},
+                                                     .bulk = self_routed ? experts_bulk()
+                                                                        : resolve && L.expert_base != nullptr &&
+                                                                              experts_bulk_items()},
                                                     stream_));
       return cuda::grouped_matvec({.type = L.down_type, .items = its, .n_items = count, .part = 2, .n_parts = 1,
                                    .rows = E, .cols = F, .x = gate, .x_rows = nullptr, .y = down, .max_n = 1,

@@ -783,6 +783,69 @@ TEST(CudaMatvec, SwigluInProductsMatchesSeparateLaunches) {
   }
 }
 
+// The bulk SwiGLU launch over more rows than one wave of CTAs stages at once (the batched decode of several sessions:
+// one item per token and slot), against the stationary kernel's, bit for bit: each CTA's rows go through its ring of
+// stages more than once and straddle items; items share experts, read activation rows out of order, write output rows
+// out of order, and some are null (their rows keep the poison). Enough items that a CTA of the H200's one wave takes
+// more chunks than it has stages.
+TEST(CudaMatvec, BulkRingEqualsStationary) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  Rng rng(kSeed + 93);
+  const Type type = Type::Q4_K;
+  constexpr int64_t kItems = 72, kExperts = 9, kActRows = 8;
+  std::vector<int32_t> expert_of(kItems), act_row_of(kItems);
+  for (int64_t i = 0; i < kItems; ++i) {
+    expert_of[size_t(i)] = i % 17 == 5 ? -1 : int32_t((i * 7) % kExperts);
+    act_row_of[size_t(i)] = int32_t((i * 5 + 3) % kActRows);
+  }
+  for (const auto& [E, F] : {std::pair<int64_t, int64_t>{2048, 768}, {1024, 1536}, {512, 2048}}) {
+    const std::string shape = "E=" + std::to_string(E) + " F=" + std::to_string(F);
+    std::vector<cuda::DeviceBuffer> w;  // [expert][gate, up]
+    for (int64_t i = 0; i < kExperts * 2; ++i) {
+      const std::vector<uint8_t> qw = quantize_ref(type, gaussian(rng, E * F), E);
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer buf, cuda::DeviceBuffer::allocate(qw.size()));
+      ASSERT_OK(buf.upload(qw.data(), qw.size()));
+      w.push_back(std::move(buf));
+    }
+    std::vector<cuda::GroupItem> items = expert_items(expert_of, w, 2);
+    for (int64_t i = 0; i < kItems; ++i) items[size_t(i)].row0 = int32_t(kItems - 1 - i);  // outputs reversed
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer items_dev, cuda::DeviceBuffer::allocate(sizeof(cuda::GroupItem) * kItems));
+    ASSERT_OK(items_dev.upload(items.data(), sizeof(cuda::GroupItem) * kItems));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer rows_dev, cuda::DeviceBuffer::allocate(sizeof(int32_t) * kItems));
+    ASSERT_OK(rows_dev.upload(act_row_of.data(), sizeof(int32_t) * kItems));
+    const std::vector<float> xf = activations(rng, kActRows, E);
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer x_dev, cuda::DeviceBuffer::allocate(xf.size() * sizeof(float)));
+    ASSERT_OK(x_dev.upload(xf.data(), xf.size() * sizeof(float)));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer xq, cuda::DeviceBuffer::allocate(quant::row_size(Type::Q8_K, E) * kActRows));
+    ASSERT_OK(cuda::quantize_activations(Type::Q8_K, x_dev.as<float>(), xq.data(), E, kActRows, stream));
+    std::vector<float> got[2];  // stationary, bulk
+    for (const bool bulk : {false, true}) {
+      const std::vector<float> poison = poisoned(size_t(kItems * F));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer y, cuda::DeviceBuffer::allocate(poison.size() * sizeof(float)));
+      ASSERT_OK(y.upload(poison.data(), poison.size() * sizeof(float)));
+      ASSERT_OK(cuda::grouped_matvec({.type = type, .items = items_dev.as<cuda::GroupItem>(), .n_items = kItems,
+                                      .part = 0, .n_parts = 2, .rows = F, .cols = E, .x = xq.data(),
+                                      .x_rows = rows_dev.as<int32_t>(), .y = y.as<float>(), .max_n = 1,
+                                      .stationary = true, .swiglu = true, .bulk = bulk},
+                                     stream));
+      stream.synchronize();
+      got[bulk].resize(poison.size());
+      ASSERT_OK(y.download(got[bulk].data(), poison.size() * sizeof(float)));
+    }
+    for (int64_t i = 0; i < kItems; ++i) {
+      const size_t at = size_t((kItems - 1 - i) * F);
+      if (expert_of[size_t(i)] < 0) {
+        for (int64_t r = 0; r < F; ++r) ASSERT_TRUE(std::isnan(got[1][at + size_t(r)])) << shape << " item " << i;
+        continue;
+      }
+      for (int64_t r = 0; r < F; ++r) ASSERT_FALSE(std::isnan(got[0][at + size_t(r)])) << shape << " item " << i;
+      EXPECT_EQ(0, std::memcmp(got[1].data() + at, got[0].data() + at, size_t(F) * sizeof(float)))
+          << shape << ": rows of item " << i;
+    }
+  }
+}
+
 // Expert products that route themselves (GroupedMatvecArgs::route) against route_topk with a table and the launches
 // that read its items, bit for bit: the ids, weights (renormalized or not) and slot rows gate/up writes, the SwiGLU
 // rows and the down projection's rows (the logits read before or after waiting). Every expert of the layer lies in one

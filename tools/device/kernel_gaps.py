@@ -6,7 +6,8 @@ Usage: python3 tools/device/kernel_gaps.py TRACE.csv [GAP_US] [TOP]
 The trace is cut into bursts wherever the GPU idles longer than GAP_US (default 20 us: the host's synchronization
 between two tokens); the bursts of the kernel count that covers the most kernels in all are the decode steps (not the
 ~18-kernel layers of a prefill chunk; the first two, warm-up and graph capture, are left out when there are more than
-four). For every step, each kernel in start order gets
+four; KERNELS picks the steps of that many kernels instead, "longest" the bursts of the most kernels that occur 8
+times or more: a `bench --sessions N` run's batched steps). For every step, each kernel in start order gets
   marginal  the busy time it adds: end - max(start, latest end before it), 0 when it ends earlier (a kernel launched
             early by programmatic dependent launch is counted from where the one before it ended);
   gap       idle GPU time before it starts: start - (latest end before it), when positive.
@@ -80,7 +81,7 @@ def analyze(step):
 
 def main():
     if len(sys.argv) < 2:
-        sys.exit("usage: kernel_gaps.py TRACE.csv [GAP_US] [TOP]")
+        sys.exit("usage: kernel_gaps.py TRACE.csv [GAP_US] [TOP] [KERNELS|longest]")
     gap_ns = float(sys.argv[2]) * 1e3 if len(sys.argv) > 2 else 20e3
     top = int(sys.argv[3]) if len(sys.argv) > 3 else 30
     rows, launches = [], []
@@ -100,6 +101,8 @@ def main():
     if not counts:
         sys.exit(f"kernel_gaps.py: no burst of 16 or more kernels in {sys.argv[1]}")
     mode = max(set(counts), key=lambda c: (counts.count(c) * c, c))  # most kernels in all: not a prefill's layers
+    if len(sys.argv) > 4:  # the steps of several sessions: the longest bursts seen 8 times or more, or a given count
+        mode = int(sys.argv[4]) if sys.argv[4] != "longest" else max(c for c in counts if counts.count(c) >= 8)
     steps = [g for g in groups if len(g) == mode]
     if len(steps) > 4:
         steps = steps[2:]

@@ -262,7 +262,8 @@ fi
 # (tools/device/kernel_trace.cpp: a CUPTI injection library built here against the image's CUPTI; nsys is not usable
 # on the image), summarized by tools/device/kernel_gaps.py: per kernel the busy time it adds to a step and the idle
 # time before it, and the time between steps. Environment switches (VAR=VALUE) apply to the traced run; TRACE_FLAGS
-# adds bench flags (e.g. "--kv-type q8_0").
+# adds bench flags (e.g. "--kv-type q8_0"); TRACE_STEPS=longest summarizes the batched steps of TRACE_FLAGS="--sessions N"
+# (kernel_gaps.py's KERNELS argument).
 if [ "$filter" = "--kernel-trace" ]; then
   build_with_model
   cuda=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
@@ -277,7 +278,7 @@ if [ "$filter" = "--kernel-trace" ]; then
     ${TRACE_FLAGS:-} >/dev/null \
     2>"$OUT/kernel_trace.err"
   echo "traced run exit $? ($(($(wc -l <"$OUT/kernel_trace.csv") - 1)) kernels; stderr: $OUT/kernel_trace.err)"
-  python3 tools/device/kernel_gaps.py "$OUT/kernel_trace.csv" 20 40
+  python3 tools/device/kernel_gaps.py "$OUT/kernel_trace.csv" 20 40 ${TRACE_STEPS:-}
   exit 0
 fi
 
