@@ -313,9 +313,9 @@ struct GroupedMatvecArgs {
   // Items from the logits (RouteInProducts; items null, n_items = route.k; the stationary kernel, max_n 1). The
   // logits count as an item table for items_settled: settled when written two or more launches before.
   RouteInProducts route = {};
-  // A swiglu launch of Q4_K weights streams them through shared memory by bulk copies, one wave of CTAs of many rows
-  // (mmvq_bulk.cu) where the GPU has them (sm_90+), the stationary kernel otherwise: the same bits either way. Items'
-  // weights must be 16-byte aligned (the copies' sources).
+  // A swiglu launch of Q4_K weights, or an x_float one over items, streams them through shared memory by bulk
+  // copies, one wave of CTAs of many rows (mmvq_bulk.cu) where the GPU has them (sm_90+), the stationary kernel
+  // otherwise: the same bits either way. Items' weights must be 16-byte aligned (the copies' sources).
   bool bulk = false;
 };
 Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream);

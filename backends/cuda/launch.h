@@ -87,9 +87,9 @@ bool mmvq_stationary_fits(quant::Type type, int64_t cols);
 bool mmvq_supports(quant::Type type);
 bool launch_mmvq(quant::Type type, const MatvecLaunch& args, CUstream_st* stream);
 
-// mmvq_bulk.cu: a SwiGLU launch (swiglu, one vector, grouped) with the weights streamed through shared memory by bulk
-// copies, where the type (Q4_K), the row shape (the stationary kernel's) and the GPU (sm_90+) take it; false (nothing
-// queued) otherwise.
+// mmvq_bulk.cu: a SwiGLU launch (swiglu, one vector, grouped) or a plain one of float activations over items
+// (act_float) with the weights streamed through shared memory by bulk copies, where the type (Q4_K), the row shape
+// (the stationary kernel's) and the GPU (sm_90+) take it; false (nothing queued) otherwise.
 bool launch_mmvq_bulk(quant::Type type, const MatvecLaunch& args, CUstream_st* stream);
 
 // matvec_float.cu: F32, F16, BF16.

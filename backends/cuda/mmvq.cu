@@ -598,6 +598,7 @@ void launch(const MatvecLaunch& a, cudaStream_t stream) {
       try_stationary<T, true>(a, blocks_per_row, stream);
       return;
     }
+    if (a.bulk && a.act_float && launch_mmvq_bulk(T, a, stream)) return;
     if (a.stationary || a.act_float) {  // several vectors: plain launches of rows that fit (launch_stationary)
       if (try_stationary<T, false>(a, blocks_per_row, stream)) return;
     }

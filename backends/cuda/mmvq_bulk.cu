@@ -1,5 +1,6 @@
-// The experts' gate/up product of decode with the weights streamed into shared memory by bulk copies
-// (GroupedMatvecArgs::bulk; sm_90's cp.async.bulk, completed on mbarriers).
+// The experts' products of decode with the weights streamed into shared memory by bulk copies
+// (GroupedMatvecArgs::bulk; sm_90's cp.async.bulk, completed on mbarriers): one token's gate/up, and several tokens'
+// gate/up and down.
 //
 // Why: the stationary kernel's SwiGLU launch (mmvq.cu) is 1,536 CTAs of 4 rows on the 30B-A3B geometry (8 experts x
 // 768 rows of gate and up, 2,048 Q4_K columns: 14.2 MB), two waves of them. A CTA learns its expert only after
@@ -19,15 +20,17 @@
 //
 // The batched decode of several sessions (one item per token and slot) has more rows than one wave of CTAs stages at
 // once: staged all at once, its CTAs were too long (697 t/s for 4 sessions against 739 on the stationary kernel). The
-// ring kernel below streams them through a ring of stages (H200, 2026-12-03,
-// docs/benchmarks/2026-12-03-cuda-batched-bulk-ring.md): gate/up 1,008 instead of 1,122 us of a 4-session step and
-// 1,579 instead of 2,026 of an 8-session step; 991 / 1,248 t/s in all against 969 / 1,178.
+// ring kernel below streams them through a ring of stages, for gate/up and for the down projection of the SwiGLU's
+// float rows (H200, 2026-12-03, docs/benchmarks/2026-12-03-cuda-batched-bulk-ring.md): gate/up 1,008 instead of
+// 1,122 us of a 4-session step, down 389 instead of 620; 1,050 / 1,307 t/s in all for 4 / 8 sessions against
+// 976 / 1,180 on the stationary kernel.
 //
 // Each row's sum is the stationary kernel's (its kGlu launch's shape: the same parts per lane, the same products in
 // the same order, the same warp tree over the same kQ kR rows of gate and up): the same bits.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
@@ -35,6 +38,7 @@
 #include "backends/cuda/launch.h"
 #include "backends/cuda/mmvq.cuh"
 #include "backends/cuda/ops_common.cuh"
+#include "backends/cuda/quantize_q8.cuh"
 #include "backends/cuda/route_topk.cuh"
 
 namespace magnetar::cuda::detail {
@@ -59,12 +63,6 @@ constexpr int kCtasPerSm = 2;  // the wave aimed at (the kernel's launch bounds:
 __host__ __device__ constexpr int bulk_units(int kJ, int kQ) {
   return 2 * mmvq::stationary_groups(kJ, kQ, true) * kJ <= 4 ? 2 : 1;
 }
-// A chunk's rows: kWarps warps' units.
-template <int kJ, int kQ>
-__host__ __device__ constexpr int chunk_rows() {
-  return kWarps * bulk_units(kJ, kQ) * kQ * mmvq::stationary_groups(kJ, kQ, true);
-}
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -101,31 +99,34 @@ __device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
 }
 #endif
 
-// A warp's units of a SwiGLU launch over staged rows: load() takes its weight parts from shared memory (gate rows at
-// gate, up rows at up, row_bytes apart; the warp's first row base; rows past n_rows - 1 read the last one), compute()
-// writes silu(gate) * up of each of its rows below n_rows at out[row].
-template <Type T, int kJ, int kQ>
-struct Glu {
+// A warp's units over staged rows (a unit: kQ kR rows, the stationary kernel's warp; kGlu: of gate and of up, a
+// SwiGLU launch): load() takes its weight parts from shared memory (rows of matrix m at mat[m], row_bytes apart; the
+// warp's first row base; rows past n_rows - 1 read the last one), compute() writes each of its rows below n_rows at
+// out[row]: silu(gate) * up, or the plain sum.
+template <Type T, int kJ, int kQ, bool kGlu>
+struct Units {
   using Ops = mmvq::MmvqType<T>;
-  static constexpr int kR = mmvq::stationary_groups(kJ, kQ, true);
-  static constexpr int kUnits = bulk_units(kJ, kQ);
+  static constexpr int kM = kGlu ? 2 : 1;  // matrices
+  static constexpr int kR = mmvq::stationary_groups(kJ, kQ, kGlu);
+  static constexpr int kUnits = kGlu ? bulk_units(kJ, kQ) : 1;
   static constexpr int kUnitRows = kQ * kR;
-  static constexpr int kSums = 2 * kUnitRows;  // gate and up
-  using Parts = typename Ops::WeightPart[kUnits][2][kR][kJ];
+  static constexpr int kSums = kM * kUnitRows;
+  static constexpr int kChunkRows = kWarps * kUnits * kUnitRows;  // a chunk: every warp's units
+  using Parts = typename Ops::WeightPart[kUnits][kM][kR][kJ];
 
-  static __device__ __forceinline__ void load(Parts& w, const uint8_t* gate, const uint8_t* up, size_t row_bytes,
-                                              int base, int n_rows, const mmvq::LaneParts<kJ>& lp) {
+  static __device__ __forceinline__ void load(Parts& w, const uint8_t* const (&mat)[kM], size_t row_bytes, int base,
+                                              int n_rows, const mmvq::LaneParts<kJ>& lp) {
     using Block = typename Ops::Block;
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) {
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
+      for (int m = 0; m < kM; ++m) {
 #pragma unroll
         for (int r = 0; r < kR; ++r) {
 #pragma unroll
           for (int j = 0; j < kJ; ++j) {
             const int row = min(base + u * kUnitRows + r * kQ + lp.row_of[j], n_rows - 1);
-            const Block* blocks = reinterpret_cast<const Block*>((m == 0 ? gate : up) + size_t(row) * row_bytes);
+            const Block* blocks = reinterpret_cast<const Block*>(mat[m] + size_t(row) * row_bytes);
             w[u][m][r][j] = Ops::load_part(blocks[lp.block[j]], lp.part[j]);
           }
         }
@@ -144,7 +145,7 @@ struct Glu {
 #pragma unroll
       for (int i = 0; i < kSums; ++i) acc[i] = 0.0f;
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
+      for (int m = 0; m < kM; ++m) {
 #pragma unroll
         for (int r = 0; r < kR; ++r) {
 #pragma unroll
@@ -161,9 +162,13 @@ struct Glu {
       }
       const float sum = ops::warp_sums(acc, lane);
       const int row = first + ops::warp_sums_index<kSums>(lane) % kUnitRows;
-      const float up = __shfl_xor_sync(0xffffffffu, sum, kWarpSize / 2);  // the first stage split gate from up
-      if (lane < kWarpSize / 2 && (lane & (kWarpSize / kSums - 1)) == 0 && row < n_rows) {
-        out[row] = ops::silu_mul(sum, up);
+      if constexpr (kGlu) {
+        const float up = __shfl_xor_sync(0xffffffffu, sum, kWarpSize / 2);  // the first stage split gate from up
+        if (lane < kWarpSize / 2 && (lane & (kWarpSize / kSums - 1)) == 0 && row < n_rows) {
+          out[row] = ops::silu_mul(sum, up);
+        }
+      } else if ((lane & (kWarpSize / kSums - 1)) == 0 && row < n_rows) {
+        out[row] = sum;
       }
     }
   }
@@ -180,9 +185,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Ops = mmvq::MmvqType<T>;
   using Act = typename Ops::Act;
-  constexpr int kUnits = Glu<T, kJ, kQ>::kUnits;
-  constexpr int kUnitRows = Glu<T, kJ, kQ>::kUnitRows;
-  constexpr int kChunkRows = chunk_rows<kJ, kQ>();
+  using U = Units<T, kJ, kQ, true>;
+  constexpr int kUnits = U::kUnits;
+  constexpr int kUnitRows = U::kUnitRows;
+  constexpr int kChunkRows = U::kChunkRows;
   extern __shared__ __align__(128) uint8_t staged[];
   __shared__ uint64_t full[kMaxChunks];
   const int warp = int(threadIdx.x) / kWarpSize;
@@ -237,9 +243,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     const int base = c * kChunkRows + warp * kUnits * kUnitRows;  // the warp's first row in the chunk (CTA-local)
     if (base >= n_rows) break;  // whole warps; every copy has a waiter in warp 0 (base 0 of each chunk)
     barrier_wait(&full[c], 0);
-    typename Glu<T, kJ, kQ>::Parts w;
-    Glu<T, kJ, kQ>::load(w, staged, up_rows, row_bytes, base, n_rows, lp);
-    Glu<T, kJ, kQ>::compute(w, x, lp, base, n_rows, lane, y + r0);
+    typename U::Parts w;
+    U::load(w, {staged, up_rows}, row_bytes, base, n_rows, lp);
+    U::compute(w, x, lp, base, n_rows, lane, y + r0);
   }
 #endif
 }
@@ -252,24 +258,29 @@ struct Span {
   __device__ int count(int f, int chunk) const { return min(chunk, min(f1 - f, rows - f % rows)); }
 };
 
-// The items' launch (GroupedMatvecArgs::items, not routed) when their rows exceed what one wave of CTAs stages at once
-// (the batched decode of several sessions: one item per token and slot; 4 tokens' 32 items on the 30B-A3B geometry are
-// ~3.4 times the SMs' shared memory). Grid (ceil(n_items rows / rows_per_cta)): CTA x takes rows
-// [x rows_per_cta, + rows_per_cta) of all items' rows one after another (it may straddle items), and writes each row's
-// silu(gate) * up at y[row0 rows + r] for its item's output row row0 (a null item's rows: nothing). The weights stream
-// through a ring of n_stages stages, each one chunk's gate rows then its up rows (2 kChunkRows rows): thread 0 asks for
-// the first n_stages chunks at once and for chunk c + n_stages once every thread has read chunk c from its stage (the
-// stage's empty barrier); the warps compute each chunk as its full barrier completes, as the kernel above does.
-template <Type T, int kJ, int kQ>
+// The items' launches (GroupedMatvecArgs::items, not routed) of decode where their rows exceed what one wave of CTAs
+// stages at once (the batched decode of several sessions: one item per token and slot; 4 tokens' 32 items on the
+// 30B-A3B geometry are ~3.4 times the SMs' shared memory): a SwiGLU launch of gate and up (kGlu) or a plain one whose
+// activations are float rows (the down projection of the SwiGLU rows, MatvecLaunch::act_float). Grid
+// (ceil(n_items rows / rows_per_cta)): CTA x takes rows [x rows_per_cta, + rows_per_cta) of all items' rows one after
+// another (it may straddle items) and writes each row's result at y[row0 rows + r] for its item's output row row0 (a
+// null item's rows: nothing). The weights stream through a ring of n_stages stages, each one chunk's rows of each
+// matrix (kM kChunkRows rows): thread 0 asks for the first n_stages chunks at once (before waiting for the kernel
+// before this one where the items are settled: GroupedMatvecArgs::items_settled) and for chunk c + n_stages once
+// every thread has read chunk c from its stage (the stage's empty barrier); the warps compute each chunk when its
+// full barrier completes, with the units of the kernel above (Units: every row's sum the stationary kernel's bits).
+// Float activations are quantized into shared memory per item as the stationary kernel does (a warp per Q8_K block).
+template <Type T, int kJ, int kQ, bool kGlu>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     mmvq_bulk_ring_kernel(int rows, int items, size_t row_bytes, int rows_per_cta, int n_stages,
                           const uint8_t* __restrict__ act, size_t act_row_bytes, float* __restrict__ y, Grouping g) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using U = Units<T, kJ, kQ, kGlu>;
   using Ops = mmvq::MmvqType<T>;
   using Act = typename Ops::Act;
-  constexpr int kUnits = Glu<T, kJ, kQ>::kUnits;
-  constexpr int kUnitRows = Glu<T, kJ, kQ>::kUnitRows;
-  constexpr int kChunkRows = chunk_rows<kJ, kQ>();
+  constexpr int kM = U::kM;
+  constexpr int kChunkRows = U::kChunkRows;
+  static_assert(kGlu || std::is_same_v<Act, quant::BlockQ8_K>, "float activations quantize to Q8_K");
   extern __shared__ __align__(128) uint8_t staged[];
   __shared__ uint64_t full[kMaxStages], empty[kMaxStages];
   __shared__ int f_ask;  // thread 0: the next chunk to ask for (here, not in a register through the loop)
@@ -279,42 +290,47 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   span.f1 = min(span.f0 + rows_per_cta, g.n_items * rows);
   int n_chunks = 0;
   for (int f = span.f0; f < span.f1; f += span.count(f, kChunkRows)) ++n_chunks;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < n_stages; ++s) {
-      barrier_init(&full[s], 1);
-      barrier_init(&empty[s], kThreads);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-  ops::pdl_wait();
-  ops::pdl_trigger();
-
-  const size_t stage_bytes = 2 * size_t(kChunkRows) * row_bytes;
+  const size_t stage_bytes = size_t(kM) * size_t(kChunkRows) * row_bytes;
   // Thread 0: the copies of the chunk at f_ask into stage s (an arrival without bytes for a null item's chunk).
   const auto ask = [&](int s) {
     const int f = f_ask;
     const int n = span.count(f, kChunkRows);
     f_ask = f + n;
     const GroupItem& item = g.items[f / rows];
-    const uint8_t* gate = static_cast<const uint8_t*>(item.w[g.part]);
-    const uint8_t* up = static_cast<const uint8_t*>(item.w[g.part + 1]);
-    if (gate == nullptr) {
+    if (item.w[g.part] == nullptr) {
       barrier_expect(&full[s], 0);
       return;
     }
     const uint32_t bytes = uint32_t(size_t(n) * row_bytes);
     const size_t from = size_t(f % rows) * row_bytes;
     uint8_t* const dst = staged + size_t(s) * stage_bytes;
-    barrier_expect(&full[s], 2 * bytes);
-    bulk_copy(dst, gate + from, bytes, &full[s]);
-    bulk_copy(dst + size_t(kChunkRows) * row_bytes, up + from, bytes, &full[s]);
+    barrier_expect(&full[s], kM * bytes);
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      bulk_copy(dst + size_t(m) * kChunkRows * row_bytes, static_cast<const uint8_t*>(item.w[g.part + m]) + from,
+                bytes, &full[s]);
+    }
   };
   if (threadIdx.x == 0) {
+    for (int s = 0; s < n_stages; ++s) {
+      barrier_init(&full[s], 1);
+      barrier_init(&empty[s], kThreads);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     f_ask = span.f0;
+    if (g.items_settled) {
+      for (int s = 0; s < min(n_stages, n_chunks); ++s) ask(s);
+    }
+  }
+  __syncthreads();
+  ops::pdl_wait();
+  ops::pdl_trigger();
+  if (threadIdx.x == 0 && !g.items_settled) {
     for (int s = 0; s < min(n_stages, n_chunks); ++s) ask(s);
   }
 
+  // Float activations: the item's row quantized here, after the ring's stages.
+  Act* const act_q = reinterpret_cast<Act*>(staged + size_t(n_stages) * stage_bytes);
   const auto lp = mmvq::lane_parts<kJ, Ops::kParts>(lane, items);
   typename Ops::ActPart x[kJ];
   int x_item = -1;  // the item whose activation parts x holds
@@ -325,18 +341,38 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     const int item = f / rows, n_rows = span.count(f, kChunkRows);
     const GroupItem& it = g.items[item];
     const int row0 = it.row0;
-    const int base = warp * kUnits * kUnitRows;  // the warp's first row in the chunk
-    const bool busy = it.w[g.part] != nullptr && base < n_rows;  // uniform over the warp
-    if (busy && x_item != item) {  // the lane's activation parts (the stationary kernel's: part lane + 32 j of a row)
-      const Act* a = reinterpret_cast<const Act*>(act + group_act_row(g, row0) * act_row_bytes);
+    const bool present = it.w[g.part] != nullptr;  // uniform over the CTA
+    const int base = warp * U::kUnits * U::kUnitRows;  // the warp's first row in the chunk
+    const bool busy = present && base < n_rows;        // uniform over the warp
+    // The lane's activation parts (the stationary kernel's: part lane + 32 j of a row).
+    if (present && x_item != item) {
+      const uint8_t* row = act + group_act_row(g, row0) * act_row_bytes;
+      const Act* a = reinterpret_cast<const Act*>(row);
+      if constexpr (!kGlu) {  // uniform over the CTA: every thread has read the previous item's parts
+        __syncthreads();
+        const float* src = reinterpret_cast<const float*>(row);
+        for (int b = warp; b < items / Ops::kParts; b += kWarps) {
+          const float4 lo = reinterpret_cast<const float4*>(src + quant::kQK_K * b)[2 * lane];
+          const float4 hi = reinterpret_cast<const float4*>(src + quant::kQK_K * b)[2 * lane + 1];
+          const float xs[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+          q8::block_q8_k_lane8(xs, &act_q[b], lane);
+        }
+        __syncthreads();
+        a = act_q;
+      }
 #pragma unroll
       for (int j = 0; j < kJ; ++j) x[j] = Ops::act_part(a[lp.block[j]], lp.part[j]);
       x_item = item;
     }
     barrier_wait(&full[s], parity);
-    const uint8_t* const gate_rows = staged + size_t(s) * stage_bytes;
-    typename Glu<T, kJ, kQ>::Parts w;
-    if (busy) Glu<T, kJ, kQ>::load(w, gate_rows, gate_rows + size_t(kChunkRows) * row_bytes, row_bytes, base, n_rows, lp);
+    const uint8_t* const first = staged + size_t(s) * stage_bytes;
+    typename U::Parts w;
+    if (busy) {
+      const uint8_t* mat[kM];
+#pragma unroll
+      for (int m = 0; m < kM; ++m) mat[m] = first + size_t(m) * kChunkRows * row_bytes;
+      U::load(w, mat, row_bytes, base, n_rows, lp);
+    }
     if (c + n_stages < n_chunks) {  // the stage's next chunk, once every thread has read this one (uniform)
       barrier_arrive(&empty[s]);
       if (threadIdx.x == 0) {
@@ -344,7 +380,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
         ask(s);
       }
     }
-    if (busy) Glu<T, kJ, kQ>::compute(w, x, lp, base, n_rows, lane, y + size_t(row0) * size_t(rows) + f % rows);
+    if (busy) U::compute(w, x, lp, base, n_rows, lane, y + size_t(row0) * size_t(rows) + f % rows);
     f += n_rows;
   }
 #endif
@@ -364,8 +400,8 @@ bool bulk_kernel_built() {
 
 template <Type T, int kJ, int kQ>
 bool launch_bulk(const MatvecLaunch& a, int items, cudaStream_t stream) {
-  constexpr int kUnitRows = kQ * mmvq::stationary_groups(kJ, kQ, true);
-  constexpr int kChunkRows = chunk_rows<kJ, kQ>();
+  using U = Units<T, kJ, kQ, true>;
+  constexpr int kUnitRows = U::kUnitRows;
   const auto kernel = mmvq_bulk_glu_kernel<T, kJ, kQ>;
   thread_local int configured_device = -1;
   thread_local int sms = 1;
@@ -382,7 +418,7 @@ bool launch_bulk(const MatvecLaunch& a, int items, cudaStream_t stream) {
   const int64_t target = int64_t(std::max(sms, 1)) * kCtasPerSm;
   const int64_t by_smem = int64_t(kMaxSmem / (2 * a.row_bytes)) / kUnitRows * kUnitRows;
   const int64_t per_cta = std::min({units((items_rows + target - 1) / target), units(a.rows), by_smem,
-                                    int64_t(kMaxChunks) * kChunkRows});
+                                    int64_t(kMaxChunks) * U::kChunkRows});
   if (per_cta < kUnitRows) return false;
   const dim3 grid(unsigned((a.rows + per_cta - 1) / per_cta), unsigned(a.group.n_items));
   CUDA_CHECK(ops::launch(kernel, grid, kThreads, size_t(2 * per_cta) * a.row_bytes, stream, int(a.rows), items,
@@ -390,11 +426,10 @@ bool launch_bulk(const MatvecLaunch& a, int items, cudaStream_t stream) {
   return true;
 }
 
-template <Type T, int kJ, int kQ>
+template <Type T, int kJ, int kQ, bool kGlu>
 bool launch_ring(const MatvecLaunch& a, int items, cudaStream_t stream) {
-  constexpr int kUnitRows = kQ * mmvq::stationary_groups(kJ, kQ, true);
-  constexpr int kChunkRows = chunk_rows<kJ, kQ>();
-  const auto kernel = mmvq_bulk_ring_kernel<T, kJ, kQ>;
+  using U = Units<T, kJ, kQ, kGlu>;
+  const auto kernel = mmvq_bulk_ring_kernel<T, kJ, kQ, kGlu>;
   thread_local int configured_device = -1;
   thread_local int sms = 1;
   int device = 0;
@@ -405,34 +440,40 @@ bool launch_ring(const MatvecLaunch& a, int items, cudaStream_t stream) {
     configured_device = device;
   }
   // One wave of about kCtasPerSm CTAs per SM, the rows of all items shared out in whole units; as many stages as fit
-  // (at most the chunks a CTA walks: its rows in chunks, one more where it straddles two items).
+  // next to the float activations' quantized row (at most the chunks a CTA walks: its rows in chunks, one more where
+  // it straddles two items).
   const int64_t items_rows = a.rows * int64_t(a.group.n_items);
-  const size_t stage_bytes = 2 * size_t(kChunkRows) * a.row_bytes;
+  const size_t stage_bytes = size_t(U::kM) * size_t(U::kChunkRows) * a.row_bytes;
+  const size_t act_bytes = kGlu ? 0 : size_t(items / mmvq::MmvqType<T>::kParts) * sizeof(quant::BlockQ8_K);
   const int64_t target = int64_t(std::max(sms, 1)) * kCtasPerSm;
   const int64_t per_cta = (items_rows + target - 1) / target;
-  const int64_t rows_per_cta = (per_cta + kUnitRows - 1) / kUnitRows * kUnitRows;
-  const int64_t stages = std::min({int64_t(kMaxStages), int64_t(kRingSmem / stage_bytes),
-                                   (rows_per_cta + kChunkRows - 1) / kChunkRows + 1});
-  if (stages < 1 || items_rows > INT32_MAX / 2) return false;
+  const int64_t rows_per_cta = (per_cta + U::kUnitRows - 1) / U::kUnitRows * U::kUnitRows;
+  const int64_t stages = std::min({int64_t(kMaxStages), int64_t((kRingSmem - act_bytes) / stage_bytes),
+                                   (rows_per_cta + U::kChunkRows - 1) / U::kChunkRows + 1});
+  if (act_bytes >= kRingSmem || stages < 1 || items_rows > INT32_MAX / 2) return false;
   const dim3 grid(unsigned((items_rows + rows_per_cta - 1) / rows_per_cta));
-  CUDA_CHECK(ops::launch(kernel, grid, kThreads, size_t(stages) * stage_bytes, stream, int(a.rows), items,
+  CUDA_CHECK(ops::launch(kernel, grid, kThreads, size_t(stages) * stage_bytes + act_bytes, stream, int(a.rows), items,
                          a.row_bytes, int(rows_per_cta), int(stages), static_cast<const uint8_t*>(a.act),
                          a.act_row_bytes, a.y, a.group));
   return true;
 }
 
-// Routed: the kernel that stages all of a CTA's rows at once; items: the ring kernel.
+// A routed SwiGLU launch: the kernel that stages all of a CTA's rows at once; items: the ring kernel.
 template <Type T, int kJ, int kQ>
 bool launch_shape(const MatvecLaunch& a, int items, cudaStream_t stream) {
+  if (!a.swiglu) return launch_ring<T, kJ, kQ, false>(a, items, stream);
   return a.group.route.logits != nullptr ? launch_bulk<T, kJ, kQ>(a, items, stream)
-                                         : launch_ring<T, kJ, kQ>(a, items, stream);
+                                         : launch_ring<T, kJ, kQ, true>(a, items, stream);
 }
 
 }  // namespace
 
 bool launch_mmvq_bulk(Type type, const MatvecLaunch& a, CUstream_st* stream) {
-  if (type != Type::Q4_K || !a.swiglu || a.act_float || a.n_vectors != 1 || !grouped(a.group) ||
-      a.group.n_parts != 2 || a.row_bytes % 16 != 0 || !bulk_kernel_built()) {
+  // A SwiGLU launch of gate and up (quantized activations), or a plain one of float activations over items.
+  const bool glu = a.swiglu && !a.act_float && a.group.n_parts == 2;
+  const bool plain = !a.swiglu && a.act_float && a.group.n_parts == 1 && a.group.items != nullptr;
+  if (type != Type::Q4_K || !(glu || plain) || a.n_vectors != 1 || !grouped(a.group) || a.row_bytes % 16 != 0 ||
+      !bulk_kernel_built()) {
     return false;
   }
   const int items = int(a.row_bytes / sizeof(quant::BlockQ4_K)) * mmvq::MmvqType<Type::Q4_K>::kParts;

@@ -179,10 +179,11 @@ inline bool experts_bulk() {
   return on;
 }
 
-// The batched decode of several sessions (one item per token and slot, every expert resident) takes the bulk gate/up
-// too, its CTAs' rows streamed through a ring of shared-memory stages; MAGNETAR_CUDA_EXPERTS_BULK_ITEMS=0 is the
-// baseline (the stationary kernel's SwiGLU launch; the bulk kernel's first form, all of a CTA's rows staged at once,
-// was slower there: 697 t/s against 739 for 4 sessions).
+// The batched decode of several sessions (one item per token and slot, every expert resident) takes the bulk kernels
+// for gate/up and down too, their CTAs' rows streamed through a ring of shared-memory stages;
+// MAGNETAR_CUDA_EXPERTS_BULK_ITEMS=0 is the baseline (the stationary kernel; the bulk gate/up's first form, all of a
+// CTA's rows staged at once, was slower there: 697 t/s against 739 for 4 sessions). Both rings: 1,050 / 1,307 t/s for
+// 4 / 8 sessions against 976 / 1,180 (H200, docs/benchmarks/2026-12-03-cuda-batched-bulk-ring.md).
 inline bool experts_bulk_items() {
   static const bool on = experts_bulk() && switch_on("MAGNETAR_CUDA_EXPERTS_BULK_ITEMS");
   return on;

@@ -710,6 +710,8 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
     if (count == 0) return Status();
     const GroupItem* its = self_routed ? nullptr : items + item0;
     if (swiglu_in_products && max_n == 1) {
+      // Items of resident experts (the batched decode of several sessions) stream through the bulk kernels' rings.
+      const bool ring = !self_routed && resolve && L.expert_base != nullptr && experts_bulk_items();
       cuda::RouteInProducts gate_route = route;  // gate/up writes the combine's ids and weights
       if (self_routed) {
         gate_route.ids = ids;
@@ -721,14 +723,12 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
                                                      .n_parts = 2, .rows = F, .cols = E, .x = x, .x_rows = x_rows,
                                                      .single_x = n == 1, .y = gate, .max_n = 1, .stationary = true,
                                                      .swiglu = true, .route = gate_route,
-                                                     .bulk = self_routed ? experts_bulk()
-                                                                        : resolve && L.expert_base != nullptr &&
-                                                                              experts_bulk_items()},
+                                                     .bulk = self_routed ? experts_bulk() : ring},
                                                     stream_));
       return cuda::grouped_matvec({.type = L.down_type, .items = its, .n_items = count, .part = 2, .n_parts = 1,
                                    .rows = E, .cols = F, .x = gate, .x_rows = nullptr, .y = down, .max_n = 1,
                                    .stationary = true, .items_settled = settled_items(), .x_float = true,
-                                   .route = route},
+                                   .route = route, .bulk = ring},
                                   stream_);
     }
     if (mmq) {

@@ -783,11 +783,11 @@ TEST(CudaMatvec, SwigluInProductsMatchesSeparateLaunches) {
   }
 }
 
-// The bulk SwiGLU launch over more rows than one wave of CTAs stages at once (the batched decode of several sessions:
-// one item per token and slot), against the stationary kernel's, bit for bit: each CTA's rows go through its ring of
-// stages more than once and straddle items; items share experts, read activation rows out of order, write output rows
-// out of order, and some are null (their rows keep the poison). Enough items that a CTA of the H200's one wave takes
-// more chunks than it has stages.
+// The bulk launches over more rows than one wave of CTAs stages at once (the batched decode of several sessions: one
+// item per token and slot): the SwiGLU gate/up and the down projection of its float rows (x_float), against the
+// stationary kernel's, bit for bit: each CTA's rows go through its ring of stages more than once and straddle items;
+// items share experts, read activation rows out of order, write output rows out of order, and some are null (their
+// rows keep the poison). Enough items that a CTA of the H200's one wave takes more chunks than it has stages.
 TEST(CudaMatvec, BulkRingEqualsStationary) {
   SKIP_WITHOUT_GPU();
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
@@ -799,49 +799,70 @@ TEST(CudaMatvec, BulkRingEqualsStationary) {
     expert_of[size_t(i)] = i % 17 == 5 ? -1 : int32_t((i * 7) % kExperts);
     act_row_of[size_t(i)] = int32_t((i * 5 + 3) % kActRows);
   }
-  for (const auto& [E, F] : {std::pair<int64_t, int64_t>{2048, 768}, {1024, 1536}, {512, 2048}}) {
+  auto upload = [](const std::vector<float>& v) {
+    auto buf = cuda::DeviceBuffer::allocate(v.size() * sizeof(float));
+    EXPECT_TRUE(buf.ok() && buf->upload(v.data(), v.size() * sizeof(float)).ok());
+    return std::move(buf).value();
+  };
+  auto download = [](const cuda::DeviceBuffer& buf, size_t n) {
+    std::vector<float> v(n);
+    EXPECT_TRUE(buf.download(v.data(), n * sizeof(float)).ok());
+    return v;
+  };
+  // (gate/up rows, columns): the bulk gate/up shapes with one, one and two rows per part group, and one it leaves to
+  // the stationary kernel (4,096 columns) whose down projection (256 columns) the ring takes.
+  for (const auto& [E, F] : {std::pair<int64_t, int64_t>{2048, 768}, {1024, 1536}, {512, 2048}, {4096, 256}}) {
     const std::string shape = "E=" + std::to_string(E) + " F=" + std::to_string(F);
-    std::vector<cuda::DeviceBuffer> w;  // [expert][gate, up]
-    for (int64_t i = 0; i < kExperts * 2; ++i) {
-      const std::vector<uint8_t> qw = quantize_ref(type, gaussian(rng, E * F), E);
+    std::vector<cuda::DeviceBuffer> w;  // [expert][gate, up, down]
+    for (int64_t i = 0; i < kExperts * 3; ++i) {
+      const std::vector<uint8_t> qw = quantize_ref(type, gaussian(rng, E * F), i % 3 == 2 ? F : E);
       ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer buf, cuda::DeviceBuffer::allocate(qw.size()));
       ASSERT_OK(buf.upload(qw.data(), qw.size()));
       w.push_back(std::move(buf));
     }
-    std::vector<cuda::GroupItem> items = expert_items(expert_of, w, 2);
+    std::vector<cuda::GroupItem> items = expert_items(expert_of, w, 3);
     for (int64_t i = 0; i < kItems; ++i) items[size_t(i)].row0 = int32_t(kItems - 1 - i);  // outputs reversed
     ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer items_dev, cuda::DeviceBuffer::allocate(sizeof(cuda::GroupItem) * kItems));
     ASSERT_OK(items_dev.upload(items.data(), sizeof(cuda::GroupItem) * kItems));
     ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer rows_dev, cuda::DeviceBuffer::allocate(sizeof(int32_t) * kItems));
     ASSERT_OK(rows_dev.upload(act_row_of.data(), sizeof(int32_t) * kItems));
-    const std::vector<float> xf = activations(rng, kActRows, E);
-    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer x_dev, cuda::DeviceBuffer::allocate(xf.size() * sizeof(float)));
-    ASSERT_OK(x_dev.upload(xf.data(), xf.size() * sizeof(float)));
-    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer xq, cuda::DeviceBuffer::allocate(quant::row_size(Type::Q8_K, E) * kActRows));
+    const cuda::DeviceBuffer x_dev = upload(activations(rng, kActRows, E));
+    const size_t act_row = quant::row_size(Type::Q8_K, E);
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer xq, cuda::DeviceBuffer::allocate(act_row * kActRows));
     ASSERT_OK(cuda::quantize_activations(Type::Q8_K, x_dev.as<float>(), xq.data(), E, kActRows, stream));
-    std::vector<float> got[2];  // stationary, bulk
+    std::vector<float> h[2], y[2];  // stationary, bulk
     for (const bool bulk : {false, true}) {
-      const std::vector<float> poison = poisoned(size_t(kItems * F));
-      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer y, cuda::DeviceBuffer::allocate(poison.size() * sizeof(float)));
-      ASSERT_OK(y.upload(poison.data(), poison.size() * sizeof(float)));
+      cuda::DeviceBuffer h_dev = upload(poisoned(size_t(kItems * F)));
       ASSERT_OK(cuda::grouped_matvec({.type = type, .items = items_dev.as<cuda::GroupItem>(), .n_items = kItems,
                                       .part = 0, .n_parts = 2, .rows = F, .cols = E, .x = xq.data(),
-                                      .x_rows = rows_dev.as<int32_t>(), .y = y.as<float>(), .max_n = 1,
+                                      .x_rows = rows_dev.as<int32_t>(), .y = h_dev.as<float>(), .max_n = 1,
                                       .stationary = true, .swiglu = true, .bulk = bulk},
                                      stream));
+      // The down projection of the stationary gate/up's rows in both arms (a null item's NaN rows are never read).
+      const cuda::DeviceBuffer h_in = upload(h[0].empty() ? std::vector<float>(size_t(kItems * F), 0.0f) : h[0]);
+      cuda::DeviceBuffer y_dev = upload(poisoned(size_t(kItems * E)));
+      ASSERT_OK(cuda::grouped_matvec({.type = type, .items = items_dev.as<cuda::GroupItem>(), .n_items = kItems,
+                                      .part = 2, .n_parts = 1, .rows = E, .cols = F,
+                                      .x = bulk ? h_in.data() : h_dev.data(), .y = y_dev.as<float>(), .max_n = 1,
+                                      .stationary = true, .items_settled = bulk, .x_float = true, .bulk = bulk},
+                                     stream));
       stream.synchronize();
-      got[bulk].resize(poison.size());
-      ASSERT_OK(y.download(got[bulk].data(), poison.size() * sizeof(float)));
+      h[bulk] = download(h_dev, size_t(kItems * F));
+      y[bulk] = download(y_dev, size_t(kItems * E));
     }
     for (int64_t i = 0; i < kItems; ++i) {
-      const size_t at = size_t((kItems - 1 - i) * F);
+      const size_t at_h = size_t((kItems - 1 - i) * F), at_y = size_t((kItems - 1 - i) * E);
       if (expert_of[size_t(i)] < 0) {
-        for (int64_t r = 0; r < F; ++r) ASSERT_TRUE(std::isnan(got[1][at + size_t(r)])) << shape << " item " << i;
+        for (int64_t r = 0; r < F; ++r) ASSERT_TRUE(std::isnan(h[1][at_h + size_t(r)])) << shape << " item " << i;
+        for (int64_t r = 0; r < E; ++r) ASSERT_TRUE(std::isnan(y[1][at_y + size_t(r)])) << shape << " item " << i;
         continue;
       }
-      for (int64_t r = 0; r < F; ++r) ASSERT_FALSE(std::isnan(got[0][at + size_t(r)])) << shape << " item " << i;
-      EXPECT_EQ(0, std::memcmp(got[1].data() + at, got[0].data() + at, size_t(F) * sizeof(float)))
-          << shape << ": rows of item " << i;
+      for (int64_t r = 0; r < F; ++r) ASSERT_FALSE(std::isnan(h[0][at_h + size_t(r)])) << shape << " item " << i;
+      for (int64_t r = 0; r < E; ++r) ASSERT_FALSE(std::isnan(y[0][at_y + size_t(r)])) << shape << " item " << i;
+      EXPECT_EQ(0, std::memcmp(h[1].data() + at_h, h[0].data() + at_h, size_t(F) * sizeof(float)))
+          << shape << ": gate/up rows of item " << i;
+      EXPECT_EQ(0, std::memcmp(y[1].data() + at_y, y[0].data() + at_y, size_t(E) * sizeof(float)))
+          << shape << ": down rows of item " << i;
     }
   }
 }
