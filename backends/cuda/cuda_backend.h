@@ -236,6 +236,12 @@ struct MatvecArgs {
   // mmvq.cu's staged kernel (each row copied to shared memory with 16-byte loads: Q8_0's 34-byte blocks allow only
   // 2-byte ones); other rows and types ignore it. The model asks for it (MAGNETAR_CUDA_MMVQ_STAGED=0 does not).
   bool staged = false;
+  // Optional (y_split[0] non-null): rows [0, split[0]) are written to y as [n_vectors, split[0]], [split[0],
+  // split[1]) to y_split[0] as [n_vectors, split[1] - split[0]], the rest to y_split[1] (0 < split[0] < split[1] <
+  // rows): a merged q|k|v matrix's products into three buffers. The stationary kernel takes it in one launch; other
+  // kernels launch once per part. Each part's outputs are the bits of a product of its rows alone.
+  int64_t split[2] = {0, 0};
+  float* y_split[2] = {nullptr, nullptr};
 };
 
 // Queues y = W x on `stream`; returns once queued (the result is ready after stream.synchronize()).

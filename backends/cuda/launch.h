@@ -30,6 +30,13 @@ struct Grouping {
 };
 inline bool grouped(const Grouping& g) { return g.items != nullptr || g.route.logits != nullptr; }
 
+// MatvecArgs::split / y_split: rows [0, at[0]) go to y ([n_vectors, at[0]]), [at[0], at[1]) to y[0] ([n_vectors,
+// at[1] - at[0]]), the rest to y[1]; y[0] null: no split.
+struct YSplit {
+  int at[2] = {0, 0};
+  float* y[2] = {nullptr, nullptr};
+};
+
 // One matrix-vector launch, for quantized (mmvq.cu) and float (matvec_float.cu) weights alike.
 struct MatvecLaunch {
   const void* weights = nullptr;  // [rows, row_bytes]
@@ -49,7 +56,22 @@ struct MatvecLaunch {
   bool act_float = false;   // GroupedMatvecArgs::x_float (stationary kernel only): act is float rows
   bool staged = false;      // MatvecArgs::staged (mmvq's staged kernel where the type and row fit it)
   bool bulk = false;        // GroupedMatvecArgs::bulk (mmvq_bulk.cu where it takes the launch)
+  YSplit split;             // plain launches: the stationary kernel writes the parts itself, others launch per part
 };
+
+// A launch with a split as one launch per part (its rows, its output), each through launch_part(part).
+template <typename F>
+void for_each_split_part(const MatvecLaunch& a, F&& launch_part) {
+  const int64_t bounds[4] = {0, a.split.at[0], a.split.at[1], a.rows};
+  for (int p = 0; p < 3; ++p) {
+    MatvecLaunch part = a;
+    part.split = {};
+    part.weights = static_cast<const uint8_t*>(a.weights) + a.row_bytes * size_t(bounds[p]);
+    part.rows = bounds[p + 1] - bounds[p];
+    part.y = p == 0 ? a.y : a.split.y[p - 1];
+    launch_part(part);
+  }
+}
 
 // matvec.cpp: whether `type` is an activation format (Q8_0, Q8_1, Q8_K), and the bytes of one row of `cols` of it
 // (cols a multiple of its block).

@@ -124,6 +124,18 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
     return Status::error("matvec: null device pointer (weights, x or y)");
   }
   if (!aligned(args.weights, 16)) return Status::error("matvec: weights must be 16-byte aligned");
+  const bool split = args.y_split[0] != nullptr;
+  if (split && !(0 < args.split[0] && args.split[0] < args.split[1] && args.split[1] < args.rows &&
+                 args.y_split[1] != nullptr && aligned(args.y_split[0], 4) && aligned(args.y_split[1], 4))) {
+    return Status::error(format("matvec: split {%lld, %lld} of %lld rows needs 0 < split[0] < split[1] < rows and "
+                                "two 4-byte aligned y_split outputs",
+                                (long long)args.split[0], (long long)args.split[1], (long long)args.rows));
+  }
+  // Each part's rows start 16-byte aligned where the parts run as launches of their own.
+  if (split && (quant::row_size(args.type, args.cols) * size_t(args.split[0]) % 16 != 0 ||
+                quant::row_size(args.type, args.cols) * size_t(args.split[1]) % 16 != 0)) {
+    return Status::error("matvec: split rows must start 16-byte aligned in the weights");
+  }
   if (!aligned(x, 4) || !aligned(args.y, 4)) return Status::error("matvec: x (or x_quantized) and y must be 4-byte aligned");
 
   detail::MatvecLaunch launch{
@@ -139,8 +151,17 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
       .rows_per_warp = args.rows_per_warp,
       .stationary = args.stationary,
       .staged = args.staged,
+      .split = split ? detail::YSplit{.at = {int(args.split[0]), int(args.split[1])},
+                                      .y = {args.y_split[0], args.y_split[1]}}
+                     : detail::YSplit{},
   };
   if (!quantized) {
+    if (split) {
+      detail::for_each_split_part(launch, [&](const detail::MatvecLaunch& part) {
+        detail::launch_matvec_float(args.type, part, stream.raw());
+      });
+      return Status();
+    }
     detail::launch_matvec_float(args.type, launch, stream.raw());
     return Status();
   }
@@ -247,6 +268,7 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
       .swiglu = args.swiglu,
       .act_float = args.x_float,
       .bulk = args.bulk,
+      .split = {},
   };
   if (quantized) {
     detail::launch_mmvq(args.type, launch, stream.raw());

@@ -228,7 +228,7 @@ template <Type T, int kJ, int kQ, int kR, bool kGlu, int kV>
 __global__ void __launch_bounds__(kThreads)
     mmvq_stationary_kernel(const uint8_t* __restrict__ weights, size_t row_bytes, int rows, int items,
                            const uint8_t* __restrict__ act, size_t act_row_bytes, bool act_float, float* __restrict__ y,
-                           Grouping g, int n_vec) {
+                           Grouping g, int n_vec, YSplit split) {
   using Ops = mmvq::MmvqType<T>;
   using Block = typename Ops::Block;
   using Act = typename Ops::Act;
@@ -358,7 +358,16 @@ __global__ void __launch_bounds__(kThreads)
   } else {
     const int vec = kV == 1 ? 0 : index / kPerVector;
     if ((lane & (kWarpSize / kSums - 1)) == 0 && row < rows && (kV == 1 || vec < n_vec)) {
-      y[size_t(vec) * size_t(rows) + row] = sum;
+      float* out = y;  // the row's part (YSplit) and its place there
+      int at = row, width = rows;
+      if (split.y[0] != nullptr) {
+        const int p = row < split.at[0] ? 0 : row < split.at[1] ? 1 : 2;
+        const int start = p == 0 ? 0 : split.at[p - 1];
+        out = p == 0 ? y : split.y[p - 1];
+        at = row - start;
+        width = (p == 2 ? rows : split.at[p]) - start;
+      }
+      out[size_t(vec) * size_t(width) + at] = sum;
     }
   }
 }
@@ -374,7 +383,7 @@ bool launch_stationary(const MatvecLaunch& a, int items, cudaStream_t stream) {
   const auto go = [&](auto kernel) {
     CUDA_CHECK(ops::launch(kernel, grid, kThreads, smem, stream, static_cast<const uint8_t*>(a.weights), a.row_bytes,
                            int(a.rows), items, static_cast<const uint8_t*>(a.act), a.act_row_bytes, a.act_float, a.y,
-                           a.group, a.n_vectors));
+                           a.group, a.n_vectors, a.split));
     return true;
   };
   if (a.n_vectors == 1) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, kGlu, 1>);
@@ -591,6 +600,13 @@ void launch_rows(const MatvecLaunch& a, int blocks_per_row, cudaStream_t stream)
 template <Type T>
 void launch(const MatvecLaunch& a, cudaStream_t stream) {
   const int blocks_per_row = int(a.row_bytes / sizeof(typename mmvq::MmvqType<T>::Block));
+  if (a.split.y[0] != nullptr) {  // a plain launch whose rows go to three outputs (YSplit)
+    if constexpr (mmvq_has_stationary_kernel(T)) {
+      if (a.stationary && !grouped(a.group) && try_stationary<T, false>(a, blocks_per_row, stream)) return;
+    }
+    for_each_split_part(a, [&](const MatvecLaunch& part) { launch<T>(part, stream); });  // otherwise
+    return;
+  }
   if constexpr (mmvq_has_stationary_kernel(T)) {
     // swiglu and act_float exist only there: matvec.cpp checked that the row fits (mmvq_stationary_fits).
     if (a.swiglu) {

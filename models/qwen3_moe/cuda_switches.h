@@ -179,6 +179,13 @@ inline bool experts_bulk() {
   return on;
 }
 
+// The q/k/v products of a few tokens (the batched decode of several sessions) are one launch of the merged matrix
+// whose rows split into q, k and v (MatvecArgs::split); MAGNETAR_CUDA_QKV_ONE=0 is the baseline (three launches).
+inline bool qkv_one_launch() {
+  static const bool on = switch_on("MAGNETAR_CUDA_QKV_ONE");
+  return on;
+}
+
 // The batched decode of several sessions (one item per token and slot, every expert resident) takes the bulk kernels
 // for gate/up and down too, their CTAs' rows streamed through a ring of shared-memory stages;
 // MAGNETAR_CUDA_EXPERTS_BULK_ITEMS=0 is the baseline (the stationary kernel; the bulk gate/up's first form, all of a

@@ -406,6 +406,14 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
                      q_dim % cuda::kMatmulQRowTile == 0 && kv_dim % cuda::kMatmulQRowTile == 0;
   if (n == 1 && L.wqkv.p != nullptr) {
     MAGNETAR_RETURN_IF_ERROR(linear(L.wqkv, xn, q, 1, xq));
+  } else if (n <= kVec && L.wqkv.p != nullptr && xq != nullptr && qkv_one_launch()) {
+    // A few tokens (the batched decode of several sessions): the merged matrix in one launch, its rows into q, k, v.
+    MAGNETAR_RETURN_IF_ERROR(cuda::matvec({.type = L.wqkv.type, .weights = L.wqkv.p, .rows = L.wqkv.rows,
+                                           .cols = L.wqkv.cols, .y = q, .n_vectors = n, .x_quantized = xq,
+                                           .rows_per_warp = mmvq_rows_per_warp(), .stationary = mmvq_stationary(),
+                                           .staged = mmvq_staged(), .split = {q_dim, q_dim + kv_dim},
+                                           .y_split = {k, v}},
+                                          mv_ws_, stream_));
   } else if (split) {
     MAGNETAR_RETURN_IF_ERROR(cuda::matmul_q({.type = L.wqkv.type, .weights = L.wqkv.p, .rows = L.wqkv.rows,
                                              .cols = L.wqkv.cols, .x = xq, .y = q, .n = n,

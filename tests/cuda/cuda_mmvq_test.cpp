@@ -29,6 +29,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -354,6 +355,76 @@ TEST(CudaMatvec, StationaryVectorsEqualOneAtATime) {
   SKIP_WITHOUT_GPU();
   expect_vectors_equal_one_at_a_time(Type::Q4_K, {256, 768, 1792, 512, 1536, 3584, 1024, 2048, 3072, 4096, 8192, 2816},
                                      2816, 523, kSeed ^ 0x57b0);
+}
+
+// MatvecArgs::split (a merged q|k|v matrix into three buffers): for 1, 3, 4 and 8 vectors, each part's outputs bit for
+// bit a launch of its rows alone into its own buffer, nothing written past a part's [n_vectors, rows] (guard floats):
+// Q4_K on the stationary kernel (the split in its one launch; 2,048 columns as q|k|v of the 30B-A3B geometry, 1,536),
+// Q8_0 and F16 (a launch per part). A split out of order, past the rows or without both outputs is refused.
+TEST(CudaMatvec, SplitEqualsPartsAlone) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(kSeed + 95);
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  ASSERT_OK_AND_ASSIGN(cuda::MatvecWorkspace workspace, cuda::MatvecWorkspace::create(2048, cuda::kMaxMatvecVectors));
+  constexpr int64_t kMaxN = 8;
+  for (const auto& [type, cols, at0, at1, rows] :
+       {std::tuple<Type, int64_t, int64_t, int64_t, int64_t>{Type::Q4_K, 2048, 4096, 4608, 5120},
+        {Type::Q4_K, 1536, 48, 64, 104}, {Type::Q8_0, 2048, 256, 288, 320}, {Type::F16, 1024, 64, 80, 96}}) {
+    const std::vector<float> wf = gaussian(rng, rows * cols);
+    const std::vector<uint8_t> qw = quantize_ref(type, wf, cols);
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer w_dev, cuda::DeviceBuffer::allocate(qw.size()));
+    ASSERT_OK(w_dev.upload(qw.data(), qw.size()));
+    const std::vector<float> x = activations(rng, kMaxN, cols);
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer x_dev, cuda::DeviceBuffer::allocate(x.size() * sizeof(float)));
+    ASSERT_OK(x_dev.upload(x.data(), x.size() * sizeof(float)));
+    const int64_t bounds[4] = {0, at0, at1, rows};
+    const size_t row_bytes = quant::row_size(type, cols);
+    for (const int64_t n : {1, 3, 4, 8}) {
+      const std::string where = std::string(quant::type_name(type)) + " cols=" + std::to_string(cols) +
+                                " n_vectors=" + std::to_string(n);
+      std::vector<cuda::DeviceBuffer> y;  // the split's three outputs, each with guard floats after it
+      std::vector<std::vector<float>> want;
+      for (int p = 0; p < 3; ++p) {
+        const int64_t part_rows = bounds[p + 1] - bounds[p];
+        const std::vector<float> poison = poisoned(size_t(n * part_rows) + kGuardFloats);
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer alone, cuda::DeviceBuffer::allocate(poison.size() * sizeof(float)));
+        ASSERT_OK(alone.upload(poison.data(), poison.size() * sizeof(float)));
+        ASSERT_OK(cuda::matvec({.type = type, .weights = w_dev.as<uint8_t>() + size_t(bounds[p]) * row_bytes,
+                                .rows = part_rows, .cols = cols, .x = x_dev.as<float>(), .y = alone.as<float>(),
+                                .n_vectors = n, .stationary = true, .staged = true},
+                               workspace, stream));
+        stream.synchronize();
+        want.emplace_back(poison.size());
+        ASSERT_OK(alone.download(want.back().data(), poison.size() * sizeof(float)));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer out, cuda::DeviceBuffer::allocate(poison.size() * sizeof(float)));
+        ASSERT_OK(out.upload(poison.data(), poison.size() * sizeof(float)));
+        y.push_back(std::move(out));
+      }
+      ASSERT_OK(cuda::matvec({.type = type, .weights = w_dev.data(), .rows = rows, .cols = cols,
+                              .x = x_dev.as<float>(), .y = y[0].as<float>(), .n_vectors = n, .stationary = true,
+                              .staged = true, .split = {at0, at1}, .y_split = {y[1].as<float>(), y[2].as<float>()}},
+                             workspace, stream));
+      stream.synchronize();
+      for (int p = 0; p < 3; ++p) {
+        std::vector<float> got(want[size_t(p)].size());
+        ASSERT_OK(y[size_t(p)].download(got.data(), got.size() * sizeof(float)));
+        const size_t outputs = got.size() - kGuardFloats;
+        for (size_t i = 0; i < outputs; ++i) ASSERT_FALSE(std::isnan(got[i])) << where << " part " << p << " at " << i;
+        EXPECT_EQ(0, std::memcmp(got.data(), want[size_t(p)].data(), got.size() * sizeof(float)))
+            << where << ": part " << p;
+      }
+    }
+    for (const auto& [a, b, second] : {std::tuple<int64_t, int64_t, bool>{at1, at0, true}, {at0, rows, true},
+                                       {0, at1, true}, {at0, at1, false}}) {
+      const Status st = cuda::matvec({.type = type, .weights = w_dev.data(), .rows = rows, .cols = cols,
+                                      .x = x_dev.as<float>(), .y = x_dev.as<float>(), .n_vectors = 1,
+                                      .split = {a, b},
+                                      .y_split = {x_dev.as<float>(), second ? x_dev.as<float>() : nullptr}},
+                                     workspace, stream);
+      EXPECT_FALSE(st.ok()) << "split {" << a << ", " << b << "}";
+      EXPECT_NE(st.message().find("split"), std::string::npos) << st.message();
+    }
+  }
 }
 
 // The staged kernel (Q8_0) for several vectors: rows of 512 to 2,048 columns (1-4 items per lane; 4 vectors a launch,
