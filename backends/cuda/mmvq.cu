@@ -304,13 +304,7 @@ __global__ void __launch_bounds__(kThreads)
     static_assert(std::is_same_v<Act, quant::BlockQ8_K>, "act_float quantizes to Q8_K");
     extern __shared__ quant::BlockQ8_K staged_act[];
     const float* src = reinterpret_cast<const float*>(act + group_act_row(g, row0) * act_row_bytes);
-    const int n_blocks = items / Ops::kParts;
-    for (int b = warp; b < n_blocks; b += kWarps) {
-      const float4 lo = reinterpret_cast<const float4*>(src + quant::kQK_K * b)[2 * lane];
-      const float4 hi = reinterpret_cast<const float4*>(src + quant::kQK_K * b)[2 * lane + 1];
-      const float xs[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-      q8::block_q8_k_lane8(xs, &staged_act[b], lane);
-    }
+    q8::row_q8_k_warps(src, staged_act, items / Ops::kParts, warp, kWarps, lane);
     __syncthreads();
     a = staged_act;
   } else {

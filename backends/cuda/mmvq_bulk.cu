@@ -350,13 +350,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       const Act* a = reinterpret_cast<const Act*>(row);
       if constexpr (!kGlu) {  // uniform over the CTA: every thread has read the previous item's parts
         __syncthreads();
-        const float* src = reinterpret_cast<const float*>(row);
-        for (int b = warp; b < items / Ops::kParts; b += kWarps) {
-          const float4 lo = reinterpret_cast<const float4*>(src + quant::kQK_K * b)[2 * lane];
-          const float4 hi = reinterpret_cast<const float4*>(src + quant::kQK_K * b)[2 * lane + 1];
-          const float xs[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-          q8::block_q8_k_lane8(xs, &act_q[b], lane);
-        }
+        q8::row_q8_k_warps(reinterpret_cast<const float*>(row), act_q, items / Ops::kParts, warp, kWarps, lane);
         __syncthreads();
         a = act_q;
       }
@@ -398,24 +392,32 @@ bool bulk_kernel_built() {
   return built;
 }
 
-template <Type T, int kJ, int kQ>
-bool launch_bulk(const MatvecLaunch& a, int items, cudaStream_t stream) {
-  using U = Units<T, kJ, kQ, true>;
-  constexpr int kUnitRows = U::kUnitRows;
-  const auto kernel = mmvq_bulk_glu_kernel<T, kJ, kQ>;
+// The SMs of the current device, once kKernel may take smem bytes of dynamic shared memory there (set once per device
+// and thread).
+template <auto kKernel>
+int prepare(size_t smem) {
   thread_local int configured_device = -1;
   thread_local int sms = 1;
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   if (configured_device != device) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)));
+    CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     configured_device = device;
   }
+  return std::max(sms, 1);
+}
+
+template <Type T, int kJ, int kQ>
+bool launch_bulk(const MatvecLaunch& a, int items, cudaStream_t stream) {
+  using U = Units<T, kJ, kQ, true>;
+  constexpr int kUnitRows = U::kUnitRows;
+  const auto kernel = mmvq_bulk_glu_kernel<T, kJ, kQ>;
+  const int sms = prepare<mmvq_bulk_glu_kernel<T, kJ, kQ>>(kMaxSmem);
   // One wave of about kCtasPerSm CTAs per SM: the rows of every item shared out, in whole units, at most an item's.
   const auto units = [](int64_t r) { return (r + kUnitRows - 1) / kUnitRows * kUnitRows; };
   const int64_t items_rows = a.rows * int64_t(a.group.n_items);
-  const int64_t target = int64_t(std::max(sms, 1)) * kCtasPerSm;
+  const int64_t target = int64_t(sms) * kCtasPerSm;
   const int64_t by_smem = int64_t(kMaxSmem / (2 * a.row_bytes)) / kUnitRows * kUnitRows;
   const int64_t per_cta = std::min({units((items_rows + target - 1) / target), units(a.rows), by_smem,
                                     int64_t(kMaxChunks) * U::kChunkRows});
@@ -430,22 +432,14 @@ template <Type T, int kJ, int kQ, bool kGlu>
 bool launch_ring(const MatvecLaunch& a, int items, cudaStream_t stream) {
   using U = Units<T, kJ, kQ, kGlu>;
   const auto kernel = mmvq_bulk_ring_kernel<T, kJ, kQ, kGlu>;
-  thread_local int configured_device = -1;
-  thread_local int sms = 1;
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  if (configured_device != device) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kRingSmem)));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    configured_device = device;
-  }
+  const int sms = prepare<mmvq_bulk_ring_kernel<T, kJ, kQ, kGlu>>(kRingSmem);
   // One wave of about kCtasPerSm CTAs per SM, the rows of all items shared out in whole units; as many stages as fit
   // next to the float activations' quantized row (at most the chunks a CTA walks: its rows in chunks, one more where
   // it straddles two items).
   const int64_t items_rows = a.rows * int64_t(a.group.n_items);
   const size_t stage_bytes = size_t(U::kM) * size_t(U::kChunkRows) * a.row_bytes;
   const size_t act_bytes = kGlu ? 0 : size_t(items / mmvq::MmvqType<T>::kParts) * sizeof(quant::BlockQ8_K);
-  const int64_t target = int64_t(std::max(sms, 1)) * kCtasPerSm;
+  const int64_t target = int64_t(sms) * kCtasPerSm;
   const int64_t per_cta = (items_rows + target - 1) / target;
   const int64_t rows_per_cta = (per_cta + U::kUnitRows - 1) / U::kUnitRows * U::kUnitRows;
   const int64_t stages = std::min({int64_t(kMaxStages), int64_t((kRingSmem - act_bytes) / stage_bytes),

@@ -134,6 +134,18 @@ __device__ __forceinline__ void block_q8_k_lane8(const float (&xs)[8], quant::Bl
   if (lane == 0) blk->d = amax == 0.0f ? 0.0f : 1.0f / iscale;
 }
 
+// A float row's n_blocks Q8_K blocks, a warp per block (warp w of n_warps takes blocks w, w + n_warps, ...): the bytes
+// of quantize_activations. src 16-byte aligned; every lane of the calling warps calls it.
+__device__ __forceinline__ void row_q8_k_warps(const float* src, quant::BlockQ8_K* dst, int n_blocks, int warp,
+                                               int n_warps, int lane) {
+  for (int b = warp; b < n_blocks; b += n_warps) {
+    const float4 lo = reinterpret_cast<const float4*>(src + quant::kQK_K * b)[2 * lane];
+    const float4 hi = reinterpret_cast<const float4*>(src + quant::kQK_K * b)[2 * lane + 1];
+    const float xs[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    block_q8_k_lane8(xs, &dst[b], lane);
+  }
+}
+
 // Shared scratch of block_q8_k_group: the largest magnitude of each of the group's warps.
 struct GroupMax {
   float amax[quant::kQK_K / kWarpSize], max[quant::kQK_K / kWarpSize];
