@@ -181,7 +181,8 @@ inline bool experts_bulk() {
 
 // The q/k/v products of a few tokens (the batched decode of several sessions) are one launch of the merged matrix
 // whose rows split into q, k and v (MatvecArgs::split); MAGNETAR_CUDA_QKV_ONE=0 is the baseline (three launches):
-// 1,117 / 1,375 t/s for 4 / 8 sessions against 1,048 / 1,295 (H200, docs/benchmarks/2026-12-03-cuda-batched-bulk-ring.md).
+// 1,117 / 1,375 t/s for 4 / 8 sessions against 1,048 / 1,295 (H200,
+// docs/benchmarks/2026-12-03-cuda-batched-bulk-ring.md).
 inline bool qkv_one_launch() {
   static const bool on = switch_on("MAGNETAR_CUDA_QKV_ONE");
   return on;
