@@ -132,15 +132,15 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
                                 (long long)args.split[0], (long long)args.split[1], (long long)args.rows));
   }
   // Each part's rows start 16-byte aligned where the parts run as launches of their own.
-  if (split && (quant::row_size(args.type, args.cols) * size_t(args.split[0]) % 16 != 0 ||
-                quant::row_size(args.type, args.cols) * size_t(args.split[1]) % 16 != 0)) {
+  const size_t row_bytes = quant::row_size(args.type, args.cols);
+  if (split && (row_bytes * size_t(args.split[0]) % 16 != 0 || row_bytes * size_t(args.split[1]) % 16 != 0)) {
     return Status::error("matvec: split rows must start 16-byte aligned in the weights");
   }
   if (!aligned(x, 4) || !aligned(args.y, 4)) return Status::error("matvec: x (or x_quantized) and y must be 4-byte aligned");
 
   detail::MatvecLaunch launch{
       .weights = args.weights,
-      .row_bytes = quant::row_size(args.type, args.cols),
+      .row_bytes = row_bytes,
       .rows = args.rows,
       .cols = args.cols,
       .act = args.x,

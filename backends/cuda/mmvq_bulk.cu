@@ -412,8 +412,8 @@ template <Type T, int kJ, int kQ>
 bool launch_bulk(const MatvecLaunch& a, int items, cudaStream_t stream) {
   using U = Units<T, kJ, kQ, true>;
   constexpr int kUnitRows = U::kUnitRows;
-  const auto kernel = mmvq_bulk_glu_kernel<T, kJ, kQ>;
-  const int sms = prepare<mmvq_bulk_glu_kernel<T, kJ, kQ>>(kMaxSmem);
+  constexpr auto kernel = mmvq_bulk_glu_kernel<T, kJ, kQ>;
+  const int sms = prepare<kernel>(kMaxSmem);
   // One wave of about kCtasPerSm CTAs per SM: the rows of every item shared out, in whole units, at most an item's.
   const auto units = [](int64_t r) { return (r + kUnitRows - 1) / kUnitRows * kUnitRows; };
   const int64_t items_rows = a.rows * int64_t(a.group.n_items);
@@ -431,8 +431,8 @@ bool launch_bulk(const MatvecLaunch& a, int items, cudaStream_t stream) {
 template <Type T, int kJ, int kQ, bool kGlu>
 bool launch_ring(const MatvecLaunch& a, int items, cudaStream_t stream) {
   using U = Units<T, kJ, kQ, kGlu>;
-  const auto kernel = mmvq_bulk_ring_kernel<T, kJ, kQ, kGlu>;
-  const int sms = prepare<mmvq_bulk_ring_kernel<T, kJ, kQ, kGlu>>(kRingSmem);
+  constexpr auto kernel = mmvq_bulk_ring_kernel<T, kJ, kQ, kGlu>;
+  const int sms = prepare<kernel>(kRingSmem);
   // One wave of about kCtasPerSm CTAs per SM, the rows of all items shared out in whole units; as many stages as fit
   // next to the float activations' quantized row (at most the chunks a CTA walks: its rows in chunks, one more where
   // it straddles two items).
