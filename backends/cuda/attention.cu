@@ -553,6 +553,8 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
   const uint32_t tile = ring + uint32_t(kStages * S::kStageBytes);  // kQ8: the f16 tile the mma reads
   const size_t row_bytes = kQ8 ? size_t(attn::q8_head_bytes(int(p.kv_row))) : size_t(p.kv_row) * 2;
   const size_t head_off = size_t(hk) * size_t(kQ8 ? S::kHeadBytes : 2 * D);
+  constexpr bool kLean = kQ8 && D <= 128;  // see issue_full below
+  const bool q8_aligned = kLean && row_bytes % 16 == 0;
   const uint16_t* k_head = kc + size_t(hk) * size_t(D);  // F16
   const uint16_t* v_head = vc + size_t(hk) * size_t(D);
   // F16: lane copies 16-byte pieces lane, lane + 32, ... (two rows per instruction: coalesced); rows past j_end are
@@ -596,7 +598,8 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
     uint16_t* out = reinterpret_cast<uint16_t*>(reinterpret_cast<uint8_t*>(ring_s) + warp * S::kWarpBytes +
                                                 kStages * S::kStageBytes);
     const int row = lane % kStep;
-    const int skew = int((size_t(first + int64_t(s) * kCtaStep + row) * row_bytes + head_off) % 16);
+    const int skew = q8_aligned ? int(head_off % 16)
+                                : int((size_t(first + int64_t(s) * kCtaStep + row) * row_bytes + head_off) % 16);
 #pragma unroll
     for (int j = 0; j < kNb / 2; ++j) {
       const int b = j / kBlockStep * 2 * kBlockStep + j % kBlockStep + kBlockStep * (lane / kStep);
@@ -735,15 +738,58 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
     }
   }
 
+  // The loop's copies of a step whose rows are all cached and attended (every step but a split's last), Q8_0 rows a
+  // multiple of 16 bytes apart (kv_row a multiple of 256 elements makes them so), where every head row sits at the
+  // same skew in its window: each of the lane's pieces (row, column, bytes) is the same for every step, computed once
+  // here, and a step's copies are address adds (copy_stage_q8 spends ~40 instructions of 64-bit arithmetic per pair
+  // of copies). kLean (these copies, the masks and rescales skipped where not needed): Q8_0 up to head_dim 128, whose
+  // steps dequantize under a chain of dependent instructions (F16 at 64K: the same time with them, its rows' bytes
+  // set it; head_dim 256: its accumulators and Q fragments take the registers).
+  // Only where the loop copies at all (a warp of fewer steps than the ring's has every copy in flight before it: at
+  // 512-2K rows the pieces made here for nothing cost 5% of the launch, H200 attention_bench).
+  const bool lean_copies = q8_aligned && n_steps >= kStages;
+  constexpr int kQ8Iters = (kStep * S::kWinPieces + ops::kWarpSize - 1) / ops::kWarpSize;
+  uint32_t q8_src[kQ8Iters] = {}, q8_dst[kQ8Iters] = {};
+  int q8_bytes[kQ8Iters] = {};
+  if (lean_copies) {
+#pragma unroll
+    for (int i = 0; i < kQ8Iters; ++i) {
+      const int piece = lane + ops::kWarpSize * i, row = piece / S::kWinPieces, col = piece % S::kWinPieces;
+      q8_src[i] = uint32_t(size_t(row) * row_bytes + (head_off & ~size_t(15)) + size_t(16 * col));
+      q8_dst[i] = uint32_t(row * S::kRawPitch + col * 16);
+      q8_bytes[i] = piece < kStep * S::kWinPieces ? attn::q8_piece_bytes(int64_t(head_off), S::kHeadBytes, col) : -1;
+    }
+  }
+  auto issue_full = [&](int s) {
+    const size_t at = size_t(first + int64_t(s) * kCtaStep) * row_bytes;
+    const uint8_t* k_rows = reinterpret_cast<const uint8_t*>(kc) + at;
+    const uint8_t* v_rows = reinterpret_cast<const uint8_t*>(vc) + at;
+    const uint32_t stage = ring + uint32_t((s % kStages) * S::kStageBytes);
+#pragma unroll
+    for (int i = 0; i < kQ8Iters; ++i) {
+      if ((kStep * S::kWinPieces) % ops::kWarpSize == 0 || q8_bytes[i] >= 0) {
+        attn::cp_async16_part(stage + q8_dst[i], k_rows + q8_src[i], q8_bytes[i]);
+        attn::cp_async16_part(stage + q8_dst[i] + uint32_t(kStep * S::kRawPitch), v_rows + q8_src[i], q8_bytes[i]);
+      }
+    }
+  };
+
   // ldmatrix row addresses: K, matrix i = lane / 8 of an x4 is dims + 8 i of keys lane % 8 (+ 8 for n8 tile 1);
   // V (trans), matrix i is dims + 8 (i % 2) of keys lane % 8 + 8 (i / 2).
   const uint32_t k_lane = uint32_t(((lane % 8) * S::kPitch + 8 * (lane / 8)) * 2);
   const uint32_t v_lane =
       uint32_t(kStep * S::kPitch * 2) + uint32_t(((lane % 8 + 8 * (lane / 16)) * S::kPitch + 8 * (lane / 8 % 2)) * 2);
   for (int s = 0; s < n_steps; ++s) {
-    issue(s + kStages - 1, j_begin, j_end, true);  // into the stage computed last iteration (__syncwarp below)
+    // Into the stage computed last iteration (__syncwarp below).
+    const int next = s + kStages - 1;
+    if (lean_copies && next < n_steps && first + int64_t(next) * kCtaStep + kStep <= j_end) {
+      issue_full(next);
+    } else {
+      issue(next, j_begin, j_end, true);
+    }
     attn::cp_async_commit();
     const int64_t j = first + int64_t(s) * kCtaStep;
+    const bool tail = !kLean || j + kStep > j_end;  // the split's last step has rows past its end
     if (j + kStep > fresh) {
       attn::cp_async_wait<0>();  // the step has rows of the call's own tokens: their group came after the prologue
     } else {
@@ -770,9 +816,11 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
         mma_f16(sc[nt], qa[2 * c], b[0], b[1]);
         mma_f16(sc[nt], qa[2 * c + 1], b[2], b[3]);
       }
+      if (tail) {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        if (j + 8 * nt + 2 * t + e >= j_end) sc[nt][e] = sc[nt][e + 2] = -INFINITY;
+        for (int e = 0; e < 2; ++e) {
+          if (j + 8 * nt + 2 * t + e >= j_end) sc[nt][e] = sc[nt][e + 2] = -INFINITY;
+        }
       }
     }
     if constexpr (kQ8) dequantize(s, 1);  // the V rows, while the scores' mma chain runs
@@ -799,14 +847,18 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
         }
       }
       l_run[ht] = l_run[ht] * alpha + sum;
-      const float a0 = __shfl_sync(0xffffffffu, alpha, 8 * t);
-      const float a1 = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
+      // Past the first steps of a long split the maxima rarely move: every factor is exactly 1 (ex2.approx of 0),
+      // and the outputs keep their bits without the 8 D / 16 products.
+      if (!kLean || !__all_sync(0xffffffffu, alpha == 1.0f)) {
+        const float a0 = __shfl_sync(0xffffffffu, alpha, 8 * t);
+        const float a1 = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        o[ht][mt][0] *= a0;
-        o[ht][mt][1] *= a1;
-        o[ht][mt][2] *= a0;
-        o[ht][mt][3] *= a1;
+        for (int mt = 0; mt < kMT; ++mt) {
+          o[ht][mt][0] *= a0;
+          o[ht][mt][1] *= a1;
+          o[ht][mt][2] *= a0;
+          o[ht][mt][3] *= a1;
+        }
       }
       pb[ht][0] = pack_half2(sc[0][2 * ht], sc[0][2 * ht + 1]);
       pb[ht][1] = pack_half2(sc[1][2 * ht], sc[1][2 * ht + 1]);

@@ -3,7 +3,11 @@
 //   attention_decode/ctx<C>        cuda::attention of one token over C cached rows, as a decode graph queues it
 //                                  (position read from device memory, grid sized for kMaxCtx rows): the baseline
 //   attention_decode_mma/ctx<C>    the same on cuda::attention_decode_mma (tensor cores)
-//   attention_decode_mma_q8/ctx<C> the same over a Q8_0 cache (34 bytes per 32 elements: 53% of the bytes)
+//   attention_decode_mma_q8/ctx<C> the same over a Q8_0 cache (34 bytes per 32 elements: 53% of the bytes); the
+//                                  host position is the device's, so the kernel variant is the model's (8 warps from
+//                                  24K rows: cuda::attention_decode_variant)
+//   attention_decode_mma_one_kv/ctx<C>  the F16 bytes of C rows as 4 C rows of one KV head (8 query heads): each
+//                                  CTA's rows contiguous (4 KV heads: a quarter of every 1 KiB row per CTA)
 //   attention_prefill_mma/ctx<C>   cuda::attention_prefill_mma of a kChunk-token chunk after C cached rows
 //   attention_prefill_rows/ctx<C>  the same chunk on cuda::attention (per-token CTAs): the baseline
 // One iteration replays a CUDA graph of `copies` calls, each over its own region of K/V (>= kFootprintBytes in all,
@@ -149,7 +153,7 @@ void bm_decode(benchmark::State& state, int64_t ctx, bool mma, bool q8) {
   must_ok(s.positions.upload(&pos, sizeof pos), "position");
   const int64_t copies = std::max<int64_t>(8, int64_t(kFootprintBytes / size_t(ctx * kRowElems * 4)));
   const double seconds = time_per_call(state, s, ctx, copies, [&](const uint16_t* k, const uint16_t* v) {
-    cuda::AttentionArgs a = args_for(s, k, v, 1, 0);
+    cuda::AttentionArgs a = args_for(s, k, v, 1, ctx - 1);  // the host position picks the kernel variant
     a.pos0_device = s.positions.as<int32_t>();
     a.max_rows = ctx;
     if (q8) a.kv_type = quant::Type::Q8_0;
@@ -158,6 +162,25 @@ void bm_decode(benchmark::State& state, int64_t ctx, bool mma, bool q8) {
   });
   const double row_bytes = double(quant::row_size(q8 ? quant::Type::Q8_0 : quant::Type::F16, kRowElems));
   counters(state, seconds, ctx, double(ctx), row_bytes);
+}
+
+// The same bytes as bm_decode's F16 case laid out for one KV head (8 query heads): 4 ctx rows of 256 bytes, so that a
+// CTA's rows are contiguous in memory (with 4 KV heads each CTA reads one 256-byte quarter of every 1 KiB row).
+void bm_decode_one_kv(benchmark::State& state, int64_t ctx) {
+  Setup& s = setup();
+  const int64_t rows = 4 * ctx;
+  const int32_t pos = int32_t(rows - 1);
+  must_ok(s.positions.upload(&pos, sizeof pos), "position");
+  const int64_t copies = std::max<int64_t>(8, int64_t(kFootprintBytes / size_t(ctx * kRowElems * 4)));
+  const double seconds = time_per_call(state, s, ctx, copies, [&](const uint16_t* k, const uint16_t* v) {
+    cuda::AttentionArgs a = args_for(s, k, v, 1, rows - 1);
+    a.n_head = 8;
+    a.n_head_kv = 1;
+    a.pos0_device = s.positions.as<int32_t>();
+    a.max_rows = rows;
+    must_ok(cuda::attention_decode_mma(a, s.workspace, s.stream), "attention");
+  });
+  counters(state, seconds, ctx, double(ctx) / 4.0);
 }
 
 void bm_prefill(benchmark::State& state, int64_t ctx, bool mma) {
@@ -182,6 +205,10 @@ void register_all() {
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
     }
+  }
+  for (const int64_t ctx : {int64_t(16384), int64_t(65536)}) {
+    const std::string name = "attention_decode_mma_one_kv/ctx" + std::to_string(ctx);
+    benchmark::RegisterBenchmark(name.c_str(), bm_decode_one_kv, ctx)->UseManualTime()->Unit(benchmark::kMicrosecond);
   }
   for (const int64_t ctx : {int64_t(0), int64_t(16384), int64_t(65536)}) {
     for (const bool mma : {true, false}) {
