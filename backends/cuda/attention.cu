@@ -553,7 +553,7 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
   const uint32_t tile = ring + uint32_t(kStages * S::kStageBytes);  // kQ8: the f16 tile the mma reads
   const size_t row_bytes = kQ8 ? size_t(attn::q8_head_bytes(int(p.kv_row))) : size_t(p.kv_row) * 2;
   const size_t head_off = size_t(hk) * size_t(kQ8 ? S::kHeadBytes : 2 * D);
-  constexpr bool kLean = kQ8 && D <= 128;  // see issue_full below
+  constexpr bool kLean = kQ8 && D <= 128;  // see lean_copies below
   const bool q8_aligned = kLean && row_bytes % 16 == 0;
   const uint16_t* k_head = kc + size_t(hk) * size_t(D);  // F16
   const uint16_t* v_head = vc + size_t(hk) * size_t(D);
@@ -738,15 +738,17 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
     }
   }
 
-  // The loop's copies of a step whose rows are all cached and attended (every step but a split's last), Q8_0 rows a
-  // multiple of 16 bytes apart (kv_row a multiple of 256 elements makes them so), where every head row sits at the
-  // same skew in its window: each of the lane's pieces (row, column, bytes) is the same for every step, computed once
-  // here, and a step's copies are address adds (copy_stage_q8 spends ~40 instructions of 64-bit arithmetic per pair
-  // of copies). kLean (these copies, the masks and rescales skipped where not needed): Q8_0 up to head_dim 128, whose
-  // steps dequantize under a chain of dependent instructions (F16 at 64K: the same time with them, its rows' bytes
-  // set it; head_dim 256: its accumulators and Q fragments take the registers).
-  // Only where the loop copies at all (a warp of fewer steps than the ring's has every copy in flight before it: at
-  // 512-2K rows the pieces made here for nothing cost 5% of the launch, H200 attention_bench).
+  // kLean (Q8_0 up to head_dim 128, whose steps are a chain of dependent instructions): the copies of a step whose
+  // rows are all cached and attended (every step but a split's last) from per-lane pieces made once, the key mask
+  // only on the last step, the rescale skipped when every factor is 1. Q8_0 rows a multiple of 16 bytes apart (kv_row
+  // a multiple of 256 elements makes them so) put every head row at the same skew in its window, so each of the
+  // lane's pieces (row, column, bytes) is the same for every step, and a step's copies are address adds where
+  // copy_stage_q8 spends ~40 instructions of 64-bit arithmetic per pair. The pieces are made only where the loop
+  // copies at all (a warp of fewer steps than the ring's has every copy in flight before it; made for nothing, they
+  // cost 5% of the launch at 512-2K rows). H200, attention_bench, 2026-12-03: 36.1 us per 64K call instead of 39.5
+  // (8 warps); decode at 64K 297-300 t/s instead of 279-281 (docs/benchmarks/2026-12-03-cuda-decode-attention-q8-
+  // lean.md). Not F16 (at 64K the same time with all of it: its steps wait on their bytes) nor head_dim 256 (its
+  // accumulators and Q fragments take the registers: it spilled).
   const bool lean_copies = q8_aligned && n_steps >= kStages;
   constexpr int kQ8Iters = (kStep * S::kWinPieces + ops::kWarpSize - 1) / ops::kWarpSize;
   uint32_t q8_src[kQ8Iters] = {}, q8_dst[kQ8Iters] = {};
