@@ -7,7 +7,8 @@
 //                                  host position is the device's, so the kernel variant is the model's (8 warps from
 //                                  24K rows: cuda::attention_decode_variant)
 //   attention_decode_mma_one_kv/ctx<C>  the F16 bytes of C rows as 4 C rows of one KV head (8 query heads): each
-//                                  CTA's rows contiguous (4 KV heads: a quarter of every 1 KiB row per CTA)
+//                                  CTA's rows contiguous (4 KV heads: a quarter of every 1 KiB row per CTA); its plan
+//                                  has 4x the splits per KV head, so its last CTA merges 4x the records
 //   attention_prefill_mma/ctx<C>   cuda::attention_prefill_mma of a kChunk-token chunk after C cached rows
 //   attention_prefill_rows/ctx<C>  the same chunk on cuda::attention (per-token CTAs): the baseline
 // One iteration replays a CUDA graph of `copies` calls, each over its own region of K/V (>= kFootprintBytes in all,
@@ -180,7 +181,7 @@ void bm_decode_one_kv(benchmark::State& state, int64_t ctx) {
     a.max_rows = rows;
     must_ok(cuda::attention_decode_mma(a, s.workspace, s.stream), "attention");
   });
-  counters(state, seconds, ctx, double(ctx) / 4.0);
+  counters(state, seconds, ctx, double(ctx));  // 8 heads x 4 ctx rows: the pairs of 32 heads x ctx rows
 }
 
 void bm_prefill(benchmark::State& state, int64_t ctx, bool mma) {
