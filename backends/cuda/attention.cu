@@ -392,7 +392,8 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(const Param
 // attention_bench): 44.5 us per 64K call against F16's 42.9, 22.1 against 18.5 at 16K, 10.0 against 10.2 at 2K. It
 // moves half the bytes but executes 1.7x the instructions (ncu of the first version, which dequantized K and V before
 // the scores: 13.0 M against 7.7 M per 64K call; issue slots 42% busy, stalls on fixed-latency dependencies and
-// short scoreboards): dequantization, not memory, sets its time (docs/benchmarks/2026-12-01-cuda-kv-q8_0.md).
+// short scoreboards): dequantization, not memory, sets its time (docs/benchmarks/2026-12-01-cuda-kv-q8_0.md; with
+// the lean steps of kLean and 8 warps from kDecodeWideRows, 36.1 us per 64K call on 2026-12-03).
 constexpr int kStep = 16;  // rows per warp step
 static_assert(kWarps * kStep == attn::kDecodeStep);
 // Q8_0 KV at head_dim 128 attending this many cached rows or more: 8 warps per CTA (attention_decode_variant; still

@@ -147,41 +147,30 @@ void counters(benchmark::State& state, double seconds, int64_t ctx_rows, double 
 }
 
 // q8 (mma only): the regions read as a Q8_0 cache (the F16 tile's bytes as blocks: finite scales), each call's K/V
-// at the same offsets as the F16 case (rows of 544 bytes from there: a distinct window per call still).
-void bm_decode(benchmark::State& state, int64_t ctx, bool mma, bool q8) {
+// at the same offsets as the F16 case (rows of 544 bytes from there: a distinct window per call still). one_kv (mma,
+// F16): the same bytes laid out for one KV head of 8 query heads, 4 ctx rows of 256 bytes, so that a CTA's rows are
+// contiguous in memory (with 4 KV heads each CTA reads one 256-byte quarter of every 1 KiB row).
+void bm_decode(benchmark::State& state, int64_t ctx, bool mma, bool q8, bool one_kv) {
   Setup& s = setup();
-  const int32_t pos = int32_t(ctx - 1);
-  must_ok(s.positions.upload(&pos, sizeof pos), "position");
-  const int64_t copies = std::max<int64_t>(8, int64_t(kFootprintBytes / size_t(ctx * kRowElems * 4)));
-  const double seconds = time_per_call(state, s, ctx, copies, [&](const uint16_t* k, const uint16_t* v) {
-    cuda::AttentionArgs a = args_for(s, k, v, 1, ctx - 1);  // the host position picks the kernel variant
-    a.pos0_device = s.positions.as<int32_t>();
-    a.max_rows = ctx;
-    if (q8) a.kv_type = quant::Type::Q8_0;
-    must_ok(mma ? cuda::attention_decode_mma(a, s.workspace, s.stream) : cuda::attention(a, s.workspace, s.stream),
-            "attention");
-  });
-  const double row_bytes = double(quant::row_size(q8 ? quant::Type::Q8_0 : quant::Type::F16, kRowElems));
-  counters(state, seconds, ctx, double(ctx), row_bytes);
-}
-
-// The same bytes as bm_decode's F16 case laid out for one KV head (8 query heads): 4 ctx rows of 256 bytes, so that a
-// CTA's rows are contiguous in memory (with 4 KV heads each CTA reads one 256-byte quarter of every 1 KiB row).
-void bm_decode_one_kv(benchmark::State& state, int64_t ctx) {
-  Setup& s = setup();
-  const int64_t rows = 4 * ctx;
+  const int64_t rows = one_kv ? kHeadsKv * ctx : ctx;
   const int32_t pos = int32_t(rows - 1);
   must_ok(s.positions.upload(&pos, sizeof pos), "position");
   const int64_t copies = std::max<int64_t>(8, int64_t(kFootprintBytes / size_t(ctx * kRowElems * 4)));
   const double seconds = time_per_call(state, s, ctx, copies, [&](const uint16_t* k, const uint16_t* v) {
-    cuda::AttentionArgs a = args_for(s, k, v, 1, rows - 1);
-    a.n_head = 8;
-    a.n_head_kv = 1;
+    cuda::AttentionArgs a = args_for(s, k, v, 1, rows - 1);  // the host position picks the kernel variant
+    if (one_kv) {
+      a.n_head = kHeads / kHeadsKv;
+      a.n_head_kv = 1;
+    }
     a.pos0_device = s.positions.as<int32_t>();
     a.max_rows = rows;
-    must_ok(cuda::attention_decode_mma(a, s.workspace, s.stream), "attention");
+    if (q8) a.kv_type = quant::Type::Q8_0;
+    must_ok(mma ? cuda::attention_decode_mma(a, s.workspace, s.stream) : cuda::attention(a, s.workspace, s.stream),
+            "attention");
   });
-  counters(state, seconds, ctx, double(ctx));  // 8 heads x 4 ctx rows: the pairs of 32 heads x ctx rows
+  // one_kv: 8 heads x 4 ctx rows, the bytes and (query, key) pairs of 32 heads x ctx rows
+  const double row_bytes = double(quant::row_size(q8 ? quant::Type::Q8_0 : quant::Type::F16, kRowElems));
+  counters(state, seconds, ctx, double(ctx), row_bytes);
 }
 
 void bm_prefill(benchmark::State& state, int64_t ctx, bool mma) {
@@ -202,14 +191,16 @@ void register_all() {
                                            : arm == 1 ? "attention_decode_mma_q8/ctx"
                                                       : "attention_decode/ctx") +
                                std::to_string(ctx);
-      benchmark::RegisterBenchmark(name.c_str(), bm_decode, ctx, mma, q8)
+      benchmark::RegisterBenchmark(name.c_str(), bm_decode, ctx, mma, q8, false)
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
     }
   }
   for (const int64_t ctx : {int64_t(16384), int64_t(65536)}) {
     const std::string name = "attention_decode_mma_one_kv/ctx" + std::to_string(ctx);
-    benchmark::RegisterBenchmark(name.c_str(), bm_decode_one_kv, ctx)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(name.c_str(), bm_decode, ctx, true, false, true)
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond);
   }
   for (const int64_t ctx : {int64_t(0), int64_t(16384), int64_t(65536)}) {
     for (const bool mma : {true, false}) {
