@@ -435,4 +435,12 @@ if [ -x build-device/bench/magnetar_bench_cuda ]; then
   log "cuda bench exit $?"
   grep median "$OUT/bench_cuda.txt" | head -80
 fi
+# Stage transitions: a dependent launch against a barrier of a persistent launch's CTAs (bench/cuda/sync_bench.cu;
+# appended to bench_cuda.txt, same file limit)
+if [ -x build-device/bench/magnetar_bench_cuda_sync ]; then
+  ./build-device/bench/magnetar_bench_cuda_sync --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+    >>"$OUT/bench_cuda.txt" 2>&1
+  log "sync bench exit $?"
+  grep -E "sync_.*median" "$OUT/bench_cuda.txt"
+fi
 cat "$OUT/summary.txt"
