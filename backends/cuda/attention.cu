@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <utility>
 #include <vector>
 
@@ -105,6 +106,7 @@ struct Params {
   // position pos0_device[z]. split_stride: records per (token, head) in partials (the grid's splits).
   const uint16_t* seq_k[kMaxDecodeSeqs];
   const uint16_t* seq_v[kMaxDecodeSeqs];
+  int seq_tok[kMaxDecodeSeqs];  // grid z's token row (AttentionArgs::seq_tok)
   int split_stride;
 };
 
@@ -402,6 +404,13 @@ static_assert(kWarps * kStep == attn::kDecodeStep);
 // docs/benchmarks/2026-12-02-cuda-decode-attention-one-per-sm.md): 522.5 / 499.2 at 2K, 419.5 / 413.6 at 16K,
 // 353.2 / 362.3 at 32K, 267.8 / 286.3 at 64K.
 constexpr int64_t kDecodeWideRows = 24 * 1024;
+// F16 KV at head_dim 128 attending at most this many cached rows: 8 warps per CTA with two ring stages each (139 KB)
+// and splits of whole 128-row steps (attn::plan_decode_rows' step), so that every warp still takes one 16-row step
+// (33 splits per KV head of 128 rows cover 4,224) while a context of ~600 rows makes 5 splits instead of 9: the last
+// CTA combines one batch of records instead of two, and the q/k norms of prepare take one row per warp instead of
+// two. H200, tg128 of the 30B-A3B geometry (MAGNETAR_CUDA_ATTN_SHORT_ROWS=0 is the 4-warp kernel throughout): 603.4 /
+// 604.2 t/s against 582.5 / 582.7 (docs/benchmarks/2026-12-03-cuda-decode-stage-transitions.md).
+constexpr int64_t kDecodeShortRows = 4096;
 
 // Dims d .. d + 7 of query head h_first + h of token tok, made by thread `item` of a loop over a KV head's G * D / 8
 // items in thread order; with out_q8k, each warp's 32 items are a Q8_K block of the token's row (G * D a multiple of
@@ -490,10 +499,11 @@ struct DecodeRun {
   int rows_per_split;
   int n_splits;
 };
-__device__ __forceinline__ DecodeRun decode_run(const Params& p, int seq) {
+__device__ __forceinline__ DecodeRun decode_run(const Params& p, int seq, int step) {
   if (p.pos0_device == nullptr) return {p.pos0, p.rows_per_split, p.n_splits};
   const int64_t pos0 = p.pos0_device[seq];
-  const attn::DecodePlan plan = attn::plan_decode_rows(int(attn::attended_rows(p.window, pos0 + 1)), p.decode_want);
+  const attn::DecodePlan plan =
+      attn::plan_decode_rows(int(attn::attended_rows(p.window, pos0 + 1)), p.decode_want, step);
   return {pos0, plan.rows_per_split, plan.n_splits};
 }
 
@@ -525,10 +535,11 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
   const int g = lane / 4;  // mma groupID
   const int t = lane % 4;  // mma threadID_in_group
   const int G = p.group;
-  // Several sequences (kSeqs): token tok is sequence tok's, at its own position, over its own caches. The pointers are
-  // picked with constant parameter offsets (an indexed parameter array would be copied to local memory). ztok: the
-  // token's index where only several sequences can have one other than 0 (records, tickets, prepare's rows).
-  const int ztok = kSeqs ? tok : 0;
+  // Several sequences (kSeqs): grid z is sequence z's token, row p.seq_tok[z] of the tokens' arrays, at its own
+  // position, over its own caches. The pointers are picked with constant parameter offsets (an indexed parameter array
+  // would be copied to local memory). ztok: the token's row where only several sequences can have one other than 0
+  // (records, tickets, prepare's rows, outputs).
+  int ztok = 0;
   const uint16_t* kc = p.k;
   const uint16_t* vc = p.v;
   if constexpr (kSeqs) {
@@ -537,10 +548,12 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
       if (z == tok) {
         kc = p.seq_k[z];
         vc = p.seq_v[z];
+        ztok = p.seq_tok[z];
       }
     }
   }
-  const DecodeRun run = decode_run(p, ztok);
+  const int qtok = kSeqs ? ztok : tok;  // the token's row of q and out
+  const DecodeRun run = decode_run(p, ztok, kCtaStep);
   if (split >= run.n_splits) return;  // a graph's grid sized for a longer context: the whole CTA leaves
   const int64_t pos = run.pos0 + (kSeqs ? 0 : tok);
   const int64_t lo = p.window > 0 && pos - p.window + 1 > 0 ? pos - p.window + 1 : 0;
@@ -713,7 +726,7 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
     const bool valid = h < G && (r == 0 || kHT == 2);
     const int hq = valid ? h : 0;
     const float* qh =
-        prep ? q_s + hq * S::kQPitch : p.q + (size_t(tok) * size_t(p.n_head) + size_t(hk * G + hq)) * size_t(D);
+        prep ? q_s + hq * S::kQPitch : p.q + (size_t(qtok) * size_t(p.n_head) + size_t(hk * G + hq)) * size_t(D);
 #pragma unroll
     for (int kk = 0; kk < kMT; ++kk) {
       float2 a = make_float2(0.0f, 0.0f), b = a;
@@ -943,7 +956,7 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
     if (run.n_splits == 1) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) sum[e] = sum[e] / big_l_s[h];
-      write_output(p, tok, h_first, h, d, sum, i);
+      write_output(p, qtok, h_first, h, d, sum, i);
     } else {
       float* rec = p.partials + (records + size_t(h) * size_t(rec_splits) + size_t(split)) * size_t(stride);
       reinterpret_cast<float4*>(rec + d)[0] = make_float4(sum[0], sum[1], sum[2], sum[3]);
@@ -1153,7 +1166,10 @@ Status make_params(const char* op, const AttentionArgs& a, AttentionWorkspace& w
   p.prep_v = nullptr;
   p.prep_rope = nullptr;
   p.prep_eps = 0.0f;
-  for (int z = 0; z < int(kMaxDecodeSeqs); ++z) p.seq_k[z] = p.seq_v[z] = nullptr;
+  for (int z = 0; z < int(kMaxDecodeSeqs); ++z) {
+    p.seq_k[z] = p.seq_v[z] = nullptr;
+    p.seq_tok[z] = z;
+  }
   p.split_stride = 1;
   return Status();
 }
@@ -1226,15 +1242,18 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
                                            p.max_splits);
   } else if (a.n_tok == 1) {
     const int64_t rows = attn::attended_rows(a.window, a.pos0 + 1);
-    const attn::DecodePlan plan = attn::plan_decode_rows(int(rows), p.decode_want);
+    const attn::DecodePlan plan = attn::plan_decode_rows(int(rows), p.decode_want, kW * 16);
     if (plan.n_splits > 1) {
       p.rows_per_split = plan.rows_per_split;
       p.n_splits = plan.n_splits;
     }
     grid_splits = p.n_splits;
   }
-  MAGNETAR_RETURN_IF_ERROR(
-      check_workspace("attention_decode_mma", a, workspace, grid_splits, a.seq_k != nullptr ? a.n_tok : 1));
+  int64_t seqs = 1;  // the workspace's sequences the launch uses (records and tickets of token rows 0 .. seqs - 1)
+  if (a.seq_k != nullptr) {
+    for (int64_t z = 0; z < a.n_tok; ++z) seqs = std::max<int64_t>(seqs, p.seq_tok[z] + 1);
+  }
+  MAGNETAR_RETURN_IF_ERROR(check_workspace("attention_decode_mma", a, workspace, grid_splits, seqs));
   p.split_stride = grid_splits;
   const dim3 grid(unsigned(grid_splits), unsigned(a.n_head_kv), unsigned(a.n_tok));
   CUDA_CHECK(ops::launch(kernel, grid, kThreads, smem, stream, p));
@@ -1248,14 +1267,18 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
     case 64:
       return two ? launch_decode_mma<kSeqs, 64, 2, 4, kQ8>(a, workspace, p, stream)
                  : launch_decode_mma<kSeqs, 64, 1, 4, kQ8>(a, workspace, p, stream);
-    case 128:
-      if constexpr (kQ8) {
-        const int64_t rows = a.pos0 + (a.seq_k != nullptr ? 1 : a.n_tok);  // seq_k: the first sequence's (all alike)
-        if (attention_decode_variant(a.head_dim, quant::Type::Q8_0, rows) == 8) {
+    case 128: {
+      const int64_t rows = a.pos0 + (a.seq_k != nullptr ? 1 : a.n_tok);  // seq_k: the first sequence's (all alike)
+      if (attention_decode_variant(a.head_dim, kQ8 ? quant::Type::Q8_0 : quant::Type::F16, rows) == 8) {
+        if constexpr (kQ8) {
           return two ? launch_decode_mma<kSeqs, 128, 2, 4, kQ8, 8>(a, workspace, p, stream)
                      : launch_decode_mma<kSeqs, 128, 1, 4, kQ8, 8>(a, workspace, p, stream);
+        } else {  // short contexts (kDecodeShortRows): one step per warp, two ring stages are enough
+          return two ? launch_decode_mma<kSeqs, 128, 2, 2, kQ8, 8>(a, workspace, p, stream)
+                     : launch_decode_mma<kSeqs, 128, 1, 2, kQ8, 8>(a, workspace, p, stream);
         }
       }
+    }
       return two ? launch_decode_mma<kSeqs, 128, 2, 4, kQ8>(a, workspace, p, stream)
                  : launch_decode_mma<kSeqs, 128, 1, 4, kQ8>(a, workspace, p, stream);
     default:
@@ -1286,16 +1309,28 @@ Status attention(const AttentionArgs& a, AttentionWorkspace& workspace, Stream& 
   return Status();
 }
 
+// Whether the current device gives a CTA of kKernel its shared memory (Smem::kBytes of it dynamic).
+template <auto kKernel, typename Smem>
+bool decode_kernel_fits() {
+  cudaFuncAttributes attr{};
+  CUDA_CHECK(cudaFuncGetAttributes(&attr, kKernel));
+  return size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) >= Smem::kBytes + attr.sharedSizeBytes;
+}
+
 int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows) {
-  // The 8-warp kernel's rings take up to 226 KB of shared memory per CTA: within Hopper's opt-in limit (227 KB), not
-  // within Ampere's (163 KB), where the 4-warp kernel stays.
-  static const bool fits = [] {
-    cudaFuncAttributes attr{};
-    CUDA_CHECK(cudaFuncGetAttributes(&attr, attention_decode_mma_kernel<128, 2, 4, true, 8, false>));
-    return size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) >=
-           DecodeSmem<128, 2, 4, true, 8>::kBytes + attr.sharedSizeBytes;
+  // The 8-warp kernels' rings take up to 226 KB (Q8_0) and 139 KB (F16, two stages) of shared memory per CTA: within
+  // Hopper's opt-in limit (227 KB), the F16 one within Ampere's (163 KB) too; elsewhere the 4-warp kernel stays.
+  static const bool wide_fits =
+      decode_kernel_fits<attention_decode_mma_kernel<128, 2, 4, true, 8, false>, DecodeSmem<128, 2, 4, true, 8>>();
+  static const bool short_fits =
+      decode_kernel_fits<attention_decode_mma_kernel<128, 2, 2, false, 8, false>, DecodeSmem<128, 2, 2, false, 8>>();
+  static const int64_t short_rows = [] {
+    const char* v = std::getenv("MAGNETAR_CUDA_ATTN_SHORT_ROWS");
+    return v != nullptr ? std::atoll(v) : kDecodeShortRows;
   }();
-  return fits && kv_type == quant::Type::Q8_0 && head_dim == 128 && rows >= kDecodeWideRows ? 8 : kWarps;
+  if (head_dim != 128) return kWarps;
+  if (kv_type == quant::Type::F16) return short_fits && rows <= short_rows ? 8 : kWarps;
+  return wide_fits && kv_type == quant::Type::Q8_0 && rows >= kDecodeWideRows ? 8 : kWarps;
 }
 
 bool has_attention_decode_mma(int64_t head_dim, int64_t group) {
@@ -1337,6 +1372,15 @@ Status attention_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspac
     for (int64_t z = 0; z < a.n_tok; ++z) {
       p.seq_k[z] = static_cast<const uint16_t*>(a.seq_k[z]);
       p.seq_v[z] = static_cast<const uint16_t*>(a.seq_v[z]);
+      if (a.seq_tok == nullptr) continue;
+      const int32_t row = a.seq_tok[z];
+      bool repeated = false;
+      for (int64_t y = 0; y < z; ++y) repeated = repeated || a.seq_tok[y] == row;
+      if (row < 0 || row >= int32_t(kMaxDecodeSeqs) || repeated) {
+        return Status::error(format("attention_decode_mma: seq_tok[%lld]=%d must be a token row in 0..%lld, each "
+                                    "once", (long long)z, int(row), (long long)kMaxDecodeSeqs - 1));
+      }
+      p.seq_tok[z] = row;
     }
   } else {
     MAGNETAR_RETURN_IF_ERROR(make_params("attention_decode_mma", a, workspace, p, true));

@@ -73,11 +73,12 @@ MAGNETAR_HD int64_t decode_split_target(int64_t n_head_kv, int slots, int max_sp
 // The plan of `rows` (1..INT_MAX) over `want` splits aimed at (decode_split_target), in 32-bit unsigned arithmetic:
 // the decode kernel makes it in every CTA before it issues its first loads, a prologue on the step's critical path (its
 // CTAs start about when the launch before them ends), where 64-bit divisions are long instruction sequences.
-MAGNETAR_HD DecodePlan plan_decode_rows(int rows, int want) {
-  const unsigned r = unsigned(rows), w = unsigned(want);
+// step: the rows of one step of all the kernel's warps (kDecodeStep at 4 warps, twice that at 8).
+MAGNETAR_HD DecodePlan plan_decode_rows(int rows, int want, int step = kDecodeStep) {
+  const unsigned r = unsigned(rows), w = unsigned(want), st = unsigned(step);
   unsigned per = r / w + (r % w != 0 ? 1u : 0u);
-  per = (per + unsigned(kDecodeStep) - 1u) / unsigned(kDecodeStep) * unsigned(kDecodeStep);
-  if (per < unsigned(kDecodeStep)) per = unsigned(kDecodeStep);
+  per = (per + st - 1u) / st * st;
+  if (per < st) per = st;
   DecodePlan d;
   d.rows_per_split = int(per);
   d.n_splits = int(r / per + (r % per != 0 ? 1u : 0u));

@@ -711,6 +711,10 @@ struct AttentionArgs {
   // have been created for n_tok sequences.
   const void* const* seq_k = nullptr;
   const void* const* seq_v = nullptr;
+  // With seq_k: sequence t's token is row seq_tok[t] of q, out, out_q8k, prepare's k, v and rope and pos0_device (a
+  // host array of n_tok distinct rows, read at the call; null: row t), so that a batch whose sequences take different
+  // variants goes out as one launch per variant. The workspace must then hold max(seq_tok) + 1 sequences.
+  const int32_t* seq_tok = nullptr;
 };
 Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Stream& stream);
 
@@ -736,7 +740,8 @@ Status attention_decode_mma(const AttentionArgs& args, AttentionWorkspace& works
 bool has_attention_decode_mma(int64_t head_dim, int64_t group);
 // The warps per CTA of the kernel attention_decode_mma takes for a call over `rows` cached rows (a graph's launch:
 // the rows at capture): 8 for a Q8_0 cache at head_dim 128 from ~24K rows on where the GPU has the shared memory
-// (Hopper), else 4. A decode graph's key holds it, so that a sequence crossing that length is captured again.
+// (Hopper), 8 for an F16 cache at head_dim 128 up to kDecodeShortRows rows (MAGNETAR_CUDA_ATTN_SHORT_ROWS=N moves the
+// bound, 0 turns it off), else 4. A decode graph's key holds it, so that a sequence crossing a bound is captured again.
 int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows);
 // Whether attention_decode_mma can also write its output as Q8_K (AttentionArgs::out_q8k): group * head_dim a multiple
 // of 256, each KV head's outputs whole blocks.

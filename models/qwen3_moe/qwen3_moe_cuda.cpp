@@ -450,30 +450,40 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
   }
   const bool prepare_one =
       one_launch && fused(Fusion::kAttnPrepare) && decode_mma_for({.n_tok = 1, .head_dim = D}, group);
-  // A batched decode's tokens (one per sequence, each attention with its prepare) in one launch (kAttnSeqs) when they
-  // take the same kernel at their lengths: the same bits as a launch each, one launch on the layer's chain.
-  // (The workspace holds at most kSeqs: AttentionWorkspace::create.)
+  // A batched decode's tokens (one per sequence, each attention with its prepare) in one launch (kAttnSeqs) per
+  // kernel they take at their lengths (cuda::attention_decode_variant: at most two): the same bits as a launch each,
+  // one or two launches on the layer's chain. (The workspace holds at most kSeqs: AttentionWorkspace::create.)
   bool together = prepare_one && fused(Fusion::kAttnSeqs) && seqs.size() > 1 &&
                   int64_t(seqs.size()) <= attn_ws_.max_seqs();
-  const int variant = cuda::attention_decode_variant(D, kv_type_, seqs[0].pos0 + 1);
-  std::array<const void*, kSeqs> seq_k{}, seq_v{};
-  int64_t max_rows = 0;
-  for (size_t s = 0; together && s < seqs.size(); ++s) {
-    together = seqs[s].n_tok == 1 && cuda::attention_decode_variant(D, kv_type_, seqs[s].pos0 + 1) == variant;
-    seq_k[s] = mirrors[s]->k[size_t(il)].data();
-    seq_v[s] = mirrors[s]->v[size_t(il)].data();
-    max_rows = std::max(max_rows, seqs[s].kv->n_ctx());
-  }
+  for (size_t s = 0; together && s < seqs.size(); ++s) together = seqs[s].n_tok == 1;
   if (together) {
-    const cuda::AttentionArgs args{
-        .q = q, .out = attn_.as<float>(), .n_tok = n, .pos0 = seqs[0].pos0, .n_head = hp_.n_head,
-        .n_head_kv = hp_.n_head_kv, .head_dim = D, .window = L.window, .scale = float(1.0 / std::sqrt(double(D))),
-        .pos0_device = pos, .max_rows = max_rows, .kv_type = kv_type_,
-        .out_q8k = quantized_out ? q_in_.data() : nullptr,
-        .prepare = {.q_weight = L.q_norm.f32(), .k = k, .k_weight = L.k_norm.f32(), .v = v,
-                    .rope = reinterpret_cast<const float*>(positions_.as<uint8_t>() + rope_at_), .eps = hp_.rms_eps},
-        .seq_k = seq_k.data(), .seq_v = seq_v.data()};
-    MAGNETAR_RETURN_IF_ERROR(attend(args, group, attn_ws_, stream_));
+    std::array<bool, kSeqs> done{};
+    for (size_t first = 0; first < seqs.size(); ++first) {
+      if (done[first]) continue;
+      // The sequences of first's kernel, in batch order: their caches and token rows.
+      const int variant = cuda::attention_decode_variant(D, kv_type_, seqs[first].pos0 + 1);
+      std::array<const void*, kSeqs> seq_k{}, seq_v{};
+      std::array<int32_t, kSeqs> seq_tok{};
+      int64_t count = 0, max_rows = 0;
+      for (size_t s = first; s < seqs.size(); ++s) {
+        if (done[s] || cuda::attention_decode_variant(D, kv_type_, seqs[s].pos0 + 1) != variant) continue;
+        done[s] = true;
+        seq_k[size_t(count)] = mirrors[s]->k[size_t(il)].data();
+        seq_v[size_t(count)] = mirrors[s]->v[size_t(il)].data();
+        seq_tok[size_t(count++)] = int32_t(s);
+        max_rows = std::max(max_rows, seqs[s].kv->n_ctx());
+      }
+      const cuda::AttentionArgs args{
+          .q = q, .out = attn_.as<float>(), .n_tok = count, .pos0 = seqs[first].pos0, .n_head = hp_.n_head,
+          .n_head_kv = hp_.n_head_kv, .head_dim = D, .window = L.window, .scale = float(1.0 / std::sqrt(double(D))),
+          .pos0_device = pos, .max_rows = max_rows, .kv_type = kv_type_,
+          .out_q8k = quantized_out ? q_in_.data() : nullptr,
+          .prepare = {.q_weight = L.q_norm.f32(), .k = k, .k_weight = L.k_norm.f32(), .v = v,
+                      .rope = reinterpret_cast<const float*>(positions_.as<uint8_t>() + rope_at_),
+                      .eps = hp_.rms_eps},
+          .seq_k = seq_k.data(), .seq_v = seq_v.data(), .seq_tok = seq_tok.data()};
+      MAGNETAR_RETURN_IF_ERROR(attend(args, group, attn_ws_, stream_));
+    }
     return linear(L.wo, attn_.as<float>(), proj_.as<float>(), n, quantized_out ? q_in_.data() : nullptr);
   }
   int64_t t0 = 0;

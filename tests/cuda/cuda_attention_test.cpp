@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -274,10 +275,11 @@ TEST(CudaOps, AttentionMatchesReference) {
   }
 }
 
-// Decode with the position read from device memory (pos0_device, the decode graph's form) in a graph captured
-// once with a grid sized for a longer cache (max_rows): replayed at each decode case's position it gives the same
-// bits as attention() with that pos0 from the host (the same split plan, made on the device), including the
-// cases of one split (no combine) and of several chunks per split. For attention() and attention_decode_mma().
+// Decode with the position read from device memory (pos0_device, the decode graph's form) in a graph captured at
+// another position (of the same kernel) with a grid sized for a longer cache (max_rows): replayed at each decode
+// case's position it gives the same bits as attention() with that pos0 from the host (the same split plan, made on
+// the device), including the cases of one split (no combine) and of several chunks per split. For attention() and
+// attention_decode_mma().
 void expect_graph_position_matches_host(AttnOp op, const std::vector<AttnShape>& shapes, uint64_t seed) {
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
   ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(32, 256));
@@ -297,16 +299,20 @@ void expect_graph_position_matches_host(AttnOp op, const std::vector<AttnShape>&
                                .out = dout.as<float>(), .n_tok = 1, .pos0 = 0, .n_head = shape.n_head,
                                .n_head_kv = shape.n_head_kv, .head_dim = shape.head_dim, .window = window,
                                .scale = float(1.0 / std::sqrt(double(shape.head_dim)))};
-      cuda::AttentionArgs graphed = args;
-      graphed.pos0 = 12345;  // ignored
-      graphed.pos0_device = dpos.as<int32_t>();
-      graphed.max_rows = max_rows;
-      cuda::Graph::begin_capture(stream);
-      const Status st = run_op(op, graphed, ws, stream);
-      ASSERT_OK_AND_ASSIGN(cuda::Graph graph, cuda::Graph::end_capture(stream));
-      ASSERT_OK(st);
       for (const int64_t pos : {int64_t(0), int64_t(16), int64_t(299), int64_t(4999), int64_t(19999),
                                 max_rows - 1}) {
+        // Captured at another position of the same kernel (attention_decode_variant: a decode graph is captured
+        // again when a sequence crosses a variant's bound), replayed at pos.
+        cuda::AttentionArgs graphed = args;
+        graphed.pos0 = pos > 777 ? pos - 777 : 777;
+        ASSERT_EQ(cuda::attention_decode_variant(shape.head_dim, quant::Type::F16, graphed.pos0 + 1),
+                  cuda::attention_decode_variant(shape.head_dim, quant::Type::F16, pos + 1));
+        graphed.pos0_device = dpos.as<int32_t>();
+        graphed.max_rows = max_rows;
+        cuda::Graph::begin_capture(stream);
+        const Status st = run_op(op, graphed, ws, stream);
+        ASSERT_OK_AND_ASSIGN(cuda::Graph graph, cuda::Graph::end_capture(stream));
+        ASSERT_OK(st);
         args.pos0 = pos;
         ASSERT_OK(run_op(op, args, ws, stream));
         stream.synchronize();
@@ -785,7 +791,9 @@ TEST(CudaOps, AttentionDecodeMmaPrepareEqualsQkvPrepare) {
 // bit (each sequence gets its own plan, the same as alone). Sequences of different lengths in one call (one split and
 // many; a split count above the one-wave target of the others), F16 and Q8_0 caches, head_dim 64/128/256, a sliding
 // window, 2 to 8 sequences, the positions on the device with a grid sized for the longest cache; Q8_0 at head_dim 128
-// also past 24K rows (the 8-warp kernel). Rows past each token's hold NaN, as above.
+// also past 24K rows (the 8-warp kernel). A batch whose lengths take two kernels (attention_decode_variant: F16 at
+// head_dim 128 up to 4K rows on 8 warps) goes out as a launch per kernel over its tokens' rows (seq_tok, not
+// contiguous). Rows past each token's hold NaN, as above.
 TEST(CudaOps, AttentionDecodeMmaSequencesEqualOneLaunchEach) {
   SKIP_WITHOUT_GPU();
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
@@ -815,11 +823,6 @@ TEST(CudaOps, AttentionDecodeMmaSequencesEqualOneLaunchEach) {
                                  std::to_string(D) + (is_q8 ? " Q8_0" : " F16") + " window " +
                                  std::to_string(b.window) + " first rows " + std::to_string(b.rows[0]) + " of " +
                                  std::to_string(n) + " sequences";
-        for (const int64_t rows : b.rows) {  // the call's precondition: one kernel for all
-          ASSERT_EQ(cuda::attention_decode_variant(D, kv_type, rows), cuda::attention_decode_variant(D, kv_type,
-                                                                                                    b.rows[0]))
-              << what << ": rows " << rows;
-        }
         // Per sequence: caches of rows + 3 (random before the token's row, NaN from it), a copy for each side.
         int64_t max_rows = 0;
         std::vector<int32_t> positions;
@@ -882,22 +885,33 @@ TEST(CudaOps, AttentionDecodeMmaSequencesEqualOneLaunchEach) {
           one.prepare.rope = drope.as<float>() + s * D;
           ASSERT_OK(cuda::attention_decode_mma(one, ws, stream));
         }
-        std::vector<const void*> seq_k, seq_v;
+        // One launch per kernel the sequences take at their lengths (the call's precondition), each over its tokens'
+        // rows (seq_tok: not contiguous where a batch's lengths straddle a variant's bound).
+        std::map<int, std::vector<int32_t>> by_variant;
         for (int64_t s = 0; s < n; ++s) {
-          seq_k.push_back(caches[1][0][size_t(s)].data());
-          seq_v.push_back(caches[1][1][size_t(s)].data());
+          by_variant[cuda::attention_decode_variant(D, kv_type, b.rows[size_t(s)])].push_back(int32_t(s));
         }
-        args.n_tok = n;
-        args.pos0 = positions[0];
-        args.pos0_device = dpos.as<int32_t>();
-        args.out = out[1].as<float>();
-        args.out_q8k = quantizes ? q8[1].data() : nullptr;
-        args.prepare.k = dk.as<float>();
-        args.prepare.v = dv.as<float>();
-        args.prepare.rope = drope.as<float>();
-        args.seq_k = seq_k.data();
-        args.seq_v = seq_v.data();
-        ASSERT_OK(cuda::attention_decode_mma(args, ws, stream));
+        for (const auto& [variant, toks] : by_variant) {
+          std::vector<const void*> seq_k, seq_v;
+          for (const int32_t s : toks) {
+            seq_k.push_back(caches[1][0][size_t(s)].data());
+            seq_v.push_back(caches[1][1][size_t(s)].data());
+          }
+          cuda::AttentionArgs some = args;
+          some.n_tok = int64_t(toks.size());
+          some.pos0 = positions[size_t(toks[0])];
+          some.pos0_device = dpos.as<int32_t>();
+          some.out = out[1].as<float>();
+          some.out_q8k = quantizes ? q8[1].data() : nullptr;
+          some.prepare.k = dk.as<float>();
+          some.prepare.v = dv.as<float>();
+          some.prepare.rope = drope.as<float>();
+          some.seq_k = seq_k.data();
+          some.seq_v = seq_v.data();
+          some.seq_tok = toks.data();
+          const Status launched = cuda::attention_decode_mma(some, ws, stream);
+          ASSERT_TRUE(launched.ok()) << what << ": variant " << variant << ": " << launched.message();
+        }
         stream.synchronize();
         const std::vector<float> want = from_device<float>(out[0], q.size());
         const std::vector<float> got = from_device<float>(out[1], q.size());
@@ -921,7 +935,8 @@ TEST(CudaOps, AttentionDecodeMmaSequencesEqualOneLaunchEach) {
 }
 
 // Several sequences in one attention_decode_mma launch are refused with a Status without their positions on the
-// device, with more than kMaxDecodeSeqs, with a null cache, on a workspace made for fewer, and by attention().
+// device, with more than kMaxDecodeSeqs, with a null cache, on a workspace made for fewer, with token rows repeated,
+// out of range or past the workspace's sequences, and by attention().
 TEST(CudaOps, AttentionDecodeMmaSequencesRejectBadArguments) {
   SKIP_WITHOUT_GPU();
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
@@ -958,6 +973,18 @@ TEST(CudaOps, AttentionDecodeMmaSequencesRejectBadArguments) {
   bad = args;
   bad.n_tok = 5;
   refused(bad, ws, "workspace");
+  // Token rows (seq_tok): each once, within kMaxDecodeSeqs, within the workspace's sequences.
+  bad = args;
+  const int32_t repeated[3] = {0, 2, 0}, outside[3] = {0, 1, int32_t(cuda::kMaxDecodeSeqs)}, past[3] = {2, 0, 4};
+  const int32_t fine[3] = {3, 0, 2};
+  bad.seq_tok = repeated;
+  refused(bad, ws, "seq_tok");
+  bad.seq_tok = outside;
+  refused(bad, ws, "seq_tok");
+  bad.seq_tok = past;
+  refused(bad, ws, "workspace");
+  bad.seq_tok = fine;
+  ASSERT_OK(cuda::attention_decode_mma(bad, ws, stream));
   const Status st = cuda::attention(args, ws, stream);
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("seq_k"), std::string::npos) << st.message();

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backends/cuda/attention.cuh"
@@ -117,26 +118,36 @@ TEST(CudaOpsHost, AttentionSplitPlanCoversContext) {
   }
 }
 
-// The tensor-core decode plan: splits of whole 64-row steps covering the rows once, none empty, no more than the
-// slots per KV head (at least one) nor max_splits, and no more than decode_split_bound gives for any longer cache
-// (a graph's grid); contexts of one step take one split.
+// The tensor-core decode plan: splits of whole steps (64 rows for 4 warps, 128 for 8) covering the rows once, none
+// empty, no more than the slots per KV head (at least one) nor max_splits, and no more than decode_split_bound gives
+// for any longer cache (a graph's grid); contexts of one step take one split.
 TEST(CudaOpsHost, AttentionDecodePlanCoversContext) {
-  for (const int64_t rows : {int64_t(1), int64_t(63), int64_t(64), int64_t(65), int64_t(600), int64_t(3000),
-                             int64_t(40000), int64_t(65536), int64_t(1) << 20}) {
+  for (const int64_t rows : {int64_t(1), int64_t(63), int64_t(64), int64_t(65), int64_t(127), int64_t(129),
+                             int64_t(600), int64_t(3000), int64_t(40000), int64_t(65536), int64_t(1) << 20}) {
     for (const int64_t n_head_kv : {int64_t(1), int64_t(4), int64_t(8), int64_t(64), int64_t(300)}) {
       for (const int slots : {1, 132, 264, 396}) {
-        const cuda::attn::DecodePlan p = cuda::attn::plan_decode(rows, n_head_kv, slots, 512);
-        const int64_t want = std::max<int64_t>(1, std::min<int64_t>(slots / n_head_kv, 512));
-        ASSERT_EQ(p.rows_per_split % cuda::attn::kDecodeStep, 0) << rows << " " << n_head_kv << " " << slots;
-        ASSERT_GE(p.rows_per_split, cuda::attn::kDecodeStep);
-        ASSERT_GE(p.n_splits, 1);
-        ASSERT_LE(p.n_splits, want);
-        ASSERT_GE(int64_t(p.n_splits) * p.rows_per_split, rows);      // covered
-        ASSERT_LT(int64_t(p.n_splits - 1) * p.rows_per_split, rows);  // last split not empty
-        if (rows <= cuda::attn::kDecodeStep) ASSERT_EQ(p.n_splits, 1);
-        for (const int64_t max_rows : {rows, rows + 1, 2 * rows, int64_t(1) << 21}) {
-          ASSERT_LE(p.n_splits, cuda::attn::decode_split_bound(max_rows, n_head_kv, slots, 512)) << max_rows;
+        for (const int step : {cuda::attn::kDecodeStep, 2 * cuda::attn::kDecodeStep}) {
+          const int64_t want = cuda::attn::decode_split_target(n_head_kv, slots, 512);
+          const cuda::attn::DecodePlan p = cuda::attn::plan_decode_rows(int(rows), int(want), step);
+          const std::string at = std::to_string(rows) + " rows, " + std::to_string(n_head_kv) + " heads, " +
+                                 std::to_string(slots) + " slots, step " + std::to_string(step);
+          ASSERT_EQ(want, std::max<int64_t>(1, std::min<int64_t>(slots / n_head_kv, 512))) << at;
+          ASSERT_EQ(p.rows_per_split % step, 0) << at;
+          ASSERT_GE(p.rows_per_split, step) << at;
+          ASSERT_GE(p.n_splits, 1) << at;
+          ASSERT_LE(p.n_splits, want) << at;
+          ASSERT_GE(int64_t(p.n_splits) * p.rows_per_split, rows) << at;      // covered
+          ASSERT_LT(int64_t(p.n_splits - 1) * p.rows_per_split, rows) << at;  // last split not empty
+          if (rows <= step) ASSERT_EQ(p.n_splits, 1) << at;
+          for (const int64_t max_rows : {rows, rows + 1, 2 * rows, int64_t(1) << 21}) {
+            ASSERT_LE(p.n_splits, cuda::attn::decode_split_bound(max_rows, n_head_kv, slots, 512)) << at;
+          }
         }
+        const cuda::attn::DecodePlan d = cuda::attn::plan_decode(rows, n_head_kv, slots, 512);  // 64-row steps
+        const cuda::attn::DecodePlan s = cuda::attn::plan_decode_rows(
+            int(rows), int(cuda::attn::decode_split_target(n_head_kv, slots, 512)), cuda::attn::kDecodeStep);
+        ASSERT_EQ(d.rows_per_split, s.rows_per_split);
+        ASSERT_EQ(d.n_splits, s.n_splits);
       }
     }
   }
