@@ -409,7 +409,8 @@ constexpr int64_t kDecodeWideRows = 24 * 1024;
 // (33 splits per KV head of 128 rows cover 4,224) while a context of ~600 rows makes 5 splits instead of 9: the last
 // CTA combines one batch of records instead of two, and the q/k norms of prepare take one row per warp instead of
 // two. H200, tg128 of the 30B-A3B geometry (MAGNETAR_CUDA_ATTN_SHORT_ROWS=0 is the 4-warp kernel throughout): 603.4 /
-// 604.2 t/s against 582.5 / 582.7 (docs/benchmarks/2026-12-03-cuda-decode-stage-transitions.md).
+// 604.2 t/s against 582.5 / 582.7, and 603.6 / 602.3 against 588.1 / 586.8; 4 and 8 sessions at once 1,187 and 1,439
+// t/s against 1,113 and 1,369; even with it by 3K rows (docs/benchmarks/2026-12-03-cuda-decode-attention-short.md).
 constexpr int64_t kDecodeShortRows = 4096;
 
 // Dims d .. d + 7 of query head h_first + h of token tok, made by thread `item` of a loop over a KV head's G * D / 8

@@ -57,13 +57,14 @@ MAGNETAR_HD SplitPlan plan_splits(int64_t rows, int64_t n_head_kv, int sm_count,
 MAGNETAR_HD int64_t attended_rows(int64_t window, int64_t rows) { return window > 0 && window < rows ? window : rows; }
 
 // The tensor-core decode kernel's plan (attention_decode_mma): splits of whole kDecodeStep-row steps (its 4 warps
-// take 16 rows each per step), as many as fill `slots` CTAs (the GPU's SMs times the kernel's CTAs per SM: one
-// wave, every CTA's loads pipelined over its whole run) over the n_head_kv heads, at most max_splits and at most
-// one per step. Fewer, longer splits than plan_splits: a CTA's prologue (Q) and epilogue (warp merge, partial
-// record) are paid once per split, and the splits' records are few enough for the last CTA to combine them.
+// take 16 rows each per step; plan_decode_rows' step: 128 rows for its 8-warp variants), as many as fill `slots` CTAs
+// (the GPU's SMs times the kernel's CTAs per SM: one wave, every CTA's loads pipelined over its whole run) over the
+// n_head_kv heads, at most max_splits and at most one per step. Fewer, longer splits than plan_splits: a CTA's prologue
+// (Q) and epilogue (warp merge, partial record) are paid once per split, and the splits' records are few enough for
+// the last CTA to combine them.
 constexpr int kDecodeStep = 64;
 struct DecodePlan {
-  int rows_per_split = 0;  // a multiple of kDecodeStep
+  int rows_per_split = 0;  // a multiple of the step (kDecodeStep by default)
   int n_splits = 0;
 };
 MAGNETAR_HD int64_t decode_split_target(int64_t n_head_kv, int slots, int max_splits) {

@@ -722,8 +722,9 @@ Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Strea
 // (attention.cu's decode kernel): Q * scale rounded to f16, scores and softmax in f32, P rounded to f16 for P V, f32
 // accumulation -- the numerics of attention_prefill_mma, whose bound tests/cuda/cuda_attention_test.cpp states for
 // both.
-// Its own split plan (attn::plan_decode: one wave of CTAs, splits of whole 64-row steps); each warp streams its rows
-// through a cp.async ring in shared memory, and the last CTA of each KV head combines the splits (no second launch).
+// Its own split plan (attn::plan_decode: one wave of CTAs, splits of whole steps of 16 rows per warp); each warp
+// streams its rows through a cp.async ring in shared memory, and the last CTA of each KV head combines the splits (no
+// second launch).
 // Launched with programmatic dependent launch, it starts copying the cached rows before pos0 while the launch before
 // it still runs: those rows must have been written at least two launches earlier (or by a copy); rows pos0 and later
 // (this call's own tokens) may come from the launch just before.
@@ -740,8 +741,8 @@ Status attention_decode_mma(const AttentionArgs& args, AttentionWorkspace& works
 bool has_attention_decode_mma(int64_t head_dim, int64_t group);
 // The warps per CTA of the kernel attention_decode_mma takes for a call over `rows` cached rows (a graph's launch:
 // the rows at capture): 8 for a Q8_0 cache at head_dim 128 from ~24K rows on where the GPU has the shared memory
-// (Hopper), 8 for an F16 cache at head_dim 128 up to kDecodeShortRows rows (MAGNETAR_CUDA_ATTN_SHORT_ROWS=N moves the
-// bound, 0 turns it off), else 4. A decode graph's key holds it, so that a sequence crossing a bound is captured again.
+// (Hopper), 8 for an F16 cache at head_dim 128 up to 4,096 rows (MAGNETAR_CUDA_ATTN_SHORT_ROWS=N moves that bound, 0
+// turns it off), else 4. A decode graph's key holds it, so that a sequence crossing a bound is captured again.
 int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows);
 // Whether attention_decode_mma can also write its output as Q8_K (AttentionArgs::out_q8k): group * head_dim a multiple
 // of 256, each KV head's outputs whole blocks.
