@@ -1279,9 +1279,9 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
                      : launch_decode_mma<kSeqs, 128, 1, 2, kQ8, 8>(a, workspace, p, stream);
         }
       }
-    }
       return two ? launch_decode_mma<kSeqs, 128, 2, 4, kQ8>(a, workspace, p, stream)
                  : launch_decode_mma<kSeqs, 128, 1, 4, kQ8>(a, workspace, p, stream);
+    }
     default:
       return launch_decode_mma<kSeqs, 256, 1, 2, kQ8>(a, workspace, p, stream);
   }

@@ -701,7 +701,7 @@ struct AttentionArgs {
     const float* rope = nullptr;  // [head_dim]: the pairs' cos, then their sin (rope_table)
     float eps = 1e-6f;
   } prepare = {};
-  // attention_decode_mma only: the decode of n_tok sequences in one launch (2..kMaxDecodeSeqs, pos0_device set): token
+  // attention_decode_mma only: the decode of n_tok sequences in one launch (1..kMaxDecodeSeqs, pos0_device set): token
   // t is sequence t's one new token, at position pos0_device[t], attending to its own caches seq_k[t] and seq_v[t]
   // (host arrays of n_tok device pointers, read at the call; k_cache and v_cache unused), each of at most max_rows
   // rows. q, out, out_q8k and prepare's k, v and rope hold the tokens' rows in that order. Each sequence gets the plan
