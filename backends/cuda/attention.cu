@@ -1243,7 +1243,7 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
                                            p.max_splits);
   } else if (a.n_tok == 1) {
     const int64_t rows = attn::attended_rows(a.window, a.pos0 + 1);
-    const attn::DecodePlan plan = attn::plan_decode_rows(int(rows), p.decode_want, kW * 16);
+    const attn::DecodePlan plan = attn::plan_decode_rows(int(rows), p.decode_want, kW * kStep);
     if (plan.n_splits > 1) {
       p.rows_per_split = plan.rows_per_split;
       p.n_splits = plan.n_splits;

@@ -44,6 +44,7 @@ constexpr int64_t kChunk = 2048;                             // prefill chunk (b
 constexpr double kRooflineGBps = 4800.0;                     // H200 HBM3e, vendor datasheet
 constexpr int64_t kContexts[] = {512, 2048, 16384, 65536};
 
+using bench::GraphTimer;
 using bench::must;
 using bench::must_ok;
 
@@ -99,24 +100,15 @@ double time_per_call(benchmark::State& state, Setup& s, int64_t rows, int64_t co
     queue(s.k.as<uint16_t>() + off, s.v.as<uint16_t>() + off);
   }
   cuda::Graph graph = must(cuda::Graph::end_capture(s.stream), "capture");
-  cudaEvent_t start = nullptr, stop = nullptr;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
+  GraphTimer timer;
   graph.launch(s.stream);  // warm-up: the first launch uploads the graph
   s.stream.synchronize();
   double total = 0;
   for (auto _ : state) {
-    CUDA_CHECK(cudaEventRecord(start, s.stream.raw()));
-    graph.launch(s.stream);
-    CUDA_CHECK(cudaEventRecord(stop, s.stream.raw()));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    state.SetIterationTime(double(ms) * 1e-3);
-    total += double(ms) * 1e-3;
+    const double seconds = timer.seconds(graph, s.stream);
+    state.SetIterationTime(seconds);
+    total += seconds;
   }
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
   state.SetLabel(std::to_string(copies) + " calls per graph");
   const double calls = double(state.iterations()) * double(copies);
   return calls > 0 ? total / calls : 0;

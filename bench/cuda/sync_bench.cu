@@ -50,28 +50,6 @@ __global__ void persistent_kernel(unsigned* buf, unsigned* counter, int stages) 
   }
 }
 
-struct Timer {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  Timer() {
-    CUDA_CHECK(cudaEventCreate(&start));
-    CUDA_CHECK(cudaEventCreate(&stop));
-  }
-  ~Timer() {
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-  }
-  // Seconds of one launch of graph on stream.
-  double time(cuda::Graph& graph, cuda::Stream& stream) {
-    CUDA_CHECK(cudaEventRecord(start, stream.raw()));
-    graph.launch(stream);
-    CUDA_CHECK(cudaEventRecord(stop, stream.raw()));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    return double(ms) * 1e-3;
-  }
-};
-
 // Every value after kStages stages from zeros: kStages (each stage adds 1 to a value of the stage before).
 void check(const cuda::DeviceBuffer& values, unsigned n, const char* what) {
   std::vector<unsigned> v(n);
@@ -96,9 +74,9 @@ void bm_launches(benchmark::State& state) {
                                  rows[(s + 1) % 2], n));
   }
   cuda::Graph graph = must(cuda::Graph::end_capture(stream), "capture");
-  Timer timer;
-  timer.time(graph, stream);  // the first launch uploads the graph
-  for (auto _ : state) state.SetIterationTime(timer.time(graph, stream) / kStages);
+  GraphTimer timer;
+  timer.seconds(graph, stream);  // the first launch uploads the graph
+  for (auto _ : state) state.SetIterationTime(timer.seconds(graph, stream) / kStages);
   stream.synchronize();
   check(buf, n, "launches");  // kStages is even: the last stage wrote row 0
   state.SetLabel("us per launch");
@@ -121,9 +99,9 @@ void bm_grid_barrier(benchmark::State& state) {
   persistent_kernel<<<n, kThreads, 0, stream.raw()>>>(buf.as<unsigned>(), counter, kStages);
   CUDA_CHECK(cudaGetLastError());
   cuda::Graph graph = must(cuda::Graph::end_capture(stream), "capture");
-  Timer timer;
-  timer.time(graph, stream);
-  for (auto _ : state) state.SetIterationTime(timer.time(graph, stream) / kStages);
+  GraphTimer timer;
+  timer.seconds(graph, stream);
+  for (auto _ : state) state.SetIterationTime(timer.seconds(graph, stream) / kStages);
   stream.synchronize();
   check(buf, n, "grid barrier");
   state.SetLabel("us per stage");

@@ -455,19 +455,22 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
   // one or two launches on the layer's chain. (The workspace holds at most kSeqs: AttentionWorkspace::create.)
   bool together = prepare_one && fused(Fusion::kAttnSeqs) && seqs.size() > 1 &&
                   int64_t(seqs.size()) <= attn_ws_.max_seqs();
-  for (size_t s = 0; together && s < seqs.size(); ++s) together = seqs[s].n_tok == 1;
+  std::array<int, kSeqs> variant_of{};  // each sequence's kernel at its length; 0 once its launch is queued
+  for (size_t s = 0; together && s < seqs.size(); ++s) {
+    together = seqs[s].n_tok == 1;
+    variant_of[s] = cuda::attention_decode_variant(D, kv_type_, seqs[s].pos0 + 1);
+  }
   if (together) {
-    std::array<bool, kSeqs> done{};
     for (size_t first = 0; first < seqs.size(); ++first) {
-      if (done[first]) continue;
+      const int variant = variant_of[first];
+      if (variant == 0) continue;
       // The sequences of first's kernel, in batch order: their caches and token rows.
-      const int variant = cuda::attention_decode_variant(D, kv_type_, seqs[first].pos0 + 1);
       std::array<const void*, kSeqs> seq_k{}, seq_v{};
       std::array<int32_t, kSeqs> seq_tok{};
       int64_t count = 0, max_rows = 0;
       for (size_t s = first; s < seqs.size(); ++s) {
-        if (done[s] || cuda::attention_decode_variant(D, kv_type_, seqs[s].pos0 + 1) != variant) continue;
-        done[s] = true;
+        if (variant_of[s] != variant) continue;
+        variant_of[s] = 0;
         seq_k[size_t(count)] = mirrors[s]->k[size_t(il)].data();
         seq_v[size_t(count)] = mirrors[s]->v[size_t(il)].data();
         seq_tok[size_t(count++)] = int32_t(s);
