@@ -1270,7 +1270,11 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
                  : launch_decode_mma<kSeqs, 64, 1, 4, kQ8>(a, workspace, p, stream);
     case 128: {
       const int64_t rows = a.pos0 + (a.seq_k != nullptr ? 1 : a.n_tok);  // seq_k: the first sequence's (all alike)
-      if (attention_decode_variant(a.head_dim, kQ8 ? quant::Type::Q8_0 : quant::Type::F16, rows) == 8) {
+      const int variant = attention_decode_variant(a.head_dim, kQ8 ? quant::Type::Q8_0 : quant::Type::F16, rows);
+      if constexpr (kQ8) {
+        if (variant == 12 && !two) return launch_decode_mma<kSeqs, 128, 1, 2, kQ8, 12>(a, workspace, p, stream);
+      }
+      if (variant >= 8) {
         if constexpr (kQ8) {
           return two ? launch_decode_mma<kSeqs, 128, 2, 4, kQ8, 8>(a, workspace, p, stream)
                      : launch_decode_mma<kSeqs, 128, 1, 4, kQ8, 8>(a, workspace, p, stream);
@@ -1330,8 +1334,14 @@ int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows
     return v != nullptr ? std::atoll(v) : kDecodeShortRows;
   }();
   if (head_dim != 128) return kWarps;
+  static const int wide_warps = [] {
+    const char* v = std::getenv("MAGNETAR_CUDA_ATTN_Q8_WARPS");
+    const bool twelve_fits = decode_kernel_fits<attention_decode_mma_kernel<128, 1, 2, true, 12, false>,
+                                                DecodeSmem<128, 1, 2, true, 12>>();
+    return v != nullptr && std::atoi(v) == 12 && twelve_fits ? 12 : 8;
+  }();
   if (kv_type == quant::Type::F16) return short_fits && rows <= short_rows ? 8 : kWarps;
-  return wide_fits && kv_type == quant::Type::Q8_0 && rows >= kDecodeWideRows ? 8 : kWarps;
+  return wide_fits && kv_type == quant::Type::Q8_0 && rows >= kDecodeWideRows ? wide_warps : kWarps;
 }
 
 bool has_attention_decode_mma(int64_t head_dim, int64_t group) {
