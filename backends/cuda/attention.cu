@@ -1334,14 +1334,20 @@ int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows
     return v != nullptr ? std::atoll(v) : kDecodeShortRows;
   }();
   if (head_dim != 128) return kWarps;
+  // Q8_0 from kDecodeWideRows (MAGNETAR_CUDA_ATTN_WIDE_ROWS=N moves that bound): 12 warps where they fit (groups of at
+  // most 8 query heads; MAGNETAR_CUDA_ATTN_Q8_WARPS=8 keeps the 8-warp kernel, the baseline), else 8.
+  static const int64_t wide_rows = [] {
+    const char* v = std::getenv("MAGNETAR_CUDA_ATTN_WIDE_ROWS");
+    return v != nullptr ? std::atoll(v) : kDecodeWideRows;
+  }();
   static const int wide_warps = [] {
     const char* v = std::getenv("MAGNETAR_CUDA_ATTN_Q8_WARPS");
     const bool twelve_fits = decode_kernel_fits<attention_decode_mma_kernel<128, 1, 2, true, 12, false>,
                                                 DecodeSmem<128, 1, 2, true, 12>>();
-    return v != nullptr && std::atoi(v) == 12 && twelve_fits ? 12 : 8;
+    return (v == nullptr || std::atoi(v) != 8) && twelve_fits ? 12 : 8;
   }();
   if (kv_type == quant::Type::F16) return short_fits && rows <= short_rows ? 8 : kWarps;
-  return wide_fits && kv_type == quant::Type::Q8_0 && rows >= kDecodeWideRows ? wide_warps : kWarps;
+  return wide_fits && kv_type == quant::Type::Q8_0 && rows >= wide_rows ? wide_warps : kWarps;
 }
 
 bool has_attention_decode_mma(int64_t head_dim, int64_t group) {
