@@ -85,7 +85,7 @@ run_arm() {
 # (run_arm: "VAR=VALUE ..." or ARM=NAME; none: the default) with the bench flags in DEPTH_FLAGS (e.g. "--kv-type q8_0").
 depth_arm() {
   run_arm "${1:-}" bench -m "$model" --device cuda --ctx 67700 --ctx-start 2048 --ctx-max 65536 --step 2048 --gen 64 \
-    --reps 1 --batch 2048 ${DEPTH_FLAGS:-} 2>&1 | grep -E "^ *(2048|16384|32768|65536) |depth" | head -12
+    --reps 1 --batch 2048 ${DEPTH_FLAGS:-} 2>&1 | grep -E "^ *(${DEPTH_ROWS:-2048|16384|32768|65536}) |depth" | head -40
 }
 
 # `run.sh --stream-arms`: only the expert-streaming and disk-KV arms (tools/device/stream_arms.sh), with the
@@ -133,7 +133,7 @@ fi
 
 # `run.sh --depth-bench [ARM ...]`: only decode at depth 2K to 64K (2,048-token prefill chunks) on the resident 30B-A3B
 # geometry, with F16 KV and then with Q8_0 KV (DEPTH_KV="q8_0": only that), each for the default and then for every
-# arm given (as --decode-bench's).
+# arm given (as --decode-bench's). Printed: the depths 2K, 16K, 32K and 64K (DEPTH_ROWS='[0-9]+': every 2K).
 if [ "$filter" = "--depth-bench" ]; then
   build_with_model
   for kv in ${DEPTH_KV:-f16 q8_0}; do
