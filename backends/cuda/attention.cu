@@ -395,15 +395,19 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(const Param
 // moves half the bytes but executes 1.7x the instructions (ncu of the first version, which dequantized K and V before
 // the scores: 13.0 M against 7.7 M per 64K call; issue slots 42% busy, stalls on fixed-latency dependencies and
 // short scoreboards): dequantization, not memory, sets its time (docs/benchmarks/2026-12-01-cuda-kv-q8_0.md; with
-// the lean steps of kLean and 8 warps from kDecodeWideRows, 36.1 us per 64K call on 2026-12-03).
+// the lean steps of kLean and 8 warps, 36.1 us per 64K call on 2026-12-03; 12 warps from kDecodeWideRows since).
 constexpr int kStep = 16;  // rows per warp step
 static_assert(kWarps * kStep == attn::kDecodeStep);
-// Q8_0 KV at head_dim 128 attending this many cached rows or more: 8 warps per CTA (attention_decode_variant; still
-// one CTA per SM, 217 KB of rings), so that two warps per scheduler hide each other's dequantization latency, at the
-// price of a longer merge. H200, decode t/s of the 30B-A3B geometry with 4 / 8 warps (2026-12-02,
-// docs/benchmarks/2026-12-02-cuda-decode-attention-one-per-sm.md): 522.5 / 499.2 at 2K, 419.5 / 413.6 at 16K,
-// 353.2 / 362.3 at 32K, 267.8 / 286.3 at 64K.
-constexpr int64_t kDecodeWideRows = 24 * 1024;
+// Q8_0 KV at head_dim 128 attending this many cached rows or more: 12 warps per CTA with two ring stages each
+// (attention_decode_variant; still one CTA per SM, 219 KB of rings; groups of more than 8 query heads: 8 warps of four
+// stages, 226 KB), so that three warps per scheduler hide each other's dequantization latency: its steps are a chain
+// of dependent instructions, slow enough for one step in flight to cover HBM. H200, decode t/s of the 30B-A3B
+// geometry: with 4 / 8 warps (2026-12-02, docs/benchmarks/2026-12-02-cuda-decode-attention-one-per-sm.md) 522.5 /
+// 499.2 at 2K, 419.5 / 413.6 at 16K, 353.2 / 362.3 at 32K, 267.8 / 286.3 at 64K (8 warps from 24K rows since); 12
+// warps from 4K rows against that, 490-495 / 484 at 4K, 474-477 / 453 at 8K, 429-432 / 409-411 at 16K, 381-383 /
+// 360-362 at 32K and 305-308 / 295 at 64K (2026-12-03, docs/benchmarks/2026-12-03-cuda-decode-attention-q8-warps.md;
+// even at 2K).
+constexpr int64_t kDecodeWideRows = 4096;
 // F16 KV at head_dim 128 attending at most this many cached rows: 8 warps per CTA with two ring stages each (139 KB)
 // and splits of whole 128-row steps (attn::plan_decode_rows' step), so that every warp still takes one 16-row step
 // (33 splits per KV head of 128 rows cover 4,224) while a context of ~600 rows makes 5 splits instead of 9: the last
@@ -514,7 +518,7 @@ __device__ __forceinline__ DecodeRun decode_run(const Params& p, int seq, int st
 template <int D, int kHT, int kStages, bool kQ8, int kW, bool kSeqs>
 __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kernel(const Params p) {
   using S = DecodeSmem<D, kHT, kStages, kQ8, kW>;
-  constexpr int kWarps = kW;  // this kernel's warps (the file's kWarps, 4, or 8: attention_decode_variant)
+  constexpr int kWarps = kW;  // this kernel's warps (the file's kWarps, 4, or 8 or 12: attention_decode_variant)
   constexpr int kThreads = kW * ops::kWarpSize;
   constexpr int kCtaStep = kW * kStep;  // rows of one step of all warps (attn::kDecodeStep at 4 warps)
   constexpr int kMT = D / 16;                         // m16 tiles of O^T (dims); also k16 steps of the scores
@@ -1323,8 +1327,8 @@ bool decode_kernel_fits() {
 }
 
 int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows) {
-  // The 8-warp kernels' rings take up to 226 KB (Q8_0) and 139 KB (F16, two stages) of shared memory per CTA: within
-  // Hopper's opt-in limit (227 KB), the F16 one within Ampere's (163 KB) too; elsewhere the 4-warp kernel stays.
+  // The 8- and 12-warp kernels' rings take up to 226 KB (Q8_0) and 139 KB (F16, two stages) of shared memory per CTA:
+  // within Hopper's opt-in limit (227 KB), the F16 one within Ampere's (163 KB) too; elsewhere the 4-warp kernel stays.
   static const bool wide_fits =
       decode_kernel_fits<attention_decode_mma_kernel<128, 2, 4, true, 8, false>, DecodeSmem<128, 2, 4, true, 8>>();
   static const bool short_fits =
@@ -1335,7 +1339,8 @@ int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows
   }();
   if (head_dim != 128) return kWarps;
   // Q8_0 from kDecodeWideRows (MAGNETAR_CUDA_ATTN_WIDE_ROWS=N moves that bound): 12 warps where they fit (groups of at
-  // most 8 query heads; MAGNETAR_CUDA_ATTN_Q8_WARPS=8 keeps the 8-warp kernel, the baseline), else 8.
+  // most 8 query heads; larger groups take the 8-warp kernel; MAGNETAR_CUDA_ATTN_Q8_WARPS=8: the 8-warp kernel for
+  // all, with MAGNETAR_CUDA_ATTN_WIDE_ROWS=24576 the code before 2026-12-03's change), else 8.
   static const int64_t wide_rows = [] {
     const char* v = std::getenv("MAGNETAR_CUDA_ATTN_WIDE_ROWS");
     return v != nullptr ? std::atoll(v) : kDecodeWideRows;

@@ -708,7 +708,8 @@ TEST(CudaOps, AttentionDecodeMmaPrepareEqualsQkvPrepare) {
     int64_t rows, window;
   };
   for (const AttnShape& sh : shapes) {
-    // 25000 rows: Q8_0 at head_dim 128 takes the 8-warp kernel there (cuda::attention_decode_variant).
+    // 5000 and 25000 rows: Q8_0 at head_dim 128 takes a wide kernel there (12 warps, or 8 for groups over 8 query
+    // heads: cuda::attention_decode_variant).
     for (const Ctx ctx :
          {Ctx{1, 0}, Ctx{17, 0}, Ctx{65, 0}, Ctx{600, 0}, Ctx{5000, 0}, Ctx{3000, 700}, Ctx{25000, 0}}) {
       for (const quant::Type kv_type : {quant::Type::F16, quant::Type::Q8_0}) {
@@ -791,9 +792,9 @@ TEST(CudaOps, AttentionDecodeMmaPrepareEqualsQkvPrepare) {
 // bit (each sequence gets its own plan, the same as alone). Sequences of different lengths in one call (one split and
 // many; a split count above the one-wave target of the others), F16 and Q8_0 caches, head_dim 64/128/256, a sliding
 // window, 2 to 8 sequences, the positions on the device with a grid sized for the longest cache; Q8_0 at head_dim 128
-// also past 24K rows (the 8-warp kernel). A batch whose lengths take two kernels (attention_decode_variant: F16 at
-// head_dim 128 up to 4K rows on 8 warps) goes out as a launch per kernel over its tokens' rows (seq_tok, not
-// contiguous). Rows past each token's hold NaN, as above.
+// also past 24K rows (a wide kernel throughout). A batch whose lengths take two kernels (attention_decode_variant: F16
+// at head_dim 128 up to 4K rows on 8 warps, Q8_0 from 4K rows on 12 or 8) goes out as a launch per kernel over its
+// tokens' rows (seq_tok, not contiguous). Rows past each token's hold NaN, as above.
 TEST(CudaOps, AttentionDecodeMmaSequencesEqualOneLaunchEach) {
   SKIP_WITHOUT_GPU();
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
@@ -808,7 +809,7 @@ TEST(CudaOps, AttentionDecodeMmaSequencesEqualOneLaunchEach) {
                            {{65, 5000, 17, 600}, 0},
                            {{1, 2, 63, 64, 65, 600, 2000, 9000}, 0},
                            {{3000, 700, 5000}, 700}};
-  const Batch wide = {{25000, 30000, 24577}, 0};  // Q8_0, head_dim 128: the 8-warp kernel for all three
+  const Batch wide = {{25000, 30000, 24577}, 0};  // Q8_0, head_dim 128: the wide kernel for all three
   for (const AttnShape& sh : shapes) {
     for (const quant::Type kv_type : {quant::Type::F16, quant::Type::Q8_0}) {
       const bool is_q8 = kv_type == quant::Type::Q8_0;
@@ -1027,7 +1028,7 @@ TEST(CudaOps, AttentionDecodeMmaPrepareRejectsBadArguments) {
 // aligned or not, so staging windows with and without skew); and, for decode, the position read from device memory (as
 // a graph reads it) gives the host position's output bit for bit. Gaussian K/V quantized by the reference quantizer;
 // the rows past the last position are blocks with a NaN scale (NaN when dequantized: a kernel that read them would
-// show it). Not compared bit for bit with the F16 kernel: from ~24K rows the Q8_0 kernel runs 8 warps per CTA (another
+// show it). Not compared bit for bit with the F16 kernel: from 4K rows the Q8_0 kernel runs 12 warps per CTA (another
 // merge order).
 TEST(CudaOps, AttentionDecodeMmaQ8MatchesReference) {
   SKIP_WITHOUT_GPU();
@@ -1056,7 +1057,7 @@ TEST(CudaOps, AttentionDecodeMmaQ8MatchesReference) {
     ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dout, cuda::DeviceBuffer::allocate(out_n * sizeof(float)));
     std::vector<float> got[2];  // position from the host, from the device
     // The host's stand-in position for the device's: wrong, but of the same kernel (attention_decode_variant: the
-    // 8-warp one at 40000 rows), whose merge order the two calls then share.
+    // wide one from 4K rows), whose merge order the two calls then share.
     const int64_t stand_in = c.pos0 > 777 ? c.pos0 - 777 : 777;
     ASSERT_EQ(cuda::attention_decode_variant(D, quant::Type::Q8_0, stand_in + c.n_tok),
               cuda::attention_decode_variant(D, quant::Type::Q8_0, c.pos0 + c.n_tok));
