@@ -404,9 +404,9 @@ static_assert(kWarps * kStep == attn::kDecodeStep);
 // of dependent instructions, slow enough for one step in flight to cover HBM. H200, decode t/s of the 30B-A3B
 // geometry: with 4 / 8 warps (2026-12-02, docs/benchmarks/2026-12-02-cuda-decode-attention-one-per-sm.md) 522.5 /
 // 499.2 at 2K, 419.5 / 413.6 at 16K, 353.2 / 362.3 at 32K, 267.8 / 286.3 at 64K (8 warps from 24K rows since); 12
-// warps from 4K rows against that, 490-495 / 484 at 4K, 474-477 / 453 at 8K, 429-432 / 409-411 at 16K, 381-383 /
-// 360-362 at 32K and 305-308 / 295 at 64K (2026-12-03, docs/benchmarks/2026-12-03-cuda-decode-attention-q8-warps.md;
-// even at 2K).
+// warps against that (2026-12-03, docs/benchmarks/2026-12-03-cuda-decode-attention-q8-warps.md; depths as there, the
+// decode 2,048 rows past them): 504-520 / 505-506 at 2K (even), 490-495 / 484-485 at 4K, 474-477 / 453 at 8K,
+// 429-432 / 410-411 at 16K, 381-384 / 360-361 at 32K and 307 / 295 at 64K.
 constexpr int64_t kDecodeWideRows = 4096;
 // F16 KV at head_dim 128 attending at most this many cached rows: 8 warps per CTA with two ring stages each (139 KB)
 // and splits of whole 128-row steps (attn::plan_decode_rows' step), so that every warp still takes one 16-row step
