@@ -518,7 +518,7 @@ __device__ __forceinline__ DecodeRun decode_run(const Params& p, int seq, int st
 template <int D, int kHT, int kStages, bool kQ8, int kW, bool kSeqs>
 __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kernel(const Params p) {
   using S = DecodeSmem<D, kHT, kStages, kQ8, kW>;
-  constexpr int kWarps = kW;  // this kernel's warps (the file's kWarps, 4, or 8 or 12: attention_decode_variant)
+  constexpr int kWarps = kW;  // this kernel's warps (4, the file's kWarps, or 8 or 12: attention_decode_variant)
   constexpr int kThreads = kW * ops::kWarpSize;
   constexpr int kCtaStep = kW * kStep;  // rows of one step of all warps (attn::kDecodeStep at 4 warps)
   constexpr int kMT = D / 16;                         // m16 tiles of O^T (dims); also k16 steps of the scores

@@ -742,9 +742,9 @@ bool has_attention_decode_mma(int64_t head_dim, int64_t group);
 // The warps per CTA of the kernel attention_decode_mma takes for a call over `rows` cached rows (a graph's launch:
 // the rows at capture): 12 for a Q8_0 cache at head_dim 128 from 4,096 rows on where the GPU has the shared memory
 // (Hopper; the kernel has 8 for groups of more than 8 query heads; MAGNETAR_CUDA_ATTN_WIDE_ROWS=N moves that bound,
-// MAGNETAR_CUDA_ATTN_Q8_WARPS=8 asks 8 for all), 8 for an F16 cache
-// at head_dim 128 up to 4,096 rows (MAGNETAR_CUDA_ATTN_SHORT_ROWS=N moves that bound, 0 turns it off), else 4. A
-// decode graph's key holds it, so that a sequence crossing a bound is captured again.
+// MAGNETAR_CUDA_ATTN_Q8_WARPS=8 asks 8 for all), 8 for an F16 cache at head_dim 128 up to 4,096 rows
+// (MAGNETAR_CUDA_ATTN_SHORT_ROWS=N moves that bound, 0 turns it off), else 4. A decode graph's key holds it, so that a
+// sequence crossing a bound is captured again.
 int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows);
 // Whether attention_decode_mma can also write its output as Q8_K (AttentionArgs::out_q8k): group * head_dim a multiple
 // of 256, each KV head's outputs whole blocks.
