@@ -1025,7 +1025,8 @@ TEST(CudaOps, AttentionDecodeMmaPrepareRejectsBadArguments) {
 // attention_decode_mma over a Q8_0 cache: within mma_expect's bound of the exact attention over the values the kernel
 // is specified to compute with, each element f16(d * q) (kv_to_f16's, computed here on the host), for
 // decode_mma_cases() (contexts of 1 to 40000 rows, windows, groups 1 to 16, head_dim 64/128/256; cache rows 16-byte
-// aligned or not, so staging windows with and without skew); and, for decode, the position read from device memory (as
+// aligned or not, so staging windows with and without skew) and one KV head of 128 under 8 query heads (rows not
+// 16-byte aligned on the 12-warp kernel); and, for decode, the position read from device memory (as
 // a graph reads it) gives the host position's output bit for bit. Gaussian K/V quantized by the reference quantizer;
 // the rows past the last position are blocks with a NaN scale (NaN when dequantized: a kernel that read them would
 // show it). Not compared bit for bit with the F16 kernel: from 4K rows the Q8_0 kernel runs 12 warps per CTA (another
@@ -1036,7 +1037,12 @@ TEST(CudaOps, AttentionDecodeMmaQ8MatchesReference) {
   ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(64, 256));
   const quant::TypeTraits& q8 = quant::traits(quant::Type::Q8_0);
   Rng rng(kSeed + 15);
-  for (const AttnCase& c : decode_mma_cases()) {
+  // Also 8 query heads over one KV head of 128: cache rows of 136 bytes, not a multiple of 16 apart, so the 12-warp
+  // kernel (from 4K rows) stages them with their skews instead of its lean steps' copies.
+  std::vector<AttnCase> cases = decode_mma_cases();
+  for (const int64_t ctx : {600, 5000, 40000}) cases.push_back({{8, 1, 128}, 1, ctx - 1, 0});
+  cases.push_back({{8, 1, 128}, 1, 39999, 1000});
+  for (const AttnCase& c : cases) {
     const int64_t HK = c.shape.n_head_kv, D = c.shape.head_dim, kv = HK * D;
     const int64_t rows = n_rows_of(c), valid = c.pos0 + c.n_tok;
     AttnData d;  // q and the F16 values f16(d * q) of the Q8_0 caches
