@@ -1326,6 +1326,14 @@ bool decode_kernel_fits() {
   return size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) >= Smem::kBytes + attr.sharedSizeBytes;
 }
 
+namespace {
+// The integer in the environment variable `name` (a diagnostic switch), else `fallback`.
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::atoll(v) : fallback;
+}
+}  // namespace
+
 int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows) {
   // The 8- and 12-warp kernels' rings take up to 226 KB (Q8_0) and 139 KB (F16, two stages) of shared memory per CTA:
   // within Hopper's opt-in limit (227 KB), the F16 one within Ampere's (163 KB) too; elsewhere the 4-warp kernel stays.
@@ -1333,24 +1341,15 @@ int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows
       decode_kernel_fits<attention_decode_mma_kernel<128, 2, 4, true, 8, false>, DecodeSmem<128, 2, 4, true, 8>>();
   static const bool short_fits =
       decode_kernel_fits<attention_decode_mma_kernel<128, 2, 2, false, 8, false>, DecodeSmem<128, 2, 2, false, 8>>();
-  static const int64_t short_rows = [] {
-    const char* v = std::getenv("MAGNETAR_CUDA_ATTN_SHORT_ROWS");
-    return v != nullptr ? std::atoll(v) : kDecodeShortRows;
-  }();
+  static const int64_t short_rows = env_int("MAGNETAR_CUDA_ATTN_SHORT_ROWS", kDecodeShortRows);
   if (head_dim != 128) return kWarps;
   // Q8_0 from kDecodeWideRows (MAGNETAR_CUDA_ATTN_WIDE_ROWS=N moves that bound): 12 warps where they fit (groups of at
   // most 8 query heads; larger groups take the 8-warp kernel; MAGNETAR_CUDA_ATTN_Q8_WARPS=8: the 8-warp kernel for
   // all, with MAGNETAR_CUDA_ATTN_WIDE_ROWS=24576 the code before 2026-12-03's change), else 8.
-  static const int64_t wide_rows = [] {
-    const char* v = std::getenv("MAGNETAR_CUDA_ATTN_WIDE_ROWS");
-    return v != nullptr ? std::atoll(v) : kDecodeWideRows;
-  }();
-  static const int wide_warps = [] {
-    const char* v = std::getenv("MAGNETAR_CUDA_ATTN_Q8_WARPS");
-    const bool twelve_fits = decode_kernel_fits<attention_decode_mma_kernel<128, 1, 2, true, 12, false>,
-                                                DecodeSmem<128, 1, 2, true, 12>>();
-    return (v == nullptr || std::atoi(v) != 8) && twelve_fits ? 12 : 8;
-  }();
+  static const int64_t wide_rows = env_int("MAGNETAR_CUDA_ATTN_WIDE_ROWS", kDecodeWideRows);
+  static const bool twelve_fits =
+      decode_kernel_fits<attention_decode_mma_kernel<128, 1, 2, true, 12, false>, DecodeSmem<128, 1, 2, true, 12>>();
+  static const int wide_warps = twelve_fits && env_int("MAGNETAR_CUDA_ATTN_Q8_WARPS", 12) != 8 ? 12 : 8;
   if (kv_type == quant::Type::F16) return short_fits && rows <= short_rows ? 8 : kWarps;
   return wide_fits && kv_type == quant::Type::Q8_0 && rows >= wide_rows ? wide_warps : kWarps;
 }

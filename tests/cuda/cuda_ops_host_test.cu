@@ -126,8 +126,8 @@ TEST(CudaOpsHost, AttentionDecodePlanCoversContext) {
                              int64_t(600), int64_t(3000), int64_t(40000), int64_t(65536), int64_t(1) << 20}) {
     for (const int64_t n_head_kv : {int64_t(1), int64_t(4), int64_t(8), int64_t(64), int64_t(300)}) {
       for (const int slots : {1, 132, 264, 396}) {
+        const int64_t want = cuda::attn::decode_split_target(n_head_kv, slots, 512);
         for (const int step : {cuda::attn::kDecodeStep, 2 * cuda::attn::kDecodeStep}) {
-          const int64_t want = cuda::attn::decode_split_target(n_head_kv, slots, 512);
           const cuda::attn::DecodePlan p = cuda::attn::plan_decode_rows(int(rows), int(want), step);
           const std::string at = std::to_string(rows) + " rows, " + std::to_string(n_head_kv) + " heads, " +
                                  std::to_string(slots) + " slots, step " + std::to_string(step);
@@ -144,8 +144,7 @@ TEST(CudaOpsHost, AttentionDecodePlanCoversContext) {
           }
         }
         const cuda::attn::DecodePlan d = cuda::attn::plan_decode(rows, n_head_kv, slots, 512);  // 64-row steps
-        const cuda::attn::DecodePlan s = cuda::attn::plan_decode_rows(
-            int(rows), int(cuda::attn::decode_split_target(n_head_kv, slots, 512)), cuda::attn::kDecodeStep);
+        const cuda::attn::DecodePlan s = cuda::attn::plan_decode_rows(int(rows), int(want), cuda::attn::kDecodeStep);
         ASSERT_EQ(d.rows_per_split, s.rows_per_split);
         ASSERT_EQ(d.n_splits, s.n_splits);
       }
