@@ -708,8 +708,8 @@ TEST(CudaOps, AttentionDecodeMmaPrepareEqualsQkvPrepare) {
     int64_t rows, window;
   };
   for (const AttnShape& sh : shapes) {
-    // 5000 and 25000 rows: Q8_0 at head_dim 128 takes a wide kernel there (12 warps, or 8 for groups over 8 query
-    // heads: cuda::attention_decode_variant).
+    // Q8_0 at head_dim 128 takes a wide kernel at every length (12 warps, or 8 for groups over 8 query heads:
+    // cuda::attention_decode_variant), F16 the 8-warp one up to 4K rows.
     for (const Ctx ctx :
          {Ctx{1, 0}, Ctx{17, 0}, Ctx{65, 0}, Ctx{600, 0}, Ctx{5000, 0}, Ctx{3000, 700}, Ctx{25000, 0}}) {
       for (const quant::Type kv_type : {quant::Type::F16, quant::Type::Q8_0}) {
@@ -793,8 +793,8 @@ TEST(CudaOps, AttentionDecodeMmaPrepareEqualsQkvPrepare) {
 // many; a split count above the one-wave target of the others), F16 and Q8_0 caches, head_dim 64/128/256, a sliding
 // window, 2 to 8 sequences, the positions on the device with a grid sized for the longest cache; Q8_0 at head_dim 128
 // also past 24K rows (a wide kernel throughout). A batch whose lengths take two kernels (attention_decode_variant: F16
-// at head_dim 128 up to 4K rows on 8 warps, Q8_0 from 4K rows on 12 or 8) goes out as a launch per kernel over its
-// tokens' rows (seq_tok, not contiguous). Rows past each token's hold NaN, as above.
+// at head_dim 128 up to 4K rows on 8 warps, 4 beyond; Q8_0 at head_dim 128 on 12 or 8 at every length) goes out as a
+// launch per kernel over its tokens' rows (seq_tok, not contiguous). Rows past each token's hold NaN, as above.
 TEST(CudaOps, AttentionDecodeMmaSequencesEqualOneLaunchEach) {
   SKIP_WITHOUT_GPU();
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
@@ -1029,8 +1029,8 @@ TEST(CudaOps, AttentionDecodeMmaPrepareRejectsBadArguments) {
 // 16-byte aligned on the 12-warp kernel); and, for decode, the position read from device memory (as
 // a graph reads it) gives the host position's output bit for bit. Gaussian K/V quantized by the reference quantizer;
 // the rows past the last position are blocks with a NaN scale (NaN when dequantized: a kernel that read them would
-// show it). Not compared bit for bit with the F16 kernel: from 4K rows the Q8_0 kernel runs 12 warps per CTA (another
-// merge order).
+// show it). Not compared bit for bit with the F16 kernel: at head_dim 128 the Q8_0 kernel runs 12 warps per CTA
+// (another merge order).
 TEST(CudaOps, AttentionDecodeMmaQ8MatchesReference) {
   SKIP_WITHOUT_GPU();
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
@@ -1038,7 +1038,7 @@ TEST(CudaOps, AttentionDecodeMmaQ8MatchesReference) {
   const quant::TypeTraits& q8 = quant::traits(quant::Type::Q8_0);
   Rng rng(kSeed + 15);
   // Also 8 query heads over one KV head of 128: cache rows of 136 bytes, not a multiple of 16 apart, so the 12-warp
-  // kernel (from 4K rows) stages them with their skews instead of its lean steps' copies.
+  // kernel stages them with their skews instead of its lean steps' copies.
   std::vector<AttnCase> cases = decode_mma_cases();
   for (const int64_t ctx : {600, 5000, 40000}) cases.push_back({{8, 1, 128}, 1, ctx - 1, 0});
   cases.push_back({{8, 1, 128}, 1, 39999, 1000});
@@ -1062,8 +1062,8 @@ TEST(CudaOps, AttentionDecodeMmaQ8MatchesReference) {
     const size_t out_n = size_t(c.n_tok * c.shape.n_head * D);
     ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dout, cuda::DeviceBuffer::allocate(out_n * sizeof(float)));
     std::vector<float> got[2];  // position from the host, from the device
-    // The host's stand-in position for the device's: wrong, but of the same kernel (attention_decode_variant: the
-    // wide one from 4K rows), whose merge order the two calls then share.
+    // The host's stand-in position for the device's: wrong, but of the same kernel (attention_decode_variant), whose
+    // merge order the two calls then share.
     const int64_t stand_in = c.pos0 > 777 ? c.pos0 - 777 : 777;
     ASSERT_EQ(cuda::attention_decode_variant(D, quant::Type::Q8_0, stand_in + c.n_tok),
               cuda::attention_decode_variant(D, quant::Type::Q8_0, c.pos0 + c.n_tok));

@@ -82,10 +82,13 @@ run_arm() {
 }
 
 # Decode over 64 tokens at depth 2K, 16K, 32K and 64K (2,048-token prefill chunks) of the model, under the arm given
-# (run_arm: "VAR=VALUE ..." or ARM=NAME; none: the default) with the bench flags in DEPTH_FLAGS (e.g. "--kv-type q8_0").
+# (run_arm: "VAR=VALUE ..." or ARM=NAME; none: the default) with the bench flags in DEPTH_FLAGS (e.g. "--kv-type q8_0");
+# DEPTH_RANGE replaces the depths' flags (e.g. "--ctx 8192 --ctx-start 1024 --ctx-max 5120 --step 1024 --reps 3
+# --batch 1024" with DEPTH_ROWS='[0-9]+': 1K to 5K).
 depth_arm() {
-  run_arm "${1:-}" bench -m "$model" --device cuda --ctx 67700 --ctx-start 2048 --ctx-max 65536 --step 2048 --gen 64 \
-    --reps 1 --batch 2048 ${DEPTH_FLAGS:-} 2>&1 | grep -E "^ *(${DEPTH_ROWS:-2048|16384|32768|65536}) |depth" | head -40
+  run_arm "${1:-}" bench -m "$model" --device cuda ${DEPTH_RANGE:---ctx 67700 --ctx-start 2048 --ctx-max 65536 --step \
+    2048 --reps 1 --batch 2048} --gen 64 ${DEPTH_FLAGS:-} 2>&1 | grep -E "^ *(${DEPTH_ROWS:-2048|16384|32768|65536}) |depth" |
+    head -40
 }
 
 # `run.sh --stream-arms`: only the expert-streaming and disk-KV arms (tools/device/stream_arms.sh), with the
@@ -295,7 +298,8 @@ fi
 
 # `run.sh --decode-bench [ARM ...]`: only pp512 / tg128 (medians of 5) on the resident 30B-A3B geometry, then the
 # same for each arm (run_arm: diagnostic switches VAR=VALUE such as MAGNETAR_CUDA_FUSE=1, or ARM=NAME for another
-# build), compared in the same call. DECODE_ROUNDS=N repeats the whole round of arms N times (interleaved A/B).
+# build), compared in the same call. DECODE_ROUNDS=N repeats the whole round of arms N times (interleaved A/B);
+# DECODE_FLAGS adds bench flags (e.g. "--kv-type q8_0").
 # MAGNETAR_CUDA_SKIP=NAME,... arms are knockouts: those kernels are not launched (wrong results), the time saved is
 # their share of the decode step inside the graph, launch boundaries included (ncu times kernels alone).
 if [ "$filter" = "--decode-bench" ]; then
@@ -303,8 +307,8 @@ if [ "$filter" = "--decode-bench" ]; then
   for round in $(seq "${DECODE_ROUNDS:-1}"); do
     for arm in "" "${@:2}"; do
       echo "== ${arm:-default}"
-      run_arm "$arm" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 128 --reps 5 2>&1 |
-        tail -1
+      run_arm "$arm" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 128 --reps 5 \
+        ${DECODE_FLAGS:-} 2>&1 | tail -1
     done
   done
   exit 0
