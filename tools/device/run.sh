@@ -87,8 +87,8 @@ run_arm() {
 # --batch 1024" with DEPTH_ROWS='[0-9]+': 1K to 5K).
 depth_arm() {
   run_arm "${1:-}" bench -m "$model" --device cuda ${DEPTH_RANGE:---ctx 67700 --ctx-start 2048 --ctx-max 65536 --step \
-    2048 --reps 1 --batch 2048} --gen 64 ${DEPTH_FLAGS:-} 2>&1 | grep -E "^ *(${DEPTH_ROWS:-2048|16384|32768|65536}) |depth" |
-    head -40
+    2048 --reps 1 --batch 2048} --gen 64 ${DEPTH_FLAGS:-} 2>&1 |
+    grep -E "^ *(${DEPTH_ROWS:-2048|16384|32768|65536}) |depth" | head -40
 }
 
 # `run.sh --stream-arms`: only the expert-streaming and disk-KV arms (tools/device/stream_arms.sh), with the
