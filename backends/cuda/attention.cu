@@ -402,14 +402,9 @@ static_assert(kWarps * kStep == attn::kDecodeStep);
 // stages each (attention_decode_variant; still one CTA per SM, 219 KB of rings; groups of more than 8 query heads: 8
 // warps of four stages, 226 KB), so that three warps per scheduler hide each other's dequantization latency: its steps
 // are a chain of dependent instructions, slow enough for one step in flight to cover HBM. H200, decode t/s of the
-// 30B-A3B geometry: with 4 / 8 warps (2026-12-02, docs/benchmarks/2026-12-02-cuda-decode-attention-one-per-sm.md)
-// 522.5 / 499.2 at 2K, 419.5 / 413.6 at 16K, 353.2 / 362.3 at 32K, 267.8 / 286.3 at 64K (8 warps from 24K rows
-// since); 12 warps against that (2026-12-03, docs/benchmarks/2026-12-03-cuda-decode-attention-q8-warps.md; depths as
-// there, the decode 2,048 rows past them): 504-520 / 505-506 at 2K (even), 490-495 / 484-485 at 4K, 474-477 / 453 at
-// 8K, 429-432 / 410-411 at 16K, 381-384 / 360-361 at 32K and 307 / 295 at 64K. Below 4,096 rows too (2026-12-03, the
-// 4-warp kernel there before): tg128 with Q8_0 KV 562.8 / 564.4 t/s against 538.8 / 539.6 (8 warps of four stages:
-// 544.9 / 547.3), decode after 1K / 2K / 3K / 4K of context 543.1 / 535.0 / 524.0 / 500.5 against 517.5 / 516.9 /
-// 527.3 / 502.2 (docs/benchmarks/2026-12-03-cuda-decode-attention-q8-short.md).
+// 30B-A3B geometry against the earlier 4 warps (8 from 24K rows): 474-477 / 453 at 8K, 381-384 / 360-361 at 32K, 307 /
+// 295 at 64K (docs/benchmarks/2026-12-03-cuda-decode-attention-q8-warps.md); tg128 with Q8_0 KV 562.8 / 564.4 against
+// 538.8 / 539.6, even at 3K-4K (docs/benchmarks/2026-12-03-cuda-decode-attention-q8-short.md).
 constexpr int64_t kDecodeWideRows = 0;
 // F16 KV at head_dim 128 attending at most this many cached rows: 8 warps per CTA with two ring stages each (139 KB)
 // and splits of whole 128-row steps (attn::plan_decode_rows' step), so that every warp still takes one 16-row step
@@ -1346,10 +1341,9 @@ int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows
       decode_kernel_fits<attention_decode_mma_kernel<128, 2, 2, false, 8, false>, DecodeSmem<128, 2, 2, false, 8>>();
   static const int64_t short_rows = env_int("MAGNETAR_CUDA_ATTN_SHORT_ROWS", kDecodeShortRows);
   if (head_dim != 128) return kWarps;
-  // Q8_0 from kDecodeWideRows (every length; MAGNETAR_CUDA_ATTN_WIDE_ROWS=N moves that bound, 4096 the code before
-  // 2026-12-03's last change): 12 warps where they fit (groups of at most 8 query heads; larger groups take the 8-warp
-  // kernel; MAGNETAR_CUDA_ATTN_Q8_WARPS=8: the 8-warp kernel for all, with MAGNETAR_CUDA_ATTN_WIDE_ROWS=24576 the code
-  // before the 12-warp kernel), else 8.
+  // Q8_0 from kDecodeWideRows (MAGNETAR_CUDA_ATTN_WIDE_ROWS=N: from N rows, the 4-warp kernel below): 12 warps where
+  // they fit (groups of more than 8 query heads take the 8-warp kernel; MAGNETAR_CUDA_ATTN_Q8_WARPS=8: the 8-warp
+  // kernel for all), else 8.
   static const int64_t wide_rows = env_int("MAGNETAR_CUDA_ATTN_WIDE_ROWS", kDecodeWideRows);
   static const bool twelve_fits =
       decode_kernel_fits<attention_decode_mma_kernel<128, 1, 2, true, 12, false>, DecodeSmem<128, 1, 2, true, 12>>();

@@ -733,16 +733,16 @@ Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Strea
 // 16-byte aligned. Any other shape returns a Status (callers fall back to attention(), through kv_to_f16 for a Q8_0
 // cache).
 // A Q8_0 cache (kv_type) is read as stored, each row dequantized in shared memory to kv_to_f16's values f16(d * q);
-// not promised bit-identical with the call over kv_to_f16's F16 copy (from 4K rows the Q8_0 kernel runs 12 warps per
-// CTA: another merge order; attention_decode_variant).
+// not promised bit-identical with the call over kv_to_f16's F16 copy (at head_dim 128 the Q8_0 kernel runs 12 warps
+// per CTA: another merge order; attention_decode_variant).
 // Over a kv_to_f16 copy made by the launch just before it, an F16 call would read rows older than pos0 before that
 // launch is done (the contract above): give it a copy made at least two launches earlier.
 Status attention_decode_mma(const AttentionArgs& args, AttentionWorkspace& workspace, Stream& stream);
 bool has_attention_decode_mma(int64_t head_dim, int64_t group);
 // The warps per CTA of the kernel attention_decode_mma takes for a call over `rows` cached rows (a graph's launch:
-// the rows at capture): 12 for a Q8_0 cache at head_dim 128 from 4,096 rows on where the GPU has the shared memory
-// (Hopper; the kernel has 8 for groups of more than 8 query heads; MAGNETAR_CUDA_ATTN_WIDE_ROWS=N moves that bound,
-// MAGNETAR_CUDA_ATTN_Q8_WARPS=8 asks 8 for all), 8 for an F16 cache at head_dim 128 up to 4,096 rows
+// the rows at capture): 12 for a Q8_0 cache at head_dim 128 at every length where the GPU has the shared memory
+// (Hopper; the kernel has 8 for groups of more than 8 query heads; MAGNETAR_CUDA_ATTN_WIDE_ROWS=N: only from N rows,
+// 4 below; MAGNETAR_CUDA_ATTN_Q8_WARPS=8 asks 8 for all), 8 for an F16 cache at head_dim 128 up to 4,096 rows
 // (MAGNETAR_CUDA_ATTN_SHORT_ROWS=N moves that bound, 0 turns it off), else 4. A decode graph's key holds it, so that a
 // sequence crossing a bound is captured again.
 int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows);

@@ -5,7 +5,7 @@
 //   attention_decode_mma/ctx<C>    the same on cuda::attention_decode_mma (tensor cores)
 //   attention_decode_mma_q8/ctx<C> the same over a Q8_0 cache (34 bytes per 32 elements: 53% of the bytes); the
 //                                  host position is the device's, so the kernel variant is the model's (12 warps
-//                                  from 4K rows: cuda::attention_decode_variant)
+//                                  at head_dim 128: cuda::attention_decode_variant)
 //   attention_decode_mma_one_kv/ctx<C>  the F16 bytes of C rows as 4 C rows of one KV head (8 query heads): each
 //                                  CTA's rows contiguous (4 KV heads: a quarter of every 1 KiB row per CTA); its plan
 //                                  has 4x the splits per KV head, so its last CTA merges 4x the records
