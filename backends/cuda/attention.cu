@@ -66,6 +66,8 @@ int device_attribute(cudaDeviceAttr attr) {
   return value;
 }
 
+enum Combine { kCombineBatches = 0, kCombineChunks = 1, kCombineSpread = 2 };  // Params::combine
+
 struct Params {
   const float* q;     // [n_tok, n_head, head_dim]
   const uint16_t* k;  // [n_ctx, n_head_kv, head_dim]
@@ -108,6 +110,10 @@ struct Params {
   const uint16_t* seq_v[kMaxDecodeSeqs];
   int seq_tok[kMaxDecodeSeqs];  // grid z's token row (AttentionArgs::seq_tok)
   int split_stride;
+  // attention_decode_mma's combine of more than 8 splits: kCombineChunks, or kCombineSpread where the grid fits one
+  // wave of CTAs (its last CTAs share the combine, each waiting until all of its KV head's splits have written their
+  // records); kCombineBatches: the last CTA in batches of 8 splits (MAGNETAR_CUDA_ATTN_COMBINE=0).
+  int combine;
 };
 
 // The position of the first query token, the chunks per split and the split count this launch runs with.
@@ -415,6 +421,55 @@ constexpr int64_t kDecodeWideRows = 0;
 // t/s against 1,113 and 1,369; even with it by 3K rows (docs/benchmarks/2026-12-03-cuda-decode-attention-short.md).
 constexpr int64_t kDecodeShortRows = 4096;
 
+// Merges kB split records of one head into a running max m (log2 units), sum l and dims d .. d + 7 of the outputs:
+// splits first, first + step, ... (those past n_splits - 1 read the last one's record and count as empty). The
+// batch's loads go out together -- every load unconditional, 32-bit offsets, the max and sum (adjacent, 8-byte
+// aligned) in one load: this combine is a single warp's instruction chain per scheduler (clock64 stamps at tg128's
+// contexts, H200, 2026-12-02: ~5,100 cycles of the last CTA's ~14,300), and with the 32-bit plan (plan_decode_rows)
+// tg128 went from 567-569 to 574-575 t/s (docs/benchmarks/2026-12-02-cuda-decode-chain.md) -- then the running max
+// moves to the batch's, the sums so far are rescaled and the batch is added.
+template <int kB>
+__device__ __forceinline__ void merge_records(const float* rec, int stride, int D, int d, int first, int step,
+                                              int n_splits, float& m_run, float& l_run, float (&acc)[8]) {
+  float ms[kB], ls[kB];
+  float4 xa[kB], xb[kB];
+#pragma unroll
+  for (int b = 0; b < kB; ++b) {
+    const int sp = first + b * step;
+    const bool in = sp < n_splits;
+    const float* r = rec + min(sp, n_splits - 1) * stride;
+    const float2 ml = __ldcg(reinterpret_cast<const float2*>(r + D));
+    const float4 x0 = __ldcg(reinterpret_cast<const float4*>(r + d));
+    const float4 x1 = __ldcg(reinterpret_cast<const float4*>(r + d + 4));
+    ms[b] = in ? ml.x : -INFINITY;
+    ls[b] = in ? ml.y : 0.0f;
+    xa[b] = in ? x0 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    xb[b] = in ? x1 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  float m = m_run;
+#pragma unroll
+  for (int b = 0; b < kB; ++b) m = fmaxf(m, ms[b]);
+  const float ref = m == -INFINITY ? 0.0f : m;  // every key so far masked: weights 0, not NaN
+  const float alpha = exp2_approx(m_run - ref);
+  l_run *= alpha;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc[e] *= alpha;
+#pragma unroll
+  for (int b = 0; b < kB; ++b) {
+    const float w = exp2_approx(ms[b] - ref);
+    l_run += w * ls[b];
+    acc[0] += w * xa[b].x;
+    acc[1] += w * xa[b].y;
+    acc[2] += w * xa[b].z;
+    acc[3] += w * xa[b].w;
+    acc[4] += w * xb[b].x;
+    acc[5] += w * xb[b].y;
+    acc[6] += w * xb[b].z;
+    acc[7] += w * xb[b].w;
+  }
+  m_run = m;
+}
+
 // Dims d .. d + 7 of query head h_first + h of token tok, made by thread `item` of a loop over a KV head's G * D / 8
 // items in thread order; with out_q8k, each warp's 32 items are a Q8_K block of the token's row (G * D a multiple of
 // 256, checked at launch: the whole warp is in the loop) and the warp quantizes it as quantize_activations would.
@@ -527,7 +582,7 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
   extern __shared__ __align__(16) uint16_t ring_s[];  // S::kBytes
   __shared__ float m_s[kWarps][kHeads], l_s[kWarps][kHeads];
   __shared__ float big_m_s[kHeads], big_l_s[kHeads];
-  __shared__ bool last_s;
+  __shared__ int chunk_s;  // the chunk of the splits' combine this CTA takes, or -1 (below)
 
   const int split = int(blockIdx.x);
   const int hk = int(blockIdx.y);
@@ -972,29 +1027,106 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
   }
   if (run.n_splits == 1) return;
 
-  // The last CTA of this KV head to finish combines every split's record (the ticket pattern). The barrier orders
-  // the CTA's record stores before thread 0's ticket, an acquire-release atomic at GPU scope: the records are visible
-  // device-wide before the ticket is taken (release), and the last CTA sees every other CTA's records once it has its
-  // ticket (acquire; the barrier after it passes that on to its threads, which read the records from L2). The first
-  // version fenced (sequentially consistent) in all 128 threads before the ticket and again in the last CTA: 5.73 us
-  // per call at 512 rows and 9.07 at 2K, this one 5.55 and 8.81 (H200, attention_bench, the same call).
+  // The splits' records are combined by the last CTAs of this KV head to finish (the ticket pattern). The barrier
+  // orders the CTA's record stores before thread 0's ticket, an acquire-release atomic at GPU scope: the records are
+  // visible device-wide before the ticket is taken (release), and a combining CTA sees every other CTA's records once
+  // its thread 0 has seen all n_splits tickets taken (acquire; the barrier after it passes that on to its threads,
+  // which read the records from L2). The first version fenced (sequentially consistent) in all 128 threads before the
+  // ticket and again in the last CTA: 5.73 us per call at 512 rows and 9.07 at 2K, this one 5.55 and 8.81 (H200,
+  // attention_bench, the same call).
+  //
+  // Up to kChunkSplits splits the last CTA combines them alone, kBatch at a time (below). More (long contexts: one
+  // wave of CTAs makes up to 33 per KV head on the H200, 5 batches for one CTA) are combined in chunks of 32 items (a
+  // Q8_K block of out_q8k each), every warp of a chunk's CTA merging its share of the splits in one batch and warp 0
+  // merging the warps' results: the last n_chunks CTAs to finish take a chunk each (kCombineSpread: the grid fits one
+  // wave, so that no CTA waits on one that cannot start), else the last CTA takes them all in turn (the same
+  // arithmetic: the same bits). H200, 30B-A3B geometry: Q8_0 KV decodes 2-4.6% faster from the 16K depth (315.8 t/s
+  // against 305.7 at 64K), F16 0.2-0.7%; at 22 splits (~4K and ~8K rows with Q8_0) it was 3% slower, hence the bound
+  // (docs/benchmarks/2026-12-03-cuda-decode-attention-spread-combine.md).
+  constexpr int kBatch = 8;
+  constexpr int kChunkSplits = 3 * kBatch;  // more splits than this: the chunked combine (see above)
+  const int n_splits = run.n_splits;
+  constexpr int kChunkItems = ops::kWarpSize;
+  const int n_items = G * (D / 8);
+  const int n_chunks = n_items / kChunkItems;
+  const bool chunked =
+      p.combine != kCombineBatches && n_splits > kChunkSplits && n_items % kChunkItems == 0 && n_chunks <= n_splits;
+  const bool spread = chunked && p.combine == kCombineSpread;
   __syncthreads();
   unsigned* ticket = p.tickets + ztok * int(gridDim.y) + hk;
   if (tid == 0) {
     unsigned before;
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(ticket) : "memory");
-    last_s = before == unsigned(run.n_splits - 1);
+    const int first = spread ? n_splits - n_chunks : n_splits - 1;  // the first combining CTA's ticket
+    chunk_s = int(before) >= first ? int(before) - first : -1;
+    if (spread && chunk_s >= 0) {
+      // Until every split has taken its ticket (the last n_chunks CTAs wait on each other only: all are resident).
+      unsigned seen;
+      do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(ticket) : "memory");
+      } while (seen < unsigned(n_splits));
+    }
   }
   __syncthreads();
-  if (!last_s) return;
-  // Thread i takes 8 dims of one head over every split, in split order and kBatch splits at a time: a batch's loads
-  // (max, sum and the 8 outputs of each split) go out together, then the running max moves to the batch's, the sums
-  // so far are rescaled and the batch is added. One L2 round trip per batch: 2 for the 10 splits of a 600-row context
-  // (the first version found the maxima, then the denominators, then the numerators, 8 splits at a time: 4). H200,
-  // attention_bench: 5.78 us per call instead of 7.30 at 512 rows, 9.05 instead of 10.19 at 2K, 17.0 for 18.5 at
-  // 16K; tg128 334.2 t/s against 323.5 (docs/benchmarks/2026-12-01-cuda-decode-knockouts.md).
-  constexpr int kBatch = 8;
-  const int n_splits = run.n_splits;
+  const int chunk = chunk_s;
+  if (chunk < 0) return;
+  if (chunked) {
+    float* part_s = reinterpret_cast<float*>(ring_s);  // [kWarps][kChunkItems][10]: each warp's m, l, 8 sums
+    for (int c = spread ? chunk : 0; c < (spread ? chunk + 1 : n_chunks); ++c) {
+      const int item = c * kChunkItems + lane;
+      const int h = item / (D / 8), d = 8 * (item % (D / 8));
+      const float* rec = p.partials + (records + size_t(h) * size_t(rec_splits)) * size_t(stride);
+      // Warp w merges splits w, w + kWarps, ... in kChunkBatch-split batches of loads (one batch at up to 33 splits;
+      // at head_dim 64, 8: 9 made ptxas spill).
+      constexpr int kChunkBatch = kWarps >= 12 ? 4 : kWarps >= 8 ? 5 : D >= 128 ? 9 : 8;
+      float m_run = -INFINITY, l_run = 0.0f, acc[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+      for (int sp0 = warp; sp0 < n_splits; sp0 += kChunkBatch * kWarps) {
+        merge_records<kChunkBatch>(rec, stride, D, d, sp0, kWarps, n_splits, m_run, l_run, acc);
+      }
+      float* mine = part_s + (warp * kChunkItems + lane) * 10;
+      mine[0] = m_run;
+      mine[1] = l_run;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) mine[2 + e] = acc[e];
+      __syncthreads();
+      if (warp == 0) {
+        float m = -INFINITY;
+        for (int w = 0; w < kWarps; ++w) m = fmaxf(m, part_s[(w * kChunkItems + lane) * 10]);
+        const float ref = m == -INFINITY ? 0.0f : m;
+        float l = 0.0f, out[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) out[e] = 0.0f;
+        for (int w = 0; w < kWarps; ++w) {
+          const float* x = part_s + (w * kChunkItems + lane) * 10;
+          const float f = exp2_approx(x[0] - ref);
+          l += f * x[1];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) out[e] += f * x[2 + e];
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) out[e] = out[e] / l;
+        write_output(p, ztok, h_first, h, d, out, item);
+      }
+      __syncthreads();  // part_s is the next chunk's
+    }
+    if (tid == 0) {
+      if (!spread) {
+        *ticket = 0u;
+      } else {
+        // The last combining CTA to leave resets the ticket for the next launch (every other one has seen it full).
+        const unsigned left = atomicAdd(ticket, 1u);
+        if (left == unsigned(n_splits + n_chunks - 1)) *ticket = 0u;
+      }
+    }
+    return;
+  }
+  // Thread i takes 8 dims of one head over every split, in split order and kBatch splits at a time (merge_records). One
+  // L2 round trip per batch: 2 for the 10 splits of a 600-row context (the first version found the maxima, then the
+  // denominators, then the numerators, 8 splits at a time: 4). H200, attention_bench: 5.78 us per call instead of
+  // 7.30 at 512 rows, 9.05 instead of 10.19 at 2K, 17.0 for 18.5 at 16K; tg128 334.2 t/s against 323.5
+  // (docs/benchmarks/2026-12-01-cuda-decode-knockouts.md).
   for (int i = tid; i < G * (D / 8); i += kThreads) {
     const int h = i / (D / 8), d = 8 * (i % (D / 8));
     const float* rec = p.partials + (records + size_t(h) * size_t(rec_splits)) * size_t(stride);
@@ -1002,47 +1134,7 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
     for (int sp0 = 0; sp0 < n_splits; sp0 += kBatch) {
-      float ms[kBatch], ls[kBatch];
-      float4 xa[kBatch], xb[kBatch];
-      // Every load unconditional (splits past the last read the last one's record, then count as empty ones), 32-bit
-      // offsets, the max and sum (adjacent, 8-byte aligned) in one load: this combine is a single warp's instruction
-      // chain per scheduler (clock64 stamps at tg128's contexts, H200, 2026-12-02: ~5,100 cycles of the last CTA's
-      // ~14,300), and with the 32-bit plan (plan_decode_rows) tg128 went from 567-569 to 574-575 t/s
-      // (docs/benchmarks/2026-12-02-cuda-decode-chain.md).
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const bool in = sp0 + b < n_splits;
-        const float* r = rec + min(sp0 + b, n_splits - 1) * stride;
-        const float2 ml = __ldcg(reinterpret_cast<const float2*>(r + D));
-        const float4 x0 = __ldcg(reinterpret_cast<const float4*>(r + d));
-        const float4 x1 = __ldcg(reinterpret_cast<const float4*>(r + d + 4));
-        ms[b] = in ? ml.x : -INFINITY;
-        ls[b] = in ? ml.y : 0.0f;
-        xa[b] = in ? x0 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        xb[b] = in ? x1 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
-      float m = m_run;
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) m = fmaxf(m, ms[b]);
-      const float ref = m == -INFINITY ? 0.0f : m;  // every key so far masked: weights 0, not NaN
-      const float alpha = exp2_approx(m_run - ref);
-      l_run *= alpha;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] *= alpha;
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const float w = exp2_approx(ms[b] - ref);
-        l_run += w * ls[b];
-        acc[0] += w * xa[b].x;
-        acc[1] += w * xa[b].y;
-        acc[2] += w * xa[b].z;
-        acc[3] += w * xa[b].w;
-        acc[4] += w * xb[b].x;
-        acc[5] += w * xb[b].y;
-        acc[6] += w * xb[b].z;
-        acc[7] += w * xb[b].w;
-      }
-      m_run = m;
+      merge_records<kBatch>(rec, stride, D, d, sp0, 1, n_splits, m_run, l_run, acc);
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] = acc[e] / l_run;
@@ -1131,6 +1223,12 @@ Status check_args(const char* op, const AttentionArgs& a, uintptr_t v_align, boo
 
 namespace {
 
+// The integer in the environment variable `name` (a diagnostic switch), else `fallback`.
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::atoll(v) : fallback;
+}
+
 // The kernel parameters of one call of attention() or attention_decode_mma() (`op` names it in errors), after the
 // checks both share; one split (each op plans its own).
 Status make_params(const char* op, const AttentionArgs& a, AttentionWorkspace& workspace, Params& p,
@@ -1174,6 +1272,7 @@ Status make_params(const char* op, const AttentionArgs& a, AttentionWorkspace& w
     p.seq_tok[z] = z;
   }
   p.split_stride = 1;
+  p.combine = kCombineBatches;
   return Status();
 }
 
@@ -1258,6 +1357,12 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
   }
   MAGNETAR_RETURN_IF_ERROR(check_workspace("attention_decode_mma", a, workspace, grid_splits, seqs));
   p.split_stride = grid_splits;
+  // MAGNETAR_CUDA_ATTN_COMBINE (a diagnostic switch): 0 the last CTA in batches (other bits), 1 the chunks by the
+  // last CTA alone (the same bits as the default, 2: spread where the grid fits).
+  static const int64_t combine = env_int("MAGNETAR_CUDA_ATTN_COMBINE", kCombineSpread);
+  const bool one_wave = int64_t(grid_splits) * a.n_head_kv * a.n_tok <= int64_t(slots);
+  p.combine = combine == kCombineBatches ? kCombineBatches
+              : combine == kCombineSpread && one_wave ? kCombineSpread : kCombineChunks;
   const dim3 grid(unsigned(grid_splits), unsigned(a.n_head_kv), unsigned(a.n_tok));
   CUDA_CHECK(ops::launch(kernel, grid, kThreads, smem, stream, p));
   return Status();
@@ -1323,14 +1428,6 @@ bool decode_kernel_fits() {
   CUDA_CHECK(cudaFuncGetAttributes(&attr, kKernel));
   return size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) >= Smem::kBytes + attr.sharedSizeBytes;
 }
-
-namespace {
-// The integer in the environment variable `name` (a diagnostic switch), else `fallback`.
-int64_t env_int(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr ? std::atoll(v) : fallback;
-}
-}  // namespace
 
 int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows) {
   // The 8- and 12-warp kernels' rings take up to 226 KB (Q8_0) and 139 KB (F16, two stages) of shared memory per CTA:
