@@ -1040,9 +1040,10 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
   // Q8_K block of out_q8k each), every warp of a chunk's CTA merging its share of the splits in one batch and warp 0
   // merging the warps' results: the last n_chunks CTAs to finish take a chunk each (kCombineSpread: the grid fits one
   // wave, so that no CTA waits on one that cannot start), else the last CTA takes them all in turn (the same
-  // arithmetic: the same bits). H200, 30B-A3B geometry: Q8_0 KV decodes 2-4.6% faster from the 16K depth (315.8 t/s
-  // against 305.7 at 64K), F16 0.2-0.7%; at 22 splits (~4K and ~8K rows with Q8_0) it was 3% slower, hence the bound
-  // (docs/benchmarks/2026-12-03-cuda-decode-attention-spread-combine.md).
+  // arithmetic: the same bits). H200, attention_bench: 14.3 us per call instead of 15.6 at 16K rows, 38.9 for 41.0 at
+  // 64K (Q8_0: 15.0 for 16.4, 35.4 for 38.1); 30B-A3B decode with Q8_0 KV 2-4% faster from the 16K depth (311.7 t/s
+  // against 298.6 at 64K), with F16 within +-1%. At 22 splits (~4K and ~8K rows with Q8_0) it was 3% slower, hence
+  // kChunkSplits (docs/benchmarks/2026-12-03-cuda-decode-attention-spread-combine.md).
   constexpr int kBatch = 8;
   constexpr int kChunkSplits = 3 * kBatch;  // more splits than this: the chunked combine (see above)
   const int n_splits = run.n_splits;
