@@ -67,6 +67,13 @@ int device_attribute(cudaDeviceAttr attr) {
 }
 
 enum Combine { kCombineBatches = 0, kCombineChunks = 1, kCombineSpread = 2 };  // Params::combine
+// The decode kernel's words per KV head and token in the workspace's tickets: the arrivals (bits 0-15; bit 16 + c:
+// chunk c given up by its CTA) and the departures of the combining CTAs.
+constexpr int kTicketWords = 2;
+constexpr int kMaxCombineChunks = 16;
+constexpr unsigned kArrivals = 0xffffu;
+// What a decode CTA does after its record: a chunk (>= 0) or one of these.
+enum ChunkRole { kNoChunk = -1, kGaveUp = -2, kLastCta = -3 };
 
 struct Params {
   const float* q;     // [n_tok, n_head, head_dim]
@@ -114,6 +121,7 @@ struct Params {
   // wave of CTAs (its last CTAs share the combine, each waiting until all of its KV head's splits have written their
   // records); kCombineBatches: the last CTA in batches of 8 splits (MAGNETAR_CUDA_ATTN_COMBINE=0).
   int combine;
+  uint64_t spin_ns;  // how long a combining CTA waits for the last split before it leaves its chunk to the last CTA
 };
 
 // The position of the first query token, the chunks per split and the split count this launch runs with.
@@ -582,7 +590,8 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
   extern __shared__ __align__(16) uint16_t ring_s[];  // S::kBytes
   __shared__ float m_s[kWarps][kHeads], l_s[kWarps][kHeads];
   __shared__ float big_m_s[kHeads], big_l_s[kHeads];
-  __shared__ int chunk_s;  // the chunk of the splits' combine this CTA takes, or -1 (below)
+  __shared__ int chunk_s;            // the chunk of the splits' combine this CTA takes, or a ChunkRole (below)
+  __shared__ unsigned given_up_s;    // the last CTA: the chunks given up before it arrived (bit c)
 
   const int split = int(blockIdx.x);
   const int hk = int(blockIdx.y);
@@ -1038,48 +1047,73 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
   // Up to kChunkSplits splits the last CTA combines them alone, kBatch at a time (below). More (long contexts: one
   // wave of CTAs makes up to 33 per KV head on the H200, 5 batches for one CTA) are combined in chunks of 32 items (a
   // Q8_K block of out_q8k each), every warp of a chunk's CTA merging its share of the splits in one batch and warp 0
-  // merging the warps' results: the last n_chunks CTAs to finish take a chunk each (kCombineSpread: the grid fits one
-  // wave, so that no CTA waits on one that cannot start), else the last CTA takes them all in turn (the same
-  // arithmetic: the same bits). H200, attention_bench: 14.3 us per call instead of 15.6 at 16K rows, 38.9 for 41.0 at
-  // 64K (Q8_0: 15.0 for 16.4, 35.4 for 38.1); 30B-A3B decode with Q8_0 KV 2-4% faster from the 16K depth (311.7 t/s
-  // against 298.6 at 64K), with F16 within +-1%. At 22 splits (~4K and ~8K rows with Q8_0) it was 3% slower, hence
-  // kChunkSplits (docs/benchmarks/2026-12-03-cuda-decode-attention-spread-combine.md).
+  // merging the warps' results (the same arithmetic whichever CTA runs a chunk: the same bits). kCombineSpread (the
+  // grid fits one wave): the last n_chunks CTAs to finish take a chunk each, the last one its own at once, the others
+  // once they have seen (acquire loads of the ticket) every split arrive. A waiting CTA gives its chunk up after
+  // p.spin_ns (the last CTA may not be able to start: an SM limit the launch did not see) by setting its bit in the
+  // ticket, and the last CTA runs the chunks whose bits it finds at its arrival, so that no CTA waits on another for
+  // long, at no cost when none gives up. Else the last CTA runs them all.
+  // H200, attention_bench: 14.3 us per call instead of 15.6 at 16K rows, 38.9 for 41.0 at 64K (Q8_0: 15.0 for 16.4,
+  // 35.4 for 38.1); 30B-A3B decode with Q8_0 KV 2-4% faster from the 16K depth (311.7 t/s against 298.6 at 64K), with
+  // F16 within +-1%. At 22 splits (~4K and ~8K rows with Q8_0) it was 3% slower, hence kChunkSplits
+  // (docs/benchmarks/2026-12-03-cuda-decode-attention-spread-combine.md).
   constexpr int kBatch = 8;
   constexpr int kChunkSplits = 3 * kBatch;  // more splits than this: the chunked combine (see above)
   const int n_splits = run.n_splits;
   constexpr int kChunkItems = ops::kWarpSize;
   const int n_items = G * (D / 8);
   const int n_chunks = n_items / kChunkItems;
-  const bool chunked =
-      p.combine != kCombineBatches && n_splits > kChunkSplits && n_items % kChunkItems == 0 && n_chunks <= n_splits;
+  const bool chunked = p.combine != kCombineBatches && n_splits > kChunkSplits && n_items % kChunkItems == 0 &&
+                       n_chunks <= n_splits && n_chunks <= kMaxCombineChunks;
   const bool spread = chunked && p.combine == kCombineSpread;
   __syncthreads();
-  unsigned* ticket = p.tickets + ztok * int(gridDim.y) + hk;
+  // The KV head's words (kTicketWords, zero between launches).
+  unsigned* ticket = p.tickets + (ztok * int(gridDim.y) + hk) * kTicketWords;
+  const int first_ticket = spread ? n_splits - n_chunks : n_splits - 1;  // of the first combining CTA
   if (tid == 0) {
     unsigned before;
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(ticket) : "memory");
-    const int first = spread ? n_splits - n_chunks : n_splits - 1;  // the first combining CTA's ticket
-    chunk_s = int(before) >= first ? int(before) - first : -1;
+    const int mine = int(before & kArrivals) - first_ticket;  // the chunk this CTA combines (spread), or < 0
+    chunk_s = mine < 0 ? kNoChunk : int(before & kArrivals) == n_splits - 1 ? kLastCta : mine;
+    given_up_s = before >> 16;
     if (spread && chunk_s >= 0) {
-      // Until every split has taken its ticket (the last n_chunks CTAs wait on each other only: all are resident).
+      // Until every split has arrived or spin_ns have passed. Then the chunk is given up (a bit in the ticket) unless
+      // the last CTA has arrived by then: it runs the chunks whose bits it found at its arrival.
+      uint64_t t0, now;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
       unsigned seen;
       do {
         asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(ticket) : "memory");
-      } while (seen < unsigned(n_splits));
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+      } while ((seen & kArrivals) < unsigned(n_splits) && now - t0 < p.spin_ns);
+      if ((seen & kArrivals) < unsigned(n_splits)) {
+        asm volatile("atom.acq_rel.gpu.global.or.b32 %0, [%1], %2;"
+                     : "=r"(seen) : "l"(ticket), "r"(1u << (16 + mine)) : "memory");
+        if ((seen & kArrivals) < unsigned(n_splits)) chunk_s = kGaveUp;  // the last CTA will see the bit
+      }
     }
   }
   __syncthreads();
   const int chunk = chunk_s;
-  if (chunk < 0) return;
+  if (chunk == kNoChunk) return;
   if (chunked) {
     float* part_s = reinterpret_cast<float*>(ring_s);  // [kWarps][kChunkItems][10]: each warp's m, l, 8 sums
-    for (int c = spread ? chunk : 0; c < (spread ? chunk + 1 : n_chunks); ++c) {
+    // The chunks this CTA runs, in turn: every one (not spread: the last CTA), or its own, and for the last CTA then
+    // those given up before it arrived.
+    for (int i = 0; i < n_chunks; ++i) {
+      int c = i;
+      if (spread && i == 0) {
+        c = chunk >= 0 ? chunk : chunk == kLastCta ? n_chunks - 1 : kNoChunk;
+      } else if (spread) {
+        if (chunk != kLastCta) break;
+        c = (given_up_s >> (i - 1)) & 1u ? i - 1 : kNoChunk;
+      }
+      if (c < 0) continue;
       const int item = c * kChunkItems + lane;
       const int h = item / (D / 8), d = 8 * (item % (D / 8));
       const float* rec = p.partials + (records + size_t(h) * size_t(rec_splits)) * size_t(stride);
-      // Warp w merges splits w, w + kWarps, ... in kChunkBatch-split batches of loads (one batch at up to 33 splits;
-      // at head_dim 64, 8: 9 made ptxas spill).
-      constexpr int kChunkBatch = kWarps >= 12 ? 4 : kWarps >= 8 ? 5 : D >= 128 ? 9 : 8;
+      // Warp w merges splits w, w + kWarps, ... in kChunkBatch-split batches of loads (one batch at up to 33 splits).
+      constexpr int kChunkBatch = kWarps >= 12 ? 4 : kWarps >= 8 ? 5 : 9;
       float m_run = -INFINITY, l_run = 0.0f, acc[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
@@ -1115,10 +1149,11 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
     if (tid == 0) {
       if (!spread) {
         *ticket = 0u;
-      } else {
-        // The last combining CTA to leave resets the ticket for the next launch (every other one has seen it full).
-        const unsigned left = atomicAdd(ticket, 1u);
-        if (left == unsigned(n_splits + n_chunks - 1)) *ticket = 0u;
+      } else if (atomicAdd(ticket + 1, 1u) == unsigned(n_chunks - 1)) {
+        // The last combining CTA to leave sets the head's words back to zero for the next launch (no other CTA reads
+        // or writes them any more).
+        ticket[0] = 0u;
+        ticket[1] = 0u;
       }
     }
     return;
@@ -1168,7 +1203,7 @@ Result<AttentionWorkspace> AttentionWorkspace::create(int64_t max_heads, int64_t
   const int64_t records = max_heads * std::max(int64_t(kMaxAttentionSplits), max_seqs > 1 ? max_seqs * sms : 0);
   const size_t floats = size_t(records) * size_t(max_head_dim + 4);
   MAGNETAR_ASSIGN_OR_RETURN(DeviceBuffer scratch, DeviceBuffer::allocate(floats * sizeof(float)));
-  const size_t n_tickets = size_t(max_heads * max_seqs);
+  const size_t n_tickets = size_t(max_heads * max_seqs) * kTicketWords;
   MAGNETAR_ASSIGN_OR_RETURN(DeviceBuffer tickets, DeviceBuffer::allocate(n_tickets * sizeof(unsigned)));
   const std::vector<unsigned> zeros(n_tickets, 0u);
   MAGNETAR_RETURN_IF_ERROR(tickets.upload(zeros.data(), zeros.size() * sizeof(unsigned)));
@@ -1274,6 +1309,7 @@ Status make_params(const char* op, const AttentionArgs& a, AttentionWorkspace& w
   }
   p.split_stride = 1;
   p.combine = kCombineBatches;
+  p.spin_ns = 0;
   return Status();
 }
 
@@ -1364,6 +1400,11 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
   const bool one_wave = int64_t(grid_splits) * a.n_head_kv * a.n_tok <= int64_t(slots);
   p.combine = combine == kCombineBatches ? kCombineBatches
               : combine == kCombineSpread && one_wave ? kCombineSpread : kCombineChunks;
+  // A waiting CTA gives its chunk up after 1 ms: never when every CTA runs (the waits are microseconds), a slow step
+  // rather than a hang when some cannot start. MAGNETAR_CUDA_ATTN_SPIN_NS (a test switch; 0: the waiting CTAs leave
+  // their chunks to the last one at once).
+  static const int64_t spin_ns = env_int("MAGNETAR_CUDA_ATTN_SPIN_NS", 1000000);
+  p.spin_ns = uint64_t(std::max<int64_t>(spin_ns, 0));
   const dim3 grid(unsigned(grid_splits), unsigned(a.n_head_kv), unsigned(a.n_tok));
   CUDA_CHECK(ops::launch(kernel, grid, kThreads, smem, stream, p));
   return Status();
