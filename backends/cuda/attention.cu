@@ -117,9 +117,9 @@ struct Params {
   const uint16_t* seq_v[kMaxDecodeSeqs];
   int seq_tok[kMaxDecodeSeqs];  // grid z's token row (AttentionArgs::seq_tok)
   int split_stride;
-  // attention_decode_mma's combine of more than 8 splits: kCombineChunks, or kCombineSpread where the grid fits one
-  // wave of CTAs (its last CTAs share the combine, each waiting until all of its KV head's splits have written their
-  // records); kCombineBatches: the last CTA in batches of 8 splits (MAGNETAR_CUDA_ATTN_COMBINE=0).
+  // attention_decode_mma's combine of many splits (the kernel's kChunkSplits): kCombineChunks, or kCombineSpread where
+  // the grid fits one wave of CTAs (its last CTAs share the combine); kCombineBatches: the last CTA in batches of 8
+  // splits (MAGNETAR_CUDA_ATTN_COMBINE=0).
   int combine;
   uint64_t spin_ns;  // how long a combining CTA waits for the last split before it leaves its chunk to the last CTA
 };
