@@ -203,6 +203,7 @@ struct ChatRequest {
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;
+  bool ignore_eos = false;  // OpenAI routes (as llama.cpp's and vLLM's servers): end-of-generation tokens never sampled
 };
 
 // The OpenAI sampling and limit fields, shared by /v1/chat/completions and /v1/completions.
@@ -215,7 +216,8 @@ Status parse_openai_sampling(const json& body, const SamplingParams& defaults, C
         read_float(body, "min_p", &r.sampling.min_p), read_int(body, "top_k", &top_k), read_int(body, "seed", &seed),
         read_float(body, "presence_penalty", &r.sampling.presence_penalty),
         read_float(body, "frequency_penalty", &r.sampling.frequency_penalty), read_int(body, "max_tokens", &max_tokens),
-        read_int(body, "max_completion_tokens", &max_completion), read_bool(body, "stream", &r.stream)}) {
+        read_int(body, "max_completion_tokens", &max_completion), read_bool(body, "stream", &r.stream),
+        read_bool(body, "ignore_eos", &r.ignore_eos)}) {
     if (!s.ok()) return s;
   }
   if (r.sampling.temperature < 0) return Status::error("temperature must be >= 0");
@@ -776,6 +778,7 @@ Result<std::shared_ptr<Job>> Server::Impl::submit(const std::string& prompt, Cha
   job->max_tokens = request.max_tokens > 0 ? request.max_tokens : n_ctx - n_prompt;
   job->stop = std::move(request.stop);
   job->stream = request.stream;
+  job->ignore_eos = request.ignore_eos;
   if (generation) {
     job->constraint = generation->constraint;
     job->output_prefix = generation->output_prefix;

@@ -205,6 +205,8 @@ void Worker::admit(Slot& slot) {
       if (bytes.empty()) return false;
       return slot.closing.empty() ? slot.constraint->accepts(bytes) : std::string_view(slot.closing).starts_with(bytes);
     };
+  } else if (job.ignore_eos) {
+    slot.allow = [this](int32_t id) { return !engine_.is_end_of_generation(id); };
   }
 }
 

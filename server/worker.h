@@ -35,6 +35,8 @@ struct Job {
   int64_t max_tokens = 0;         // > 0
   std::vector<std::string> stop;  // non-empty strings; the output ends before the first one found
   bool stream = false;            // streamed to the client: keep-alives are requested during a long prefill
+  bool ignore_eos = false;        // end-of-generation tokens are never sampled: the output ends at max_tokens, the
+                                  // context's end or a stop string (a constrained job never samples them anyway)
   // Structured output (chat/output_constraint.h): when active, every sampled token keeps the generated text in the
   // constrained language, and generation ends (kStop) as soon as the constraint is done.
   chat::ConstraintSpec constraint;

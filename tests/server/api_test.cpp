@@ -260,6 +260,22 @@ TEST_F(ServeApi, LegacyCompletions) {
   EXPECT_EQ(got, text);
   EXPECT_EQ(finish, "stop");
 
+  // ignore_eos: the end-of-generation token that ended the answer is never sampled, so the same greedy text goes on
+  // to max_tokens.
+  const int64_t n_natural = r["usage"]["completion_tokens"].get<int64_t>();
+  const json on =
+      post("/v1/completions",
+           {{"prompt", kPrompt}, {"temperature", 0}, {"ignore_eos", true}, {"max_tokens", n_natural + 8}}, &status);
+  ASSERT_EQ(status, 200) << on.dump();
+  EXPECT_EQ(on["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(on["usage"]["completion_tokens"].get<int64_t>(), n_natural + 8);
+  const std::string longer = on["choices"][0]["text"];
+  EXPECT_GT(longer.size(), text.size());
+  EXPECT_EQ(longer.rfind(text, 0), 0u) << longer;
+  const json not_bool = post("/v1/completions", {{"prompt", kPrompt}, {"ignore_eos", "yes"}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(not_bool["error"]["message"], "ignore_eos must be a boolean") << not_bool.dump();
+
   const json bad = post("/v1/completions", {{"temperature", 0}}, &status);
   EXPECT_EQ(status, 400);
   EXPECT_NE(bad["error"]["message"].get<std::string>().find("prompt"), std::string::npos) << bad.dump();

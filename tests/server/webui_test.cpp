@@ -25,7 +25,9 @@ constexpr const char* kChromium = "/usr/bin/chromium";
 
 class WebUi : public ServeFixture {
  protected:
-  static void SetUpTestSuite() { start_server({"--stream", "--cache-gb", "0.02", "--no-census", "--device", "cpu"}); }
+  static void SetUpTestSuite() {
+    start_server({"--stream", "--cache-gb", "0.02", "--no-census", "--device", "cpu", "--ctx", "2048"});
+  }
 
   static json get(const std::string& path) {
     httplib::Client c = client();
