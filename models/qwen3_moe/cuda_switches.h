@@ -71,9 +71,9 @@ inline bool refuse_captures() {
 //   kAttnPrepare a decode token's q/k norm, RoPE and K/V stores (qkv_prepare) inside its attention launch
 //                (AttentionArgs::prepare);
 //   kAttnSeqs    a batched decode's sequences in one attention launch (AttentionArgs::seq_k), not one each.
-// MAGNETAR_CUDA_FUSE picks them: a comma list of combine, norm, swiglu, attn, mmvq, prepare, seqs; 1 for all, 0 for
-// none; unset: the default set, combine, swiglu, attn, mmvq, prepare, seqs and the norm's quantization where the norm
-// runs on a cluster of CTAs (kNormQuantCluster: cuda::norm_in_cluster, decode rows). H200, tg128 (run.sh
+// MAGNETAR_CUDA_FUSE picks them: a comma list of combine, norm, cluster, swiglu, attn, mmvq, prepare, seqs; 1 for all,
+// 0 for none; unset: the default set, combine, cluster (the norm's quantization where the norm runs on a cluster of
+// CTAs, kNormQuantCluster: cuda::norm_in_cluster, decode rows), swiglu, attn, mmvq, prepare, seqs. H200, tg128 (run.sh
 // --decode-bench, two rounds of one call each): combine + swiglu 416.4 / 416.4 t/s against combine 412.1 / 409.6,
 // combine + norm on the one-CTA row kernel 411.5 / 406.5 (swiglu_quantize with a CTA per Q8_K block; with a warp per
 // block it had cost 3%: docs/benchmarks/2026-11-30-cuda-decode-pdl.md); with the norm on clusters, the default 443.1 /
@@ -106,6 +106,7 @@ inline bool fused(Fusion f) {
     }
     int bits = 0;
     for (const auto& [name, bit] : {std::pair{"combine", Fusion::kCombine}, std::pair{"norm", Fusion::kNormQuant},
+                                    std::pair{"cluster", Fusion::kNormQuantCluster},
                                     std::pair{"swiglu", Fusion::kSwigluQuant}, std::pair{"attn", Fusion::kAttnQuant},
                                     std::pair{"mmvq", Fusion::kSwigluMmvq},
                                     std::pair{"prepare", Fusion::kAttnPrepare}, std::pair{"seqs", Fusion::kAttnSeqs}}) {
