@@ -58,12 +58,12 @@ build_magnetar() {
   cmake --build build-device -j "$(nproc)" --target magnetar >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
 }
 # The binary (build_magnetar) and the synthetic Qwen3-30B-A3B-geometry Q4_K model the bench modes run (made once per
-# machine, ~15 s). Sets bin and model.
-model=/tmp/magnetar-q30-q4k.gguf
+# machine, ~15 s). Sets bin and model. SYNTH_SKEW=S: the model has skewed routing (`synth --skew S`), not uniform.
+model=/tmp/magnetar-q30-q4k${SYNTH_SKEW:+-skew$SYNTH_SKEW}.gguf
 build_with_model() {
   build_magnetar
-  [ -f "$model" ] || { /usr/bin/time -f "synth %e s" "$bin" synth --preset qwen3-30b-a3b --type q4_k -t "$(nproc)" \
-    -o "$model" 2>&1 | tail -2; }
+  [ -f "$model" ] || { /usr/bin/time -f "synth %e s" "$bin" synth --preset qwen3-30b-a3b --type q4_k \
+    ${SYNTH_SKEW:+--skew $SYNTH_SKEW} -t "$(nproc)" -o "$model" 2>&1 | tail -2; }
 }
 
 # An arm of --decode-bench / --prefill-bench: VAR=VALUE ... sets environment switches for the packed (or built)
