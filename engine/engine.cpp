@@ -45,6 +45,7 @@ struct Engine::Impl {
   models::RoutingCounts uses;              // every session's routing, for expert_map() (MoE models)
   bool on_gpu = false;                     // the model runs on the CUDA device (weights, KV and scratch there)
   bool gpu_tier = false;                   // ... with routed experts in host memory through a GPU pool
+  double gpu_peak_bandwidth = 0;           // on_gpu: models::GpuInfo::peak_bytes_per_s
   std::string gpu_unused;                  // why auto stayed on the CPU although a GPU is present
   bool batch_auto = false;                 // --batch 0: choose_device picks the prefill chunk
   int64_t sweep_tokens = 0;                // the longest prefill sweep (EngineOptions::n_sweep; 0: none)
@@ -275,6 +276,7 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   impl.model = std::move(model).value();
   impl.on_gpu = true;
   impl.gpu_tier = pool > 0;
+  impl.gpu_peak_bandwidth = gpu.peak_bytes_per_s;
   const char* kv_name = o.kv_type == KvType::kQ8_0 ? "Q8_0" : "F16";
   if (impl.gpu_tier) {
     const models::Model::GpuTierStats t = impl.model->gpu_tier_stats();
@@ -343,6 +345,37 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 const std::string& Engine::memory_plan() const { return impl_->plan_text; }
 const char* Engine::device() const { return impl_->on_gpu ? "cuda" : "cpu"; }
+double Engine::peak_bandwidth() const { return impl_->on_gpu ? impl_->gpu_peak_bandwidth : 0; }
+
+double DecodeBytes::at(double rows) const {
+  const double attended = window > 0 ? std::min(rows, double(window)) : rows;
+  return double(weights) + double(experts) + double(kv_per_row) * attended;
+}
+
+DecodeBytes Engine::decode_bytes() const {
+  const Impl& impl = *impl_;
+  const models::HParams& hp = impl.model->hparams();
+  DecodeBytes d;
+  uint64_t routed = 0;
+  if (const experts::ExpertLayout* layout = impl.model->expert_layout()) {
+    routed = layout->total_expert_bytes();
+    for (int64_t l = 0; l < layout->n_layer(); ++l) {
+      if (layout->has_experts(l)) d.experts += uint64_t(hp.n_expert_used) * layout->expert_bytes(l);
+    }
+  }
+  uint64_t tensors = 0;
+  for (const gguf::TensorInfo& t : impl.file->tensors()) tensors += t.nbytes;
+  d.weights = tensors - std::min(tensors, routed);
+  // A token reads one row of its embedding, unless the output head is the embedding (tied) and reads it all.
+  const gguf::TensorInfo* embd = impl.file->find_tensor("token_embd.weight");
+  if (embd != nullptr && embd->ne[1] > 0 && impl.file->find_tensor("output.weight") != nullptr) {
+    d.weights -= embd->nbytes - embd->nbytes / uint64_t(embd->ne[1]);
+  }
+  const uint64_t kv_row = quant::row_size(kv_quant_type(impl.options.kv_type), hp.n_head_kv * hp.head_dim);
+  d.kv_per_row = 2 * uint64_t(hp.n_layer) * kv_row;
+  d.window = hp.sliding_window;
+  return d;
+}
 const std::string& Engine::gpu_unused() const { return impl_->gpu_unused; }
 
 namespace {

@@ -137,6 +137,18 @@ struct ExpertMap {
   std::vector<uint64_t> uses;  // [n_layer * n_expert]: times a token was routed to it since load
 };
 
+// What one decode token reads from memory (bench's bandwidth columns): every weight but the routed experts in full (of
+// the token embedding one row, unless it is also the output head), n_expert_used routed experts in every MoE layer,
+// and K and V of every cached row it attends to.
+struct DecodeBytes {
+  uint64_t weights = 0;     // the weights other than routed experts that a token reads
+  uint64_t experts = 0;     // its routed experts
+  uint64_t kv_per_row = 0;  // K and V of one cached token, all layers
+  int64_t window = 0;       // > 0: a token attends to at most this many rows
+  // All of it for a token that attends `rows` cached rows (its own included).
+  double at(double rows) const;
+};
+
 struct ModelInfo {
   std::string path;
   std::string architecture;
@@ -177,6 +189,10 @@ class Engine {
   ExpertMap expert_map() const;
 
   const ModelInfo& info() const;
+  DecodeBytes decode_bytes() const;
+  // The peak bandwidth (bytes/s) of the GPU's memory when the model runs there (its memory clock and bus width: the
+  // roofline of a resident decode); 0 on the CPU or when the driver does not report it.
+  double peak_bandwidth() const;
   const EngineOptions& options() const;  // with defaults resolved (n_threads, n_ctx)
   double load_seconds() const;
 

@@ -202,6 +202,7 @@ struct GpuInfo {
   bool present = false;
   std::string name;
   uint64_t free_bytes = 0, total_bytes = 0;
+  double peak_bytes_per_s = 0;  // memory bandwidth (cuda::DeviceInfo), 0 when not reported
 };
 GpuInfo gpu_info();
 

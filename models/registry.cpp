@@ -32,7 +32,8 @@ GpuInfo gpu_info() {
 #ifdef MAGNETAR_WITH_CUDA
   if (cuda::device_count() > 0) {
     if (Result<cuda::DeviceInfo> d = cuda::device_info(); d.ok()) {
-      info = {.present = true, .name = d->name, .free_bytes = d->free_bytes, .total_bytes = d->total_bytes};
+      info = {.present = true, .name = d->name, .free_bytes = d->free_bytes, .total_bytes = d->total_bytes,
+              .peak_bytes_per_s = d->peak_bytes_per_s};
     }
   }
 #endif

@@ -245,6 +245,10 @@ int bench_main(int argc, char** argv) {
     }
     session.clear();
   }
+  // What a decoded token reads (the mean over a depth's decoded tokens, at positions depth + step ..) and the memory's
+  // peak: the table's decode GB/s and its share of the peak, the roofline of a resident decode.
+  const DecodeBytes bytes = engine->decode_bytes();
+  const double peak = engine->peak_bandwidth();
   if (!json && !csv) {
     std::printf("# magnetar %s | %s | %u cores, %d threads\n", MAGNETAR_VERSION, cpu_model().c_str(),
                 std::thread::hardware_concurrency(), engine->options().n_threads);
@@ -252,9 +256,16 @@ int bench_main(int argc, char** argv) {
                 info.architecture.c_str(), double(info.file_bytes) / double(1ull << 30),
                 (unsigned long long)info.n_params, model.kv_type.c_str(), (long long)engine->options().n_batch,
                 (long long)reps);
-    std::printf("%10s %10s %14s %10s %14s\n", "depth", "prefill", "prefill t/s", "decode", "decode t/s");
+    const std::string window = bytes.window > 0 ? format(" (at most %lld)", (long long)bytes.window) : "";
+    std::printf("# decode reads per token %.3f GB of weights (%.3f GB of them routed experts) and %.1f KiB of K/V per "
+                "cached token it attends%s",
+                double(bytes.weights + bytes.experts) / 1e9, double(bytes.experts) / 1e9,
+                double(bytes.kv_per_row) / 1024.0, window.c_str());
+    if (peak > 0) std::printf("; memory bandwidth peak %.0f GB/s (the GPU's memory clock and bus width)", peak / 1e9);
+    std::printf("\n%10s %10s %14s %10s %14s %12s %8s\n", "depth", "prefill", "prefill t/s", "decode", "decode t/s",
+                "decode GB/s", "% peak");
   } else if (csv) {
-    std::printf("depth,prefill_tokens,prefill_tps,decode_tokens,decode_tps\n");
+    std::printf("depth,prefill_tokens,prefill_tps,decode_tokens,decode_tps,decode_bytes_per_token,decode_gbps\n");
   }
   std::vector<std::pair<std::string, double>> prefill_profile;
   int64_t last_depth = ctx_start;
@@ -302,20 +313,26 @@ int bench_main(int argc, char** argv) {
       tg_experts += engine->expert_stats();
     }
     const double pp_tps = median(pp), tg_tps = median(tg);
+    const double tg_bytes = bytes.at(double(depth + step) + double(gen + 1) / 2);
+    const double tg_gbps = tg_bytes * tg_tps / 1e9;
     if (json) {
       nlohmann::json row = {{"depth", depth},         {"prefill_tokens", step}, {"prefill_tps", pp_tps},
                             {"decode_tokens", gen},   {"decode_tps", tg_tps},   {"threads", engine->options().n_threads},
-                            {"model", info.path},     {"cpu", cpu_model()},     {"version", MAGNETAR_VERSION}};
+                            {"model", info.path},     {"cpu", cpu_model()},     {"version", MAGNETAR_VERSION},
+                            {"decode_bytes_per_token", tg_bytes}, {"decode_gbps", tg_gbps}};
+      if (peak > 0) row["decode_peak_fraction"] = tg_gbps * 1e9 / peak;
       if (pp_experts.streamed || pp_experts.gpu_tier) {
         row["prefill_experts"] = expert_summary_json(pp_experts, pp_seconds, step * reps);
         row["decode_experts"] = expert_summary_json(tg_experts, tg_seconds, gen * reps);
       }
       std::printf("%s\n", row.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else if (csv) {
-      std::printf("%lld,%lld,%.3f,%lld,%.3f\n", (long long)depth, (long long)step, pp_tps, (long long)gen, tg_tps);
+      std::printf("%lld,%lld,%.3f,%lld,%.3f,%.0f,%.3f\n", (long long)depth, (long long)step, pp_tps, (long long)gen,
+                  tg_tps, tg_bytes, tg_gbps);
     } else {
-      std::printf("%10lld %10lld %14.2f %10lld %14.2f\n", (long long)depth, (long long)step, pp_tps, (long long)gen,
-                  tg_tps);
+      const std::string share = peak > 0 && gen > 0 ? format("%.1f", 100 * tg_gbps * 1e9 / peak) : "-";
+      std::printf("%10lld %10lld %14.2f %10lld %14.2f %12.1f %8s\n", (long long)depth, (long long)step, pp_tps,
+                  (long long)gen, tg_tps, tg_gbps, share.c_str());
       if (pp_experts.streamed || pp_experts.gpu_tier) {
         std::printf("  prefill %s\n", expert_summary(pp_experts, pp_seconds, step * reps).c_str());
         if (gen > 0) std::printf("  decode  %s\n", expert_summary(tg_experts, tg_seconds, gen * reps).c_str());

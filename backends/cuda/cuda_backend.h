@@ -27,6 +27,7 @@ struct DeviceInfo {
   std::string name;
   size_t free_bytes = 0, total_bytes = 0;
   int sm_count = 0;
+  double peak_bytes_per_s = 0;  // memory bandwidth from the peak memory clock and bus width (0: not reported)
 };
 Result<DeviceInfo> device_info();
 

@@ -299,6 +299,12 @@ Result<DeviceInfo> device_info() {
   DeviceInfo info;
   info.name = prop.name;
   info.sm_count = prop.multiProcessorCount;
+  int clock_khz = 0, bus_bits = 0;  // double data rate: two transfers per clock
+  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, dev) == cudaSuccess) {
+    info.peak_bytes_per_s = 2.0 * 1e3 * double(clock_khz) * double(bus_bits) / 8.0;
+  }
+  (void)cudaGetLastError();  // an attribute the driver does not report is not an error of the next call
   CUDA_CHECK(cudaMemGetInfo(&info.free_bytes, &info.total_bytes));
   return info;
 }

@@ -373,6 +373,26 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaQ8Kv, ::testing::Values(quant::Type::F32, qua
                            return std::string(quant::traits(info.param).name);
                          });
 
+// bench's bandwidth columns on the GPU: the device reports a peak between 100 GB/s and 100 TB/s (the H200: ~4.8 TB/s),
+// the CPU none, and what a decoded token reads is the same on both (a property of the file and the KV type).
+TEST(CudaDemo, ReportsPeakBandwidthAndDecodeBytes) {
+  SKIP_WITHOUT_GPU();
+  const std::string demo = std::string(MAGNETAR_SOURCE_DIR) + "/models/magnetar-demo-q8_0.gguf";
+  for (const KvType kv_type : {KvType::kF16, KvType::kQ8_0}) {
+    const std::unique_ptr<Engine> gpu = load(demo, Device::kCuda, {}, 128, 32, kv_type);
+    const std::unique_ptr<Engine> cpu = load(demo, Device::kCpu, {}, 128, 32, kv_type);
+    ASSERT_TRUE(gpu && cpu);
+    EXPECT_GT(gpu->peak_bandwidth(), 1e11);
+    EXPECT_LT(gpu->peak_bandwidth(), 1e14);
+    EXPECT_EQ(cpu->peak_bandwidth(), 0.0);
+    const DecodeBytes g = gpu->decode_bytes(), c = cpu->decode_bytes();
+    EXPECT_GT(g.weights, 0u);
+    EXPECT_EQ(g.weights, c.weights);
+    EXPECT_EQ(g.experts, c.experts);
+    EXPECT_EQ(g.kv_per_row, c.kv_per_row);
+  }
+}
+
 // The trained demo model over real text in one 512-token prefill (the int8 tensor-core path for every
 // projection and expert group), against the CPU: the mean negative log-likelihood of the text's next tokens
 // and how often the two pick the same top-1.

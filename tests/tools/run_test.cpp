@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "gguf/reader.h"
 #include "tests/tools/invoke.h"
 #include "tests/unit/gguf_test_util.h"
 #include "tests/unit/toy_tokenizer.h"
@@ -126,10 +127,41 @@ TEST_F(RunTool, UnknownArchitectureIsNamed) {
       << r.err;
 }
 
+// Each row also says what a decoded token reads and the rate that makes: counted here from the file's tensors and
+// metadata (every tensor but the routed experts' in full; of the token embedding one row when the output head is a
+// tensor of its own; n_expert_used of n_expert experts; K and V in F16 of every row attended, the mean over the row's
+// decoded tokens at positions depth + 16 .. depth + 19), and decode_gbps is that times decode t/s.
 TEST_F(RunTool, BenchReportsEveryDepth) {
   const Invocation r =
       magnetar("bench -m " + model() + " --ctx-start 0 --ctx-max 32 --step 16 --gen 4 --reps 2 --json");
   ASSERT_EQ(r.status, 0) << r.err;
+  Result<std::unique_ptr<gguf::Model>> file = gguf::Model::open(model());
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  const gguf::Model& m = *file.value();
+  auto integer = [&](const std::string& key) {
+    const gguf::Value* v = m.find("qwen3moe." + key);
+    return v != nullptr && v->as_int() ? *v->as_int() : int64_t(-1);
+  };
+  const int64_t n_expert = integer("expert_count"), used = integer("expert_used_count");
+  const int64_t head_dim = integer("attention.key_length") > 0
+                               ? integer("attention.key_length")
+                               : integer("embedding_length") / integer("attention.head_count");
+  ASSERT_GT(n_expert, 0);
+  ASSERT_GT(used, 0);
+  ASSERT_GT(head_dim, 0);
+  const bool own_head = m.find_tensor("output.weight") != nullptr;
+  double weights = 0;
+  for (const gguf::TensorInfo& t : m.tensors()) {
+    if (t.name.find("_exps.") != std::string::npos) {
+      weights += double(t.nbytes) * double(used) / double(n_expert);
+    } else if (t.name == "token_embd.weight" && own_head) {
+      weights += double(t.nbytes) / double(t.ne[1]);
+    } else {
+      weights += double(t.nbytes);
+    }
+  }
+  const double kv_row = double(integer("block_count") * 2 * integer("attention.head_count_kv") * head_dim * 2);
+  ASSERT_GT(kv_row, 0.0);
   std::vector<int64_t> depths;
   size_t pos = 0;
   while (pos < r.out.size()) {
@@ -139,6 +171,10 @@ TEST_F(RunTool, BenchReportsEveryDepth) {
     EXPECT_GT(row["prefill_tps"].get<double>(), 0.0);
     EXPECT_GT(row["decode_tps"].get<double>(), 0.0);
     EXPECT_EQ(row["decode_tokens"], 4);
+    const double bytes = weights + kv_row * (double(depths.back()) + 16 + 2.5);
+    EXPECT_NEAR(row["decode_bytes_per_token"].get<double>(), bytes, 1.0) << "depth " << depths.back();
+    EXPECT_NEAR(row["decode_gbps"].get<double>(), bytes * row["decode_tps"].get<double>() / 1e9, 1e-6);
+    EXPECT_FALSE(row.contains("decode_peak_fraction"));  // the CPU: no peak known
     pos = end + 1;
   }
   EXPECT_EQ(depths, (std::vector<int64_t>{0, 16, 32}));
