@@ -315,12 +315,16 @@ int bench_main(int argc, char** argv) {
     const double pp_tps = median(pp), tg_tps = median(tg);
     const double tg_bytes = bytes.at(double(depth + step) + double(gen + 1) / 2);
     const double tg_gbps = tg_bytes * tg_tps / 1e9;
+    // The share of the GPU memory's peak, where that is the roofline: every weight resident (tiered experts come over
+    // the bus, streamed ones from RAM and disk).
+    const bool tiered = pp_experts.streamed || pp_experts.gpu_tier;
+    const double share = peak > 0 && gen > 0 && !tiered ? tg_gbps * 1e9 / peak : 0;
     if (json) {
       nlohmann::json row = {{"depth", depth},         {"prefill_tokens", step}, {"prefill_tps", pp_tps},
                             {"decode_tokens", gen},   {"decode_tps", tg_tps},   {"threads", engine->options().n_threads},
                             {"model", info.path},     {"cpu", cpu_model()},     {"version", MAGNETAR_VERSION},
                             {"decode_bytes_per_token", tg_bytes}, {"decode_gbps", tg_gbps}};
-      if (peak > 0) row["decode_peak_fraction"] = tg_gbps * 1e9 / peak;
+      if (share > 0) row["decode_peak_fraction"] = share;
       if (pp_experts.streamed || pp_experts.gpu_tier) {
         row["prefill_experts"] = expert_summary_json(pp_experts, pp_seconds, step * reps);
         row["decode_experts"] = expert_summary_json(tg_experts, tg_seconds, gen * reps);
@@ -330,9 +334,8 @@ int bench_main(int argc, char** argv) {
       std::printf("%lld,%lld,%.3f,%lld,%.3f,%.0f,%.3f\n", (long long)depth, (long long)step, pp_tps, (long long)gen,
                   tg_tps, tg_bytes, tg_gbps);
     } else {
-      const std::string share = peak > 0 && gen > 0 ? format("%.1f", 100 * tg_gbps * 1e9 / peak) : "-";
       std::printf("%10lld %10lld %14.2f %10lld %14.2f %12.1f %8s\n", (long long)depth, (long long)step, pp_tps,
-                  (long long)gen, tg_tps, tg_gbps, share.c_str());
+                  (long long)gen, tg_tps, tg_gbps, share > 0 ? format("%.1f", 100 * share).c_str() : "-");
       if (pp_experts.streamed || pp_experts.gpu_tier) {
         std::printf("  prefill %s\n", expert_summary(pp_experts, pp_seconds, step * reps).c_str());
         if (gen > 0) std::printf("  decode  %s\n", expert_summary(tg_experts, tg_seconds, gen * reps).c_str());
