@@ -367,11 +367,12 @@ Status Qwen3Model::moe_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Laye
   ws.early.clear();
   ws.late.clear();
   for (size_t i = 0; i < n_active; ++i) (ws.ready[i] ? ws.early : ws.late).push_back(i);
+  timer.reset();  // run_experts times its own parts
   run_experts(pool, ws, L, ws.early);
   if (!ws.late.empty()) {
     timer.emplace(ws.profile, Op::kExpertsWait);
     MAGNETAR_RETURN_IF_ERROR(source.wait(ptrs));
-    timer.emplace(ws.profile, Op::kExpertsOther);
+    timer.reset();
     run_experts(pool, ws, L, ws.late);
   }
   timer.emplace(ws.profile, Op::kExpertsOther);
