@@ -325,7 +325,7 @@ int bench_main(int argc, char** argv) {
                             {"model", info.path},     {"cpu", cpu_model()},     {"version", MAGNETAR_VERSION},
                             {"decode_bytes_per_token", tg_bytes}, {"decode_gbps", tg_gbps}};
       if (share > 0) row["decode_peak_fraction"] = share;
-      if (pp_experts.streamed || pp_experts.gpu_tier) {
+      if (tiered) {
         row["prefill_experts"] = expert_summary_json(pp_experts, pp_seconds, step * reps);
         row["decode_experts"] = expert_summary_json(tg_experts, tg_seconds, gen * reps);
       }
@@ -336,7 +336,7 @@ int bench_main(int argc, char** argv) {
     } else {
       std::printf("%10lld %10lld %14.2f %10lld %14.2f %12.1f %8s\n", (long long)depth, (long long)step, pp_tps,
                   (long long)gen, tg_tps, tg_gbps, share > 0 ? format("%.1f", 100 * share).c_str() : "-");
-      if (pp_experts.streamed || pp_experts.gpu_tier) {
+      if (tiered) {
         std::printf("  prefill %s\n", expert_summary(pp_experts, pp_seconds, step * reps).c_str());
         if (gen > 0) std::printf("  decode  %s\n", expert_summary(tg_experts, tg_seconds, gen * reps).c_str());
       }
