@@ -45,7 +45,7 @@ struct Engine::Impl {
   models::RoutingCounts uses;              // every session's routing, for expert_map() (MoE models)
   bool on_gpu = false;                     // the model runs on the CUDA device (weights, KV and scratch there)
   bool gpu_tier = false;                   // ... with routed experts in host memory through a GPU pool
-  double gpu_peak_bandwidth = 0;           // on_gpu: models::GpuInfo::peak_bytes_per_s
+  double gpu_peak_bandwidth = 0;           // models::GpuInfo::peak_bytes_per_s when on_gpu, else 0
   std::string gpu_unused;                  // why auto stayed on the CPU although a GPU is present
   bool batch_auto = false;                 // --batch 0: choose_device picks the prefill chunk
   int64_t sweep_tokens = 0;                // the longest prefill sweep (EngineOptions::n_sweep; 0: none)
@@ -88,14 +88,24 @@ quant::Type kv_quant_type(KvType t) {
   return t == KvType::kF32 ? quant::Type::F32 : t == KvType::kQ8_0 ? quant::Type::Q8_0 : quant::Type::F16;
 }
 
+// K and V of one cached token over all layers.
+uint64_t kv_bytes_per_token(const Engine::Impl& impl) {
+  const models::HParams& hp = impl.model->hparams();
+  return uint64_t(hp.n_layer) * 2 * quant::row_size(kv_quant_type(impl.options.kv_type), hp.n_head_kv * hp.head_dim);
+}
+
+// The routed experts one token reads: n_expert_used of every MoE layer's.
+uint64_t routed_bytes_per_token(const experts::ExpertLayout& layout, int64_t n_expert_used) {
+  uint64_t bytes = 0;
+  for (int64_t l = 0; l < layout.n_layer(); ++l) {
+    if (layout.has_experts(l)) bytes += uint64_t(n_expert_used) * layout.expert_bytes(l);
+  }
+  return bytes;
+}
+
 // One session's KV cache for the context, and its scratch (make_workspace: activations of a batch, the experts'
 // rows, attention scratch), as the memory planner and the session count count them.
-uint64_t session_kv_bytes(const Engine::Impl& impl) {
-  const models::HParams& hp = impl.model->hparams();
-  const EngineOptions& o = impl.options;
-  const uint64_t row = quant::row_size(kv_quant_type(o.kv_type), hp.n_head_kv * hp.head_dim);
-  return uint64_t(o.n_ctx) * uint64_t(hp.n_layer) * 2 * row;
-}
+uint64_t session_kv_bytes(const Engine::Impl& impl) { return uint64_t(impl.options.n_ctx) * kv_bytes_per_token(impl); }
 uint64_t session_scratch_bytes(const Engine::Impl& impl) {
   const models::HParams& hp = impl.model->hparams();
   const EngineOptions& o = impl.options;
@@ -126,11 +136,8 @@ Status plan_experts(Engine::Impl& impl, const std::string& path) {
   experts::ModelFootprint fp;
   fp.expert_bytes_total = layout->total_expert_bytes();
   fp.non_expert_bytes = impl.file->file_bytes() - std::min(impl.file->file_bytes(), fp.expert_bytes_total);
-  for (int64_t l = 0; l < layout->n_layer(); ++l) {
-    if (!layout->has_experts(l)) continue;
-    fp.n_moe_layers++;
-    fp.expert_bytes_per_token_max += uint64_t(hp.n_expert_used) * layout->expert_bytes(l);
-  }
+  for (int64_t l = 0; l < layout->n_layer(); ++l) fp.n_moe_layers += layout->has_experts(l) ? 1 : 0;
+  fp.expert_bytes_per_token_max = routed_bytes_per_token(*layout, hp.n_expert_used);
   fp.slab_bytes = experts::StreamedExperts::slab_bytes(*layout);
   fp.n_expert = layout->n_expert();
   fp.n_expert_used = hp.n_expert_used;
@@ -345,7 +352,7 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 const std::string& Engine::memory_plan() const { return impl_->plan_text; }
 const char* Engine::device() const { return impl_->on_gpu ? "cuda" : "cpu"; }
-double Engine::peak_bandwidth() const { return impl_->on_gpu ? impl_->gpu_peak_bandwidth : 0; }
+double Engine::peak_bandwidth() const { return impl_->gpu_peak_bandwidth; }
 
 double DecodeBytes::at(double rows) const {
   const double attended = window > 0 ? std::min(rows, double(window)) : rows;
@@ -359,9 +366,7 @@ DecodeBytes Engine::decode_bytes() const {
   uint64_t routed = 0;
   if (const experts::ExpertLayout* layout = impl.model->expert_layout()) {
     routed = layout->total_expert_bytes();
-    for (int64_t l = 0; l < layout->n_layer(); ++l) {
-      if (layout->has_experts(l)) d.experts += uint64_t(hp.n_expert_used) * layout->expert_bytes(l);
-    }
+    d.experts = routed_bytes_per_token(*layout, hp.n_expert_used);
   }
   uint64_t tensors = 0;
   for (const gguf::TensorInfo& t : impl.file->tensors()) tensors += t.nbytes;
@@ -371,8 +376,7 @@ DecodeBytes Engine::decode_bytes() const {
   if (embd != nullptr && embd->ne[1] > 0 && impl.file->find_tensor("output.weight") != nullptr) {
     d.weights -= embd->nbytes - embd->nbytes / uint64_t(embd->ne[1]);
   }
-  const uint64_t kv_row = quant::row_size(kv_quant_type(impl.options.kv_type), hp.n_head_kv * hp.head_dim);
-  d.kv_per_row = 2 * uint64_t(hp.n_layer) * kv_row;
+  d.kv_per_row = kv_bytes_per_token(impl);
   d.window = hp.sliding_window;
   return d;
 }
