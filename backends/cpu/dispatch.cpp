@@ -25,17 +25,17 @@ void axpy_f16_scalar(int64_t n, float alpha, const uint16_t* x, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * quant::fp16_to_float(x[i]);
 }
 
-void dot_f16_multi_scalar(int64_t n, const uint16_t* k, const float* q, int64_t q_stride, int64_t n_q, float* out) {
-  for (int64_t g = 0; g < n_q; ++g) out[g] = dot_f16_f32_scalar(n, k, q + g * q_stride);
+void attn_scores_scalar(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq, const float* k, int64_t ldk,
+                        float scale, float* s, int64_t lds) {
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t j = 0; j < n; ++j) s[r * lds + j] = scale * dot_f32_scalar(d, q + r * ldq, k + j * ldk);
+  }
 }
-void dot_f32_multi_scalar(int64_t n, const float* k, const float* q, int64_t q_stride, int64_t n_q, float* out) {
-  for (int64_t g = 0; g < n_q; ++g) out[g] = dot_f32_scalar(n, k, q + g * q_stride);
-}
-void axpy_f16_multi_scalar(int64_t n, const float* alpha, const uint16_t* v, float* y, int64_t y_stride, int64_t n_q) {
-  for (int64_t g = 0; g < n_q; ++g) axpy_f16_scalar(n, alpha[g], v, y + g * y_stride);
-}
-void axpy_f32_multi_scalar(int64_t n, const float* alpha, const float* v, float* y, int64_t y_stride, int64_t n_q) {
-  for (int64_t g = 0; g < n_q; ++g) axpy_f32_scalar(n, alpha[g], v, y + g * y_stride);
+void attn_accumulate_scalar(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp, const float* v, int64_t ldv,
+                            float* o, int64_t ldo) {
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t j = 0; j < n; ++j) axpy_f32_scalar(d, p[r * ldp + j], v + j * ldv, o + r * ldo);
+  }
 }
 
 float exp_sum_scalar(int64_t n, float* x, float max) {
@@ -82,12 +82,12 @@ struct Tables {
 
     vectors[int(Isa::kScalar)] = {.dot_f32 = dot_f32_scalar, .dot_f16_f32 = dot_f16_f32_scalar,
                                   .axpy_f32 = axpy_f32_scalar, .axpy_f16 = axpy_f16_scalar,
-                                  .dot_f16_multi = dot_f16_multi_scalar, .dot_f32_multi = dot_f32_multi_scalar,
-                                  .axpy_f16_multi = axpy_f16_multi_scalar, .axpy_f32_multi = axpy_f32_multi_scalar,
+                                  .attn_scores = attn_scores_scalar, .attn_accumulate = attn_accumulate_scalar,
                                   .exp_sum = exp_sum_scalar};
     vectors[int(Isa::kAvx2)] = vectors[int(Isa::kScalar)];
     register_avx2_vector(vectors[int(Isa::kAvx2)]);
     vectors[int(Isa::kAvx512)] = vectors[int(Isa::kAvx2)];
+    register_avx512_vector(vectors[int(Isa::kAvx512)]);
   }
 
   // by_single: this ISA's four-call tiles. A tile must match its entry's vec_dot bit for bit, so an entry

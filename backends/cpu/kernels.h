@@ -53,20 +53,23 @@ struct VectorKernels {
   float (*dot_f16_f32)(int64_t n, const uint16_t* a, const float* b) = nullptr;
   void (*axpy_f32)(int64_t n, float alpha, const float* x, float* y) = nullptr;     // y += alpha * x
   void (*axpy_f16)(int64_t n, float alpha, const uint16_t* x, float* y) = nullptr;  // y += alpha * x
-  // Grouped-query attention: one K (or V) row against n_q query rows at once, so the row is loaded and
-  // widened once per group instead of once per head.
-  //   dot_*_multi:  out[g] = dot(k, q + g * q_stride)                 for g < n_q
-  //   axpy_*_multi: y[g * y_stride + i] += alpha[g] * v[i]            for g < n_q, i < n
-  void (*dot_f16_multi)(int64_t n, const uint16_t* k, const float* q, int64_t q_stride, int64_t n_q, float* out) = nullptr;
-  void (*dot_f32_multi)(int64_t n, const float* k, const float* q, int64_t q_stride, int64_t n_q, float* out) = nullptr;
-  void (*axpy_f16_multi)(int64_t n, const float* alpha, const uint16_t* v, float* y, int64_t y_stride, int64_t n_q) = nullptr;
-  void (*axpy_f32_multi)(int64_t n, const float* alpha, const float* v, float* y, int64_t y_stride, int64_t n_q) = nullptr;
+  // Attention over one block of cached rows (cpu::attention's inner products), row-major float matrices:
+  //   attn_scores:     s[r * lds + j] = scale * dot(q + r * ldq, k + j * ldk)  (d elements)  for r < m, j < n
+  //   attn_accumulate: o[r * ldo + i] += p[r * ldp + j] * v[j * ldv + i], j = 0, 1, ...  for r < m, i < d
+  // Register tiles only group independent outputs: an output's arithmetic (its dot's order, its chain of
+  // multiply-adds over j) is the same whatever m, n and the output's place in the call, so a query row gets the same
+  // bits alone or beside others.
+  void (*attn_scores)(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq, const float* k, int64_t ldk,
+                      float scale, float* s, int64_t lds) = nullptr;
+  void (*attn_accumulate)(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp, const float* v, int64_t ldv,
+                          float* o, int64_t ldo) = nullptr;
   // x[i] = exp(x[i] - max) in place; returns the sum (softmax numerators). Relative error <= 2e-7 per element.
   float (*exp_sum)(int64_t n, float* x, float max) = nullptr;
 };
 const VectorKernels& vector_kernels(Isa isa);
 inline const VectorKernels& vector_kernels() { return vector_kernels(best_isa()); }
 void register_avx2_vector(VectorKernels& kernels);
+void register_avx512_vector(VectorKernels& kernels);  // attn_scores and attn_accumulate
 
 // Registration hooks, one per kernel file (defined in avx2/*.cpp and avx512/*.cpp).
 void register_avx2_float(KernelTable& table);     // F32, F16, BF16

@@ -196,81 +196,278 @@ void rope_neox(ThreadPool& pool, float* x, int64_t n_tok, int64_t n_head, int64_
 
 // ---- attention ---------------------------------------------------------------------------------------------
 
-constexpr int64_t kMaxQ8HeadDim = 512;  // Q8_0 KV: the largest head row dequantized on the stack
+// Flash-attention style. The query rows of a job walk the cached rows in blocks of kBlockRows, whose K and V are widened
+// to float once per block, with an online softmax. Blocks start at multiples of kBlockRows and are grouped into chunks
+// of kChunkRows, also at fixed positions: each chunk's softmax starts afresh and chunks are merged into the running
+// result in order. A prefill job is a tile of tokens on one KV head (each cached row read once per tile); a decode step
+// makes one item per (chunk, pass over up to kPassElems elements of KV heads), so each thread streams whole stretches
+// of the cache, and the chunks' records are merged in order afterwards. A row's result is therefore the same bits
+// whatever the thread count and whether its token is decoded alone or inside a prefill tile (masked entries add exact
+// zeros).
 
-// One job per (token, KV head): the group of query heads sharing that KV head is processed together, so each
-// cached K/V row is read (and widened from F16) once per group rather than once per head.
-size_t attention_scratch_floats(int64_t n_ctx, int n_threads) {
-  return size_t(n_ctx + 64) * 16 * size_t(n_threads);  // [group <= 16][n_ctx] scores per thread
+namespace {
+
+constexpr int64_t kBlockRows = 32;
+constexpr int64_t kChunkRows = 512;
+constexpr int64_t kPrefetchBlocks = 2;  // how many blocks ahead a decode pass asks for K and V
+constexpr int64_t kTileRows = 64;       // query rows of one job at most (a group takes one token's at least)
+constexpr int64_t kPassElems = 512;     // K/V elements per cached row a decode pass widens (whole heads, >= 1)
+constexpr int64_t kMaxHeadDim = 512;
+constexpr int64_t kMaxGroup = 16;       // query heads per KV head
+
+int64_t tile_tokens(int64_t group) { return std::max<int64_t>(1, kTileRows / group); }
+int64_t tile_rows(int64_t group) { return tile_tokens(group) * group; }
+// KV heads of one decode pass.
+int64_t pass_heads(int64_t n_head_kv, int64_t group, int64_t head_dim) {
+  return std::clamp<int64_t>(std::min(kPassElems / head_dim, kTileRows / group), 1, n_head_kv);
+}
+int64_t chunk_of(int64_t row) { return row / kChunkRows; }
+int64_t max_chunks(int64_t n_ctx) { return n_ctx / kChunkRows + 2; }
+
+// One thread's buffers: the job's queries, running and chunk outputs, scores, K and V blocks, and per query row the
+// running and chunk maxima and sums.
+struct ThreadBuffers {
+  float *q, *o_run, *o_chunk, *scores, *k, *v, *m_run, *l_run, *m_chunk, *l_chunk;
+
+  static int64_t rows(int64_t group) { return std::max(tile_rows(group), group); }
+  static int64_t floats(int64_t group, int64_t head_dim) {
+    const int64_t m = rows(group), kv = kBlockRows * std::max(head_dim, kPassElems);
+    return (3 * m * head_dim + m * kBlockRows + 2 * kv + 4 * m + 15) / 16 * 16;
+  }
+  ThreadBuffers(float* base, int64_t group, int64_t head_dim) {
+    const int64_t m = rows(group);
+    q = base;
+    o_run = q + m * head_dim;
+    o_chunk = o_run + m * head_dim;
+    scores = o_chunk + m * head_dim;
+    k = scores + m * kBlockRows;
+    v = k + kBlockRows * std::max(head_dim, kPassElems);
+    m_run = v + kBlockRows * std::max(head_dim, kPassElems);
+    l_run = m_run + m;
+    m_chunk = l_run + m;
+    l_chunk = m_chunk + m;
+  }
+};
+
+// n_heads consecutive KV heads of the cache and how their rows become float rows.
+struct KvHeads {
+  const uint8_t *k, *v;      // row 0 of the first head
+  int64_t n_heads = 1;
+  int64_t head_dim = 0;
+  size_t row_bytes = 0;      // bytes from one cached position to the next
+  size_t span_bytes = 0;     // bytes of the heads in one position
+  int64_t float_stride = 0;  // F32: floats from one position to the next (rows are used in place)
+  quant::ToFloatFn widen = nullptr;  // F16 / Q8_0 to floats
+
+  void prefetch(int64_t j0, int64_t j1) const {
+    for (int64_t j = j0; j < j1; ++j) {
+      for (size_t line = 0; line < span_bytes; line += 64) {
+        __builtin_prefetch(k + size_t(j) * row_bytes + line);
+        __builtin_prefetch(v + size_t(j) * row_bytes + line);
+      }
+    }
+  }
+
+  // Float rows [j0, j1) of K or V: in place (F32) or widened into buf; returns the first row and sets its stride.
+  const float* rows(const uint8_t* base, int64_t j0, int64_t j1, float* buf, int64_t* ld) const {
+    if (!widen) {
+      *ld = float_stride;
+      return reinterpret_cast<const float*>(base + size_t(j0) * row_bytes);
+    }
+    const int64_t n = n_heads * head_dim;
+    *ld = n;
+    if (span_bytes == row_bytes) {  // whole positions: one call
+      widen(base + size_t(j0) * row_bytes, buf, (j1 - j0) * n);
+    } else {
+      for (int64_t j = j0; j < j1; ++j) widen(base + size_t(j) * row_bytes, buf + (j - j0) * n, n);
+    }
+    return buf;
+  }
+};
+
+// The query rows of a job: per KV head of its KvHeads, rows_per_head consecutive rows.
+struct Tile {
+  int64_t m = 0;                         // query rows
+  int64_t rows_per_head = 0;
+  const float* q = nullptr;              // [m, head_dim]
+  int64_t lo[kTileRows], hi[kTileRows];  // row r attends to cached rows [lo[r], hi[r])
+  int64_t first = 0, end = 0;            // the union of those ranges
+};
+
+// One chunk [c0, c1) of cached rows for a tile, from a fresh softmax state into m_c, l_c, o_c ([m, head_dim]).
+void attend_chunk(const VectorKernels& vk, const KvHeads& kv, const Tile& t, float scale, int64_t c0, int64_t c1,
+                  bool prefetch, ThreadBuffers& w, float* m_c, float* l_c, float* o_c) {
+  const int64_t D = kv.head_dim;
+  std::fill(m_c, m_c + t.m, -INFINITY);
+  std::fill(l_c, l_c + t.m, 0.0f);
+  std::fill(o_c, o_c + t.m * D, 0.0f);
+  for (int64_t b0 = c0; b0 < c1; b0 += kBlockRows) {
+    const int64_t j0 = std::max(b0, t.first), j1 = std::min(b0 + kBlockRows, t.end);
+    if (j0 >= j1) continue;
+    if (prefetch) kv.prefetch(b0 + kPrefetchBlocks * kBlockRows, std::min(b0 + (kPrefetchBlocks + 1) * kBlockRows, t.end));
+    int64_t ldk = 0, ldv = 0;
+    const float* k = kv.rows(kv.k, j0, j1, w.k, &ldk);
+    const float* v = kv.rows(kv.v, j0, j1, w.v, &ldv);
+    for (int64_t h = 0; h < kv.n_heads; ++h) {
+      const int64_t r0 = h * t.rows_per_head, r1 = r0 + t.rows_per_head;
+      vk.attn_scores(t.rows_per_head, j1 - j0, D, t.q + r0 * D, D, k + h * D, ldk, scale,
+                     w.scores + r0 * kBlockRows + (j0 - b0), kBlockRows);
+      for (int64_t r = r0; r < r1; ++r) {
+        float* s = w.scores + r * kBlockRows;  // the block's kBlockRows entries, -inf outside the row's range
+        const int64_t lo = std::clamp(t.lo[r] - b0, int64_t(0), kBlockRows);
+        const int64_t hi = std::clamp(t.hi[r] - b0, lo, kBlockRows);
+        std::fill(s, s + lo, -INFINITY);
+        std::fill(s + hi, s + kBlockRows, -INFINITY);
+        const float block_max = *std::max_element(s, s + kBlockRows);
+        const float m_new = std::max(m_c[r], block_max);
+        if (m_new == -INFINITY) {  // nothing to attend to yet: zero weights
+          std::fill(s, s + kBlockRows, 0.0f);
+          continue;
+        }
+        if (m_new > m_c[r] && m_c[r] != -INFINITY) {
+          const float rescale = std::exp(m_c[r] - m_new);
+          for (int64_t i = 0; i < D; ++i) o_c[r * D + i] *= rescale;
+          l_c[r] *= rescale;
+        }
+        m_c[r] = m_new;
+        l_c[r] += vk.exp_sum(kBlockRows, s, m_new);
+      }
+      vk.attn_accumulate(t.rows_per_head, j1 - j0, D, w.scores + r0 * kBlockRows + (j0 - b0), kBlockRows, v + h * D,
+                         ldv, o_c + r0 * D, D);
+    }
+  }
+}
+
+// Merges a chunk's state into the running one (a chunk with nothing attended leaves it as it was).
+void merge_chunk(int64_t m, int64_t head_dim, const float* m_c, const float* l_c, const float* o_c, float* m_run,
+                 float* l_run, float* o_run) {
+  for (int64_t r = 0; r < m; ++r) {
+    if (m_c[r] == -INFINITY) continue;
+    const float m_new = std::max(m_run[r], m_c[r]);
+    const float a = std::exp(m_run[r] - m_new), b = std::exp(m_c[r] - m_new);  // a = 0 while nothing ran
+    for (int64_t i = 0; i < head_dim; ++i) o_run[r * head_dim + i] = o_run[r * head_dim + i] * a + o_c[r * head_dim + i] * b;
+    l_run[r] = l_run[r] * a + l_c[r] * b;
+    m_run[r] = m_new;
+  }
+}
+
+}  // namespace
+
+size_t attention_scratch_floats(int64_t n_ctx, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int n_threads) {
+  const int64_t group = n_head / std::max<int64_t>(1, n_head_kv);
+  const int64_t heads = pass_heads(n_head_kv, group, head_dim), passes = (n_head_kv + heads - 1) / heads;
+  const int64_t records = max_chunks(n_ctx) * passes * heads * group * (head_dim + 2);  // a decode step's chunks
+  return size_t(ThreadBuffers::floats(group, head_dim)) * size_t(n_threads) + size_t(records);
 }
 
 void attention(ThreadPool& pool, const AttentionArgs& a) {
-  const bool q8 = a.kv_type == quant::Type::Q8_0;
-  MAGNETAR_CHECK(a.kv_type == quant::Type::F16 || a.kv_type == quant::Type::F32 || q8);
-  MAGNETAR_CHECK(!q8 || (a.head_dim % 32 == 0 && a.head_dim <= kMaxQ8HeadDim));
-  MAGNETAR_CHECK(a.n_head % a.n_head_kv == 0);
+  MAGNETAR_CHECK(a.kv_type == quant::Type::F16 || a.kv_type == quant::Type::F32 || a.kv_type == quant::Type::Q8_0);
+  MAGNETAR_CHECK(a.kv_type != quant::Type::Q8_0 || a.head_dim % 32 == 0);
+  MAGNETAR_CHECK(a.head_dim <= kMaxHeadDim && a.n_head % a.n_head_kv == 0);
   const VectorKernels& vk = vector_kernels();
-  const int64_t group = a.n_head / a.n_head_kv;
-  MAGNETAR_CHECK(group <= 16);
-  const int64_t kv_row = a.n_head_kv * a.head_dim;  // elements per cached position
-  const int64_t stride = a.pos0 + a.n_tok + 64;     // scores row length in the scratch
-  const bool f16 = a.kv_type == quant::Type::F16;
-  const uint16_t* k16 = static_cast<const uint16_t*>(a.k_cache);
-  const uint16_t* v16 = static_cast<const uint16_t*>(a.v_cache);
-  const float* k32 = static_cast<const float*>(a.k_cache);
-  const float* v32 = static_cast<const float*>(a.v_cache);
-  // Q8_0: a row's bytes, a head's bytes within it, and the dequantizer.
-  const size_t q8_row = q8 ? quant::row_size(quant::Type::Q8_0, kv_row) : 0;
-  const size_t q8_head = q8 ? quant::row_size(quant::Type::Q8_0, a.head_dim) : 0;
-  const quant::ToFloatFn q8_float = q8 ? kernels(quant::Type::Q8_0).dequantize : nullptr;
-  const uint8_t* k8 = static_cast<const uint8_t*>(a.k_cache);
-  const uint8_t* v8 = static_cast<const uint8_t*>(a.v_cache);
-  pool.parallel_for(a.n_tok * a.n_head_kv, [&](int64_t b, int64_t e, int ith) {
-    float* scores = a.scratch + size_t(ith) * size_t(stride) * 16;  // [group][stride]
-    float dots[16], max_score[16], weight[16];
-    float deq[kMaxQ8HeadDim];  // a Q8_0 head row, dequantized
-    float sum[16];
+  const int64_t group = a.n_head / a.n_head_kv, D = a.head_dim;
+  MAGNETAR_CHECK(group <= kMaxGroup);
+  const int64_t kv_row = a.n_head_kv * D;  // elements per cached position
+  const size_t row_bytes = quant::row_size(a.kv_type, kv_row), head_bytes = quant::row_size(a.kv_type, D);
+  const int nth = pool.size();
+  auto kv_heads = [&](int64_t hk, int64_t n) {
+    KvHeads h{.k = static_cast<const uint8_t*>(a.k_cache) + size_t(hk) * head_bytes,
+              .v = static_cast<const uint8_t*>(a.v_cache) + size_t(hk) * head_bytes,
+              .n_heads = n, .head_dim = D, .row_bytes = row_bytes, .span_bytes = size_t(n) * head_bytes,
+              .float_stride = kv_row};
+    if (a.kv_type != quant::Type::F32) h.widen = kernels(a.kv_type).dequantize;
+    return h;
+  };
+  auto buffers = [&](int ith) {
+    return ThreadBuffers(a.scratch + size_t(ith) * size_t(ThreadBuffers::floats(group, D)), group, D);
+  };
+  // The query rows of tokens [t0, t1) on KV heads [hk, hk + n_heads), copied into w.q: per head, per token, its group.
+  auto make_tile = [&](int64_t t0, int64_t t1, int64_t hk, int64_t n_heads, ThreadBuffers& w) {
+    Tile t;
+    t.rows_per_head = (t1 - t0) * group;
+    t.m = n_heads * t.rows_per_head;
+    t.q = w.q;
+    t.first = INT64_MAX;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      for (int64_t tok = t0; tok < t1; ++tok) {
+        const int64_t r0 = h * t.rows_per_head + (tok - t0) * group;
+        std::copy_n(a.q + (tok * a.n_head + (hk + h) * group) * D, group * D, w.q + r0 * D);
+        const int64_t p = a.pos0 + tok;
+        const int64_t lo = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
+        std::fill_n(t.lo + r0, group, lo);
+        std::fill_n(t.hi + r0, group, p + 1);
+        t.first = std::min(t.first, lo);
+        t.end = std::max(t.end, p + 1);
+      }
+    }
+    return t;
+  };
+  // Query row r of a tile of tokens from t0 on KV heads from hk, normalized into the output.
+  auto write_out = [&](int64_t t0, int64_t hk, const Tile& t, const float* o, const float* l) {
+    for (int64_t r = 0; r < t.m; ++r) {
+      const int64_t h = r / t.rows_per_head, tok = t0 + r % t.rows_per_head / group, g = r % group;
+      float* out = a.out + (tok * a.n_head + (hk + h) * group + g) * D;
+      const float inv = float(1.0 / double(l[r]));
+      for (int64_t i = 0; i < D; ++i) out[i] = o[r * D + i] * inv;
+    }
+  };
+  auto start_running = [&](ThreadBuffers& w, int64_t m) {
+    std::fill(w.m_run, w.m_run + m, -INFINITY);
+    std::fill(w.l_run, w.l_run + m, 0.0f);
+    std::fill(w.o_run, w.o_run + m * D, 0.0f);
+  };
+
+  if (a.n_tok == 1) {
+    // Decode: items (chunk, pass) write one record each ([rows][D + 2]: max, sum, output per query row), then each
+    // pass merges its chunks' records in order.
+    const int64_t p = a.pos0, lo = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
+    const int64_t c_first = chunk_of(lo), n_chunks = chunk_of(p) - c_first + 1;
+    const int64_t heads = pass_heads(a.n_head_kv, group, D), passes = (a.n_head_kv + heads - 1) / heads;
+    const int64_t record = heads * group * (D + 2);
+    float* records = a.scratch + size_t(ThreadBuffers::floats(group, D)) * size_t(nth);  // [chunk][pass]
+    auto pass_of = [&](int64_t pass) { return std::pair{pass * heads, std::min(heads, a.n_head_kv - pass * heads)}; };
+    pool.parallel_for(n_chunks * passes, [&](int64_t b, int64_t e, int ith) {
+      ThreadBuffers w = buffers(ith);
+      for (int64_t item = b; item < e; ++item) {
+        const int64_t c = c_first + item / passes;
+        const auto [hk, n] = pass_of(item % passes);
+        const Tile t = make_tile(0, 1, hk, n, w);
+        float* rec = records + item * record;
+        attend_chunk(vk, kv_heads(hk, n), t, a.scale, c * kChunkRows, (c + 1) * kChunkRows, true, w, rec, rec + t.m,
+                     rec + 2 * t.m);
+      }
+    });
+    pool.parallel_for(passes, [&](int64_t b, int64_t e, int ith) {
+      ThreadBuffers w = buffers(ith);
+      for (int64_t pass = b; pass < e; ++pass) {
+        const auto [hk, n] = pass_of(pass);
+        const Tile t = make_tile(0, 1, hk, n, w);
+        start_running(w, t.m);
+        for (int64_t c = 0; c < n_chunks; ++c) {
+          const float* rec = records + (c * passes + pass) * record;
+          merge_chunk(t.m, D, rec, rec + t.m, rec + 2 * t.m, w.m_run, w.l_run, w.o_run);
+        }
+        write_out(0, hk, t, w.o_run, w.l_run);
+      }
+    });
+    return;
+  }
+  // Prefill: jobs (tile of tokens, KV head), each merging its chunks as it goes.
+  const int64_t tokens = tile_tokens(group), n_tiles = (a.n_tok + tokens - 1) / tokens;
+  pool.parallel_for(n_tiles * a.n_head_kv, [&](int64_t b, int64_t e, int ith) {
+    ThreadBuffers w = buffers(ith);
     for (int64_t job = b; job < e; ++job) {
-      const int64_t t = job / a.n_head_kv, hk = job % a.n_head_kv;
-      const int64_t p = a.pos0 + t;
-      const int64_t lo = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
-      const float* q = a.q + (t * a.n_head + hk * group) * a.head_dim;  // [group, head_dim]
-      for (int64_t g = 0; g < group; ++g) max_score[g] = -INFINITY;
-      for (int64_t j = lo; j <= p; ++j) {
-        const size_t off = size_t(j * kv_row + hk * a.head_dim);
-        if (q8) {
-          q8_float(k8 + size_t(j) * q8_row + size_t(hk) * q8_head, deq, a.head_dim);
-          vk.dot_f32_multi(a.head_dim, deq, q, a.head_dim, group, dots);
-        } else if (f16) {
-          vk.dot_f16_multi(a.head_dim, k16 + off, q, a.head_dim, group, dots);
-        } else {
-          vk.dot_f32_multi(a.head_dim, k32 + off, q, a.head_dim, group, dots);
-        }
-        for (int64_t g = 0; g < group; ++g) {
-          const float s = dots[g] * a.scale;
-          scores[g * stride + (j - lo)] = s;
-          max_score[g] = std::max(max_score[g], s);
-        }
+      const int64_t tile = job / a.n_head_kv, hk = job % a.n_head_kv;
+      const int64_t t0 = tile * tokens, t1 = std::min(a.n_tok, t0 + tokens);
+      const Tile t = make_tile(t0, t1, hk, 1, w);
+      const KvHeads kv = kv_heads(hk, 1);
+      start_running(w, t.m);
+      for (int64_t c = chunk_of(t.first); c <= chunk_of(t.end - 1); ++c) {
+        attend_chunk(vk, kv, t, a.scale, c * kChunkRows, (c + 1) * kChunkRows, false, w, w.m_chunk, w.l_chunk,
+                     w.o_chunk);
+        merge_chunk(t.m, D, w.m_chunk, w.l_chunk, w.o_chunk, w.m_run, w.l_run, w.o_run);
       }
-      for (int64_t g = 0; g < group; ++g) sum[g] = vk.exp_sum(p - lo + 1, scores + g * stride, max_score[g]);
-      float* out = a.out + (t * a.n_head + hk * group) * a.head_dim;  // [group, head_dim]
-      std::fill(out, out + group * a.head_dim, 0.0f);
-      for (int64_t j = lo; j <= p; ++j) {
-        const size_t off = size_t(j * kv_row + hk * a.head_dim);
-        for (int64_t g = 0; g < group; ++g) weight[g] = scores[g * stride + (j - lo)];
-        if (q8) {
-          q8_float(v8 + size_t(j) * q8_row + size_t(hk) * q8_head, deq, a.head_dim);
-          vk.axpy_f32_multi(a.head_dim, weight, deq, out, a.head_dim, group);
-        } else if (f16) {
-          vk.axpy_f16_multi(a.head_dim, weight, v16 + off, out, a.head_dim, group);
-        } else {
-          vk.axpy_f32_multi(a.head_dim, weight, v32 + off, out, a.head_dim, group);
-        }
-      }
-      for (int64_t g = 0; g < group; ++g) {
-        const float inv = float(1.0 / sum[g]);
-        for (int64_t i = 0; i < a.head_dim; ++i) out[g * a.head_dim + i] *= inv;
-      }
+      write_out(t0, hk, t, w.o_run, w.l_run);
     }
   });
 }

@@ -116,7 +116,7 @@ std::unique_ptr<Workspace> Qwen3Model::make_workspace(int64_t n_batch, int64_t n
   ws->k.resize(B * kv_dim);
   ws->v.resize(B * kv_dim);
   ws->positions.resize(B);
-  ws->attn_scratch.resize(cpu::attention_scratch_floats(n_ctx, n_threads));
+  ws->attn_scratch.resize(cpu::attention_scratch_floats(n_ctx, hp_.n_head, hp_.n_head_kv, hp_.head_dim, n_threads));
   const size_t rows = hp_.n_expert > 0 ? B * k_used : B;  // FFN rows: one per (token, expert slot)
   ws->gate.resize(rows * ff);
   ws->up.resize(rows * ff);

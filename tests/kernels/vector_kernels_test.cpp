@@ -2,6 +2,7 @@
 // versions, on random data of odd lengths.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -42,24 +43,17 @@ TEST(VectorKernels, MatchScalar) {
       const double tol = 1e-6 * (mag + 1);
       EXPECT_NEAR(vk.dot_f32(n, a.data(), q.data()), ref.dot_f32(n, a.data(), q.data()), tol) << n;
       EXPECT_NEAR(vk.dot_f16_f32(n, h.data(), q.data()), ref.dot_f16_f32(n, h.data(), q.data()), 1e-5 * (mag + 1)) << n;
-      float out[G], out_ref[G];
-      vk.dot_f16_multi(n, h.data(), q.data(), n, G, out);
-      ref.dot_f16_multi(n, h.data(), q.data(), n, G, out_ref);
-      for (int64_t g = 0; g < G; ++g) EXPECT_NEAR(out[g], out_ref[g], 1e-5 * (mag + 1)) << n << " g" << g;
-      vk.dot_f32_multi(n, a.data(), q.data(), n, G, out);
-      ref.dot_f32_multi(n, a.data(), q.data(), n, G, out_ref);
-      for (int64_t g = 0; g < G; ++g) EXPECT_NEAR(out[g], out_ref[g], 1e-5 * (mag + 1)) << n << " g" << g;
       // axpy: single multiply-add per element; FMA vs separate rounding differs by at most one rounding
-      y_ref = y;
       std::vector<float> y2 = y;
-      vk.axpy_f16_multi(n, alpha.data(), h.data(), y2.data(), n, G);
-      ref.axpy_f16_multi(n, alpha.data(), h.data(), y_ref.data(), n, G);
-      for (size_t i = 0; i < y2.size(); ++i) EXPECT_NEAR(y2[i], y_ref[i], 1e-6 * (std::fabs(y_ref[i]) + 1)) << n;
       y_ref = y;
+      vk.axpy_f32(n, alpha[0], a.data(), y2.data());
+      ref.axpy_f32(n, alpha[0], a.data(), y_ref.data());
+      for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(y2[size_t(i)], y_ref[size_t(i)], 1e-6 * (std::fabs(y_ref[size_t(i)]) + 1)) << n;
       y2 = y;
-      vk.axpy_f32_multi(n, alpha.data(), a.data(), y2.data(), n, G);
-      ref.axpy_f32_multi(n, alpha.data(), a.data(), y_ref.data(), n, G);
-      for (size_t i = 0; i < y2.size(); ++i) EXPECT_NEAR(y2[i], y_ref[i], 1e-6 * (std::fabs(y_ref[i]) + 1)) << n;
+      y_ref = y;
+      vk.axpy_f16(n, alpha[0], h.data(), y2.data());
+      ref.axpy_f16(n, alpha[0], h.data(), y_ref.data());
+      for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(y2[size_t(i)], y_ref[size_t(i)], 1e-6 * (std::fabs(y_ref[size_t(i)]) + 1)) << n;
       // exp_sum: softmax numerators, including arguments far below the max (underflow to 0)
       std::vector<float> x(static_cast<size_t>(n)), x_ref;
       for (float& v : x) v = 20 * dist(rng);
@@ -72,6 +66,67 @@ TEST(VectorKernels, MatchScalar) {
         EXPECT_NEAR(x[size_t(i)], x_ref[size_t(i)], 3e-7 * x_ref[size_t(i)] + 1e-37) << "exp at " << i;  // below FLT_MIN: flushed
       }
       EXPECT_NEAR(sum, sum_ref, 1e-6 * sum_ref);
+    }
+  }
+}
+
+// attn_scores / attn_accumulate: close to the scalar version, and an output's bits do not depend on the tile it is
+// computed in (a row alone, a cached row alone, the cached rows split over two calls, zero weights appended) — what
+// cpu::attention relies on for a token to get the same result decoded alone or inside a prefill tile.
+TEST(VectorKernels, AttentionBlocksMatchScalarWhateverTheTile) {
+  if (simd_isas().empty()) GTEST_SKIP() << "SKIP: no SIMD ISA on this CPU";
+  const VectorKernels& ref = vector_kernels(Isa::kScalar);
+  std::mt19937 rng(9);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  auto random = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = dist(rng);
+    return v;
+  };
+  for (Isa isa : simd_isas()) {
+    const VectorKernels& vk = vector_kernels(isa);
+    for (const int64_t d : {8, 12, 32, 128, 136}) {
+      for (const int64_t m : {1, 4, 9}) {
+        for (const int64_t n : {1, 5, 32}) {
+          const int64_t ldq = d + 3, ldk = d + 5, lds = n + 2;
+          const std::vector<float> q = random(size_t(m * ldq)), k = random(size_t(n * ldk));
+          std::vector<float> s(size_t(m * lds)), s_ref(s.size());
+          vk.attn_scores(m, n, d, q.data(), ldq, k.data(), ldk, 0.3f, s.data(), lds);
+          ref.attn_scores(m, n, d, q.data(), ldq, k.data(), ldk, 0.3f, s_ref.data(), lds);
+          for (int64_t r = 0; r < m; ++r) {
+            for (int64_t j = 0; j < n; ++j) {
+              const float got = s[size_t(r * lds + j)];
+              EXPECT_NEAR(got, s_ref[size_t(r * lds + j)], 1e-5 * double(d)) << "d " << d << " r " << r << " j " << j;
+              float alone = 0;
+              vk.attn_scores(1, 1, d, q.data() + r * ldq, ldq, k.data() + j * ldk, ldk, 0.3f, &alone, 1);
+              EXPECT_EQ(alone, got) << "d " << d << " m " << m << " n " << n << " r " << r << " j " << j;
+            }
+          }
+          // p: [m][n + 3], the last 3 weights zero; v: [n + 3][ldv]
+          const int64_t ldp = n + 3, ldv = d + 1, ldo = d + 2;
+          std::vector<float> p = random(size_t(m * ldp)), v = random(size_t((n + 3) * ldv));
+          for (int64_t r = 0; r < m; ++r) std::fill_n(p.begin() + r * ldp + n, 3, 0.0f);
+          const std::vector<float> o0 = random(size_t(m * ldo));
+          std::vector<float> o = o0, o_ref = o0, o_split = o0, o_zeros = o0;
+          vk.attn_accumulate(m, n, d, p.data(), ldp, v.data(), ldv, o.data(), ldo);
+          ref.attn_accumulate(m, n, d, p.data(), ldp, v.data(), ldv, o_ref.data(), ldo);
+          const int64_t n1 = n / 2;
+          vk.attn_accumulate(m, n1, d, p.data(), ldp, v.data(), ldv, o_split.data(), ldo);
+          vk.attn_accumulate(m, n - n1, d, p.data() + n1, ldp, v.data() + n1 * ldv, ldv, o_split.data(), ldo);
+          vk.attn_accumulate(m, n + 3, d, p.data(), ldp, v.data(), ldv, o_zeros.data(), ldo);
+          for (int64_t r = 0; r < m; ++r) {
+            std::vector<float> alone(o0.begin() + r * ldo, o0.begin() + (r + 1) * ldo);
+            vk.attn_accumulate(1, n, d, p.data() + r * ldp, ldp, v.data(), ldv, alone.data(), ldo);
+            for (int64_t i = 0; i < d; ++i) {
+              const size_t at = size_t(r * ldo + i);
+              EXPECT_NEAR(o[at], o_ref[at], 2e-6 * double(n) * (std::fabs(o_ref[at]) + 1)) << "d " << d << " r " << r;
+              EXPECT_EQ(alone[size_t(i)], o[at]) << "d " << d << " m " << m << " n " << n << " r " << r << " i " << i;
+              EXPECT_EQ(o_split[at], o[at]) << "d " << d << " n " << n << " split at " << n1;
+              EXPECT_EQ(o_zeros[at], o[at]) << "d " << d << " n " << n << " zero weights appended";
+            }
+          }
+        }
+      }
     }
   }
 }

@@ -50,7 +50,7 @@ TEST(CpuOps, AttentionMatchesNaiveWithGqaAndSlidingWindow) {
   for (float& x : k) x = dist(rng);
   for (float& x : v) x = dist(rng);
   ThreadPool pool(2);
-  std::vector<float> scratch(attention_scratch_floats(n_ctx, pool.size()));
+  std::vector<float> scratch(attention_scratch_floats(n_ctx, H, HKV, D, pool.size()));
   for (int64_t window : {0, 1, 8}) {
     for (quant::Type kv_type : {quant::Type::F32, quant::Type::F16}) {
       std::vector<uint8_t> kc(k.size() * 4), vc(v.size() * 4);
@@ -64,6 +64,53 @@ TEST(CpuOps, AttentionMatchesNaiveWithGqaAndSlidingWindow) {
       const double tol = kv_type == quant::Type::F32 ? 1e-5 : 3e-3;  // f16 K/V: 11-bit mantissas
       for (size_t i = 0; i < out.size(); ++i) {
         ASSERT_NEAR(out[i], want[i], tol) << "window " << window << " kv " << int(kv_type) << " at " << i;
+      }
+    }
+  }
+}
+
+// Longer than one chunk of cached rows (ops.cpp merges chunks of 512): a prompt chunk prefilled at depth is close to the
+// exact result, and every token of it gets the same bits decoded alone, on 1 thread or on more threads than KV heads
+// (where a decode step spreads its chunks over the threads and merges them afterwards), with and without a window.
+TEST(CpuOps, AttentionGivesATokenTheSameBitsAloneOrInAPrefillOnAnyThreadCount) {
+  const int64_t H = 8, HKV = 2, D = 64, n_ctx = 1300, n_tok = 40, pos0 = n_ctx - n_tok;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<float> q(size_t(n_tok * H * D)), k(size_t(n_ctx * HKV * D)), v(k.size());
+  for (float& x : q) x = dist(rng);
+  for (float& x : k) x = dist(rng);
+  for (float& x : v) x = dist(rng);
+  for (quant::Type kv_type : {quant::Type::F32, quant::Type::F16}) {
+    std::vector<uint8_t> kc(k.size() * 4), vc(v.size() * 4);
+    store_kv(k.data(), n_ctx, HKV * D, kv_type, kc.data(), 0);
+    store_kv(v.data(), n_ctx, HKV * D, kv_type, vc.data(), 0);
+    for (int64_t window : {int64_t(0), int64_t(700)}) {
+      ThreadPool pool(2);
+      std::vector<float> scratch(attention_scratch_floats(n_ctx, H, HKV, D, pool.size()));
+      std::vector<float> prefill(q.size());
+      AttentionArgs a{.q = q.data(), .k_cache = kc.data(), .v_cache = vc.data(), .kv_type = kv_type,
+                      .out = prefill.data(), .n_tok = n_tok, .pos0 = pos0, .n_head = H, .n_head_kv = HKV,
+                      .head_dim = D, .window = window, .scale = 0.125f, .scratch = scratch.data()};
+      attention(pool, a);
+      if (kv_type == quant::Type::F32) {
+        const std::vector<double> want = naive_attention(q, k, v, n_tok, pos0, H, HKV, D, window, 0.125f);
+        for (size_t i = 0; i < prefill.size(); ++i) ASSERT_NEAR(prefill[i], want[i], 1e-5) << "window " << window << " at " << i;
+      }
+      for (int threads : {1, 3, 5}) {
+        ThreadPool decode_pool(threads);
+        std::vector<float> decode_scratch(attention_scratch_floats(n_ctx, H, HKV, D, threads));
+        for (int64_t t = 0; t < n_tok; t += 7) {
+          std::vector<float> alone(size_t(H * D));
+          AttentionArgs d = a;
+          d.q = q.data() + t * H * D;
+          d.out = alone.data();
+          d.n_tok = 1;
+          d.pos0 = pos0 + t;
+          d.scratch = decode_scratch.data();
+          attention(decode_pool, d);
+          ASSERT_TRUE(std::equal(alone.begin(), alone.end(), prefill.begin() + t * H * D))
+              << "kv " << int(kv_type) << " window " << window << " threads " << threads << " token " << t;
+        }
       }
     }
   }
@@ -97,7 +144,7 @@ TEST(CpuOps, AttentionOverQ8CacheEqualsF32OverItsDequantization) {
     std::vector<float> kf(size_t(n_ctx * row)), vf(kf.size());
     q8.to_float(kc.data(), kf.data(), int64_t(kf.size()));
     q8.to_float(vc.data(), vf.data(), int64_t(vf.size()));
-    std::vector<float> scratch(attention_scratch_floats(n_ctx, pool.size()));
+    std::vector<float> scratch(attention_scratch_floats(n_ctx, H, HKV, D, pool.size()));
     for (const int64_t window : {0, 1, 16}) {
       std::vector<float> got(q.size()), want(q.size());
       AttentionArgs a{.q = q.data(), .k_cache = kc.data(), .v_cache = vc.data(), .kv_type = quant::Type::Q8_0,

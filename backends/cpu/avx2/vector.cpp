@@ -1,5 +1,7 @@
-// AVX2 + FMA + F16C versions of the float-vector primitives (attention dot products and accumulations).
+// AVX2 + FMA + F16C versions of the float-vector primitives (attention scores and accumulations, softmax).
 #include <immintrin.h>
+
+#include <cmath>
 
 #include "backends/cpu/kernels.h"
 
@@ -65,53 +67,118 @@ void axpy_f16(int64_t n, float alpha, const uint16_t* x, float* y) {
   for (; i < n; ++i) y[i] += alpha * tail_half(x[i]);
 }
 
-// Rows of up to kMaxDim elements are widened once into registers-sized chunks on the stack; longer rows
-// (no current model) fall back to one query at a time.
-constexpr int64_t kMaxDim = 256;
-constexpr int64_t kMaxGroup = 16;
+// ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)): the order every attention score is summed in, alone or in a
+// tile of eight (reduce8).
+float hsum_tree(__m256 v) {
+  const __m256 h = _mm256_hadd_ps(v, v);
+  const __m256 h2 = _mm256_hadd_ps(h, h);
+  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h2), _mm256_extractf128_ps(h2, 1)));
+}
 
-void dot_f16_multi(int64_t n, const uint16_t* k, const float* q, int64_t q_stride, int64_t n_q, float* out) {
-  if (n > kMaxDim || n % 8 != 0 || n_q > kMaxGroup) {
-    for (int64_t g = 0; g < n_q; ++g) out[g] = dot_f16_f32(n, k, q + g * q_stride);
+// The eight sums of v[0..7], each in hsum_tree's order, as one vector.
+__m256 reduce8(const __m256* v) {
+  const __m256 h01 = _mm256_hadd_ps(v[0], v[1]), h23 = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 h45 = _mm256_hadd_ps(v[4], v[5]), h67 = _mm256_hadd_ps(v[6], v[7]);
+  const __m256 lo = _mm256_hadd_ps(h01, h23), hi = _mm256_hadd_ps(h45, h67);  // per 128-bit half: 4 sums each
+  return _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
+}
+
+float dot_tree(int64_t d, const float* q, const float* k) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t c = 0; c < d; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(k + c), acc);
+  return hsum_tree(acc);
+}
+
+// Tiles of 4 query rows x 2 cached rows (8 accumulators); rows left over take dot_tree. Heads whose length is not a
+// multiple of 8 (no current model) take the scalar version, the whole call alike.
+void attn_scores(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq, const float* k, int64_t ldk, float scale,
+                 float* s, int64_t lds) {
+  if (d % 8 != 0) {
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t j = 0; j < n; ++j) {
+        float sum = 0;
+        for (int64_t c = 0; c < d; ++c) sum += q[r * ldq + c] * k[j * ldk + c];
+        s[r * lds + j] = scale * sum;
+      }
+    }
     return;
   }
-  alignas(32) float kf[kMaxDim];
-  for (int64_t i = 0; i < n; i += 8) {
-    _mm256_store_ps(kf + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + i))));
+  const __m256 vscale = _mm256_set1_ps(scale);
+  int64_t r = 0;
+  for (; r + 4 <= m; r += 4) {
+    const float* q0 = q + r * ldq;
+    int64_t j = 0;
+    for (; j + 2 <= n; j += 2) {
+      const float* k0 = k + j * ldk;
+      __m256 acc[8];
+      for (__m256& a : acc) a = _mm256_setzero_ps();
+      for (int64_t c = 0; c < d; c += 8) {
+        const __m256 ka = _mm256_loadu_ps(k0 + c), kb = _mm256_loadu_ps(k0 + ldk + c);
+        for (int ri = 0; ri < 4; ++ri) {
+          const __m256 qv = _mm256_loadu_ps(q0 + ri * ldq + c);
+          acc[2 * ri] = _mm256_fmadd_ps(qv, ka, acc[2 * ri]);
+          acc[2 * ri + 1] = _mm256_fmadd_ps(qv, kb, acc[2 * ri + 1]);
+        }
+      }
+      alignas(32) float out[8];
+      _mm256_store_ps(out, _mm256_mul_ps(reduce8(acc), vscale));
+      for (int ri = 0; ri < 4; ++ri) {
+        s[(r + ri) * lds + j] = out[2 * ri];
+        s[(r + ri) * lds + j + 1] = out[2 * ri + 1];
+      }
+    }
+    for (; j < n; ++j) {
+      for (int ri = 0; ri < 4; ++ri) s[(r + ri) * lds + j] = scale * dot_tree(d, q0 + ri * ldq, k + j * ldk);
+    }
   }
-  for (int64_t g = 0; g < n_q; ++g) {
-    const float* qg = q + g * q_stride;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (; r < m; ++r) {
+    for (int64_t j = 0; j < n; ++j) s[r * lds + j] = scale * dot_tree(d, q + r * ldq, k + j * ldk);
+  }
+}
+
+// kRows query rows x kVecs vectors of 8 outputs held in registers over the block's cached rows.
+template <int kRows, int kVecs>
+void accumulate_tile(int64_t n, const float* p, int64_t ldp, const float* v, int64_t ldv, float* o, int64_t ldo) {
+  __m256 acc[kRows][kVecs];
+  for (int ri = 0; ri < kRows; ++ri) {
+    for (int vi = 0; vi < kVecs; ++vi) acc[ri][vi] = _mm256_loadu_ps(o + ri * ldo + 8 * vi);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    __m256 vv[kVecs];
+    for (int vi = 0; vi < kVecs; ++vi) vv[vi] = _mm256_loadu_ps(v + j * ldv + 8 * vi);
+    for (int ri = 0; ri < kRows; ++ri) {
+      const __m256 pj = _mm256_broadcast_ss(p + ri * ldp + j);
+      for (int vi = 0; vi < kVecs; ++vi) acc[ri][vi] = _mm256_fmadd_ps(pj, vv[vi], acc[ri][vi]);
+    }
+  }
+  for (int ri = 0; ri < kRows; ++ri) {
+    for (int vi = 0; vi < kVecs; ++vi) _mm256_storeu_ps(o + ri * ldo + 8 * vi, acc[ri][vi]);
+  }
+}
+
+// Tiles of 4 query rows x 16 outputs; every output is one chain of multiply-adds over j (std::fma where the head
+// length is not a multiple of 8).
+void attn_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp, const float* v, int64_t ldv, float* o,
+                     int64_t ldo) {
+  if (d % 8 != 0) {
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t j = 0; j < n; ++j) {
+        for (int64_t i = 0; i < d; ++i) o[r * ldo + i] = std::fma(p[r * ldp + j], v[j * ldv + i], o[r * ldo + i]);
+      }
+    }
+    return;
+  }
+  int64_t r = 0;
+  for (; r + 4 <= m; r += 4) {
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-      acc0 = _mm256_fmadd_ps(_mm256_load_ps(kf + i), _mm256_loadu_ps(qg + i), acc0);
-      acc1 = _mm256_fmadd_ps(_mm256_load_ps(kf + i + 8), _mm256_loadu_ps(qg + i + 8), acc1);
-    }
-    if (i < n) acc0 = _mm256_fmadd_ps(_mm256_load_ps(kf + i), _mm256_loadu_ps(qg + i), acc0);
-    out[g] = hsum(_mm256_add_ps(acc0, acc1));
+    for (; i + 16 <= d; i += 16) accumulate_tile<4, 2>(n, p + r * ldp, ldp, v + i, ldv, o + r * ldo + i, ldo);
+    if (i < d) accumulate_tile<4, 1>(n, p + r * ldp, ldp, v + i, ldv, o + r * ldo + i, ldo);
   }
-}
-
-void dot_f32_multi(int64_t n, const float* k, const float* q, int64_t q_stride, int64_t n_q, float* out) {
-  for (int64_t g = 0; g < n_q; ++g) out[g] = dot_f32(n, k, q + g * q_stride);
-}
-
-void axpy_f16_multi(int64_t n, const float* alpha, const uint16_t* v, float* y, int64_t y_stride, int64_t n_q) {
-  if (n % 8 != 0) {
-    for (int64_t g = 0; g < n_q; ++g) axpy_f16(n, alpha[g], v, y + g * y_stride);
-    return;
+  for (; r < m; ++r) {
+    int64_t i = 0;
+    for (; i + 16 <= d; i += 16) accumulate_tile<1, 2>(n, p + r * ldp, ldp, v + i, ldv, o + r * ldo + i, ldo);
+    if (i < d) accumulate_tile<1, 1>(n, p + r * ldp, ldp, v + i, ldv, o + r * ldo + i, ldo);
   }
-  for (int64_t i = 0; i < n; i += 8) {
-    const __m256 vi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + i)));
-    for (int64_t g = 0; g < n_q; ++g) {
-      float* yg = y + g * y_stride + i;
-      _mm256_storeu_ps(yg, _mm256_fmadd_ps(_mm256_set1_ps(alpha[g]), vi, _mm256_loadu_ps(yg)));
-    }
-  }
-}
-
-void axpy_f32_multi(int64_t n, const float* alpha, const float* v, float* y, int64_t y_stride, int64_t n_q) {
-  for (int64_t g = 0; g < n_q; ++g) axpy_f32(n, alpha[g], v, y + g * y_stride);
 }
 
 // exp(x) for x <= 0 (softmax after subtracting the max): Cody-Waite range reduction x = n ln2 + r,
@@ -159,10 +226,8 @@ float exp_sum(int64_t n, float* x, float max) {
 
 void register_avx2_vector(VectorKernels& k) {
   k.exp_sum = exp_sum;
-  k.dot_f16_multi = dot_f16_multi;
-  k.dot_f32_multi = dot_f32_multi;
-  k.axpy_f16_multi = axpy_f16_multi;
-  k.axpy_f32_multi = axpy_f32_multi;
+  k.attn_scores = attn_scores;
+  k.attn_accumulate = attn_accumulate;
   k.dot_f32 = dot_f32;
   k.dot_f16_f32 = dot_f16_f32;
   k.axpy_f32 = axpy_f32;
