@@ -2,7 +2,7 @@
 #   make demo      install deps, build, run the main job on the bundled default
 #   make test      install deps, build, run every test suite (what CI runs)
 #   make test-asan the GGUF, quant and conformance suites under AddressSanitizer + UBSan (CI runs it too)
-#   make bench     build and run the kernel and sampler microbenchmarks
+#   make bench     build and run the kernel, CPU attention and sampler microbenchmarks
 #   make lint      clang-format check + clang-tidy on the sources
 #   make fuzz      libFuzzer run of the GGUF parser (clang++), FUZZ_SECONDS long
 JOBS ?= 2
@@ -46,6 +46,7 @@ test-asan: deps
 bench: build
 	$(BUILD)/bench/magnetar_bench_quant --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 	$(BUILD)/bench/magnetar_bench_sampling --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+	$(BUILD)/bench/magnetar_bench_cpu_attention --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 
 lint: deps build
 	@bash scripts/lint.sh $(BUILD)

@@ -139,21 +139,20 @@ void attn_scores(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq, c
 // kRows query rows x kVecs vectors of 8 outputs held in registers over the block's cached rows.
 template <int kRows, int kVecs>
 void accumulate_tile(int64_t n, const float* p, int64_t ldp, const float* v, int64_t ldv, float* o, int64_t ldo) {
-  __m256 acc[kRows][kVecs];
-  for (int ri = 0; ri < kRows; ++ri) {
-    for (int vi = 0; vi < kVecs; ++vi) acc[ri][vi] = _mm256_loadu_ps(o + ri * ldo + 8 * vi);
-  }
+  __m256 acc[kRows * kVecs];  // flat and fully unrolled: GCC keeps it in registers
+#pragma GCC unroll 8
+  for (int x = 0; x < kRows * kVecs; ++x) acc[x] = _mm256_loadu_ps(o + x / kVecs * ldo + 8 * (x % kVecs));
   for (int64_t j = 0; j < n; ++j) {
     __m256 vv[kVecs];
+#pragma GCC unroll 2
     for (int vi = 0; vi < kVecs; ++vi) vv[vi] = _mm256_loadu_ps(v + j * ldv + 8 * vi);
-    for (int ri = 0; ri < kRows; ++ri) {
-      const __m256 pj = _mm256_broadcast_ss(p + ri * ldp + j);
-      for (int vi = 0; vi < kVecs; ++vi) acc[ri][vi] = _mm256_fmadd_ps(pj, vv[vi], acc[ri][vi]);
+#pragma GCC unroll 8
+    for (int x = 0; x < kRows * kVecs; ++x) {
+      acc[x] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + x / kVecs * ldp + j), vv[x % kVecs], acc[x]);
     }
   }
-  for (int ri = 0; ri < kRows; ++ri) {
-    for (int vi = 0; vi < kVecs; ++vi) _mm256_storeu_ps(o + ri * ldo + 8 * vi, acc[ri][vi]);
-  }
+#pragma GCC unroll 8
+  for (int x = 0; x < kRows * kVecs; ++x) _mm256_storeu_ps(o + x / kVecs * ldo + 8 * (x % kVecs), acc[x]);
 }
 
 // Tiles of 4 query rows x 16 outputs; every output is one chain of multiply-adds over j (std::fma where the head

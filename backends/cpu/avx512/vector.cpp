@@ -97,22 +97,22 @@ void attn_scores(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq, c
 template <int kRows, int kVecs>
 void accumulate_tile(int64_t n, const float* p, int64_t ldp, const float* v, int64_t ldv, float* o, int64_t ldo,
                      __mmask16 tail) {
-  __m512 acc[kRows][kVecs];
-  auto mask = [&](int vi) { return vi == kVecs - 1 ? tail : __mmask16(0xffff); };
-  for (int ri = 0; ri < kRows; ++ri) {
-    for (int vi = 0; vi < kVecs; ++vi) acc[ri][vi] = _mm512_maskz_loadu_ps(mask(vi), o + ri * ldo + kLanes * vi);
-  }
+  __mmask16 mask[kVecs];
+  for (int vi = 0; vi < kVecs; ++vi) mask[vi] = vi == kVecs - 1 ? tail : __mmask16(0xffff);
+  __m512 acc[kRows * kVecs];
+#pragma GCC unroll 16
+  for (int x = 0; x < kRows * kVecs; ++x) acc[x] = _mm512_maskz_loadu_ps(mask[x % kVecs], o + x / kVecs * ldo + kLanes * (x % kVecs));
   for (int64_t j = 0; j < n; ++j) {
     __m512 vv[kVecs];
-    for (int vi = 0; vi < kVecs; ++vi) vv[vi] = _mm512_maskz_loadu_ps(mask(vi), v + j * ldv + kLanes * vi);
-    for (int ri = 0; ri < kRows; ++ri) {
-      const __m512 pj = _mm512_set1_ps(p[ri * ldp + j]);
-      for (int vi = 0; vi < kVecs; ++vi) acc[ri][vi] = _mm512_fmadd_ps(pj, vv[vi], acc[ri][vi]);
+#pragma GCC unroll 2
+    for (int vi = 0; vi < kVecs; ++vi) vv[vi] = _mm512_maskz_loadu_ps(mask[vi], v + j * ldv + kLanes * vi);
+#pragma GCC unroll 16
+    for (int x = 0; x < kRows * kVecs; ++x) {
+      acc[x] = _mm512_fmadd_ps(_mm512_set1_ps(p[x / kVecs * ldp + j]), vv[x % kVecs], acc[x]);
     }
   }
-  for (int ri = 0; ri < kRows; ++ri) {
-    for (int vi = 0; vi < kVecs; ++vi) _mm512_mask_storeu_ps(o + ri * ldo + kLanes * vi, mask(vi), acc[ri][vi]);
-  }
+#pragma GCC unroll 16
+  for (int x = 0; x < kRows * kVecs; ++x) _mm512_mask_storeu_ps(o + x / kVecs * ldo + kLanes * (x % kVecs), mask[x % kVecs], acc[x]);
 }
 
 template <int kRows>
