@@ -1,4 +1,5 @@
 #include "backends/cpu/kernels.h"
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -36,6 +37,12 @@ void attn_accumulate_scalar(int64_t m, int64_t n, int64_t d, const float* p, int
   for (int64_t r = 0; r < m; ++r) {
     for (int64_t j = 0; j < n; ++j) axpy_f32_scalar(d, p[r * ldp + j], v + j * ldv, o + r * ldo);
   }
+}
+
+float max_scalar(int64_t n, const float* x) {
+  float m = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  return m;
 }
 
 float exp_sum_scalar(int64_t n, float* x, float max) {
@@ -83,7 +90,7 @@ struct Tables {
     vectors[int(Isa::kScalar)] = {.dot_f32 = dot_f32_scalar, .dot_f16_f32 = dot_f16_f32_scalar,
                                   .axpy_f32 = axpy_f32_scalar, .axpy_f16 = axpy_f16_scalar,
                                   .attn_scores = attn_scores_scalar, .attn_accumulate = attn_accumulate_scalar,
-                                  .exp_sum = exp_sum_scalar};
+                                  .max = max_scalar, .exp_sum = exp_sum_scalar};
     vectors[int(Isa::kAvx2)] = vectors[int(Isa::kScalar)];
     register_avx2_vector(vectors[int(Isa::kAvx2)]);
     vectors[int(Isa::kAvx512)] = vectors[int(Isa::kAvx2)];

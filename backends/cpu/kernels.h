@@ -63,6 +63,8 @@ struct VectorKernels {
                       float scale, float* s, int64_t lds) = nullptr;
   void (*attn_accumulate)(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp, const float* v, int64_t ldv,
                           float* o, int64_t ldo) = nullptr;
+  // max(x[0..n)) (-inf when n == 0).
+  float (*max)(int64_t n, const float* x) = nullptr;
   // x[i] = exp(x[i] - max) in place; returns the sum (softmax numerators). Relative error <= 2e-7 per element.
   float (*exp_sum)(int64_t n, float* x, float max) = nullptr;
 };

@@ -318,7 +318,7 @@ void attend_chunk(const VectorKernels& vk, const KvHeads& kv, const Tile& t, flo
         const int64_t hi = std::clamp(t.hi[r] - b0, lo, kBlockRows);
         std::fill(s, s + lo, -INFINITY);
         std::fill(s + hi, s + kBlockRows, -INFINITY);
-        const float block_max = *std::max_element(s, s + kBlockRows);
+        const float block_max = vk.max(kBlockRows, s);
         const float m_new = std::max(m_c[r], block_max);
         if (m_new == -INFINITY) {  // nothing to attend to yet: zero weights
           std::fill(s, s + kBlockRows, 0.0f);

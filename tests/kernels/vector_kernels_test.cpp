@@ -21,6 +21,12 @@ std::vector<Isa> simd_isas() {
   return out;
 }
 
+TEST(VectorKernels, MaxOfNothingIsMinusInfinity) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (isa_supported(isa)) EXPECT_EQ(vector_kernels(isa).max(0, nullptr), -INFINITY) << isa_name(isa);
+  }
+}
+
 TEST(VectorKernels, MatchScalar) {
   if (simd_isas().empty()) GTEST_SKIP() << "SKIP: no SIMD ISA on this CPU";
   const VectorKernels& ref = vector_kernels(Isa::kScalar);
@@ -54,6 +60,8 @@ TEST(VectorKernels, MatchScalar) {
       vk.axpy_f16(n, alpha[0], h.data(), y2.data());
       ref.axpy_f16(n, alpha[0], h.data(), y_ref.data());
       for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(y2[size_t(i)], y_ref[size_t(i)], 1e-6 * (std::fabs(y_ref[size_t(i)]) + 1)) << n;
+      EXPECT_EQ(vk.max(n, a.data()), ref.max(n, a.data())) << n;
+      EXPECT_EQ(vk.max(n, a.data()), *std::max_element(a.begin(), a.end())) << n;
       // exp_sum: softmax numerators, including arguments far below the max (underflow to 0)
       std::vector<float> x(static_cast<size_t>(n)), x_ref;
       for (float& v : x) v = 20 * dist(rng);

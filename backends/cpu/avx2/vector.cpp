@@ -202,6 +202,17 @@ __m256 exp_nonpositive(__m256 x) {
   return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
 }
 
+float max(int64_t n, const float* x) {
+  __m256 m = _mm256_set1_ps(-INFINITY);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  float out = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+  for (; i < n; ++i) out = x[i] > out ? x[i] : out;
+  return out;
+}
+
 float exp_sum(int64_t n, float* x, float max) {
   const __m256 vmax = _mm256_set1_ps(max);
   __m256 acc = _mm256_setzero_ps();
@@ -224,6 +235,7 @@ float exp_sum(int64_t n, float* x, float max) {
 }  // namespace
 
 void register_avx2_vector(VectorKernels& k) {
+  k.max = max;
   k.exp_sum = exp_sum;
   k.attn_scores = attn_scores;
   k.attn_accumulate = attn_accumulate;
