@@ -208,12 +208,12 @@ void rope_neox(ThreadPool& pool, float* x, int64_t n_tok, int64_t n_head, int64_
 namespace {
 
 constexpr int64_t kBlockRows = 32;
-constexpr int64_t kChunkRows = 512;
+constexpr int64_t kChunkRows = 256;
 constexpr int64_t kPrefetchBlocks = 2;  // how many blocks ahead a decode pass asks for K and V
 constexpr int64_t kTileRows = 64;       // query rows of one job at most (a group takes one token's at least)
 constexpr int64_t kPassElems = 512;     // K/V elements per cached row a decode pass widens (whole heads, >= 1)
-constexpr int64_t kMaxHeadDim = 512;
-constexpr int64_t kMaxGroup = 16;       // query heads per KV head
+constexpr int64_t kMaxHeadDim = 1024;  // what model loading accepts
+constexpr int64_t kMaxGroup = kTileRows;  // query heads per KV head: one token's group fits a job
 
 int64_t tile_tokens(int64_t group) { return std::max<int64_t>(1, kTileRows / group); }
 int64_t tile_rows(int64_t group) { return tile_tokens(group) * group; }

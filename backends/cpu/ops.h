@@ -69,7 +69,7 @@ struct AttentionArgs {
   float scale = 1.0f;
   float* scratch = nullptr;        // attention_scratch_floats(n_ctx, n_head, n_head_kv, head_dim, pool.size()) floats
 };
-// Scratch floats for caches of up to n_ctx rows with this head layout (head_dim <= 512, <= 16 query heads per KV head).
+// Scratch floats for caches of up to n_ctx rows with this head layout (head_dim <= 1024, <= 64 query heads per KV head).
 size_t attention_scratch_floats(int64_t n_ctx, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int n_threads);
 void attention(ThreadPool& pool, const AttentionArgs& a);
 

@@ -555,7 +555,7 @@ Result<Qwen3Bound> bind_qwen3(const gguf::Model& file) {
   }
   if (!b.status().ok()) return b.status();
   if (hp.n_layer <= 0 || hp.n_embd <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0 || hp.head_dim <= 0 ||
-      hp.n_head % hp.n_head_kv != 0 || hp.head_dim % 2 != 0 || hp.head_dim > 1024 ||
+      hp.n_head % hp.n_head_kv != 0 || hp.n_head / hp.n_head_kv > 64 || hp.head_dim % 2 != 0 || hp.head_dim > 1024 ||
       (is_moe && (hp.n_expert <= 0 || hp.n_expert_used <= 0 || hp.n_expert_used > hp.n_expert))) {
     return Status::error(format("%s: inconsistent hyper-parameters (layers %lld, embd %lld, heads %lld/%lld, head_dim "
                                 "%lld, experts %lld/%lld)",

@@ -69,7 +69,43 @@ TEST(CpuOps, AttentionMatchesNaiveWithGqaAndSlidingWindow) {
   }
 }
 
-// Longer than one chunk of cached rows (ops.cpp merges chunks of 512): a prompt chunk prefilled at depth is close to the
+// Shapes off the common path: 40 query heads on one KV head (a job holds one token's group), heads of 72 (a SIMD step
+// left over) and 256, decode and a prompt chunk, with and without a window.
+TEST(CpuOps, AttentionMatchesNaiveOnWideGroupsAndOddHeads) {
+  struct Shape {
+    int64_t H, HKV, D;
+  };
+  std::mt19937 rng(13);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  for (const Shape sh : {Shape{40, 1, 256}, Shape{6, 3, 72}}) {
+    const int64_t n_ctx = 310;
+    std::vector<float> k(size_t(n_ctx * sh.HKV * sh.D)), v(k.size());
+    for (float& x : k) x = dist(rng);
+    for (float& x : v) x = dist(rng);
+    std::vector<uint8_t> kc(k.size() * 4), vc(v.size() * 4);
+    store_kv(k.data(), n_ctx, sh.HKV * sh.D, quant::Type::F32, kc.data(), 0);
+    store_kv(v.data(), n_ctx, sh.HKV * sh.D, quant::Type::F32, vc.data(), 0);
+    ThreadPool pool(3);
+    std::vector<float> scratch(attention_scratch_floats(n_ctx, sh.H, sh.HKV, sh.D, pool.size()));
+    for (const int64_t n_tok : {int64_t(1), int64_t(9)}) {
+      for (const int64_t window : {int64_t(0), int64_t(100)}) {
+        const int64_t pos0 = n_ctx - n_tok;
+        std::vector<float> q(size_t(n_tok * sh.H * sh.D)), out(q.size());
+        for (float& x : q) x = dist(rng);
+        attention(pool, {.q = q.data(), .k_cache = kc.data(), .v_cache = vc.data(), .kv_type = quant::Type::F32,
+                         .out = out.data(), .n_tok = n_tok, .pos0 = pos0, .n_head = sh.H, .n_head_kv = sh.HKV,
+                         .head_dim = sh.D, .window = window, .scale = 0.1f, .scratch = scratch.data()});
+        const std::vector<double> want = naive_attention(q, k, v, n_tok, pos0, sh.H, sh.HKV, sh.D, window, 0.1f);
+        for (size_t i = 0; i < out.size(); ++i) {
+          ASSERT_NEAR(out[i], want[i], 1e-5) << "heads " << sh.H << "/" << sh.HKV << " dim " << sh.D << " tokens "
+                                             << n_tok << " window " << window << " at " << i;
+        }
+      }
+    }
+  }
+}
+
+// Longer than one chunk of cached rows (ops.cpp merges chunks of 256): a prompt chunk prefilled at depth is close to the
 // exact result, and every token of it gets the same bits decoded alone, on 1 thread or on more threads than KV heads
 // (where a decode step spreads its chunks over the threads and merges them afterwards), with and without a window.
 TEST(CpuOps, AttentionGivesATokenTheSameBitsAloneOrInAPrefillOnAnyThreadCount) {
