@@ -196,23 +196,23 @@ void rope_neox(ThreadPool& pool, float* x, int64_t n_tok, int64_t n_head, int64_
 
 // ---- attention ---------------------------------------------------------------------------------------------
 
-// Flash-attention style. The query rows of a job walk the cached rows in blocks of kBlockRows, whose K and V are widened
-// to float once per block, with an online softmax. Blocks start at multiples of kBlockRows and are grouped into chunks
-// of kChunkRows, also at fixed positions: each chunk's softmax starts afresh and chunks are merged into the running
-// result in order. A prefill job is a tile of tokens on one KV head (each cached row read once per tile); a decode step
-// makes one item per (chunk, pass over up to kPassElems elements of KV heads), so each thread streams whole stretches
-// of the cache, and the chunks' records are merged in order afterwards. A row's result is therefore the same bits
-// whatever the thread count and whether its token is decoded alone or inside a prefill tile (masked entries add exact
-// zeros).
+// Flash-attention style. The query rows of a job walk the cached rows in blocks of kBlockRows, whose K and V are
+// widened to float once per block, with an online softmax. Blocks start at multiples of kBlockRows and are grouped into
+// chunks of kChunkRows, also at fixed positions: each chunk's softmax starts afresh and chunks are merged into the
+// running result in order. A prefill job is a tile of tokens on one KV head (each cached row read once per tile); a
+// decode step makes one item per (chunk, pass over up to kPassElems elements of KV heads), so each thread streams whole
+// stretches of the cache, and the chunks' records are merged in order afterwards. A row's result is therefore the same
+// bits whatever the thread count and whether its token is decoded alone or inside a prefill tile (masked entries add
+// exact zeros).
 
 namespace {
 
 constexpr int64_t kBlockRows = 32;
 constexpr int64_t kChunkRows = 256;
-constexpr int64_t kPrefetchBlocks = 2;  // how many blocks ahead a decode pass asks for K and V
-constexpr int64_t kTileRows = 64;       // query rows of one job at most (a group takes one token's at least)
-constexpr int64_t kPassElems = 512;     // K/V elements per cached row a decode pass widens (whole heads, >= 1)
-constexpr int64_t kMaxHeadDim = 1024;  // what model loading accepts
+constexpr int64_t kPrefetchBlocks = 2;    // how many blocks ahead a decode pass asks for K and V
+constexpr int64_t kTileRows = 64;         // query rows of one job at most (a group takes one token's at least)
+constexpr int64_t kPassElems = 512;       // K/V elements per cached row a decode pass widens (whole heads, >= 1)
+constexpr int64_t kMaxHeadDim = 1024;     // what model loading accepts
 constexpr int64_t kMaxGroup = kTileRows;  // query heads per KV head: one token's group fits a job
 
 int64_t tile_tokens(int64_t group) { return std::max<int64_t>(1, kTileRows / group); }
@@ -251,12 +251,12 @@ struct ThreadBuffers {
 
 // n_heads consecutive KV heads of the cache and how their rows become float rows.
 struct KvHeads {
-  const uint8_t *k, *v;      // row 0 of the first head
+  const uint8_t *k, *v;              // row 0 of the first head
   int64_t n_heads = 1;
   int64_t head_dim = 0;
-  size_t row_bytes = 0;      // bytes from one cached position to the next
-  size_t span_bytes = 0;     // bytes of the heads in one position
-  int64_t float_stride = 0;  // F32: floats from one position to the next (rows are used in place)
+  size_t row_bytes = 0;              // bytes from one cached position to the next
+  size_t span_bytes = 0;             // bytes of the heads in one position
+  int64_t float_stride = 0;          // F32: floats from one position to the next (rows are used in place)
   quant::ToFloatFn widen = nullptr;  // F16 / Q8_0 to floats
 
   void prefetch(int64_t j0, int64_t j1) const {
@@ -304,7 +304,8 @@ void attend_chunk(const VectorKernels& vk, const KvHeads& kv, const Tile& t, flo
   for (int64_t b0 = c0; b0 < c1; b0 += kBlockRows) {
     const int64_t j0 = std::max(b0, t.first), j1 = std::min(b0 + kBlockRows, t.end);
     if (j0 >= j1) continue;
-    if (prefetch) kv.prefetch(b0 + kPrefetchBlocks * kBlockRows, std::min(b0 + (kPrefetchBlocks + 1) * kBlockRows, t.end));
+    if (prefetch)
+      kv.prefetch(b0 + kPrefetchBlocks * kBlockRows, std::min(b0 + (kPrefetchBlocks + 1) * kBlockRows, t.end));
     int64_t ldk = 0, ldv = 0;
     const float* k = kv.rows(kv.k, j0, j1, w.k, &ldk);
     const float* v = kv.rows(kv.v, j0, j1, w.v, &ldv);
@@ -345,7 +346,8 @@ void merge_chunk(int64_t m, int64_t head_dim, const float* m_c, const float* l_c
     if (m_c[r] == -INFINITY) continue;
     const float m_new = std::max(m_run[r], m_c[r]);
     const float a = std::exp(m_run[r] - m_new), b = std::exp(m_c[r] - m_new);  // a = 0 while nothing ran
-    for (int64_t i = 0; i < head_dim; ++i) o_run[r * head_dim + i] = o_run[r * head_dim + i] * a + o_c[r * head_dim + i] * b;
+    for (int64_t i = 0; i < head_dim; ++i)
+      o_run[r * head_dim + i] = o_run[r * head_dim + i] * a + o_c[r * head_dim + i] * b;
     l_run[r] = l_run[r] * a + l_c[r] * b;
     m_run[r] = m_new;
   }
@@ -372,9 +374,8 @@ void attention(ThreadPool& pool, const AttentionArgs& a) {
   const int nth = pool.size();
   auto kv_heads = [&](int64_t hk, int64_t n) {
     KvHeads h{.k = static_cast<const uint8_t*>(a.k_cache) + size_t(hk) * head_bytes,
-              .v = static_cast<const uint8_t*>(a.v_cache) + size_t(hk) * head_bytes,
-              .n_heads = n, .head_dim = D, .row_bytes = row_bytes, .span_bytes = size_t(n) * head_bytes,
-              .float_stride = kv_row};
+              .v = static_cast<const uint8_t*>(a.v_cache) + size_t(hk) * head_bytes, .n_heads = n, .head_dim = D,
+              .row_bytes = row_bytes, .span_bytes = size_t(n) * head_bytes, .float_stride = kv_row};
     if (a.kv_type != quant::Type::F32) h.widen = kernels(a.kv_type).dequantize;
     return h;
   };

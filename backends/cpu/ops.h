@@ -54,10 +54,10 @@ void rms_norm(ThreadPool& pool, const float* x, const float* w, float* y, int64_
 void rope_neox(ThreadPool& pool, float* x, int64_t n_tok, int64_t n_head, int64_t head_dim, const int32_t* pos,
                float theta);
 
-// Causal attention over a KV cache for n_tok new tokens at positions pos0 .. pos0+n_tok-1, flash-attention style (blocks
-// of cached rows with an online softmax; ops.cpp says how). F16 and Q8_0 rows are widened to float first and then
-// taken as F32 rows (the same scores and sums). A row's result does not depend on the thread count nor on the other
-// tokens of the call: a token prefilled gets the bits it gets decoded alone.
+// Causal attention over a KV cache for n_tok new tokens at positions pos0 .. pos0+n_tok-1, flash-attention style
+// (blocks of cached rows with an online softmax; ops.cpp says how). F16 and Q8_0 rows are widened to float first and
+// then taken as F32 rows (the same scores and sums). A row's result does not depend on the thread count nor on the
+// other tokens of the call: a token prefilled gets the bits it gets decoded alone.
 struct AttentionArgs {
   const float* q = nullptr;        // [n_tok, n_head, head_dim]
   const void* k_cache = nullptr;   // [n_ctx, n_head_kv, head_dim] of kv_type, rows 0..pos0+n_tok-1 filled
@@ -67,9 +67,9 @@ struct AttentionArgs {
   int64_t n_tok = 0, pos0 = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
   int64_t window = 0;              // > 0: attend only to the last `window` positions (sliding window)
   float scale = 1.0f;
-  float* scratch = nullptr;        // attention_scratch_floats(n_ctx, n_head, n_head_kv, head_dim, pool.size()) floats
+  float* scratch = nullptr;        // attention_scratch_floats(n_ctx, n_head, n_head_kv, head_dim, pool.size())
 };
-// Scratch floats for caches of up to n_ctx rows with this head layout (head_dim <= 1024, <= 64 query heads per KV head).
+// Scratch floats for caches of up to n_ctx rows of this head layout (head_dim <= 1024, <= 64 query heads per KV head).
 size_t attention_scratch_floats(int64_t n_ctx, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int n_threads);
 void attention(ThreadPool& pool, const AttentionArgs& a);
 

@@ -23,7 +23,9 @@ std::vector<Isa> simd_isas() {
 
 TEST(VectorKernels, MaxOfNothingIsMinusInfinity) {
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
-    if (isa_supported(isa)) EXPECT_EQ(vector_kernels(isa).max(0, nullptr), -INFINITY) << isa_name(isa);
+    if (isa_supported(isa)) {
+      EXPECT_EQ(vector_kernels(isa).max(0, nullptr), -INFINITY) << isa_name(isa);
+    }
   }
 }
 
@@ -54,12 +56,14 @@ TEST(VectorKernels, MatchScalar) {
       y_ref = y;
       vk.axpy_f32(n, alpha[0], a.data(), y2.data());
       ref.axpy_f32(n, alpha[0], a.data(), y_ref.data());
-      for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(y2[size_t(i)], y_ref[size_t(i)], 1e-6 * (std::fabs(y_ref[size_t(i)]) + 1)) << n;
+      for (int64_t i = 0; i < n; ++i)
+        EXPECT_NEAR(y2[size_t(i)], y_ref[size_t(i)], 1e-6 * (std::fabs(y_ref[size_t(i)]) + 1)) << n;
       y2 = y;
       y_ref = y;
       vk.axpy_f16(n, alpha[0], h.data(), y2.data());
       ref.axpy_f16(n, alpha[0], h.data(), y_ref.data());
-      for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(y2[size_t(i)], y_ref[size_t(i)], 1e-6 * (std::fabs(y_ref[size_t(i)]) + 1)) << n;
+      for (int64_t i = 0; i < n; ++i)
+        EXPECT_NEAR(y2[size_t(i)], y_ref[size_t(i)], 1e-6 * (std::fabs(y_ref[size_t(i)]) + 1)) << n;
       EXPECT_EQ(vk.max(n, a.data()), ref.max(n, a.data())) << n;
       EXPECT_EQ(vk.max(n, a.data()), *std::max_element(a.begin(), a.end())) << n;
       // exp_sum: softmax numerators, including arguments far below the max (underflow to 0)

@@ -105,9 +105,9 @@ TEST(CpuOps, AttentionMatchesNaiveOnWideGroupsAndOddHeads) {
   }
 }
 
-// Longer than one chunk of cached rows (ops.cpp merges chunks of 256): a prompt chunk prefilled at depth is close to the
-// exact result, and every token of it gets the same bits decoded alone, on 1 thread or on more threads than KV heads
-// (where a decode step spreads its chunks over the threads and merges them afterwards), with and without a window.
+// Longer than one chunk of cached rows (ops.cpp merges chunks of 256): a prompt chunk prefilled at depth is close to
+// the exact result, and every token of it gets the same bits decoded alone, on 1 thread or on more threads than KV
+// heads (a decode step spreads its chunks over the threads and merges them afterwards), with and without a window.
 TEST(CpuOps, AttentionGivesATokenTheSameBitsAloneOrInAPrefillOnAnyThreadCount) {
   const int64_t H = 8, HKV = 2, D = 64, n_ctx = 1300, n_tok = 40, pos0 = n_ctx - n_tok;
   std::mt19937 rng(11);
@@ -130,7 +130,9 @@ TEST(CpuOps, AttentionGivesATokenTheSameBitsAloneOrInAPrefillOnAnyThreadCount) {
       attention(pool, a);
       if (kv_type == quant::Type::F32) {
         const std::vector<double> want = naive_attention(q, k, v, n_tok, pos0, H, HKV, D, window, 0.125f);
-        for (size_t i = 0; i < prefill.size(); ++i) ASSERT_NEAR(prefill[i], want[i], 1e-5) << "window " << window << " at " << i;
+        for (size_t i = 0; i < prefill.size(); ++i) {
+          ASSERT_NEAR(prefill[i], want[i], 1e-5) << "window " << window << " at " << i;
+        }
       }
       for (int threads : {1, 3, 5}) {
         ThreadPool decode_pool(threads);

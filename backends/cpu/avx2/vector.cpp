@@ -157,8 +157,8 @@ void accumulate_tile(int64_t n, const float* p, int64_t ldp, const float* v, int
 
 // Tiles of 4 query rows x 16 outputs; every output is one chain of multiply-adds over j (std::fma where the head
 // length is not a multiple of 8).
-void attn_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp, const float* v, int64_t ldv, float* o,
-                     int64_t ldo) {
+void attn_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp, const float* v, int64_t ldv,
+                     float* o, int64_t ldo) {
   if (d % 8 != 0) {
     for (int64_t r = 0; r < m; ++r) {
       for (int64_t j = 0; j < n; ++j) {

@@ -101,7 +101,8 @@ void accumulate_tile(int64_t n, const float* p, int64_t ldp, const float* v, int
   for (int vi = 0; vi < kVecs; ++vi) mask[vi] = vi == kVecs - 1 ? tail : __mmask16(0xffff);
   __m512 acc[kRows * kVecs];
 #pragma GCC unroll 16
-  for (int x = 0; x < kRows * kVecs; ++x) acc[x] = _mm512_maskz_loadu_ps(mask[x % kVecs], o + x / kVecs * ldo + kLanes * (x % kVecs));
+  for (int x = 0; x < kRows * kVecs; ++x)
+    acc[x] = _mm512_maskz_loadu_ps(mask[x % kVecs], o + x / kVecs * ldo + kLanes * (x % kVecs));
   for (int64_t j = 0; j < n; ++j) {
     __m512 vv[kVecs];
 #pragma GCC unroll 2
@@ -112,7 +113,8 @@ void accumulate_tile(int64_t n, const float* p, int64_t ldp, const float* v, int
     }
   }
 #pragma GCC unroll 16
-  for (int x = 0; x < kRows * kVecs; ++x) _mm512_mask_storeu_ps(o + x / kVecs * ldo + kLanes * (x % kVecs), mask[x % kVecs], acc[x]);
+  for (int x = 0; x < kRows * kVecs; ++x)
+    _mm512_mask_storeu_ps(o + x / kVecs * ldo + kLanes * (x % kVecs), mask[x % kVecs], acc[x]);
 }
 
 template <int kRows>
@@ -127,8 +129,8 @@ void accumulate_rows(int64_t n, int64_t d, const float* p, int64_t ldp, const fl
 
 // Tiles of 8 (then 4, then 1) query rows x 32 outputs; every output is one chain of multiply-adds over j, so the bits
 // are avx2/vector.cpp's.
-void attn_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp, const float* v, int64_t ldv, float* o,
-                     int64_t ldo) {
+void attn_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp, const float* v, int64_t ldv,
+                     float* o, int64_t ldo) {
   int64_t r = 0;
   for (; r + 8 <= m; r += 8) accumulate_rows<8>(n, d, p + r * ldp, ldp, v, ldv, o + r * ldo, ldo);
   for (; r + 4 <= m; r += 4) accumulate_rows<4>(n, d, p + r * ldp, ldp, v, ldv, o + r * ldo, ldo);
