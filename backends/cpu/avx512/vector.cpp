@@ -12,6 +12,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
+#include "backends/cpu/avx2/score_sum.h"
 #include "backends/cpu/kernels.h"
 
 namespace magnetar::cpu {
@@ -27,21 +28,6 @@ __mmask16 step_mask(int64_t c, int64_t d) {
 // Folds 16 lanes to 8 (lane i + lane i + 8).
 __m256 fold(__m512 v) {
   return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-}
-
-// ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)) of the folded lanes: every score's order, alone or in a tile.
-float hsum_tree(__m256 v) {
-  const __m256 h = _mm256_hadd_ps(v, v);
-  const __m256 h2 = _mm256_hadd_ps(h, h);
-  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h2), _mm256_extractf128_ps(h2, 1)));
-}
-
-// The eight sums of v[0..7], each in hsum_tree's order, as one vector.
-__m256 reduce8(const __m256* v) {
-  const __m256 h01 = _mm256_hadd_ps(v[0], v[1]), h23 = _mm256_hadd_ps(v[2], v[3]);
-  const __m256 h45 = _mm256_hadd_ps(v[4], v[5]), h67 = _mm256_hadd_ps(v[6], v[7]);
-  const __m256 lo = _mm256_hadd_ps(h01, h23), hi = _mm256_hadd_ps(h45, h67);
-  return _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
 }
 
 float dot_tree(int64_t d, const float* q, const float* k) {
