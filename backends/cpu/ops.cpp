@@ -419,8 +419,8 @@ void attention(ThreadPool& pool, const AttentionArgs& a) {
   };
 
   if (a.n_tok == 1) {
-    // Decode: items (chunk, pass) write one record each ([rows][D + 2]: max, sum, output per query row), then each
-    // pass merges its chunks' records in order.
+    // Decode: items (chunk, pass) write one record each (per query row of the pass: max, sum, output), then the
+    // records are merged.
     const int64_t p = a.pos0, lo = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
     const int64_t c_first = chunk_of(lo), n_chunks = chunk_of(p) - c_first + 1;
     const int64_t heads = pass_heads(a.n_head_kv, group, D), passes = (a.n_head_kv + heads - 1) / heads;
@@ -438,17 +438,24 @@ void attention(ThreadPool& pool, const AttentionArgs& a) {
                      rec + 2 * t.m);
       }
     });
-    pool.parallel_for(passes, [&](int64_t b, int64_t e, int ith) {
+    // Each query row merges its chunks' records in order; rows are independent, so every thread takes a share.
+    pool.parallel_for(passes * heads * group, [&](int64_t b, int64_t e, int ith) {
       ThreadBuffers w = buffers(ith);
-      for (int64_t pass = b; pass < e; ++pass) {
+      for (int64_t item = b; item < e; ++item) {
+        const int64_t pass = item / (heads * group), r = item % (heads * group);
         const auto [hk, n] = pass_of(pass);
-        const Tile t = make_tile(0, 1, hk, n, w);
-        start_running(w, t.m);
+        const int64_t m = n * group;  // the pass's rows: query heads hk * group .. hk * group + m - 1
+        if (r >= m) continue;         // the last pass may hold fewer heads
+        *w.m_run = -INFINITY;
+        *w.l_run = 0.0f;
+        std::fill(w.o_run, w.o_run + D, 0.0f);
         for (int64_t c = 0; c < n_chunks; ++c) {
           const float* rec = records + (c * passes + pass) * record;
-          merge_chunk(t.m, D, rec, rec + t.m, rec + 2 * t.m, w.m_run, w.l_run, w.o_run);
+          merge_chunk(1, D, rec + r, rec + m + r, rec + 2 * m + r * D, w.m_run, w.l_run, w.o_run);
         }
-        write_out(0, hk, t, w.o_run, w.l_run);
+        float* out = a.out + (hk * group + r) * D;
+        const float inv = float(1.0 / double(*w.l_run));
+        for (int64_t i = 0; i < D; ++i) out[i] = w.o_run[i] * inv;
       }
     });
     return;
