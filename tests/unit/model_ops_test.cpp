@@ -70,14 +70,15 @@ TEST(CpuOps, AttentionMatchesNaiveWithGqaAndSlidingWindow) {
 }
 
 // Shapes off the common path: 40 query heads on one KV head (a job holds one token's group), heads of 72 (a SIMD step
-// left over) and 256, decode and a prompt chunk, with and without a window.
+// left over) and 256, three KV heads of 256 (a decode step's passes over a position take two heads, then one), decode
+// and a prompt chunk, with and without a window.
 TEST(CpuOps, AttentionMatchesNaiveOnWideGroupsAndOddHeads) {
   struct Shape {
     int64_t H, HKV, D;
   };
   std::mt19937 rng(13);
   std::normal_distribution<float> dist(0.f, 1.f);
-  for (const Shape sh : {Shape{40, 1, 256}, Shape{6, 3, 72}}) {
+  for (const Shape sh : {Shape{40, 1, 256}, Shape{6, 3, 72}, Shape{6, 3, 256}}) {
     const int64_t n_ctx = 310;
     std::vector<float> k(size_t(n_ctx * sh.HKV * sh.D)), v(k.size());
     for (float& x : k) x = dist(rng);
