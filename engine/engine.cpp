@@ -296,7 +296,9 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
                             double(session_kv_bytes(impl)) / gib, double(gpu.free_bytes) / gib,
                             double(gpu.total_bytes) / gib);
     if (o.cpu_experts) {
-      impl.plan_text += "\n  CPU expert lane (--cpu-experts): cold experts that miss the pool are computed on the CPU";
+      impl.plan_text +=
+          "\n  CPU expert lane (--cpu-experts): cold experts that miss the pool are computed on the CPU, as "
+          "many as finish within the bus's time for the other misses";
     }
     impl.sweep_tokens = impl.model->sweep_tokens();
     impl.sweep_min = o.n_sweep < 0 ? kGpuSweepMinChunks * o.n_batch : o.n_batch + 1;

@@ -26,4 +26,29 @@ class CachePolicy {
 std::unique_ptr<CachePolicy> make_policy(std::string_view name, size_t n_keys, double half_life);
 inline constexpr const char* kPolicyNames = "lfu, lru";
 
+// The CPU expert lane's share of a layer's misses (the tiered GPU mode's --cpu-experts): the lane computes some of
+// them on the CPU while the bus copies the others up; both run at once, so the layer waits for the slower side.
+// LaneBalance keeps what both took (averages that follow the latest measurements: the bus's time per copied expert,
+// the lane's wall time per number of experts) and gives the lane the count that ends both soonest.
+class LaneBalance {
+ public:
+  static constexpr int64_t kSizes = 16;       // lane sizes measured one by one; others are scaled per expert
+  static constexpr int64_t kProbeEvery = 64;  // layers with cold misses but no lane before it gets one again
+  // Of n misses, at most `cold` may go to the lane: the count L minimizing max(lane time of L, (n - L) copy times),
+  // the larger L on ties (fewer bytes over the bus). A lane size not measured is scaled from the nearest measured
+  // one. Until both sides have been measured: `cold` (all of them, which measures the lane). After kProbeEvery calls
+  // that gave the lane nothing although it could have taken some, at least 1: its time is measured again (a machine
+  // whose load changed, a first measurement that was slow), at the cost of one expert on the slower side.
+  int64_t lane_count(int64_t n, int64_t cold);
+  // The lane's first run is not kept: it pays the first touches of its buffers and threads.
+  void lane_ran(int64_t experts, double seconds);
+  void copies_ran(int64_t experts, double seconds);
+
+ private:
+  double lane_seconds_[kSizes + 1] = {};  // [L]: 0 until a lane of L experts has run
+  double copy_seconds_ = 0;               // per copied expert
+  bool lane_warm_ = false;
+  int64_t idle_ = 0;  // calls since the lane last got an expert (counted where it could have)
+};
+
 }  // namespace magnetar::experts

@@ -28,7 +28,8 @@ void ModelFlags::add_to(cli::Args& args) {
               "CUDA, experts tiered: GPU pool eviction, frequency with decay or least recently used");
   args.flag("--cpu-experts", &cpu_experts,
             "CUDA, experts tiered: compute cold experts that miss the GPU pool on the CPU, in parallel with the GPU, "
-            "instead of copying them up");
+            "instead of copying them up: as many as the CPU finishes within the time the bus needs for the other "
+            "misses (both measured as it runs)");
   args.flag("--resident", &resident, "keep every routed expert in memory (mapped); refused when it does not fit");
   args.flag("--mmap", &mmap, "map every weight and let the page cache decide, unchecked (llama.cpp's way; thrashes when the model exceeds RAM)");
   args.flag("--stream", &stream, "stream routed experts from disk through the RAM expert cache");

@@ -31,6 +31,14 @@ inline bool copy_ready_first() {
   return on;
 }
 
+// The CPU expert lane takes only as many of a layer's cold misses as keep it within the time the bus needs for the
+// others (experts::LaneBalance, from the measured times of both). MAGNETAR_CUDA_LANE_BALANCE=0 (diagnostic) gives it
+// every cold miss: the baseline of docs/benchmarks/2026-12-04-cuda-tier-lane-balance.md.
+inline bool lane_balance() {
+  static const bool on = switch_on("MAGNETAR_CUDA_LANE_BALANCE");
+  return on;
+}
+
 // Products of more than kVec rows go to the int8 tensor-core kernel (mmq.cu) when it takes the weight type, float
 // weights (the router) to matmul_float.cu. MAGNETAR_CUDA_MMQ=0 keeps both on the matrix-vector kernels in chunks
 // of kVec rows: the baseline of docs/benchmarks/2026-11-30-cuda-forward.md's mmq section.

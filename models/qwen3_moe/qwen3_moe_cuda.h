@@ -50,6 +50,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backends/cpu/ops.h"
@@ -357,11 +358,16 @@ class Qwen3Cuda final : public Model {
   static constexpr int32_t kCpuLaneMaxRows = 4;
   bool cpu_lane_ = false;
   mutable std::vector<int32_t> lane_;                   // experts of the current layer computed on the CPU
+  mutable std::vector<std::pair<double, int32_t>> cold_;  // pool_acquire: the lane's candidates, (score, expert)
   mutable std::vector<experts::ExpertPtrs> lane_ptrs_;  // their host weights
   mutable cuda::PinnedBuffer h_xn_, h_down_;            // [n_batch, E] the layer's normed input; [R, E] lane rows
   mutable std::vector<uint8_t> lane_xt_, lane_xg_, lane_h_;  // prepared input per token, per row; down input
   mutable std::vector<float> lane_gu_;                  // [2, R, F] gate then up
   mutable std::vector<cpu::MatmulJob> lane_jobs_;
+  // How many of a layer's cold misses the lane takes (pool_acquire): run_cpu_lane's wall times against the copies'
+  // (timed by their events in settle_copies); MAGNETAR_CUDA_LANE_BALANCE=0 gives it all of them.
+  mutable experts::LaneBalance lane_balance_;
+  mutable int64_t copies_acquired_ = 0;  // experts copied by the last acquire (settle_copies times them)
 };
 
 }  // namespace magnetar::models::qwen3_cuda

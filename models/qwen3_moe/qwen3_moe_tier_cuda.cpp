@@ -43,17 +43,25 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
   }
   if (cpu_lane_ && !misses_.empty()) {
     // A miss enters the pool only when the policy scores it (before this use) above the lowest-scored expert it
-    // could displace; the others with few rows are computed on the CPU.
+    // could displace; of the others with few rows, the coldest are computed on the CPU (as many as lane_balance_
+    // gives; the rest are copied up as every miss is without the lane).
     const double lowest = *std::min_element(slot_score_.begin(), slot_score_.end());
+    std::vector<std::pair<double, int32_t>>& cold = cold_;
+    cold.clear();
     size_t kept = 0;
     for (const int32_t e : misses_) {
-      if (rows[size_t(e)] <= kCpuLaneMaxRows && policy_->score(uint32_t(il * X + e), tick_) <= lowest) {
-        lane_.push_back(e);
+      const double score = policy_->score(uint32_t(il * X + e), tick_);
+      if (rows[size_t(e)] <= kCpuLaneMaxRows && score <= lowest) {
+        cold.emplace_back(score, e);
       } else {
         misses_[kept++] = e;
       }
     }
     misses_.resize(kept);
+    std::stable_sort(cold.begin(), cold.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    const int64_t take = lane_balance() ? lane_balance_.lane_count(int64_t(kept + cold.size()), int64_t(cold.size()))
+                                        : int64_t(cold.size());
+    for (size_t i = 0; i < cold.size(); ++i) (int64_t(i) < take ? lane_ : misses_).push_back(cold[i].second);
   }
   for (const int32_t e : misses_) policy_->touch(uint32_t(il * X + e), tick_);
   for (const int32_t e : lane_) policy_->touch(uint32_t(il * X + e), tick_);
@@ -105,6 +113,7 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
           tier_stats_.bytes_h2d += bytes;
         }
         tier_stats_.misses++;
+        copies_acquired_++;
       }
       if (started) copy_end_[copy_batches_++].record(copies);
     };
@@ -130,9 +139,11 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
 
 void Qwen3Cuda::settle_copies() const {
   if (held_) copy_stream_.synchronize();  // already done when stream_ waited for the copies and was synchronized
-  for (int b = 0; b < copy_batches_; ++b) {
-    tier_stats_.h2d_seconds += cuda::Event::seconds_between(copy_start_[b], copy_end_[b]);
-  }
+  double seconds = 0;
+  for (int b = 0; b < copy_batches_; ++b) seconds += cuda::Event::seconds_between(copy_start_[b], copy_end_[b]);
+  tier_stats_.h2d_seconds += seconds;
+  lane_balance_.copies_ran(copies_acquired_, seconds);
+  copies_acquired_ = 0;
   copy_batches_ = 0;
   held_.reset();
 }
@@ -181,7 +192,9 @@ void Qwen3Cuda::run_cpu_lane(cpu::ThreadPool& pool, const DevLayer& L, int64_t n
     tier_stats_.cpu_rows += uint64_t(cnt);
   }
   tier_stats_.cpu_experts += lane_.size();
-  tier_stats_.cpu_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  tier_stats_.cpu_seconds += seconds;
+  lane_balance_.lane_ran(int64_t(lane_.size()), seconds);
 }
 
 Status Qwen3Cuda::sweep(cpu::ThreadPool& pool, const ForwardArgs& args) const {

@@ -167,6 +167,29 @@ if [ "$filter" = "--tier-bench" ]; then
   exit 0
 fi
 
+# `run.sh --lane-bench`: the CPU expert lane's share in the consumer-GPU setting (a 2.25 GiB GPU pool, an 8 GiB RAM
+# cache over disk; uniform and skewed routing): tg64 / pp128 (medians of LANE_REPS, default 5) without the lane, with
+# it balanced against the copies (the default) and with every cold miss on it (MAGNETAR_CUDA_LANE_BALANCE=0); the
+# round of arms LANE_ROUNDS times (default 1), interleaved.
+if [ "$filter" = "--lane-bench" ]; then
+  build_magnetar
+  for skew in 0 1; do
+    model=/tmp/magnetar-q30-q4k-skew$skew.gguf
+    [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k --skew $skew -t "$(nproc)" -o "$model" >/dev/null 2>&1
+    for round in $(seq "${LANE_ROUNDS:-1}"); do
+      for arm in "none" "balanced" "all"; do
+        echo "== skew $skew, lane $arm"
+        lane=--cpu-experts
+        [ "$arm" = none ] && lane=
+        MAGNETAR_CUDA_LANE_BALANCE=$([ "$arm" = all ] && echo 0 || echo 1) "$bin" bench -m "$model" --device cuda \
+          --gpu-cache-gb 2.25 --stream --cache-gb 8 --no-census $lane --ctx-start 0 --ctx-max 0 --step 128 --gen 64 \
+          --reps "${LANE_REPS:-5}" 2>&1 | grep -E "^ +0 |pool|experts:"
+      done
+    done
+  done
+  exit 0
+fi
+
 # `run.sh --sweep-bench [ARM ...]`: prefill of long prompts in the consumer-GPU setting (the 30B-A3B geometry, a 2.25
 # GiB GPU pool, an 8 GiB RAM cache over disk, 512-token chunks): chunk by chunk (`--sweep 0`) at CHUNKED_STEPS tokens
 # (default "2048 8192"), then in one prefill sweep (`--sweep` of the prompt's length) at SWEEP_STEPS tokens (default
