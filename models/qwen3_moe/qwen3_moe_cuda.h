@@ -367,7 +367,6 @@ class Qwen3Cuda final : public Model {
   // How many of a layer's cold misses the lane takes (pool_acquire): run_cpu_lane's wall times against the copies'
   // (timed by their events in settle_copies); MAGNETAR_CUDA_LANE_BALANCE=0 gives it all of them.
   mutable experts::LaneBalance lane_balance_;
-  mutable int64_t copies_acquired_ = 0;  // experts copied by the last acquire (settle_copies times them)
 };
 
 }  // namespace magnetar::models::qwen3_cuda

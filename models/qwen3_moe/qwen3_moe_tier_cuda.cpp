@@ -46,22 +46,23 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
     // could displace; of the others with few rows, the coldest are computed on the CPU (as many as lane_balance_
     // gives; the rest are copied up as every miss is without the lane).
     const double lowest = *std::min_element(slot_score_.begin(), slot_score_.end());
-    std::vector<std::pair<double, int32_t>>& cold = cold_;
-    cold.clear();
+    cold_.clear();
     size_t kept = 0;
     for (const int32_t e : misses_) {
-      const double score = policy_->score(uint32_t(il * X + e), tick_);
-      if (rows[size_t(e)] <= kCpuLaneMaxRows && score <= lowest) {
-        cold.emplace_back(score, e);
-      } else {
-        misses_[kept++] = e;
+      if (rows[size_t(e)] <= kCpuLaneMaxRows) {
+        const double score = policy_->score(uint32_t(il * X + e), tick_);
+        if (score <= lowest) {
+          cold_.emplace_back(score, e);
+          continue;
+        }
       }
+      misses_[kept++] = e;
     }
     misses_.resize(kept);
-    std::stable_sort(cold.begin(), cold.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    const int64_t take = lane_balance() ? lane_balance_.lane_count(int64_t(kept + cold.size()), int64_t(cold.size()))
-                                        : int64_t(cold.size());
-    for (size_t i = 0; i < cold.size(); ++i) (int64_t(i) < take ? lane_ : misses_).push_back(cold[i].second);
+    std::stable_sort(cold_.begin(), cold_.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    const int64_t n_cold = int64_t(cold_.size());
+    const int64_t take = lane_balance() ? lane_balance_.lane_count(int64_t(kept) + n_cold, n_cold) : n_cold;
+    for (int64_t i = 0; i < n_cold; ++i) (i < take ? lane_ : misses_).push_back(cold_[size_t(i)].second);
   }
   for (const int32_t e : misses_) policy_->touch(uint32_t(il * X + e), tick_);
   for (const int32_t e : lane_) policy_->touch(uint32_t(il * X + e), tick_);
@@ -113,7 +114,6 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
           tier_stats_.bytes_h2d += bytes;
         }
         tier_stats_.misses++;
-        copies_acquired_++;
       }
       if (started) copy_end_[copy_batches_++].record(copies);
     };
@@ -142,8 +142,7 @@ void Qwen3Cuda::settle_copies() const {
   double seconds = 0;
   for (int b = 0; b < copy_batches_; ++b) seconds += cuda::Event::seconds_between(copy_start_[b], copy_end_[b]);
   tier_stats_.h2d_seconds += seconds;
-  lane_balance_.copies_ran(copies_acquired_, seconds);
-  copies_acquired_ = 0;
+  if (copy_batches_ > 0) lane_balance_.copies_ran(int64_t(misses_.size()), seconds);  // the last acquire's copies
   copy_batches_ = 0;
   held_.reset();
 }

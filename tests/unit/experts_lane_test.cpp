@@ -17,6 +17,15 @@ LaneBalance warmed() {
   return b;
 }
 
+// A warmed balance that timed copies at `copy_us` per expert and lanes of 1 and 2 experts at lane1_us and lane2_us.
+LaneBalance measured(double copy_us, double lane1_us, double lane2_us) {
+  LaneBalance b = warmed();
+  b.copies_ran(1, copy_us * kUs);
+  b.lane_ran(1, lane1_us * kUs);
+  b.lane_ran(2, lane2_us * kUs);
+  return b;
+}
+
 TEST(LaneBalance, TakesEveryColdMissUntilBothSidesAreMeasured) {
   LaneBalance b;
   EXPECT_EQ(b.lane_count(3, 2), 2);
@@ -33,10 +42,7 @@ TEST(LaneBalance, TakesEveryColdMissUntilBothSidesAreMeasured) {
 
 // Copies 60 us per expert, the lane 85 us for one expert and 170 for two.
 TEST(LaneBalance, SplitsTheMissesWhereBothEndSoonest) {
-  LaneBalance b = warmed();
-  b.copies_ran(2, 120 * kUs);
-  b.lane_ran(1, 85 * kUs);
-  b.lane_ran(2, 170 * kUs);
+  LaneBalance b = measured(60, 85, 170);
   // Two misses: both on the lane 170, one each max(85, 60) = 85, both copied 120.
   EXPECT_EQ(b.lane_count(2, 2), 1);
   // Three: lane 3 (scaled from 2: 255), 2 + 1 copy max(170, 60), 1 + 2 copies max(85, 120) = 120, 0: 180.
@@ -48,10 +54,7 @@ TEST(LaneBalance, SplitsTheMissesWhereBothEndSoonest) {
 }
 
 TEST(LaneBalance, ASlowBusSendsEveryColdMissToTheLane) {
-  LaneBalance b = warmed();
-  b.copies_ran(1, 200 * kUs);
-  b.lane_ran(1, 85 * kUs);
-  b.lane_ran(2, 170 * kUs);
+  LaneBalance b = measured(200, 85, 170);
   EXPECT_EQ(b.lane_count(2, 2), 2);  // 170 against max(85, 200) and 400
 }
 
@@ -63,10 +66,7 @@ TEST(LaneBalance, AFastBusCopiesEverything) {
 }
 
 TEST(LaneBalance, TiesGoToTheLargerLane) {
-  LaneBalance b = warmed();
-  b.copies_ran(1, 120 * kUs);
-  b.lane_ran(1, 60 * kUs);
-  b.lane_ran(2, 120 * kUs);
+  LaneBalance b = measured(120, 60, 120);
   EXPECT_EQ(b.lane_count(2, 2), 2);  // 120 both on the lane, max(60, 120) = 120 one each: fewer bytes copied
 }
 

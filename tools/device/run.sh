@@ -148,6 +148,12 @@ if [ "$filter" = "--depth-bench" ]; then
   exit 0
 fi
 
+# The tiered benches' model with routing skew $1 (`synth --skew`, made once per machine). Sets model.
+tier_model() {
+  model=/tmp/magnetar-q30-q4k-skew$1.gguf
+  [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k --skew "$1" -t "$(nproc)" -o "$model" >/dev/null 2>&1
+}
+
 # `run.sh --tier-bench`: only the consumer-GPU setting (experts tiered: a 2.25 GiB GPU pool, an 8 GiB RAM cache
 # over disk), plain, with the CPU expert lane and with next-layer prefetch, on uniform routing and on a skewed one
 # (`synth --skew 1`);
@@ -155,8 +161,7 @@ fi
 if [ "$filter" = "--tier-bench" ]; then
   build_magnetar
   for skew in 0 1; do
-    model=/tmp/magnetar-q30-q4k-skew$skew.gguf
-    [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k --skew $skew -t "$(nproc)" -o "$model" >/dev/null 2>&1
+    tier_model "$skew"
     for lane in "" --cpu-experts --prefetch; do
       echo "== skew $skew ${lane:-(no CPU lane, no prefetch)}"
       "$bin" bench -m "$model" --device cuda --gpu-cache-gb 2.25 --stream --cache-gb 8 --no-census $lane --show-plan \
@@ -174,8 +179,7 @@ fi
 if [ "$filter" = "--lane-bench" ]; then
   build_magnetar
   for skew in 0 1; do
-    model=/tmp/magnetar-q30-q4k-skew$skew.gguf
-    [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k --skew $skew -t "$(nproc)" -o "$model" >/dev/null 2>&1
+    tier_model "$skew"
     for round in $(seq "${LANE_ROUNDS:-1}"); do
       for arm in "none" "balanced" "all"; do
         echo "== skew $skew, lane $arm"
