@@ -73,7 +73,12 @@ int64_t LaneBalance::lane_count(int64_t n, int64_t cold) {
       best = L;
     }
   }
-  if (best == 0 && cold > 0 && ++idle_ >= kProbeEvery) best = 1;
+  if (best > 0) {
+    probe_every_ = kProbeEvery;
+  } else if (cold > 0 && ++idle_ >= probe_every_) {
+    best = 1;
+    probe_every_ = std::min(2 * probe_every_, kProbeMax);
+  }
   return best;
 }
 

@@ -34,11 +34,15 @@ class LaneBalance {
  public:
   static constexpr int64_t kSizes = 16;       // lane sizes measured one by one; others are scaled per expert
   static constexpr int64_t kProbeEvery = 64;  // layers with cold misses but no lane before it gets one again
+  static constexpr int64_t kProbeMax = 4096;  // the longest interval between probes (each doubles it)
   // Of n misses, at most `cold` may go to the lane: the count L minimizing max(lane time of L, (n - L) copy times),
   // the larger L on ties (fewer bytes over the bus). A lane size not measured is scaled from the nearest measured
   // one. Until both sides have been measured: `cold` (all of them, which measures the lane). After kProbeEvery calls
   // that gave the lane nothing although it could have taken some, at least 1: its time is measured again (a machine
-  // whose load changed, a first measurement that was slow), at the cost of one expert on the slower side.
+  // whose load changed, a first measurement that was slow), at the cost of one expert on the slower side. A lane
+  // that stays idle is probed ever more rarely (each probe doubles the interval, up to kProbeMax; a probe of an idle
+  // pool's threads cost ~1-4 ms on the H200's host, 7-10% of decode at the first interval); the interval is
+  // kProbeEvery again once the split gives the lane experts of its own accord.
   int64_t lane_count(int64_t n, int64_t cold);
   // The lane's first run is not kept: it pays the first touches of its buffers and threads.
   void lane_ran(int64_t experts, double seconds);
@@ -49,6 +53,7 @@ class LaneBalance {
   double copy_seconds_ = 0;               // per copied expert
   bool lane_warm_ = false;
   int64_t idle_ = 0;  // calls since the lane last got an expert (counted where it could have)
+  int64_t probe_every_ = kProbeEvery;
 };
 
 }  // namespace magnetar::experts

@@ -148,6 +148,8 @@ class Event {
   Event& operator=(const Event&) = delete;
 
   void record(Stream& stream);
+  // Waits on the host until the work queued before the last record() has finished.
+  void synchronize();
   // Seconds from `start` to `end`, both recorded and complete (their stream synchronized since).
   static double seconds_between(const Event& start, const Event& end);
 

@@ -129,6 +129,8 @@ Event& Event::operator=(Event&& other) noexcept {
 
 void Event::record(Stream& stream) { CUDA_CHECK(cudaEventRecord(event_, stream.raw())); }
 
+void Event::synchronize() { CUDA_CHECK(cudaEventSynchronize(event_)); }
+
 double Event::seconds_between(const Event& start, const Event& end) {
   float ms = 0.0f;
   CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, end.event_));

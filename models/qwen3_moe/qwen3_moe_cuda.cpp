@@ -274,6 +274,7 @@ Status Qwen3Cuda::init() {
   if (cpu_lane_) {
     const size_t F = size_t(hp_.n_ff_exp), row = std::max(size_t(max_cols) * f, size_t(act_row_max_));
     MAGNETAR_ASSIGN_OR_RETURN(h_xn_, cuda::PinnedBuffer::allocate(B * size_t(E) * f));
+    MAGNETAR_ASSIGN_OR_RETURN(h_xn_ready_, cuda::Event::create());
     MAGNETAR_ASSIGN_OR_RETURN(h_down_, cuda::PinnedBuffer::allocate(R * size_t(E) * f));
     lane_xt_.resize(B * row);
     lane_xg_.resize(R * row);
@@ -669,7 +670,6 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
     // expert, up to item_rows rows per item) and the items point at the resident copy or the pool slot.
     int32_t* h_ids = h_ids_.as<int32_t>() + il * R;
     stream_.copy(h_ids, ids, size_t(R) * 4);
-    if (cpu_lane_) stream_.copy(h_xn_.as<float>(), xn_.as<float>(), size_t(n * E) * sizeof(float));
     // --prefetch: the next MoE layer's router on this layer's input (Qwen3Model::predict_next's guess), its top-k
     // read back with this layer's ids; the source reads the guessed experts it lacks while this layer waits and
     // computes. router_ is free again: route_topk has consumed it.
@@ -705,6 +705,11 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
       }
       MAGNETAR_RETURN_IF_ERROR(pool_acquire(il, active_, rows_of_, args.experts ? *args.experts : *mapped_, next,
                                             guess_));
+      // The CPU lane's input, only for a layer that has one (ahead of the experts' launches on the stream).
+      if (!lane_.empty()) {
+        stream_.copy(h_xn_.as<float>(), xn_.as<float>(), size_t(n * E) * sizeof(float));
+        h_xn_ready_.record(stream_);
+      }
       // The misses last, in a stage of their own, when their rows' quantized input (q_in_ at the first late row)
       // stays 4-byte aligned for the quantizers (a Q8_0 row of an odd number of blocks is 2 mod 4 bytes).
       const bool split = tier_overlap() && h_row % 4 == 0;

@@ -361,6 +361,8 @@ class Qwen3Cuda final : public Model {
   mutable std::vector<std::pair<double, int32_t>> cold_;  // pool_acquire: the lane's candidates, (score, expert)
   mutable std::vector<experts::ExpertPtrs> lane_ptrs_;  // their host weights
   mutable cuda::PinnedBuffer h_xn_, h_down_;            // [n_batch, E] the layer's normed input; [R, E] lane rows
+  // h_xn_ is copied down only for a layer whose lane is not empty, after pool_acquire; run_cpu_lane waits for it.
+  mutable cuda::Event h_xn_ready_;
   mutable std::vector<uint8_t> lane_xt_, lane_xg_, lane_h_;  // prepared input per token, per row; down input
   mutable std::vector<float> lane_gu_;                  // [2, R, F] gate then up
   mutable std::vector<cpu::MatmulJob> lane_jobs_;

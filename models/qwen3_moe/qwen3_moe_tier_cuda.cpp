@@ -153,6 +153,7 @@ void Qwen3Cuda::run_cpu_lane(cpu::ThreadPool& pool, const DevLayer& L, int64_t n
   const int32_t* h_x_rows = reinterpret_cast<const int32_t*>(h_items_.as<GroupItem>() + R + X);
   const std::vector<int32_t>& begin = expert_begin_;
   const std::vector<int32_t>& count = expert_rows_;
+  h_xn_ready_.synchronize();
   // The tokens' input prepared for the expert weights once, then gathered per row (rows in grouped order).
   const cpu::PreparedInput xt = cpu::prepare_input(pool, L.exp_type, h_xn_.as<float>(), E, E, n, lane_xt_.data());
   float* gate = lane_gu_.data();

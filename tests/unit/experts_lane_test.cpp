@@ -3,6 +3,8 @@
 // once, so a layer waits for max(lane time, copy time)).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "experts/policy.h"
 
 namespace magnetar::experts {
@@ -108,6 +110,36 @@ TEST(LaneBalance, ProbesAnIdleLaneAgain) {
   EXPECT_EQ(b.lane_count(2, 2), 1) << "the probe";
   b.lane_ran(1, 60 * kUs);  // faster now: 400 + (60 - 400) / 8 = 357.5, still slower than two copies' 200
   EXPECT_EQ(b.lane_count(2, 2), 0);
+}
+
+// Each probe that leaves the lane idle doubles the interval to the next one (64, 128, 256, ... up to kProbeMax calls);
+// once the split gives the lane experts itself, an idle lane is probed after kProbeEvery calls again.
+TEST(LaneBalance, ProbesALosingLaneEverMoreRarely) {
+  LaneBalance b = warmed();
+  b.copies_ran(1, 100 * kUs);
+  b.lane_ran(1, 4000 * kUs);  // a probe of sleeping threads: far slower than a copy
+  // The calls until the lane's next probe (the probes' own lane runs as slow as the first).
+  auto calls_to_probe = [&] {
+    for (int64_t i = 1; i <= 2 * LaneBalance::kProbeMax; ++i) {
+      if (b.lane_count(2, 2) == 1) {
+        b.lane_ran(1, 4000 * kUs);
+        return i;
+      }
+    }
+    return int64_t(-1);
+  };
+  int64_t want = LaneBalance::kProbeEvery;
+  for (int probe = 0; probe < 8; ++probe) {
+    EXPECT_EQ(calls_to_probe(), want) << "probe " << probe;
+    want = std::min(2 * want, LaneBalance::kProbeMax);
+  }
+  EXPECT_EQ(want, LaneBalance::kProbeMax) << "the intervals reached the cap";
+  EXPECT_EQ(calls_to_probe(), LaneBalance::kProbeMax);
+  // The bus slows down (copies of 5 ms): the split itself gives the lane an expert, and the interval starts over.
+  for (int i = 0; i < 64; ++i) b.copies_ran(1, 5000 * kUs);
+  EXPECT_EQ(b.lane_count(2, 2), 1) << "4 ms on the lane against two 5 ms copies: one on each side";
+  for (int i = 0; i < 64; ++i) b.copies_ran(1, 100 * kUs);
+  EXPECT_EQ(calls_to_probe(), LaneBalance::kProbeEvery);
 }
 
 }  // namespace

@@ -172,22 +172,28 @@ if [ "$filter" = "--tier-bench" ]; then
   exit 0
 fi
 
-# `run.sh --lane-bench`: the CPU expert lane's share in the consumer-GPU setting (a 2.25 GiB GPU pool, an 8 GiB RAM
-# cache over disk; uniform and skewed routing): tg64 / pp128 (medians of LANE_REPS, default 5) without the lane, with
-# it balanced against the copies (the default) and with every cold miss on it (MAGNETAR_CUDA_LANE_BALANCE=0); the
-# round of arms LANE_ROUNDS times (default 1), interleaved.
+# `run.sh --lane-bench [ARM ...]`: the CPU expert lane's share in the consumer-GPU setting (a 2.25 GiB GPU pool, an 8
+# GiB RAM cache over disk; uniform and skewed routing): tg64 / pp128 (medians of LANE_REPS, default 5) without the
+# lane, with it balanced against the copies (the default), with every cold miss on it (MAGNETAR_CUDA_LANE_BALANCE=0)
+# and, for each arm given (run_arm), without the lane and balanced under that arm (LANE_ARMS: the first three to run,
+# default "none balanced all"); the round of arms LANE_ROUNDS times (default 1), interleaved.
 if [ "$filter" = "--lane-bench" ]; then
   build_magnetar
   for skew in 0 1; do
     tier_model "$skew"
     for round in $(seq "${LANE_ROUNDS:-1}"); do
-      for arm in "none" "balanced" "all"; do
-        echo "== skew $skew, lane $arm"
-        lane=--cpu-experts
-        [ "$arm" = none ] && lane=
-        MAGNETAR_CUDA_LANE_BALANCE=$([ "$arm" = all ] && echo 0 || echo 1) "$bin" bench -m "$model" --device cuda \
-          --gpu-cache-gb 2.25 --stream --cache-gb 8 --no-census $lane --ctx-start 0 --ctx-max 0 --step 128 --gen 64 \
-          --reps "${LANE_REPS:-5}" 2>&1 | grep -E "^ +0 |pool|experts:"
+      for arm in ${LANE_ARMS:-none balanced all} "${@:2}"; do
+        runs=("$arm")
+        case "$arm" in none | balanced | all) ;; *) runs=("$arm none" "$arm balanced") ;; esac
+        for run in "${runs[@]}"; do
+          echo "== skew $skew, lane $run"
+          lane=--cpu-experts
+          [ "${run##* }" = none ] && lane=
+          balance=MAGNETAR_CUDA_LANE_BALANCE=$([ "$run" = all ] && echo 0 || echo 1)
+          run_arm "$([ "$run" = "${run##* }" ] && echo "$balance" || echo "${run% *}")" bench -m "$model" \
+            --device cuda --gpu-cache-gb 2.25 --stream --cache-gb 8 --no-census $lane --ctx-start 0 --ctx-max 0 \
+            --step 128 --gen 64 --reps "${LANE_REPS:-5}" 2>&1 | grep -E "^ +0 |pool|experts:"
+        done
       done
     done
   done
