@@ -501,6 +501,9 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
   impl->pool = std::make_unique<cpu::ThreadPool>(impl->options.n_threads);
   MAGNETAR_RETURN_IF_ERROR(choose_device(*impl, *entry, path));
   if (!impl->on_gpu || impl->gpu_tier) MAGNETAR_RETURN_IF_ERROR(plan_experts(*impl, path));
+  if (impl->options.cpu_experts && !impl->on_gpu) {
+    impl->plan_text += "\n  --cpu-experts: no effect, the model runs on the CPU (the lane is the CUDA tiered mode's)";
+  }
   MAGNETAR_RETURN_IF_ERROR(open_disk_kv(*impl));
   if (hp.n_expert > 0) impl->uses = {.n_expert = hp.n_expert, .counts = std::vector<uint64_t>(size_t(hp.n_layer * hp.n_expert))};
 

@@ -105,12 +105,12 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
     std::fprintf(stderr, "magnetar %s: %s\n", command, engine.status().message().c_str());
     return nullptr;
   }
-  // The plan is news when experts stream, KV goes to disk or a GPU present could not be used (a resident plan,
-  // on the CPU or the GPU, is the ordinary case); --show-plan prints it always.
+  // The plan is news when experts stream, KV goes to disk, a GPU present could not be used or --cpu-experts was asked
+  // for (the plan says what became of it; a resident plan, on the CPU or the GPU, is the ordinary case); --show-plan
+  // prints it always.
   if (!engine.value()->memory_plan().empty() &&
-      (show_plan || engine.value()->expert_stats().streamed || engine.value()->expert_stats().gpu_tier ||
-       engine.value()->kv_disk_stats().enabled ||
-       !engine.value()->gpu_unused().empty())) {
+      (show_plan || cpu_experts || engine.value()->expert_stats().streamed || engine.value()->expert_stats().gpu_tier ||
+       engine.value()->kv_disk_stats().enabled || !engine.value()->gpu_unused().empty())) {
     std::fprintf(stderr, "%s\n", engine.value()->memory_plan().c_str());
   }
   return std::move(engine).value();

@@ -70,6 +70,17 @@ TEST_F(RunTool, GreedyGenerationIsDeterministicAndReportsStats) {
   EXPECT_EQ(c.out, d.out);  // seeded sampling is reproducible
 }
 
+// A flag that cannot apply to this run says so instead of being dropped in silence: --cpu-experts on the CPU.
+TEST_F(RunTool, CpuExpertsOnTheCpuSaysItHasNoEffect) {
+  const Invocation a = magnetar("run -m " + model() + " --device cpu --cpu-experts --tokens 5,6,7,8 -n 4 --temp 0");
+  ASSERT_EQ(a.status, 0) << a.err;
+  EXPECT_NE(a.err.find("--cpu-experts: no effect, the model runs on the CPU"), std::string::npos) << a.err;
+  const Invocation b = magnetar("run -m " + model() + " --device cpu --tokens 5,6,7,8 -n 4 --temp 0");
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(b.err.find("--cpu-experts"), std::string::npos) << b.err;
+}
+
 TEST_F(RunTool, DumpLogitsPrefillEqualsDecode) {
   const std::string ids = "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20";
   const Invocation p = magnetar("run -m " + model() + " --tokens " + ids + " --dump-logits " + file("p.npy"));
