@@ -1,5 +1,6 @@
 #include "backends/cpu/kernels.h"
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <utility>
 
@@ -43,6 +44,14 @@ float max_scalar(int64_t n, const float* x) {
   float m = -INFINITY;
   for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
   return m;
+}
+
+void widen_f16_scalar(const void* src, float* dst, int64_t n) {
+  const uint16_t* h = static_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i) {
+    dst[i] = quant::fp16_to_float(h[i]);
+    if (std::isnan(dst[i])) dst[i] = std::bit_cast<float>(std::bit_cast<uint32_t>(dst[i]) | 0x00400000u);
+  }
 }
 
 float exp_sum_scalar(int64_t n, float* x, float max) {
@@ -91,6 +100,7 @@ struct Tables {
                                   .axpy_f32 = axpy_f32_scalar, .axpy_f16 = axpy_f16_scalar,
                                   .attn_scores = attn_scores_scalar, .attn_accumulate = attn_accumulate_scalar,
                                   .max = max_scalar, .exp_sum = exp_sum_scalar};
+    vectors[int(Isa::kScalar)].widen_f16 = widen_f16_scalar;
     vectors[int(Isa::kAvx2)] = vectors[int(Isa::kScalar)];
     register_avx2_vector(vectors[int(Isa::kAvx2)]);
     vectors[int(Isa::kAvx512)] = vectors[int(Isa::kAvx2)];

@@ -67,11 +67,15 @@ struct VectorKernels {
   float (*max)(int64_t n, const float* x) = nullptr;
   // x[i] = exp(x[i] - max) in place; returns the sum (softmax numerators). Relative error <= 2e-7 per element.
   float (*exp_sum)(int64_t n, float* x, float max) = nullptr;
+  // n halfs (src) to floats (dst): cpu::attention's F16 rows. The hardware conversion: quant's F16 dequantize's values
+  // except that a signalling NaN comes out quiet (float bit 22 set; the dequantize keeps the payload as it is, at
+  // ~4 instructions per 16 values that attention has no use for).
+  void (*widen_f16)(const void* src, float* dst, int64_t n) = nullptr;
 };
 const VectorKernels& vector_kernels(Isa isa);
 inline const VectorKernels& vector_kernels() { return vector_kernels(best_isa()); }
 void register_avx2_vector(VectorKernels& kernels);
-void register_avx512_vector(VectorKernels& kernels);  // attn_scores and attn_accumulate
+void register_avx512_vector(VectorKernels& kernels);  // attn_scores, attn_accumulate and widen_f16
 
 // Registration hooks, one per kernel file (defined in avx2/*.cpp and avx512/*.cpp).
 void register_avx2_float(KernelTable& table);     // F32, F16, BF16

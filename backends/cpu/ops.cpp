@@ -377,7 +377,8 @@ void attention(ThreadPool& pool, const AttentionArgs& a) {
     KvHeads h{.k = static_cast<const uint8_t*>(a.k_cache) + size_t(hk) * head_bytes,
               .v = static_cast<const uint8_t*>(a.v_cache) + size_t(hk) * head_bytes, .n_heads = n, .head_dim = D,
               .row_bytes = row_bytes, .span_bytes = size_t(n) * head_bytes, .float_stride = kv_row};
-    if (a.kv_type != quant::Type::F32) h.widen = kernels(a.kv_type).dequantize;
+    if (a.kv_type == quant::Type::F16) h.widen = vk.widen_f16;
+    if (a.kv_type == quant::Type::Q8_0) h.widen = kernels(a.kv_type).dequantize;
     return h;
   };
   auto buffers = [&](int ith) {

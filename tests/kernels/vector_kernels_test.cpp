@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -78,6 +79,34 @@ TEST(VectorKernels, MatchScalar) {
         EXPECT_NEAR(x[size_t(i)], x_ref[size_t(i)], 3e-7 * x_ref[size_t(i)] + 1e-37) << "exp at " << i;  // below FLT_MIN: flushed
       }
       EXPECT_NEAR(sum, sum_ref, 1e-6 * sum_ref);
+    }
+  }
+}
+
+// widen_f16 on every half value, at every offset of a vector: the values of quant's conversion, a NaN as a quiet NaN
+// with the half's payload (the hardware's conversion), the same bits on every ISA.
+TEST(VectorKernels, WidenF16IsTheConversionWithQuietNaNs) {
+  std::vector<uint16_t> h(65536 + 37);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = uint16_t(i * 40503u);  // 40503 is odd: every value once per 65536
+  std::vector<float> want(h.size()), got(h.size());
+  for (size_t i = 0; i < h.size(); ++i) {
+    want[i] = quant::fp16_to_float(h[i]);
+    if (std::isnan(want[i])) want[i] = std::bit_cast<float>(std::bit_cast<uint32_t>(want[i]) | 0x00400000u);
+  }
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!isa_supported(isa)) continue;
+    for (int64_t skip : {0, 1, 9}) {  // odd starts and lengths: the vector loops' tails
+      std::fill(got.begin(), got.end(), -1.0f);
+      vector_kernels(isa).widen_f16(h.data() + skip, got.data() + skip, int64_t(h.size()) - 2 * skip);
+      size_t bad = 0;
+      for (size_t i = size_t(skip); i + size_t(skip) < h.size(); ++i) {
+        bad += std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(want[i]);
+      }
+      EXPECT_EQ(bad, 0u) << isa_name(isa) << " skip " << skip;
+      if (skip > 0) {
+        EXPECT_EQ(got[size_t(skip) - 1], -1.0f) << isa_name(isa) << ": wrote before the start";
+        EXPECT_EQ(got[h.size() - size_t(skip)], -1.0f) << isa_name(isa) << ": wrote past the end";
+      }
     }
   }
 }

@@ -68,6 +68,15 @@ void axpy_f16(int64_t n, float alpha, const uint16_t* x, float* y) {
   for (; i < n; ++i) y[i] += alpha * tail_half(x[i]);
 }
 
+void widen_f16(const void* src, float* dst, int64_t n) {
+  const uint16_t* h = static_cast<const uint16_t*>(src);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+  }
+  for (; i < n; ++i) dst[i] = tail_half(h[i]);
+}
+
 float dot_tree(int64_t d, const float* q, const float* k) {
   __m256 acc = _mm256_setzero_ps();
   for (int64_t c = 0; c < d; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(k + c), acc);
@@ -228,6 +237,7 @@ void register_avx2_vector(VectorKernels& k) {
   k.dot_f16_f32 = dot_f16_f32;
   k.axpy_f32 = axpy_f32;
   k.axpy_f16 = axpy_f16;
+  k.widen_f16 = widen_f16;
 }
 
 }  // namespace magnetar::cpu

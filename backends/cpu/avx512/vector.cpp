@@ -123,11 +123,24 @@ void attn_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ld
   for (; r < m; ++r) accumulate_rows<1>(n, d, p + r * ldp, ldp, v, ldv, o + r * ldo, ldo);
 }
 
+void widen_f16(const void* src, float* dst, int64_t n) {
+  const uint16_t* h = static_cast<const uint16_t*>(src);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
+  }
+  if (i < n) {
+    const __mmask16 m = step_mask(i, n);
+    _mm512_mask_storeu_ps(dst + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, h + i)));
+  }
+}
+
 }  // namespace
 
 void register_avx512_vector(VectorKernels& k) {
   k.attn_scores = attn_scores;
   k.attn_accumulate = attn_accumulate;
+  k.widen_f16 = widen_f16;
 }
 
 }  // namespace magnetar::cpu
