@@ -157,7 +157,8 @@ Status plan_experts(Engine::Impl& impl, const std::string& path) {
                                                   .scratch_bytes = scratch,
                                                   .mode = mode,
                                                   .cache_bytes = uint64_t(o.stream.cache_gb * double(1ull << 30))}));
-  impl.plan_text += (impl.plan_text.empty() ? "" : "\n") + experts::describe(plan);
+  if (!impl.plan_text.empty()) impl.plan_text += '\n';
+  impl.plan_text += experts::describe(plan);
   while (!impl.plan_text.empty() && impl.plan_text.back() == '\n') impl.plan_text.pop_back();
   if (plan.mode == experts::PlanMode::kResident) return Status();
   if (!impl.on_gpu) {
