@@ -27,9 +27,10 @@
 // the layer's hits compute; the misses' rows come last (group_rows_on_host) and their launches wait for the copies.
 // The same kernels compute the same rows, so the logits are bit-identical to the resident mode.
 //
-// The CPU expert lane (CudaLoad::cpu_experts, tiered mode): a miss with few rows (decode) that the policy scores
-// no higher than the pool's lowest-scored expert (before this use) is not copied up; its group item carries
-// null pointers (the GPU skips it), the CPU computes its rows from host memory with the CPU backend's kernels
+// The CPU expert lane (CudaLoad::cpu_experts, tiered mode): a miss with few rows (at most kCpuLaneMaxRows: decode's,
+// or a prefill chunk's rarely routed experts) that the policy scores no higher than the pool's lowest-scored expert
+// (before this use) may be left in host memory (as many as experts::LaneBalance gives the lane); its group item
+// carries null pointers (the GPU skips it), the CPU computes its rows from host memory with the CPU backend's kernels
 // while the GPU computes the others, and the rows are uploaded before the combine. Those rows carry the CPU
 // kernels' rounding (not bit-identical).
 //
@@ -38,8 +39,9 @@
 // come up from fixed pinned buffers, so one capture serves every later step of the same sequences; the logits go
 // down after it, into the sessions' own pinned rows (ForwardArgs::seq_logits, CudaWorkspace).
 //
-// Not here yet (issue #6): disk reads pipelined into the copies (a layer's misses are copied once all are in host
-// memory), per-op profiles (Session::op_profile stays empty).
+// Not here yet (issue #6): disk reads pipelined into the copies expert by expert (the misses already in host memory
+// are copied first, those read from disk once all of them have landed), per-op profiles (Session::op_profile gets
+// the device and host spans only).
 #pragma once
 
 #include <array>
@@ -354,7 +356,8 @@ class Qwen3Cuda final : public Model {
   mutable bool graphs_failed_ = false;  // a capture failed: decode launches kernel by kernel from then on
 
   // ---- the CPU expert lane (cpu_lane_: tiered mode with CudaLoad::cpu_experts) ----------------------------------
-  // Decode rows only: an expert with more rows is worth the copy (the GPU then computes all of them at once).
+  // Experts with few rows only (decode's, or a prefill chunk's rarely routed ones): an expert with more rows is worth
+  // the copy (the GPU then computes all of them at once).
   static constexpr int32_t kCpuLaneMaxRows = 4;
   bool cpu_lane_ = false;
   mutable std::vector<int32_t> lane_;                   // experts of the current layer computed on the CPU

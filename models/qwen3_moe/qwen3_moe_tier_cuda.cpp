@@ -118,7 +118,10 @@ Status Qwen3Cuda::pool_acquire(int64_t il, std::span<const int32_t> active, std:
       if (started) copy_end_[copy_batches_++].record(copies);
     };
     if (copy_ready_first()) copy_batch(true);
-    MAGNETAR_RETURN_IF_ERROR(source.wait(host_ptrs_));
+    if (Status waited = source.wait(host_ptrs_); !waited.ok()) {
+      misses_.clear();  // settle_copies still waits for the copies queued so far, but times none for the balance
+      return waited;
+    }
     if (!copy_ready_first()) copy_batch(true);
     copy_batch(false);
     lane_ptrs_.assign(host_ptrs_.begin() + std::ptrdiff_t(n_copy), host_ptrs_.end());

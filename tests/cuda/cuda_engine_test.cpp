@@ -532,6 +532,45 @@ TEST(CudaTier, PoolEqualsResidentBitForBit) {
   for (size_t r = 1; r < uses.size(); ++r) EXPECT_EQ(uses[r], uses[0]) << "routing counts of tiered run " << r;
 }
 
+// The tiny model's experts (Q8_0, 32 columns into the down projection: one 34-byte block, so the down input's rows are
+// not 4-byte aligned and the misses are not split into launches of their own) tiered through a pool of its 4 experts:
+// the misses' copies run on the copy stream while the first launches, which hold the misses' items too, must wait for
+// them. Logits bit for bit the resident engine's, prefill and decode.
+TEST(CudaTier, UnsplitMissesWaitForTheirCopies) {
+  SKIP_WITHOUT_GPU();
+  const std::string path = ::testing::TempDir() + "cuda_tier_unsplit_" + std::to_string(getpid()) + ".gguf";
+  testing::write_tiny(path, quant::Type::Q8_0, 5);
+  auto run = [&](double gpu_cache_gb, std::vector<std::vector<float>>* logits) {
+    EngineOptions o;
+    o.n_threads = 2;
+    o.n_ctx = 64;
+    o.n_batch = 8;
+    o.device = Device::kCuda;
+    o.gpu_cache_gb = gpu_cache_gb;
+    o.experts = gpu_cache_gb > 0 ? ExpertMode::kAuto : ExpertMode::kResident;
+    auto engine = Engine::load(path, o);
+    ASSERT_TRUE(engine.ok()) << engine.status().message();
+    EXPECT_EQ(engine.value()->expert_stats().gpu_tier, gpu_cache_gb > 0) << engine.value()->memory_plan();
+    auto s = engine.value()->new_session();
+    ASSERT_TRUE(s.ok());
+    ASSERT_OK(s.value()->sync(prompt(12, 2)));  // two chunks of 8 and 4 tokens
+    for (int i = 0; i < 16; ++i) {
+      logits->emplace_back(s.value()->logits().begin(), s.value()->logits().end());
+      ASSERT_OK(s.value()->step(argmax(s.value()->logits())));
+    }
+    if (gpu_cache_gb > 0) {
+      EXPECT_GT(engine.value()->expert_stats().gpu_misses, 0u);
+    }
+  };
+  std::vector<std::vector<float>> resident, pooled;
+  run(0, &resident);
+  run(0.00003, &pooled);
+  std::filesystem::remove(path);
+  ASSERT_EQ(resident.size(), 16u);
+  ASSERT_EQ(pooled.size(), resident.size());
+  for (size_t i = 0; i < resident.size(); ++i) EXPECT_EQ(pooled[i], resident[i]) << "token " << i;
+}
+
 // The demo model tiered through a pool of 20 experts, 16-token chunks, prefill sweeps of up to n_sweep tokens.
 EngineOptions sweep_options(int64_t n_sweep) {
   EngineOptions o;
