@@ -80,7 +80,10 @@ std::string render_chatml(const Conversation& conversation, bool add_generation_
     out +=
         "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
         "function signatures within <tools></tools> XML tags:\n<tools>";
-    for (const Json& tool : conversation.tools) out += "\n" + python_json(tool);
+    for (const Json& tool : conversation.tools) {
+      out += '\n';
+      out += python_json(tool);
+    }
     out +=
         "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
         "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "

@@ -42,7 +42,7 @@ struct StoreOptions {
   bool direct = true;                       // O_DIRECT when the filesystem allows it
   std::string policy = "lfu";               // make_policy names
   double half_life_tokens = 16;             // lfu decay, in tokens (converted to ticks by n_moe_layers)
-  std::string census_path;                  // empty: no census
+  std::string census_path = {};             // empty: no census
   bool warm_start = true;                   // load the census's hottest experts at open
   double census_save_seconds = 60;
   // Reads through gaps of at most this many bytes between the records (packed) or part slices (standard) one

@@ -122,7 +122,7 @@ struct ForwardArgs {
   float* logits = nullptr;          // [all_logits ? n_tok : seqs.size(), n_vocab]
   // Instead of `logits` (then unused), when not all_logits: sequence i's row of n_vocab floats goes to seq_logits[i]
   // (sessions' own rows: a GPU model's copies land in each directly, Workspace::logits_row).
-  std::span<float* const> seq_logits;
+  std::span<float* const> seq_logits = {};
   Profile* profile = nullptr;       // non-null: accumulate time per op
   RoutingCounts* routing = nullptr; // non-null: count expert selections (sized n_layer * n_expert)
   experts::ExpertSource* experts = nullptr;  // routed experts from here (null: the model's own mapping)
