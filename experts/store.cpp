@@ -170,6 +170,7 @@ Status StreamedExperts::init() {
   census_saved_ = Clock::now();
   if (!options_.census_path.empty()) {
     identity_ = model_identity(model_);
+    census_open_ = true;
     Result<Census> loaded = load_census(options_.census_path, identity_, layout_.n_layer(), layout_.n_expert());
     if (loaded.ok()) {
       census_seen_ = std::move(loaded).value();
@@ -184,7 +185,7 @@ Status StreamedExperts::init() {
 StreamedExperts::~StreamedExperts() {
   std::vector<Completion> drain;
   while (reader_ && reader_->in_flight() > 0) reader_->reap(1, drain);
-  if (!options_.census_path.empty()) {
+  if (census_open_) {
     if (Status s = save_census(); !s.ok()) std::fprintf(stderr, "magnetar: %s\n", s.message().c_str());
   }
   reader_.reset();
@@ -390,42 +391,56 @@ void StreamedExperts::acquire(int64_t layer, std::span<const int32_t> experts, s
   }
   std::vector<uint32_t>& misses = miss_scratch_;
   misses.clear();
-  for (size_t i = 0; i < experts.size(); ++i) {
-    MAGNETAR_CHECK(experts[i] >= 0 && experts[i] < layout_.n_expert());
-    const uint32_t key = uint32_t(layer * layout_.n_expert() + experts[i]);
-    count_use(key);
-    int32_t s = where_[key];
-    if (s >= 0) {
-      Slot& slot = slots_[size_t(s)];
-      if (slot.prefetched) {
-        st.prefetch_used++;
-        slot.prefetched = false;
-      }
-      if (slot.state == State::kReady) {
-        st.hits++;
-      } else {
-        st.inflight_hits++;
-      }
-    } else {
-      uint32_t fresh = allocate(false);
-      while (fresh == UINT32_MAX) {  // every slot pinned or loading: wait for a prefetch read to land
-        MAGNETAR_CHECK(reader_->in_flight() > 0);  // open() guarantees n_slots >= n_expert
-        pump(1);
-        fresh = allocate(false);
-      }
-      s = int32_t(fresh);
-      slots_[fresh].key = key;
-      slots_[fresh].state = State::kLoading;
-      where_[key] = s;
-      misses.push_back(fresh);
-      st.misses++;
-    }
+  pinned_.assign(experts.size(), UINT32_MAX);  // pinned_[i]: experts[i]'s slot
+  auto pin = [&](size_t i, int32_t s) {
     Slot& slot = slots_[size_t(s)];
     slot.pins++;
     slot.last_use = tick_;
-    pinned_.push_back(uint32_t(s));
+    pinned_[i] = uint32_t(s);
     ready[i] = slot.state == State::kReady ? 1 : 0;
     if (ready[i]) ptrs[i] = pointers(uint32_t(s));
+  };
+  // The experts already in the cache (ready or being read) are pinned first, so that no miss below evicts one that
+  // this call asks for further on.
+  for (size_t i = 0; i < experts.size(); ++i) {
+    MAGNETAR_CHECK(experts[i] >= 0 && experts[i] < layout_.n_expert());
+    const uint32_t key = uint32_t(layer * layout_.n_expert() + experts[i]);
+    const int32_t s = where_[key];
+    if (s < 0) continue;
+    count_use(key);
+    Slot& slot = slots_[size_t(s)];
+    if (slot.prefetched) {
+      st.prefetch_used++;
+      slot.prefetched = false;
+    }
+    if (slot.state == State::kReady) {
+      st.hits++;
+    } else {
+      st.inflight_hits++;
+    }
+    pin(i, s);
+  }
+  for (size_t i = 0; i < experts.size(); ++i) {
+    if (pinned_[i] != UINT32_MAX) continue;
+    const uint32_t key = uint32_t(layer * layout_.n_expert() + experts[i]);
+    count_use(key);
+    if (const int32_t s = where_[key]; s >= 0) {  // the same expert twice in the call: read once
+      st.inflight_hits++;
+      pin(i, s);
+      continue;
+    }
+    uint32_t fresh = allocate(false);
+    while (fresh == UINT32_MAX) {                // every slot pinned or loading: wait for a prefetch read to land
+      MAGNETAR_CHECK(reader_->in_flight() > 0);  // open() guarantees n_slots >= n_expert
+      pump(1);
+      fresh = allocate(false);
+    }
+    slots_[fresh].key = key;
+    slots_[fresh].state = State::kLoading;
+    where_[key] = int32_t(fresh);
+    misses.push_back(fresh);
+    st.misses++;
+    pin(i, int32_t(fresh));
   }
   read_slots(layer, misses);
 }

@@ -190,6 +190,7 @@ class StreamedExperts final : public ExpertSource {
   std::vector<std::vector<int32_t>> hinted_;
   // Census: counts on disk at the last load/save and the increments since.
   uint64_t identity_ = 0;
+  bool census_open_ = false;  // identity_ and the census counts are set: the destructor saves them
   Census census_delta_;
   Census census_seen_;
   std::chrono::steady_clock::time_point census_saved_;

@@ -4,8 +4,8 @@
 // Uses the bundled demo model (standard layout, 8 MoE layers x 16 experts).
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <numeric>
 #include <random>
 
@@ -195,6 +195,71 @@ TEST(ExpertStore, CensusPersistsMergesAndWarmStarts) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("checksum"), std::string::npos) << bad.status().message();
   EXPECT_TRUE(load_census(dir.file("absent"), id, 8, 16).ok());  // no file: empty census
+}
+
+// A miss never evicts an expert that the same acquire asks for after it. Sixteen slots hold layer 1's experts 0 and
+// 2..15 (2..15 used four times, 0 once: the lowest score) and layer 0's expert 0 (four uses). acquire(1, {1, 0})
+// misses 1 first: the victim must not be layer 1's expert 0, which the call hits next.
+TEST(ExpertStore, AMissKeepsTheCallsOtherExperts) {
+  const Opened o = open_model(kDemo);
+  const uint64_t slab = StreamedExperts::slab_bytes(*o.layout);
+  Result<std::unique_ptr<StreamedExperts>> opened =
+      StreamedExperts::open(*o.model, *o.layout, {.cache_bytes = 16 * slab});
+  ASSERT_TRUE(opened.ok()) << opened.status().message();
+  StreamedExperts& store = *opened.value();
+  auto use = [&](int64_t layer, const std::vector<int32_t>& experts) {
+    std::vector<ExpertPtrs> ptrs(experts.size());
+    std::vector<uint8_t> ready(experts.size());
+    store.acquire(layer, experts, ptrs, ready);
+    EXPECT_TRUE(store.wait(ptrs).ok());
+    store.release();
+  };
+  std::vector<int32_t> warm = {0};
+  for (int32_t e = 2; e < 16; ++e) warm.push_back(e);
+  use(1, warm);
+  for (int i = 0; i < 3; ++i) use(1, std::vector<int32_t>(warm.begin() + 1, warm.end()));
+  for (int i = 0; i < 4; ++i) use(0, {0});
+  ASSERT_EQ(store.stats().total().misses, 16u) << "the sixteen slots filled, nothing evicted yet";
+  use(1, {1, 0});
+  const LayerStats t = store.stats().total();
+  EXPECT_EQ(t.misses, 17u) << "only expert 1 is read";
+  EXPECT_EQ(store.stats().evictions, 1u);
+}
+
+// A store that fails to open (here: a cache smaller than a layer) leaves the census as it was: neither replaced by an
+// empty one of no model (the history lost) nor read past its counts; without a census file it creates none.
+TEST(ExpertStore, AFailedOpenLeavesTheCensusAlone) {
+  testing::TempDir dir;
+  const Opened o = open_model(kDemo);
+  const std::string census = dir.file("demo.census");
+  const uint64_t slab = StreamedExperts::slab_bytes(*o.layout);
+  {
+    Result<std::unique_ptr<StreamedExperts>> store =
+        StreamedExperts::open(*o.model, *o.layout, {.cache_bytes = 15 * slab, .census_path = census});
+    ASSERT_FALSE(store.ok());
+  }
+  EXPECT_FALSE(std::filesystem::exists(census)) << "a failed open wrote a census";
+  {
+    Result<std::unique_ptr<StreamedExperts>> store =
+        StreamedExperts::open(*o.model, *o.layout, {.cache_bytes = 64 * slab, .census_path = census});
+    ASSERT_TRUE(store.ok()) << store.status().message();
+    const std::vector<int32_t> hot = {3, 5};
+    std::vector<ExpertPtrs> ptrs(2);
+    std::vector<uint8_t> ready(2);
+    store.value()->acquire(1, hot, ptrs, ready);
+    ASSERT_TRUE(store.value()->wait(ptrs).ok());
+    store.value()->release();
+  }
+  const std::vector<uint8_t> saved = testing::read_all(census);
+  {
+    Result<std::unique_ptr<StreamedExperts>> store =
+        StreamedExperts::open(*o.model, *o.layout, {.cache_bytes = 15 * slab, .census_path = census});
+    ASSERT_FALSE(store.ok());
+  }
+  EXPECT_EQ(testing::read_all(census), saved) << "a failed open rewrote the census";
+  Result<Census> c = load_census(census, model_identity(*o.model), o.layout->n_layer(), o.layout->n_expert());
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c.value().total(), 2u);
 }
 
 TEST(ExpertStore, AFailedReadIsAnErrorNamingTheFile) {
