@@ -91,9 +91,15 @@ class UringReader final : public Reader {
     MAGNETAR_CHECK(sqe != nullptr);  // at most `depth` in flight, the ring has `depth` entries
     io_uring_prep_readv(sqe, fd, slot.iov.data(), unsigned(slot.iov.size()), offset);
     io_uring_sqe_set_data64(sqe, uint64_t(s));
+    // The entry is in the submission ring once io_uring_submit is called, whatever it returns: a transient refusal
+    // (EAGAIN: no kernel memory for it now; EBUSY) leaves it there for the next submit, so it is retried until the
+    // kernel takes it (completing the read with the error would free its slot for a new read while the old one can
+    // still run and complete under the same slot).
     int r;
-    do r = io_uring_submit(&ring_); while (r == -EINTR);
-    if (r < 0) finish(s, r);  // the read never started: complete it with the error
+    while ((r = io_uring_submit(&ring_)) == -EINTR || r == -EAGAIN || r == -EBUSY) {
+      if (r != -EINTR) std::this_thread::yield();
+    }
+    if (r < 0) finish(s, r);  // the ring refused the entry for good (a bad ring or arguments): fail the read
   }
 
   void finish(int s, int64_t result) {
