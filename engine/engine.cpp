@@ -858,8 +858,10 @@ Status Session::sync(std::span<const int32_t> next, Logits mode, const SyncProgr
       const int64_t got = disk->restore(next, keep / B, saved, *s.kv);
       if (got > keep) {
         s.stats.restored_tokens += got - keep;
-        keep = got;
+      } else if (got < keep) {  // the block holding row `keep` failed its checks after its rows were overwritten
+        s.stats.reused_tokens -= keep - got;
       }
+      keep = got;
     }
   }
   return s.compute(keep, mode, progress);

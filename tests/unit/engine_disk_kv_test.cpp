@@ -7,6 +7,8 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <set>
 
 #include "engine/engine.h"
 #include "quant/quant.h"
@@ -80,6 +82,53 @@ TEST_F(EngineDiskKv, RestartRestoresSavedBlocksWithIdenticalLogits) {
   }
   EXPECT_EQ(e->kv_disk_stats().blocks_saved, 1u);
   EXPECT_EQ(e->kv_disk_stats().blocks_on_disk, 6u);
+}
+
+// A session that holds rows up to the middle of a block extends its history, and that block's file is damaged: the
+// restore overwrites the block's rows from the disk before the checksum fails, so the rows from the block's start
+// are computed again (before, the session kept its rows up to the middle and went on from the damaged ones).
+TEST_F(EngineDiskKv, ADamagedBlockUnderTheKeptRowsIsComputedAgain) {
+  const std::vector<int32_t> p = prompt(41, 2);
+  const std::string dir = base_ + "/kv";
+  auto files = [&] {
+    std::set<std::string> out;
+    for (const auto& f : std::filesystem::directory_iterator(dir)) out.insert(f.path().string());
+    return out;
+  };
+  std::unique_ptr<Engine> e = load(true);
+  std::string block2;
+  {
+    std::unique_ptr<Session> a = session(*e);
+    ASSERT_TRUE(a->sync(std::span<const int32_t>(p).first(17)).ok());
+    EXPECT_EQ(e->kv_disk_stats().blocks_saved, 2u);
+    const std::set<std::string> before = files();
+    ASSERT_TRUE(a->sync(std::span<const int32_t>(p).first(25)).ok());
+    EXPECT_EQ(e->kv_disk_stats().blocks_saved, 3u);
+    for (const std::string& f : files()) {
+      if (!before.contains(f)) block2 = f;
+    }
+    ASSERT_TRUE(a->sync(p).ok());
+  }
+  ASSERT_FALSE(block2.empty());
+  {  // damage a byte of row 17's K in layer 0: the payload starts after the 4 KiB header and the token ids' page, a
+     // row of K is 2 KV heads x 16 dims of F16 = 64 bytes
+    const std::streamoff at = 4096 + 4096 + 64 + 36;
+    std::fstream f(block2, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(at);
+    const char c = char(f.get() ^ 0x5a);
+    f.seekp(at);
+    f.put(c);
+  }
+  std::unique_ptr<Session> b = session(*e);
+  ASSERT_TRUE(b->sync(std::span<const int32_t>(p).first(20)).ok());  // blocks 0 and 1 restored, rows 16..19 computed
+  EXPECT_EQ(b->stats().restored_tokens, 16);
+  ASSERT_TRUE(b->sync(p).ok());  // keeps 20 rows; block 2 (rows 16..23) fails its checksum
+  EXPECT_EQ(b->stats().restored_tokens, 16) << "nothing more restored";
+  EXPECT_EQ(e->kv_disk_stats().blocks_rejected, 1u);
+  std::unique_ptr<Engine> plain = load(false);
+  std::unique_ptr<Session> ref = session(*plain);
+  ASSERT_TRUE(ref->sync(p).ok());
+  EXPECT_EQ(std::memcmp(b->logits().data(), ref->logits().data(), ref->logits().size() * sizeof(float)), 0);
 }
 
 TEST_F(EngineDiskKv, ARewrittenHistoryRestoresTheBlocksBeforeTheChange) {
