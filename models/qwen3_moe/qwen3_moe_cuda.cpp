@@ -786,7 +786,7 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   // The pool's hits (and the CPU lane's null items) while the misses are copied on copy_stream_, then the misses.
   // Misses not split into a stage of their own (their rows' quantized input would not stay 4-byte aligned) are in
   // the first launches, which then wait for the copies too.
-  if (early.items == n_items && copy_batches_ > 0 && tier_overlap()) stream_.wait(copy_end_[copy_batches_ - 1]);
+  if (early.items == n_items && copy_batches_ > 0) stream_.wait(copy_end_[copy_batches_ - 1]);
   MAGNETAR_RETURN_IF_ERROR(experts_on(0, early.items, 0, early.rows));
   if (early.items < n_items) {
     stream_.wait(copy_end_[copy_batches_ - 1]);
