@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <future>
@@ -104,6 +106,19 @@ uint64_t header_hash(const Header& h) { return hash_bytes(&h, offsetof(Header, h
 
 int64_t now_seconds() { return int64_t(std::time(nullptr)); }
 
+// A temp file ".<key>.<pid>.tmp" is an interrupted save once its writer is gone: its process has exited, or the
+// file is a day old (the pid may have been reused). Another live process (or this one) sharing the directory may
+// be writing it. Names without a pid (older builds) are always stale.
+bool abandoned_temp(const std::string& path, const std::string& name) {
+  const size_t dot = name.find('.', 1);
+  char* end = nullptr;
+  const long pid = dot == std::string::npos ? 0 : std::strtol(name.c_str() + dot + 1, &end, 10);
+  if (pid <= 0 || end != name.c_str() + name.size() - 4) return true;
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && now_seconds() - int64_t(st.st_mtime) > 24 * 3600) return true;
+  return ::kill(pid_t(pid), 0) != 0 && errno == ESRCH;
+}
+
 struct Fd {
   int fd = -1;
   ~Fd() {
@@ -171,7 +186,7 @@ int64_t DiskCache::match(std::span<const int32_t> tokens) const {
   flush();
   std::lock_guard<std::mutex> lock(mu_);
   size_t n = 0;
-  while (n < keys.size() && entries_.count(keys[n])) ++n;
+  while (n < keys.size() && ours(keys[n])) ++n;
   return int64_t(n) * options_.block_tokens;
 }
 
@@ -187,10 +202,12 @@ Status DiskCache::scan() {
   for (const std::string& name : names) {
     const std::string path = options_.dir + "/" + name;
     if (name.size() > 4 && name[0] == '.' && name.compare(name.size() - 4, 4, ".tmp") == 0) {
-      ::unlink(path.c_str());  // an interrupted save
+      if (abandoned_temp(path, name)) ::unlink(path.c_str());
       continue;
     }
-    if (name.size() != 20 || name.compare(16, 4, ".kvb") != 0) continue;
+    char* end = nullptr;
+    const uint64_t name_key = name.size() == 20 ? std::strtoull(name.c_str(), &end, 16) : 0;
+    if (end != name.c_str() + 16 || name.compare(16, 4, ".kvb") != 0) continue;
     Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
     Header h{};
     struct stat st;
@@ -198,7 +215,12 @@ Status DiskCache::scan() {
       std::fprintf(stderr, "magnetar: disk KV: %s: unreadable, skipped\n", path.c_str());
       continue;
     }
-    if (std::memcmp(h.magic, kMagic, 8) != 0 || h.version != kVersion || h.header_hash != header_hash(h)) {
+    const Entry foreign{.index = 0, .bytes = uint64_t(st.st_size), .mtime = int64_t(st.st_mtime), .foreign = true};
+    if (std::memcmp(h.magic, kMagic, 8) == 0 && h.version != kVersion) {
+      entries_[name_key] = foreign;  // another version's block (its header's layout is that version's)
+      continue;
+    }
+    if (std::memcmp(h.magic, kMagic, 8) != 0 || h.header_hash != header_hash(h) || h.key != name_key) {
       std::fprintf(stderr, "magnetar: disk KV: %s: not a valid block file (bad header), deleted\n", path.c_str());
       ::unlink(path.c_str());
       stats_.blocks_rejected++;
@@ -207,7 +229,11 @@ Status DiskCache::scan() {
     if (h.model_identity != format_.model_identity || h.kv_type != uint32_t(format_.type) ||
         h.n_layer != format_.n_layer || h.row_elements != format_.row_elements ||
         h.block_tokens != options_.block_tokens) {
-      continue;  // another model's or another format's block: not ours to load or to evict
+      // Another model's or KV format's block: never loaded, but it takes room in the directory.
+      entries_[name_key] = foreign;
+      entries_[name_key].parent = h.parent;
+      entries_[name_key].index = h.index;
+      continue;
     }
     if (uint64_t(st.st_size) != block_file_bytes()) {
       std::fprintf(stderr, "magnetar: disk KV: %s: %lld bytes, expected %llu, deleted\n", path.c_str(),
@@ -231,8 +257,8 @@ Status DiskCache::write_block(uint64_t key, uint64_t parent, int64_t index, std:
   const uint64_t rows = uint64_t(B) * row_bytes_;
   MAGNETAR_CHECK(pieces.size() == size_t(2 * format_.n_layer));
 
-  char tmp_name[40];
-  std::snprintf(tmp_name, sizeof(tmp_name), "/.%016llx.tmp", (unsigned long long)key);
+  char tmp_name[64];
+  std::snprintf(tmp_name, sizeof(tmp_name), "/.%016llx.%d.tmp", (unsigned long long)key, int(::getpid()));
   const std::string tmp = options_.dir + tmp_name, final_path = path_of(key);
   Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
   if (f.fd < 0) return Status::error(tmp + ": cannot create: " + std::strerror(errno));
@@ -333,22 +359,36 @@ void DiskCache::save_async(std::span<const int32_t> tokens, int64_t n_valid, KvC
       changed_.wait(lock, [&] { return in_flight_.size() < kMaxQueued || claimed(); });
       if (entries_.count(keys[b]) || claimed()) continue;
       in_flight_.push_back(keys[b]);
-      if (!writer_.joinable()) writer_ = std::thread([this] { writer_loop(); });
     }
-    kv.sync_host(int64_t(b + 1) * B);
-    const auto t0 = std::chrono::steady_clock::now();
-    Job job{.key = keys[b], .parent = b == 0 ? 0 : keys[b - 1], .index = int64_t(b),
-            .ids = std::vector<int32_t>(tokens.begin() + ptrdiff_t(b) * B, tokens.begin() + ptrdiff_t(b + 1) * B),
-            .payload = std::make_unique<uint8_t[]>(size_t(2 * format_.n_layer) * rows)};
-    const uint64_t row0 = uint64_t(b) * rows;
-    for (int64_t l = 0; l < format_.n_layer; ++l) {
-      std::memcpy(job.payload.get() + size_t(2 * l) * rows, static_cast<const uint8_t*>(kv.k(l)) + row0, rows);
-      std::memcpy(job.payload.get() + size_t(2 * l + 1) * rows, static_cast<const uint8_t*>(kv.v(l)) + row0, rows);
+    // The claim is given back if the copy cannot be allocated or the writer cannot start (flush() would wait for
+    // the key forever).
+    try {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!writer_.joinable()) writer_ = std::thread([this] { writer_loop(); });
+      }
+      kv.sync_host(int64_t(b + 1) * B);
+      const auto t0 = std::chrono::steady_clock::now();
+      Job job{.key = keys[b], .parent = b == 0 ? 0 : keys[b - 1], .index = int64_t(b),
+              .ids = std::vector<int32_t>(tokens.begin() + ptrdiff_t(b) * B, tokens.begin() + ptrdiff_t(b + 1) * B),
+              .payload = std::make_unique<uint8_t[]>(size_t(2 * format_.n_layer) * rows)};
+      const uint64_t row0 = uint64_t(b) * rows;
+      for (int64_t l = 0; l < format_.n_layer; ++l) {
+        std::memcpy(job.payload.get() + size_t(2 * l) * rows, static_cast<const uint8_t*>(kv.k(l)) + row0, rows);
+        std::memcpy(job.payload.get() + size_t(2 * l + 1) * rows, static_cast<const uint8_t*>(kv.v(l)) + row0, rows);
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.copy_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      queue_.push_back(std::move(job));
+      changed_.notify_all();
+    } catch (const std::exception& e) {  // std::bad_alloc, std::system_error
+      std::fprintf(stderr, "magnetar: disk KV: block %016llx not saved: %s\n", (unsigned long long)keys[b], e.what());
+      std::lock_guard<std::mutex> lock(mu_);
+      in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), keys[b]));
+      stats_.blocks_failed++;
+      changed_.notify_all();
+      return;
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.copy_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    queue_.push_back(std::move(job));
-    changed_.notify_all();
   }
 }
 
@@ -531,7 +571,7 @@ int64_t DiskCache::restore(std::span<const int32_t> tokens, int64_t from_block, 
   int64_t b = from_block;
   for (; b < int64_t(keys.size()); ++b) {
     auto it = entries_.find(keys[size_t(b)]);
-    if (it == entries_.end()) break;
+    if (it == entries_.end() || it->second.foreign) break;
     if (!read_block(keys[size_t(b)], b == 0 ? 0 : keys[size_t(b) - 1], b, tokens.subspan(size_t(b * B), size_t(B)), kv)) {
       break;
     }
@@ -582,9 +622,10 @@ void DiskCache::enforce_budget() {
 DiskCacheStats DiskCache::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   DiskCacheStats s = stats_;
-  s.blocks_on_disk = entries_.size();
-  s.bytes_on_disk = 0;
-  for (const auto& [key, e] : entries_) s.bytes_on_disk += e.bytes;
+  for (const auto& [key, e] : entries_) {
+    (e.foreign ? s.foreign_blocks : s.blocks_on_disk)++;
+    (e.foreign ? s.foreign_bytes : s.bytes_on_disk) += e.bytes;
+  }
   return s;
 }
 
@@ -593,9 +634,15 @@ std::string DiskCache::describe() const {
   char line[512];
   std::snprintf(line, sizeof(line), "%s: %llu blocks of %lld tokens (%.2f of %.2f GiB, %.1f MiB per block)",
                 options_.dir.c_str(), (unsigned long long)s.blocks_on_disk, (long long)options_.block_tokens,
-                double(s.bytes_on_disk) / double(1ull << 30), double(options_.budget_bytes) / double(1ull << 30),
-                double(block_file_bytes()) / double(1 << 20));
-  return line;
+                double(s.bytes_on_disk + s.foreign_bytes) / double(1ull << 30),
+                double(options_.budget_bytes) / double(1ull << 30), double(block_file_bytes()) / double(1 << 20));
+  std::string text = line;
+  if (s.foreign_blocks > 0) {
+    std::snprintf(line, sizeof(line), ", and %llu blocks (%.2f GiB) of other models or KV formats in the budget",
+                  (unsigned long long)s.foreign_blocks, double(s.foreign_bytes) / double(1ull << 30));
+    text += line;
+  }
+  return text;
 }
 
 }  // namespace magnetar::kv

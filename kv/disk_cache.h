@@ -11,13 +11,15 @@
 //                   tokens and index, key, parent key, payload bytes, payload checksum, header checksum
 //   [token ids: block_tokens x int32, padded to 4 KiB]
 //   [payload: per layer, the block's K rows then its V rows ([block_tokens, row_elements] of the KV type)]
-// Written to DIR/.<key>.tmp, fsynced, renamed, then the directory fsynced: a crash leaves either the whole file
-// or a temp file (removed at the next open). A file whose header, identity, tokens or checksum do not match is
-// never loaded: a restore stops before it (warning; a corrupt file is deleted, a foreign one left alone).
+// Written to DIR/.<key>.<pid>.tmp, fsynced, renamed, then the directory fsynced: a crash leaves either the whole
+// file or a temp file (removed at the next open once its writer's process is gone or it is a day old, so that
+// processes sharing the directory keep each other's saves). A file whose header, identity, tokens or checksum do
+// not match is never loaded: a restore stops before it (warning; a corrupt file is deleted).
 //
-// Budget: after each save, the lowest-scoring blocks are deleted until the files fit `budget_bytes`; score =
-// (1 + restores) / (1 + age in hours), and a block whose parent is gone is deleted first (it can never be
-// reached again).
+// Budget: the directory's block files all count, this model's and format's and foreign ones (of other models,
+// KV formats or file versions, found at open): after each save, the lowest-scoring blocks are deleted until they
+// fit `budget_bytes`; score = (1 + restores) / (1 + age in hours), and a block whose parent is gone is deleted
+// first (it can never be reached again).
 //
 // Reads: O_DIRECT in 64 MiB chunks, double-buffered (the next chunk is read while the last is checked and copied
 // into the KV rows). Writes: streamed from the KV rows (save) or from a copy of them (save_async: the copy is
@@ -52,14 +54,15 @@ struct DiskCacheOptions {
 
 // What a file must match to be loaded into a cache: the model and the KV layout.
 struct KvFormat {
-  uint64_t model_identity = 0;    // e.g. experts::model_identity (file size + tensor directory)
+  uint64_t model_identity = 0;    // the engine's: gguf::Model::fingerprint (metadata, tensor directory, weights)
   quant::Type type = quant::Type::F16;
   int64_t n_layer = 0;
   int64_t row_elements = 0;
 };
 
 struct DiskCacheStats {
-  uint64_t blocks_on_disk = 0, bytes_on_disk = 0;
+  uint64_t blocks_on_disk = 0, bytes_on_disk = 0;  // of this model and KV format
+  uint64_t foreign_blocks = 0, foreign_bytes = 0;  // of other models, KV formats or file versions (see Budget)
   uint64_t blocks_saved = 0, blocks_restored = 0, blocks_evicted = 0, blocks_rejected = 0;
   uint64_t tokens_restored = 0;
   uint64_t bytes_written = 0, bytes_read = 0;
@@ -70,8 +73,8 @@ struct DiskCacheStats {
 
 class DiskCache {
  public:
-  // Opens (creating) the directory and indexes the block files of this format found there: temp files of
-  // interrupted saves are removed, corrupt blocks deleted, foreign ones ignored (a warning each).
+  // Opens (creating) the directory and indexes the block files found there: temp files of interrupted saves are
+  // removed, corrupt blocks deleted (a warning each), foreign ones indexed for the budget only.
   static Result<std::unique_ptr<DiskCache>> open(const DiskCacheOptions& options, const KvFormat& format);
 
   int64_t block_tokens() const { return options_.block_tokens; }
@@ -91,8 +94,8 @@ class DiskCache {
   // The same without waiting for the disk: the rows of each new block are copied out of `kv` now (the caller may
   // overwrite them at once) and a background thread writes the files. At most kMaxQueued blocks are held (being
   // copied, queued or written); a call that would hold more waits for the writer first, so the copies never take
-  // more than kMaxQueued blocks of memory. A failed write is a warning on stderr and counted
-  // (DiskCacheStats::blocks_failed).
+  // more than kMaxQueued blocks of memory. A failed write, or a copy that cannot be allocated (the call then
+  // stops: memory is short), is a warning on stderr and counted (DiskCacheStats::blocks_failed).
   void save_async(std::span<const int32_t> tokens, int64_t n_valid, KvCache& kv);
   static constexpr size_t kMaxQueued = 2;
   // Waits until every queued block is on disk (match and restore do it first: a queued block counts once written).
@@ -112,7 +115,12 @@ class DiskCache {
     uint64_t bytes = 0;
     uint64_t restores = 0;
     int64_t mtime = 0;  // seconds since the epoch (save or last restore)
+    bool foreign = false;  // another model's, KV format's or file version's block: never loaded
   };
+  bool ours(uint64_t key) const {
+    auto it = entries_.find(key);
+    return it != entries_.end() && !it->second.foreign;
+  }
   DiskCache(const DiskCacheOptions& options, const KvFormat& format);
   Status scan();
   std::string path_of(uint64_t key) const;
