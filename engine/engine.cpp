@@ -337,7 +337,7 @@ Status open_disk_kv(Engine::Impl& impl) {
     budget = std::min<uint64_t>(16ull << 30, free_bytes / 2);
   }
   const models::HParams& hp = impl.model->hparams();
-  const kv::KvFormat format{.model_identity = experts::model_identity(*impl.file),
+  const kv::KvFormat format{.model_identity = impl.file->fingerprint(),
                             .type = kv_quant_type(impl.options.kv_type),
                             .n_layer = hp.n_layer,
                             .row_elements = hp.n_head_kv * hp.head_dim};
@@ -579,6 +579,8 @@ KvDiskStats Engine::kv_disk_stats() const {
   out.where = impl_->disk_kv->describe();
   out.blocks_on_disk = s.blocks_on_disk;
   out.bytes_on_disk = s.bytes_on_disk;
+  out.foreign_blocks = s.foreign_blocks;
+  out.foreign_bytes = s.foreign_bytes;
   out.blocks_saved = s.blocks_saved;
   out.blocks_restored = s.blocks_restored;
   out.blocks_evicted = s.blocks_evicted;

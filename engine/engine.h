@@ -96,7 +96,8 @@ struct EngineOptions {
 struct KvDiskStats {
   bool enabled = false;
   std::string where;  // "DIR: N blocks of B tokens (X of Y GiB, Z MiB per block)"
-  uint64_t blocks_on_disk = 0, bytes_on_disk = 0;
+  uint64_t blocks_on_disk = 0, bytes_on_disk = 0;  // of this model and KV format
+  uint64_t foreign_blocks = 0, foreign_bytes = 0;  // of other models or KV formats, in the budget too
   uint64_t blocks_saved = 0, blocks_restored = 0, blocks_evicted = 0, blocks_rejected = 0;
   uint64_t tokens_restored = 0, bytes_written = 0, bytes_read = 0;
   double save_seconds = 0, restore_seconds = 0;

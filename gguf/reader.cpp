@@ -10,6 +10,7 @@
 #include <cstring>
 #include <unordered_set>
 
+#include "base/sha256.h"
 #include "quant/quant.h"
 
 namespace magnetar::gguf {
@@ -423,6 +424,24 @@ uint64_t Model::file_bytes() const {
   uint64_t n = 0;
   for (const auto& s : shards_) n += s->size();
   return n;
+}
+
+uint64_t Model::fingerprint() const {
+  constexpr uint64_t kSample = 4096;
+  Sha256 h;
+  for (const auto& s : shards_) h.update(s->bytes(), size_t(s->header().data_offset));
+  for (const TensorInfo& t : tensors_) {
+    if (t.nbytes <= 2 * kSample) {
+      h.update(t.data, size_t(t.nbytes));
+    } else {
+      h.update(t.data, kSample);
+      h.update(t.data + t.nbytes - kSample, kSample);
+    }
+  }
+  const std::array<uint8_t, 32> digest = h.finish();
+  uint64_t v;
+  std::memcpy(&v, digest.data(), sizeof(v));
+  return v;
 }
 
 std::string Model::get_string(std::string_view key) const {

@@ -71,6 +71,11 @@ class Model {
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* find_tensor(std::string_view name) const;
   uint64_t file_bytes() const;  // all shards
+  // A 64-bit hash of what the model computes, for caches of its results (disk KV): every shard's header bytes
+  // (metadata and tensor directory) and samples of every tensor's data, its first and last 4 KiB (all of it when
+  // smaller). Another fine-tune or another quantization of one layout differs in the sampled weights. Reads
+  // ~8 KiB per tensor through the mappings (two pages, from the disk when not cached).
+  uint64_t fingerprint() const;
 
   // Convenience readers for metadata; empty when absent or of another type.
   std::string get_string(std::string_view key) const;

@@ -98,6 +98,8 @@ json kv_disk_json(const KvDiskStats& s) {
           {"where", s.where},
           {"blocks_on_disk", s.blocks_on_disk},
           {"bytes_on_disk", s.bytes_on_disk},
+          {"foreign_blocks", s.foreign_blocks},
+          {"foreign_bytes", s.foreign_bytes},
           {"blocks_saved", s.blocks_saved},
           {"blocks_restored", s.blocks_restored},
           {"blocks_evicted", s.blocks_evicted},

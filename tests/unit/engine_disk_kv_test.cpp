@@ -27,7 +27,7 @@ class EngineDiskKv : public ::testing::Test {
     testing::write_tiny(model_, quant::Type::F32, 5);
   }
   void TearDown() override { std::filesystem::remove_all(base_); }
-  std::unique_ptr<Engine> load(bool disk) {
+  std::unique_ptr<Engine> load(bool disk, const std::string& model = "") {
     EngineOptions o;
     o.n_threads = 2;
     o.n_ctx = 128;
@@ -35,7 +35,7 @@ class EngineDiskKv : public ::testing::Test {
     o.kv_type = KvType::kF16;
     o.experts = ExpertMode::kResident;
     if (disk) o.kv_disk = {.dir = base_ + "/kv", .gb = 0.01, .block_tokens = 8};
-    auto e = Engine::load(model_, o);
+    auto e = Engine::load(model.empty() ? model_ : model, o);
     EXPECT_TRUE(e.ok()) << e.status().message();
     return e.ok() ? std::move(e).value() : nullptr;
   }
@@ -82,6 +82,31 @@ TEST_F(EngineDiskKv, RestartRestoresSavedBlocksWithIdenticalLogits) {
   }
   EXPECT_EQ(e->kv_disk_stats().blocks_saved, 1u);
   EXPECT_EQ(e->kv_disk_stats().blocks_on_disk, 6u);
+}
+
+// Two models of one layout and file size (another fine-tune, another quantization) never share blocks: the disk
+// KV's identity samples the weights (before, it hashed the file size and tensor directory, and the second model
+// restored the first one's KV).
+TEST_F(EngineDiskKv, AModelOfTheSameLayoutWithOtherWeightsRestoresNothing) {
+  const std::string other = base_ + "/other.gguf";
+  testing::write_tiny(other, quant::Type::F32, 6);
+  ASSERT_EQ(std::filesystem::file_size(other), std::filesystem::file_size(model_));
+  const std::vector<int32_t> p = prompt(20);
+  {
+    std::unique_ptr<Engine> e = load(true);
+    ASSERT_TRUE(session(*e)->sync(p).ok());
+    EXPECT_EQ(e->kv_disk_stats().blocks_saved, 2u);
+  }
+  std::unique_ptr<Engine> e = load(true, other);
+  EXPECT_EQ(e->kv_disk_stats().blocks_on_disk, 0u);
+  EXPECT_EQ(e->kv_disk_stats().foreign_blocks, 2u);
+  std::unique_ptr<Session> s = session(*e);
+  ASSERT_TRUE(s->sync(p).ok());
+  EXPECT_EQ(s->stats().restored_tokens, 0);
+  std::unique_ptr<Engine> plain = load(false, other);
+  std::unique_ptr<Session> ref = session(*plain);
+  ASSERT_TRUE(ref->sync(p).ok());
+  EXPECT_EQ(std::memcmp(s->logits().data(), ref->logits().data(), ref->logits().size() * sizeof(float)), 0);
 }
 
 // A session that holds rows up to the middle of a block extends its history, and that block's file is damaged: the

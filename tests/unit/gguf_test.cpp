@@ -1,6 +1,7 @@
 // GGUF reader/writer: round trips, split sets, and one test per kind of hostile header.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 
 #include "gguf/reader.h"
@@ -310,6 +311,36 @@ TEST(GgufOpen, MissingAndEmptyFiles) {
   m = Model::open(dir.file("empty.gguf"));
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("file is empty"), std::string::npos);
+}
+
+// The fingerprint covers the metadata and the first and last 4 KiB of every tensor's data (a 32 KiB tensor here),
+// and is the same for a copy of the file.
+TEST(GgufOpen, FingerprintSamplesMetadataAndEveryTensorsEnds) {
+  TempDir dir;
+  auto write = [&](const std::string& name, const std::string& model_name, size_t flip_at) {
+    Writer w(dir.file(name));
+    w.set("general.architecture", Value::of_string("qwen3moe"));
+    w.set("general.name", Value::of_string(model_name));
+    const int64_t big[] = {8192}, small[] = {16};
+    EXPECT_TRUE(w.add_tensor("big", 0, big).ok());
+    EXPECT_TRUE(w.add_tensor("small", 0, small).ok());
+    EXPECT_TRUE(w.begin().ok());
+    std::vector<uint8_t> data(8192 * 4);
+    for (size_t i = 0; i < data.size(); ++i) data[i] = uint8_t(i * 13 % 251);
+    if (flip_at < data.size()) data[flip_at] ^= 1;
+    EXPECT_TRUE(w.write(data).ok());
+    EXPECT_TRUE(w.write(std::vector<uint8_t>(64, 7)).ok());
+    EXPECT_TRUE(w.finish().ok());
+    Result<std::unique_ptr<Model>> m = Model::open(dir.file(name));
+    EXPECT_TRUE(m.ok()) << m.status().message();
+    return m.ok() ? m.value()->fingerprint() : 0;
+  };
+  const uint64_t base = write("a.gguf", "a", SIZE_MAX);
+  EXPECT_EQ(write("copy.gguf", "a", SIZE_MAX), base);
+  EXPECT_NE(write("name.gguf", "b", SIZE_MAX), base);     // metadata
+  EXPECT_NE(write("first.gguf", "a", 100), base);         // in the first 4 KiB
+  EXPECT_NE(write("last.gguf", "a", 8192 * 4 - 1), base);  // in the last 4 KiB
+  EXPECT_EQ(write("middle.gguf", "a", 16384), base);      // not sampled
 }
 
 // ---- split sets --------------------------------------------------------------------------------------------
