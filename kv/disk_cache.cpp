@@ -369,7 +369,9 @@ void DiskCache::save_async(std::span<const int32_t> tokens, int64_t n_valid, KvC
       }
       kv.sync_host(int64_t(b + 1) * B);
       const auto t0 = std::chrono::steady_clock::now();
-      Job job{.key = keys[b], .parent = b == 0 ? 0 : keys[b - 1], .index = int64_t(b),
+      Job job{.key = keys[b],
+              .parent = b == 0 ? 0 : keys[b - 1],
+              .index = int64_t(b),
               .ids = std::vector<int32_t>(tokens.begin() + ptrdiff_t(b) * B, tokens.begin() + ptrdiff_t(b + 1) * B),
               .payload = std::make_unique<uint8_t[]>(size_t(2 * format_.n_layer) * rows)};
       const uint64_t row0 = uint64_t(b) * rows;

@@ -54,7 +54,7 @@ struct DiskCacheOptions {
 
 // What a file must match to be loaded into a cache: the model and the KV layout.
 struct KvFormat {
-  uint64_t model_identity = 0;    // the engine's: gguf::Model::fingerprint (metadata, tensor directory, weights)
+  uint64_t model_identity = 0;  // the engine's: gguf::Model::fingerprint (metadata, tensor directory, weights)
   quant::Type type = quant::Type::F16;
   int64_t n_layer = 0;
   int64_t row_elements = 0;

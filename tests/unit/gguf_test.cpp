@@ -337,10 +337,10 @@ TEST(GgufOpen, FingerprintSamplesMetadataAndEveryTensorsEnds) {
   };
   const uint64_t base = write("a.gguf", "a", SIZE_MAX);
   EXPECT_EQ(write("copy.gguf", "a", SIZE_MAX), base);
-  EXPECT_NE(write("name.gguf", "b", SIZE_MAX), base);     // metadata
-  EXPECT_NE(write("first.gguf", "a", 100), base);         // in the first 4 KiB
+  EXPECT_NE(write("name.gguf", "b", SIZE_MAX), base);      // metadata
+  EXPECT_NE(write("first.gguf", "a", 100), base);          // in the first 4 KiB
   EXPECT_NE(write("last.gguf", "a", 8192 * 4 - 1), base);  // in the last 4 KiB
-  EXPECT_EQ(write("middle.gguf", "a", 16384), base);      // not sampled
+  EXPECT_EQ(write("middle.gguf", "a", 16384), base);       // not sampled
 }
 
 // ---- split sets --------------------------------------------------------------------------------------------
