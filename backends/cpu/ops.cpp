@@ -203,8 +203,8 @@ void rope_neox(ThreadPool& pool, float* x, int64_t n_tok, int64_t n_head, int64_
 // running result in order. A prefill job is a tile of tokens on one KV head (each cached row read once per tile); a
 // decode step makes one item per (chunk, pass over up to kPassElems elements of KV heads), so each thread streams whole
 // stretches of the cache, and the chunks' records are merged in order afterwards. A row's result is therefore the same
-// bits whatever the thread count and whether its token is decoded alone or inside a prefill tile (masked entries add
-// exact zeros).
+// bits whatever the thread count and whether its token is decoded alone or inside a prefill tile (scores outside its
+// range are discarded, and its products with V cover its range only).
 
 namespace {
 
@@ -334,8 +334,18 @@ void attend_chunk(const VectorKernels& vk, const KvHeads& kv, const Tile& t, flo
         m_c[r] = m_new;
         l_c[r] += vk.exp_sum(kBlockRows, s, m_new);
       }
-      vk.attn_accumulate(t.rows_per_head, j1 - j0, D, w.scores + r0 * kBlockRows + (j0 - b0), kBlockRows, v + h * D,
-                         ldv, o_c + r0 * D, D);
+      // Each run of rows with one range in this block takes only that range's V rows: a masked row's exact-zero
+      // weight times an infinite V value (an F16 overflow) would make NaN where the row decoded alone is finite.
+      for (int64_t r = r0; r < r1;) {
+        const int64_t lo = std::clamp(t.lo[r], j0, j1), hi = std::clamp(t.hi[r], lo, j1);
+        int64_t run = r + 1;
+        while (run < r1 && std::clamp(t.lo[run], j0, j1) == lo && std::clamp(t.hi[run], lo, j1) == hi) ++run;
+        if (hi > lo) {
+          vk.attn_accumulate(run - r, hi - lo, D, w.scores + r * kBlockRows + (lo - b0), kBlockRows,
+                             v + (lo - j0) * ldv + h * D, ldv, o_c + r * D, D);
+        }
+        r = run;
+      }
     }
   }
 }

@@ -155,6 +155,51 @@ TEST(CpuOps, AttentionGivesATokenTheSameBitsAloneOrInAPrefillOnAnyThreadCount) {
   }
 }
 
+// An infinite V value (an F16 cache's overflow) at a position inside a prefill: the tokens before it never attend to
+// it, and their rows stay finite and the bits they get decoded alone (before, a prefill tile multiplied the masked
+// position's V by an exact-zero weight: NaN).
+TEST(CpuOps, AnInfiniteVLaterInThePrefillLeavesTheEarlierTokensFinite) {
+  const int64_t H = 8, HKV = 2, D = 64, n_ctx = 300, n_tok = 64, pos0 = n_ctx - n_tok, inf_at = 21;
+  std::mt19937 rng(12);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<float> q(size_t(n_tok * H * D)), k(size_t(n_ctx * HKV * D)), v(k.size());
+  for (float& x : q) x = dist(rng);
+  for (float& x : k) x = dist(rng);
+  for (float& x : v) x = dist(rng);
+  for (int64_t hk = 0; hk < HKV; ++hk) v[size_t(((pos0 + inf_at) * HKV + hk) * D + 5)] = 1e6f;  // > F16's 65,504
+  for (quant::Type kv_type : {quant::Type::F32, quant::Type::F16}) {
+    std::vector<float> vv = v;
+    if (kv_type == quant::Type::F32) {
+      for (float& x : vv) x = x == 1e6f ? INFINITY : x;
+    }
+    std::vector<uint8_t> kc(k.size() * 4), vc(v.size() * 4);
+    store_kv(k.data(), n_ctx, HKV * D, kv_type, kc.data(), 0);
+    store_kv(vv.data(), n_ctx, HKV * D, kv_type, vc.data(), 0);
+    ThreadPool pool(2);
+    std::vector<float> scratch(attention_scratch_floats(n_ctx, H, HKV, D, pool.size()));
+    std::vector<float> prefill(q.size());
+    AttentionArgs a{.q = q.data(), .k_cache = kc.data(), .v_cache = vc.data(), .kv_type = kv_type,
+                    .out = prefill.data(), .n_tok = n_tok, .pos0 = pos0, .n_head = H, .n_head_kv = HKV,
+                    .head_dim = D, .window = 0, .scale = 0.125f, .scratch = scratch.data()};
+    attention(pool, a);
+    for (int64_t t = 0; t < inf_at; ++t) {
+      std::vector<float> alone(size_t(H * D));
+      AttentionArgs d = a;
+      d.q = q.data() + t * H * D;
+      d.out = alone.data();
+      d.n_tok = 1;
+      d.pos0 = pos0 + t;
+      attention(pool, d);
+      for (int64_t i = 0; i < H * D; ++i) {
+        ASSERT_TRUE(std::isfinite(prefill[size_t(t * H * D + i)])) << "kv " << int(kv_type) << " token " << t;
+      }
+      ASSERT_TRUE(std::equal(alone.begin(), alone.end(), prefill.begin() + t * H * D))
+          << "kv " << int(kv_type) << " token " << t;
+    }
+    EXPECT_TRUE(std::isinf(prefill[size_t(inf_at * H * D + 5)]));  // the overflowing token's own row sees it
+  }
+}
+
 // A Q8_0 KV cache: store_kv writes each row where it belongs (row0 > 0, rows before it untouched) as the reference
 // quantizer (quant traits' from_float, the scalar oracle) rounds it; attention over it equals, bit for bit, attention
 // over an F32 cache holding the reference's dequantization of the same rows (Q8_0's d * q is exact in float), so its
