@@ -178,9 +178,19 @@ TEST(CpuOps, AnInfiniteVLaterInThePrefillLeavesTheEarlierTokensFinite) {
     ThreadPool pool(2);
     std::vector<float> scratch(attention_scratch_floats(n_ctx, H, HKV, D, pool.size()));
     std::vector<float> prefill(q.size());
-    AttentionArgs a{.q = q.data(), .k_cache = kc.data(), .v_cache = vc.data(), .kv_type = kv_type,
-                    .out = prefill.data(), .n_tok = n_tok, .pos0 = pos0, .n_head = H, .n_head_kv = HKV,
-                    .head_dim = D, .window = 0, .scale = 0.125f, .scratch = scratch.data()};
+    AttentionArgs a{.q = q.data(),
+                    .k_cache = kc.data(),
+                    .v_cache = vc.data(),
+                    .kv_type = kv_type,
+                    .out = prefill.data(),
+                    .n_tok = n_tok,
+                    .pos0 = pos0,
+                    .n_head = H,
+                    .n_head_kv = HKV,
+                    .head_dim = D,
+                    .window = 0,
+                    .scale = 0.125f,
+                    .scratch = scratch.data()};
     attention(pool, a);
     for (int64_t t = 0; t < inf_at; ++t) {
       std::vector<float> alone(size_t(H * D));
