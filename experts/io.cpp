@@ -21,9 +21,11 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // ---- io_uring ------------------------------------------------------------------------------------------------
-// One ring of `depth` entries; each in-flight read owns a slot (its iovecs and start time); user_data is the
-// slot index. Reads beyond the queue depth wait in a backlog (submit never blocks, so the caller can compute
-// while the disk works) and are started as completions free slots.
+// One ring of `depth` entries; each in-flight read owns a slot (its iovecs, progress and start time); user_data is
+// the slot index. Reads beyond the queue depth wait in a backlog (submit never blocks, so the caller can compute
+// while the disk works) and are started as completions free slots. A short completion queues the rest of its read
+// in the same slot, as the pread pool re-reads the rest: a read completes with all its bytes, the bytes up to the
+// end of the file, or an error.
 
 class UringReader final : public Reader {
  public:
@@ -60,9 +62,23 @@ class UringReader final : public Reader {
 
  private:
   struct Slot {
-    std::vector<iovec> iov;
+    std::vector<iovec> iov;  // from iov[first] on: what is left to read
+    size_t first = 0;
+    int fd = -1;
+    uint64_t offset = 0;
+    int64_t done = 0;  // bytes read so far
     uint64_t tag = 0;
     Clock::time_point start;
+
+    // Takes n more bytes as read; false when the read is complete.
+    bool advance(size_t n) {
+      done += int64_t(n);
+      while (first < iov.size() && n >= iov[first].iov_len) n -= iov[first++].iov_len;
+      if (first == iov.size()) return false;
+      iov[first].iov_base = static_cast<uint8_t*>(iov[first].iov_base) + n;
+      iov[first].iov_len -= n;
+      return true;
+    }
   };
   struct Pending {
     int fd;
@@ -83,13 +99,18 @@ class UringReader final : public Reader {
   void start(int fd, uint64_t offset, std::vector<iovec> iov, uint64_t tag, Clock::time_point t0) {
     const int s = free_.back();
     free_.pop_back();
+    slots_[size_t(s)] = {.iov = std::move(iov), .first = 0, .fd = fd, .offset = offset, .done = 0, .tag = tag,
+                         .start = t0};
+    queue(s);
+  }
+
+  // Queues the rest of slot s's read.
+  void queue(int s) {
     Slot& slot = slots_[size_t(s)];
-    slot.iov = std::move(iov);
-    slot.tag = tag;
-    slot.start = t0;
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     MAGNETAR_CHECK(sqe != nullptr);  // at most `depth` in flight, the ring has `depth` entries
-    io_uring_prep_readv(sqe, fd, slot.iov.data(), unsigned(slot.iov.size()), offset);
+    io_uring_prep_readv(sqe, slot.fd, slot.iov.data() + slot.first, unsigned(slot.iov.size() - slot.first),
+                        slot.offset + uint64_t(slot.done));
     io_uring_sqe_set_data64(sqe, uint64_t(s));
     // The entry is in the submission ring once io_uring_submit is called, whatever it returns: a transient refusal
     // (EAGAIN: no kernel memory for it now; EBUSY) leaves it there for the next submit, so it is retried until the
@@ -117,8 +138,14 @@ class UringReader final : public Reader {
       int r = got < want ? io_uring_wait_cqe(&ring_, &cqe) : io_uring_peek_cqe(&ring_, &cqe);
       if (r == -EINTR) continue;
       if (r < 0 || cqe == nullptr) return;
-      finish(int(io_uring_cqe_get_data64(cqe)), cqe->res);
+      const int s = int(io_uring_cqe_get_data64(cqe));
+      const int res = cqe->res;
       io_uring_cqe_seen(&ring_, cqe);
+      if (res > 0 && slots_[size_t(s)].advance(size_t(res))) {
+        queue(s);  // short: read the rest
+        continue;
+      }
+      finish(s, res < 0 ? int64_t(res) : slots_[size_t(s)].done);
       ++got;
       start_backlog();
     }

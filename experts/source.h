@@ -32,6 +32,8 @@ class ExpertSource {
   // Fills ptrs for every expert of the acquired layer; an I/O failure is an error naming the file.
   virtual Status wait(std::span<ExpertPtrs> ptrs) = 0;
   virtual void release() = 0;
+  // A hint: `experts` of `layer` will probably be acquired soon. Ids out of range and layers without experts are
+  // ignored.
   virtual void prefetch(int64_t /*layer*/, std::span<const int32_t> /*experts*/) {}
   // Counts a use of these experts of `layer` that the caller served without acquiring them (a GPU tier's pool hits
   // during a prefill sweep) in their popularity (eviction score, census), as an acquire would; no pins, no reads.

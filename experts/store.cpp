@@ -494,6 +494,7 @@ void StreamedExperts::prefetch(int64_t layer, std::span<const int32_t> experts) 
   fresh.clear();
   LayerStats& st = stats_.layers[size_t(layer)];
   for (const int32_t e : experts) {
+    if (e < 0 || e >= layout_.n_expert()) continue;  // a hint, not a request: an id out of range is ignored
     const uint32_t key = uint32_t(layer * layout_.n_expert() + e);
     if (where_[key] >= 0) continue;
     const uint32_t s = allocate(true);

@@ -226,6 +226,21 @@ TEST(ExpertStore, AMissKeepsTheCallsOtherExperts) {
   EXPECT_EQ(store.stats().evictions, 1u);
 }
 
+// A prefetch is a hint: expert ids out of range (and layers out of range) are ignored, the valid ones read.
+TEST(ExpertStore, APrefetchIgnoresIdsOutOfRange) {
+  const Opened o = open_model(kDemo);
+  Result<std::unique_ptr<StreamedExperts>> opened = StreamedExperts::open(
+      *o.model, *o.layout, {.cache_bytes = 32 * StreamedExperts::slab_bytes(*o.layout)});
+  ASSERT_TRUE(opened.ok()) << opened.status().message();
+  StreamedExperts& store = *opened.value();
+  const int32_t X = int32_t(o.layout->n_expert());
+  store.prefetch(1, std::vector<int32_t>{-1, X, 3, X + 1000, INT32_MIN});
+  store.prefetch(-1, std::vector<int32_t>{3});
+  store.prefetch(o.layout->n_layer(), std::vector<int32_t>{3});
+  EXPECT_EQ(store.stats().total().prefetch_issued, 1u);
+  exercise(store, o, 9, 1);  // the store still serves the file's bytes
+}
+
 // A store that fails to open (here: a cache smaller than a layer) leaves the census as it was: neither replaced by an
 // empty one of no model (the history lost) nor read past its counts; without a census file it creates none.
 TEST(ExpertStore, AFailedOpenLeavesTheCensusAlone) {
