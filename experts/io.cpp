@@ -99,8 +99,8 @@ class UringReader final : public Reader {
   void start(int fd, uint64_t offset, std::vector<iovec> iov, uint64_t tag, Clock::time_point t0) {
     const int s = free_.back();
     free_.pop_back();
-    slots_[size_t(s)] = {.iov = std::move(iov), .first = 0, .fd = fd, .offset = offset, .done = 0, .tag = tag,
-                         .start = t0};
+    slots_[size_t(s)] = {
+        .iov = std::move(iov), .first = 0, .fd = fd, .offset = offset, .done = 0, .tag = tag, .start = t0};
     queue(s);
   }
 

@@ -229,8 +229,8 @@ TEST(ExpertStore, AMissKeepsTheCallsOtherExperts) {
 // A prefetch is a hint: expert ids out of range (and layers out of range) are ignored, the valid ones read.
 TEST(ExpertStore, APrefetchIgnoresIdsOutOfRange) {
   const Opened o = open_model(kDemo);
-  Result<std::unique_ptr<StreamedExperts>> opened = StreamedExperts::open(
-      *o.model, *o.layout, {.cache_bytes = 32 * StreamedExperts::slab_bytes(*o.layout)});
+  Result<std::unique_ptr<StreamedExperts>> opened =
+      StreamedExperts::open(*o.model, *o.layout, {.cache_bytes = 32 * StreamedExperts::slab_bytes(*o.layout)});
   ASSERT_TRUE(opened.ok()) << opened.status().message();
   StreamedExperts& store = *opened.value();
   const int32_t X = int32_t(o.layout->n_expert());
