@@ -851,12 +851,16 @@ Status Session::sync(std::span<const int32_t> next, Logits mode, const SyncProgr
   s.all_rows = 0;
   s.tokens.assign(next.begin(), next.end());
   // Disk KV: whole blocks beyond the kept prefix come from the disk when it has them (at least one token is
-  // still computed, for the logits). A block that fails its checks ends the restore there.
-  if (kv::DiskCache* disk = s.engine->disk_kv.get()) {
+  // still computed, for the logits; with Logits::kAll none: a restored row has no logits). A block that fails its
+  // checks ends the restore there. A paused sweep does not survive a restore: the restore overwrites rows of its
+  // computed layers (all of them when a block fails its checks after its rows were written).
+  kv::DiskCache* disk = s.engine->disk_kv.get();
+  if (disk && mode == Logits::kLast) {
     const int64_t B = disk->block_tokens();
     const int64_t limit = (int64_t(next.size()) - 1) / B * B;
     const int64_t saved = limit > keep ? disk->match(next.first(size_t(limit))) : 0;
     if (saved > keep) {
+      s.drop_paused();
       const int64_t got = disk->restore(next, keep / B, saved, *s.kv);
       if (got > keep) {
         s.stats.restored_tokens += got - keep;

@@ -249,7 +249,8 @@ class Session {
   // Makes the timeline equal `tokens`: keeps the longest common prefix with the current one, computes the
   // rest (always at least the last token, so logits() is that of tokens.back()). Fails (and leaves the
   // session empty) when tokens is empty, longer than n_ctx(), or holds ids outside the vocabulary.
-  // Logits::kAll keeps the logits of every position computed by this call (see all_logits()).
+  // Logits::kAll keeps the logits of every position computed by this call (see all_logits()): every position after
+  // the prefix kept from the current timeline (none is restored from the disk KV, which holds no logits).
   // `progress`, when set, is called after every chunk (ceil(to compute / n_batch) times) and every step of a prefill
   // sweep, with increasing `done`. Returning false before the last chunk stops there: sync fails with "cancelled",
   // and the timeline becomes the prefix whose KV was computed (tokens() tells how far it got), so a later sync reuses

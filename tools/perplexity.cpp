@@ -310,6 +310,11 @@ int perplexity_main(int argc, char** argv) {
   const int64_t n_ctx = engine->options().n_ctx;
   const int64_t n_vocab = engine->info().n_vocab;
   const int64_t first_scored = mode == "windowed" ? n_ctx / 2 : 0;  // logits row predicting the next token
+  if (n_ctx - 1 - first_scored < 1) {
+    std::fprintf(stderr, "magnetar perplexity: --ctx %lld scores no token in %s mode (needs at least %d)\n",
+                 (long long)n_ctx, mode.c_str(), mode == "windowed" ? 3 : 2);
+    return kExitBadInput;
+  }
   const Header run{.magic = {},
                    .version = kKlVersion,
                    .n_vocab = uint32_t(n_vocab),
@@ -370,6 +375,9 @@ int perplexity_main(int argc, char** argv) {
     std::copy(tokens.begin() + w * n_ctx, tokens.begin() + (w + 1) * n_ctx, window.begin());
     session.clear();  // windows are independent: nothing is reused between them
     Status s = session.sync(window, Logits::kAll);
+    if (s.ok() && (session.all_logits_first() != 0 || session.all_logits().size() != window.size() * size_t(n_vocab))) {
+      s = Status::error("the logits of the window's positions were not all computed");
+    }
     if (s.ok() && !kl_path.empty()) s = kl_reader.next_window(records);
     if (!s.ok()) {
       std::fprintf(stderr, "magnetar perplexity: %s\n", s.message().c_str());

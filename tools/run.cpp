@@ -67,7 +67,9 @@ int run_main(int argc, char** argv) {
   args.flag("--echo", &echo, "print the prompt (as the model sees it, after any --truncate) before the output");
   args.flag("--ignore-eos", &ignore_eos, "keep generating past end-of-generation tokens");
   args.flag("--no-special", &no_special, "tokenize special-token text in the prompt as plain text");
-  args.flag("--truncate", &truncate, "keep the last tokens of a prompt longer than the context instead of failing");
+  args.flag("--truncate", &truncate,
+            "keep the last tokens of a prompt longer than the context instead of failing, leaving room for -n tokens "
+            "(at most half the context)");
   args.option("--dump-logits", &dump_logits, "FILE.npy",
               "write float32 logits [n_tokens, n_vocab] of every prompt position (teacher-forced) and exit");
   args.flag("--decode", &decode, "with --dump-logits: compute position by position through the KV cache");
@@ -109,13 +111,18 @@ int run_main(int argc, char** argv) {
     std::fprintf(stderr, "magnetar run: the prompt is empty\n");
     return kExitBadInput;
   }
+  // Room for the generated tokens: the last one is sampled from the last position's logits, not computed.
+  const int64_t room =
+      n_predict == 0 || !dump_logits.empty() ? 0 : std::min(n_predict < 0 ? n_ctx / 2 : n_predict - 1, n_ctx / 2);
+  if (truncate && int64_t(tokens.size()) > n_ctx - room) {
+    tokens.erase(tokens.begin(), tokens.end() - std::max<int64_t>(1, n_ctx - room));
+  }
   if (int64_t(tokens.size()) > n_ctx) {
-    if (!truncate) {
-      std::fprintf(stderr, "magnetar run: the prompt has %zu tokens, more than the context of %lld (raise --ctx, or "
-                   "--truncate to keep the last tokens)\n", tokens.size(), (long long)n_ctx);
-      return kExitBadInput;
-    }
-    tokens.erase(tokens.begin(), tokens.end() - n_ctx);
+    std::fprintf(stderr,
+                 "magnetar run: the prompt has %zu tokens, more than the context of %lld (raise --ctx, or "
+                 "--truncate to keep the last tokens)\n",
+                 tokens.size(), (long long)n_ctx);
+    return kExitBadInput;
   }
 
   Result<std::unique_ptr<Session>> opened = engine->new_session();
@@ -142,6 +149,11 @@ int run_main(int argc, char** argv) {
       if (Status s = session.sync(tokens, Logits::kAll); !s.ok()) {
         std::fprintf(stderr, "magnetar run: %s\n", s.message().c_str());
         return kExitBadInput;
+      }
+      if (session.all_logits_first() != 0 || session.all_logits().size() != size_t(n * V)) {
+        std::fprintf(stderr, "magnetar run: --dump-logits: the logits of positions 0..%lld were not all computed\n",
+                     (long long)n - 1);
+        return kExitFailure;
       }
       all.assign(session.all_logits().begin(), session.all_logits().end());
     }
@@ -171,8 +183,8 @@ int run_main(int argc, char** argv) {
   const bool text_out = engine->info().has_tokenizer;
   std::string pending;  // generated text not yet printed (may start a stop string)
   int64_t generated = 0;
-  bool stopped = false;
-  while (!stopped && (n_predict < 0 || generated < n_predict) && int64_t(session.tokens().size()) < n_ctx) {
+  bool stopped = false, full = false;
+  while (!stopped && (n_predict < 0 || generated < n_predict)) {
     const int32_t id = sampler.sample(session.logits(), session.tokens());
     ++generated;
     if (!ignore_eos && engine->is_end_of_generation(id)) break;
@@ -193,7 +205,10 @@ int run_main(int argc, char** argv) {
     std::fflush(stdout);
     pending.erase(0, pending.size() - hold);
     if (stopped) break;
-    if (int64_t(session.tokens().size()) >= n_ctx) break;
+    if (int64_t(session.tokens().size()) >= n_ctx) {
+      full = n_predict < 0 || generated < n_predict;
+      break;
+    }
     if (Status s = session.step(id); !s.ok()) {
       std::fprintf(stderr, "\nmagnetar run: %s\n", s.message().c_str());
       return kExitFailure;
@@ -203,6 +218,8 @@ int run_main(int argc, char** argv) {
   std::fwrite(pending.data(), 1, pending.size(), stdout);
   std::printf("\n");
   std::fflush(stdout);  // before the stats line on stderr, so a shared terminal or pipe shows them in order
+  if (full)
+    std::fprintf(stderr, "magnetar run: stopped: the context of %lld tokens is full (raise --ctx)\n", (long long)n_ctx);
   const SessionStats& st = session.stats();
   std::fprintf(stderr, "load %.2f s | prompt %zu tokens, %.2f t/s | generated %lld tokens, %.2f t/s | %d threads\n",
                engine->load_seconds(), tokens.size(), double(tokens.size()) / prompt_seconds, (long long)generated,

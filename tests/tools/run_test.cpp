@@ -101,6 +101,38 @@ TEST_F(RunTool, DumpLogitsPrefillEqualsDecode) {
   EXPECT_LE(max_diff, 1e-4);
 }
 
+// With disk KV checkpoints, a second dump of the same prompt computes every position again (before, the prefix came
+// back from the disk, and the dump read the logits of positions never computed: past the end of the rows).
+TEST_F(RunTool, DumpLogitsWithDiskKvComputesEveryPosition) {
+  const std::string ids = "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20";
+  const std::string args = "run -m " + model() + " --tokens " + ids + " --kv-disk-dir " + file("kv") + " --kv-block 8";
+  const Invocation first = magnetar(args + " --dump-logits " + file("k1.npy"));
+  ASSERT_EQ(first.status, 0) << first.err;
+  ASSERT_TRUE(std::filesystem::exists(file("kv")));
+  const Invocation second = magnetar(args + " --dump-logits " + file("k2.npy"));
+  ASSERT_EQ(second.status, 0) << second.err;
+  int64_t r1, c1, r2, c2;
+  EXPECT_EQ(read_npy(file("k1.npy"), &r1, &c1), read_npy(file("k2.npy"), &r2, &c2));
+  EXPECT_EQ(r2, 20);
+}
+
+// Generation fills the context and says so; --truncate leaves room for -n tokens (the last one sampled from the last
+// position's logits).
+TEST_F(RunTool, AFullContextStopsWithAMessageAndTruncateLeavesRoom) {
+  const Invocation full = magnetar("run -m " + model() + " --tokens 1,2,3,4,5,6 --ctx 8 -n 10");
+  ASSERT_EQ(full.status, 0) << full.err;
+  EXPECT_NE(full.err.find("generated 3 tokens"), std::string::npos) << full.err;  // positions 6, 7 and the last logits
+  EXPECT_NE(full.err.find("the context of 8 tokens is full"), std::string::npos) << full.err;
+  const Invocation fits = magnetar("run -m " + model() + " --tokens 1,2,3,4,5,6 --ctx 8 -n 3");
+  ASSERT_EQ(fits.status, 0) << fits.err;
+  EXPECT_NE(fits.err.find("generated 3 tokens"), std::string::npos) << fits.err;
+  EXPECT_EQ(fits.err.find("is full"), std::string::npos) << fits.err;
+  const Invocation cut = magnetar("run -m " + model() + " --tokens 1,2,3,4,5,6,7,8,9,10 --ctx 8 --truncate -n 3");
+  ASSERT_EQ(cut.status, 0) << cut.err;
+  EXPECT_NE(cut.err.find("prompt 6 tokens"), std::string::npos) << cut.err;
+  EXPECT_NE(cut.err.find("generated 3 tokens"), std::string::npos) << cut.err;
+}
+
 TEST_F(RunTool, BadInputIsOneLineAndExit2) {
   struct Case {
     std::string args, needle;
@@ -262,6 +294,10 @@ TEST_F(TextTools, PerplexityScoresWhatEachModeSays) {
   const Invocation bad = magnetar("perplexity -m " + model() + " -f " + file("text.txt") + " --mode sliding");
   EXPECT_EQ(bad.status, 2);
   EXPECT_NE(bad.err.find("--mode must be windowed or continuous"), std::string::npos);
+  const Invocation tiny = magnetar("perplexity -m " + model() + " -f " + file("text.txt") + " --ctx 2");
+  EXPECT_EQ(tiny.status, 2) << tiny.out;
+  EXPECT_NE(tiny.err.find("--ctx 2 scores no token in windowed mode (needs at least 3)"), std::string::npos)
+      << tiny.err;
 }
 
 // "KEY VALUE" (and "KEY VALUE +/- ERR") lines of perplexity's stdout.
