@@ -98,4 +98,10 @@ class JsonPrefix {
   uint8_t literal_pos_ = 0;  // kLiteral: bytes matched
 };
 
+// The deepest nesting of arrays and objects in `text`, brackets inside strings not counted (the text need not be
+// valid JSON): how deep a recursive walk of its parse would go. Parsing is iterative, but copying or dumping a parsed
+// value recurses, so callers refuse texts nested deeper than kMaxJsonNesting before they parse them.
+int json_nesting(std::string_view text);
+constexpr int kMaxJsonNesting = 256;
+
 }  // namespace magnetar::chat

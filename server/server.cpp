@@ -6,14 +6,13 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
-#include <cerrno>
-#include <cstdlib>
-
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
 #include <functional>
 #include <map>
@@ -25,6 +24,7 @@
 #include <utility>
 
 #include "chat/chatml.h"
+#include "chat/json_prefix.h"
 #include "chat/template.h"
 #include "chat/tool_calls.h"
 #include "server/conversation.h"
@@ -163,6 +163,10 @@ std::vector<std::string> allowed_host_names(const ServerOptions& options) {
 // ---- request parsing: JSON -> plain structs, every failure a Status naming the field ----------------------------
 
 Result<json> parse_body(const httplib::Request& req) {
+  if (chat::json_nesting(req.body) > chat::kMaxJsonNesting) {
+    return Status::error(
+        format("the request body nests arrays and objects deeper than %d levels", chat::kMaxJsonNesting));
+  }
   json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) return Status::error("the request body is not valid JSON");
   if (!body.is_object()) return Status::error("the request body must be a JSON object");

@@ -165,6 +165,22 @@ TEST_F(ServeApi, AnthropicErrorsHaveAnthropicShape) {
   EXPECT_EQ(json::parse(missing->body)["error"]["type"], "not_found_error");
 }
 
+// A valid body nested a million levels deep is refused before it is parsed (copying its parse recursed until the
+// stack overflowed: the process died); the server goes on.
+TEST_F(ServeApi, ADeeplyNestedBodyIsRefused) {
+  const std::string deep =
+      "{\"messages\":[{\"role\":\"user\",\"content\":" + std::string(1000000, '[') + std::string(1000000, ']') + "}]}";
+  for (const char* path : {"/v1/chat/completions", "/v1/messages"}) {
+    int status = 0;
+    const json r = json::parse(raw_post(path, deep, &status), nullptr, false);
+    EXPECT_EQ(status, 400) << path;
+    EXPECT_NE(r.dump().find("deeper than 256 levels"), std::string::npos) << r.dump();
+  }
+  int status = 0;
+  post("/v1/messages", who_are_you(), &status);
+  EXPECT_EQ(status, 200);
+}
+
 TEST_F(ServeApi, CountTokensEqualsTokenizeOfTheChatmlPrompt) {
   int status = 0;
   const json plain = post("/v1/messages/count_tokens?beta=true",

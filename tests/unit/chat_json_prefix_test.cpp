@@ -283,6 +283,18 @@ TEST(OutputConstraint, ClosingEndsItFromAnyPoint) {
   }
 }
 
+TEST(JsonNesting, CountsBracketsOutsideStrings) {
+  EXPECT_EQ(json_nesting(""), 0);
+  EXPECT_EQ(json_nesting("3"), 0);
+  EXPECT_EQ(json_nesting("[]"), 1);
+  EXPECT_EQ(json_nesting("{\"a\": [1, {\"b\": []}], \"c\": {}}"), 4);
+  EXPECT_EQ(json_nesting("[\"[[[{{\"]"), 1);         // brackets in a string
+  EXPECT_EQ(json_nesting("[\"\\\"[[\", [[]]]"), 3);  // an escaped quote does not end the string
+  EXPECT_EQ(json_nesting("[\"\\\\\", [[]]]"), 3);    // an escaped backslash does not escape the quote
+  EXPECT_EQ(json_nesting("]]]][["), 2);              // not JSON: closers never go below zero
+  EXPECT_EQ(json_nesting(std::string(100000, '[')), 100000);
+}
+
 TEST(OutputConstraint, WhitespaceRunsOutsideStringsAreBounded) {
   const ConstraintSpec spec{.choices = {}, .json_object = true, .max_whitespace_run = 2};
   OutputConstraint c(spec);

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "chat/json_prefix.h"
 #include "chat/tool_calls.h"
 
 namespace magnetar::chat {
@@ -113,6 +114,21 @@ TEST(HermesParser, InvalidToolJsonIsTextWithTheOriginalBytes) {
   ASSERT_EQ(events.size(), 7u) << show(events);
   EXPECT_EQ(events[3], (OutputEvent{K::kText, "\n" + bad[0]}));
   expect_cut_invariant(kTools, text);
+}
+
+// A call nested deeper than kMaxJsonNesting levels is text (its parse would be copied recursively); at the limit it
+// is a call.
+TEST(HermesParser, ACallNestedTooDeepIsText) {
+  auto call = [](int arrays) {
+    return "<tool_call>{\"name\": \"x\", \"arguments\": {\"a\": " + std::string(size_t(arrays), '[') +
+           std::string(size_t(arrays), ']') + "}}</tool_call>";
+  };
+  const std::string at_limit = call(kMaxJsonNesting - 2), deeper = call(kMaxJsonNesting - 1);
+  EXPECT_EQ(json_nesting(at_limit), kMaxJsonNesting);
+  const std::vector<OutputEvent> events = parse_whole(kTools, at_limit);
+  ASSERT_EQ(events.size(), 3u) << show(events);
+  EXPECT_EQ(events[0], (OutputEvent{K::kToolCallBegin, "x"}));
+  EXPECT_EQ(parse_whole(kTools, deeper), (std::vector<OutputEvent>{{K::kText, deeper}}));
 }
 
 TEST(HermesParser, ReasoningThenAnswer) {
