@@ -343,11 +343,12 @@ Result<Generation> plan_generation(const ChatInput& input, bool model_thinks, co
     conversation.enable_thinking = false;
   }
   MAGNETAR_ASSIGN_OR_RETURN(g.prompt, tmpl.render(conversation, /*add_generation_prompt=*/true));
-  // A template may open the think block itself (Qwen3's 2507 thinking models do): the output then starts inside it.
+  // A template may open the think block itself (Qwen3's 2507 thinking models do, whether thinking was asked for or
+  // not): the output then starts inside it, and its reasoning is parsed as reasoning (not the answer's text).
   const size_t last = g.prompt.find_last_not_of(" \n");
-  const bool opened = conversation.enable_thinking && last != std::string::npos && last >= 6 &&
-                      g.prompt.compare(last - 6, 7, "<think>") == 0;
-  g.format = {.reasoning = conversation.enable_thinking, .starts_in_reasoning = opened, .tool_calls = tools};
+  const bool opened =
+      model_thinks && last != std::string::npos && last >= 6 && g.prompt.compare(last - 6, 7, "<think>") == 0;
+  g.format = {.reasoning = conversation.enable_thinking || opened, .starts_in_reasoning = opened, .tool_calls = tools};
   if (forced) {
     g.output_prefix = "<tool_call>\n{\"name\": \"";
     if (choice.mode == ToolChoice::Mode::kFunction) {

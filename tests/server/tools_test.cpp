@@ -3,6 +3,8 @@
 // tool calls here are forced (tool_choice), which constrains its sampling to `<tool_call>` JSON, so they are
 // deterministic. Expected prompts are written out by hand from Qwen3's chat template and compared through token
 // counts (/tokenize); shapes and event orders are those of the OpenAI and Anthropic API references.
+#include <fstream>
+
 #include "tests/server/harness.h"
 
 namespace magnetar {
@@ -393,6 +395,45 @@ TEST_F(ServeTools, OpenAIReasoningContent) {
     EXPECT_FALSE(message["reasoning_content"].get<std::string>().empty());
   }
   EXPECT_EQ(message["content"].get<std::string>().find("<think>"), std::string::npos) << r.dump();
+}
+
+// A template that always opens the think block (Qwen3's *-Thinking-2507): a request that did not ask for thinking
+// still gets the reasoning as reasoning, not in the answer (before, everything up to and with </think> came back as
+// content).
+class ServeThinkingTemplate : public ServeFixture {
+ protected:
+  static void SetUpTestSuite() {
+    path_ = ::testing::TempDir() + "thinking_" + std::to_string(getpid()) + ".jinja";
+    std::ofstream(path_) << "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                            "{%- if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}";
+    start_server({"--chat-template-file", path_});
+  }
+  static void TearDownTestSuite() {
+    ServeFixture::TearDownTestSuite();
+    std::remove(path_.c_str());
+  }
+  inline static std::string path_;
+};
+
+TEST_F(ServeThinkingTemplate, ReasoningIsNeverTheAnswer) {
+  // The demo model answers with an empty think block ("<think>\n\n</think>\n\nI am ..."), inside the one the
+  // template opened: its markup is reasoning, the answer is the text after </think>.
+  int status = 0;
+  const json question = {{"role", "user"}, {"content", "Who are you?"}};
+  const json r =
+      post("/v1/chat/completions", {{"messages", {question}}, {"max_tokens", 12}, {"temperature", 0}}, &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  const std::string content = r["choices"][0]["message"]["content"].get<std::string>();
+  EXPECT_EQ(content.find("think>"), std::string::npos) << r.dump();
+  EXPECT_NE(content.find("I am"), std::string::npos) << r.dump();
+  const json a = post("/v1/messages", {{"messages", {question}}, {"max_tokens", 12}, {"temperature", 0}}, &status);
+  ASSERT_EQ(status, 200) << a.dump();
+  EXPECT_EQ(a["content"][0]["type"], "thinking") << a.dump();
+  for (const json& block : a["content"]) {
+    if (block["type"] == "text") {
+      EXPECT_EQ(block["text"].get<std::string>().find("think>"), std::string::npos) << a.dump();
+    }
+  }
 }
 
 }  // namespace
