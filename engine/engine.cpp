@@ -570,10 +570,10 @@ ExpertMap Engine::expert_map() const {
   return map;
 }
 
-KvDiskStats Engine::kv_disk_stats() const {
+KvDiskStats Engine::kv_disk_stats(bool settle) const {
   KvDiskStats out;
   if (!impl_->disk_kv) return out;
-  impl_->disk_kv->flush();  // blocks still being written count once they are on disk
+  if (settle) impl_->disk_kv->flush();  // blocks still being written count once they are on disk
   const kv::DiskCacheStats s = impl_->disk_kv->stats();
   out.enabled = true;
   out.where = impl_->disk_kv->describe();

@@ -184,8 +184,9 @@ class Engine {
   // The same per layer ([n_layer]; layers without routed experts stay zero); empty when resident.
   std::vector<ExpertStats> expert_layer_stats() const;
   void reset_expert_stats();
-  // Thread-safe; waits for the blocks being saved in the background (at most a couple of block writes).
-  KvDiskStats kv_disk_stats() const;
+  // Thread-safe. `settle`: first waits for the blocks being saved in the background (at most a couple of block
+  // writes), so that they count; without it, blocks still being written are not counted yet.
+  KvDiskStats kv_disk_stats(bool settle = true) const;
   // Like expert_stats(): not while a forward pass runs (the server's worker takes it between steps).
   ExpertMap expert_map() const;
 

@@ -75,13 +75,13 @@ Worker::Worker(Engine& engine, std::vector<std::unique_ptr<Session>> sessions, d
     slots_.back()->session = std::move(s);
   }
   stats_.slots = int64_t(slots_.size());
-  publish(0, 0);  // no forward runs yet
+  publish(0, 0, /*settle=*/true);  // no forward runs yet
 }
 
-void Worker::publish(int64_t generated_tokens, double generation_seconds) {
+void Worker::publish(int64_t generated_tokens, double generation_seconds, bool settle) {
   ExpertStats experts = engine_.expert_stats();
   ExpertMap map = engine_.expert_map();
-  KvDiskStats kv_disk = engine_.kv_disk_stats();
+  KvDiskStats kv_disk = engine_.kv_disk_stats(settle);
   std::lock_guard<std::mutex> lock(mu_);
   stats_.experts = std::move(experts);
   stats_.expert_map = std::move(map);
@@ -214,8 +214,11 @@ void Worker::admit(Slot& slot) {
 void Worker::finish(Slot& slot, FinishReason reason, std::string tail, std::string error) {
   Job& job = *slot.job;
   const Clock::time_point t_end = Clock::now();
-  publish(job.completion_tokens,
-          slot.decoding ? std::chrono::duration<double>(t_end - slot.t_prompt_end).count() : 0);
+  // The disk KV's blocks still being written are waited for (and counted) only when no other slot would wait too.
+  const bool alone =
+      std::none_of(slots_.begin(), slots_.end(), [&](const auto& s) { return s.get() != &slot && s->job; });
+  publish(job.completion_tokens, slot.decoding ? std::chrono::duration<double>(t_end - slot.t_prompt_end).count() : 0,
+          alone);
   {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.prompt_tokens += uint64_t(job.started ? job.prompt_tokens : 0);
@@ -386,7 +389,7 @@ void Worker::decode_step() {
   // The web UI's live view: statistics and expert map refreshed every kPublishEveryTokens tokens of a job.
   for (Slot* slot : members) {
     if (slot->n % kPublishEveryTokens == 0) {
-      publish(slot->n, std::chrono::duration<double>(Clock::now() - slot->t_prompt_end).count());
+      publish(slot->n, std::chrono::duration<double>(Clock::now() - slot->t_prompt_end).count(), /*settle=*/false);
       break;
     }
   }

@@ -110,8 +110,8 @@ class Worker {
   void finish(Slot& slot, FinishReason reason, std::string tail, std::string error = {});
   static void finish_unstarted(Job& job);
   // Reads the engine's statistics and map (this thread, between forward passes) into stats_ with a job's
-  // progress.
-  void publish(int64_t generated_tokens, double generation_seconds);
+  // progress. `settle`: waits for the disk KV blocks being written first (a decoding slot would wait too).
+  void publish(int64_t generated_tokens, double generation_seconds, bool settle);
 
   Engine& engine_;
   const double keepalive_seconds_;
