@@ -247,12 +247,16 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     cum += candidates_[i].first;
     if (r < cum) return candidates_[i].second;
   }
-  // Rounding left r at the end: the last candidate (with a filter: the last allowed one).
+  // Rounding left r at the end: the last candidate (with a filter: the last allowed one; when every allowed survivor's
+  // probability underflowed to 0, the best of them).
   if (!allow) return candidates_[k - 1].second;
   for (size_t i = k; i-- > 0;) {
     if (candidates_[i].first > 0.0f) return candidates_[i].second;
   }
-  return candidates_[k - 1].second;
+  for (size_t i = 0; i < k; ++i) {
+    if (allow(candidates_[i].second)) return candidates_[i].second;
+  }
+  return best_allowed(k);
 }
 
 }  // namespace magnetar

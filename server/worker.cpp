@@ -357,7 +357,10 @@ void Worker::decode_step() {
       continue;
     }
     if (slot.constraint) {
-      slot.constraint->feed(engine_.token_bytes(id));  // accepted by the filter: cannot fail
+      if (!slot.constraint->feed(engine_.token_bytes(id))) {  // the filter accepted it: a bug if this happens
+        finish(slot, FinishReason::kError, {}, "the sampled token does not fit the output constraint");
+        continue;
+      }
       if (slot.constraint->done()) {
         slot.held += slot.detok->flush();
         if (scan(slot)) {

@@ -95,6 +95,12 @@ TEST(Sampler, FilterTakesTheBestAllowedToken) {
   for (int i = 0; i < 50; ++i) EXPECT_EQ(hot.sample(logits, {}, not_1), 3);
   for (int i = 0; i < 50; ++i) EXPECT_EQ(hot.sample(logits, {}, only_2), 2);
   EXPECT_EQ(hot.sample(logits, {}, none), -1);
+  // The one allowed survivor's probability underflows to 0 at a low temperature: it is still the one drawn (before,
+  // the last survivor, a disallowed token, came back).
+  Sampler cold({.temperature = 0.1f, .top_k = 0, .top_p = 1, .min_p = 0, .seed = 5});
+  const TokenFilter only_1 = [](int32_t id) { return id == 1; };
+  const std::vector<float> steep = {100.0f, 0.0f, -10.0f};
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(cold.sample(steep, {}, only_1), 1);
 }
 
 // The sampler's definition on the whole vocabulary, spelled out plainly: NaN ranks as -inf, the penalties, every token
