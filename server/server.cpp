@@ -485,14 +485,23 @@ void wait_done(Job& job, const httplib::Request& req) {
   }
 }
 
+// How long a stream stays silent before it gets a keep-alive (--keepalive-seconds, at least 1 s here: 0 means "after
+// every prefill chunk" to the worker).
+std::chrono::milliseconds silence_limit(double keepalive_seconds) {
+  return std::chrono::milliseconds(int64_t(std::max(1.0, keepalive_seconds) * 1000));
+}
+
 // Waits for the worker's next text, keep-alive or the end of the job; takes the text and says whether a keep-alive
-// is due. After *done, the worker no longer writes the job and its fields may be read without the lock.
-std::string take_text(Job& job, bool* done, bool* keepalive) {
+// is due: asked for by the worker (a long prefill) or after `silence` without anything (the job queued, a tool
+// call's arguments being buffered): its write finds a client that left, which cancels the job. After *done, the
+// worker no longer writes the job and its fields may be read without the lock.
+std::string take_text(Job& job, std::chrono::milliseconds silence, bool* done, bool* keepalive) {
   std::unique_lock<std::mutex> lock(job.mu);
-  job.cv.wait(lock, [&] { return job.done || !job.pending_text.empty() || job.keepalives > 0; });
+  const bool woken =
+      job.cv.wait_for(lock, silence, [&] { return job.done || !job.pending_text.empty() || job.keepalives > 0; });
   std::string text = std::move(job.pending_text);
   job.pending_text.clear();
-  *keepalive = job.keepalives > 0;
+  *keepalive = job.keepalives > 0 || !woken;
   job.keepalives = 0;
   *done = job.done;
   return text;
@@ -805,7 +814,7 @@ void Server::Impl::stream_openai(httplib::Response& res, std::shared_ptr<Job> jo
   res.set_chunked_content_provider(
       "text/event-stream",
       [job, include_usage, first = std::move(first), usage_base = std::move(usage_base), pieces = std::move(pieces),
-       sent_first](size_t, httplib::DataSink& sink) {
+       silence = silence_limit(options.keepalive_seconds), sent_first](size_t, httplib::DataSink& sink) {
         auto send = [&](const json& j) {
           const std::string event = "data: " + dump(j) + "\n\n";
           if (sink.write(event.data(), event.size())) return true;
@@ -813,7 +822,7 @@ void Server::Impl::stream_openai(httplib::Response& res, std::shared_ptr<Job> jo
           return false;
         };
         bool done = false, keepalive = false;
-        const std::string text = take_text(*job, &done, &keepalive);
+        const std::string text = take_text(*job, silence, &done, &keepalive);
         if (keepalive && !write_keepalive(sink, *job)) return false;
         if ((!text.empty() || done) && !*sent_first) {
           *sent_first = true;
@@ -1047,7 +1056,8 @@ void Server::Impl::messages(const httplib::Request& req, httplib::Response& res)
   auto state = std::make_shared<State>(State{.parser = new_output_parser(generation.format)});
   res.set_chunked_content_provider(
       "text/event-stream",
-      [job, message, stop_sequence, state](size_t, httplib::DataSink& sink) {
+      [job, message, stop_sequence, state, silence = silence_limit(options.keepalive_seconds)](
+          size_t, httplib::DataSink& sink) {
         auto send = [&](const char* event, const json& j) {
           const std::string text = std::string("event: ") + event + "\ndata: " + dump(j) + "\n\n";
           if (sink.write(text.data(), text.size())) return true;
@@ -1055,11 +1065,18 @@ void Server::Impl::messages(const httplib::Request& req, httplib::Response& res)
           return false;
         };
         if (!state->started) {
-          state->started = true;
           json usage;
           {
+            // Until the worker has taken the job (queued, or its first prefill going), an SSE comment after each
+            // silence or worker keep-alive: clients ignore it, and a write that fails (the client left) cancels.
             std::unique_lock<std::mutex> lock(job->mu);
-            job->cv.wait(lock, [&] { return job->started || job->done; });
+            if (!job->cv.wait_for(lock, silence, [&] { return job->started || job->done || job->keepalives > 0; }) ||
+                (!job->started && !job->done)) {
+              job->keepalives = 0;
+              lock.unlock();
+              return write_keepalive(sink, *job);
+            }
+            state->started = true;
             usage = {{"input_tokens", job->prompt_tokens - job->cached_tokens},
                      {"output_tokens", 0},
                      {"cache_read_input_tokens", job->cached_tokens}};
@@ -1087,7 +1104,7 @@ void Server::Impl::messages(const httplib::Request& req, httplib::Response& res)
                       {{"type", "content_block_delta"}, {"index", state->index}, {"delta", std::move(d)}});
         };
         bool done = false, keepalive = false;
-        const std::string text = take_text(*job, &done, &keepalive);
+        const std::string text = take_text(*job, silence, &done, &keepalive);
         if (keepalive && !send("ping", {{"type", "ping"}})) return false;
         const auto failure = done ? job_failure(*job) : std::nullopt;
         if (failure) {
@@ -1319,6 +1336,7 @@ Status Server::run() {
 
 void Server::stop() {
   impl_->stop_requested = true;
+  impl_->worker->close();  // the handlers waiting for jobs return (503 "the server is stopping")
   if (impl_->in_run.load()) {
     // Bounded: a listener that failed to start never runs (1 s, then httplib's stop() is a no-op).
     for (int i = 0; i < 1000 && !impl_->http.is_running(); ++i) {

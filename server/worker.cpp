@@ -119,9 +119,21 @@ Worker::~Worker() {
 void Worker::submit(std::shared_ptr<Job> job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(job));
+    if (!closing_) {
+      queue_.push_back(std::move(job));
+      cv_.notify_one();
+      return;
+    }
   }
-  cv_.notify_one();
+  finish_unstarted(*job);  // the server is stopping
+}
+
+void Worker::close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  closing_ = true;
+  for (const std::shared_ptr<Job>& job : queue_) job->cancelled = true;
+  for (const std::shared_ptr<Job>& job : running_) job->cancelled = true;
+  cv_.notify_all();
 }
 
 // ---- the loop --------------------------------------------------------------------------------------------------
@@ -159,6 +171,7 @@ void Worker::loop() {
         Slot& slot = *slots_[i];
         slot.job = std::move(queue_.front());
         queue_.pop_front();
+        running_.push_back(slot.job);
         slot.last_used = ++tick;
         admit(slot);
       }
@@ -227,6 +240,7 @@ void Worker::finish(Slot& slot, FinishReason reason, std::string tail, std::stri
     stats_.prompt_seconds += std::chrono::duration<double>(slot.t_prompt_end - slot.t_start).count();
     if (slot.decoding) stats_.generation_seconds += std::chrono::duration<double>(t_end - slot.t_prompt_end).count();
     stats_.active = std::max<int64_t>(0, stats_.active - 1);
+    running_.erase(std::find(running_.begin(), running_.end(), slot.job));
   }
   {
     std::lock_guard<std::mutex> lock(job.mu);

@@ -94,7 +94,11 @@ class Worker {
                                        double keepalive_seconds);
   ~Worker();  // stops the thread; queued and running jobs end as kCancelled
 
+  // A job submitted after close() ends at once as kCancelled.
   void submit(std::shared_ptr<Job> job);
+  // The server is stopping: queued and running jobs end as kCancelled at their next check (a running prefill within a
+  // chunk, a generation before its next token), so that the requests waiting for them return.
+  void close();
   // Thread-safe: a copy of the published totals.
   WorkerStats stats();
 
@@ -120,6 +124,8 @@ class Worker {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;  // guarded by mu_
   bool stopping_ = false;                   // guarded by mu_
+  bool closing_ = false;                    // guarded by mu_
+  std::vector<std::shared_ptr<Job>> running_;  // the slots' jobs; guarded by mu_ (for close())
   WorkerStats stats_;                       // guarded by mu_ (queued is derived from queue_)
   std::thread thread_;
 };

@@ -114,10 +114,15 @@ int serve_main(int argc, char** argv) {
     return kExitBadInput;
   }
   server::Server& srv = *bound.value();
+  // The first SIGINT/SIGTERM stops the server (running and queued requests end as cancelled); a second one exits at
+  // once.
   std::thread([&srv, stop_signals] {
     int sig = 0;
     sigwait(&stop_signals, &sig);
+    std::fprintf(stderr, "magnetar serve: stopping (again to exit at once)\n");
     srv.stop();
+    sigwait(&stop_signals, &sig);
+    std::_Exit(130);
   }).detach();
   std::fprintf(stderr, "magnetar serve: listening on http://%s:%d (model %s)\n", host.c_str(), srv.port(),
                name.c_str());

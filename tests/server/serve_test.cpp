@@ -1,5 +1,10 @@
 // `magnetar serve` end to end, OpenAI chat routes (tests/server/harness.h starts the server).
 
+#include <poll.h>
+
+#include <chrono>
+#include <thread>
+
 #include "tests/server/harness.h"
 
 namespace magnetar {
@@ -234,6 +239,95 @@ TEST_F(Serve, StopsCleanlyOnSigterm) {
   server->pid = -1;
   ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// SIGTERM while a long generation runs and another request waits in the queue: both requests end (the running one's
+// stream is cut short, the queued one gets a 503 saying the server is stopping) and the process exits at once with
+// status 0 (before, it waited for every running and queued generation to finish).
+class ServeStop : public ServeFixture {
+ protected:
+  static void SetUpTestSuite() { start_server({"--ctx", "16384", "--parallel", "1", "--keepalive-seconds", "1"}); }
+};
+
+// A streamed request queued behind a long generation gets keep-alives while it waits (before, nothing was written
+// until it started, so a client that left was not noticed either); its client leaving ends it.
+TEST_F(ServeStop, AQueuedStreamGetsKeepAlives) {
+  auto send = [&](int fd, const json& body) {
+    const std::string b = body.dump();
+    const std::string request =
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+        "application/json\r\nContent-Length: " +
+        std::to_string(b.size()) + "\r\n\r\n" + b;
+    return write(fd, request.data(), request.size()) == ssize_t(request.size());
+  };
+  const json ask = {{"messages", {{{"role", "user"}, {"content", "Tell me a long story."}}}},
+                    {"ignore_eos", true},
+                    {"temperature", 0}};
+  const int running = raw_connect(), waiting = raw_connect();
+  ASSERT_GE(running, 0);
+  ASSERT_GE(waiting, 0);
+  ASSERT_TRUE(send(running, ask));
+  usleep(300000);
+  json stream = ask;
+  stream["stream"] = true;
+  ASSERT_TRUE(send(waiting, stream));
+  std::string got;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (got.find(": keep-alive") == std::string::npos &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4)) {
+    pollfd p{.fd = waiting, .events = POLLIN, .revents = 0};
+    if (poll(&p, 1, 100) == 1) {
+      char buf[512];
+      const ssize_t n = read(waiting, buf, sizeof(buf));
+      if (n <= 0) break;
+      got.append(buf, size_t(n));
+    }
+  }
+  EXPECT_NE(got.find(": keep-alive"), std::string::npos) << got;
+  EXPECT_EQ(got.find("data: "), std::string::npos) << got;  // still queued: no content
+  close(waiting);
+  close(running);
+  httplib::Client c = client();
+  for (int i = 0; i < 100; ++i) {  // both end: the running one within 25 ms, the queued one at its next keep-alive
+    httplib::Result m = c.Get("/metrics");
+    ASSERT_TRUE(m);
+    if (m->body.find("\nmagnetar_requests_active 0") != std::string::npos) break;
+    usleep(50000);
+  }
+  json quick = ask;
+  quick["max_tokens"] = 3;
+  int status = 0;
+  post("/v1/chat/completions", quick, &status);
+  EXPECT_EQ(status, 200);
+}
+
+TEST_F(ServeStop, SigtermEndsRunningAndQueuedRequests) {
+  const json ask = {{"messages", {{{"role", "user"}, {"content", "Tell me a long story."}}}},
+                    {"ignore_eos", true},
+                    {"temperature", 0},
+                    {"stream", true}};
+  int running_status = 0, queued_status = 0;
+  std::string running, queued;
+  std::thread first([&] { running = raw_post("/v1/chat/completions", ask.dump(), &running_status); });
+  usleep(300000);  // the first is generating (16K tokens: tens of seconds)
+  json plain = ask;
+  plain.erase("stream");
+  std::thread second([&] { queued = raw_post("/v1/chat/completions", plain.dump(), &queued_status); });
+  usleep(200000);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(server->pid, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(server->pid, &status, 0), server->pid);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  server->pid = -1;
+  first.join();
+  second.join();
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_LT(seconds, 5.0);
+  EXPECT_EQ(running_status, 200);
+  EXPECT_EQ(queued_status, 503) << queued;
+  EXPECT_NE(queued.find("the server is stopping"), std::string::npos) << queued;
 }
 
 }  // namespace
