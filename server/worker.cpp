@@ -49,7 +49,7 @@ struct Worker::Slot {
   uint64_t last_used = 0;     // admission tick of its last job (least recently used goes first)
   std::shared_ptr<Job> job;   // null: idle
   bool decoding = false;      // the prompt is computed; sampling
-  bool synced_once = false;   // the first sync call returned (the job's cached tokens are known)
+  bool synced_once = false;   // the first sync decided what it reuses (the job's cached tokens are known)
   Clock::time_point t_start, t_prompt_end, last_output;
   std::optional<chat::OutputConstraint> constraint;
   std::string closing;        // forced bytes when non-empty (a constrained output running out of room)
@@ -298,7 +298,20 @@ void Worker::prefill_step(Slot& slot, bool yield_after_chunk) {
   const SessionStats before = session.stats();
   bool yielded = false;
   const int64_t chunk = engine_.options().n_batch;  // a turn's share: a chunk, or as much of a sweep's steps
+  // The job counts as started (its usage known: what the sync reused or restored) once its first sync has decided
+  // that, at its first chunk, so that a stream's head (Anthropic's message_start) does not wait for a whole prompt.
+  auto start = [&] {
+    if (slot.synced_once) return;
+    slot.synced_once = true;
+    const SessionStats& after = session.stats();
+    std::lock_guard<std::mutex> lock(job.mu);
+    job.prompt_tokens = int64_t(job.prompt.size());
+    job.cached_tokens = (after.reused_tokens - before.reused_tokens) + (after.restored_tokens - before.restored_tokens);
+    job.started = true;
+    job.cv.notify_all();
+  };
   const Status synced = session.sync(job.prompt, Logits::kLast, [&](int64_t done, int64_t total) {
+    start();
     if (job.cancelled.load()) return false;
     if (job.stream && std::chrono::duration<double>(Clock::now() - slot.last_output).count() >= keepalive_seconds_) {
       slot.last_output = Clock::now();
@@ -312,17 +325,7 @@ void Worker::prefill_step(Slot& slot, bool yield_after_chunk) {
     }
     return true;
   });
-  if (!slot.synced_once) {
-    // This job's reuse: what its first sync kept from the slot's previous timeline or restored from disk (later
-    // calls after a yield reuse the job's own prefix, which is not "cached").
-    slot.synced_once = true;
-    const SessionStats& after = session.stats();
-    std::lock_guard<std::mutex> lock(job.mu);
-    job.prompt_tokens = int64_t(job.prompt.size());
-    job.cached_tokens = (after.reused_tokens - before.reused_tokens) + (after.restored_tokens - before.restored_tokens);
-    job.started = true;
-    job.cv.notify_all();
-  }
+  start();  // a sync that computed nothing, or failed before its first chunk
   if (!synced.ok() && yielded && !job.cancelled.load()) return;  // the next turn continues it
   slot.t_prompt_end = Clock::now();
   if (!synced.ok() && job.cancelled.load()) return finish(slot, FinishReason::kCancelled, {});
