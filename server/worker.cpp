@@ -24,21 +24,26 @@ size_t stop_prefix_overlap(const std::string& text, const std::vector<std::strin
 }
 
 size_t choose_slot(const std::vector<SlotView>& slots, std::span<const int32_t> prompt) {
-  size_t affine = SIZE_MAX, affine_common = 0, lru = SIZE_MAX;
+  size_t keeps = SIZE_MAX, keeps_common = 0, shares = SIZE_MAX, shares_common = 0, empty = SIZE_MAX, lru = SIZE_MAX;
   for (size_t i = 0; i < slots.size(); ++i) {
     if (slots[i].busy) continue;
     if (lru == SIZE_MAX || slots[i].last_used < slots[lru].last_used) lru = i;
     const std::vector<int32_t>& t = *slots[i].tokens;
+    if (t.empty() && empty == SIZE_MAX) empty = i;
     const size_t common = size_t(std::mismatch(t.begin(), t.end(), prompt.begin(), prompt.end()).first - t.begin());
-    // Affinity only where the shared prefix is at least half of the shorter of the two (the prompt continues or
-    // repeats what the slot holds): a shared template header must not make a new conversation evict another
-    // one's history while a slot is free or colder.
-    if (common > 0 && 2 * common >= std::min(t.size(), prompt.size()) && common > affine_common) {
-      affine = i;
-      affine_common = common;
+    if (common == 0) continue;
+    if (2 * common >= t.size() && common > keeps_common) {
+      keeps = i;
+      keeps_common = common;
+    }
+    if (2 * common >= std::min(t.size(), prompt.size()) && common > shares_common) {
+      shares = i;
+      shares_common = common;
     }
   }
-  return affine != SIZE_MAX ? affine : lru;
+  if (keeps != SIZE_MAX) return keeps;
+  if (empty != SIZE_MAX) return empty;
+  return shares != SIZE_MAX ? shares : lru;
 }
 
 // ---- one slot: a Session and the job it runs ------------------------------------------------------------------

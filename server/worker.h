@@ -130,10 +130,11 @@ class Worker {
   std::thread thread_;
 };
 
-// The slot choice, as a pure function: among idle slots, the one whose tokens share the longest prefix with
-// `prompt`, provided that prefix is at least half of the shorter of the slot's tokens and the prompt (the request
-// continues or repeats what the slot holds); otherwise the least recently used idle slot (never-used ones first).
-// SIZE_MAX when none is idle.
+// The slot choice, as a pure function, among idle slots: the one whose tokens share the longest prefix with `prompt`
+// among those that keep at least half their tokens (the request continues, repeats or edits what the slot holds);
+// else an empty slot; else the one sharing the longest prefix that is at least half of the shorter of its tokens and
+// the prompt (a fork of its conversation: a subagent sharing the system prompt and tools, which would otherwise
+// evict a whole conversation); else the least recently used. SIZE_MAX when none is idle.
 struct SlotView {
   bool busy = false;
   uint64_t last_used = 0;
