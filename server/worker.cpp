@@ -32,7 +32,8 @@ size_t choose_slot(const std::vector<SlotView>& slots, std::span<const int32_t> 
     if (t.empty() && empty == SIZE_MAX) empty = i;
     const size_t common = size_t(std::mismatch(t.begin(), t.end(), prompt.begin(), prompt.end()).first - t.begin());
     if (common == 0) continue;
-    if (2 * common >= t.size() && common > keeps_common) {
+    const size_t last_prompt = slots[i].prompt > 0 ? std::min(slots[i].prompt, t.size()) : t.size();
+    if (2 * common >= last_prompt && common > keeps_common) {
       keeps = i;
       keeps_common = common;
     }
@@ -52,6 +53,7 @@ size_t choose_slot(const std::vector<SlotView>& slots, std::span<const int32_t> 
 struct Worker::Slot {
   std::unique_ptr<Session> session;
   uint64_t last_used = 0;     // admission tick of its last job (least recently used goes first)
+  size_t last_prompt = 0;     // its last job's prompt tokens
   std::shared_ptr<Job> job;   // null: idle
   bool decoding = false;      // the prompt is computed; sampling
   bool synced_once = false;   // the first sync decided what it reuses (the job's cached tokens are known)
@@ -171,12 +173,15 @@ void Worker::loop() {
       }
       while (!queue_.empty() && idle()) {
         std::vector<SlotView> views;
-        for (const auto& s : slots_) views.push_back({s->job != nullptr, s->last_used, &s->session->tokens()});
+        for (const auto& s : slots_) {
+          views.push_back({s->job != nullptr, s->last_used, &s->session->tokens(), s->last_prompt});
+        }
         const size_t i = choose_slot(views, queue_.front()->prompt);
         Slot& slot = *slots_[i];
         slot.job = std::move(queue_.front());
         queue_.pop_front();
         running_.push_back(slot.job);
+        slot.last_prompt = slot.job->prompt.size();
         slot.last_used = ++tick;
         admit(slot);
       }

@@ -131,7 +131,8 @@ class Worker {
 };
 
 // The slot choice, as a pure function, among idle slots: the one whose tokens share the longest prefix with `prompt`
-// among those that keep at least half their tokens (the request continues, repeats or edits what the slot holds);
+// among those whose last prompt it shares at least half of (the request continues, repeats or edits what the slot
+// holds);
 // else an empty slot; else the one sharing the longest prefix that is at least half of the shorter of its tokens and
 // the prompt (a fork of its conversation: a subagent sharing the system prompt and tools, which would otherwise
 // evict a whole conversation); else the least recently used. SIZE_MAX when none is idle.
@@ -139,6 +140,7 @@ struct SlotView {
   bool busy = false;
   uint64_t last_used = 0;
   const std::vector<int32_t>* tokens = nullptr;
+  size_t prompt = 0;  // how many of `tokens` were its last request's prompt (the rest its answer); 0: all
 };
 size_t choose_slot(const std::vector<SlotView>& slots, std::span<const int32_t> prompt);
 

@@ -22,9 +22,9 @@ TEST(ChooseSlot, ContinuationsReturnToTheirSlotAndForksTakeAnEmptyOne) {
   const std::vector<int32_t> system = seq(0, 20000);                   // system prompt and tools
   const std::vector<int32_t> main = join(system, seq(100000, 40000));  // the main conversation, 60K tokens
   const std::vector<int32_t> other = seq(500000, 3000), empty;
-  std::vector<SlotView> slots = {{.busy = false, .last_used = 5, .tokens = &main},
-                                 {.busy = false, .last_used = 0, .tokens = &empty},
-                                 {.busy = false, .last_used = 3, .tokens = &other}};
+  std::vector<SlotView> slots = {{.busy = false, .last_used = 5, .tokens = &main, .prompt = 59000},
+                                 {.busy = false, .last_used = 0, .tokens = &empty, .prompt = 0},
+                                 {.busy = false, .last_used = 3, .tokens = &other, .prompt = 2900}};
   // The main conversation's next turn: its slot.
   EXPECT_EQ(choose_slot(slots, join(main, seq(900000, 500))), 0u);
   // The same with its last turn edited: most of the slot is kept.
@@ -38,6 +38,11 @@ TEST(ChooseSlot, ContinuationsReturnToTheirSlotAndForksTakeAnEmptyOne) {
   EXPECT_EQ(choose_slot(slots, fork), 0u);
   // An unrelated prompt: the least recently used.
   EXPECT_EQ(choose_slot(slots, seq(-5000, 100)), 1u);
+  // The same prompt again after a long answer (a retry): its slot, though the answer is most of the slot's tokens.
+  const std::vector<int32_t> answered = join(seq(1, 18), seq(1000, 500)), retry = seq(1, 18);
+  std::vector<SlotView> two = {{.busy = false, .last_used = 1, .tokens = &answered, .prompt = 18},
+                               {.busy = false, .last_used = 0, .tokens = &empty}};
+  EXPECT_EQ(choose_slot(two, retry), 0u);
   // Busy slots are never chosen.
   slots[0].busy = slots[1].busy = slots[2].busy = true;
   EXPECT_EQ(choose_slot(slots, fork), SIZE_MAX);
