@@ -472,11 +472,21 @@ Result<Value> call_global(Interp& in, Fn fn, const Args& args) {
       const int64_t stop = args.pos.size() == 1 ? args.pos[0].i : args.pos[1].i;
       const int64_t step = args.pos.size() == 3 ? args.pos[2].i : 1;
       if (step == 0) return Status::error("range() step must not be zero");
-      const double n = std::max(0.0, std::ceil((double(stop) - double(start)) / double(step)));
-      MAGNETAR_RETURN_IF_ERROR(in.charge_bytes(uint64_t(std::min(n, 1e15)) * sizeof(Value)));
+      // The count in exact integers: ceil(|stop - start| / |step|) when stop lies beyond start in step's direction.
+      const bool up = step > 0;
+      const unsigned __int128 span = up ? (stop > start ? (unsigned __int128)((__int128)stop - start) : 0)
+                                        : (start > stop ? (unsigned __int128)((__int128)start - stop) : 0);
+      const unsigned __int128 stride = up ? (unsigned __int128)step : (unsigned __int128)(-(__int128)step);
+      const unsigned __int128 n = span == 0 ? 0 : (span - 1) / stride + 1;
+      MAGNETAR_RETURN_IF_ERROR(
+          in.charge_bytes(uint64_t(std::min<unsigned __int128>(n, uint64_t(1) << 50)) * sizeof(Value)));
       Array items;
       items.reserve(size_t(n));
-      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) items.push_back(Value::integer(i));
+      int64_t i = start;
+      for (unsigned __int128 k = 0; k < n; ++k) {
+        items.push_back(Value::integer(i));
+        if (k + 1 < n) i += step;  // stays within [start, stop): no overflow
+      }
       return Value::array(std::move(items));
     }
     case Fn::kStrftimeNow: {

@@ -537,13 +537,19 @@ std::vector<size_t> slice_indices(size_t size, const Value& start_v, const Value
     start = start < 0 ? std::max<int64_t>(len + start, 0) : std::min(start, len);
     stop = stop < 0 ? std::max<int64_t>(len + stop, 0) : std::min(stop, len);
     if (step == 0) return out;
-    for (int64_t i = start; i < stop; i += step) out.push_back(size_t(i));
+    for (int64_t i = start; i < stop;) {
+      out.push_back(size_t(i));
+      if (__builtin_add_overflow(i, step, &i)) break;  // past any index
+    }
   } else {
     int64_t start = start_v.is(Kind::kInt) ? start_v.i : len - 1;
     int64_t stop = stop_v.is(Kind::kInt) ? stop_v.i : -1;
     start = start < 0 ? std::max<int64_t>(len + start, -1) : std::min(start, len - 1);
     stop = stop < -1 ? std::max<int64_t>(len + stop, -1) : std::min(stop, len - 1);
-    for (int64_t i = start; i > stop; i += step) out.push_back(size_t(i));
+    for (int64_t i = start; i > stop;) {
+      out.push_back(size_t(i));
+      if (__builtin_add_overflow(i, step, &i)) break;
+    }
   }
   return out;
 }

@@ -70,6 +70,8 @@ namespace {
 // Prompt tokens per forward pass when --batch is 0 (auto): kGpuBatch when the whole model runs on the GPU with room
 // for that scratch (choose_device), else kCpuBatch.
 constexpr int64_t kCpuBatch = 512;
+constexpr int64_t kMaxCtx = int64_t(1) << 24;  // --ctx: 16,777,216 tokens (byte counts stay far from overflowing)
+constexpr int kMaxThreads = 1024;              // -t
 constexpr int64_t kGpuBatch = 2048;
 // EngineOptions::n_sweep -1 (auto): the longest prefill sweep whose residual stream fits this.
 constexpr uint64_t kSweepBytes = 256ull << 20;
@@ -114,6 +116,21 @@ uint64_t session_scratch_bytes(const Engine::Impl& impl) {
   const uint64_t sweep = impl.on_gpu ? 0 : uint64_t(impl.sweep_tokens) * uint64_t(hp.n_embd);
   return 4 * (uint64_t(o.n_batch) * uint64_t(8 * hp.n_embd + 4 * hp.n_head * hp.head_dim + hp.n_expert + hp.n_vocab) +
               rows * uint64_t(3 * hp.n_ff_exp + 2 * hp.n_embd) + sweep);
+}
+
+// On the CPU, one session's KV cache and scratch must fit the memory available (a streamed plan counts them with the
+// experts; a dense model or --mmap has no plan, and a --ctx far beyond the memory failed its allocation or was killed).
+Status check_session_memory(const Engine::Impl& impl) {
+  MAGNETAR_ASSIGN_OR_RETURN(const experts::MachineSnapshot machine, experts::read_machine());
+  std::string source;
+  const uint64_t budget = experts::memory_budget(machine, &source);
+  const uint64_t need = session_kv_bytes(impl) + session_scratch_bytes(impl);
+  if (need <= budget) return Status();
+  const double gib = double(1ull << 30);
+  return Status::error(
+      format("--ctx %lld: a session's KV cache and scratch take %.1f GiB, more than the %.1f GiB of "
+             "memory available (%s)",
+             (long long)impl.options.n_ctx, double(need) / gib, double(budget) / gib, source.c_str()));
 }
 
 // Decides where the routed experts live (experts/planner.h) and opens the store for a streamed plan.
@@ -496,11 +513,18 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
   }
   if (impl->options.n_threads <= 0) impl->options.n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
   if (impl->options.n_ctx <= 0) impl->options.n_ctx = std::min<int64_t>(hp.n_ctx_train > 0 ? hp.n_ctx_train : 4096, 4096);
+  if (impl->options.n_ctx > kMaxCtx) {
+    return Status::error(format("--ctx %lld: at most %lld tokens", (long long)impl->options.n_ctx, (long long)kMaxCtx));
+  }
+  if (impl->options.n_threads > kMaxThreads) {
+    return Status::error(format("-t %d: at most %d threads", impl->options.n_threads, kMaxThreads));
+  }
   impl->batch_auto = impl->options.n_batch <= 0;  // choose_device may raise it for a GPU
   if (impl->batch_auto) impl->options.n_batch = kCpuBatch;
   impl->options.n_batch = std::min(impl->options.n_batch, impl->options.n_ctx);
   impl->pool = std::make_unique<cpu::ThreadPool>(impl->options.n_threads);
   MAGNETAR_RETURN_IF_ERROR(choose_device(*impl, *entry, path));
+  if (!impl->on_gpu) MAGNETAR_RETURN_IF_ERROR(check_session_memory(*impl));
   if (!impl->on_gpu || impl->gpu_tier) MAGNETAR_RETURN_IF_ERROR(plan_experts(*impl, path));
   if (impl->options.cpu_experts && !impl->on_gpu) {
     impl->plan_text += "\n  --cpu-experts: no effect, the model runs on the CPU (the lane is the CUDA tiered mode's)";

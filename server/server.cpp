@@ -211,6 +211,19 @@ struct ChatRequest {
 };
 
 // The OpenAI sampling and limit fields, shared by /v1/chat/completions and /v1/completions.
+// A request's sampling fields in range.
+Status check_sampling(const SamplingParams& p, int64_t top_k) {
+  if (!std::isfinite(p.temperature) || p.temperature < 0)
+    return Status::error("temperature must be a finite number >= 0");
+  if (top_k < 0 || top_k > INT32_MAX) return Status::error("top_k must be in [0, 2147483647]");
+  if (!(p.top_p >= 0 && p.top_p <= 1)) return Status::error("top_p must be in [0, 1]");
+  if (!(p.min_p >= 0 && p.min_p <= 1)) return Status::error("min_p must be in [0, 1]");
+  if (!std::isfinite(p.presence_penalty) || !std::isfinite(p.frequency_penalty)) {
+    return Status::error("presence_penalty and frequency_penalty must be finite numbers");
+  }
+  return Status();
+}
+
 Status parse_openai_sampling(const json& body, const SamplingParams& defaults, ChatRequest* out) {
   ChatRequest& r = *out;
   r.sampling = defaults;
@@ -224,8 +237,7 @@ Status parse_openai_sampling(const json& body, const SamplingParams& defaults, C
         read_bool(body, "ignore_eos", &r.ignore_eos)}) {
     if (!s.ok()) return s;
   }
-  if (r.sampling.temperature < 0) return Status::error("temperature must be >= 0");
-  if (top_k < 0) return Status::error("top_k must be >= 0");
+  MAGNETAR_RETURN_IF_ERROR(check_sampling(r.sampling, top_k));
   r.sampling.top_k = int32_t(top_k);
   r.sampling.seed = uint64_t(seed);
   if (max_tokens < 0 || max_completion < 0) return Status::error("max_tokens must be >= 1");
@@ -291,8 +303,7 @@ Result<ChatRequest> parse_anthropic_request(const json& body, const SamplingPara
                    read_int(body, "max_tokens", &r.max_tokens), read_bool(body, "stream", &r.stream)}) {
     if (!s.ok()) return s;
   }
-  if (r.sampling.temperature < 0) return Status::error("temperature must be >= 0");
-  if (top_k < 0) return Status::error("top_k must be >= 0");
+  MAGNETAR_RETURN_IF_ERROR(check_sampling(r.sampling, top_k));
   r.sampling.top_k = int32_t(top_k);
   if (auto max_tokens = body.find("max_tokens");
       require_max_tokens && (max_tokens == body.end() || max_tokens->is_null())) {

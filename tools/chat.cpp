@@ -27,10 +27,14 @@ int chat_main(int argc, char** argv) {
   model.add_to(args);
   sampling.add_to(args);
   args.option("--system", &system, "TEXT", "system message");
-  args.option("-n", &n_predict, "N", "maximum tokens per answer");
+  args.option("-n", &n_predict, "N", "maximum tokens per answer (-1: until the end of generation or a full context)");
   args.flag("--no-think", &no_think, "ask the model to answer without a thinking block");
   args.flag("--hide-think", &hide_think, "do not print the thinking block");
   if (std::optional<int> code = args.parse_or_exit(argc, argv, "chat")) return *code;
+  if (const std::string e = sampling.error(); !e.empty() || n_predict < -1 || n_predict == 0) {
+    std::fprintf(stderr, "magnetar chat: %s\n", e.empty() ? "-n must be -1 or >= 1" : e.c_str());
+    return kExitBadInput;
+  }
   std::unique_ptr<Engine> engine = model.load("chat");
   if (!engine) return kExitBadInput;
   if (!engine->info().has_tokenizer) {
@@ -88,7 +92,7 @@ int chat_main(int argc, char** argv) {
     std::unique_ptr<Detokenizer> detok = engine->new_detokenizer();
     std::string reply;
     bool in_think = false;
-    for (int64_t n = 0; n < n_predict && int64_t(session.tokens().size()) < session.n_ctx(); ++n) {
+    for (int64_t n = 0; (n_predict < 0 || n < n_predict) && int64_t(session.tokens().size()) < session.n_ctx(); ++n) {
       const int32_t id = sampler.sample(session.logits(), session.tokens());
       if (engine->is_end_of_generation(id)) break;
       const std::string piece = detok->push(id);
@@ -100,7 +104,11 @@ int chat_main(int argc, char** argv) {
         std::fflush(stdout);
       }
       if (reply.find("</think>") != std::string::npos) in_think = false;
-      if (int64_t(session.tokens().size()) + 1 >= session.n_ctx()) break;
+      if (int64_t(session.tokens().size()) >= session.n_ctx()) {  // the context is full: this token is the last
+        std::fprintf(stderr, "\nmagnetar chat: the context of %lld tokens is full (raise --ctx)\n",
+                     (long long)session.n_ctx());
+        break;
+      }
       if (Status s = session.step(id); !s.ok()) {
         std::fprintf(stderr, "\nmagnetar chat: %s\n", s.message().c_str());
         break;

@@ -1,6 +1,7 @@
 #include "tools/cli.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -94,8 +95,8 @@ Status Args::parse(int argc, char** argv, int first) {
         char* end = nullptr;
         errno = 0;
         const float v = std::strtof(value.c_str(), &end);
-        if (value.empty() || *end != '\0' || errno != 0) {
-          return Status::error(format("option '%s': '%s' is not a number", arg.c_str(), value.c_str()));
+        if (value.empty() || *end != '\0' || errno != 0 || !std::isfinite(v)) {
+          return Status::error(format("option '%s': '%s' is not a finite number", arg.c_str(), value.c_str()));
         }
         *spec->as_float = v;
       } else {

@@ -178,6 +178,18 @@ void SamplingFlags::add_to(cli::Args& args) {
   args.option("--seed", &seed, "S", "random seed (0: random)");
 }
 
+std::string SamplingFlags::error() const {
+  const SamplingParams& p = params;
+  if (p.temperature < 0) return "--temp must be >= 0";
+  if (top_k < 0 || top_k > INT32_MAX) return "--top-k must be in [0, 2147483647]";
+  if (!(p.top_p >= 0 && p.top_p <= 1)) return "--top-p must be in [0, 1]";
+  if (!(p.min_p >= 0 && p.min_p <= 1)) return "--min-p must be in [0, 1]";
+  if (!(p.repeat_penalty > 0)) return "--repeat-penalty must be > 0 (1: off)";
+  if (last_n < -1 || last_n > INT32_MAX) return "--penalty-last-n must be -1 (all) or in [0, 2147483647]";
+  if (seed < 0) return "--seed must be >= 0";
+  return "";
+}
+
 SamplingParams SamplingFlags::resolved() const {
   SamplingParams p = params;
   p.top_k = int32_t(top_k);

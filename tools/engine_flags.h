@@ -50,6 +50,8 @@ struct SamplingFlags {
   int64_t last_n = 64;
 
   void add_to(cli::Args& args);
+  // The first out-of-range value, as "--flag ...: why" ("" when all are valid).
+  std::string error() const;
   SamplingParams resolved() const;
 };
 

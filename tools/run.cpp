@@ -74,6 +74,10 @@ int run_main(int argc, char** argv) {
               "write float32 logits [n_tokens, n_vocab] of every prompt position (teacher-forced) and exit");
   args.flag("--decode", &decode, "with --dump-logits: compute position by position through the KV cache");
   if (std::optional<int> code = args.parse_or_exit(argc, argv, "run")) return *code;
+  if (const std::string e = sampling.error(); !e.empty()) {
+    std::fprintf(stderr, "magnetar run: %s\n", e.c_str());
+    return kExitBadInput;
+  }
   const int given = int(!prompt.empty()) + int(!prompt_file.empty()) + int(!tokens_text.empty());
   if (given != 1) {
     std::fprintf(stderr, "magnetar run: give exactly one of -p, -f, --tokens (see --help)\n");

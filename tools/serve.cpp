@@ -60,6 +60,10 @@ int serve_main(int argc, char** argv) {
   bool verbose = false;
   args.flag("--verbose", &verbose, "print the parts of requests that are accepted and ignored (a json_schema's schema, a thinking budget)");
   if (std::optional<int> code = args.parse_or_exit(argc, argv, "serve")) return *code;
+  if (const std::string e = sampling.error(); !e.empty()) {
+    std::fprintf(stderr, "magnetar serve: %s\n", e.c_str());
+    return kExitBadInput;
+  }
   if (keepalive < 0) {
     std::fprintf(stderr, "magnetar serve: --keepalive-seconds must be >= 0\n");
     return kExitBadInput;

@@ -128,6 +128,11 @@ TEST_F(Serve, BadRequestsAre400AndNameTheField) {
       {R"({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"})", "temperature"},
       {R"({"messages": [{"role": "user", "content": 7}]})", "messages[0].content"},
       {R"({"messages": [{"role": "user", "content": "hi"}], "stop": 3})", "stop"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "temperature": -1})",
+       "temperature must be a finite number >= 0"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "top_p": 1.5})", "top_p must be in [0, 1]"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "min_p": -1})", "min_p must be in [0, 1]"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "top_k": 4294967297})", "top_k must be in"},
   };
   for (const Case& c : cases) {
     int status = 0;

@@ -145,6 +145,13 @@ TEST_F(RunTool, BadInputIsOneLineAndExit2) {
       {"run -m " + model(), "exactly one of -p, -f, --tokens"},
       {"run -m " + file("missing.gguf") + " --tokens 1", "missing.gguf: cannot open"},
       {"run -m " + model() + " --tokens 1 --kv-type q4", "--kv-type must be f16, f32 or q8_0"},
+      {"run -m " + model() + " --tokens 1 --temp nan", "'nan' is not a finite number"},
+      {"run -m " + model() + " --tokens 1 --cache-gb inf", "'inf' is not a finite number"},
+      {"run -m " + model() + " --tokens 1 -t 100000", "-t 100000: at most 1024 threads"},
+      {"run -m " + model() + " --tokens 1 --ctx 100000000", "--ctx 100000000: at most 16777216 tokens"},
+      {"run -m " + model() + " --tokens 1 --top-p 1.5", "--top-p must be in [0, 1]"},
+      {"run -m " + model() + " --tokens 1 --top-k 4294967297", "--top-k must be in [0, 2147483647]"},
+      {"run -m " + model() + " --tokens 1 --repeat-penalty 0", "--repeat-penalty must be > 0"},
   };
   for (const Case& c : cases) {
     const Invocation r = magnetar(c.args);

@@ -237,6 +237,14 @@ TEST(ChatJinja, HostileTemplatesStopCleanly) {
   // A namespace that contains itself.
   EXPECT_TRUE(has(render("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns | tojson }}"), "nested deeper"));
   EXPECT_TRUE(has(render("{{ range(1000000000000) | length }}"), "MiB"));
+  // Steps that overflow int64 (before: the index wrapped negative and read far outside the array, or range's count
+  // came out 0 and its loop ran without bound).
+  EXPECT_EQ(render("{{ [1, 2, 3][1::9223372036854775807] }}"), "[2]");
+  EXPECT_EQ(render("{{ [1, 2, 3][1::-9223372036854775807] }}"), "[2]");
+  EXPECT_EQ(render("{{ range(9223372036854775806, 9223372036854775807, 2) }}"), "[9223372036854775806]");
+  EXPECT_EQ(render("{{ range(-9223372036854775807, -9223372036854775807 - 1 + 3, 5) | length }}"), "1");
+  EXPECT_EQ(render("{{ range(9223372036854775807, 9223372036854775800, -9223372036854775807) }}"),
+            "[9223372036854775807]");
 }
 
 // A long agentic conversation through a template shaped like the real ones (reverse scan, tools as JSON,
