@@ -189,6 +189,22 @@ int bench_main(int argc, char** argv) {
               "instead of the table: time to first token for an N-token history plus a 64-token turn, cold and then "
               "restored from --kv-disk-dir (required)");
   if (std::optional<int> code = args.parse_or_exit(argc, argv, "bench")) return *code;
+  if (ctx_start < 0 || ctx_max < ctx_start || step < 1 || gen < 0 || reps < 1 || sessions < 1 || ttft < 0) {
+    std::fprintf(stderr,
+                 "magnetar bench: need 0 <= --ctx-start <= --ctx-max, --step >= 1, --gen >= 0, --reps >= 1, "
+                 "--sessions >= 1, --ttft >= 0\n");
+    return kExitBadInput;
+  }
+  if (ttft == 0 && !model.kv_disk_dir.empty()) {
+    std::fprintf(stderr,
+                 "magnetar bench: --kv-disk-dir is for --ttft (the table's repetitions would restore their "
+                 "prompts from the disk instead of computing them)\n");
+    return kExitBadInput;
+  }
+  if (ttft > 0 && sessions > 1) {
+    std::fprintf(stderr, "magnetar bench: --sessions does not apply to --ttft\n");
+    return kExitBadInput;
+  }
   if (ttft > 0) {
     if (model.kv_disk_dir.empty()) {
       std::fprintf(stderr, "magnetar bench: --ttft needs --kv-disk-dir DIR (where the history's KV is saved)\n");
@@ -203,11 +219,6 @@ int bench_main(int argc, char** argv) {
     std::unique_ptr<Engine> engine = model.load("bench");
     if (!engine) return kExitBadInput;
     return bench_ttft(*engine, ttft, reps, seed, json);
-  }
-  if (ctx_start < 0 || ctx_max < ctx_start || step < 1 || gen < 0 || reps < 1 || sessions < 1 || ttft < 0) {
-    std::fprintf(stderr, "magnetar bench: need 0 <= --ctx-start <= --ctx-max, --step >= 1, --gen >= 0, --reps >= 1, "
-                 "--sessions >= 1\n");
-    return kExitBadInput;
   }
   const int64_t need_ctx = std::max(ctx_max + step + gen, sessions > 1 ? step + 2 * gen : 0);
   if (model.ctx == 0) model.ctx = need_ctx;

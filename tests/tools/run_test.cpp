@@ -245,6 +245,13 @@ TEST_F(RunTool, BenchTimeToFirstTokenRestoresTheHistory) {
   const Invocation missing = magnetar("bench -m " + model() + " --ttft 100");
   EXPECT_EQ(missing.status, 2);
   EXPECT_NE(missing.err.find("--ttft needs --kv-disk-dir"), std::string::npos) << missing.err;
+  // Flags that do not apply are refused, not ignored; the table refuses disk KV (its repetitions would be restores).
+  const Invocation no_reps = magnetar("bench -m " + model() + " --ttft 100 --kv-disk-dir " + file("kv") + " --reps 0");
+  EXPECT_EQ(no_reps.status, 2);
+  EXPECT_NE(no_reps.err.find("--reps >= 1"), std::string::npos) << no_reps.err;
+  const Invocation table = magnetar("bench -m " + model() + " --kv-disk-dir " + file("kv"));
+  EXPECT_EQ(table.status, 2);
+  EXPECT_NE(table.err.find("--kv-disk-dir is for --ttft"), std::string::npos) << table.err;
 }
 
 }  // namespace
