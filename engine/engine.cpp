@@ -344,6 +344,11 @@ Status open_disk_kv(Engine::Impl& impl) {
   const KvDiskOptions& o = impl.options.kv_disk;
   if (o.dir.empty()) return Status();
   if (o.gb < 0 || o.block_tokens < 1) return Status::error("--kv-disk-gb must be >= 0 and the block size >= 1");
+  if (o.block_tokens > impl.options.n_ctx) {
+    return Status::error(
+        format("--kv-block %lld is longer than the context of %lld tokens: no block would ever be saved",
+               (long long)o.block_tokens, (long long)impl.options.n_ctx));
+  }
   uint64_t budget = uint64_t(o.gb * double(1ull << 30));
   if (budget == 0) {
     // The directory may not exist yet (DiskCache creates it): the free space of its nearest existing ancestor.

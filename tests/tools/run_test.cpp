@@ -152,6 +152,8 @@ TEST_F(RunTool, BadInputIsOneLineAndExit2) {
       {"run -m " + model() + " --tokens 1 --top-p 1.5", "--top-p must be in [0, 1]"},
       {"run -m " + model() + " --tokens 1 --top-k 4294967297", "--top-k must be in [0, 2147483647]"},
       {"run -m " + model() + " --tokens 1 --repeat-penalty 0", "--repeat-penalty must be > 0"},
+      {"run -m " + model() + " --tokens 1 --ctx 64 --kv-disk-dir " + file("kv-bad") + " --kv-block 128",
+       "--kv-block 128 is longer than the context of 64 tokens"},
   };
   for (const Case& c : cases) {
     const Invocation r = magnetar(c.args);

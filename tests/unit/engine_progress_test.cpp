@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include "engine/engine.h"
 #include "quant/quant.h"
@@ -194,6 +196,67 @@ TEST_F(SyncProgressTest, AStoppedSweepContinuesWhereItStopped) {
   ASSERT_TRUE(again.value()->sync(changed).ok());
   ASSERT_TRUE(reference->sync(changed).ok());
   EXPECT_EQ(logits_of(*again.value()), logits_of(*reference));
+}
+
+// A paused sweep and a disk KV restore: a restore overwrites the rows of the sweep's computed layers (all of them when
+// its block fails its checks after the rows were written), so the sweep starts again instead of going on from them.
+// Session B's sweep over [8, 20) stops after layer 0; block 1 ([8, 16)) is on disk again (session C) but damaged in
+// layer 0's K row of position 8; B's next sync tries to restore it. Layer 0's K rows are read only by later tokens:
+// a step after the sync compares against a session that never paused.
+TEST_F(SyncProgressTest, ARestoreUnderAPausedSweepStartsTheSweepAgain) {
+  const std::string dir = ::testing::TempDir() + "engine_progress_kv_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  EngineOptions options = engine_->options();
+  options.experts = ExpertMode::kStream;
+  options.stream.census = false;
+  options.n_sweep = 12;
+  options.kv_disk = {.dir = dir, .gb = 0.01, .block_tokens = 8};
+  auto loaded = Engine::load(path_, options);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  Engine& engine = *loaded.value();
+  auto new_session = [&] {
+    auto made = engine.new_session();
+    EXPECT_TRUE(made.ok());
+    return std::move(made).value();
+  };
+  // Flips the high byte of the first K value of layer 0 in block 1's file (payload after the 4 KiB header and the
+  // token page; layer 0's K rows first).
+  auto damage_block_1 = [&] {
+    (void)engine.kv_disk_stats();  // the background writes are done
+    int found = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+      int64_t index = -1;
+      f.seekg(48);  // Header::index
+      f.read(reinterpret_cast<char*>(&index), 8);
+      if (index != 1) continue;
+      char c = 0;
+      f.seekg(8192 + 3);
+      f.read(&c, 1);
+      c = char(c ^ 0x40);
+      f.seekp(8192 + 3);
+      f.write(&c, 1);
+      ++found;
+    }
+    ASSERT_EQ(found, 1);
+  };
+  const std::vector<int32_t> tokens = prompt(20);
+  ASSERT_TRUE(new_session()->sync(tokens).ok());  // A: blocks 0 and 1 saved
+  damage_block_1();
+  std::unique_ptr<Session> b = new_session();
+  int calls = 0;
+  // Block 0 restored, block 1 rejected: a sweep over [8, 20), stopped after its embeddings and layer 0's 3 chunks.
+  ASSERT_FALSE(b->sync(tokens, Logits::kLast, [&](int64_t, int64_t) { return ++calls < 4; }).ok());
+  ASSERT_EQ(b->tokens().size(), 8u);
+  ASSERT_TRUE(new_session()->sync(tokens).ok());  // C: block 1 saved again
+  damage_block_1();
+  ASSERT_TRUE(b->sync(tokens).ok());
+  ASSERT_TRUE(b->step(7).ok());
+  std::unique_ptr<Session> reference = new_session();
+  ASSERT_TRUE(reference->sync(tokens).ok());  // block 1 rejected again: [8, 20) computed
+  ASSERT_TRUE(reference->step(7).ok());
+  EXPECT_EQ(logits_of(*b), logits_of(*reference));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -191,7 +191,7 @@ int32_t sample_by_full_sort(const SamplingParams& p, std::mt19937_64& rng, const
   for (size_t i = k; i-- > 0;) {
     if (prob[i] > 0) return order[i];
   }
-  return order[k - 1];
+  return allow ? first_allowed(0) : order[k - 1];  // every allowed survivor's probability underflowed: the best
 }
 
 TEST(Sampler, LargeVocabularyPicksWhatAFullSortPicks) {
