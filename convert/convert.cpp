@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -193,6 +194,13 @@ Status write(const Conversion& conv, const Options& options) {
 
   const int n_threads = std::max(1, options.n_threads);
   uint64_t done = 0;
+  // F16 outputs: values beyond its range (+-65,504; BF16 and F32 checkpoints hold some) become infinite. Counted per
+  // tensor and reported: a model with infinite weights computes NaN.
+  auto count_infinite_halves = [](const std::vector<uint8_t>& bytes) {
+    uint64_t n = 0;
+    for (size_t i = 0; i + 1 < bytes.size(); i += 2) n += ((bytes[i] | (bytes[i + 1] << 8)) & 0x7fff) == 0x7c00;
+    return n;
+  };
   std::vector<uint8_t> buffer;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const PlannedTensor& t = tensors[i];
@@ -201,6 +209,7 @@ Status write(const Conversion& conv, const Options& options) {
     const int64_t n_rows = t.n_rows();
     const size_t row_bytes = quant::row_size(type, t.row_length());
     const int64_t rows_per_chunk = std::max<int64_t>(1, int64_t(kChunkBytes / std::max<size_t>(1, row_bytes)));
+    uint64_t infinite = 0;
     for (int64_t r0 = 0; r0 < n_rows; r0 += rows_per_chunk) {
       const int64_t r1 = std::min(n_rows, r0 + rows_per_chunk);
       buffer.resize(size_t(r1 - r0) * row_bytes);
@@ -216,12 +225,19 @@ Status write(const Conversion& conv, const Options& options) {
         }
         for (std::thread& th : pool) th.join();
       }
+      if (type == quant::Type::F16) infinite += count_infinite_halves(buffer);
       MAGNETAR_RETURN_IF_ERROR(w.write(buffer));
       done += buffer.size();
       if (options.progress) options.progress(done, conv.data_bytes);
     }
     for (const SourceRows& s : t.sources) {
       if (last_use[s.tensor] == i) advise_done(*s.tensor);
+    }
+    if (infinite > 0) {
+      std::fprintf(stderr,
+                   "magnetar convert: warning: tensor '%s': %llu values are infinite in f16 (beyond +-65,504; "
+                   "--outtype bf16 or f32 keeps them)\n",
+                   t.name.c_str(), (unsigned long long)infinite);
     }
   }
   return w.finish();

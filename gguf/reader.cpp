@@ -125,7 +125,9 @@ Value read_value(Cursor& c, ValueType type, const std::string& field, int depth)
         return {};
       }
       std::vector<Value> items;
-      items.reserve(size_t(n));
+      // Reserved up to a bound: a Value takes ~100 bytes where a u8 element takes 1, so a hostile count that fits the
+      // file could still ask for ~100 times its size at once.
+      items.reserve(size_t(std::min<uint64_t>(n, 1 << 16)));
       for (uint64_t k = 0; k < n && !c.failed(); ++k) {
         items.push_back(read_value(c, ValueType(elem), field, depth + 1));
       }

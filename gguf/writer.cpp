@@ -1,6 +1,7 @@
 #include "gguf/writer.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,8 +18,9 @@ Writer::Writer(std::string path, uint32_t version)
 }
 
 Writer::~Writer() {
-  if (file_) std::fclose(file_);
+  // Removed while still locked: once closed, another job may take the name.
   if (!finished_ && pos_ > 0) std::remove(tmp_path_.c_str());
+  if (file_) std::fclose(file_);
 }
 
 void Writer::set(const std::string& key, Value value) {
@@ -44,8 +46,8 @@ Status Writer::add_tensor(const std::string& name, uint32_t type_id, std::span<c
     return Status::error(format("%s: tensor '%s': %zu dims (1..%d allowed)", path_.c_str(), name.c_str(),
                                 dims.size(), kMaxDims));
   }
-  for (const TensorInfo& t : tensors_) {
-    if (t.name == name) return Status::error(format("%s: tensor '%s': duplicate name", path_.c_str(), name.c_str()));
+  if (!names_.insert(name).second) {
+    return Status::error(format("%s: tensor '%s': duplicate name", path_.c_str(), name.c_str()));
   }
   TensorInfo info;
   info.name = name;
@@ -117,8 +119,19 @@ Status Writer::pad_to_alignment() {
 
 Status Writer::begin() {
   MAGNETAR_CHECK(file_ == nullptr);
-  file_ = std::fopen(tmp_path_.c_str(), "wb");
-  if (!file_) return Status::error(format("%s: cannot create: %s", tmp_path_.c_str(), std::strerror(errno)));
+  // The temporary is locked while it is written and renamed: a second job writing the same output fails here instead
+  // of truncating the first one's file under it (a temporary left by a killed job holds no lock and is reused).
+  const int fd = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::error(format("%s: cannot create: %s", tmp_path_.c_str(), std::strerror(errno)));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return Status::error(format("%s: another job is writing it (%s is locked)", path_.c_str(), tmp_path_.c_str()));
+  }
+  if (::ftruncate(fd, 0) != 0 || !(file_ = ::fdopen(fd, "wb"))) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    return Status::error(format("%s: cannot create: %s", tmp_path_.c_str(), why.c_str()));
+  }
   std::setvbuf(file_, nullptr, _IOFBF, 1 << 22);
   const uint32_t magic = 0x46554747;
   const uint64_t n_tensors = tensors_.size();
@@ -181,13 +194,13 @@ Status Writer::finish() {
   }
   // A writer that released pages as it went (release_written) drops the rest too, now that it is on disk.
   if (writeback_started_ > 0) (void)posix_fadvise(fileno(file_), 0, 0, POSIX_FADV_DONTNEED);
-  std::fclose(file_);
-  file_ = nullptr;
-  if (std::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+  if (std::rename(tmp_path_.c_str(), path_.c_str()) != 0) {  // still locked (closing would let another job in)
     return Status::error(format("%s: cannot rename from %s: %s", path_.c_str(), tmp_path_.c_str(),
                                 std::strerror(errno)));
   }
   finished_ = true;
+  std::fclose(file_);
+  file_ = nullptr;
   // The rename is durable once the directory entry is; some file systems cannot fsync a directory (EINVAL),
   // which is not an error here.
   const size_t slash = path_.rfind('/');

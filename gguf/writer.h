@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <span>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "base/status.h"
@@ -58,6 +59,7 @@ class Writer {
   uint32_t alignment_ = kDefaultAlignment;
   std::vector<KeyValue> metadata_;
   std::vector<TensorInfo> tensors_;
+  std::unordered_set<std::string> names_;  // of tensors_ (duplicates refused)
   uint64_t data_size_ = 0;
   std::FILE* file_ = nullptr;
   uint64_t pos_ = 0;          // bytes written so far

@@ -1,5 +1,6 @@
 // A progress bar on stderr for long jobs (convert, quantize, synth, perplexity). Silent for jobs that finish
-// within a second and when stderr is not a terminal except for a final summary line.
+// within a second. When stderr is not a terminal (a log file, nohup, systemd) a plain line every 30 seconds instead,
+// so that a stalled job can be told from a working one.
 #pragma once
 
 #include <unistd.h>
@@ -19,9 +20,15 @@ class Progress {
   void update(uint64_t done) {
     done_ = done;
     const double t = seconds();
-    if (t < 1.0 || t - last_draw_ < 0.1 || !isatty(STDERR_FILENO)) return;
+    const bool tty = isatty(STDERR_FILENO);
+    if (t < 1.0 || t - last_draw_ < (tty ? 0.1 : 30.0)) return;
     last_draw_ = t;
     const double frac = total_ ? double(done_) / double(total_) : 1.0;
+    if (!tty) {
+      std::fprintf(stderr, "%s: %.1f%%, %.0fs elapsed, ~%.0fs left\n", label_.c_str(), 100 * frac, t,
+                   frac > 0 ? t / frac - t : 0.0);
+      return;
+    }
     const int width = 30;
     const int fill = int(frac * width);
     const double eta = frac > 0 ? t / frac - t : 0;

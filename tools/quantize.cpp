@@ -111,7 +111,7 @@ Result<std::vector<Job>> plan(const gguf::Model& model, quant::Type main_type, c
   std::vector<Job> jobs;
   for (const gguf::TensorInfo& t : model.tensors()) {
     Job job{.src = &t, .out_type = t.type_id, .copy = true, .fallback_from = std::nullopt};
-    if (!keeps_type(t)) {
+    if (!keeps_type(t) && t.n_elements() > 0) {  // a tensor without elements is copied as it is
       quant::Type wanted = main_type;
       for (const TypeMap& m : maps) {
         if (std::regex_search(t.name, m.regex)) {

@@ -255,6 +255,7 @@ int synth_main(int argc, char** argv) {
               "embed the tokenizer of a Hugging Face folder (tokenizer.json, tokenizer_config.json); the vocabulary\n"
               "                           size becomes max(preset, tokenizer)");
   if (std::optional<int> code = args.parse_or_exit(argc, argv, "synth")) return *code;
+  threads = std::min<int64_t>(threads, 1024);  // as convert and quantize
   if (!check_path.empty()) {
     if (check_tokens < 1) {
       std::fprintf(stderr, "magnetar synth: --check-tokens must be >= 1\n");

@@ -186,6 +186,26 @@ TEST_F(Quantize, RowsThatDoNotFillBlocksFallBackAsLlamaCpp) {
   EXPECT_NE(r.out.find("fallback blk.0.ffn_up.weight: rows of 96, Q3_K -> IQ4_NL"), std::string::npos) << r.out;
 }
 
+// A tensor without elements ([0, 16]) is copied as it is (before: a division by its zero row length, SIGFPE).
+TEST_F(Quantize, ATensorWithoutElementsIsCopied) {
+  gguf::Writer w(file("empty-rows.gguf"));
+  w.set("general.architecture", gguf::Value::of_string("qwen3moe"));
+  const int64_t none[] = {0, 16}, some[] = {256, 2};
+  ASSERT_TRUE(w.add_tensor("blk.0.attn_k.weight", 0, none).ok());
+  ASSERT_TRUE(w.add_tensor("blk.0.attn_q.weight", 0, some).ok());
+  ASSERT_TRUE(w.begin().ok());
+  std::vector<float> values(512, 0.5f);
+  ASSERT_TRUE(w.write({reinterpret_cast<const uint8_t*>(values.data()), values.size() * 4}).ok());
+  ASSERT_TRUE(w.finish().ok());
+  const Invocation r =
+      magnetar("quantize " + file("empty-rows.gguf") + " -o " + file("empty-rows-q.gguf") + " --type q4_k");
+  ASSERT_EQ(r.status, 0) << r.err;
+  Result<std::unique_ptr<gguf::Model>> m = gguf::Model::open(file("empty-rows-q.gguf"));
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ(m.value()->find_tensor("blk.0.attn_k.weight")->type_id, 0u);
+  EXPECT_EQ(m.value()->find_tensor("blk.0.attn_q.weight")->type_id, uint32_t(quant::Type::Q4_K));
+}
+
 TEST_F(Quantize, RequantizingIsRefusedUnlessAllowed) {
   ASSERT_EQ(magnetar("quantize " + file("f32.gguf") + " -o " + file("rq-src.gguf") + " --type q4_k").status, 0);
   const Invocation r = magnetar("quantize " + file("rq-src.gguf") + " -o " + file("rq.gguf") + " --type q8_0");

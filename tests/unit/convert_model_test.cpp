@@ -3,7 +3,9 @@
 // (experts stacked with expert e in slice e) and metadata equal to config.json's fields.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 
 #include "convert/convert.h"
@@ -188,6 +190,25 @@ TEST(Convert, ShardedBf16AndF16SourcesKeepTheirBits) {
       ASSERT_EQ(v[size_t(3 * per + j)], test_value("model.layers.0.mlp.experts.3.down_proj.weight", j)) << j;
     }
   }
+}
+
+// F32 weights beyond f16's range, converted to f16, are infinite: the conversion says so, naming the tensor.
+TEST(Convert, ValuesBeyondF16AreReported) {
+  Folder f;
+  TinyQwen3 g;
+  std::vector<testing::StTensor> tensors = g.tensors();
+  for (testing::StTensor& t : tensors) {
+    if (t.name != "model.layers.1.self_attn.v_proj.weight") continue;
+    const float big[2] = {1e6f, -7e4f};
+    std::memcpy(t.bytes.data(), big, sizeof(big));
+  }
+  testing::write_hf_folder(f.dir, g.config(), tensors);
+  ::testing::internal::CaptureStderr();
+  const Status s = convert_folder(f, convert::OutType::kF16);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_NE(err.find("tensor 'blk.1.attn_v.weight': 2 values are infinite in f16"), std::string::npos) << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;  // no other tensor
 }
 
 TEST(Convert, FusedTransformers5ExpertLayout) {

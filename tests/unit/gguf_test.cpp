@@ -125,6 +125,40 @@ TEST(GgufWriter, IncompleteWriteNeverReplacesTheDestination) {
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
 }
 
+// Two jobs writing one output: the second fails at begin() while the first writes (before, it truncated the first
+// one's temporary and both wrote into it); the first finishes a whole file; a temporary left by a killed job (no
+// lock) is taken over.
+TEST(GgufWriter, ASecondWriterOfTheSameOutputIsRefused) {
+  TempDir dir;
+  const std::string path = dir.file("out.gguf");
+  const int64_t dims[] = {100};
+  const std::vector<uint8_t> data(400, 7);
+  Writer first(path);
+  ASSERT_TRUE(first.add_tensor("x", 0, dims).ok());
+  ASSERT_TRUE(first.begin().ok());
+  ASSERT_TRUE(first.write(std::span(data).first(200)).ok());
+  {
+    Writer second(path);
+    ASSERT_TRUE(second.add_tensor("x", 0, dims).ok());
+    const Status s = second.begin();
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("another job is writing it"), std::string::npos) << s.message();
+  }
+  EXPECT_TRUE(std::filesystem::exists(path + ".tmp"));  // the refused writer left the first one's file alone
+  ASSERT_TRUE(first.write(std::span(data).subspan(200)).ok());
+  ASSERT_TRUE(first.finish().ok());
+  Result<std::unique_ptr<Model>> m = Model::open(path);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ(std::vector<uint8_t>(m.value()->tensors()[0].data, m.value()->tensors()[0].data + 400), data);
+  testing::write_all(path + ".tmp", {9, 9, 9});  // what a killed job leaves
+  Writer third(path);
+  ASSERT_TRUE(third.add_tensor("y", 0, dims).ok());
+  ASSERT_TRUE(third.begin().ok());
+  ASSERT_TRUE(third.write(data).ok());
+  ASSERT_TRUE(third.finish().ok());
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+}
+
 TEST(GgufWriter, RejectsBadTensorDeclarations) {
   TempDir dir;
   Writer w(dir.file("x.gguf"));
