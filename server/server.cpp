@@ -210,11 +210,11 @@ struct ChatRequest {
   bool ignore_eos = false;  // OpenAI routes (as llama.cpp's and vLLM's servers): end-of-generation tokens never sampled
 };
 
-// The OpenAI sampling and limit fields, shared by /v1/chat/completions and /v1/completions.
 // A request's sampling fields in range.
 Status check_sampling(const SamplingParams& p, int64_t top_k) {
-  if (!std::isfinite(p.temperature) || p.temperature < 0)
+  if (!std::isfinite(p.temperature) || p.temperature < 0) {
     return Status::error("temperature must be a finite number >= 0");
+  }
   if (top_k < 0 || top_k > INT32_MAX) return Status::error("top_k must be in [0, 2147483647]");
   if (!(p.top_p >= 0 && p.top_p <= 1)) return Status::error("top_p must be in [0, 1]");
   if (!(p.min_p >= 0 && p.min_p <= 1)) return Status::error("min_p must be in [0, 1]");
@@ -224,6 +224,7 @@ Status check_sampling(const SamplingParams& p, int64_t top_k) {
   return Status();
 }
 
+// The OpenAI sampling and limit fields, shared by /v1/chat/completions and /v1/completions.
 Status parse_openai_sampling(const json& body, const SamplingParams& defaults, ChatRequest* out) {
   ChatRequest& r = *out;
   r.sampling = defaults;

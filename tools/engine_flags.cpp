@@ -105,6 +105,10 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
     std::fprintf(stderr, "magnetar %s: %s\n", command, engine.status().message().c_str());
     return nullptr;
   }
+  if (const int64_t train = engine.value()->info().n_ctx_train; train > 0 && engine.value()->options().n_ctx > train) {
+    std::fprintf(stderr, "magnetar %s: warning: --ctx %lld is beyond the model's training context of %lld tokens\n",
+                 command, (long long)engine.value()->options().n_ctx, (long long)train);
+  }
   // The plan is news when experts stream, KV goes to disk, a GPU present could not be used or --cpu-experts was asked
   // for (the plan says what became of it; a resident plan, on the CPU or the GPU, is the ordinary case); --show-plan
   // prints it always.

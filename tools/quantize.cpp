@@ -330,6 +330,16 @@ int quantize_main(int argc, char** argv) {
     return kExitBadInput;
   }
   const std::vector<Job>& jobs = planned.value();
+  // A --map that quantizes nothing is most likely a mistyped pattern: say so (the run goes on).
+  for (const TypeMap& m : maps) {
+    const bool used = std::any_of(model.tensors().begin(), model.tensors().end(), [&](const gguf::TensorInfo& t) {
+      return !keeps_type(t) && t.n_elements() > 0 && std::regex_search(t.name, m.regex);
+    });
+    if (!used) {
+      std::fprintf(stderr, "magnetar quantize: warning: --map '%s=%s' matches no quantized tensor\n", m.pattern.c_str(),
+                   std::string(quant::type_name(m.type)).c_str());
+    }
+  }
 
   gguf::Writer w(out_path);
   copy_metadata(model, *main_type, w);

@@ -136,8 +136,12 @@ TEST_F(Quantize, F16SourceQuantizesFromItsHalfValues) {
 TEST_F(Quantize, MapsOverrideFirstMatchWinsRoutersStayF32) {
   const Invocation r = magnetar("quantize " + file("f32.gguf") + " -o " + file("mapped.gguf") +
                                 " --type q8_0 --map _exps=q4_k --map 'blk\\.1\\.ffn_down_exps=q5_k'"
-                                " --map token_embd=q6_k --map ffn_gate=q4_0");
+                                " --map token_embd=q6_k --map ffn_gate=q4_0 --map nothing_here=q8_0");
   ASSERT_EQ(r.status, 0) << r.err;
+  // Only the map that matches no quantized tensor is reported (ffn_gate's tensors are taken by _exps first).
+  EXPECT_NE(r.err.find("warning: --map 'nothing_here=Q8_0' matches no quantized tensor"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("--map 'ffn_gate"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("--map 'blk"), std::string::npos) << r.err;
   expect_reference_output(file("f32.gguf"), file("mapped.gguf"), [](const std::string& name) {
     if (name.find("_exps") != std::string::npos) return quant::Type::Q4_K;  // the first map, for all layers
     if (name == "token_embd.weight") return quant::Type::Q6_K;
@@ -210,7 +214,8 @@ TEST_F(Quantize, RequantizingIsRefusedUnlessAllowed) {
   ASSERT_EQ(magnetar("quantize " + file("f32.gguf") + " -o " + file("rq-src.gguf") + " --type q4_k").status, 0);
   const Invocation r = magnetar("quantize " + file("rq-src.gguf") + " -o " + file("rq.gguf") + " --type q8_0");
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(r.err.find("--map 'ffn_gate"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("--map 'blk"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("tensor 'token_embd.weight' is already Q4_K"), std::string::npos) << r.err;
   EXPECT_FALSE(std::filesystem::exists(file("rq.gguf")));
   EXPECT_FALSE(std::filesystem::exists(file("rq.gguf.tmp")));

@@ -117,7 +117,7 @@ TEST_F(RunTool, DumpLogitsWithDiskKvComputesEveryPosition) {
 }
 
 // Generation fills the context and says so; --truncate leaves room for -n tokens (the last one sampled from the last
-// position's logits).
+// position's logits); a context beyond the model's training length is warned about.
 TEST_F(RunTool, AFullContextStopsWithAMessageAndTruncateLeavesRoom) {
   const Invocation full = magnetar("run -m " + model() + " --tokens 1,2,3,4,5,6 --ctx 8 -n 10");
   ASSERT_EQ(full.status, 0) << full.err;
@@ -127,6 +127,12 @@ TEST_F(RunTool, AFullContextStopsWithAMessageAndTruncateLeavesRoom) {
   ASSERT_EQ(fits.status, 0) << fits.err;
   EXPECT_NE(fits.err.find("generated 3 tokens"), std::string::npos) << fits.err;
   EXPECT_EQ(fits.err.find("is full"), std::string::npos) << fits.err;
+  const Invocation beyond = magnetar("run -m " + model() + " --tokens 1,2 --ctx 8192 -n 1");  // the preset's 4,096
+  ASSERT_EQ(beyond.status, 0) << beyond.err;
+  EXPECT_NE(beyond.err.find("warning: --ctx 8192 is beyond the model's training context of 4096 tokens"),
+            std::string::npos)
+      << beyond.err;
+  EXPECT_EQ(fits.err.find("training context"), std::string::npos) << fits.err;
   const Invocation cut = magnetar("run -m " + model() + " --tokens 1,2,3,4,5,6,7,8,9,10 --ctx 8 --truncate -n 3");
   ASSERT_EQ(cut.status, 0) << cut.err;
   EXPECT_NE(cut.err.find("prompt 6 tokens"), std::string::npos) << cut.err;
