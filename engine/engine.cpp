@@ -42,6 +42,7 @@ struct Engine::Impl {
   ModelInfo info;
   double load_seconds = 0;
   std::unique_ptr<kv::DiskCache> disk_kv;  // --kv-disk-dir
+  std::optional<uint64_t> plan_spare;      // the memory plan's budget less its total (one session in it); no plan: none
   models::RoutingCounts uses;              // every session's routing, for expert_map() (MoE models)
   bool on_gpu = false;                     // the model runs on the CUDA device (weights, KV and scratch there)
   bool gpu_tier = false;                   // ... with routed experts in host memory through a GPU pool
@@ -114,24 +115,28 @@ uint64_t session_scratch_bytes(const Engine::Impl& impl) {
   const uint64_t rows = uint64_t(o.n_batch) * uint64_t(std::max<int64_t>(1, hp.n_expert_used));
   // On the CPU a session's workspace also holds its prefill sweeps' residual stream (on the GPU the model holds it).
   const uint64_t sweep = impl.on_gpu ? 0 : uint64_t(impl.sweep_tokens) * uint64_t(hp.n_embd);
+  // FFN activations (gate, up and the down input): a dense model's n_batch rows of n_ff, else rows of n_ff_exp.
+  const uint64_t ffn = hp.n_expert > 0 ? rows * uint64_t(hp.n_ff_exp) : uint64_t(o.n_batch) * uint64_t(hp.n_ff);
   return 4 * (uint64_t(o.n_batch) * uint64_t(8 * hp.n_embd + 4 * hp.n_head * hp.head_dim + hp.n_expert + hp.n_vocab) +
-              rows * uint64_t(3 * hp.n_ff_exp + 2 * hp.n_embd) + sweep);
+              3 * ffn + rows * uint64_t(2 * hp.n_embd) + sweep);
 }
 
-// On the CPU, one session's KV cache and scratch must fit the memory available (a streamed plan counts them with the
-// experts; a dense model or --mmap has no plan, and a --ctx far beyond the memory failed its allocation or was killed).
+// One session's host memory must fit the memory available: on the CPU its KV cache and scratch (a streamed plan counts
+// them with the experts; a dense model or --mmap has no plan, and a --ctx far beyond the memory failed its allocation
+// or was killed), on the GPU the host copy of its KV cache (the GPU's checks cover the device).
 Status check_session_memory(const Engine::Impl& impl) {
   const Result<experts::MachineSnapshot> machine = experts::read_machine();
   if (!machine.ok()) return Status();  // nothing to check against (the planner reports it where it needs one)
   std::string source;
   const uint64_t budget = experts::memory_budget(machine.value(), &source);
-  const uint64_t need = session_kv_bytes(impl) + session_scratch_bytes(impl);
+  const uint64_t need = session_kv_bytes(impl) + (impl.on_gpu ? 0 : session_scratch_bytes(impl));
   if (need <= budget) return Status();
   const double gib = double(1ull << 30);
   return Status::error(
-      format("--ctx %lld: a session's KV cache and scratch take %.1f GiB, more than the %.1f GiB of "
-             "memory available (%s)",
-             (long long)impl.options.n_ctx, double(need) / gib, double(budget) / gib, source.c_str()));
+      format("--ctx %lld: a session's KV cache%s takes %.1f GiB of host memory, more than the %.1f GiB "
+             "available (%s; a smaller --ctx or --kv-type q8_0 needs less)",
+             (long long)impl.options.n_ctx, impl.on_gpu ? " (its host copy)" : " and scratch", double(need) / gib,
+             double(budget) / gib, source.c_str()));
 }
 
 // Decides where the routed experts live (experts/planner.h) and opens the store for a streamed plan.
@@ -177,6 +182,7 @@ Status plan_experts(Engine::Impl& impl, const std::string& path) {
                                                   .cache_bytes = uint64_t(o.stream.cache_gb * double(1ull << 30))}));
   if (!impl.plan_text.empty()) impl.plan_text += '\n';
   impl.plan_text += experts::describe(plan);
+  impl.plan_spare = plan.budget_bytes > plan.total_bytes ? plan.budget_bytes - plan.total_bytes : 0;
   while (!impl.plan_text.empty() && impl.plan_text.back() == '\n') impl.plan_text.pop_back();
   if (plan.mode == experts::PlanMode::kResident) return Status();
   if (!impl.on_gpu) {
@@ -530,7 +536,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
   impl->options.n_batch = std::min(impl->options.n_batch, impl->options.n_ctx);
   impl->pool = std::make_unique<cpu::ThreadPool>(impl->options.n_threads);
   MAGNETAR_RETURN_IF_ERROR(choose_device(*impl, *entry, path));
-  if (!impl->on_gpu) MAGNETAR_RETURN_IF_ERROR(check_session_memory(*impl));
+  MAGNETAR_RETURN_IF_ERROR(check_session_memory(*impl));
   if (!impl->on_gpu || impl->gpu_tier) MAGNETAR_RETURN_IF_ERROR(plan_experts(*impl, path));
   if (impl->options.cpu_experts && !impl->on_gpu) {
     impl->plan_text += "\n  --cpu-experts: no effect, the model runs on the CPU (the lane is the CUDA tiered mode's)";
@@ -563,11 +569,19 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
 uint64_t Engine::session_bytes() const { return session_kv_bytes(*impl_) + session_scratch_bytes(*impl_); }
 
 Result<int64_t> Engine::sessions_that_fit() const {
-  MAGNETAR_ASSIGN_OR_RETURN(const experts::MachineSnapshot machine, experts::read_machine());
-  const uint64_t available = experts::memory_budget(machine);
-  const uint64_t reserve = experts::reserve_bytes(machine);
-  const uint64_t free_bytes = available > reserve ? available - reserve : 0;
-  int64_t fit = int64_t(free_bytes / std::max<uint64_t>(1, session_bytes()));
+  const uint64_t one = std::max<uint64_t>(1, session_bytes());
+  int64_t fit = 0;
+  if (impl_->plan_spare) {
+    // What the memory plan left beyond everything it counted (one session among it): mapped weights not yet read
+    // and a cache not yet filled would look free to a fresh reading of the machine.
+    fit = int64_t(*impl_->plan_spare / one);
+  } else {
+    MAGNETAR_ASSIGN_OR_RETURN(const experts::MachineSnapshot machine, experts::read_machine());
+    const uint64_t available = experts::memory_budget(machine);
+    const uint64_t reserve = experts::reserve_bytes(machine);
+    const uint64_t free_bytes = available > reserve ? available - reserve : 0;
+    fit = std::max<int64_t>(0, int64_t(free_bytes / one) - 1);  // the first session is not allocated yet
+  }
   if (impl_->on_gpu) {
     // Each session also takes its KV on the GPU, allocated at its first forward pass: what is free there now,
     // less the 1 GiB reserve the load kept and the first session's share (not allocated yet, counted at load).

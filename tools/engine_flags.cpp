@@ -1,5 +1,6 @@
 #include "tools/engine_flags.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace magnetar::tools {
@@ -80,6 +81,11 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
   }
   if (gpu_cache_gb < 0) {
     std::fprintf(stderr, "magnetar %s: --gpu-cache-gb must be >= 0\n", command);
+    return nullptr;
+  }
+  if (std::max({cache_gb, gpu_cache_gb, kv_disk_gb}) > 1e6f) {  // GiB to bytes must fit 64 bits
+    std::fprintf(stderr, "magnetar %s: --cache-gb, --gpu-cache-gb and --kv-disk-gb must be at most 1,000,000\n",
+                 command);
     return nullptr;
   }
   if (cache_gb < 0 || queue_depth < 1 || queue_depth > 4096) {

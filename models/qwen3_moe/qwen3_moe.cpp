@@ -105,7 +105,11 @@ std::unique_ptr<Workspace> Qwen3Model::make_workspace(int64_t n_batch, int64_t n
   const size_t B = size_t(n_batch);
   const size_t q_dim = size_t(hp_.n_head * hp_.head_dim), kv_dim = size_t(hp_.n_head_kv * hp_.head_dim);
   const size_t k_used = size_t(std::max<int64_t>(1, hp_.n_expert_used));
-  const size_t ff = size_t(std::max(hp_.n_ff, hp_.n_ff_exp));
+  // FFN activations: MoE layers' B x k rows of n_ff_exp, dense layers' B rows of n_ff (Qwen3-MoE files carry an n_ff,
+  // 8x n_ff_exp on Qwen3-30B-A3B, that no layer uses unless some are dense).
+  const bool any_dense = std::any_of(w_.layers.begin(), w_.layers.end(), [](const Layer& L) { return !L.moe(); });
+  const size_t ffn_floats =
+      std::max(hp_.n_expert > 0 ? B * k_used * size_t(hp_.n_ff_exp) : 0, any_dense ? B * size_t(hp_.n_ff) : 0);
   ws->n_batch = n_batch;
   ws->n_ctx = n_ctx;
   ws->x.resize(B * size_t(hp_.n_embd));
@@ -118,8 +122,8 @@ std::unique_ptr<Workspace> Qwen3Model::make_workspace(int64_t n_batch, int64_t n
   ws->positions.resize(B);
   ws->attn_scratch.resize(cpu::attention_scratch_floats(n_ctx, hp_.n_head, hp_.n_head_kv, hp_.head_dim, n_threads));
   const size_t rows = hp_.n_expert > 0 ? B * k_used : B;  // FFN rows: one per (token, expert slot)
-  ws->gate.resize(rows * ff);
-  ws->up.resize(rows * ff);
+  ws->gate.resize(ffn_floats);
+  ws->up.resize(ffn_floats);
   ws->down.resize(rows * size_t(hp_.n_embd));
   if (hp_.n_expert > 0) {
     ws->router.resize(B * size_t(hp_.n_expert));
