@@ -169,6 +169,26 @@ class DepthGuard {
   int* d_;
 };
 
+// An operator chain (a + b + c ..., a.b.c ..., a | f | g ...) is parsed by a loop but nests its tree one level per
+// link: each link counts as a level of depth while the chain is parsed, so that freeing or walking the tree cannot
+// overflow the stack either.
+class ChainGuard {
+ public:
+  explicit ChainGuard(int* d) : d_(d) {}
+  ~ChainGuard() { *d_ -= n_; }
+  ChainGuard(const ChainGuard&) = delete;
+  ChainGuard& operator=(const ChainGuard&) = delete;
+  bool link() {  // false: too deep
+    ++*d_;
+    ++n_;
+    return *d_ <= kMaxParseDepth;
+  }
+
+ private:
+  int* d_;
+  int n_ = 0;
+};
+
 Result<std::unique_ptr<Program>> parse_program(std::string_view source);
 
 }  // namespace magnetar::chat::jinja

@@ -237,6 +237,8 @@ class Parser {
 
   // `if` or `elif` (after its name): test, body, then elif (a nested kIf in alt) or else.
   Status if_chain(Stmt* s, uint32_t at) {
+    DepthGuard g(&depth_);  // each elif nests one level
+    if (depth_ > kMaxParseDepth) return too_deep();
     s->kind = StmtKind::kIf;
     TRY(s->expr, expression());
     MAGNETAR_RETURN_IF_ERROR(expect(Tok::kCloseStmt, "'%}'"));
@@ -306,7 +308,9 @@ class Parser {
 
   Result<ExprPtr> logical_or() {
     TRY(ExprPtr left, logical_and());
+    ChainGuard chain(&depth_);
     while (is_ident("or")) {
+      if (!chain.link()) return too_deep();
       const uint32_t at = pos();
       ++cur_;
       TRY(ExprPtr right, logical_and());
@@ -317,7 +321,9 @@ class Parser {
 
   Result<ExprPtr> logical_and() {
     TRY(ExprPtr left, logical_not());
+    ChainGuard chain(&depth_);
     while (is_ident("and")) {
+      if (!chain.link()) return too_deep();
       const uint32_t at = pos();
       ++cur_;
       TRY(ExprPtr right, logical_not());
@@ -339,7 +345,9 @@ class Parser {
 
   Result<ExprPtr> comparison() {
     TRY(ExprPtr left, additive());
+    ChainGuard chain(&depth_);
     while (true) {
+      if (!chain.link()) return too_deep();
       const uint32_t at = pos();
       Op op;
       if (is_ident("not") && is_ident("in", 1)) {
@@ -361,7 +369,9 @@ class Parser {
 
   Result<ExprPtr> additive() {
     TRY(ExprPtr left, multiplicative());
+    ChainGuard chain(&depth_);
     while (is(Tok::kAdditive)) {
+      if (!chain.link()) return too_deep();
       const uint32_t at = pos();
       const Op op = binary_op(t_[cur_++].value);
       TRY(ExprPtr right, multiplicative());
@@ -372,7 +382,9 @@ class Parser {
 
   Result<ExprPtr> multiplicative() {
     TRY(ExprPtr left, power());
+    ChainGuard chain(&depth_);
     while (is(Tok::kMultiplicative)) {
+      if (!chain.link()) return too_deep();
       const uint32_t at = pos();
       const Op op = binary_op(t_[cur_++].value);
       TRY(ExprPtr right, power());
@@ -383,7 +395,9 @@ class Parser {
 
   Result<ExprPtr> power() {
     TRY(ExprPtr left, test());
+    ChainGuard chain(&depth_);
     while (is(Tok::kPower)) {
+      if (!chain.link()) return too_deep();
       const uint32_t at = pos();
       ++cur_;
       TRY(ExprPtr right, test());
@@ -394,7 +408,9 @@ class Parser {
 
   Result<ExprPtr> test() {
     TRY(ExprPtr operand, filter());
+    ChainGuard chain(&depth_);
     while (is_ident("is")) {
+      if (!chain.link()) return too_deep();
       auto e = make_expr(ExprKind::kTest, pos());
       ++cur_;
       if (is_ident("not")) {
@@ -424,7 +440,9 @@ class Parser {
 
   Result<ExprPtr> filter() {
     TRY(ExprPtr operand, unary());
+    ChainGuard chain(&depth_);
     while (is(Tok::kPipe)) {
+      if (!chain.link()) return too_deep();
       ++cur_;
       TRY(operand, filter_node(std::move(operand)));
     }
@@ -446,7 +464,9 @@ class Parser {
 
   // Members, slices and calls after a primary: a.b[c](d).e ...
   Result<ExprPtr> postfix(ExprPtr object) {
+    ChainGuard chain(&depth_);
     while (true) {
+      if (!chain.link()) return too_deep();
       if (is(Tok::kDot)) {
         ++cur_;
         auto m = make_expr(ExprKind::kMember, object->pos);

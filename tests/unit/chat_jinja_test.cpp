@@ -230,6 +230,31 @@ TEST(ChatJinja, HostileTemplatesStopCleanly) {
   EXPECT_TRUE(has(render("{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
                          "{% endfor %}{{ ns.s | length }}"),
                   "MiB"));
+  // Long chains and elif ladders nest the tree as deep (before: parsed by loops, then a crash freeing the tree).
+  EXPECT_TRUE(has(render("{{ 1" +
+                         [] {
+                           std::string s;
+                           for (int i = 0; i < 300000; ++i) s += "+1";
+                           return s;
+                         }() +
+                         " }}"),
+                  "nested deeper"));
+  EXPECT_TRUE(has(render("{% if false %}" +
+                         [] {
+                           std::string s;
+                           for (int i = 0; i < 300000; ++i) s += "{% elif false %}";
+                           return s;
+                         }() +
+                         "{% endif %}"),
+                  "nested deeper"));
+  EXPECT_TRUE(has(render("{{ x" +
+                         [] {
+                           std::string s;
+                           for (int i = 0; i < 300000; ++i) s += ".a";
+                           return s;
+                         }() +
+                         " }}"),
+                  "nested deeper"));
   // Deep nesting in the source and in values.
   EXPECT_TRUE(has(render("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}"), "nested deeper"));
   EXPECT_TRUE(has(render("{% set ns = namespace(x=[]) %}{% for i in range(5000) %}{% set ns.x = [ns.x] %}{% endfor %}"),
