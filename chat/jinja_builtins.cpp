@@ -472,21 +472,13 @@ Result<Value> call_global(Interp& in, Fn fn, const Args& args) {
       const int64_t stop = args.pos.size() == 1 ? args.pos[0].i : args.pos[1].i;
       const int64_t step = args.pos.size() == 3 ? args.pos[2].i : 1;
       if (step == 0) return Status::error("range() step must not be zero");
-      // The count in exact integers: ceil(|stop - start| / |step|) when stop lies beyond start in step's direction.
-      const bool up = step > 0;
-      const unsigned __int128 span = up ? (stop > start ? (unsigned __int128)((__int128)stop - start) : 0)
-                                        : (start > stop ? (unsigned __int128)((__int128)start - stop) : 0);
-      const unsigned __int128 stride = up ? (unsigned __int128)step : (unsigned __int128)(-(__int128)step);
-      const unsigned __int128 n = span == 0 ? 0 : (span - 1) / stride + 1;
-      MAGNETAR_RETURN_IF_ERROR(
-          in.charge_bytes(uint64_t(std::min<unsigned __int128>(n, uint64_t(1) << 50)) * sizeof(Value)));
+      // In 128-bit integers, where neither the count nor the steps can overflow: ceil((stop - start) / step).
+      const __int128 span = step > 0 ? (__int128)stop - start : (__int128)start - stop;
+      const __int128 n = span > 0 ? (span - 1) / (step > 0 ? (__int128)step : -(__int128)step) + 1 : 0;
+      MAGNETAR_RETURN_IF_ERROR(in.charge_bytes(uint64_t(std::min<__int128>(n, __int128(1) << 50)) * sizeof(Value)));
       Array items;
       items.reserve(size_t(n));
-      int64_t i = start;
-      for (unsigned __int128 k = 0; k < n; ++k) {
-        items.push_back(Value::integer(i));
-        if (k + 1 < n) i += step;  // stays within [start, stop): no overflow
-      }
+      for (__int128 i = start; items.size() < size_t(n); i += step) items.push_back(Value::integer(int64_t(i)));
       return Value::array(std::move(items));
     }
     case Fn::kStrftimeNow: {

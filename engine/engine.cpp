@@ -124,8 +124,7 @@ uint64_t session_scratch_bytes(const Engine::Impl& impl) {
 // One session's host memory must fit the memory available: on the CPU its KV cache and scratch (a streamed plan counts
 // them with the experts; a dense model or --mmap has no plan, and a --ctx far beyond the memory failed its allocation
 // or was killed), on the GPU the host copy of its KV cache (the GPU's checks cover the device).
-Status check_session_memory(const Engine::Impl& impl) {
-  const Result<experts::MachineSnapshot> machine = experts::read_machine();
+Status check_session_memory(const Engine::Impl& impl, const Result<experts::MachineSnapshot>& machine) {
   if (!machine.ok()) return Status();  // nothing to check against (the planner reports it where it needs one)
   std::string source;
   const uint64_t budget = experts::memory_budget(machine.value(), &source);
@@ -140,7 +139,7 @@ Status check_session_memory(const Engine::Impl& impl) {
 }
 
 // Decides where the routed experts live (experts/planner.h) and opens the store for a streamed plan.
-Status plan_experts(Engine::Impl& impl, const std::string& path) {
+Status plan_experts(Engine::Impl& impl, const std::string& path, const Result<experts::MachineSnapshot>& machine) {
   const experts::ExpertLayout* layout = impl.model->expert_layout();
   const EngineOptions& o = impl.options;
   if (!layout) {
@@ -155,7 +154,7 @@ Status plan_experts(Engine::Impl& impl, const std::string& path) {
     return Status();
   }
   const models::HParams& hp = impl.model->hparams();
-  MAGNETAR_ASSIGN_OR_RETURN(experts::MachineSnapshot machine, experts::read_machine());
+  if (!machine.ok()) return machine.status();
   experts::ModelFootprint fp;
   fp.expert_bytes_total = layout->total_expert_bytes();
   fp.non_expert_bytes = impl.file->file_bytes() - std::min(impl.file->file_bytes(), fp.expert_bytes_total);
@@ -173,7 +172,7 @@ Status plan_experts(Engine::Impl& impl, const std::string& path) {
                                    : o.experts == ExpertMode::kStream ? experts::MemoryMode::kStream
                                                                       : experts::MemoryMode::kAuto;
   MAGNETAR_ASSIGN_OR_RETURN(experts::Plan plan,
-                            experts::plan_memory({.machine = machine,
+                            experts::plan_memory({.machine = machine.value(),
                                                   .model = fp,
                                                   .kv_bytes = kv_bytes,
                                                   .n_ctx = o.n_ctx,
@@ -536,8 +535,9 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
   impl->options.n_batch = std::min(impl->options.n_batch, impl->options.n_ctx);
   impl->pool = std::make_unique<cpu::ThreadPool>(impl->options.n_threads);
   MAGNETAR_RETURN_IF_ERROR(choose_device(*impl, *entry, path));
-  MAGNETAR_RETURN_IF_ERROR(check_session_memory(*impl));
-  if (!impl->on_gpu || impl->gpu_tier) MAGNETAR_RETURN_IF_ERROR(plan_experts(*impl, path));
+  const Result<experts::MachineSnapshot> machine = experts::read_machine();  // one reading for both
+  MAGNETAR_RETURN_IF_ERROR(check_session_memory(*impl, machine));
+  if (!impl->on_gpu || impl->gpu_tier) MAGNETAR_RETURN_IF_ERROR(plan_experts(*impl, path, machine));
   if (impl->options.cpu_experts && !impl->on_gpu) {
     impl->plan_text += "\n  --cpu-experts: no effect, the model runs on the CPU (the lane is the CUDA tiered mode's)";
   }

@@ -20,6 +20,15 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// A read's buffers from iov[*first] on are what is left to read; takes n more bytes as read. False when none is left.
+bool consume(std::vector<iovec>& iov, size_t* first, size_t n) {
+  while (*first < iov.size() && n >= iov[*first].iov_len) n -= iov[(*first)++].iov_len;
+  if (*first == iov.size()) return false;
+  iov[*first].iov_base = static_cast<uint8_t*>(iov[*first].iov_base) + n;
+  iov[*first].iov_len -= n;
+  return true;
+}
+
 // ---- io_uring ------------------------------------------------------------------------------------------------
 // One ring of `depth` entries; each in-flight read owns a slot (its iovecs, progress and start time); user_data is
 // the slot index. Reads beyond the queue depth wait in a backlog (submit never blocks, so the caller can compute
@@ -69,16 +78,6 @@ class UringReader final : public Reader {
     int64_t done = 0;  // bytes read so far
     uint64_t tag = 0;
     Clock::time_point start;
-
-    // Takes n more bytes as read; false when the read is complete.
-    bool advance(size_t n) {
-      done += int64_t(n);
-      while (first < iov.size() && n >= iov[first].iov_len) n -= iov[first++].iov_len;
-      if (first == iov.size()) return false;
-      iov[first].iov_base = static_cast<uint8_t*>(iov[first].iov_base) + n;
-      iov[first].iov_len -= n;
-      return true;
-    }
   };
   struct Pending {
     int fd;
@@ -141,11 +140,13 @@ class UringReader final : public Reader {
       const int s = int(io_uring_cqe_get_data64(cqe));
       const int res = cqe->res;
       io_uring_cqe_seen(&ring_, cqe);
-      if (res > 0 && slots_[size_t(s)].advance(size_t(res))) {
+      Slot& slot = slots_[size_t(s)];
+      if (res > 0) slot.done += res;
+      if (res > 0 && consume(slot.iov, &slot.first, size_t(res))) {
         queue(s);  // short: read the rest
         continue;
       }
-      finish(s, res < 0 ? int64_t(res) : slots_[size_t(s)].done);
+      finish(s, res < 0 ? int64_t(res) : slot.done);
       ++got;
       start_backlog();
     }
@@ -229,11 +230,7 @@ class PreadReader final : public Reader {
         }
         if (r == 0) break;
         total += r;
-        size_t left = size_t(r);
-        while (first < rest.size() && left >= rest[first].iov_len) left -= rest[first++].iov_len;
-        if (first == rest.size()) break;
-        rest[first].iov_base = static_cast<uint8_t*>(rest[first].iov_base) + left;
-        rest[first].iov_len -= left;
+        if (!consume(rest, &first, size_t(r))) break;
       }
       {
         std::lock_guard lock(mu_);

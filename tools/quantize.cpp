@@ -68,6 +68,10 @@ bool keeps_type(const gguf::TensorInfo& t) {
   return effective_dims(t) < 2 || t.name.find("ffn_gate_inp.weight") != std::string::npos;
 }
 
+// What --type and --map apply to (the rest is copied): weights of two or more dimensions, routers excepted, with
+// elements (a [0, N] tensor is copied as it is).
+bool quantizable(const gguf::TensorInfo& t) { return !keeps_type(t) && t.n_elements() > 0; }
+
 bool fits(quant::Type type, int64_t row_length) { return row_length % quant::traits(type).block_size == 0; }
 
 // llama.cpp's llama_tensor_get_type fallback for rows of `row_length` elements that `wanted` cannot hold.
@@ -111,7 +115,7 @@ Result<std::vector<Job>> plan(const gguf::Model& model, quant::Type main_type, c
   std::vector<Job> jobs;
   for (const gguf::TensorInfo& t : model.tensors()) {
     Job job{.src = &t, .out_type = t.type_id, .copy = true, .fallback_from = std::nullopt};
-    if (!keeps_type(t) && t.n_elements() > 0) {  // a tensor without elements is copied as it is
+    if (quantizable(t)) {
       quant::Type wanted = main_type;
       for (const TypeMap& m : maps) {
         if (std::regex_search(t.name, m.regex)) {
@@ -333,7 +337,7 @@ int quantize_main(int argc, char** argv) {
   // A --map that quantizes nothing is most likely a mistyped pattern: say so (the run goes on).
   for (const TypeMap& m : maps) {
     const bool used = std::any_of(model.tensors().begin(), model.tensors().end(), [&](const gguf::TensorInfo& t) {
-      return !keeps_type(t) && t.n_elements() > 0 && std::regex_search(t.name, m.regex);
+      return quantizable(t) && std::regex_search(t.name, m.regex);
     });
     if (!used) {
       std::fprintf(stderr, "magnetar quantize: warning: --map '%s=%s' matches no quantized tensor\n", m.pattern.c_str(),

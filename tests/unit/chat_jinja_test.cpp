@@ -24,6 +24,11 @@ std::string render(std::string_view source, const J& context = J::object()) {
 }
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+std::string repeat(const std::string& piece, int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) out += piece;
+  return out;
+}
 
 TEST(ChatJinja, TextAndWhitespaceControl) {
   EXPECT_EQ(render("hello\n"), "hello");  // one trailing newline dropped
@@ -231,30 +236,9 @@ TEST(ChatJinja, HostileTemplatesStopCleanly) {
                          "{% endfor %}{{ ns.s | length }}"),
                   "MiB"));
   // Long chains and elif ladders nest the tree as deep (before: parsed by loops, then a crash freeing the tree).
-  EXPECT_TRUE(has(render("{{ 1" +
-                         [] {
-                           std::string s;
-                           for (int i = 0; i < 300000; ++i) s += "+1";
-                           return s;
-                         }() +
-                         " }}"),
-                  "nested deeper"));
-  EXPECT_TRUE(has(render("{% if false %}" +
-                         [] {
-                           std::string s;
-                           for (int i = 0; i < 300000; ++i) s += "{% elif false %}";
-                           return s;
-                         }() +
-                         "{% endif %}"),
-                  "nested deeper"));
-  EXPECT_TRUE(has(render("{{ x" +
-                         [] {
-                           std::string s;
-                           for (int i = 0; i < 300000; ++i) s += ".a";
-                           return s;
-                         }() +
-                         " }}"),
-                  "nested deeper"));
+  EXPECT_TRUE(has(render("{{ 1" + repeat("+1", 300000) + " }}"), "nested deeper"));
+  EXPECT_TRUE(has(render("{% if false %}" + repeat("{% elif false %}", 300000) + "{% endif %}"), "nested deeper"));
+  EXPECT_TRUE(has(render("{{ x" + repeat(".a", 300000) + " }}"), "nested deeper"));
   // Deep nesting in the source and in values.
   EXPECT_TRUE(has(render("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}"), "nested deeper"));
   EXPECT_TRUE(has(render("{% set ns = namespace(x=[]) %}{% for i in range(5000) %}{% set ns.x = [ns.x] %}{% endfor %}"),
