@@ -73,6 +73,7 @@ namespace {
 constexpr int64_t kCpuBatch = 512;
 constexpr int64_t kMaxCtx = int64_t(1) << 24;  // --ctx: 16,777,216 tokens (byte counts stay far from overflowing)
 constexpr int kMaxThreads = 1024;              // -t
+constexpr int64_t kMaxSessions = 1024;         // EngineOptions::n_sessions
 constexpr int64_t kGpuBatch = 2048;
 // EngineOptions::n_sweep -1 (auto): the longest prefill sweep whose residual stream fits this.
 constexpr uint64_t kSweepBytes = 256ull << 20;
@@ -121,21 +122,46 @@ uint64_t session_scratch_bytes(const Engine::Impl& impl) {
               3 * ffn + rows * uint64_t(2 * hp.n_embd) + sweep);
 }
 
-// One session's host memory must fit the memory available: on the CPU its KV cache and scratch (a streamed plan counts
-// them with the experts; a dense model or --mmap has no plan, and a --ctx far beyond the memory failed its allocation
-// or was killed), on the GPU the host copy of its KV cache (the GPU's checks cover the device).
+// "one session's", "4 sessions'".
+std::string sessions_words(int64_t n) {
+  return n == 1 ? std::string("one session's") : format("%lld sessions'", (long long)n);
+}
+
+// The disk KV checkpoints' layout (--kv-disk-dir) for this model; `identity` as the files must match it.
+kv::KvFormat disk_kv_format(const Engine::Impl& impl, uint64_t identity) {
+  const models::HParams& hp = impl.model->hparams();
+  return {.model_identity = identity,
+          .type = kv_quant_type(impl.options.kv_type),
+          .n_layer = hp.n_layer,
+          .row_elements = hp.n_head_kv * hp.head_dim};
+}
+
+// Host memory the disk KV checkpoints take besides the KV rows (block copies, read buffers); 0 without them.
+uint64_t kv_disk_buffer_bytes(const Engine::Impl& impl) {
+  const KvDiskOptions& o = impl.options.kv_disk;
+  return o.dir.empty() ? 0 : kv::DiskCache::memory_bytes(disk_kv_format(impl, 0), o.block_tokens);
+}
+
+// The planned sessions' host memory (EngineOptions::n_sessions) must fit the memory available: on the CPU their KV
+// caches and scratch (a streamed plan counts them with the experts; a dense model or --mmap has no plan, and a --ctx
+// far beyond the memory failed its allocation or was killed), on the GPU the host copies of their KV caches (the
+// GPU's checks cover the device); and the disk KV's buffers.
 Status check_session_memory(const Engine::Impl& impl, const Result<experts::MachineSnapshot>& machine) {
   if (!machine.ok()) return Status();  // nothing to check against (the planner reports it where it needs one)
   std::string source;
   const uint64_t budget = experts::memory_budget(machine.value(), &source);
-  const uint64_t need = session_kv_bytes(impl) + (impl.on_gpu ? 0 : session_scratch_bytes(impl));
+  const int64_t n = impl.options.n_sessions;
+  const uint64_t need = uint64_t(n) * (session_kv_bytes(impl) + (impl.on_gpu ? 0 : session_scratch_bytes(impl))) +
+                        kv_disk_buffer_bytes(impl);
   if (need <= budget) return Status();
   const double gib = double(1ull << 30);
+  const std::string what = n > 1 ? format("%lld sessions' KV caches", (long long)n) : "a session's KV cache";
   return Status::error(
-      format("--ctx %lld: a session's KV cache%s takes %.1f GiB of host memory, more than the %.1f GiB "
-             "available (%s; a smaller --ctx or --kv-type q8_0 needs less)",
-             (long long)impl.options.n_ctx, impl.on_gpu ? " (its host copy)" : " and scratch", double(need) / gib,
-             double(budget) / gib, source.c_str()));
+      format("--ctx %lld: %s%s%s take%s %.1f GiB of host memory, more than the %.1f GiB available (%s; a smaller "
+             "--ctx%s or --kv-type q8_0 needs less)",
+             (long long)impl.options.n_ctx, what.c_str(), impl.on_gpu ? " (host copies)" : " and scratch",
+             kv_disk_buffer_bytes(impl) > 0 ? " with the disk KV's buffers" : "", n > 1 ? "" : "s", double(need) / gib,
+             double(budget) / gib, source.c_str(), n > 1 ? ", fewer sessions" : ""));
 }
 
 // Decides where the routed experts live (experts/planner.h) and opens the store for a streamed plan.
@@ -167,7 +193,8 @@ Status plan_experts(Engine::Impl& impl, const std::string& path, const Result<ex
   // in session_scratch_bytes before sweep_tokens is set below).
   const uint64_t cpu_row = 4 * uint64_t(hp.n_embd);
   const uint64_t cpu_sweep = impl.on_gpu ? 0 : cpu_row * uint64_t(sweep_for(o, cpu_row));
-  const uint64_t kv_bytes = session_kv_bytes(impl), scratch = session_scratch_bytes(impl) + cpu_sweep;
+  const uint64_t n = uint64_t(o.n_sessions);
+  const uint64_t kv_bytes = n * session_kv_bytes(impl), scratch = n * (session_scratch_bytes(impl) + cpu_sweep);
   const experts::MemoryMode mode = o.experts == ExpertMode::kResident ? experts::MemoryMode::kResident
                                    : o.experts == ExpertMode::kStream ? experts::MemoryMode::kStream
                                                                       : experts::MemoryMode::kAuto;
@@ -176,7 +203,9 @@ Status plan_experts(Engine::Impl& impl, const std::string& path, const Result<ex
                                                   .model = fp,
                                                   .kv_bytes = kv_bytes,
                                                   .n_ctx = o.n_ctx,
+                                                  .n_sessions = o.n_sessions,
                                                   .scratch_bytes = scratch,
+                                                  .kv_disk_bytes = kv_disk_buffer_bytes(impl),
                                                   .mode = mode,
                                                   .cache_bytes = uint64_t(o.stream.cache_gb * double(1ull << 30))}));
   if (!impl.plan_text.empty()) impl.plan_text += '\n';
@@ -266,8 +295,11 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   // tensor-core products run ~30% faster on 2,048 rows than on 4 x 512: docs/benchmarks/2026-12-01-cuda-prefill-int-
   // epilogue.md), else 512 (a GPU pool keeps that memory for experts).
   const bool host_experts = o.experts == ExpertMode::kStream || o.experts == ExpertMode::kMmap;
-  // One session's KV and scratch (for the current n_batch) and the reserve.
-  auto kv_scratch_bytes = [&] { return session_kv_bytes(impl) + session_scratch_bytes(impl) + kv_f16 + kReserve; };
+  // The planned sessions' KV (EngineOptions::n_sessions), the scratch (the model's, for the current n_batch) and the
+  // reserve.
+  auto kv_scratch_bytes = [&] {
+    return uint64_t(o.n_sessions) * session_kv_bytes(impl) + session_scratch_bytes(impl) + kv_f16 + kReserve;
+  };
   if (impl.batch_auto) {
     impl.options.n_batch = std::min(kGpuBatch, o.n_ctx);
     if (o.gpu_cache_gb > 0 || host_experts || impl.file->file_bytes() + kv_scratch_bytes() > gpu.free_bytes) {
@@ -285,14 +317,17 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   if (pool == 0 && expert_bytes > 0 && (host_experts || resident_need > gpu.free_bytes)) {
     pool = gpu.free_bytes > fixed_need ? std::min(gpu.free_bytes - fixed_need, expert_bytes) : 0;
     if (pool == 0) {
-      return fall_back(format("%s: the non-expert weights, one session's KV, scratch and prefill sweeps (--sweep) "
-                              "need %.1f GiB, %.1f GiB free",
-                              gpu.name.c_str(), double(fixed_need) / gib, double(gpu.free_bytes) / gib));
+      return fall_back(
+          format("%s: the non-expert weights, %s KV, scratch and prefill sweeps (--sweep) need %.1f GiB, "
+                 "%.1f GiB free",
+                 gpu.name.c_str(), sessions_words(o.n_sessions).c_str(), double(fixed_need) / gib,
+                 double(gpu.free_bytes) / gib));
     }
   }
   if (pool == 0 && resident_need > gpu.free_bytes) {
-    return fall_back(format("%s: the model needs %.1f GiB (weights, one session's KV and scratch, 1 GiB reserve), "
-                            "%.1f GiB free", gpu.name.c_str(), double(resident_need) / gib, double(gpu.free_bytes) / gib));
+    return fall_back(format("%s: the model needs %.1f GiB (weights, %s KV, scratch, 1 GiB reserve), %.1f GiB free",
+                            gpu.name.c_str(), double(resident_need) / gib, sessions_words(o.n_sessions).c_str(),
+                            double(gpu.free_bytes) / gib));
   }
   if (pool > 0 && fixed_need + pool > gpu.free_bytes) {
     return fall_back(format("%s: --gpu-cache-gb %.2f plus the non-expert weights, KV, scratch and prefill sweeps "
@@ -364,14 +399,9 @@ Status open_disk_kv(Engine::Impl& impl) {
     const uint64_t free_bytes = ::statvfs(at.c_str(), &fs) == 0 ? uint64_t(fs.f_bavail) * fs.f_frsize : 0;
     budget = std::min<uint64_t>(16ull << 30, free_bytes / 2);
   }
-  const models::HParams& hp = impl.model->hparams();
-  const kv::KvFormat format{.model_identity = impl.file->fingerprint(),
-                            .type = kv_quant_type(impl.options.kv_type),
-                            .n_layer = hp.n_layer,
-                            .row_elements = hp.n_head_kv * hp.head_dim};
   MAGNETAR_ASSIGN_OR_RETURN(impl.disk_kv,
                             kv::DiskCache::open({.dir = o.dir, .budget_bytes = budget, .block_tokens = o.block_tokens},
-                                                format));
+                                                disk_kv_format(impl, impl.file->fingerprint())));
   if (!impl.plan_text.empty()) impl.plan_text += "\n";
   impl.plan_text += "disk KV: " + impl.disk_kv->describe();
   return Status();
@@ -527,6 +557,10 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
   if (impl->options.n_ctx > kMaxCtx) {
     return Status::error(format("--ctx %lld: at most %lld tokens", (long long)impl->options.n_ctx, (long long)kMaxCtx));
   }
+  if (impl->options.n_sessions < 1 || impl->options.n_sessions > kMaxSessions) {
+    return Status::error(format("%lld sessions to plan for: at least 1 and at most %lld",
+                                (long long)impl->options.n_sessions, (long long)kMaxSessions));
+  }
   if (impl->options.n_threads > kMaxThreads) {
     return Status::error(format("-t %d: at most %d threads", impl->options.n_threads, kMaxThreads));
   }
@@ -572,9 +606,9 @@ Result<int64_t> Engine::sessions_that_fit() const {
   const uint64_t one = std::max<uint64_t>(1, session_bytes());
   int64_t fit = 0;
   if (impl_->plan_spare) {
-    // What the memory plan left beyond everything it counted (one session among it): mapped weights not yet read
+    // The sessions the memory plan counted (n_sessions) and what it left beyond them: mapped weights not yet read
     // and a cache not yet filled would look free to a fresh reading of the machine.
-    fit = int64_t(*impl_->plan_spare / one);
+    fit = int64_t(*impl_->plan_spare / one) + impl_->options.n_sessions - 1;
   } else {
     MAGNETAR_ASSIGN_OR_RETURN(const experts::MachineSnapshot machine, experts::read_machine());
     const uint64_t available = experts::memory_budget(machine);

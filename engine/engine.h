@@ -65,6 +65,10 @@ struct KvDiskOptions {
 struct EngineOptions {
   int n_threads = 0;          // 0: one per available core
   int64_t n_ctx = 0;          // context per session; 0: min(training context, 4096)
+  // Sessions the memory checks and plans make room for (KV and scratch of each; serve --parallel, bench --sessions):
+  // a streamed plan's expert cache, or a GPU pool, shrinks for them. More can be opened while memory allows
+  // (sessions_that_fit).
+  int64_t n_sessions = 1;
   int64_t n_batch = 0;        // tokens per forward call during prefill (bounds scratch memory); 0: 2048 when the
                               // whole model runs on the GPU with room for that scratch, else 512
   // Experts streamed or tiered (not all resident): prompt tokens per prefill sweep (a whole number of n_batch chunks,
@@ -210,8 +214,9 @@ class Engine {
 
   Result<std::unique_ptr<Session>> new_session();
   // Memory one more session takes (its KV cache for options().n_ctx and its scratch), and how many such sessions
-  // fit in the memory available now beyond the memory planner's reserve (the server's --parallel default); on the
-  // GPU also in its free memory (each session's KV lives there too).
+  // besides the first fit: the ones the memory plan made room for (EngineOptions::n_sessions) and those the memory
+  // left beyond the planner's reserve takes (the server's --parallel default); on the GPU also in its free memory
+  // (each session's KV lives there too).
   uint64_t session_bytes() const;
   Result<int64_t> sessions_that_fit() const;
   // The decode steps of several sessions in one forward pass (per n_batch sessions), so concurrent sessions read

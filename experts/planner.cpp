@@ -31,11 +31,19 @@ std::string thousands(int64_t n) {
 std::string base_terms(const PlanInputs& in, uint64_t reserve, bool staging) {
   std::string s =
       "weights " + gib(in.model.non_expert_bytes) + " + KV " + gib(in.kv_bytes) + " + scratch " + gib(in.scratch_bytes);
+  if (in.kv_disk_bytes > 0) s += " + disk KV buffers " + gib(in.kv_disk_bytes);
   if (staging && in.io_staging_bytes > 0) s += " + I/O staging " + gib(in.io_staging_bytes);
   return s + " + reserve " + gib(reserve);
 }
 
 std::string available(const Plan& p) { return gib(p.budget_bytes) + " available (" + p.budget_source + ")"; }
+
+// The end of a refusal that the KV or the sessions could cure: the flags that shrink them.
+std::string kv_levers(const PlanInputs& in) {
+  std::string s = "; a smaller --ctx or --kv-type q8_0";
+  if (in.n_sessions > 1) s += format(", or fewer than the %lld sessions planned for,", (long long)in.n_sessions);
+  return s + " needs less KV";
+}
 
 }  // namespace
 
@@ -86,7 +94,9 @@ Result<Plan> plan_memory(const PlanInputs& in) {
   p.weight_bytes = m.non_expert_bytes;
   p.kv_bytes = in.kv_bytes;
   p.n_ctx = in.n_ctx;
+  p.n_sessions = in.n_sessions;
   p.scratch_bytes = in.scratch_bytes;
+  p.kv_disk_bytes = in.kv_disk_bytes;
   p.slab_bytes = m.slab_bytes;
 
   // ---- flag combinations that mean nothing ----
@@ -100,7 +110,8 @@ Result<Plan> plan_memory(const PlanInputs& in) {
   }
 
   // ---- resident: everything mapped, nothing streamed ----
-  const uint64_t base = add(add(add(m.non_expert_bytes, in.kv_bytes), in.scratch_bytes), p.reserve_bytes);
+  const uint64_t base =
+      add(add(add(add(m.non_expert_bytes, in.kv_bytes), in.scratch_bytes), in.kv_disk_bytes), p.reserve_bytes);
   const uint64_t resident_total = add(base, has_experts ? m.expert_bytes_total : 0);
   const bool resident_fits = resident_total <= p.budget_bytes;
   if (in.mode == MemoryMode::kResident || (!wants_stream && (resident_fits || !has_experts))) {
@@ -108,9 +119,10 @@ Result<Plan> plan_memory(const PlanInputs& in) {
       const std::string who = in.mode == MemoryMode::kResident ? "--resident" : "memory plan: the model";
       std::string terms = "weights " + gib(m.non_expert_bytes);
       if (has_experts) terms += " + experts " + gib(m.expert_bytes_total);
-      terms +=
-          " + KV " + gib(in.kv_bytes) + " + scratch " + gib(in.scratch_bytes) + " + reserve " + gib(p.reserve_bytes);
-      return Status::error(who + " needs " + gib(resident_total) + " (" + terms + "), " + available(p));
+      terms += " + KV " + gib(in.kv_bytes) + " + scratch " + gib(in.scratch_bytes);
+      if (in.kv_disk_bytes > 0) terms += " + disk KV buffers " + gib(in.kv_disk_bytes);
+      terms += " + reserve " + gib(p.reserve_bytes);
+      return Status::error(who + " needs " + gib(resident_total) + " (" + terms + "), " + available(p) + kv_levers(in));
     }
     p.mode = PlanMode::kResident;
     p.expert_bytes = has_experts ? m.expert_bytes_total : 0;
@@ -155,7 +167,7 @@ Result<Plan> plan_memory(const PlanInputs& in) {
       const uint64_t want = uint64_t(slots) * m.slab_bytes;
       return Status::error(flag + " does not fit: " + base_terms(in, p.reserve_bytes, true) + " + cache " + gib(want) +
                            " = " + gib(add(stream_base, want)) + ", " + available(p) + "; at most " +
-                           gib(uint64_t(fit_slots) * m.slab_bytes) + " of cache fits");
+                           gib(uint64_t(fit_slots) * m.slab_bytes) + " of cache fits" + kv_levers(in));
     }
     p.reason = flag;
   } else {
@@ -164,10 +176,10 @@ Result<Plan> plan_memory(const PlanInputs& in) {
       const std::string need = gib(add(stream_base, floor_bytes)) + " (" + base_terms(in, p.reserve_bytes, true) +
                                " + the smallest cache " + floor_words + ")";
       if (in.mode == MemoryMode::kStream) {
-        return Status::error("--stream needs at least " + need + ", " + available(p));
+        return Status::error("--stream needs at least " + need + ", " + available(p) + kv_levers(in));
       }
       return Status::error("memory plan: the model fits neither resident (needs " + gib(resident_total) +
-                           ") nor streamed (needs at least " + need + "), " + available(p));
+                           ") nor streamed (needs at least " + need + "), " + available(p) + kv_levers(in));
     }
     p.reason = in.mode == MemoryMode::kStream
                    ? "--stream"
@@ -194,8 +206,10 @@ std::string describe(const Plan& p) {
       format("memory plan: %s (%s)\n", p.mode == PlanMode::kResident ? "resident" : "streamed", p.reason.c_str());
   s += row("resident weights", p.weight_bytes) + "\n";
   if (p.mode == PlanMode::kResident && p.expert_bytes > 0) s += row("routed experts", p.expert_bytes) + "\n";
-  s += row("KV cache", p.kv_bytes) + format(" (ctx %lld)\n", (long long)p.n_ctx);
+  s += row("KV cache", p.kv_bytes) + format(" (ctx %lld", (long long)p.n_ctx) +
+       (p.n_sessions > 1 ? format(", %lld sessions)\n", (long long)p.n_sessions) : ")\n");
   s += row("scratch", p.scratch_bytes) + "\n";
+  if (p.kv_disk_bytes > 0) s += row("disk KV buffers", p.kv_disk_bytes) + "\n";
   if (p.mode == PlanMode::kStreamed) {
     if (p.io_staging_bytes > 0) s += row("I/O staging", p.io_staging_bytes) + "\n";
     s += row("expert cache", p.cache_bytes) + " (" + thousands(p.cache_slots) + " slots of " +

@@ -7,7 +7,8 @@
 //   resident weights  every non-expert tensor (attention, norms, embeddings, router, shared experts). They are
 //                     mmap'd, so they live in the page cache: counted in full, never as "free because clean".
 //   experts           (resident plan only) every routed expert, mmap'd like the rest.
-//   KV cache          for the requested context; scratch: the session's workspace.
+//   KV cache          for the requested context, times the sessions planned for; scratch: their workspaces.
+//   disk KV buffers   (--kv-disk-dir) the background writer's block copies and the restore's read buffers.
 //   I/O staging       (streamed plan only) read buffers outside the cache, if the store uses any.
 //   expert cache      (streamed plan only) whole slots of slab_bytes, one routed expert each.
 //   reserve           headroom the plan never hands out (kReserve*).
@@ -54,9 +55,11 @@ struct ModelFootprint {
 struct PlanInputs {
   MachineSnapshot machine;
   ModelFootprint model;
-  uint64_t kv_bytes = 0;                // KV cache for n_ctx tokens
+  uint64_t kv_bytes = 0;                // KV cache for n_ctx tokens, of all n_sessions
   int64_t n_ctx = 0;                    // only for the printed plan
-  uint64_t scratch_bytes = 0;           // session workspace
+  int64_t n_sessions = 1;               // sessions kv_bytes and scratch_bytes hold (only for the printed plan)
+  uint64_t scratch_bytes = 0;           // the sessions' workspaces
+  uint64_t kv_disk_bytes = 0;           // disk KV buffers (kv::DiskCache::memory_bytes), 0 without --kv-disk-dir
   uint64_t io_staging_bytes = 0;        // read buffers outside the cache slots (0 when reads land in slots)
   MemoryMode mode = MemoryMode::kAuto;  // --resident / --stream
   uint64_t cache_bytes = 0;             // --cache-gb in bytes; 0 = as large as fits. Implies streaming.
@@ -71,7 +74,9 @@ struct Plan {
   uint64_t expert_bytes = 0;  // routed experts held resident (resident plan), 0 when streamed
   uint64_t kv_bytes = 0;
   int64_t n_ctx = 0;
+  int64_t n_sessions = 1;
   uint64_t scratch_bytes = 0;
+  uint64_t kv_disk_bytes = 0;
   uint64_t io_staging_bytes = 0;  // streamed plan only
   uint64_t cache_bytes = 0;       // cache_slots x slab_bytes (streamed plan only)
   int64_t cache_slots = 0;
@@ -97,8 +102,9 @@ uint64_t memory_budget(const MachineSnapshot& machine, std::string* source = nul
 // max(kReserveMinBytes, kReservePercent % of min(MemTotal, cgroup limit)), rounded down to a byte.
 uint64_t reserve_bytes(const MachineSnapshot& machine);
 
-// Auto: resident when weights + experts + KV + scratch + reserve <= budget, else streamed with a cache of
-// whole slots filling budget - (weights + KV + scratch + staging + reserve), at most one slot per expert.
+// Auto: resident when weights + experts + KV + scratch + disk KV buffers + reserve <= budget, else streamed with a
+// cache of whole slots filling budget - (weights + KV + scratch + disk KV buffers + staging + reserve), at most one
+// slot per expert.
 // Refusals (messages name the flag, sizes in GiB with two decimals): --resident that does not fit;
 // --stream or --cache-gb on a model without routed experts; --cache-gb with --resident; a --cache-gb larger
 // than what fits or smaller than min_cache_slots(); an auto or --stream plan whose cache would fall below the
@@ -108,8 +114,9 @@ Result<Plan> plan_memory(const PlanInputs& in);
 // The block printed at start: a headline with the decision and its reason, then bytes per tier, e.g.
 //   memory plan: streamed (experts 31.20 GiB do not fit: 22.10 GiB available, reserve 2.40 GiB)
 //     resident weights   1.52 GiB
-//     KV cache           0.38 GiB (ctx 4096)
+//     KV cache           0.38 GiB (ctx 4096)          "(ctx 4096, 4 sessions)" when planned for several
 //     scratch            0.10 GiB
+//     disk KV buffers    0.53 GiB                     only with --kv-disk-dir
 //     expert cache      16.00 GiB (4,096 slots of 4.0 MiB)
 //     reserve            2.40 GiB
 //     total             20.40 GiB of 22.10 GiB available (MemAvailable)

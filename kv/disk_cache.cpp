@@ -162,6 +162,12 @@ uint64_t DiskCache::block_file_bytes() const {
          pad_page(uint64_t(format_.n_layer) * 2 * uint64_t(options_.block_tokens) * row_bytes_);
 }
 
+uint64_t DiskCache::memory_bytes(const KvFormat& format, int64_t block_tokens) {
+  const uint64_t block = uint64_t(format.n_layer) * 2 * uint64_t(block_tokens) *
+                         uint64_t(quant::row_size(format.type, format.row_elements));
+  return kMaxQueued * block + 2 * kChunk;
+}
+
 std::string DiskCache::path_of(uint64_t key) const {
   char name[32];
   std::snprintf(name, sizeof(name), "/%016llx.kvb", (unsigned long long)key);

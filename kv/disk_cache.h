@@ -107,6 +107,9 @@ class DiskCache {
 
   // One block's file size (header + tokens + payload), for budgets.
   uint64_t block_file_bytes() const;
+  // The most memory a cache of this format and block size allocates besides the KV rows it reads and writes: the
+  // background writer's kMaxQueued block copies and the restore's read buffers (the memory planner counts it).
+  static uint64_t memory_bytes(const KvFormat& format, int64_t block_tokens);
 
  private:
   struct Entry {

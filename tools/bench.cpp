@@ -189,10 +189,11 @@ int bench_main(int argc, char** argv) {
               "instead of the table: time to first token for an N-token history plus a 64-token turn, cold and then "
               "restored from --kv-disk-dir (required)");
   if (std::optional<int> code = args.parse_or_exit(argc, argv, "bench")) return *code;
-  if (ctx_start < 0 || ctx_max < ctx_start || step < 1 || gen < 0 || reps < 1 || sessions < 1 || ttft < 0) {
+  if (ctx_start < 0 || ctx_max < ctx_start || step < 1 || gen < 0 || reps < 1 || sessions < 1 || sessions > 256 ||
+      ttft < 0) {
     std::fprintf(stderr,
                  "magnetar bench: need 0 <= --ctx-start <= --ctx-max, --step >= 1, --gen >= 0, --reps >= 1, "
-                 "--sessions >= 1, --ttft >= 0\n");
+                 "--sessions in [1, 256], --ttft >= 0\n");
     return kExitBadInput;
   }
   if (ttft == 0 && !model.kv_disk_dir.empty()) {
@@ -228,6 +229,7 @@ int bench_main(int argc, char** argv) {
     return kExitBadInput;
   }
   model.profile = profile;
+  if (sessions > 1 && gen > 0) model.sessions = sessions + 1;  // the depth sweep's session and the batched ones
   std::unique_ptr<Engine> engine = model.load("bench");
   if (!engine) return kExitBadInput;
   const ModelInfo& info = engine->info();

@@ -92,19 +92,33 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
     std::fprintf(stderr, "magnetar %s: --cache-gb must be >= 0 and --queue-depth in 1..4096\n", command);
     return nullptr;
   }
-  EngineOptions options{.n_threads = int(threads), .n_ctx = ctx, .n_batch = batch, .n_sweep = sweep,
-                        .kv_type = kv_type == "f32" ? KvType::kF32 : kv_type == "q8_0" ? KvType::kQ8_0 : KvType::kF16,
-                        .device = device == "cpu" ? Device::kCpu : device == "cuda" ? Device::kCuda : Device::kAuto,
+  EngineOptions options{.n_threads = int(threads),
+                        .n_ctx = ctx,
+                        .n_sessions = sessions,
+                        .n_batch = batch,
+                        .n_sweep = sweep,
+                        .kv_type = kv_type == "f32"    ? KvType::kF32
+                                   : kv_type == "q8_0" ? KvType::kQ8_0
+                                                       : KvType::kF16,
+                        .device = device == "cpu"    ? Device::kCpu
+                                  : device == "cuda" ? Device::kCuda
+                                                     : Device::kAuto,
                         .gpu_cache_gb = gpu_cache_gb,
                         .cpu_experts = cpu_experts,
                         .gpu_cache_policy = gpu_cache_policy,
                         .profile = profile,
-                        .experts = resident ? ExpertMode::kResident
-                                   : mmap ? ExpertMode::kMmap
-                                   : (stream || cache_gb > 0) ? ExpertMode::kStream : ExpertMode::kAuto,
-                        .stream = {.cache_gb = cache_gb, .policy = cache_policy, .prefetch = prefetch,
-                                   .census = !no_census, .io_uring = !no_io_uring, .direct_io = !no_direct,
-                                   .queue_depth = int(queue_depth), .read_gap_kib = read_gap_kib},
+                        .experts = resident                   ? ExpertMode::kResident
+                                   : mmap                     ? ExpertMode::kMmap
+                                   : (stream || cache_gb > 0) ? ExpertMode::kStream
+                                                              : ExpertMode::kAuto,
+                        .stream = {.cache_gb = cache_gb,
+                                   .policy = cache_policy,
+                                   .prefetch = prefetch,
+                                   .census = !no_census,
+                                   .io_uring = !no_io_uring,
+                                   .direct_io = !no_direct,
+                                   .queue_depth = int(queue_depth),
+                                   .read_gap_kib = read_gap_kib},
                         .kv_disk = {.dir = kv_disk_dir, .gb = kv_disk_gb, .block_tokens = kv_block}};
   Result<std::unique_ptr<Engine>> engine = Engine::load(model, options);
   if (!engine.ok()) {

@@ -16,6 +16,7 @@ struct ModelFlags {
   int64_t threads = 0;
   int64_t batch = 0;  // auto (EngineOptions::n_batch)
   int64_t sweep = -1;  // auto (EngineOptions::n_sweep)
+  int64_t sessions = 1;  // EngineOptions::n_sessions (set by the command, not a flag)
   std::string kv_type = "f16";
   std::string device = "auto";
   float gpu_cache_gb = 0;

@@ -36,9 +36,11 @@ int serve_main(int argc, char** argv) {
   args.option("--keepalive-seconds", &keepalive, "S",
               "a stream silent this long during a prompt's prefill gets a keep-alive (0: after every --batch chunk)");
   int64_t parallel = 0;
-  args.option("--parallel", &parallel, "N",
-              "slots: requests computed at once, each slot keeping its conversation's KV; a request goes to the slot "
-              "sharing the longest prefix with it (0: min(4, what fits in memory))");
+  args.option(
+      "--parallel", &parallel, "N",
+      "slots: requests computed at once, each slot keeping its conversation's KV; a request goes to the slot "
+      "sharing the longest prefix with it; the memory plan makes room for N (a streamed plan's expert cache or the "
+      "GPU pool shrinks for them) (0: min(4, what fits beside the plan for one))");
   std::string chat_template_file, chat_template;
   args.option("--chat-template-file", &chat_template_file, "FILE",
               "render prompts with this Jinja chat template instead of the model's (tokenizer.chat_template)");
@@ -96,6 +98,7 @@ int serve_main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client that goes away must fail a write, not kill the server
 
+  model.sessions = std::max<int64_t>(1, parallel);  // the memory plan makes room for every slot asked for
   std::unique_ptr<Engine> engine = model.load("serve");
   if (!engine) return kExitBadInput;
   const std::string name = alias.empty() ? std::filesystem::path(model.model).stem().string() : alias;

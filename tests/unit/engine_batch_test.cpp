@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include "engine/engine.h"
 #include "quant/quant.h"
@@ -130,6 +131,48 @@ TEST(EngineBatch, BadInputFailsNamingTheSessionAndChangesNone) {
   EXPECT_NE(s2.message().find("session 1: context of 64 tokens is full"), std::string::npos) << s2.message();
   EXPECT_EQ(a.value()->tokens().size(), before_a.size() + 1);
   std::remove(path.c_str());
+}
+
+// EngineOptions::n_sessions: the memory check and plan count every session planned for (serve --parallel, bench
+// --sessions) and the disk KV's buffers. A context of 4M tokens takes 1 GiB of KV per session here (2 layers x K, V
+// x 32 F16 values = 256 bytes a token): one session fits any machine that runs the tests, 1,024 none.
+TEST(EngineBatch, TheMemoryPlanCountsTheSessionsPlannedFor) {
+  const std::string dir = ::testing::TempDir() + "engine_sessions_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/m.gguf";
+  testing::write_tiny(path, quant::Type::F32, 5);
+  EngineOptions options;
+  options.n_threads = 2;
+  options.n_ctx = int64_t(1) << 22;
+  options.device = Device::kCpu;
+  options.experts = ExpertMode::kResident;
+  ASSERT_TRUE(Engine::load(path, options).ok());
+  options.n_sessions = 1024;
+  Result<std::unique_ptr<Engine>> refused = Engine::load(path, options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("--ctx 4194304: 1024 sessions' KV caches and scratch take "),
+            std::string::npos)
+      << refused.status().message();
+  EXPECT_NE(refused.status().message().find("fewer sessions"), std::string::npos) << refused.status().message();
+  options.n_sessions = 0;
+  EXPECT_FALSE(Engine::load(path, options).ok());
+
+  // A streamed plan prints the sessions and the disk KV's buffers: 2 block copies of 2 layers x K, V x 8 tokens x
+  // 64 bytes, and 2 x 64 MiB of read buffers = 134,219,776 bytes (0.13 GiB); the sessions planned for fit.
+  options.n_ctx = 128;
+  options.n_sessions = 3;
+  options.experts = ExpertMode::kStream;
+  options.kv_disk = {.dir = dir + "/kv", .gb = 0.01, .block_tokens = 8};
+  Result<std::unique_ptr<Engine>> streamed = Engine::load(path, options);
+  ASSERT_TRUE(streamed.ok()) << streamed.status().message();
+  const std::string plan = streamed.value()->memory_plan();
+  EXPECT_NE(plan.find("(ctx 128, 3 sessions)"), std::string::npos) << plan;
+  EXPECT_NE(plan.find("disk KV buffers     0.13 GiB"), std::string::npos) << plan;
+  Result<int64_t> fit = streamed.value()->sessions_that_fit();
+  ASSERT_TRUE(fit.ok());
+  EXPECT_GE(fit.value(), 2);
+  streamed.value().reset();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

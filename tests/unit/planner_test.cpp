@@ -110,6 +110,46 @@ TEST(Planner, ModelLargerThanRamIsStreamedAndTheCacheLeavesTheReserve) {
             "  total              29.99 GiB of 30.00 GiB available (MemAvailable)\n");
 }
 
+TEST(Planner, SessionsAndDiskKvBuffersComeOutOfTheCache) {
+  // Four sessions (KV 4 x 1 GiB, scratch 4 x 0.25 GiB) and 0.5 GiB of disk KV buffers: resident part
+  // 3 + 4 + 1 + 0.5 = 8.5 GiB = 9126805504; room = 32212254720 - 9126805504 - 3435973836 = 19649475380
+  // -> 2677 slots of 7340032 (2677.03...), 621 fewer than one session's 3298.
+  PlanInputs in = big_model(machine(32 * kGiB, 30 * kGiB));
+  in.n_sessions = 4;
+  in.kv_bytes = 4 * kGiB;
+  in.scratch_bytes = kGiB;
+  in.kv_disk_bytes = kGiB / 2;
+  Result<Plan> plan = plan_memory(in);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  EXPECT_EQ(plan->cache_slots, 2677);
+  EXPECT_EQ(plan->total_bytes, 32212045004u);  // 9126805504 + 3435973836 + 2677 x 7340032 (19649265664)
+  EXPECT_EQ(describe(*plan),
+            "memory plan: streamed (experts 42.00 GiB do not fit: 30.00 GiB available, reserve 3.20 GiB)\n"
+            "  resident weights    3.00 GiB\n"
+            "  KV cache            4.00 GiB (ctx 4096, 4 sessions)\n"
+            "  scratch             1.00 GiB\n"
+            "  disk KV buffers     0.50 GiB\n"
+            "  expert cache       18.30 GiB (2,677 slots of 7.0 MiB)\n"
+            "  reserve             3.20 GiB\n"
+            "  total              30.00 GiB of 30.00 GiB available (MemAvailable)\n");
+
+  // Forty sessions leave no room for the smallest cache: 3 + 40 + 10 + 0.5 + 6.4 reserve = 59.9 GiB, plus 384 x
+  // 7 MiB (2.625 GiB) > 60 GiB; the refusal names the sessions.
+  in.machine = machine(64 * kGiB, 60 * kGiB);
+  in.n_sessions = 40;
+  in.kv_bytes = 40 * kGiB;
+  in.scratch_bytes = 10 * kGiB;
+  plan = plan_memory(in);
+  ASSERT_FALSE(plan.ok());
+  const std::string& msg = plan.status().message();
+  EXPECT_NE(msg.find("KV 40.00 GiB + scratch 10.00 GiB + disk KV buffers 0.50 GiB + reserve 6.40 GiB"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(msg.substr(msg.size() - 93),
+            "; a smaller --ctx or --kv-type q8_0, or fewer than the 40 sessions planned for, needs less KV")
+      << msg;
+}
+
 TEST(Planner, CgroupLimitSmallerThanMemAvailableBinds) {
   MachineSnapshot m = machine(256 * kGiB, 200 * kGiB);
   m.cgroup_limit = 40 * kGiB;
@@ -148,7 +188,7 @@ TEST(Planner, ResidentThatDoesNotFitIsRefusedWithTheNumbers) {
   // 3 + 42 + 1 + 0.25 + 3.1999999993 = 49.4499999993 GiB
   EXPECT_EQ(plan.status().message(),
             "--resident needs 49.45 GiB (weights 3.00 GiB + experts 42.00 GiB + KV 1.00 GiB + scratch 0.25 GiB + "
-            "reserve 3.20 GiB), 30.00 GiB available (MemAvailable)");
+            "reserve 3.20 GiB), 30.00 GiB available (MemAvailable); a smaller --ctx or --kv-type q8_0 needs less KV");
 }
 
 TEST(Planner, ResidentThatFitsIsHonoredAndStreamOverridesAFit) {
@@ -172,9 +212,11 @@ TEST(Planner, CacheGbTooLargeIsRefused) {
   Result<Plan> plan = plan_memory(in);
   ASSERT_FALSE(plan.ok());
   // 3 + 1 + 0.25 + 3.2 = 7.45 GiB resident part; cache 3657 x 7 MiB = 25599 MiB = 24.999 GiB
-  EXPECT_EQ(plan.status().message(),
-            "--cache-gb 25.00 does not fit: weights 3.00 GiB + KV 1.00 GiB + scratch 0.25 GiB + reserve 3.20 GiB + "
-            "cache 25.00 GiB = 32.45 GiB, 30.00 GiB available (MemAvailable); at most 22.54 GiB of cache fits");
+  EXPECT_EQ(
+      plan.status().message(),
+      "--cache-gb 25.00 does not fit: weights 3.00 GiB + KV 1.00 GiB + scratch 0.25 GiB + reserve 3.20 GiB + "
+      "cache 25.00 GiB = 32.45 GiB, 30.00 GiB available (MemAvailable); at most 22.54 GiB of cache fits; a smaller "
+      "--ctx or --kv-type q8_0 needs less KV");
 }
 
 TEST(Planner, CacheGbBelowTheFloorIsRefused) {
@@ -246,7 +288,7 @@ TEST(Planner, ContradictoryFlagsAndDenseModels) {
   dense.model.non_expert_bytes = 12 * kGiB;  // 12 + reserve 1.6 > 12
   EXPECT_EQ(plan_memory(dense).status().message(),
             "memory plan: the model needs 13.60 GiB (weights 12.00 GiB + KV 0.00 GiB + scratch 0.00 GiB + reserve "
-            "1.60 GiB), 12.00 GiB available (MemAvailable)");
+            "1.60 GiB), 12.00 GiB available (MemAvailable); a smaller --ctx or --kv-type q8_0 needs less KV");
 }
 
 // ---- the promise: never more than the budget ------------------------------------------------------------
@@ -284,6 +326,7 @@ TEST(Planner, RandomSnapshotsNeverExceedTheBudget) {
     in.kv_bytes = pick(0, 32 * kGiB);
     in.scratch_bytes = pick(0, kGiB);
     in.io_staging_bytes = pick(0, 3) == 0 ? pick(0, kGiB) : 0;
+    in.kv_disk_bytes = pick(0, 3) == 0 ? pick(0, kGiB) : 0;
     in.mode = MemoryMode(pick(0, 2));
     if (!dense && in.mode != MemoryMode::kResident && pick(0, 3) == 0) in.cache_bytes = pick(1, 256 * kGiB);
 
@@ -296,7 +339,7 @@ TEST(Planner, RandomSnapshotsNeverExceedTheBudget) {
       ram = std::min(ram, *m.cgroup_limit);
     }
     const uint64_t reserve = std::max(kGiB, ram / 10);
-    const uint64_t base = f.non_expert_bytes + in.kv_bytes + in.scratch_bytes + reserve;
+    const uint64_t base = f.non_expert_bytes + in.kv_bytes + in.scratch_bytes + in.kv_disk_bytes + reserve;
     const bool resident_fits = base + f.expert_bytes_total <= budget;
     const int64_t all = f.n_moe_layers * f.n_expert;
     const int64_t floor =
@@ -328,8 +371,8 @@ TEST(Planner, RandomSnapshotsNeverExceedTheBudget) {
     const Plan& p = *plan;
     EXPECT_EQ(p.budget_bytes, budget);
     EXPECT_EQ(p.reserve_bytes, reserve);
-    const uint64_t tiers =
-        p.weight_bytes + p.expert_bytes + p.kv_bytes + p.scratch_bytes + p.io_staging_bytes + p.cache_bytes;
+    const uint64_t tiers = p.weight_bytes + p.expert_bytes + p.kv_bytes + p.scratch_bytes + p.kv_disk_bytes +
+                           p.io_staging_bytes + p.cache_bytes;
     EXPECT_EQ(p.total_bytes, tiers + p.reserve_bytes);
     EXPECT_LE(tiers, budget - reserve);  // never more than the budget less the reserve
     if (p.mode == PlanMode::kResident) {
