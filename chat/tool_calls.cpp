@@ -66,7 +66,7 @@ class HermesParser final : public OutputParser {
 
   // Emits the tool call whose body is `body` (between the tags); false when it is not a valid call.
   bool emit_call(std::string_view body, std::vector<OutputEvent>* events) {
-    if (json_nesting(body) > kMaxJsonNesting) return false;
+    if (!json_refusal(body).empty()) return false;
     const nlohmann::ordered_json call = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
     if (!call.is_object()) return false;
     auto name = call.find("name");

@@ -1,5 +1,7 @@
 #include "server/conversation.h"
 
+#include "chat/json_prefix.h"
+
 namespace magnetar::server {
 namespace {
 
@@ -55,7 +57,11 @@ Result<Json> openai_tool_calls(const Json& calls, const std::string& field) {
     Json arguments = Json::object();
     if (auto args = function->find("arguments"); args != function->end() && !args->is_null()) {
       if (args->is_string()) {
-        arguments = Json::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+        const std::string& text = args->get_ref<const std::string&>();
+        if (const std::string why = chat::json_refusal(text); !why.empty()) {
+          return Status::error(at + ".function.arguments " + why);
+        }
+        arguments = Json::parse(text, nullptr, /*allow_exceptions=*/false);
       } else {
         arguments = *args;  // some clients send the object itself
       }

@@ -163,10 +163,8 @@ std::vector<std::string> allowed_host_names(const ServerOptions& options) {
 // ---- request parsing: JSON -> plain structs, every failure a Status naming the field ----------------------------
 
 Result<json> parse_body(const httplib::Request& req) {
-  if (chat::json_nesting(req.body) > chat::kMaxJsonNesting) {
-    return Status::error(
-        format("the request body nests arrays and objects deeper than %d levels", chat::kMaxJsonNesting));
-  }
+  if (const std::string why = chat::json_refusal(req.body); !why.empty())
+    return Status::error("the request body " + why);
   json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) return Status::error("the request body is not valid JSON");
   if (!body.is_object()) return Status::error("the request body must be a JSON object");

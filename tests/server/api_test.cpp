@@ -181,6 +181,34 @@ TEST_F(ServeApi, ADeeplyNestedBodyIsRefused) {
   EXPECT_EQ(status, 200);
 }
 
+// A body with an object of a million members is refused before it is parsed (ordered_json's parse inserts each
+// member after a linear search: hours of a core); tool call arguments sent as a string are held to the same limits
+// as a body (a million levels deep, they were parsed unchecked and copied recursively).
+TEST_F(ServeApi, AWideBodyAndDeepArgumentsAreRefused) {
+  std::string wide = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"metadata\":{";
+  for (int i = 0; i < 1000000; ++i) wide += (i ? ",\"" : "\"") + std::to_string(i) + "\":0";
+  wide += "}}";
+  const std::string args = "{\\\"a\\\":" + std::string(1000000, '[') + std::string(1000000, ']') + "}";
+  const std::string deep_args =
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":null,"
+      "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"" +
+      args + "\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"ok\"}]}";
+  int status = 0;
+  json r = json::parse(raw_post("/v1/chat/completions", wide, &status), nullptr, false);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(r.dump().find("the request body has too many object members to parse in reasonable time (1000000 in its "
+                          "largest object"),
+            std::string::npos)
+      << r.dump().substr(0, 500);
+  r = json::parse(raw_post("/v1/chat/completions", deep_args, &status), nullptr, false);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(r.dump().find("messages[1].tool_calls[0].function.arguments nests arrays and objects deeper than 256"),
+            std::string::npos)
+      << r.dump().substr(0, 500);
+  post("/v1/messages", who_are_you(), &status);
+  EXPECT_EQ(status, 200);
+}
+
 TEST_F(ServeApi, CountTokensEqualsTokenizeOfTheChatmlPrompt) {
   int status = 0;
   const json plain = post("/v1/messages/count_tokens?beta=true",

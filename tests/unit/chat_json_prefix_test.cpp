@@ -283,16 +283,47 @@ TEST(OutputConstraint, ClosingEndsItFromAnyPoint) {
   }
 }
 
-TEST(JsonNesting, CountsBracketsOutsideStrings) {
-  EXPECT_EQ(json_nesting(""), 0);
-  EXPECT_EQ(json_nesting("3"), 0);
-  EXPECT_EQ(json_nesting("[]"), 1);
-  EXPECT_EQ(json_nesting("{\"a\": [1, {\"b\": []}], \"c\": {}}"), 4);
-  EXPECT_EQ(json_nesting("[\"[[[{{\"]"), 1);         // brackets in a string
-  EXPECT_EQ(json_nesting("[\"\\\"[[\", [[]]]"), 3);  // an escaped quote does not end the string
-  EXPECT_EQ(json_nesting("[\"\\\\\", [[]]]"), 3);    // an escaped backslash does not escape the quote
-  EXPECT_EQ(json_nesting("]]]][["), 2);              // not JSON: closers never go below zero
-  EXPECT_EQ(json_nesting(std::string(100000, '[')), 100000);
+TEST(JsonShape, CountsBracketsOutsideStrings) {
+  auto nesting = [](std::string_view text) { return json_shape(text).nesting; };
+  EXPECT_EQ(nesting(""), 0);
+  EXPECT_EQ(nesting("3"), 0);
+  EXPECT_EQ(nesting("[]"), 1);
+  EXPECT_EQ(nesting("{\"a\": [1, {\"b\": []}], \"c\": {}}"), 4);
+  EXPECT_EQ(nesting("[\"[[[{{\"]"), 1);         // brackets in a string
+  EXPECT_EQ(nesting("[\"\\\"[[\", [[]]]"), 3);  // an escaped quote does not end the string
+  EXPECT_EQ(nesting("[\"\\\\\", [[]]]"), 3);    // an escaped backslash does not escape the quote
+  EXPECT_EQ(nesting("]]]][["), 2);              // not JSON: closers never go below zero
+  EXPECT_EQ(nesting(std::string(100000, '[')), 100000);
+}
+
+// Members are the colons directly inside an object; work is their count squared, summed over the objects.
+TEST(JsonShape, CountsObjectMembers) {
+  JsonShape s = json_shape("{\"a\": 1, \"b\": {\"c\": [{\"d\": 2, \"e\": 3}], \"f:g\": \"h:i\"}, \"j\": [4, 5]}");
+  EXPECT_EQ(s.widest, 3);                  // the outer object: a, b, j
+  EXPECT_EQ(s.member_work, 9u + 4u + 4u);  // {a b j}, {c f:g}, {d e}: colons in strings not counted
+  EXPECT_EQ(json_shape("[1, 2, 3]").member_work, 0u);
+  EXPECT_EQ(json_shape("{\"a\": 1, \"b\": ").member_work, 4u);  // an object left open counts too
+}
+
+// The refusals, at their limits: depth 256 and one object of 10,000 members pass, one more level or member does not;
+// many smaller objects add up (the parse of each inserts every member after a search of the ones before it).
+TEST(JsonShape, RefusesTextsTooDeepOrWithTooManyMembers) {
+  EXPECT_EQ(json_refusal(std::string(256, '[') + std::string(256, ']')), "");
+  EXPECT_EQ(json_refusal(std::string(257, '[') + std::string(257, ']')),
+            "nests arrays and objects deeper than 256 levels");
+  auto object = [](int members) {
+    std::string text = "{";
+    for (int i = 0; i < members; ++i) text += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":0";
+    return text + "}";
+  };
+  EXPECT_EQ(json_refusal(object(10000)), "");
+  EXPECT_EQ(json_refusal(object(10001)),
+            "has too many object members to parse in reasonable time (10001 in its largest object; at most 10,000 "
+            "in one, fewer across many)");
+  std::string many = "[";
+  for (int i = 0; i < 101; ++i) many += (i ? "," : "") + object(1000);  // 101 x 1000^2 > 10^8
+  EXPECT_NE(json_refusal(many + "]"), "");
+  EXPECT_EQ(json_refusal(std::string(300, '[') + object(20000)), "nests arrays and objects deeper than 256 levels");
 }
 
 TEST(OutputConstraint, WhitespaceRunsOutsideStringsAreBounded) {

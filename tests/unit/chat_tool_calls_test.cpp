@@ -124,7 +124,7 @@ TEST(HermesParser, ACallNestedTooDeepIsText) {
            std::string(size_t(arrays), ']') + "}}</tool_call>";
   };
   const std::string at_limit = call(kMaxJsonNesting - 2), deeper = call(kMaxJsonNesting - 1);
-  EXPECT_EQ(json_nesting(at_limit), kMaxJsonNesting);
+  EXPECT_EQ(json_shape(at_limit).nesting, kMaxJsonNesting);
   const std::vector<OutputEvent> events = parse_whole(kTools, at_limit);
   ASSERT_EQ(events.size(), 3u) << show(events);
   EXPECT_EQ(events[0], (OutputEvent{K::kToolCallBegin, "x"}));
