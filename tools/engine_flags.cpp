@@ -125,6 +125,17 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
     std::fprintf(stderr, "magnetar %s: %s\n", command, engine.status().message().c_str());
     return nullptr;
   }
+  const int64_t chunk = engine.value()->options().n_batch;
+  if (batch > chunk) {
+    std::fprintf(stderr, "magnetar %s: warning: --batch %lld is larger than the context: chunks of %lld tokens\n",
+                 command, (long long)batch, (long long)chunk);
+  }
+  if (sweep > 0 && sweep < 2 * chunk) {
+    std::fprintf(stderr,
+                 "magnetar %s: warning: --sweep %lld holds fewer than two --batch chunks of %lld tokens: prefill "
+                 "sweeps are off\n",
+                 command, (long long)sweep, (long long)chunk);
+  }
   if (const int64_t train = engine.value()->info().n_ctx_train; train > 0 && engine.value()->options().n_ctx > train) {
     std::fprintf(stderr, "magnetar %s: warning: --ctx %lld is beyond the model's training context of %lld tokens\n",
                  command, (long long)engine.value()->options().n_ctx, (long long)train);

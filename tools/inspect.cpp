@@ -115,6 +115,10 @@ int inspect_main(int argc, char** argv) {
   args.flag("--json", &as_json, "print everything as one JSON object instead (all metadata, all tensors)");
   args.flag("--full", &full_arrays, "with --kv: print arrays whole instead of abbreviated");
   if (std::optional<int> code = args.parse_or_exit(argc, argv, "inspect")) return *code;
+  if (full_arrays && !show_kv && !as_json) {
+    std::fprintf(stderr, "magnetar inspect: --full applies to --kv (--json prints arrays whole)\n");
+    return kExitBadInput;
+  }
 
   Result<std::unique_ptr<gguf::Model>> opened = gguf::Model::open(path);
   if (!opened.ok()) {

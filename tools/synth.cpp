@@ -257,6 +257,13 @@ int synth_main(int argc, char** argv) {
   if (std::optional<int> code = args.parse_or_exit(argc, argv, "synth")) return *code;
   threads = std::min<int64_t>(threads, 1024);  // as convert and quantize
   if (!check_path.empty()) {
+    if (preset != "tiny" || type_name != "q4_k" || !out_path.empty() || layers != 0 || skew != 0.0f ||
+        !tokenizer_dir.empty()) {
+      std::fprintf(stderr,
+                   "magnetar synth: --check reads MODEL.gguf: --preset, --type, -o, --layers, --skew and "
+                   "--tokenizer do not apply\n");
+      return kExitBadInput;
+    }
     if (check_tokens < 1) {
       std::fprintf(stderr, "magnetar synth: --check-tokens must be >= 1\n");
       return kExitBadInput;
@@ -273,6 +280,8 @@ int synth_main(int argc, char** argv) {
   else if (!type || !quant::is_weight_type(*type))
     error = format("--type '%s' is not a weight type (see --help)", type_name.c_str());
   else if (out_path.empty()) error = "-o OUT.gguf is required";
+  else if (check_tokens != 512)
+    error = "--check-tokens applies to --check MODEL.gguf";
   else if (layers < 0 || threads < 1) error = "--layers must be >= 0 and -t >= 1";
   if (!error.empty()) {
     std::fprintf(stderr, "magnetar synth: %s\n", error.c_str());
@@ -282,14 +291,24 @@ int synth_main(int argc, char** argv) {
   if (layers > 0) g.n_layer = std::min(g.n_layer, layers);
   std::vector<gguf::KeyValue> tokenizer_kv;
   if (!tokenizer_dir.empty()) {
-    Result<std::vector<gguf::KeyValue>> kv = tokenizer::gguf_metadata_from_hf(tokenizer_dir, g.n_vocab);
-    if (!kv.ok()) {
-      std::fprintf(stderr, "magnetar synth: %s\n", kv.status().message().c_str());
-      return kExitBadInput;
+    // The tokenizer's own size first (no padding), then padded to the preset's vocabulary when that is larger.
+    int64_t pad_to = 0;
+    for (int pass = 0; pass < 2; ++pass) {
+      Result<std::vector<gguf::KeyValue>> kv = tokenizer::gguf_metadata_from_hf(tokenizer_dir, pad_to);
+      if (!kv.ok()) {
+        std::fprintf(stderr, "magnetar synth: %s\n", kv.status().message().c_str());
+        return kExitBadInput;
+      }
+      tokenizer_kv = std::move(kv).value();
+      int64_t tokens = 0;
+      for (const gguf::KeyValue& kv_pair : tokenizer_kv) {
+        if (kv_pair.key == "tokenizer.ggml.tokens") tokens = int64_t(kv_pair.value.array.size());
+      }
+      if (tokens >= g.n_vocab) break;
+      pad_to = g.n_vocab;
     }
-    tokenizer_kv = std::move(kv).value();
     for (const gguf::KeyValue& kv_pair : tokenizer_kv) {
-      if (kv_pair.key == "tokenizer.ggml.tokens") g.n_vocab = std::max<int64_t>(g.n_vocab, int64_t(kv_pair.value.array.size()));
+      if (kv_pair.key == "tokenizer.ggml.tokens") g.n_vocab = int64_t(kv_pair.value.array.size());
     }
   }
   const std::vector<TensorSpec> specs = qwen3moe_tensors(g, *type, skew, uint64_t(seed));

@@ -160,6 +160,9 @@ TEST_F(RunTool, BadInputIsOneLineAndExit2) {
       {"run -m " + model() + " --tokens 1 --repeat-penalty 0", "--repeat-penalty must be > 0"},
       {"run -m " + model() + " --tokens 1 --ctx 64 --kv-disk-dir " + file("kv-bad") + " --kv-block 128",
        "--kv-block 128 is longer than the context of 64 tokens"},
+      {"inspect " + model() + " --full", "--full applies to --kv"},
+      {"synth --check " + model() + " --type q8_0", "--check reads MODEL.gguf: --preset, --type, -o"},
+      {"synth --preset tiny -o " + file("never.gguf") + " --check-tokens 5", "--check-tokens applies to --check"},
   };
   for (const Case& c : cases) {
     const Invocation r = magnetar(c.args);
@@ -169,6 +172,22 @@ TEST_F(RunTool, BadInputIsOneLineAndExit2) {
   }
   const Invocation t = magnetar("run -m " + model() + " --tokens 1,2,3 --ctx 2 --truncate -n 0");
   EXPECT_EQ(t.status, 0) << t.err;
+  EXPECT_FALSE(std::filesystem::exists(file("never.gguf")));
+}
+
+// Flags the engine adjusts say so: a --batch beyond the context becomes the context, a --sweep of fewer than two
+// chunks turns sweeps off.
+TEST_F(RunTool, AdjustedBatchAndSweepAreWarnedAbout) {
+  const Invocation r = magnetar("run -m " + model() + " --tokens 1,2,3 -n 1 --ctx 64 --batch 100 --stream --sweep 100");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("warning: --batch 100 is larger than the context: chunks of 64 tokens"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("warning: --sweep 100 holds fewer than two --batch chunks of 64 tokens: prefill sweeps are off"),
+            std::string::npos)
+      << r.err;
+  const Invocation quiet = magnetar("run -m " + model() + " --tokens 1,2,3 -n 1 --ctx 64 --batch 16 --sweep 32");
+  ASSERT_EQ(quiet.status, 0) << quiet.err;
+  EXPECT_EQ(quiet.err.find("warning"), std::string::npos) << quiet.err;
 }
 
 TEST_F(RunTool, UnknownArchitectureIsNamed) {
@@ -320,6 +339,26 @@ TEST_F(TextTools, PerplexityScoresWhatEachModeSays) {
   EXPECT_EQ(tiny.status, 2) << tiny.out;
   EXPECT_NE(tiny.err.find("--ctx 2 scores no token in windowed mode (needs at least 3)"), std::string::npos)
       << tiny.err;
+}
+
+// synth --tokenizer takes the tokenizer's vocabulary when it is larger than the preset's (the tiny preset's 1,024
+// rows; the toy tokenizer with a token added at id 2,000): the embedding has 2,001 rows, the token is found.
+TEST_F(TextTools, SynthTakesALargerTokenizersVocabulary) {
+  std::filesystem::create_directories(file("hf-big"));
+  testing::write_toy_hf(file("hf-big"));
+  const std::vector<uint8_t> bytes = testing::read_all(file("hf-big") + "/tokenizer.json");
+  nlohmann::json tj = nlohmann::json::parse(std::string(bytes.begin(), bytes.end()));
+  tj["added_tokens"].push_back({{"id", 2000}, {"content", "<|big|>"}, {"special", true}, {"normalized", false}});
+  testing::write_file(file("hf-big") + "/tokenizer.json", tj.dump());
+  const Invocation s =
+      magnetar("synth --preset tiny --type f32 --tokenizer " + file("hf-big") + " -o " + file("big-vocab.gguf"));
+  ASSERT_EQ(s.status, 0) << s.err;
+  const Invocation i = magnetar("inspect --tensors " + file("big-vocab.gguf"));
+  ASSERT_EQ(i.status, 0) << i.err;
+  EXPECT_NE(i.out.find("[256, 2001]"), std::string::npos) << i.out;
+  const Invocation t = magnetar("tokenize -m " + file("big-vocab.gguf") + " --text '<|big|>'");
+  ASSERT_EQ(t.status, 0) << t.err;
+  EXPECT_NE(t.out.find("2000"), std::string::npos) << t.out;
 }
 
 // "KEY VALUE" (and "KEY VALUE +/- ERR") lines of perplexity's stdout.
