@@ -27,6 +27,7 @@
 #include <iterator>
 
 #include "engine/engine.h"
+#include "models/model.h"
 #include "quant/quant.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/unit/text_score.h"
@@ -456,6 +457,27 @@ TEST(CudaEngineBatch, AutoBatchFollowsThePlan) {
   EXPECT_EQ(batch_of(Device::kCuda, 4096, 0.01, 0), 512);
   EXPECT_EQ(batch_of(Device::kCpu, 4096, 0, 0), 512);
   EXPECT_EQ(batch_of(Device::kCuda, 4096, 0, 96), 96);
+}
+
+// The sessions planned for (EngineOptions::n_sessions, serve --parallel) each take their KV on the GPU: the demo
+// model's is 4 KiB a token (8 layers x K, V x 2 heads of 64 in F16), 16 GiB at a context of 4M; one session fits
+// a large GPU, twelve (192 GiB) none that exists, and --device cuda says so naming them.
+TEST(CudaEngineBatch, TheGpuPlanCountsTheSessionsPlannedFor) {
+  SKIP_WITHOUT_GPU();
+  const std::string demo = std::string(MAGNETAR_SOURCE_DIR) + "/models/magnetar-demo-q8_0.gguf";
+  if (models::gpu_info().free_bytes < (40ull << 30)) GTEST_SKIP() << "SKIP: less than 40 GiB free on the GPU";
+  EngineOptions o;
+  o.n_threads = 2;
+  o.n_ctx = int64_t(1) << 22;
+  o.device = Device::kCuda;
+  Result<std::unique_ptr<Engine>> one = Engine::load(demo, o);
+  ASSERT_TRUE(one.ok()) << one.status().message();
+  EXPECT_EQ(std::string(one.value()->device()), "cuda");
+  one.value().reset();
+  o.n_sessions = 12;
+  Result<std::unique_ptr<Engine>> twelve = Engine::load(demo, o);
+  ASSERT_FALSE(twelve.ok());
+  EXPECT_NE(twelve.status().message().find("12 sessions' KV"), std::string::npos) << twelve.status().message();
 }
 
 // ---- the GPU expert tier ------------------------------------------------------------------------------------------
