@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
-#include "chat/json_prefix.h"
+#include "base/json_shape.h"
 
 namespace magnetar::chat {
 namespace {

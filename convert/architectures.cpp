@@ -75,6 +75,14 @@ Result<int64_t> positive(const JsonObject& c, std::string_view key) {
   return v;
 }
 
+// Sizes that allocate per unit before any tensor is checked against them (layers, vocabulary entries) or multiply
+// into a byte count (heads x head size) have a ceiling far above any real model.
+Status at_most(const JsonObject& c, std::string_view key, int64_t v, int64_t limit) {
+  if (v <= limit) return Status();
+  return Status::error(format("%s: field '%.*s' is %lld, at most %lld supported", c.source().c_str(), int(key.size()),
+                              key.data(), (long long)v, (long long)limit));
+}
+
 Result<std::optional<int64_t>> optional_positive(const JsonObject& c, std::string_view key) {
   if (!c.has(key)) return std::optional<int64_t>();
   MAGNETAR_ASSIGN_OR_RETURN(const int64_t v, positive(c, key));
@@ -145,6 +153,10 @@ Result<CommonParams> read_common(const JsonObject& c) {
                                 c.source().c_str(), (long long)p.n_embd, (long long)p.n_head));
   }
   p.head_dim = head_dim.value_or(p.n_embd / p.n_head);
+  MAGNETAR_RETURN_IF_ERROR(at_most(c, "vocab_size", p.n_vocab, int64_t(1) << 24));
+  MAGNETAR_RETURN_IF_ERROR(at_most(c, "num_hidden_layers", p.n_layer, 65536));
+  MAGNETAR_RETURN_IF_ERROR(at_most(c, "num_attention_heads", p.n_head, 65536));
+  MAGNETAR_RETURN_IF_ERROR(at_most(c, "head_dim", p.head_dim, 65536));
   MAGNETAR_ASSIGN_OR_RETURN(p.n_ctx, optional_positive(c, "max_position_embeddings"));
   MAGNETAR_ASSIGN_OR_RETURN(p.n_ff, optional_positive(c, "intermediate_size"));
   MAGNETAR_ASSIGN_OR_RETURN(p.rms_eps, c.number("rms_norm_eps"));

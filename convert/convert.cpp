@@ -20,6 +20,7 @@ using gguf::Value;
 using gguf::ValueType;
 
 constexpr uint64_t kChunkBytes = 64ull << 20;       // output bytes converted per round, split across threads
+constexpr uint64_t kReleaseBytes = 256ull << 20;    // output written between page cache releases
 constexpr int64_t kMinElementsPerThread = 1 << 16;  // below this a thread costs more than it saves
 
 struct OutTypeInfo {
@@ -51,9 +52,20 @@ quant::Type output_type(const PlannedTensor& t, OutType out) {
   return q;
 }
 
-std::string dir_name(std::string dir) {
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  const std::string name = std::filesystem::path(dir).filename().string();
+// The model's name from its folder: the folder's own name, or for a Hugging Face cache snapshot
+// (.../models--ORG--NAME/snapshots/COMMIT) NAME; "." and ".." name the folder they stand for.
+std::string dir_name(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::path path = std::filesystem::weakly_canonical(std::filesystem::absolute(dir, ec), ec);
+  if (ec) path = std::filesystem::path(dir).lexically_normal();
+  if (!path.has_filename()) path = path.parent_path();
+  const std::filesystem::path parent = path.parent_path();
+  const std::string repo = parent.parent_path().filename().string();
+  if (parent.filename() == "snapshots" && repo.starts_with("models--")) {
+    const size_t last = repo.rfind("--");
+    if (last + 2 < repo.size()) return repo.substr(last + 2);
+  }
+  const std::string name = path.filename().string();
   return name.empty() ? dir : name;
 }
 
@@ -202,6 +214,7 @@ Status write(const Conversion& conv, const Options& options) {
     return n;
   };
   std::vector<uint8_t> buffer;
+  uint64_t released_at = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const PlannedTensor& t = tensors[i];
     for (const SourceRows& s : t.sources) advise_will_need(*s.tensor);
@@ -227,6 +240,10 @@ Status write(const Conversion& conv, const Options& options) {
       }
       if (type == quant::Type::F16) infinite += count_infinite_halves(buffer);
       MAGNETAR_RETURN_IF_ERROR(w.write(buffer));
+      if (w.bytes_written() - released_at >= kReleaseBytes) {  // the output's written pages leave the page cache
+        w.release_written();
+        released_at = w.bytes_written();
+      }
       done += buffer.size();
       if (options.progress) options.progress(done, conv.data_bytes);
     }

@@ -43,7 +43,7 @@ Status HfModel::open_weights() {
   // shard file name -> tensors the index says it holds (ordered so shards open in a stable order)
   std::map<std::string, std::vector<std::string>> shards;
   if (std::filesystem::exists(index_path, ec)) {
-    Result<Json> index = read_json_file(index_path, index_path);
+    Result<Json> index = read_json_file(index_path, index_path, /*max_depth=*/32, /*unique_keys=*/true);
     if (!index.ok()) return index.status();
     const Json& j = index.value();
     const auto map_it = j.is_object() ? j.find("weight_map") : j.end();

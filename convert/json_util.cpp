@@ -1,34 +1,58 @@
 #include "convert/json_util.h"
 
 #include <fstream>
+#include <optional>
+#include <set>
 #include <sstream>
+#include <vector>
+
+#include "base/json_shape.h"
 
 namespace magnetar::convert {
 
-Result<Json> parse_json(std::string_view text, std::string_view source, int max_depth) {
-  bool too_deep = false;
-  // The callback sees every value's depth; returning false drops the value, so a hostile nesting never
-  // grows the document (nlohmann's parser itself is iterative and needs no deep stack).
-  const Json::parser_callback_t limit = [&](int depth, Json::parse_event_t, Json&) {
-    if (depth > max_depth) too_deep = true;
-    return !too_deep;
-  };
-  Json j = Json::parse(text.begin(), text.end(), limit, /*allow_exceptions=*/false);
-  if (too_deep) {
-    return Status::error(
-        format("%.*s: JSON nested deeper than %d levels", int(source.size()), source.data(), max_depth));
+Result<Json> parse_json(std::string_view text, std::string_view source, int max_depth, bool unique_keys) {
+  const int src_len = int(source.size());
+  // Scanned first: the parser's own stacks grow a few bytes per level (a 100 MB header of '[' took gigabytes).
+  if (json_shape(text).nesting > max_depth) {
+    return Status::error(format("%.*s: JSON nested deeper than %d levels", src_len, source.data(), max_depth));
   }
-  if (j.is_discarded()) return Status::error(format("%.*s: invalid JSON", int(source.size()), source.data()));
+  // nlohmann keeps the last of repeated keys; `unique_keys` refuses them instead: the keys of each open object.
+  std::vector<std::optional<std::set<std::string>>> open;
+  std::string repeated;
+  const Json::parser_callback_t check = [&](int, Json::parse_event_t event, Json& parsed) {
+    if (!unique_keys || !repeated.empty()) return repeated.empty();
+    switch (event) {
+      case Json::parse_event_t::object_start: open.emplace_back(std::set<std::string>()); break;
+      case Json::parse_event_t::array_start: open.emplace_back(); break;
+      case Json::parse_event_t::object_end:
+      case Json::parse_event_t::array_end:
+        if (!open.empty()) open.pop_back();
+        break;
+      case Json::parse_event_t::key:
+        if (!open.empty() && open.back() && !open.back()->insert(parsed.get<std::string>()).second) {
+          repeated = parsed.get<std::string>();
+        }
+        break;
+      case Json::parse_event_t::value: break;
+    }
+    return repeated.empty();
+  };
+  Json j = Json::parse(text.begin(), text.end(), check, /*allow_exceptions=*/false);
+  if (!repeated.empty()) {
+    return Status::error(
+        format("%.*s: key '%s' appears twice in one object", src_len, source.data(), repeated.c_str()));
+  }
+  if (j.is_discarded()) return Status::error(format("%.*s: invalid JSON", src_len, source.data()));
   return j;
 }
 
-Result<Json> read_json_file(const std::string& path, std::string_view source, int max_depth) {
+Result<Json> read_json_file(const std::string& path, std::string_view source, int max_depth, bool unique_keys) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::error(format("%s: cannot open", path.c_str()));
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) return Status::error(format("%s: read failed", path.c_str()));
-  return parse_json(text.str(), source, max_depth);
+  return parse_json(text.str(), source, max_depth, unique_keys);
 }
 
 std::string shape_string(const std::vector<int64_t>& shape) {
@@ -70,7 +94,7 @@ Result<std::optional<int64_t>> JsonObject::optional_integer(std::string_view key
   // 4096.0 is an integer written by a float-minded tool; accept it when exact.
   if (v->is_number_float()) {
     const double d = v->get<double>();
-    if (d == double(int64_t(d)) && d >= -9.2e18 && d <= 9.2e18) return std::optional<int64_t>(int64_t(d));
+    if (d >= -9.2e18 && d <= 9.2e18 && d == double(int64_t(d))) return std::optional<int64_t>(int64_t(d));
   }
   return type_error(key, "an integer");
 }

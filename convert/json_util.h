@@ -21,10 +21,13 @@ namespace magnetar::convert {
 
 using Json = nlohmann::json;
 
-// Parses `text` as one JSON value. `source` names the input in the error ("config.json: invalid JSON").
-Result<Json> parse_json(std::string_view text, std::string_view source, int max_depth = 32);
+// Parses `text` as one JSON value. `source` names the input in the error ("config.json: invalid JSON"). Texts
+// nested deeper than `max_depth` are refused before they are parsed; with `unique_keys`, so are objects that repeat
+// a key (nlohmann, like Python's json, keeps the last).
+Result<Json> parse_json(std::string_view text, std::string_view source, int max_depth = 32, bool unique_keys = false);
 // Reads and parses a whole file; a missing file is an error naming it.
-Result<Json> read_json_file(const std::string& path, std::string_view source, int max_depth = 32);
+Result<Json> read_json_file(const std::string& path, std::string_view source, int max_depth = 32,
+                            bool unique_keys = false);
 
 // "[2048, 768]" for messages.
 std::string shape_string(const std::vector<int64_t>& shape);

@@ -138,7 +138,7 @@ Status SafetensorsFile::parse_header(std::span<const uint8_t> bytes, const std::
                                 (unsigned long long)header_len, bytes.size() - 8));
   }
   const std::string_view text(reinterpret_cast<const char*>(bytes.data() + 8), size_t(header_len));
-  Result<Json> parsed = parse_json(text, source + ": header", /*max_depth=*/4);
+  Result<Json> parsed = parse_json(text, source + ": header", /*max_depth=*/4, /*unique_keys=*/true);
   if (!parsed.ok()) return parsed.status();
   const Json& header = parsed.value();
   if (!header.is_object()) return Status::error(format("%s: header: not a JSON object", src));

@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -119,13 +121,45 @@ Status Writer::pad_to_alignment() {
 
 Status Writer::begin() {
   MAGNETAR_CHECK(file_ == nullptr);
+  // Checked first: the rename at the end would fail after all the work (a directory), or the disk fill up midway.
+  struct stat st;
+  if (::stat(path_.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return Status::error(format("%s: is a directory (the output must be a file name)", path_.c_str()));
+  }
+  const size_t slash = tmp_path_.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : tmp_path_.substr(0, slash);
+  struct statvfs fs;
+  uint64_t reused = 0;  // a temporary left by a killed job is truncated: its bytes come back
+  if (::stat(tmp_path_.c_str(), &st) == 0 && S_ISREG(st.st_mode)) reused = uint64_t(st.st_size);
+  const uint64_t need = data_size_;  // and the header, small beside it
+  if (::statvfs(dir.c_str(), &fs) == 0 && fs.f_frsize > 0) {
+    const uint64_t free_bytes = uint64_t(fs.f_bavail) * uint64_t(fs.f_frsize) + reused;
+    if (free_bytes < need) {
+      return Status::error(format("%s: needs %.2f GiB or more, %.2f GiB free in %s", path_.c_str(),
+                                  double(need) / double(1ull << 30), double(free_bytes) / double(1ull << 30),
+                                  dir.c_str()));
+    }
+  }
   // The temporary is locked while it is written and renamed: a second job writing the same output fails here instead
-  // of truncating the first one's file under it (a temporary left by a killed job holds no lock and is reused).
-  const int fd = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::error(format("%s: cannot create: %s", tmp_path_.c_str(), std::strerror(errno)));
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+  // of truncating the first one's file under it (a temporary left by a killed job holds no lock and is reused). A
+  // lock taken on a file that its writer renamed away meanwhile (opened just before the rename, locked just after
+  // the close) is of a finished output: the name is opened again.
+  int fd = -1;
+  for (int attempt = 0; fd < 0; ++attempt) {
+    fd = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return Status::error(format("%s: cannot create: %s", tmp_path_.c_str(), std::strerror(errno)));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd);
+      return Status::error(format("%s: another job is writing it (%s is locked)", path_.c_str(), tmp_path_.c_str()));
+    }
+    struct stat locked, named;
+    if (::fstat(fd, &locked) == 0 && ::stat(tmp_path_.c_str(), &named) == 0 && locked.st_dev == named.st_dev &&
+        locked.st_ino == named.st_ino) {
+      break;
+    }
     ::close(fd);
-    return Status::error(format("%s: another job is writing it (%s is locked)", path_.c_str(), tmp_path_.c_str()));
+    fd = -1;
+    if (attempt == 8) return Status::error(format("%s: %s keeps being replaced", path_.c_str(), tmp_path_.c_str()));
   }
   if (::ftruncate(fd, 0) != 0 || !(file_ = ::fdopen(fd, "wb"))) {
     const std::string why = std::strerror(errno);

@@ -1,6 +1,6 @@
 #include "server/conversation.h"
 
-#include "chat/json_prefix.h"
+#include "base/json_shape.h"
 
 namespace magnetar::server {
 namespace {
@@ -58,7 +58,7 @@ Result<Json> openai_tool_calls(const Json& calls, const std::string& field) {
     if (auto args = function->find("arguments"); args != function->end() && !args->is_null()) {
       if (args->is_string()) {
         const std::string& text = args->get_ref<const std::string&>();
-        if (const std::string why = chat::json_refusal(text); !why.empty()) {
+        if (const std::string why = json_refusal(text); !why.empty()) {
           return Status::error(at + ".function.arguments " + why);
         }
         arguments = Json::parse(text, nullptr, /*allow_exceptions=*/false);

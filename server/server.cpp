@@ -23,8 +23,8 @@
 #include <thread>
 #include <utility>
 
+#include "base/json_shape.h"
 #include "chat/chatml.h"
-#include "chat/json_prefix.h"
 #include "chat/template.h"
 #include "chat/tool_calls.h"
 #include "server/conversation.h"
@@ -163,8 +163,7 @@ std::vector<std::string> allowed_host_names(const ServerOptions& options) {
 // ---- request parsing: JSON -> plain structs, every failure a Status naming the field ----------------------------
 
 Result<json> parse_body(const httplib::Request& req) {
-  if (const std::string why = chat::json_refusal(req.body); !why.empty())
-    return Status::error("the request body " + why);
+  if (const std::string why = json_refusal(req.body); !why.empty()) return Status::error("the request body " + why);
   json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) return Status::error("the request body is not valid JSON");
   if (!body.is_object()) return Status::error("the request body must be a JSON object");

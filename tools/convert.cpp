@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <thread>
 
 #include "tools/cli.h"
@@ -42,6 +43,13 @@ int convert_main(int argc, char** argv) {
     error = "-o OUT.gguf is required";
   else if (threads < 1)
     error = "-t must be >= 1";
+  // The output must not replace one of the inputs (the rename at the end would, silently).
+  std::error_code ec;
+  for (const std::filesystem::directory_entry& e : std::filesystem::directory_iterator(hf_dir, ec)) {
+    if (error.empty() && std::filesystem::equivalent(e.path(), out_path, ec)) {
+      error = format("-o %s is %s of the model folder", out_path.c_str(), e.path().filename().c_str());
+    }
+  }
   if (!error.empty()) {
     std::fprintf(stderr, "magnetar convert: %s\n", error.c_str());
     return kExitBadInput;

@@ -8,6 +8,7 @@
 #include <random>
 #include <string>
 
+#include "base/json_shape.h"
 #include "chat/json_prefix.h"
 #include "chat/output_constraint.h"
 

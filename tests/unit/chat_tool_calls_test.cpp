@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "chat/json_prefix.h"
+#include "base/json_shape.h"
 #include "chat/tool_calls.h"
 
 namespace magnetar::chat {

@@ -5,7 +5,9 @@
 #include <sys/wait.h>
 
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 
 #include "convert/convert.h"
 #include "gguf/reader.h"
@@ -141,6 +143,10 @@ TEST(ConvertErrors, ConfigFieldsAreNamed) {
        },
        "field 'rope_parameters.rope_theta' is not a number"},
       {[](nlohmann::json& c) { c["tie_word_embeddings"] = 1; }, "field 'tie_word_embeddings' is not a boolean"},
+      // Sizes that would allocate per layer before any tensor is checked (16 GB for the layers' list).
+      {[](nlohmann::json& c) { c["num_hidden_layers"] = 4000000000; },
+       "field 'num_hidden_layers' is 4000000000, at most 65536 supported"},
+      {[](nlohmann::json& c) { c["vocab_size"] = 1e300; }, "field 'vocab_size' is not an integer"},
   };
   for (const Case& k : cases) {
     Folder f;
@@ -325,6 +331,30 @@ TEST(ConvertCli, ExitCodesAndMessages) {
   testing::write_text(f.dir + "/config.json", g.config().dump());
   const CliRun unwritable = run_magnetar("convert " + f.dir + " -o " + f.tmp.file("no/such/dir/x.gguf"));
   EXPECT_EQ(unwritable.status, 1) << unwritable.err;
+
+  // An output that is one of the inputs (the rename would replace it) or a directory is refused before any work.
+  const CliRun over_input = run_magnetar("convert " + f.dir + " -o " + f.dir + "/config.json");
+  EXPECT_EQ(over_input.status, 2);
+  EXPECT_HAS(over_input.err, "config.json of the model folder");
+  std::ifstream config(f.dir + "/config.json");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(config), {}), g.config().dump());
+  const CliRun to_dir = run_magnetar("convert " + f.dir + " -o " + f.tmp.file(""));
+  EXPECT_EQ(to_dir.status, 1) << to_dir.err;
+  EXPECT_HAS(to_dir.err, "is a directory");
+}
+
+// A Hugging Face cache snapshot (models--ORG--NAME/snapshots/COMMIT) is named NAME, not by its commit.
+TEST(ConvertCli, ACacheSnapshotIsNamedByItsRepository) {
+  testing::TempDir tmp;
+  const std::string dir = tmp.file("models--Org--Tiny-MoE/snapshots/0123abcd");
+  std::filesystem::create_directories(dir);
+  const TinyQwen3 g;
+  testing::write_hf_folder(dir, g.config(), g.tensors());
+  const CliRun ok = run_magnetar("convert " + dir + "/ -o " + tmp.file("m.gguf"));
+  ASSERT_EQ(ok.status, 0) << ok.err;
+  Result<std::unique_ptr<gguf::Model>> m = gguf::Model::open(tmp.file("m.gguf"));
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ(m.value()->get_string("general.name"), "Tiny-MoE");
 }
 
 }  // namespace

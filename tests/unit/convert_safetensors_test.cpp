@@ -126,6 +126,8 @@ TEST(Safetensors, BadOffsetsDtypesAndShapesNameTheTensorAndField) {
       {R"([1,2,3])", "header", "not a JSON object"},
       {R"({"w":)", "header", "invalid JSON"},
       {R"({"w":{"dtype":"F32","shape":[[[[[[4]]]]]],"data_offsets":[0,16]}})", "header", "nested deeper"},
+      {R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"w":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+       "header", "key 'w' appears twice in one object"},
   };
   for (const Case& c : cases) {
     const std::string e = parse_error(safetensors_raw(c.header, data));

@@ -159,6 +159,28 @@ TEST(GgufWriter, ASecondWriterOfTheSameOutputIsRefused) {
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
 }
 
+// begin() refuses an output that the final rename could not take (a directory) or that the disk cannot hold
+// (4 TiB of F32 here), before any work and without leaving a temporary.
+TEST(GgufWriter, ADirectoryOrAFullDiskIsRefusedAtBegin) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.file("out"));
+  const int64_t small[] = {100};
+  Writer to_dir(dir.file("out"));
+  ASSERT_TRUE(to_dir.add_tensor("x", 0, small).ok());
+  Status s = to_dir.begin();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(), dir.file("out") + ": is a directory (the output must be a file name)");
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out.tmp")));
+
+  const int64_t huge[] = {int64_t(1) << 40};
+  Writer too_big(dir.file("big.gguf"));
+  ASSERT_TRUE(too_big.add_tensor("x", 0, huge).ok());
+  s = too_big.begin();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("big.gguf: needs 4096.00 GiB or more, "), std::string::npos) << s.message();
+  EXPECT_FALSE(std::filesystem::exists(dir.file("big.gguf.tmp")));
+}
+
 TEST(GgufWriter, RejectsBadTensorDeclarations) {
   TempDir dir;
   Writer w(dir.file("x.gguf"));
