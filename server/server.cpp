@@ -221,9 +221,33 @@ Status check_sampling(const SamplingParams& p, int64_t top_k) {
   return Status();
 }
 
+// A field whose value asks for something the server does not do: refused rather than answered without it.
+// `wanted` says whether the value (present, not null) asks for it.
+Status refuse_if(const json& body, const char* key, bool (*wanted)(const json&), const char* why) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null() || !wanted(*it)) return Status();
+  return Status::error(format("%s: %s", key, why));
+}
+bool is_true(const json& v) { return !v.is_boolean() || v.get<bool>(); }
+bool above_zero(const json& v) { return !v.is_number() || v.get<double>() > 0; }
+bool not_one(const json& v) { return !v.is_number_integer() || v.get<int64_t>() != 1; }
+bool any(const json&) { return true; }
+
 // The OpenAI sampling and limit fields, shared by /v1/chat/completions and /v1/completions.
 Status parse_openai_sampling(const json& body, const SamplingParams& defaults, ChatRequest* out) {
   ChatRequest& r = *out;
+  for (Status s : {refuse_if(body, "n", not_one, "one choice per request (n must be 1)"),
+                   refuse_if(body, "best_of", not_one, "one choice per request (best_of must be 1)"),
+                   refuse_if(body, "top_logprobs", above_zero, "log probabilities are not supported"),
+                   refuse_if(body, "functions", any, "not supported (deprecated by OpenAI): send tools"),
+                   refuse_if(body, "function_call", any, "not supported (deprecated by OpenAI): send tool_choice")}) {
+    if (!s.ok()) return s;
+  }
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    if (auto it = body.find(key); it != body.end() && it->is_number_integer() && it->get<int64_t>() < 1) {
+      return Status::error(format("%s must be >= 1", key));
+    }
+  }
   r.sampling = defaults;
   int64_t top_k = r.sampling.top_k, seed = int64_t(r.sampling.seed), max_tokens = 0, max_completion = 0;
   for (Status s :
@@ -238,7 +262,6 @@ Status parse_openai_sampling(const json& body, const SamplingParams& defaults, C
   MAGNETAR_RETURN_IF_ERROR(check_sampling(r.sampling, top_k));
   r.sampling.top_k = int32_t(top_k);
   r.sampling.seed = uint64_t(seed);
-  if (max_tokens < 0 || max_completion < 0) return Status::error("max_tokens must be >= 1");
   r.max_tokens = max_completion > 0 ? max_completion : max_tokens;
   if (auto stop = body.find("stop"); stop != body.end() && !stop->is_null()) {
     if (stop->is_string()) {
@@ -267,6 +290,7 @@ Result<ChatRequest> parse_chat_request(const json& body, const SamplingParams& d
   Result<ChatInput> input = openai_chat_input(body);
   if (!input.ok()) return input.status();
   r.chat = std::move(input.value());
+  if (Status s = refuse_if(body, "logprobs", is_true, "log probabilities are not supported"); !s.ok()) return s;
   if (Status s = parse_openai_sampling(body, defaults, &r); !s.ok()) return s;
   return r;
 }
@@ -280,6 +304,13 @@ Result<ChatRequest> parse_completion_request(const json& body, const SamplingPar
   if (prompt == body.end() || !prompt->is_string()) return Status::error("prompt must be a string");
   r.prompt = prompt->get<std::string>();
   if (r.prompt.empty()) return Status::error("prompt must not be empty");
+  for (Status s : {refuse_if(body, "logprobs", above_zero, "log probabilities are not supported"),
+                   refuse_if(body, "echo", is_true, "echoing the prompt is not supported"),
+                   refuse_if(
+                       body, "suffix", [](const json& v) { return !v.is_string() || !v.get<std::string>().empty(); },
+                       "insertion (a suffix) is not supported")}) {
+    if (!s.ok()) return s;
+  }
   if (Status s = parse_openai_sampling(body, defaults, &r); !s.ok()) return s;
   return r;
 }
@@ -333,7 +364,8 @@ struct Generation {
 // (required / a named function) appends `<tool_call>\n{"name": "NAME", "arguments":` to the prompt (without a
 // name: `<tool_call>\n{"name": "` and the names are constrained) and constrains the arguments to a JSON object,
 // closed by `}\n</tool_call>` once complete; json_object constrains the answer to one JSON object. Thinking is
-// off when the model has no <think> token, and for constrained output (the constraint covers the whole answer).
+// off when the model has no <think> token, and for constrained output (the constraint covers the whole answer; a
+// think block the template opened is closed empty).
 Result<Generation> plan_generation(const ChatInput& input, bool model_thinks, const chat::ChatTemplate& tmpl) {
   Generation g;
   g.notes = input.notes;
@@ -357,7 +389,14 @@ Result<Generation> plan_generation(const ChatInput& input, bool model_thinks, co
   const size_t last = g.prompt.find_last_not_of(" \n");
   const bool opened =
       model_thinks && last != std::string::npos && last >= 6 && g.prompt.compare(last - 6, 7, "<think>") == 0;
-  g.format = {.reasoning = conversation.enable_thinking || opened, .starts_in_reasoning = opened, .tool_calls = tools};
+  if (opened && (forced || input.json_object)) {
+    // The constraint covers the answer: the block the template opened is closed empty first (as Qwen renders a
+    // turn without reasoning), else the forced call or the JSON would be written, and parsed, as reasoning.
+    g.prompt += "\n</think>\n\n";
+  }
+  const bool reasoning = opened && !forced && !input.json_object;
+  g.format = {
+      .reasoning = conversation.enable_thinking || reasoning, .starts_in_reasoning = reasoning, .tool_calls = tools};
   if (forced) {
     g.output_prefix = "<tool_call>\n{\"name\": \"";
     if (choice.mode == ToolChoice::Mode::kFunction) {

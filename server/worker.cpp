@@ -60,6 +60,7 @@ struct Worker::Slot {
   Clock::time_point t_start, t_prompt_end, last_output;
   std::optional<chat::OutputConstraint> constraint;
   std::string closing;        // forced bytes when non-empty (a constrained output running out of room)
+  bool closing_forced = false;  // some token was sampled from `closing` only: the output is cut, not finished
   TokenFilter allow;
   std::optional<Sampler> sampler;
   std::unique_ptr<Detokenizer> detok;
@@ -211,6 +212,7 @@ void Worker::admit(Slot& slot) {
   slot.t_start = slot.t_prompt_end = slot.last_output = Clock::now();
   slot.constraint.reset();
   slot.closing.clear();
+  slot.closing_forced = false;
   slot.allow = {};
   slot.sampler.emplace(job.sampling);
   slot.detok = engine_.new_detokenizer();
@@ -364,6 +366,7 @@ void Worker::decode_step() {
       const int64_t left = std::min(job.max_tokens - slot.n, session.n_ctx() - 1 - int64_t(session.tokens().size()));
       std::string rest = slot.constraint->closing();
       slot.closing = left <= int64_t(rest.size()) ? std::move(rest) : std::string();
+      slot.closing_forced |= !slot.closing.empty();
     }
     const int32_t id = slot.sampler->sample(session.logits(), session.tokens(), slot.allow);
     if (id < 0) {
@@ -393,7 +396,10 @@ void Worker::decode_step() {
         if (scan(slot)) {
           finish(slot, FinishReason::kStop, std::move(slot.held));
         } else {
-          finish(slot, FinishReason::kStop, slot.held + job.output_suffix);
+          // Closed because max_tokens or the context ran out: a cut answer (a tool call's arguments, a JSON value),
+          // reported as the limit, never as a finished call or answer.
+          finish(slot, slot.closing_forced ? FinishReason::kLength : FinishReason::kStop,
+                 slot.held + job.output_suffix);
         }
         continue;
       }

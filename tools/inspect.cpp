@@ -105,7 +105,7 @@ struct TypeTotal {
 int inspect_main(int argc, char** argv) {
   std::string path;
   bool show_kv = false, show_tensors = false, as_json = false, full_arrays = false;
-  cli::Args args("magnetar inspect MODEL.gguf [--kv] [--tensors] [--json]",
+  cli::Args args("magnetar inspect MODEL.gguf [--kv [--full]] [--tensors] [--json]",
                  "Shows what a GGUF model file holds: architecture, name, GGUF version, metadata and tensor counts,\n"
                  "file size, parameter count and a table of tensor types. Reads only the header. For a split model\n"
                  "(NAME-00001-of-0000N.gguf) give the first shard; the whole set is shown as one model.");

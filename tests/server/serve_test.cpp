@@ -133,6 +133,14 @@ TEST_F(Serve, BadRequestsAre400AndNameTheField) {
       {R"({"messages": [{"role": "user", "content": "hi"}], "top_p": 1.5})", "top_p must be in [0, 1]"},
       {R"({"messages": [{"role": "user", "content": "hi"}], "min_p": -1})", "min_p must be in [0, 1]"},
       {R"({"messages": [{"role": "user", "content": "hi"}], "top_k": 4294967297})", "top_k must be in"},
+      // Asked for and not done: refused, not answered without it.
+      {R"({"messages": [{"role": "user", "content": "hi"}], "n": 2})", "n must be 1"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true})", "logprobs: log probabilities"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3})", "top_logprobs"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "functions": []})", "functions: not supported"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0})", "max_tokens must be >= 1"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -3})",
+       "max_completion_tokens must be >= 1"},
   };
   for (const Case& c : cases) {
     int status = 0;
@@ -141,6 +149,21 @@ TEST_F(Serve, BadRequestsAre400AndNameTheField) {
     ASSERT_TRUE(r.is_object()) << c.body;
     EXPECT_EQ(r["error"]["type"], "invalid_request_error") << c.body;
     EXPECT_NE(r["error"]["message"].get<std::string>().find(c.field), std::string::npos) << r.dump();
+  }
+  // The same fields at their harmless values are accepted (clients send them).
+  for (const char* body : {R"({"messages": [{"role": "user", "content": "hi"}], "n": 1, "logprobs": false,
+                               "top_logprobs": 0, "max_tokens": 2})",
+                           R"({"messages": [{"role": "user", "content": "hi"}], "n": null, "logprobs": null,
+                               "max_tokens": 2})"}) {
+    int status = 0;
+    raw_post("/v1/chat/completions", body, &status);
+    EXPECT_EQ(status, 200) << body;
+  }
+  for (const char* body : {R"({"prompt": "hi", "echo": true})", R"({"prompt": "hi", "logprobs": 2})",
+                           R"({"prompt": "hi", "suffix": "x"})", R"({"prompt": "hi", "best_of": 3})"}) {
+    int status = 0;
+    raw_post("/v1/completions", body, &status);
+    EXPECT_EQ(status, 400) << body;
   }
   // A prompt longer than the context names both sizes.
   std::string longer;

@@ -116,6 +116,15 @@ TEST_F(ServeTools, OpenAIForcedToolCall) {
   EXPECT_GT(r["usage"]["completion_tokens"].get<int>(), 0);
 }
 
+// A forced call that max_tokens cuts is closed (valid JSON) but reported as cut: finish_reason "length",
+// stop_reason "max_tokens", never as a finished call an agent would run.
+TEST_F(ServeTools, AForcedCallCutByMaxTokensIsReportedAsTheLimit) {
+  const json r = chat(forced_openai({{"max_tokens", 3}}));
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length") << r.dump();
+  const json a = messages(forced_anthropic({{"max_tokens", 3}}));
+  EXPECT_EQ(a["stop_reason"], "max_tokens") << a.dump();
+}
+
 TEST_F(ServeTools, OpenAIStreamedToolCallReassemblesToTheSameCall) {
   const json want = chat(forced_openai())["choices"][0]["message"]["tool_calls"][0];
   int status = 0;
@@ -414,6 +423,36 @@ class ServeThinkingTemplate : public ServeFixture {
   }
   inline static std::string path_;
 };
+
+// A forced tool call or a JSON answer is the answer, not reasoning: the block the template opened is closed empty
+// before the constrained output (before, the call and the JSON came back as reasoning_content).
+TEST_F(ServeThinkingTemplate, AForcedCallOrJsonClosesTheThinkBlockFirst) {
+  int status = 0;
+  const json question = {{"role", "user"}, {"content", "What is the weather in Paris?"}};
+  const json forced = post("/v1/chat/completions",
+                           {{"messages", {question}},
+                            {"tools", json::array({openai_tool()})},
+                            {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}},
+                            {"max_tokens", 120},
+                            {"temperature", 0}},
+                           &status);
+  ASSERT_EQ(status, 200) << forced.dump();
+  const json& choice = forced["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls") << forced.dump();
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u) << forced.dump();
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_FALSE(choice["message"].contains("reasoning_content")) << forced.dump();
+  const json as_json = post("/v1/chat/completions",
+                            {{"messages", {question}},
+                             {"response_format", {{"type", "json_object"}}},
+                             {"max_tokens", 60},
+                             {"temperature", 0}},
+                            &status);
+  ASSERT_EQ(status, 200) << as_json.dump();
+  const json& message = as_json["choices"][0]["message"];
+  EXPECT_FALSE(message.contains("reasoning_content")) << as_json.dump();
+  EXPECT_TRUE(json::parse(message["content"].get<std::string>(), nullptr, false).is_object()) << as_json.dump();
+}
 
 TEST_F(ServeThinkingTemplate, ReasoningIsNeverTheAnswer) {
   // The demo model answers with an empty think block ("<think>\n\n</think>\n\nI am ..."), inside the one the
