@@ -129,6 +129,7 @@ class HermesParser final : public OutputParser {
             separator_ = buf_.substr(end, open - end);
             buf_.erase(0, open + kCallOpen.size());
             state_ = State::kToolCall;
+            scan_ = {};
             break;
           }
           if (final) {
@@ -144,7 +145,7 @@ class HermesParser final : public OutputParser {
           return;
         }
         case State::kToolCall: {
-          const size_t close = buf_.find(kCallClose);
+          const size_t close = find_call_close();
           if (close == std::string::npos) return;  // finish() decides about an unclosed call
           const std::string_view body = std::string_view(buf_).substr(0, close);
           if (!emit_call(body, events)) {
@@ -160,8 +161,37 @@ class HermesParser final : public OutputParser {
     }
   }
 
+  // The body's </tool_call>: the first outside a JSON string (arguments may hold the tag as text: code or prompts
+  // being edited). The scan resumes where the last call stopped, so a long call costs its length once; npos while
+  // the tag has not arrived (a partial tag at the end waits for more bytes).
+  size_t find_call_close() {
+    for (; scan_.at < buf_.size(); ++scan_.at) {
+      const char c = buf_[scan_.at];
+      if (scan_.in_string) {
+        if (scan_.escaped) {
+          scan_.escaped = false;
+        } else if (c == '\\') {
+          scan_.escaped = true;
+        } else if (c == '"') {
+          scan_.in_string = false;
+        }
+      } else if (c == '"') {
+        scan_.in_string = true;
+      } else if (c == '<') {
+        const std::string_view rest = std::string_view(buf_).substr(scan_.at);
+        if (rest.starts_with(kCallClose)) return scan_.at;
+        if (kCallClose.starts_with(rest)) return std::string::npos;
+      }
+    }
+    return std::string::npos;
+  }
+
   const OutputFormat format_;
   State state_;
+  struct {
+    size_t at = 0;  // kToolCall: bytes of buf_ scanned for the closing tag
+    bool in_string = false, escaped = false;
+  } scan_;
   std::string buf_;          // bytes received and not yet emitted
   std::string separator_;    // kToolCall: the whitespace before <tool_call> (text again if the call is invalid)
   bool after_call_ = false;  // a tool call was the last thing emitted

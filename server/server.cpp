@@ -540,16 +540,17 @@ std::chrono::milliseconds silence_limit(double keepalive_seconds) {
 }
 
 // Waits for the worker's next text, keep-alive or the end of the job; takes the text and says whether a keep-alive
-// is due: asked for by the worker (a long prefill) or after `silence` without anything (the job queued, a tool
-// call's arguments being buffered): its write finds a client that left, which cancels the job. After *done, the
-// worker no longer writes the job and its fields may be read without the lock.
-std::string take_text(Job& job, std::chrono::milliseconds silence, bool* done, bool* keepalive) {
+// is due: asked for by the worker (a long prefill) or `silence` after the stream's last write (`last_sent`: the job
+// queued, or text arriving that writes nothing yet, as a tool call's arguments being buffered until the call
+// closes): its write finds a client that left, which cancels the job. After *done, the worker no longer writes the
+// job and its fields may be read without the lock.
+std::string take_text(Job& job, std::chrono::milliseconds silence, std::chrono::steady_clock::time_point last_sent,
+                      bool* done, bool* keepalive) {
   std::unique_lock<std::mutex> lock(job.mu);
-  const bool woken =
-      job.cv.wait_for(lock, silence, [&] { return job.done || !job.pending_text.empty() || job.keepalives > 0; });
+  job.cv.wait_for(lock, silence, [&] { return job.done || !job.pending_text.empty() || job.keepalives > 0; });
   std::string text = std::move(job.pending_text);
   job.pending_text.clear();
-  *keepalive = job.keepalives > 0 || !woken;
+  *keepalive = job.keepalives > 0 || std::chrono::steady_clock::now() - last_sent >= silence;
   job.keepalives = 0;
   *done = job.done;
   return text;
@@ -859,18 +860,21 @@ Result<std::shared_ptr<Job>> Server::Impl::submit(const std::string& prompt, Cha
 void Server::Impl::stream_openai(httplib::Response& res, std::shared_ptr<Job> job, bool include_usage, json first,
                                  json usage_base, Pieces pieces) {
   auto sent_first = std::make_shared<bool>(first.is_null());
+  auto last_sent = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
   res.set_chunked_content_provider(
       "text/event-stream",
       [job, include_usage, first = std::move(first), usage_base = std::move(usage_base), pieces = std::move(pieces),
-       silence = silence_limit(options.keepalive_seconds), sent_first](size_t, httplib::DataSink& sink) {
+       silence = silence_limit(options.keepalive_seconds), sent_first, last_sent](size_t, httplib::DataSink& sink) {
         auto send = [&](const json& j) {
           const std::string event = "data: " + dump(j) + "\n\n";
+          *last_sent = std::chrono::steady_clock::now();
           if (sink.write(event.data(), event.size())) return true;
           job->cancelled = true;
           return false;
         };
         bool done = false, keepalive = false;
-        const std::string text = take_text(*job, silence, &done, &keepalive);
+        const std::string text = take_text(*job, silence, *last_sent, &done, &keepalive);
+        if (keepalive) *last_sent = std::chrono::steady_clock::now();
         if (keepalive && !write_keepalive(sink, *job)) return false;
         if ((!text.empty() || done) && !*sent_first) {
           *sent_first = true;
@@ -1100,14 +1104,17 @@ void Server::Impl::messages(const httplib::Request& req, httplib::Response& res)
     int index = -1;  // the current (or last) block
     Block open = Block::kNone;
     bool tool_use = false;
+    std::chrono::steady_clock::time_point last_sent;  // of the last event written
   };
-  auto state = std::make_shared<State>(State{.parser = new_output_parser(generation.format)});
+  auto state = std::make_shared<State>(
+      State{.parser = new_output_parser(generation.format), .last_sent = std::chrono::steady_clock::now()});
   res.set_chunked_content_provider(
       "text/event-stream",
       [job, message, stop_sequence, state, silence = silence_limit(options.keepalive_seconds)](
           size_t, httplib::DataSink& sink) {
         auto send = [&](const char* event, const json& j) {
           const std::string text = std::string("event: ") + event + "\ndata: " + dump(j) + "\n\n";
+          state->last_sent = std::chrono::steady_clock::now();
           if (sink.write(text.data(), text.size())) return true;
           job->cancelled = true;
           return false;
@@ -1152,7 +1159,7 @@ void Server::Impl::messages(const httplib::Request& req, httplib::Response& res)
                       {{"type", "content_block_delta"}, {"index", state->index}, {"delta", std::move(d)}});
         };
         bool done = false, keepalive = false;
-        const std::string text = take_text(*job, silence, &done, &keepalive);
+        const std::string text = take_text(*job, silence, state->last_sent, &done, &keepalive);
         if (keepalive && !send("ping", {{"type", "ping"}})) return false;
         const auto failure = done ? job_failure(*job) : std::nullopt;
         if (failure) {

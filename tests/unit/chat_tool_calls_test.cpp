@@ -93,6 +93,20 @@ TEST(HermesParser, SeveralToolCalls) {
   expect_cut_invariant(kTools, text);
 }
 
+// An argument that holds the closing tag as text (a file being written that contains Hermes markup) does not close
+// the call: the tag counts only outside JSON strings (an escaped quote does not end the string).
+TEST(HermesParser, AClosingTagInsideAnArgumentStringIsText) {
+  const std::string text =
+      "<tool_call>\n{\"name\": \"write\", \"arguments\": {\"content\": \"a \\\" </tool_call> "
+      "b\"}}\n</tool_call>\nDone.";
+  const std::vector<OutputEvent> want = {{K::kToolCallBegin, "write"},
+                                         {K::kToolCallArguments, R"({"content":"a \" </tool_call> b"})"},
+                                         {K::kToolCallEnd, ""},
+                                         {K::kText, "\nDone."}};
+  EXPECT_EQ(parse_whole(kTools, text), want) << show(parse_whole(kTools, text));
+  expect_cut_invariant(kTools, text);
+}
+
 TEST(HermesParser, InvalidToolJsonIsTextWithTheOriginalBytes) {
   const std::string bad[] = {
       "<tool_call>\n{\"name\": \"x\", \"arguments\": {bad}}\n</tool_call>",
