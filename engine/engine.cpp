@@ -75,6 +75,9 @@ constexpr int64_t kMaxCtx = int64_t(1) << 24;  // --ctx: 16,777,216 tokens (byte
 constexpr int kMaxThreads = 1024;              // -t
 constexpr int64_t kMaxSessions = 1024;         // EngineOptions::n_sessions
 constexpr int64_t kGpuBatch = 2048;
+// The GPU's largest prefill chunk: its kernels index a chunk's tokens (and its experts' items, up to 32 per token and
+// 8 to a group) in a grid dimension of at most 65,535.
+constexpr int64_t kGpuMaxBatch = 16384;
 // EngineOptions::n_sweep -1 (auto): the longest prefill sweep whose residual stream fits this.
 constexpr uint64_t kSweepBytes = 256ull << 20;
 // With the GPU tier and n_sweep -1, a prompt of fewer chunks goes chunk by chunk: on the H200 host a sweep of 4 chunks
@@ -193,8 +196,10 @@ Status plan_experts(Engine::Impl& impl, const std::string& path, const Result<ex
   // in session_scratch_bytes before sweep_tokens is set below).
   const uint64_t cpu_row = 4 * uint64_t(hp.n_embd);
   const uint64_t cpu_sweep = impl.on_gpu ? 0 : cpu_row * uint64_t(sweep_for(o, cpu_row));
+  // On the GPU the scratch is the model's, in device memory: the host holds the sessions' KV copies.
   const uint64_t n = uint64_t(o.n_sessions);
-  const uint64_t kv_bytes = n * session_kv_bytes(impl), scratch = n * (session_scratch_bytes(impl) + cpu_sweep);
+  const uint64_t kv_bytes = n * session_kv_bytes(impl);
+  const uint64_t scratch = impl.on_gpu ? 0 : n * (session_scratch_bytes(impl) + cpu_sweep);
   const experts::MemoryMode mode = o.experts == ExpertMode::kResident ? experts::MemoryMode::kResident
                                    : o.experts == ExpertMode::kStream ? experts::MemoryMode::kStream
                                                                       : experts::MemoryMode::kAuto;
@@ -266,9 +271,11 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   const EngineOptions& o = impl.options;
   if (o.device == Device::kCpu) return Status();
   const bool forced = o.device == Device::kCuda;
+  const int64_t asked_batch = o.n_batch;
   auto fall_back = [&](const std::string& why) {
     if (forced) return Status::error(path + ": --device cuda: " + why);
-    if (impl.batch_auto) impl.options.n_batch = std::min(kCpuBatch, impl.options.n_ctx);  // the CPU's chunk
+    // The CPU's chunk (auto), or the one asked for (the GPU's may have been cut to kGpuMaxBatch).
+    impl.options.n_batch = impl.batch_auto ? std::min(kCpuBatch, impl.options.n_ctx) : asked_batch;
     impl.gpu_unused = why;
     impl.plan_text = "device: CPU (" + why + ")";
     return Status();
@@ -289,7 +296,7 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   const experts::ExpertLayout* layout = impl.model->expert_layout();
   const uint64_t expert_bytes = layout ? layout->total_expert_bytes() : 0;
   // Q8_0 KV adds the prefill's F16 copy of the attended rows (one per model, K and V: qwen3_moe_cuda.cpp).
-  const models::HParams& hp = impl.model->hparams();
+  const models::HParams hp = impl.model->hparams();  // a copy: the CPU model is replaced below
   const uint64_t kv_f16 = o.kv_type == KvType::kQ8_0 ? uint64_t(o.n_ctx) * uint64_t(hp.n_head_kv * hp.head_dim) * 4 : 0;
   // --batch 0 (auto): prefill chunks of kGpuBatch tokens when every weight, the KV and that scratch fit (the
   // tensor-core products run ~30% faster on 2,048 rows than on 4 x 512: docs/benchmarks/2026-12-01-cuda-prefill-int-
@@ -306,6 +313,7 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
       impl.options.n_batch = std::min(kCpuBatch, o.n_ctx);
     }
   }
+  impl.options.n_batch = std::min(impl.options.n_batch, kGpuMaxBatch);
   const uint64_t kv_scratch = kv_scratch_bytes();
   const uint64_t resident_need = impl.file->file_bytes() + kv_scratch;
   // Tiered: prefill sweeps of up to `sweep` tokens (their residual stream on the GPU too).
@@ -313,7 +321,7 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   const uint64_t fixed_need = impl.file->file_bytes() - std::min(impl.file->file_bytes(), expert_bytes) + kv_scratch +
                               models::CudaLoad::sweep_bytes(hp.n_embd, sweep);
   // The pool: asked for, or needed because the experts do not fit (or asked to stay in host memory).
-  uint64_t pool = uint64_t(o.gpu_cache_gb * gib);
+  uint64_t pool = expert_bytes > 0 ? uint64_t(o.gpu_cache_gb * gib) : 0;  // a dense model has no pool
   if (pool == 0 && expert_bytes > 0 && (host_experts || resident_need > gpu.free_bytes)) {
     pool = gpu.free_bytes > fixed_need ? std::min(gpu.free_bytes - fixed_need, expert_bytes) : 0;
     if (pool == 0) {
@@ -600,7 +608,9 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
-uint64_t Engine::session_bytes() const { return session_kv_bytes(*impl_) + session_scratch_bytes(*impl_); }
+uint64_t Engine::session_bytes() const {
+  return session_kv_bytes(*impl_) + (impl_->on_gpu ? 0 : session_scratch_bytes(*impl_));  // GPU: the model's scratch
+}
 
 Result<int64_t> Engine::sessions_that_fit() const {
   const uint64_t one = std::max<uint64_t>(1, session_bytes());

@@ -213,10 +213,10 @@ class Engine {
   std::string_view token_bytes(int32_t id) const;
 
   Result<std::unique_ptr<Session>> new_session();
-  // Memory one more session takes (its KV cache for options().n_ctx and its scratch), and how many such sessions
-  // besides the first fit: the ones the memory plan made room for (EngineOptions::n_sessions) and those the memory
-  // left beyond the planner's reserve takes (the server's --parallel default); on the GPU also in its free memory
-  // (each session's KV lives there too).
+  // Host memory one more session takes (its KV cache for options().n_ctx, and on the CPU its scratch), and how many
+  // such sessions besides the first fit: the ones the memory plan made room for (EngineOptions::n_sessions) and those
+  // the memory left beyond the planner's reserve takes (the server's --parallel default); on the GPU also in its free
+  // memory (each session's KV lives there too).
   uint64_t session_bytes() const;
   Result<int64_t> sessions_that_fit() const;
   // The decode steps of several sessions in one forward pass (per n_batch sessions), so concurrent sessions read

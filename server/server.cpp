@@ -1326,14 +1326,15 @@ Result<std::unique_ptr<Server>> Server::bind(Engine& engine, const ServerOptions
   if (!fit.ok()) return fit.status();
   const int64_t slots = options.parallel > 0 ? options.parallel : std::clamp<int64_t>(fit.value() + 1, 1, 4);
   if (slots > fit.value() + 1) {
-    return Status::error(format("--parallel %lld: each slot takes %.2f GiB (KV for --ctx %lld and scratch) and only %lld "
-                                "more fit in the memory available beyond the reserve%s",
-                                (long long)slots, double(engine.session_bytes()) / double(1ull << 30),
-                                (long long)engine.options().n_ctx, (long long)fit.value(),
-                                std::string(engine.device()) == "cuda"
-                                    ? " (host RAM, and the GPU's free memory: a smaller --gpu-cache-gb or --ctx "
-                                      "leaves room for more)"
-                                    : ""));
+    return Status::error(
+        format("--parallel %lld: each slot takes %.2f GiB (KV for --ctx %lld, and scratch on the CPU) and only %lld "
+               "more fit in the memory available beyond the reserve%s",
+               (long long)slots, double(engine.session_bytes()) / double(1ull << 30), (long long)engine.options().n_ctx,
+               (long long)fit.value(),
+               std::string(engine.device()) == "cuda"
+                   ? " (host RAM, and the GPU's free memory: a smaller --gpu-cache-gb or --ctx "
+                     "leaves room for more)"
+                   : ""));
   }
   std::vector<std::unique_ptr<Session>> sessions;
   for (int64_t i = 0; i < slots; ++i) {

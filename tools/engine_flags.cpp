@@ -127,7 +127,9 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
   }
   const int64_t chunk = engine.value()->options().n_batch;
   if (batch > chunk) {
-    std::fprintf(stderr, "magnetar %s: warning: --batch %lld is larger than the context: chunks of %lld tokens\n",
+    std::fprintf(stderr,
+                 "magnetar %s: warning: --batch %lld: chunks of %lld tokens (at most the context, and 16,384 on the "
+                 "GPU)\n",
                  command, (long long)batch, (long long)chunk);
   }
   if (sweep > 0 && sweep < 2 * chunk) {

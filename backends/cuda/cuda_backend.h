@@ -21,6 +21,9 @@ namespace magnetar::cuda {
 
 // Number of usable CUDA devices; 0 when there is no driver or no GPU (never an error).
 int device_count();
+// Whether this build's kernels run on the current device (built for its architecture, or PTX the driver can
+// compile for it); else an error naming the compute capability to build for. Launching without it aborts.
+Status check_device_code();
 
 // The current device: name, memory (free as cudaMemGetInfo reports it now) and SM count.
 struct DeviceInfo {

@@ -29,6 +29,23 @@ int device_count() {
   return n;
 }
 
+Status check_device_code() {
+  if (device_count() == 0) return Status::error("no CUDA device");
+  cudaFuncAttributes attributes{};
+  const cudaError_t e = cudaFuncGetAttributes(&attributes, dequantize_q8_0_kernel);
+  if (e == cudaSuccess) return Status();
+  (void)cudaGetLastError();
+  int dev = 0, major = 0, minor = 0;
+  (void)cudaGetDevice(&dev);
+  (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  (void)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  (void)cudaGetLastError();
+  return Status::error(
+      format("this build has no GPU code for the device's compute capability %d.%d (%s): rebuild "
+             "with -DCMAKE_CUDA_ARCHITECTURES=%d%d",
+             major, minor, cudaGetErrorString(e), major, minor));
+}
+
 Status dequantize_q8_0(const void* src, float* dst, int64_t n) {
   if (n % quant::kQK32 != 0) return Status::error(format("dequantize_q8_0: n=%lld is not a multiple of 32", (long long)n));
   if (device_count() == 0) return Status::error("dequantize_q8_0: no CUDA device");

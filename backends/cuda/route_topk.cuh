@@ -1,8 +1,10 @@
 // Top-k selection of the MoE router, shared by the kernel (route_topk.cu) and the host test
 // (tests/cuda/cuda_ops_host_test.cu). "Before" is the CPU route()'s order: the larger logit, and on equal logits
-// the lower expert id (torch.topk on CPU). That is a strict total order on (logit, id) for non-NaN logits, so every
-// expert has a distinct rank (the number of experts before it) and the top k are the experts of rank < k, expert
-// of rank j in slot j: the kernel's threads rank their experts independently, no sequential rounds.
+// the lower expert id (torch.topk on CPU), with NaN above +inf (and a negative NaN below -inf), the order of
+// logit_key. That is a strict total order on (logit, id), so every expert has a distinct rank (the number of experts
+// before it) and the top k are the experts of rank < k, expert of rank j in slot j: the kernel's threads rank their
+// experts independently, no sequential rounds. (Compared as floats, a NaN logit ranked before nothing and nothing
+// before it: slots went unwritten and their ids were garbage, indices out of bounds on the device and the host.)
 #pragma once
 
 #include <cstdint>
@@ -25,8 +27,24 @@ constexpr int kRankParts = kThreads / kSumThreads;  // an expert's rank is count
 constexpr int kMaxExperts = 1024;  // the logits of a token stay in shared memory
 constexpr int kMaxK = 32;          // lane j of warp 0 keeps slot j
 
+// The unsigned key that orders as the float does (larger key: larger logit), -0 as +0, NaN above +inf: the CPU's
+// route() orders by the same key (models/qwen3_moe/qwen3_moe.cpp).
+MAGNETAR_HD uint32_t logit_key(float v) {
+  v = v + 0.0f;  // -0 -> +0
+  uint32_t u;
+#ifdef __CUDA_ARCH__
+  u = __float_as_uint(v);
+#else
+  __builtin_memcpy(&u, &v, sizeof(u));
+#endif
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
 // Whether (va, ia) is selected before (vb, ib).
-MAGNETAR_HD bool ranks_before(float va, int ia, float vb, int ib) { return va > vb || (va == vb && ia < ib); }
+MAGNETAR_HD bool ranks_before(float va, int ia, float vb, int ib) {
+  const uint32_t ka = logit_key(va), kb = logit_key(vb);
+  return ka > kb || (ka == kb && ia < ib);
+}
 
 // Part q < kRankParts of expert e's rank: how many experts of the q-th part of the ids, [q n / P, (q + 1) n / P), are
 // selected before e (the kernel counts the parts in parallel).

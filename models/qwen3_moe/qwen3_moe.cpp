@@ -2,7 +2,10 @@
 // per-head RMSNorm on Q and K and NeoX RoPE, then per layer either a SwiGLU FFN or a softmax-routed top-k
 // mixture of SwiGLU experts (weights renormalized over the chosen k when norm_topk_prob). Checked against
 // transformers' Qwen3MoeForCausalLM / Qwen3ForCausalLM by tests/golden.
+#include "models/qwen3_moe/qwen3_moe.h"
+
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -15,7 +18,6 @@
 #include "experts/source.h"
 #include "models/common/binder.h"
 #include "models/model.h"
-#include "models/qwen3_moe/qwen3_moe.h"
 #include "models/qwen3_moe/weights.h"
 
 namespace magnetar::models {
@@ -230,6 +232,25 @@ void Qwen3Model::dense_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Laye
   cpu::matmul(pool, {.w = L.ffn_down.data, .type = L.ffn_down.type, .n_in = F, .n_out = E, .x = h, .y = ws.proj.data(), .ldy = E});
 }
 
+// The unsigned key that orders as the float does (larger key: larger logit), -0 as +0, NaN above +inf (a negative
+// NaN below -inf): a strict total order, the CUDA router's (backends/cuda/route_topk.cuh, logit_key).
+static uint32_t routing_key(float v) {
+  v = v + 0.0f;
+  const uint32_t u = std::bit_cast<uint32_t>(v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// The k largest logits' ids into idx[0, k) (idx holds every id after): ties go to the lower expert id, as torch.topk
+// on CPU. Compared by routing_key, a total order: a float comparison with NaN is no strict weak order, which
+// std::partial_sort requires.
+static void top_k_ids(const float* logits, int64_t k, std::vector<int32_t>& idx) {
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+    const uint32_t ka = routing_key(logits[a]), kb = routing_key(logits[b]);
+    return ka > kb || (ka == kb && a < b);
+  });
+}
+
 void Qwen3Model::route(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L, int64_t n) const {
   const int64_t E = hp_.n_embd, X = hp_.n_expert, K = hp_.n_expert_used;
   // Router: softmax over all experts, top-k, optional renormalization (transformers' order of operations).
@@ -243,12 +264,8 @@ void Qwen3Model::route(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Layer& L
     for (int64_t e = 0; e < X; ++e) sum += std::exp(double(logits[e] - max_logit));
     int32_t* ids = ws.top_ids.data() + t * K;
     float* weights = ws.top_weights.data() + t * K;
-    // partial selection of the k largest; ties go to the lower expert id, as torch.topk on CPU
     std::vector<int32_t>& idx = ws.sort_idx;
-    std::iota(idx.begin(), idx.end(), 0);
-    std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), [&](int32_t a, int32_t b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    });
+    top_k_ids(logits, K, idx);
     double top_sum = 0;
     for (int64_t j = 0; j < K; ++j) {
       ids[j] = idx[size_t(j)];
@@ -289,10 +306,7 @@ void Qwen3Model::predict_next(cpu::ThreadPool& pool, Qwen3Workspace& ws, int64_t
   std::vector<int32_t>& idx = ws.sort_idx;
   for (int64_t t = 0; t < n; ++t) {
     const float* logits = ws.router.data() + t * X;
-    std::iota(idx.begin(), idx.end(), 0);
-    std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), [&](int32_t a, int32_t b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    });
+    top_k_ids(logits, K, idx);
     for (int64_t j = 0; j < K; ++j) ws.mark[size_t(idx[size_t(j)])] = 1;
   }
   idx.clear();

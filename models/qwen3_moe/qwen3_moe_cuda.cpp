@@ -102,6 +102,7 @@ Status Qwen3Cuda::upload_qkv(const Layer& L, DevLayer& d) {
 }
 
 Status Qwen3Cuda::init() {
+  MAGNETAR_RETURN_IF_ERROR(cuda::check_device_code());
   const int64_t E = hp_.n_embd, D = hp_.head_dim, X = hp_.n_expert, K = std::max<int64_t>(1, hp_.n_expert_used);
   const int64_t q_dim = hp_.n_head * D, kv_dim = hp_.n_head_kv * D;
   const int64_t group = hp_.n_head / hp_.n_head_kv;
@@ -112,6 +113,10 @@ Status Qwen3Cuda::init() {
                                 (long long)D, (long long)group));
   }
   if (X > 1024) return Status::error(format("CUDA router takes up to 1024 experts, the model has %lld", (long long)X));
+  if (K > 32) {
+    return Status::error(
+        format("CUDA router takes up to 32 experts per token, the model routes to %lld", (long long)K));
+  }
   if (kv_type_ != quant::Type::F16 && kv_type_ != quant::Type::Q8_0) {
     return Status::error("the CUDA backend keeps KV in F16 or Q8_0 (--kv-type f32 runs on the CPU)");
   }
@@ -132,8 +137,10 @@ Status Qwen3Cuda::init() {
   if (layout_) mapped = std::make_unique<experts::MappedExperts>(file_, *layout_);
   MAGNETAR_ASSIGN_OR_RETURN(output_norm_, upload(w_.output_norm));
   MAGNETAR_ASSIGN_OR_RETURN(head_, upload(w_.output.present() ? w_.output : w_.token_embd));
-  int64_t max_cols = std::max(q_dim, E), ff = std::max(hp_.n_ff, hp_.n_ff_exp);
-  max_cols = std::max(max_cols, ff);
+  // The widest row a product reads: q (the output projection's input), n_embd, an expert's n_ff_exp and, only when
+  // some layer is dense, n_ff (MoE files carry an n_ff no layer uses: 6,144 on Qwen3-30B-A3B, 8x its n_ff_exp).
+  const bool any_dense = std::any_of(w_.layers.begin(), w_.layers.end(), [](const Layer& L) { return !L.moe(); });
+  const int64_t max_cols = std::max({q_dim, E, hp_.n_ff_exp, any_dense ? hp_.n_ff : int64_t(0)});
   for (size_t il = 0; il < w_.layers.size(); ++il) {
     const Layer& L = w_.layers[il];
     DevLayer d;
@@ -238,15 +245,24 @@ Status Qwen3Cuda::init() {
     size_t bytes;
   };
   const Want wants[] = {
-      {&x_, B * size_t(E) * f},           {&x2_, size_t(E) * f},
-      {&xn_, B * size_t(E) * f},          {&proj_, B * size_t(E) * f},
+      {&x_, B * size_t(E) * f},
+      {&x2_, size_t(E) * f},
+      {&xn_, B * size_t(E) * f},
+      {&proj_, B * size_t(E) * f},
       {&qkv_, B * size_t(q_dim + 2 * kv_dim) * f},
-      {&attn_, B * size_t(q_dim) * f},    {&router_, B * size_t(std::max<int64_t>(X, 1)) * f},
-      {&ids_, size_t(hp_.n_layer) * R * 4}, {&weights_, R * f},                 {&gu_, 2 * R * size_t(ff) * f},
-      {&down_, R * size_t(E) * f},        {&q_in_, std::max(B, R) * size_t(act_row_max_)},
-      {&q_exp_, B * size_t(act_row_max_)}, {&positions_, positions_bytes},
-      {&items_, (R + size_t(std::max<int64_t>(X, 1))) * sizeof(GroupItem)}, {&x_rows_, R * 4},
-      {&slot_rows_, R * 4},               {&logits_, size_t(kVec) * size_t(hp_.n_vocab) * f},
+      {&attn_, B * size_t(q_dim) * f},
+      {&router_, B * size_t(std::max<int64_t>(X, 1)) * f},
+      {&ids_, size_t(hp_.n_layer) * R * 4},
+      {&weights_, R * f},
+      {&gu_, 2 * std::max(R * size_t(hp_.n_ff_exp), any_dense ? B * size_t(hp_.n_ff) : 0) * f},
+      {&down_, R * size_t(E) * f},
+      {&q_in_, std::max(B, R) * size_t(act_row_max_)},
+      {&q_exp_, B * size_t(act_row_max_)},
+      {&positions_, positions_bytes},
+      {&items_, (R + size_t(std::max<int64_t>(X, 1))) * sizeof(GroupItem)},
+      {&x_rows_, R * 4},
+      {&slot_rows_, R * 4},
+      {&logits_, size_t(kVec) * size_t(hp_.n_vocab) * f},
   };
   for (const Want& want : wants) {
     MAGNETAR_ASSIGN_OR_RETURN(*want.buf, device_buffer(want.bytes));

@@ -266,7 +266,12 @@ Status Qwen3Cuda::sweep(cpu::ThreadPool& pool, const ForwardArgs& args) const {
       }
       seq.kv->wrote_device(seq.pos0, seq.pos0 + n);
     }
-    if (++at.step < at.steps && args.pause && (*args.pause)()) break;
+    if (++at.step < at.steps && args.pause && (*args.pause)()) {
+      // The next forward (another session's) writes the pinned h_x_ and h_positions_ at once: the copies that read
+      // them must be done.
+      stream_.synchronize();
+      break;
+    }
   }
   if (args.profile) {
     device_end_.record(stream_);

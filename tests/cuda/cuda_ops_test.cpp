@@ -678,6 +678,44 @@ TEST(CudaOps, RouteTopkMatchesCpu) {
   }
 }
 
+// NaN logits (a hidden state gone NaN) still give k distinct ids in range: a NaN ranks above every number (lower
+// ids first among NaNs), the rest as usual. Compared as floats, a NaN ranked before nothing and nothing before it:
+// slots went unwritten and their ids indexed past the expert tables.
+TEST(CudaOps, RouteTopkWithNaNLogitsPicksValidDistinctIds) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  Rng rng(kSeed + 6);
+  const int64_t n_expert = 128, k = 8, n_tok = 4;
+  std::vector<float> logits = gaussian(rng, size_t(n_tok * n_expert), 2.0f);
+  const int nan_count[n_tok] = {1, 3, 8, 128};  // one, a few, exactly k, all
+  std::vector<int32_t> want(size_t(n_tok * k));
+  for (int64_t t = 0; t < n_tok; ++t) {
+    float* row = logits.data() + t * n_expert;
+    for (int i = 0; i < nan_count[t]; ++i) row[(i * 37 + 11) % n_expert] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<int32_t> order(static_cast<size_t>(n_expert));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      const bool na = std::isnan(row[a]), nb = std::isnan(row[b]);
+      if (na || nb) return na && !nb;
+      return row[a] > row[b];
+    });
+    std::copy(order.begin(), order.begin() + k, want.begin() + t * k);
+  }
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dl, to_device(logits));
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer di, cuda::DeviceBuffer::allocate(want.size() * 4));
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dw, cuda::DeviceBuffer::allocate(want.size() * 4));
+  ASSERT_OK(cuda::route_topk({.logits = dl.as<float>(),
+                              .ids = di.as<int32_t>(),
+                              .weights = dw.as<float>(),
+                              .n_tok = n_tok,
+                              .n_expert = n_expert,
+                              .k = k,
+                              .normalize = true},
+                             stream));
+  stream.synchronize();
+  EXPECT_EQ(from_device<int32_t>(di, want.size()), want);
+}
+
 // route_topk with a table (decode): the items built in the same launch follow the chosen ids exactly: row
 // r = t * k + j gets table[3 id], table[3 id + 1], table[3 id + 2], row0 r, n 1; x_rows[r] = t; slot_rows[r] = r.
 // The table holds distinct fake pointers (never dereferenced).
