@@ -859,8 +859,12 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
 
   const int64_t n_out = args.all_logits ? n : int64_t(args.seqs.size());
   MAGNETAR_CHECK(args.seq_logits.empty() || (!args.all_logits && args.seq_logits.size() == args.seqs.size()));
-  bool graphed = graphs_enabled() && !graphs_failed_ && routes_on_device(n);
+  bool graphed = graphs_enabled() && routes_on_device(n);
   for (const SeqSpan& seq : args.seqs) graphed = graphed && seq.n_tok == 1;
+  if (graphed && graph_pause_ > 0) {  // a capture failed lately: kernel by kernel for a while, then try again
+    --graph_pause_;
+    graphed = false;
+  }
   if (graphed) {
     // One token per sequence: the n head rows (<= kVec) come back after the graph (logits_down). A capture the
     // driver refuses turns graphs off for this model: the launches below then run one by one (an op's own error
@@ -874,10 +878,16 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
       stream_.synchronize();
       logits_out(args, 0, n);
     } else {
-      // Once per model: decode keeps working, ~10-25% slower (docs/benchmarks/2026-11-30-cuda-decode-graph.md).
-      std::fprintf(stderr, "magnetar: CUDA graph capture of the decode step failed (%s); decoding kernel by kernel\n",
-                   graph.status().message().c_str());
-      graphs_failed_ = true;
+      // Decode keeps working, ~10-25% slower (docs/benchmarks/2026-11-30-cuda-decode-graph.md), and captures again
+      // after kGraphPause steps (a capture that ran out of memory may fit once sessions have ended); said once.
+      if (!graph_failure_said_) {
+        std::fprintf(stderr,
+                     "magnetar: CUDA graph capture of the decode step failed (%s); decoding kernel by kernel, "
+                     "capturing again every %d steps\n",
+                     graph.status().message().c_str(), kGraphPause);
+      }
+      graph_failure_said_ = true;
+      graph_pause_ = kGraphPause;
       graphed = false;
     }
   }

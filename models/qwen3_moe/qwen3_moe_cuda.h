@@ -353,7 +353,11 @@ class Qwen3Cuda final : public Model {
   mutable std::vector<uint64_t> graph_key_;
   mutable uint64_t graph_tick_ = 0;
   mutable uint64_t next_mirror_id_ = 1;
-  mutable bool graphs_failed_ = false;  // a capture failed: decode launches kernel by kernel from then on
+  // A capture failed: decode launches kernel by kernel for the next graph_pause_ steps (kGraphPause after each
+  // failure).
+  static constexpr int kGraphPause = 1024;
+  mutable int graph_pause_ = 0;
+  mutable bool graph_failure_said_ = false;
 
   // ---- the CPU expert lane (cpu_lane_: tiered mode with CudaLoad::cpu_experts) ----------------------------------
   // Experts with few rows only (decode's, or a prefill chunk's rarely routed ones): an expert with more rows is worth

@@ -124,9 +124,9 @@ TEST_P(CudaEngine, GreedyDecodeMatchesCpu) {
   expect_greedy_decode_matches_cpu(path_, KvType::kF16, variant_name({GetParam(), 0}));
 }
 
-// A decode graph the driver refuses turns graphs off for the model and the step runs kernel by kernel, starting with
-// the refused step itself (whose capture recorded the whole forward pass without running it). Simulated with
-// MAGNETAR_CUDA_GRAPH=refuse: the model says so once on stderr, and the logits of every step equal the graph
+// A decode graph the driver refuses turns graphs off for a while (1,024 steps) and the step runs kernel by kernel,
+// starting with the refused step itself (whose capture recorded the whole forward pass without running it). Simulated
+// with MAGNETAR_CUDA_GRAPH=refuse: the model says so once on stderr, and the logits of every step equal the graph
 // replays' bit for bit (same kernels, same arguments; a host-side effect of the discarded capture, applied twice,
 // would show here).
 TEST_P(CudaEngine, RefusedGraphFallsBackBitForBit) {
