@@ -231,16 +231,18 @@ Status refuse_if(const json& body, const char* key, bool (*wanted)(const json&),
 bool is_true(const json& v) { return !v.is_boolean() || v.get<bool>(); }
 bool above_zero(const json& v) { return !v.is_number() || v.get<double>() > 0; }
 bool not_one(const json& v) { return !v.is_number_integer() || v.get<int64_t>() != 1; }
-bool any(const json&) { return true; }
+bool non_empty(const json& v) { return !v.is_array() || !v.empty(); }
+bool is_object(const json& v) { return v.is_object(); }
 
 // The OpenAI sampling and limit fields, shared by /v1/chat/completions and /v1/completions.
 Status parse_openai_sampling(const json& body, const SamplingParams& defaults, ChatRequest* out) {
   ChatRequest& r = *out;
-  for (Status s : {refuse_if(body, "n", not_one, "one choice per request (n must be 1)"),
-                   refuse_if(body, "best_of", not_one, "one choice per request (best_of must be 1)"),
-                   refuse_if(body, "top_logprobs", above_zero, "log probabilities are not supported"),
-                   refuse_if(body, "functions", any, "not supported (deprecated by OpenAI): send tools"),
-                   refuse_if(body, "function_call", any, "not supported (deprecated by OpenAI): send tool_choice")}) {
+  for (Status s :
+       {refuse_if(body, "n", not_one, "one choice per request (n must be 1)"),
+        refuse_if(body, "best_of", not_one, "one choice per request (best_of must be 1)"),
+        refuse_if(body, "top_logprobs", above_zero, "log probabilities are not supported"),
+        refuse_if(body, "functions", non_empty, "not supported (deprecated by OpenAI): send tools"),
+        refuse_if(body, "function_call", is_object, "not supported (deprecated by OpenAI): send tool_choice")}) {
     if (!s.ok()) return s;
   }
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -93,6 +94,19 @@ TEST(CudaOpsHost, RouterTopkMatchesCpuOrderWithTies) {
       }
     }
   }
+}
+
+// NaN logits (a hidden state gone NaN): every expert still has a distinct rank, NaN above every number (lower ids
+// first among NaNs), -0 equal to +0; compared as floats, a NaN ranked before nothing and nothing before it, so slots
+// went unfilled (-1) or filled twice (-2).
+TEST(CudaOpsHost, RouterTopkRanksNaNAboveEveryNumber) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> logits = {1.0f, nan, -0.0f, 3.0f, nan, 0.0f, -INFINITY, INFINITY};
+  EXPECT_EQ(rank_topk(logits, 8), (std::vector<int>{1, 4, 7, 3, 0, 2, 5, 6}));
+  const std::vector<float> all_nan(60, nan);
+  std::vector<int> first(32);
+  std::iota(first.begin(), first.end(), 0);
+  EXPECT_EQ(rank_topk(all_nan, 32), first);
 }
 
 // ---- attention split-K ------------------------------------------------------------------------------------

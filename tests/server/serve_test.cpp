@@ -137,7 +137,9 @@ TEST_F(Serve, BadRequestsAre400AndNameTheField) {
       {R"({"messages": [{"role": "user", "content": "hi"}], "n": 2})", "n must be 1"},
       {R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true})", "logprobs: log probabilities"},
       {R"({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3})", "top_logprobs"},
-      {R"({"messages": [{"role": "user", "content": "hi"}], "functions": []})", "functions: not supported"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f"}]})",
+       "functions: not supported"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "function_call": {"name": "f"}})", "function_call: not"},
       {R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0})", "max_tokens must be >= 1"},
       {R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -3})",
        "max_completion_tokens must be >= 1"},
@@ -152,7 +154,7 @@ TEST_F(Serve, BadRequestsAre400AndNameTheField) {
   }
   // The same fields at their harmless values are accepted (clients send them).
   for (const char* body : {R"({"messages": [{"role": "user", "content": "hi"}], "n": 1, "logprobs": false,
-                               "top_logprobs": 0, "max_tokens": 2})",
+                               "top_logprobs": 0, "functions": [], "function_call": "auto", "max_tokens": 2})",
                            R"({"messages": [{"role": "user", "content": "hi"}], "n": null, "logprobs": null,
                                "max_tokens": 2})"}) {
     int status = 0;
