@@ -146,6 +146,15 @@ bool locale_less(const std::string& a, const std::string& b) {
 
 constexpr uint32_t kMaxPrintLevel = kMaxValueDepth + 8;  // namespaces can form chains the depth field misses
 
+// The most a printed list or dict may grow to: values share their elements, so a few steps build a list whose printed
+// form has 2^40 leaves; the bytes a value takes when built (Interp::kMaxBytes) say nothing of its printed size.
+// 64 MiB: a million-token conversation printed whole is ~8 MiB.
+constexpr size_t kMaxPrintBytes = size_t(1) << 26;
+Status too_long() {
+  return Status::error(
+      format("a printed value exceeds %zu MiB (a list or dict that repeats itself?)", kMaxPrintBytes >> 20));
+}
+
 Status too_deep() {
   return Status::error(format("value nested deeper than %u levels (or refers to itself)", kMaxPrintLevel));
 }
@@ -248,6 +257,7 @@ Status to_json(const Value& v, const JsonOptions& opt, std::string* out, bool un
       *out += '[';
       const Array& items = *v.a;
       for (size_t k = 0; k < items.size(); ++k) {
+        if (out->size() > kMaxPrintBytes) return too_long();
         if (k > 0) *out += item_sep;
         *out += child_pad;
         MAGNETAR_RETURN_IF_ERROR(to_json(items[k], opt, out, undefined_as_null, level + 1));
@@ -266,6 +276,7 @@ Status to_json(const Value& v, const JsonOptions& opt, std::string* out, bool un
       }
       *out += '{';
       for (size_t k = 0; k < entries.size(); ++k) {
+        if (out->size() > kMaxPrintBytes) return too_long();
         if (k > 0) *out += item_sep;
         *out += child_pad;
         json_quote(entries[k]->first, opt.ensure_ascii, out);
@@ -297,6 +308,7 @@ Status js_string(const Value& v, std::string* out, bool nullish_empty, uint32_t 
     case Kind::kString: *out += *v.s; return Status();
     case Kind::kArray: {
       for (size_t k = 0; k < v.a->size(); ++k) {
+        if (out->size() > kMaxPrintBytes) return too_long();
         if (k > 0) *out += ',';
         MAGNETAR_RETURN_IF_ERROR(to_string_form((*v.a)[k], out, level + 1));
       }

@@ -246,6 +246,13 @@ TEST(ChatJinja, HostileTemplatesStopCleanly) {
   // A namespace that contains itself.
   EXPECT_TRUE(has(render("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns | tojson }}"), "nested deeper"));
   EXPECT_TRUE(has(render("{{ range(1000000000000) | length }}"), "MiB"));
+  // A list that repeats itself: 40 steps build 2^40 leaves to print (before: printed until memory ran out).
+  const std::string doubled =
+      "{% set ns = namespace(a=[1]) %}{% for i in range(40) %}{% set ns.a = [ns.a, ns.a] %}"
+      "{% endfor %}";
+  for (const char* print : {"{{ ns.a }}", "{{ ns.a | join(',') }}"}) {  // (tojson and ~ print as these do)
+    EXPECT_TRUE(has(render(doubled + print), "a printed value exceeds 64 MiB")) << print;
+  }
   // Steps that overflow int64 (before: the index wrapped negative and read far outside the array, or range's count
   // came out 0 and its loop ran without bound).
   EXPECT_EQ(render("{{ [1, 2, 3][1::9223372036854775807] }}"), "[2]");
