@@ -38,6 +38,12 @@ class HermesParser final : public OutputParser {
 
   void finish(std::vector<OutputEvent>* events) override {
     process(true, events);
+    // A body whose quotes do not pair (not JSON) hid its closing tag in a "string": the first tag seen there closes
+    // it after all (as text), and what follows is parsed again.
+    while (state_ == State::kToolCall && scan_.tag_in_string != std::string::npos) {
+      close_call(scan_.tag_in_string, events);
+      process(true, events);
+    }
     if (state_ == State::kToolCall) {
       // Unclosed at the end: a call if the body is complete, else the original bytes as text.
       if (!emit_call(buf_, events)) emit(OutputEventKind::kText, separator_ + std::string(kCallOpen) + buf_, events);
@@ -147,18 +153,23 @@ class HermesParser final : public OutputParser {
         case State::kToolCall: {
           const size_t close = find_call_close();
           if (close == std::string::npos) return;  // finish() decides about an unclosed call
-          const std::string_view body = std::string_view(buf_).substr(0, close);
-          if (!emit_call(body, events)) {
-            emit(OutputEventKind::kText,
-                 separator_ + std::string(kCallOpen) + std::string(body) + std::string(kCallClose), events);
-          }
-          separator_.clear();
-          buf_.erase(0, close + kCallClose.size());
-          state_ = State::kText;
+          close_call(close, events);
           break;
         }
       }
     }
+  }
+
+  // Ends the call whose closing tag is at `close`: a call when its body is one, else its bytes as text.
+  void close_call(size_t close, std::vector<OutputEvent>* events) {
+    const std::string_view body = std::string_view(buf_).substr(0, close);
+    if (!emit_call(body, events)) {
+      emit(OutputEventKind::kText, separator_ + std::string(kCallOpen) + std::string(body) + std::string(kCallClose),
+           events);
+    }
+    separator_.clear();
+    buf_.erase(0, close + kCallClose.size());
+    state_ = State::kText;
   }
 
   // The body's </tool_call>: the first outside a JSON string (arguments may hold the tag as text: code or prompts
@@ -168,6 +179,11 @@ class HermesParser final : public OutputParser {
     for (; scan_.at < buf_.size(); ++scan_.at) {
       const char c = buf_[scan_.at];
       if (scan_.in_string) {
+        if (c == '<' && scan_.tag_in_string == std::string::npos) {
+          const std::string_view rest = std::string_view(buf_).substr(scan_.at);
+          if (rest.starts_with(kCallClose)) scan_.tag_in_string = scan_.at;
+          if (rest.size() < kCallClose.size() && kCallClose.starts_with(rest)) return std::string::npos;
+        }
         if (scan_.escaped) {
           scan_.escaped = false;
         } else if (c == '\\') {
@@ -191,6 +207,7 @@ class HermesParser final : public OutputParser {
   struct {
     size_t at = 0;  // kToolCall: bytes of buf_ scanned for the closing tag
     bool in_string = false, escaped = false;
+    size_t tag_in_string = std::string::npos;  // the first closing tag seen inside a string
   } scan_;
   std::string buf_;          // bytes received and not yet emitted
   std::string separator_;    // kToolCall: the whitespace before <tool_call> (text again if the call is invalid)

@@ -56,7 +56,7 @@ quant::Type output_type(const PlannedTensor& t, OutType out) {
 // (.../models--ORG--NAME/snapshots/COMMIT) NAME; "." and ".." name the folder they stand for.
 std::string dir_name(const std::string& dir) {
   std::error_code ec;
-  std::filesystem::path path = std::filesystem::weakly_canonical(std::filesystem::absolute(dir, ec), ec);
+  std::filesystem::path path = std::filesystem::absolute(dir, ec).lexically_normal();  // a symlink keeps its name
   if (ec) path = std::filesystem::path(dir).lexically_normal();
   if (!path.has_filename()) path = path.parent_path();
   const std::filesystem::path parent = path.parent_path();

@@ -75,9 +75,12 @@ constexpr int64_t kMaxCtx = int64_t(1) << 24;  // --ctx: 16,777,216 tokens (byte
 constexpr int kMaxThreads = 1024;              // -t
 constexpr int64_t kMaxSessions = 1024;         // EngineOptions::n_sessions
 constexpr int64_t kGpuBatch = 2048;
-// The GPU's largest prefill chunk: its kernels index a chunk's tokens (and its experts' items, up to 32 per token and
-// 8 to a group) in a grid dimension of at most 65,535.
-constexpr int64_t kGpuMaxBatch = 16384;
+// The GPU's largest prefill chunk: its kernels index a chunk's tokens, and its experts' items (k per token, 8 rows to
+// an item, one more per expert for the groups left part full), in a grid dimension of at most 65,535.
+int64_t gpu_max_batch(const models::HParams& hp) {
+  const int64_t k = std::max<int64_t>(1, hp.n_expert_used);
+  return std::min<int64_t>(16384, (65535 - std::max<int64_t>(hp.n_expert, 0)) * 8 / k);
+}
 // EngineOptions::n_sweep -1 (auto): the longest prefill sweep whose residual stream fits this.
 constexpr uint64_t kSweepBytes = 256ull << 20;
 // With the GPU tier and n_sweep -1, a prompt of fewer chunks goes chunk by chunk: on the H200 host a sweep of 4 chunks
@@ -274,7 +277,7 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   const int64_t asked_batch = o.n_batch;
   auto fall_back = [&](const std::string& why) {
     if (forced) return Status::error(path + ": --device cuda: " + why);
-    // The CPU's chunk (auto), or the one asked for (the GPU's may have been cut to kGpuMaxBatch).
+    // The CPU's chunk (auto), or the one asked for (the GPU's may have been cut to gpu_max_batch).
     impl.options.n_batch = impl.batch_auto ? std::min(kCpuBatch, impl.options.n_ctx) : asked_batch;
     impl.gpu_unused = why;
     impl.plan_text = "device: CPU (" + why + ")";
@@ -313,7 +316,7 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
       impl.options.n_batch = std::min(kCpuBatch, o.n_ctx);
     }
   }
-  impl.options.n_batch = std::min(impl.options.n_batch, kGpuMaxBatch);
+  impl.options.n_batch = std::min(impl.options.n_batch, gpu_max_batch(hp));
   const uint64_t kv_scratch = kv_scratch_bytes();
   const uint64_t resident_need = impl.file->file_bytes() + kv_scratch;
   // Tiered: prefill sweeps of up to `sweep` tokens (their residual stream on the GPU too).
@@ -392,12 +395,6 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
 Status open_disk_kv(Engine::Impl& impl) {
   const KvDiskOptions& o = impl.options.kv_disk;
   if (o.dir.empty()) return Status();
-  if (o.gb < 0 || o.block_tokens < 1) return Status::error("--kv-disk-gb must be >= 0 and the block size >= 1");
-  if (o.block_tokens > impl.options.n_ctx) {
-    return Status::error(
-        format("--kv-block %lld is longer than the context of %lld tokens: no block would ever be saved",
-               (long long)o.block_tokens, (long long)impl.options.n_ctx));
-  }
   uint64_t budget = uint64_t(o.gb * double(1ull << 30));
   if (budget == 0) {
     // The directory may not exist yet (DiskCache creates it): the free space of its nearest existing ancestor.
@@ -577,6 +574,15 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
   impl->options.n_batch = std::min(impl->options.n_batch, impl->options.n_ctx);
   impl->pool = std::make_unique<cpu::ThreadPool>(impl->options.n_threads);
   MAGNETAR_RETURN_IF_ERROR(choose_device(*impl, *entry, path));
+  // The disk KV's block size sizes its buffers in the memory checks below.
+  if (const KvDiskOptions& kd = impl->options.kv_disk; !kd.dir.empty()) {
+    if (kd.gb < 0 || kd.block_tokens < 1) return Status::error("--kv-disk-gb must be >= 0 and the block size >= 1");
+    if (kd.block_tokens > impl->options.n_ctx) {
+      return Status::error(
+          format("--kv-block %lld is longer than the context of %lld tokens: no block would ever be saved",
+                 (long long)kd.block_tokens, (long long)impl->options.n_ctx));
+    }
+  }
   const Result<experts::MachineSnapshot> machine = experts::read_machine();  // one reading for both
   MAGNETAR_RETURN_IF_ERROR(check_session_memory(*impl, machine));
   if (!impl->on_gpu || impl->gpu_tier) MAGNETAR_RETURN_IF_ERROR(plan_experts(*impl, path, machine));

@@ -40,6 +40,7 @@ std::string available(const Plan& p) { return gib(p.budget_bytes) + " available 
 
 // The end of a refusal that the KV or the sessions could cure: the flags that shrink them.
 std::string kv_levers(const PlanInputs& in) {
+  if (in.kv_bytes == 0) return std::string();
   std::string s = "; a smaller --ctx or --kv-type q8_0";
   if (in.n_sessions > 1) s += format(", or fewer than the %lld sessions planned for,", (long long)in.n_sessions);
   return s + " needs less KV";

@@ -13,6 +13,15 @@
 #include "base/check.h"
 
 namespace magnetar::gguf {
+namespace {
+
+// The directory a path's file is in ("." for a bare name).
+std::string directory_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
 
 Writer::Writer(std::string path, uint32_t version)
     : path_(std::move(path)), tmp_path_(path_ + ".tmp"), version_(version) {
@@ -126,8 +135,7 @@ Status Writer::begin() {
   if (::stat(path_.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     return Status::error(format("%s: is a directory (the output must be a file name)", path_.c_str()));
   }
-  const size_t slash = tmp_path_.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : tmp_path_.substr(0, slash);
+  const std::string dir = directory_of(tmp_path_);
   struct statvfs fs;
   uint64_t reused = 0;  // a temporary left by a killed job is truncated: its bytes come back
   if (::stat(tmp_path_.c_str(), &st) == 0 && S_ISREG(st.st_mode)) reused = uint64_t(st.st_size);
@@ -237,8 +245,7 @@ Status Writer::finish() {
   file_ = nullptr;
   // The rename is durable once the directory entry is; some file systems cannot fsync a directory (EINVAL),
   // which is not an error here.
-  const size_t slash = path_.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path_.substr(0, slash);
+  const std::string dir = directory_of(path_);
   if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
     (void)fsync(dfd);
     ::close(dfd);

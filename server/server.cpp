@@ -232,6 +232,7 @@ bool is_true(const json& v) { return !v.is_boolean() || v.get<bool>(); }
 bool above_zero(const json& v) { return !v.is_number() || v.get<double>() > 0; }
 bool not_one(const json& v) { return !v.is_number_integer() || v.get<int64_t>() != 1; }
 bool non_empty(const json& v) { return !v.is_array() || !v.empty(); }
+bool any_value(const json&) { return true; }  // /v1/completions' logprobs: 0 asks for the sampled token's
 bool is_object(const json& v) { return v.is_object(); }
 
 // The OpenAI sampling and limit fields, shared by /v1/chat/completions and /v1/completions.
@@ -306,7 +307,7 @@ Result<ChatRequest> parse_completion_request(const json& body, const SamplingPar
   if (prompt == body.end() || !prompt->is_string()) return Status::error("prompt must be a string");
   r.prompt = prompt->get<std::string>();
   if (r.prompt.empty()) return Status::error("prompt must not be empty");
-  for (Status s : {refuse_if(body, "logprobs", above_zero, "log probabilities are not supported"),
+  for (Status s : {refuse_if(body, "logprobs", any_value, "log probabilities are not supported"),
                    refuse_if(body, "echo", is_true, "echoing the prompt is not supported"),
                    refuse_if(
                        body, "suffix", [](const json& v) { return !v.is_string() || !v.get<std::string>().empty(); },

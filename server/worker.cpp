@@ -395,11 +395,12 @@ void Worker::decode_step() {
         slot.held += slot.detok->flush();
         if (scan(slot)) {
           finish(slot, FinishReason::kStop, std::move(slot.held));
+        } else if (slot.closing_forced) {
+          // Closed because max_tokens or the context ran out: a cut answer, reported as the limit. A forced call's
+          // suffix stays off, so the cut call comes back as the text it is, never as a call an agent would run.
+          finish(slot, FinishReason::kLength, std::move(slot.held));
         } else {
-          // Closed because max_tokens or the context ran out: a cut answer (a tool call's arguments, a JSON value),
-          // reported as the limit, never as a finished call or answer.
-          finish(slot, slot.closing_forced ? FinishReason::kLength : FinishReason::kStop,
-                 slot.held + job.output_suffix);
+          finish(slot, FinishReason::kStop, slot.held + job.output_suffix);
         }
         continue;
       }

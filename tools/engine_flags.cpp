@@ -128,8 +128,8 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
   const int64_t chunk = engine.value()->options().n_batch;
   if (batch > chunk) {
     std::fprintf(stderr,
-                 "magnetar %s: warning: --batch %lld: chunks of %lld tokens (at most the context, and 16,384 on the "
-                 "GPU)\n",
+                 "magnetar %s: warning: --batch %lld: chunks of %lld tokens (the most the context, or the GPU's "
+                 "kernels, take)\n",
                  command, (long long)batch, (long long)chunk);
   }
   if (sweep > 0 && sweep < 2 * chunk) {

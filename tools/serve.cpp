@@ -33,8 +33,10 @@ int serve_main(int argc, char** argv) {
   args.option("--port", &port, "N", "port to listen on (0: any free port)");
   args.option("--alias", &alias, "NAME", "model id reported to clients (default: the file name without .gguf)");
   float keepalive = float(server::kKeepAliveSeconds);
-  args.option("--keepalive-seconds", &keepalive, "S",
-              "a stream silent this long during a prompt's prefill gets a keep-alive (0: after every --batch chunk)");
+  args.option(
+      "--keepalive-seconds", &keepalive, "S",
+      "a stream that has written nothing for this long (a prompt's prefill, a queued request, a tool call being "
+      "generated) gets a keep-alive (0: also after every --batch chunk of a prefill)");
   int64_t parallel = 0;
   args.option(
       "--parallel", &parallel, "N",

@@ -230,7 +230,8 @@ int synth_main(int argc, char** argv) {
   std::string preset = "tiny", type_name = "q4_k", out_path, tokenizer_dir;
   float skew = 0.0f;
   std::string check_path;
-  int64_t check_tokens = 512;
+  constexpr int64_t kCheckTokens = 512;
+  int64_t check_tokens = kCheckTokens;
   int64_t layers = 0, seed = 1, threads = int64_t(std::max(1u, std::thread::hardware_concurrency()));
   std::string presets_list;
   for (const Geometry& g : kPresets) {
@@ -280,7 +281,7 @@ int synth_main(int argc, char** argv) {
   else if (!type || !quant::is_weight_type(*type))
     error = format("--type '%s' is not a weight type (see --help)", type_name.c_str());
   else if (out_path.empty()) error = "-o OUT.gguf is required";
-  else if (check_tokens != 512)
+  else if (check_tokens != kCheckTokens)
     error = "--check-tokens applies to --check MODEL.gguf";
   else if (layers < 0 || threads < 1) error = "--layers must be >= 0 and -t >= 1";
   if (!error.empty()) {

@@ -69,7 +69,7 @@ MAGNETAR_HD int rank_of(const float* logits, int n_expert, int e) {
 
 #ifdef __CUDACC__
 // ---- one warp's routing, for the expert products that route themselves (GroupedMatvecArgs::route) ----------------
-// A warp's logits: lane l holds experts l + 32 i (i < kPer), -0 made +0 so that the ordered keys compare as floats do.
+// A warp's logits: lane l holds experts l + 32 i (i < kPer), -0 made +0 (as logit_key does).
 template <int kPer>
 struct WarpLogits {
   float v[kPer];
@@ -85,12 +85,6 @@ __device__ __forceinline__ WarpLogits<kPer> warp_logits(const float* logits, int
   return w;
 }
 
-// The unsigned key that orders as the float does (larger key: larger logit; NaN above +inf).
-__device__ __forceinline__ uint32_t order_key(float v) {
-  const uint32_t u = __float_as_uint(v);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
 // The experts of ranks 0 .. n - 1 in ranks_before's order (the larger logit, on equal logits the lower id), by rounds
 // of a warp-wide maximum: each round the largest key left, then the lowest id holding it; the chosen key becomes 0
 // (the lowest: only a negative NaN has it too). Returns the id of rank n - 1 in every lane; lane j < n also gets the
@@ -99,7 +93,7 @@ template <int kPer>
 __device__ __forceinline__ int warp_top(const WarpLogits<kPer>& w, int n_expert, int n, int lane, int* lane_id) {
   uint32_t key[kPer];
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) key[i] = lane + 32 * i < n_expert ? order_key(w.v[i]) : 0u;
+  for (int i = 0; i < kPer; ++i) key[i] = lane + 32 * i < n_expert ? logit_key(w.v[i]) : 0u;
   int id = 0;
   for (int r = 0; r < n; ++r) {
     uint32_t best = key[0];

@@ -215,10 +215,16 @@ Status Qwen3Cuda::sweep(cpu::ThreadPool& pool, const ForwardArgs& args) const {
     return Status::error("a paused prefill sweep was continued after another sweep replaced its state");
   }
   sweeping_ = true;
+  // However the call ends (done, paused or failed), the next forward (another session's) writes the pinned h_x_ and
+  // h_positions_ at once: the copies that read them must be done.
   struct EndSweep {
     bool& on;
-    ~EndSweep() { on = false; }
-  } end_sweep{sweeping_};
+    cuda::Stream& stream;
+    ~EndSweep() {
+      stream.synchronize();
+      on = false;
+    }
+  } end_sweep{sweeping_, stream_};
   float* sweep_x = sweep_x_.as<float>();
   float* sweep_p = sweep_p_.as<float>();
   const size_t row = size_t(E) * sizeof(float);
@@ -266,12 +272,7 @@ Status Qwen3Cuda::sweep(cpu::ThreadPool& pool, const ForwardArgs& args) const {
       }
       seq.kv->wrote_device(seq.pos0, seq.pos0 + n);
     }
-    if (++at.step < at.steps && args.pause && (*args.pause)()) {
-      // The next forward (another session's) writes the pinned h_x_ and h_positions_ at once: the copies that read
-      // them must be done.
-      stream_.synchronize();
-      break;
-    }
+    if (++at.step < at.steps && args.pause && (*args.pause)()) break;
   }
   if (args.profile) {
     device_end_.record(stream_);

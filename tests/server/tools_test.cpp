@@ -116,13 +116,17 @@ TEST_F(ServeTools, OpenAIForcedToolCall) {
   EXPECT_GT(r["usage"]["completion_tokens"].get<int>(), 0);
 }
 
-// A forced call that max_tokens cuts is closed (valid JSON) but reported as cut: finish_reason "length",
-// stop_reason "max_tokens", never as a finished call an agent would run.
+// A forced call that max_tokens cuts is reported as cut (finish_reason "length", stop_reason "max_tokens") and comes
+// back as its text, never as a call an agent would run with cut arguments.
 TEST_F(ServeTools, AForcedCallCutByMaxTokensIsReportedAsTheLimit) {
   const json r = chat(forced_openai({{"max_tokens", 3}}));
   EXPECT_EQ(r["choices"][0]["finish_reason"], "length") << r.dump();
+  EXPECT_FALSE(r["choices"][0]["message"].contains("tool_calls")) << r.dump();
+  EXPECT_NE(r["choices"][0]["message"]["content"].get<std::string>().find("<tool_call>"), std::string::npos)
+      << r.dump();
   const json a = messages(forced_anthropic({{"max_tokens", 3}}));
   EXPECT_EQ(a["stop_reason"], "max_tokens") << a.dump();
+  for (const json& block : a["content"]) EXPECT_NE(block["type"], "tool_use") << a.dump();
 }
 
 TEST_F(ServeTools, OpenAIStreamedToolCallReassemblesToTheSameCall) {

@@ -107,6 +107,19 @@ TEST(HermesParser, AClosingTagInsideAnArgumentStringIsText) {
   expect_cut_invariant(kTools, text);
 }
 
+// A body whose quotes do not pair hides its closing tag in a "string": at the end of the output the first tag seen
+// there closes it (as text, it is not JSON), and the call after it is still a call.
+TEST(HermesParser, AnUnpairedQuoteDoesNotSwallowTheCallsAfterIt) {
+  const std::string bad = "<tool_call>\n{\"name\": \"say\", \"arguments\": {\"t\": \"5\" tall\"}}\n</tool_call>";
+  const std::string text = bad + "\n" + kCall;
+  const std::vector<OutputEvent> want = {{K::kText, bad},
+                                         {K::kToolCallBegin, "get_weather"},
+                                         {K::kToolCallArguments, R"({"city":"Paris"})"},
+                                         {K::kToolCallEnd, ""}};
+  EXPECT_EQ(parse_whole(kTools, text), want) << show(parse_whole(kTools, text));
+  expect_cut_invariant(kTools, text);
+}
+
 TEST(HermesParser, InvalidToolJsonIsTextWithTheOriginalBytes) {
   const std::string bad[] = {
       "<tool_call>\n{\"name\": \"x\", \"arguments\": {bad}}\n</tool_call>",

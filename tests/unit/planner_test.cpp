@@ -288,7 +288,7 @@ TEST(Planner, ContradictoryFlagsAndDenseModels) {
   dense.model.non_expert_bytes = 12 * kGiB;  // 12 + reserve 1.6 > 12
   EXPECT_EQ(plan_memory(dense).status().message(),
             "memory plan: the model needs 13.60 GiB (weights 12.00 GiB + KV 0.00 GiB + scratch 0.00 GiB + reserve "
-            "1.60 GiB), 12.00 GiB available (MemAvailable); a smaller --ctx or --kv-type q8_0 needs less KV");
+            "1.60 GiB), 12.00 GiB available (MemAvailable)");
 }
 
 // ---- the promise: never more than the budget ------------------------------------------------------------
