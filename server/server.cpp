@@ -682,6 +682,20 @@ std::optional<std::pair<ErrorKind, std::string>> Server::Impl::refusal(const htt
                                    host.c_str()));
     }
   }
+  // A web page's request carries its Origin: one from another origin than the server's own (its web UI) is refused
+  // unless --cors names it, so a page the user visits cannot make the server work (a form's text/plain POST needs
+  // no preflight, and without an API key nothing else would stop it).
+  if (req.has_header("Origin") && !cors_allows(req)) {
+    const std::string origin = lower(req.get_header_value("Origin"));
+    const size_t scheme = origin.find("://");
+    const std::string host = lower(req.get_header_value("Host"));
+    if (scheme == std::string::npos || host.empty() || origin.substr(scheme + 3) != host) {
+      return std::make_pair(ErrorKind::kForbidden,
+                            format("a request from the web page of origin \"%s\" is refused: a page may use this "
+                                   "server only when --cors names its origin",
+                                   req.get_header_value("Origin").c_str()));
+    }
+  }
   if (options.api_key.empty() || is_public(req) || (is_preflight(req) && !options.cors_origin.empty())) {
     return std::nullopt;
   }
@@ -696,16 +710,35 @@ std::optional<std::pair<ErrorKind, std::string>> Server::Impl::refusal(const htt
   return std::nullopt;
 }
 
-// Before any route, before httplib reads the body: a refused request (403 Host, 401 key) other than a POST is
-// answered here. A POST's refusal waits until httplib has read (or, over --max-body-mb, skipped) its body, so the
-// connection stays in step for the client's next request: the POST routes (post()) and the error handler (unknown
-// routes, 413) check refusal() first. CORS preflights get their 204 here.
+// A body httplib would read without a bound, or leave on the connection: httplib 0.11 bounds a body by --max-body-mb
+// only through its Content-Length (a chunked body, or a compressed one it inflates, grew until memory ran out), and
+// does not read a GET's body (the next request would be parsed out of it).
+static std::optional<std::string> framing_refusal(const httplib::Request& req) {
+  if (req.has_header("Content-Encoding") && lower(req.get_header_value("Content-Encoding")) != "identity") {
+    return "Content-Encoding \"" + req.get_header_value("Content-Encoding") +
+           "\" is not accepted: send the body uncompressed";
+  }
+  if (req.has_header("Transfer-Encoding")) {
+    return std::string("Transfer-Encoding is not accepted: send the body with a Content-Length");
+  }
+  const bool has_body = req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0";
+  if (req.method == "POST" && !req.has_header("Content-Length")) return std::string("a POST needs a Content-Length");
+  if (req.method != "POST" && has_body) return req.method + " carries no body here";
+  return std::nullopt;
+}
+
+// Before any route, before httplib reads the body: a request whose body cannot be read safely, or refused (403 Host
+// or origin, 401 key), is answered here and its connection closed (its body is never read: an unauthenticated client
+// cannot make the server buffer --max-body-mb per connection). The POST routes (post()) and the error handler (unknown
+// routes, 413) check refusal() again. CORS preflights get their 204 here.
 httplib::Server::HandlerResponse Server::Impl::pre_route(const httplib::Request& req, httplib::Response& res) {
-  if (auto refused = refusal(req)) {
-    if (req.method == "POST") return httplib::Server::HandlerResponse::Unhandled;
+  std::optional<std::pair<ErrorKind, std::string>> refused = refusal(req);
+  if (const std::optional<std::string> framing = framing_refusal(req)) {
+    refused = std::make_pair(ErrorKind::kInvalidRequest, *framing);
+  }
+  if (refused) {
     reply_error(res, refused->first, refused->second, api_of(req.path));
-    // An unread body (a GET with one) would be taken for the next request.
-    if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding")) res.set_header("Connection", "close");
+    res.set_header("Connection", "close");
     return httplib::Server::HandlerResponse::Handled;
   }
   if (is_preflight(req) && !options.cors_origin.empty()) {
@@ -1346,6 +1379,16 @@ Result<std::unique_ptr<Server>> Server::bind(Engine& engine, const ServerOptions
     sessions.push_back(std::move(session).value());
   }
   auto impl = std::make_unique<Impl>(engine, options);
+  // Settings that open the server to more than the user's own clients, said once at start.
+  if (options.api_key.empty() && impl->allowed_hosts.empty()) {
+    std::fprintf(stderr,
+                 "magnetar serve: warning: --host %s without --api-key: anyone who can reach the port can use the "
+                 "server, and without --allowed-hosts any web page can too (DNS rebinding)\n",
+                 options.host.c_str());
+  }
+  if (options.api_key.empty() && options.cors_origin == "*") {
+    std::fprintf(stderr, "magnetar serve: warning: --cors * without --api-key: every web page can use the server\n");
+  }
   auto one_token = [&engine](const char* text) {
     Result<std::vector<int32_t>> ids = engine.tokenize(text, true);
     return ids.ok() && ids->size() == 1;

@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -102,6 +103,31 @@ class ServeFixture : public ::testing::Test {
       return -1;
     }
     return fd;
+  }
+  // Writes `request` on a new connection and reads one answer (its headers, then Content-Length bytes of body, or up
+  // to the server's close).
+  static std::string raw_exchange(const std::string& request) {
+    const int fd = raw_connect();
+    if (fd < 0) return "";
+    timeval timeout{.tv_sec = 30, .tv_usec = 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    std::string answer;
+    if (write(fd, request.data(), request.size()) == ssize_t(request.size())) {
+      char buf[4096];
+      for (;;) {
+        const size_t end = answer.find("\r\n\r\n");
+        if (end != std::string::npos) {
+          const size_t at = answer.find("Content-Length: ");
+          const size_t length = at < end ? std::stoul(answer.substr(at + 16)) : 0;
+          if (answer.size() >= end + 4 + length) break;
+        }
+        const ssize_t n = read(fd, buf, sizeof(buf));
+        if (n <= 0) break;
+        answer.append(buf, size_t(n));
+      }
+    }
+    close(fd);
+    return answer;
   }
   static json post(const std::string& path, const json& body, int* status = nullptr) {
     httplib::Client c = client();
