@@ -156,7 +156,11 @@ bool is_loopback_address(const std::string& host) {
 std::vector<std::string> allowed_host_names(const ServerOptions& options) {
   if (!is_loopback_address(options.host) && options.allowed_hosts.empty()) return {};
   std::vector<std::string> names = {"localhost", "127.0.0.1", "[::1]"};
-  for (const std::string& h : options.allowed_hosts) names.push_back(host_name(h));
+  for (const std::string& h : options.allowed_hosts) {
+    // An IPv6 address written bare (fe80::1) is the bracketed name a Host header carries; else a port is cut off.
+    const bool bare_ipv6 = !h.starts_with("[") && std::count(h.begin(), h.end(), ':') > 1;
+    names.push_back(bare_ipv6 ? "[" + lower(h) + "]" : host_name(h));
+  }
   return names;
 }
 
@@ -830,6 +834,13 @@ void Server::Impl::routes() {
       reply_error(res, refused->first, refused->second, api);
     } else if (res.status == 404) {
       reply_error(res, ErrorKind::kNotFound, "no route " + req.method + " " + req.path, api);
+    } else if (res.status == 413 &&
+               req.get_header_value("Content-Type").starts_with("application/x-www-form-urlencoded")) {
+      // httplib takes such a body for a form and caps it at 8 KiB (curl -d sends this type unless told otherwise).
+      reply_error(res, ErrorKind::kPayloadTooLarge,
+                  "a body sent as application/x-www-form-urlencoded is limited to 8 KiB: send it as "
+                  "Content-Type: application/json",
+                  api);
     } else if (res.status == 413) {  // httplib refused a body over set_payload_max_length
       reply_error(res, ErrorKind::kPayloadTooLarge,
                   format("the request body is larger than the limit of %lld MiB (--max-body-mb)",

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 #include <vector>
 
@@ -48,12 +49,14 @@ int serve_main(int argc, char** argv) {
               "render prompts with this Jinja chat template instead of the model's (tokenizer.chat_template)");
   args.option("--chat-template", &chat_template, "chatml",
               "render prompts with the built-in ChatML (Qwen3's format, tools included) instead of the model's template");
-  std::string api_key, cors_origin;
+  std::string api_key, api_key_file, cors_origin;
   std::vector<std::string> allowed_hosts_flags;
   int64_t max_body_mb = 64;
   args.option("--api-key", &api_key, "KEY",
               "require this key (\"Authorization: Bearer KEY\" or \"x-api-key: KEY\") on every route but /health and "
               "the web UI's page and files (default: no key)");
+  args.option("--api-key-file", &api_key_file, "FILE",
+              "the key of --api-key read from FILE's first line (other users of the machine see command lines)");
   args.option("--allowed-hosts", &allowed_hosts_flags, "H1,H2",
               "Host header names accepted besides localhost, 127.0.0.1 and [::1] (DNS rebinding protection; on a "
               "non-loopback --host, any Host is accepted unless this is given); repeatable");
@@ -67,6 +70,22 @@ int serve_main(int argc, char** argv) {
   if (const std::string e = sampling.error(); !e.empty()) {
     std::fprintf(stderr, "magnetar serve: %s\n", e.c_str());
     return kExitBadInput;
+  }
+  if (!api_key_file.empty()) {
+    std::ifstream in(api_key_file);
+    std::string line;
+    const bool opened = in.is_open();
+    if (opened) std::getline(in, line);
+    line.erase(line.find_last_not_of(" \t\r") + 1);
+    const char* problem = !api_key.empty() ? "give --api-key or --api-key-file, not both"
+                          : !opened        ? "cannot be read"
+                          : line.empty()   ? "its first line holds no key"
+                                           : nullptr;
+    if (problem) {
+      std::fprintf(stderr, "magnetar serve: --api-key-file %s: %s\n", api_key_file.c_str(), problem);
+      return kExitBadInput;
+    }
+    api_key = line;
   }
   if (keepalive < 0) {
     std::fprintf(stderr, "magnetar serve: --keepalive-seconds must be >= 0\n");

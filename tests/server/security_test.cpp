@@ -6,6 +6,9 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 
+#include <cstdio>
+#include <fstream>
+
 #include "tests/server/harness.h"
 
 namespace magnetar {
@@ -122,6 +125,31 @@ TEST_F(SecurityKey, MetricsCountRefusals) {
       << m->body;
 }
 
+// --api-key-file: the key from a file's first line (trailing whitespace dropped), not on the command line.
+class SecurityKeyFile : public ServeFixture {
+ protected:
+  static void SetUpTestSuite() {
+    path_ = ::testing::TempDir() + "magnetar_key_" + std::to_string(getpid());
+    std::ofstream(path_) << "from-a-file \r\nsecond line\n";
+    start_server({"--api-key-file", path_});
+  }
+  static void TearDownTestSuite() {
+    ServeFixture::TearDownTestSuite();
+    std::remove(path_.c_str());
+  }
+  inline static std::string path_;
+};
+
+TEST_F(SecurityKeyFile, TheFilesFirstLineIsTheKey) {
+  httplib::Client c = client();
+  httplib::Result none = c.Get("/v1/models");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 401);
+  httplib::Result keyed = c.Get("/v1/models", {{"Authorization", "Bearer from-a-file"}});
+  ASSERT_TRUE(keyed);
+  EXPECT_EQ(keyed->status, 200) << keyed->body;
+}
+
 // ---- defaults: Host allowlist on loopback, no CORS --------------------------------------------------------------
 
 class SecurityDefault : public ServeFixture {};
@@ -199,6 +227,20 @@ TEST_F(SecurityDefault, UnboundedOrStrayBodiesAreRefused) {
   EXPECT_NE(get_body.find("Connection: close"), std::string::npos) << get_body;
 }
 
+// curl -d sends application/x-www-form-urlencoded, which httplib caps at 8 KiB: the 413 says to send JSON (it named
+// the 64 MiB limit the body was far below).
+TEST_F(SecurityDefault, AFormEncodedBodyOver8KiBIsToldToBeJson) {
+  httplib::Client c = client();
+  const std::string body = R"({"tokens": [], "pad": ")" + std::string(9000, 'x') + "\"}";
+  httplib::Result r = c.Post("/detokenize", body, "application/x-www-form-urlencoded");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413);
+  EXPECT_NE(r->body.find("send it as Content-Type: application/json"), std::string::npos) << r->body;
+  httplib::Result small = c.Post("/detokenize", R"({"tokens": []})", "application/x-www-form-urlencoded");
+  ASSERT_TRUE(small);
+  EXPECT_EQ(small->status, 200) << small->body;
+}
+
 TEST_F(SecurityDefault, BodyUnderTheDefaultLimitIsRead) {
   int status = 0;
   const std::string body = R"({"tokens": [], "pad": ")" + std::string(2 << 20, 'x') + "\"}";
@@ -211,7 +253,8 @@ TEST_F(SecurityDefault, BodyUnderTheDefaultLimitIsRead) {
 class SecurityFlags : public ServeFixture {
  protected:
   static void SetUpTestSuite() {
-    start_server({"--allowed-hosts", "evil.example,Other.Example", "--max-body-mb", "1", "--cors", "http://app.example"});
+    start_server({"--allowed-hosts", "evil.example,Other.Example,fe80::1", "--max-body-mb", "1", "--cors",
+                  "http://app.example"});
   }
   // A /detokenize body of exactly `bytes` bytes (its padding ignored by the route).
   static std::string body_of(size_t bytes) {
@@ -221,16 +264,18 @@ class SecurityFlags : public ServeFixture {
 };
 
 TEST_F(SecurityFlags, AllowedHostsAreAnswered) {
-  for (const char* host : {"evil.example", "other.example:1234", "localhost"}) {
+  for (const char* host : {"evil.example", "other.example:1234", "localhost", "[fe80::1]:8080"}) {
     httplib::Client c = client();
     httplib::Result r = c.Get("/v1/models", {{"Host", host}});
     ASSERT_TRUE(r) << host;
     EXPECT_EQ(r->status, 200) << host;
   }
   httplib::Client c = client();
-  httplib::Result r = c.Get("/v1/models", {{"Host", "third.example"}});
-  ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 403);
+  for (const char* host : {"third.example", "fe80:8080"}) {  // fe80::1 once allowed the name "fe80"
+    httplib::Result r = c.Get("/v1/models", {{"Host", host}});
+    ASSERT_TRUE(r) << host;
+    EXPECT_EQ(r->status, 403) << host;
+  }
 }
 
 TEST_F(SecurityFlags, OversizedBodyGets413NamingTheLimit) {
