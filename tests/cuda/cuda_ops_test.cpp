@@ -633,6 +633,27 @@ TEST(CudaOps, SwigluQuantizeEqualsSwigluThenQuantize) {
 
 // ---- route_topk ------------------------------------------------------------------------------------------------
 
+// route_topk over logits [n_tok, n_expert]: the ids and weights it writes.
+Status run_route(cuda::Stream& stream, const std::vector<float>& logits, int64_t n_tok, int64_t n_expert, int64_t k,
+                 bool normalize, std::vector<int32_t>* ids, std::vector<float>* weights) {
+  const size_t n = size_t(n_tok * k);
+  MAGNETAR_ASSIGN_OR_RETURN(cuda::DeviceBuffer dl, to_device(logits));
+  MAGNETAR_ASSIGN_OR_RETURN(cuda::DeviceBuffer di, cuda::DeviceBuffer::allocate(n * 4));
+  MAGNETAR_ASSIGN_OR_RETURN(cuda::DeviceBuffer dw, cuda::DeviceBuffer::allocate(n * 4));
+  MAGNETAR_RETURN_IF_ERROR(cuda::route_topk({.logits = dl.as<float>(),
+                                             .ids = di.as<int32_t>(),
+                                             .weights = dw.as<float>(),
+                                             .n_tok = n_tok,
+                                             .n_expert = n_expert,
+                                             .k = k,
+                                             .normalize = normalize},
+                                            stream));
+  stream.synchronize();
+  *ids = from_device<int32_t>(di, n);
+  *weights = from_device<float>(dw, n);
+  return Status();
+}
+
 TEST(CudaOps, RouteTopkMatchesCpu) {
   SKIP_WITHOUT_GPU();
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
@@ -653,23 +674,13 @@ TEST(CudaOps, RouteTopkMatchesCpu) {
               ref_route(logits.data() + t * n_expert, n_expert, k, normalize, want_ids.data() + t * k,
                         want_w.data() + t * k);
             }
-            ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dl, to_device(logits));
-            ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer di, cuda::DeviceBuffer::allocate(want_ids.size() * 4));
-            ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dw, cuda::DeviceBuffer::allocate(want_w.size() * 4));
-            ASSERT_OK(cuda::route_topk({.logits = dl.as<float>(),
-                                        .ids = di.as<int32_t>(),
-                                        .weights = dw.as<float>(),
-                                        .n_tok = n_tok,
-                                        .n_expert = n_expert,
-                                        .k = k,
-                                        .normalize = normalize},
-                                       stream));
-            stream.synchronize();
+            std::vector<int32_t> got_ids;
+            std::vector<float> got_w;
+            ASSERT_OK(run_route(stream, logits, n_tok, n_expert, k, normalize, &got_ids, &got_w));
             const std::string what = "route n_expert " + std::to_string(n_expert) + " k " + std::to_string(k) +
                                      " n_tok " + std::to_string(n_tok) + (ties ? " ties" : "") +
                                      (normalize ? " normalized" : "");
-            ASSERT_EQ(from_device<int32_t>(di, want_ids.size()), want_ids) << what;
-            const std::vector<float> got_w = from_device<float>(dw, want_w.size());
+            ASSERT_EQ(got_ids, want_ids) << what;
             for (size_t i = 0; i < got_w.size(); ++i) ASSERT_NEAR(got_w[i], want_w[i], 1e-6) << what << " weight " << i;
           }
         }
@@ -701,19 +712,10 @@ TEST(CudaOps, RouteTopkWithNaNLogitsPicksValidDistinctIds) {
     });
     std::copy(order.begin(), order.begin() + k, want.begin() + t * k);
   }
-  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dl, to_device(logits));
-  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer di, cuda::DeviceBuffer::allocate(want.size() * 4));
-  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dw, cuda::DeviceBuffer::allocate(want.size() * 4));
-  ASSERT_OK(cuda::route_topk({.logits = dl.as<float>(),
-                              .ids = di.as<int32_t>(),
-                              .weights = dw.as<float>(),
-                              .n_tok = n_tok,
-                              .n_expert = n_expert,
-                              .k = k,
-                              .normalize = true},
-                             stream));
-  stream.synchronize();
-  EXPECT_EQ(from_device<int32_t>(di, want.size()), want);
+  std::vector<int32_t> got;
+  std::vector<float> weights;
+  ASSERT_OK(run_route(stream, logits, n_tok, n_expert, k, true, &got, &weights));
+  EXPECT_EQ(got, want);
 }
 
 // route_topk with a table (decode): the items built in the same launch follow the chosen ids exactly: row
