@@ -176,13 +176,18 @@ class HermesParser final : public OutputParser {
   // being edited). The scan resumes where the last call stopped, so a long call costs its length once; npos while
   // the tag has not arrived (a partial tag at the end waits for more bytes).
   size_t find_call_close() {
+    // At buf_[at] ('<'): 1 the closing tag, -1 the start of one cut off by the end of buf_, 0 neither.
+    auto tag_at = [this](size_t at) {
+      const std::string_view rest = std::string_view(buf_).substr(at);
+      return rest.starts_with(kCallClose) ? 1 : kCallClose.starts_with(rest) ? -1 : 0;
+    };
     for (; scan_.at < buf_.size(); ++scan_.at) {
       const char c = buf_[scan_.at];
       if (scan_.in_string) {
         if (c == '<' && scan_.tag_in_string == std::string::npos) {
-          const std::string_view rest = std::string_view(buf_).substr(scan_.at);
-          if (rest.starts_with(kCallClose)) scan_.tag_in_string = scan_.at;
-          if (rest.size() < kCallClose.size() && kCallClose.starts_with(rest)) return std::string::npos;
+          const int tag = tag_at(scan_.at);
+          if (tag < 0) return std::string::npos;
+          if (tag > 0) scan_.tag_in_string = scan_.at;
         }
         if (scan_.escaped) {
           scan_.escaped = false;
@@ -194,9 +199,9 @@ class HermesParser final : public OutputParser {
       } else if (c == '"') {
         scan_.in_string = true;
       } else if (c == '<') {
-        const std::string_view rest = std::string_view(buf_).substr(scan_.at);
-        if (rest.starts_with(kCallClose)) return scan_.at;
-        if (kCallClose.starts_with(rest)) return std::string::npos;
+        const int tag = tag_at(scan_.at);
+        if (tag > 0) return scan_.at;
+        if (tag < 0) return std::string::npos;
       }
     }
     return std::string::npos;

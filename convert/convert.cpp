@@ -20,7 +20,6 @@ using gguf::Value;
 using gguf::ValueType;
 
 constexpr uint64_t kChunkBytes = 64ull << 20;       // output bytes converted per round, split across threads
-constexpr uint64_t kReleaseBytes = 256ull << 20;    // output written between page cache releases
 constexpr int64_t kMinElementsPerThread = 1 << 16;  // below this a thread costs more than it saves
 
 struct OutTypeInfo {
@@ -191,6 +190,7 @@ Result<std::unique_ptr<Conversion>> prepare(const Options& options) {
 
 Status write(const Conversion& conv, const Options& options) {
   gguf::Writer w(options.out_path);
+  w.release_every(gguf::Writer::kReleaseBytes);  // the output's written pages leave the page cache as it goes
   for (const gguf::KeyValue& kv : conv.metadata) w.set(kv.key, kv.value);
   const std::vector<PlannedTensor>& tensors = conv.plan.tensors;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -214,7 +214,6 @@ Status write(const Conversion& conv, const Options& options) {
     return n;
   };
   std::vector<uint8_t> buffer;
-  uint64_t released_at = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const PlannedTensor& t = tensors[i];
     for (const SourceRows& s : t.sources) advise_will_need(*s.tensor);
@@ -240,10 +239,6 @@ Status write(const Conversion& conv, const Options& options) {
       }
       if (type == quant::Type::F16) infinite += count_infinite_halves(buffer);
       MAGNETAR_RETURN_IF_ERROR(w.write(buffer));
-      if (w.bytes_written() - released_at >= kReleaseBytes) {  // the output's written pages leave the page cache
-        w.release_written();
-        released_at = w.bytes_written();
-      }
       done += buffer.size();
       if (options.progress) options.progress(done, conv.data_bytes);
     }

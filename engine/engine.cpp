@@ -157,8 +157,9 @@ Status check_session_memory(const Engine::Impl& impl, const Result<experts::Mach
   std::string source;
   const uint64_t budget = experts::memory_budget(machine.value(), &source);
   const int64_t n = impl.options.n_sessions;
-  const uint64_t need = uint64_t(n) * (session_kv_bytes(impl) + (impl.on_gpu ? 0 : session_scratch_bytes(impl))) +
-                        kv_disk_buffer_bytes(impl);
+  const uint64_t disk_buffers = kv_disk_buffer_bytes(impl);
+  const uint64_t need =
+      uint64_t(n) * (session_kv_bytes(impl) + (impl.on_gpu ? 0 : session_scratch_bytes(impl))) + disk_buffers;
   if (need <= budget) return Status();
   const double gib = double(1ull << 30);
   const std::string what = n > 1 ? format("%lld sessions' KV caches", (long long)n) : "a session's KV cache";
@@ -166,7 +167,7 @@ Status check_session_memory(const Engine::Impl& impl, const Result<experts::Mach
       format("--ctx %lld: %s%s%s take%s %.1f GiB of host memory, more than the %.1f GiB available (%s; a smaller "
              "--ctx%s or --kv-type q8_0 needs less)",
              (long long)impl.options.n_ctx, what.c_str(), impl.on_gpu ? " (host copies)" : " and scratch",
-             kv_disk_buffer_bytes(impl) > 0 ? " with the disk KV's buffers" : "", n > 1 ? "" : "s", double(need) / gib,
+             disk_buffers > 0 ? " with the disk KV's buffers" : "", n > 1 ? "" : "s", double(need) / gib,
              double(budget) / gib, source.c_str(), n > 1 ? ", fewer sessions" : ""));
 }
 

@@ -18,8 +18,6 @@ namespace {
 // Bytes handed to the writer (and between progress reports) at a time: large enough that the calls cost
 // nothing next to the copy, small enough for a smooth progress bar.
 constexpr uint64_t kChunkBytes = 8ull << 20;
-// The output's written pages are pushed to disk and dropped from the page cache every this many bytes.
-constexpr uint64_t kReleaseBytes = 256ull << 20;
 
 uint64_t round_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 
@@ -98,7 +96,7 @@ const uint8_t* data_at(const gguf::Model& model, const Extent& x) {
 
 // ---- Writing -----------------------------------------------------------------------------------------------
 
-// Streams bytes into the writer in chunks, reporting progress and releasing written pages as it goes.
+// Streams bytes into the writer in chunks, reporting progress (the writer releases written pages as it goes).
 class Copier {
  public:
   Copier(gguf::Writer& w, const PackOptions& options, uint64_t total) : w_(w), options_(options), total_(total) {}
@@ -110,10 +108,6 @@ class Copier {
       data += take;
       n -= take;
       if (counts) done_ += take;
-      if (w_.bytes_written() - released_at_ >= kReleaseBytes) {
-        w_.release_written();
-        released_at_ = w_.bytes_written();
-      }
       if (options_.progress) options_.progress(done_, total_);
     }
     return Status();
@@ -124,7 +118,6 @@ class Copier {
   const PackOptions& options_;
   uint64_t total_;
   uint64_t done_ = 0;
-  uint64_t released_at_ = 0;
 };
 
 // ---- Verification helpers ----------------------------------------------------------------------------------
@@ -202,6 +195,7 @@ Status pack(const gguf::Model& src, const std::string& out_path, const PackOptio
   // Header: metadata, then tensor infos in source order with each MoE layer's gate tensor replaced by its
   // record tensor (and its up/down tensors dropped), then the table.
   gguf::Writer w(out_path);
+  w.release_every(gguf::Writer::kReleaseBytes);
   for (const gguf::KeyValue& kv : src.metadata()) {
     if (!is_split_key(kv.key)) w.set(kv.key, kv.value);
   }

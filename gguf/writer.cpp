@@ -218,6 +218,7 @@ Status Writer::write(std::span<const uint8_t> bytes) {
       current_done_ = 0;
     }
   }
+  if (release_every_ > 0 && pos_ - writeback_started_ >= release_every_) release_written();
   return Status();
 }
 

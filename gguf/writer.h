@@ -43,6 +43,9 @@ class Writer {
   // already reached the disk from the page cache, so a long write does not evict the rest of the machine's
   // cache; once called, finish() drops the rest after its fsync. A hint (failures are ignored).
   void release_written();
+  // Calls release_written() from write() each time `bytes` more have been written (0: never).
+  void release_every(uint64_t bytes) { release_every_ = bytes; }
+  static constexpr uint64_t kReleaseBytes = uint64_t(256) << 20;  // the interval pack and convert use
 
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   uint64_t bytes_written() const { return pos_; }
@@ -69,6 +72,7 @@ class Writer {
   bool finished_ = false;
   uint64_t writeback_started_ = 0;  // release_written(): bytes [0, this) have been handed to writeback
   uint64_t dropped_ = 0;            // and [0, this) dropped from the page cache
+  uint64_t release_every_ = 0;      // release_every()
 };
 
 }  // namespace magnetar::gguf

@@ -737,10 +737,8 @@ static std::optional<std::string> framing_refusal(const httplib::Request& req) {
 // request left the server's RSS at 82 MB). The POST routes (post()) and the error handler (unknown routes, 413)
 // check refusal() again. CORS preflights get their 204 here.
 httplib::Server::HandlerResponse Server::Impl::pre_route(const httplib::Request& req, httplib::Response& res) {
-  std::optional<std::pair<ErrorKind, std::string>> refused = refusal(req);
-  if (const std::optional<std::string> framing = framing_refusal(req)) {
-    refused = std::make_pair(ErrorKind::kInvalidRequest, *framing);
-  }
+  const std::optional<std::string> framing = framing_refusal(req);
+  const auto refused = framing ? std::make_pair(ErrorKind::kInvalidRequest, *framing) : refusal(req);
   if (refused) {
     reply_error(res, refused->first, refused->second, api_of(req.path));
     res.set_header("Connection", "close");
@@ -922,8 +920,10 @@ void Server::Impl::stream_openai(httplib::Response& res, std::shared_ptr<Job> jo
         };
         bool done = false, keepalive = false;
         const std::string text = take_text(*job, silence, *last_sent, &done, &keepalive);
-        if (keepalive) *last_sent = std::chrono::steady_clock::now();
-        if (keepalive && !write_keepalive(sink, *job)) return false;
+        if (keepalive) {
+          *last_sent = std::chrono::steady_clock::now();
+          if (!write_keepalive(sink, *job)) return false;
+        }
         if ((!text.empty() || done) && !*sent_first) {
           *sent_first = true;
           if (!send(first)) return false;
