@@ -379,8 +379,19 @@ Result<DeviceKv*> Qwen3Cuda::mirror_of(kv::KvCache& cache) const {
   auto m = std::make_unique<DeviceKv>();
   m->row_bytes = quant::row_size(cache.type(), cache.row_elements());
   const size_t bytes = size_t(cache.n_ctx()) * m->row_bytes;
+  for (int64_t l = 0; l < hp_.n_layer; ++l) {
+    Result<DeviceBuffer> k = DeviceBuffer::allocate(bytes), v = DeviceBuffer::allocate(bytes);
+    if (!k.ok() || !v.ok()) {
+      return Status::error(format("out of GPU memory for a session's KV cache (%.2f GiB for %lld positions)",
+                                  double(bytes) * 2 * double(hp_.n_layer) / double(1ull << 30),
+                                  (long long)cache.n_ctx()));
+    }
+    m->k.push_back(std::move(k).value());
+    m->v.push_back(std::move(v).value());
+  }
   if (kv_type_ == quant::Type::Q8_0 && cache.n_ctx() > kv_f16_rows_) {
-    // The larger scratch first: on failure the sessions keep the one they have.
+    // After the session's KV: a KV that does not fit leaves the scratch as it was; a scratch that does not fit
+    // frees the KV (m) and the sessions keep the scratch they have.
     const size_t f16_bytes = size_t(cache.n_ctx()) * size_t(cache.row_elements()) * 2;
     Result<DeviceBuffer> k = DeviceBuffer::allocate(f16_bytes), v = DeviceBuffer::allocate(f16_bytes);
     if (!k.ok() || !v.ok()) {
@@ -391,16 +402,6 @@ Result<DeviceKv*> Qwen3Cuda::mirror_of(kv::KvCache& cache) const {
     kv_f16_k_ = std::move(k).value();
     kv_f16_v_ = std::move(v).value();
     kv_f16_rows_ = cache.n_ctx();
-  }
-  for (int64_t l = 0; l < hp_.n_layer; ++l) {
-    Result<DeviceBuffer> k = DeviceBuffer::allocate(bytes), v = DeviceBuffer::allocate(bytes);
-    if (!k.ok() || !v.ok()) {
-      return Status::error(format("out of GPU memory for a session's KV cache (%.2f GiB for %lld positions)",
-                                  double(bytes) * 2 * double(hp_.n_layer) / double(1ull << 30),
-                                  (long long)cache.n_ctx()));
-    }
-    m->k.push_back(std::move(k).value());
-    m->v.push_back(std::move(v).value());
   }
   m->id = next_mirror_id_++;
   DeviceKv* raw = m.get();

@@ -451,6 +451,7 @@
     const started = performance.now();
     let usage = null;
     let finish = null;
+    let frame = 0;  // the pending requestAnimationFrame render of the streamed message, 0 when none
     try {
       const res = await apiFetch('/v1/chat/completions', {
         method: 'POST',
@@ -501,7 +502,12 @@
             changed = true;
           }
         }
-        if (changed) updateMessage(msg, true);
+        // One render per frame: a message is rendered whole, and tokens can arrive far faster than frames.
+        if (changed && !frame)
+          frame = requestAnimationFrame(() => {
+            frame = 0;
+            updateMessage(msg, true);
+          });
       }
       const seconds = (performance.now() - started) / 1000;
       const parts = [];
@@ -516,6 +522,7 @@
         msg.error = String(e && e.message ? e.message : e);
       }
     } finally {
+      cancelAnimationFrame(frame);
       state.live = null;
       conv.updated = Date.now();
       saveConversations();
