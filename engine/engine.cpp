@@ -397,18 +397,34 @@ Status open_disk_kv(Engine::Impl& impl) {
   const KvDiskOptions& o = impl.options.kv_disk;
   if (o.dir.empty()) return Status();
   uint64_t budget = uint64_t(o.gb * double(1ull << 30));
+  const kv::KvFormat kv_format = disk_kv_format(impl, impl.file->fingerprint());
+  if (!impl.plan_text.empty()) impl.plan_text += "\n";
   if (budget == 0) {
-    // The directory may not exist yet (DiskCache creates it): the free space of its nearest existing ancestor.
+    // Half the free space, counting the block files already there as free (else each restart would halve the
+    // cache), at most 16 GiB. The directory may not exist yet (DiskCache creates it): the free space of its nearest
+    // existing ancestor.
     struct statvfs fs;
     std::filesystem::path at = std::filesystem::absolute(o.dir);
     while (::statvfs(at.c_str(), &fs) != 0 && at.has_parent_path() && at != at.parent_path()) at = at.parent_path();
-    const uint64_t free_bytes = ::statvfs(at.c_str(), &fs) == 0 ? uint64_t(fs.f_bavail) * fs.f_frsize : 0;
+    uint64_t free_bytes = ::statvfs(at.c_str(), &fs) == 0 ? uint64_t(fs.f_bavail) * fs.f_frsize : 0;
+    std::error_code ec;
+    for (auto it = std::filesystem::directory_iterator(o.dir, ec); !ec && it != std::filesystem::directory_iterator();
+         it.increment(ec)) {
+      if (it->path().extension() == ".kvb" && it->is_regular_file(ec)) free_bytes += it->file_size(ec);
+    }
     budget = std::min<uint64_t>(16ull << 30, free_bytes / 2);
+    const uint64_t block = kv::DiskCache::block_file_bytes(kv_format, o.block_tokens);
+    if (budget < block) {
+      impl.plan_text += format(
+          "disk KV: off: half the free space of %s (%.2f GiB) holds no block of %.2f GiB "
+          "(--kv-disk-gb sets the budget, --kv-block the block size)",
+          o.dir.c_str(), double(budget) / double(1ull << 30), double(block) / double(1ull << 30));
+      return Status();
+    }
   }
-  MAGNETAR_ASSIGN_OR_RETURN(impl.disk_kv,
-                            kv::DiskCache::open({.dir = o.dir, .budget_bytes = budget, .block_tokens = o.block_tokens},
-                                                disk_kv_format(impl, impl.file->fingerprint())));
-  if (!impl.plan_text.empty()) impl.plan_text += "\n";
+  MAGNETAR_ASSIGN_OR_RETURN(
+      impl.disk_kv,
+      kv::DiskCache::open({.dir = o.dir, .budget_bytes = budget, .block_tokens = o.block_tokens}, kv_format));
   impl.plan_text += "disk KV: " + impl.disk_kv->describe();
   return Status();
 }
@@ -685,6 +701,7 @@ KvDiskStats Engine::kv_disk_stats(bool settle) const {
   out.bytes_read = s.bytes_read;
   out.save_seconds = s.save_seconds;
   out.blocks_failed = s.blocks_failed;
+  out.blocks_declined = s.blocks_declined;
   out.copy_seconds = s.copy_seconds;
   out.restore_seconds = s.restore_seconds;
   return out;

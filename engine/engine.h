@@ -105,7 +105,8 @@ struct KvDiskStats {
   uint64_t blocks_saved = 0, blocks_restored = 0, blocks_evicted = 0, blocks_rejected = 0;
   uint64_t tokens_restored = 0, bytes_written = 0, bytes_read = 0;
   double save_seconds = 0, restore_seconds = 0;
-  uint64_t blocks_failed = 0;  // background saves that could not be written
+  uint64_t blocks_failed = 0;    // background saves that could not be written
+  uint64_t blocks_declined = 0;  // saves skipped: no room without deleting a block worth more (kv/disk_cache.h)
   double copy_seconds = 0;     // compute-thread time spent copying blocks out for the background writer
 };
 

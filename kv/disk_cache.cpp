@@ -8,6 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -17,12 +20,13 @@
 #include <future>
 
 #include "base/check.h"
+#include "base/sha256.h"
 
 namespace magnetar::kv {
 namespace {
 
 constexpr char kMagic[8] = {'M', 'G', 'K', 'V', 'B', 'L', 'K', '1'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: chain keys by SHA-256 (1: the streaming hash below)
 constexpr uint64_t kPage = 4096;  // header size and file alignment (O_DIRECT)
 
 uint64_t pad_page(uint64_t v) { return (v + kPage - 1) / kPage * kPage; }
@@ -84,6 +88,7 @@ uint64_t hash_bytes(const void* data, size_t n, uint64_t seed) {
 }
 
 constexpr uint64_t kChunk = 64ull << 20;  // restore reads (O_DIRECT, double-buffered)
+constexpr size_t kMaxDeclined = 4096;     // DiskCache::declined_'s entries
 
 struct Header {
   char magic[8];
@@ -106,14 +111,33 @@ uint64_t header_hash(const Header& h) { return hash_bytes(&h, offsetof(Header, h
 
 int64_t now_seconds() { return int64_t(std::time(nullptr)); }
 
-// A temp file ".<key>.<pid>.tmp" is an interrupted save once its writer is gone: its process has exited, or the
-// file is a day old (the pid may have been reused). Another live process (or this one) sharing the directory may
-// be writing it. Names without a pid (older builds) are always stale.
-bool abandoned_temp(const std::string& path, const std::string& name) {
-  const size_t dot = name.find('.', 1);
+// Whether `name` is a block's temp file, ".<key: 16 hex digits>[.<pid>[.<nonce>]].tmp" (older builds wrote no pid or
+// no nonce); its writer's pid, 0 when the name has none. Nothing else in the directory is ever removed.
+bool temp_name(const std::string& name, long* pid) {
+  if (name.size() < 21 || name[0] != '.' || name.compare(name.size() - 4, 4, ".tmp") != 0) return false;
+  for (size_t i = 1; i < 17; ++i) {
+    if (!std::isxdigit(static_cast<unsigned char>(name[i]))) return false;
+  }
+  *pid = 0;
+  if (name[17] != '.') return false;
+  if (name.size() == 21) return true;  // ".<key>.tmp"
   char* end = nullptr;
-  const long pid = dot == std::string::npos ? 0 : std::strtol(name.c_str() + dot + 1, &end, 10);
-  if (pid <= 0 || end != name.c_str() + name.size() - 4) return true;
+  *pid = std::strtol(name.c_str() + 18, &end, 10);
+  if (*pid <= 0) return false;
+  if (end == name.c_str() + name.size() - 4) return true;  // ".<key>.<pid>.tmp"
+  if (*end != '.') return false;
+  for (const char* c = end + 1; c != name.c_str() + name.size() - 4; ++c) {
+    if (!std::isxdigit(static_cast<unsigned char>(*c))) return false;
+  }
+  return end + 1 != name.c_str() + name.size() - 4;  // ".<key>.<pid>.<nonce>.tmp"
+}
+
+// A temp file is an interrupted save once its writer is gone: its process has exited, the pid is this process's
+// (which writes nothing before open: a crashed run of the same pid left it, as a container's pid 1 does), or the file
+// is a day old (the pid may have been reused). Another live process sharing the directory may be writing it. Names
+// without a pid (older builds) are always stale.
+bool abandoned_temp(const std::string& path, long pid) {
+  if (pid <= 0 || pid == long(::getpid())) return true;
   struct stat st;
   if (::stat(path.c_str(), &st) == 0 && now_seconds() - int64_t(st.st_mtime) > 24 * 3600) return true;
   return ::kill(pid_t(pid), 0) != 0 && errno == ESRCH;
@@ -153,13 +177,14 @@ Result<std::unique_ptr<DiskCache>> DiskCache::open(const DiskCacheOptions& optio
   }
   MAGNETAR_RETURN_IF_ERROR(cache->scan());
   std::lock_guard<std::mutex> lock(cache->mu_);
-  cache->enforce_budget();
+  cache->make_room(0, 0);
   return cache;
 }
 
-uint64_t DiskCache::block_file_bytes() const {
-  return kPage + pad_page(uint64_t(options_.block_tokens) * 4) +
-         pad_page(uint64_t(format_.n_layer) * 2 * uint64_t(options_.block_tokens) * row_bytes_);
+uint64_t DiskCache::block_file_bytes(const KvFormat& format, int64_t block_tokens) {
+  const uint64_t row = uint64_t(quant::row_size(format.type, format.row_elements));
+  return kPage + pad_page(uint64_t(block_tokens) * 4) +
+         pad_page(uint64_t(format.n_layer) * 2 * uint64_t(block_tokens) * row);
 }
 
 uint64_t DiskCache::memory_bytes(const KvFormat& format, int64_t block_tokens) {
@@ -181,7 +206,11 @@ std::vector<uint64_t> DiskCache::chain(std::span<const int32_t> tokens) const {
   uint64_t key = hash_bytes(fields, sizeof(fields), kVersion);  // the root: names the model and the KV format
   std::vector<uint64_t> keys;
   for (int64_t b = 0; (b + 1) * B <= int64_t(tokens.size()); ++b) {
-    key = hash_bytes(tokens.data() + b * B, size_t(B) * 4, key);
+    Sha256 sha;
+    sha.update(&key, sizeof(key));
+    sha.update(tokens.data() + b * B, size_t(B) * 4);
+    const std::array<uint8_t, 32> digest = sha.finish();
+    std::memcpy(&key, digest.data(), sizeof(key));
     keys.push_back(key);
   }
   return keys;
@@ -207,8 +236,8 @@ Status DiskCache::scan() {
   std::lock_guard<std::mutex> lock(mu_);
   for (const std::string& name : names) {
     const std::string path = options_.dir + "/" + name;
-    if (name.size() > 4 && name[0] == '.' && name.compare(name.size() - 4, 4, ".tmp") == 0) {
-      if (abandoned_temp(path, name)) ::unlink(path.c_str());
+    if (long pid = 0; temp_name(name, &pid)) {
+      if (abandoned_temp(path, pid)) ::unlink(path.c_str());
       continue;
     }
     char* end = nullptr;
@@ -263,10 +292,16 @@ Status DiskCache::write_block(uint64_t key, uint64_t parent, int64_t index, std:
   const uint64_t rows = uint64_t(B) * row_bytes_;
   MAGNETAR_CHECK(pieces.size() == size_t(2 * format_.n_layer));
 
-  char tmp_name[64];
-  std::snprintf(tmp_name, sizeof(tmp_name), "/.%016llx.%d.tmp", (unsigned long long)key, int(::getpid()));
+  // The nonce keeps two writers of one pid apart (containers sharing the directory each run as pid 1).
+  static std::atomic<uint64_t> serial{0};
+  const uint64_t nonce = hash_bytes(&key, sizeof(key),
+                                    uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) +
+                                        serial.fetch_add(1) * 0x9E3779B97F4A7C15ull);
+  char tmp_name[80];
+  std::snprintf(tmp_name, sizeof(tmp_name), "/.%016llx.%d.%016llx.tmp", (unsigned long long)key, int(::getpid()),
+                (unsigned long long)nonce);
   const std::string tmp = options_.dir + tmp_name, final_path = path_of(key);
-  Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+  Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)};
   if (f.fd < 0) return Status::error(tmp + ": cannot create: " + std::strerror(errno));
   uint64_t at = kPage;  // the header goes last, once the payload's hash is known
   Hasher hash(key);
@@ -333,8 +368,12 @@ Status DiskCache::save(std::span<const int32_t> tokens, int64_t n_valid, KvCache
   bool wrote = false;
   std::vector<const uint8_t*> pieces(size_t(2 * format_.n_layer));
   for (size_t b = 0; b < keys.size(); ++b) {
-    if (entries_.count(keys[b])) continue;
+    if (touch(keys[b])) continue;
     const uint64_t parent = b == 0 ? 0 : keys[b - 1];  // block 0's parent: 0
+    if (!make_room(block_file_bytes(), parent)) {
+      stats_.blocks_declined++;
+      break;  // the blocks after it would be orphans
+    }
     const uint64_t row0 = uint64_t(b) * uint64_t(B) * row_bytes_;
     for (int64_t l = 0; l < format_.n_layer; ++l) {
       pieces[size_t(2 * l)] = static_cast<const uint8_t*>(kv.k(l)) + row0;
@@ -344,10 +383,7 @@ Status DiskCache::save(std::span<const int32_t> tokens, int64_t n_valid, KvCache
                                          /*locked=*/true));
     wrote = true;
   }
-  if (wrote) {
-    stats_.save_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    enforce_budget();
-  }
+  if (wrote) stats_.save_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return Status();
 }
 
@@ -363,7 +399,17 @@ void DiskCache::save_async(std::span<const int32_t> tokens, int64_t n_valid, KvC
       std::unique_lock<std::mutex> lock(mu_);
       const auto claimed = [&] { return std::find(in_flight_.begin(), in_flight_.end(), keys[b]) != in_flight_.end(); };
       changed_.wait(lock, [&] { return in_flight_.size() < kMaxQueued || claimed(); });
-      if (entries_.count(keys[b]) || claimed()) continue;
+      if (touch(keys[b]) || claimed()) continue;
+      // A block whose parent is neither on disk nor on its way (its save failed or was declined) would be an orphan;
+      // a recently declined block would be declined again (see Budget).
+      const auto parent_claimed = [&] {
+        return std::find(in_flight_.begin(), in_flight_.end(), keys[b - 1]) != in_flight_.end();
+      };
+      if (b > 0 && !entries_.count(keys[b - 1]) && !parent_claimed()) return;
+      if (auto d = declined_.find(keys[b]); d != declined_.end()) {
+        if (now_seconds() - d->second < kDeclineSeconds) return;
+        declined_.erase(d);
+      }
       in_flight_.push_back(keys[b]);
     }
     // The claim is given back if the copy cannot be allocated or the writer cannot start (flush() would wait for
@@ -413,12 +459,26 @@ void DiskCache::writer_loop() {
     const uint64_t rows = uint64_t(options_.block_tokens) * row_bytes_;
     for (size_t p = 0; p < pieces.size(); ++p) pieces[p] = job.payload.get() + p * rows;
     const auto t0 = std::chrono::steady_clock::now();
-    const Status st = write_block(job.key, job.parent, job.index, job.ids, pieces, /*locked=*/false);
+    lock.lock();
+    // A block whose parent's save failed or was declined after it was queued would be an orphan: dropped.
+    const bool orphan = job.index > 0 && !entries_.count(job.parent);
+    const bool room = !orphan && make_room(block_file_bytes(), job.parent);
+    if (!room && !orphan) {
+      stats_.blocks_declined++;
+      if (declined_.size() >= kMaxDeclined) {  // bounded: the expired go, and when none has, nothing is recorded
+        std::erase_if(declined_, [&](const auto& d) { return now_seconds() - d.second >= kDeclineSeconds; });
+      }
+      if (declined_.size() < kMaxDeclined) declined_[job.key] = now_seconds();
+    }
+    writing_parent_ = job.parent;
+    lock.unlock();
+    const Status st = room ? write_block(job.key, job.parent, job.index, job.ids, pieces, /*locked=*/false) : Status();
     if (!st.ok()) std::fprintf(stderr, "magnetar: disk KV: %s\n", st.message().c_str());
     lock.lock();
+    writing_parent_ = 0;
     stats_.save_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!st.ok()) stats_.blocks_failed++;
-    if (st.ok()) enforce_budget();
+    if (room && st.ok()) make_room(0, 0);  // a synchronous save() of another thread may have written meanwhile
     in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), job.key));
     changed_.notify_all();
   }
@@ -440,7 +500,8 @@ DiskCache::~DiskCache() {
 
 // ---- restore --------------------------------------------------------------------------------------------
 
-bool DiskCache::read_block(uint64_t key, uint64_t parent, int64_t index, std::span<const int32_t> ids, KvCache& kv) {
+DiskCache::Read DiskCache::read_block(uint64_t key, uint64_t parent, int64_t index, std::span<const int32_t> ids,
+                                      KvCache& kv) {
   const std::string path = path_of(key);
   const uint64_t total = block_file_bytes();
   const int64_t B = options_.block_tokens;
@@ -450,14 +511,27 @@ bool DiskCache::read_block(uint64_t key, uint64_t parent, int64_t index, std::sp
   // that fails leaves its rows invalid, which restore() reports (they are recomputed).
   if (!read_buffer_) {
     read_buffer_.reset(static_cast<uint8_t*>(std::aligned_alloc(kPage, 2 * kChunk)));
-    if (!read_buffer_) return false;
+    if (!read_buffer_) return Read::kIoError;
   }
   Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT)};
-  if (f.fd < 0) f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  auto read_at = [fd = f.fd](uint8_t* dst, uint64_t offset, uint64_t n) {
+  if (f.fd < 0 && errno != ENOENT) f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f.fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) {  // deleted by another process sharing the directory
+      entries_.erase(key);
+      return Read::kGone;
+    }
+    std::fprintf(stderr, "magnetar: disk KV: %s: cannot open: %s (kept)\n", path.c_str(), std::strerror(err));
+    return Read::kIoError;
+  }
+  // A read that fails (EIO, ...) is the disk's trouble, not the file's: io_error is set and the file kept. A read
+  // that ends early is a truncated file.
+  std::atomic<int> io_error{0};
+  auto read_at = [fd = f.fd, &io_error](uint8_t* dst, uint64_t offset, uint64_t n) {
     for (uint64_t done = 0; done < n;) {
       const ssize_t r = ::pread(fd, dst + done, size_t(n - done), off_t(offset + done));
       if (r < 0 && errno == EINTR) continue;
+      if (r < 0) io_error = errno;
       if (r <= 0) return false;
       done += uint64_t(r);
     }
@@ -466,7 +540,7 @@ bool DiskCache::read_block(uint64_t key, uint64_t parent, int64_t index, std::sp
   uint8_t* bufs[2] = {read_buffer_.get(), read_buffer_.get() + kChunk};
   const uint64_t first = kPage + tokens_bytes;  // header + token ids, checked before any row is touched
   Header h{};
-  bool ok = f.fd >= 0 && read_at(bufs[0], 0, first);
+  bool ok = read_at(bufs[0], 0, first);
   Hasher hash(key);
   if (ok) {
     std::memcpy(&h, bufs[0], sizeof(h));
@@ -522,6 +596,7 @@ bool DiskCache::read_block(uint64_t key, uint64_t parent, int64_t index, std::sp
         }
         const ssize_t r = ::preadv(fd, rest.data(), int(rest.size()), off_t(first + uint64_t(p0) * rows + done));
         if (r < 0 && errno == EINTR) continue;
+        if (r < 0) io_error = errno;
         if (r <= 0) return false;
         done += uint64_t(r);
       }
@@ -554,16 +629,20 @@ bool DiskCache::read_block(uint64_t key, uint64_t parent, int64_t index, std::sp
     }
   }
   if (next.valid()) next.wait();
+  if (io_error != 0) {
+    std::fprintf(stderr, "magnetar: disk KV: %s: read failed: %s (kept)\n", path.c_str(), std::strerror(io_error));
+    return Read::kIoError;
+  }
   ok = ok && h.payload_hash == hash.finish();
   if (!ok) {
-    std::fprintf(stderr, "magnetar: disk KV: %s: unreadable or corrupt (header, tokens or checksum), deleted\n",
+    std::fprintf(stderr, "magnetar: disk KV: %s: truncated or corrupt (header, tokens or checksum), deleted\n",
                  path.c_str());
     remove_block(key);
     stats_.blocks_rejected++;
-    return false;
+    return Read::kBad;
   }
   stats_.bytes_read += total;
-  return true;
+  return Read::kOk;
 }
 
 int64_t DiskCache::restore(std::span<const int32_t> tokens, int64_t from_block, int64_t until_tokens, KvCache& kv) {
@@ -580,9 +659,14 @@ int64_t DiskCache::restore(std::span<const int32_t> tokens, int64_t from_block, 
   for (; b < int64_t(keys.size()); ++b) {
     auto it = entries_.find(keys[size_t(b)]);
     if (it == entries_.end() || it->second.foreign) break;
-    if (!read_block(keys[size_t(b)], b == 0 ? 0 : keys[size_t(b) - 1], b, tokens.subspan(size_t(b * B), size_t(B)), kv)) {
-      break;
+    Read read = Read::kIoError;
+    try {  // std::async may fail to start its thread (std::system_error)
+      read = read_block(keys[size_t(b)], b == 0 ? 0 : keys[size_t(b) - 1], b, tokens.subspan(size_t(b * B), size_t(B)),
+                        kv);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "magnetar: disk KV: restore stopped: %s\n", e.what());
     }
+    if (read != Read::kOk) break;
     it->second.restores++;
     it->second.mtime = now_seconds();
     ::utimensat(AT_FDCWD, path_of(it->first).c_str(), nullptr, 0);  // the age survives a restart
@@ -601,30 +685,57 @@ void DiskCache::remove_block(uint64_t key) {
   entries_.erase(key);
 }
 
-void DiskCache::enforce_budget() {
-  uint64_t bytes = 0;
-  for (const auto& [key, e] : entries_) bytes += e.bytes;
+bool DiskCache::touch(uint64_t key) {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return false;
   const int64_t now = now_seconds();
-  while (bytes > options_.budget_bytes && !entries_.empty()) {
+  if (!it->second.foreign && now - it->second.mtime >= kMinAgeSeconds) {
+    it->second.mtime = now;
+    ::utimensat(AT_FDCWD, path_of(key).c_str(), nullptr, 0);  // the age survives a restart
+  }
+  return true;
+}
+
+bool DiskCache::make_room(uint64_t incoming, uint64_t parent) {
+  uint64_t bytes = 0;
+  std::unordered_map<uint64_t, int64_t> children;  // blocks on disk or on their way that continue each key
+  for (const auto& [key, e] : entries_) {
+    bytes += e.bytes;
+    if (e.index > 0) children[e.parent]++;
+  }
+  for (const Job& job : queue_) children[job.parent]++;
+  for (const uint64_t kept : {parent, writing_parent_}) {
+    if (kept != 0) children[kept]++;
+  }
+  const int64_t now = now_seconds();
+  const double fresh = 1.0;  // a new block's score: no restores, no age (the depth factor below aside)
+  while (bytes + incoming > options_.budget_bytes) {
     uint64_t victim = 0;
     double worst = 0;
     bool found = false;
     for (const auto& [key, e] : entries_) {
       const bool orphan = e.index > 0 && !entries_.count(e.parent);
-      const double age_hours = double(std::max<int64_t>(0, now - e.mtime)) / 3600.0;
-      // Orphans first (unreachable); then the lowest score, and among equals the deepest block (its prefix
-      // is more specific, so it is less likely to be shared).
-      const double score = orphan ? -1.0 : double(1 + e.restores) / (1.0 + age_hours) / (1.0 + 1e-6 * double(e.index));
+      if (!orphan && children.count(key) && children[key] > 0) continue;  // its children need it
+      const int64_t age = std::max<int64_t>(0, now - e.mtime);
+      // Orphans first (unreachable); then the lowest score, and among equals the deepest block (its prefix is more
+      // specific, so it is less likely to be shared).
+      const double score =
+          orphan ? -1.0 : double(1 + e.restores) / (1.0 + double(age) / 3600.0) / (1.0 + 1e-6 * double(e.index));
+      if (incoming > 0 && !orphan && (score >= fresh || age < kMinAgeSeconds)) continue;  // worth keeping over it
       if (!found || score < worst) {
         victim = key;
         worst = score;
         found = true;
       }
     }
-    bytes -= entries_[victim].bytes;
+    if (!found) return false;
+    const Entry& e = entries_[victim];
+    bytes -= e.bytes;
+    if (e.index > 0 && children.count(e.parent)) children[e.parent]--;
     remove_block(victim);
     stats_.blocks_evicted++;
   }
+  return true;
 }
 
 DiskCacheStats DiskCache::stats() const {

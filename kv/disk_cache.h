@@ -2,8 +2,10 @@
 // shares a prefix with anything computed before (on this run or an earlier one) restores that prefix from disk
 // instead of prefilling it again.
 //
-// Keys: block i of a timeline is named by key_i = hash(key_{i-1}, its token ids, model identity, KV format), so a
-// key names the whole prefix up to the end of its block. Two timelines that share a prefix share its blocks
+// Keys: block i of a timeline is named by key_i = SHA-256(key_{i-1}, its token ids) cut to 64 bits, key_{-1} naming
+// the model identity and KV format, so a key names the whole prefix up to the end of its block (a cryptographic hash:
+// making another prefix's key equal to a given one, to have one's own KV restored into others' conversations,
+// takes ~2^64 hashes). Two timelines that share a prefix share its blocks
 // (stored once); a timeline rewritten in the middle still finds every block before the first changed one.
 //
 // Files (DIR/<key as 16 hex digits>.kvb, one per block), all sizes little-endian:
@@ -11,15 +13,21 @@
 //                   tokens and index, key, parent key, payload bytes, payload checksum, header checksum
 //   [token ids: block_tokens x int32, padded to 4 KiB]
 //   [payload: per layer, the block's K rows then its V rows ([block_tokens, row_elements] of the KV type)]
-// Written to DIR/.<key>.<pid>.tmp, fsynced, renamed, then the directory fsynced: a crash leaves either the whole
-// file or a temp file (removed at the next open once its writer's process is gone or it is a day old, so that
-// processes sharing the directory keep each other's saves). A file whose header, identity, tokens or checksum do
-// not match is never loaded: a restore stops before it (warning; a corrupt file is deleted).
+// Written to DIR/.<key>.<pid>.<nonce>.tmp, fsynced, renamed, then the directory fsynced: a crash leaves either the
+// whole file or a temp file (removed at the next open once its writer's process is gone, is this process, or it is a
+// day old, so that processes sharing the directory keep each other's saves; no other name is ever removed). A file
+// whose header, identity, tokens or checksum do not match is never loaded: a restore stops before it (warning; the
+// file is deleted). A file that cannot be read (an I/O error, no descriptors left) ends the restore and is kept.
 //
 // Budget: the directory's block files all count, this model's and format's and foreign ones (of other models,
-// KV formats or file versions, found at open): after each save, the lowest-scoring blocks are deleted until they
-// fit `budget_bytes`; score = (1 + restores) / (1 + age in hours), and a block whose parent is gone is deleted
-// first (it can never be reached again).
+// KV formats or file versions, found at open). Before a block is written, room is made for it by deleting blocks
+// that nothing continues: orphans first (a block whose parent is gone can never be reached again), then the leaf
+// (a block no other block on disk or being saved continues) of lowest score = (1 + restores) / (1 + age in hours),
+// the deepest among equals; a block with children is never deleted, since its children need it. Age counts from
+// the last save, restore or save_async that found the block present. A victim must score below a new block (1) and
+// be at least kMinAgeSeconds old; when no block qualifies, the new block is declined (counted) and its timeline is
+// not offered again for kDeclineSeconds: a timeline longer than the budget keeps its first blocks instead of writing
+// and deleting its tail at every block.
 //
 // Reads: O_DIRECT in 64 MiB chunks, double-buffered (the next chunk is read while the last is checked and copied
 // into the KV rows). Writes: streamed from the KV rows (save) or from a copy of them (save_async: the copy is
@@ -68,6 +76,7 @@ struct DiskCacheStats {
   uint64_t bytes_written = 0, bytes_read = 0;
   double save_seconds = 0, restore_seconds = 0;
   uint64_t blocks_failed = 0;    // background saves that could not be written (each also a warning)
+  uint64_t blocks_declined = 0;  // saves skipped: no room without deleting a block worth more (see Budget)
   double copy_seconds = 0;       // save_async: the caller's time copying rows out
 };
 
@@ -106,7 +115,9 @@ class DiskCache {
   std::string describe() const;
 
   // One block's file size (header + tokens + payload), for budgets.
-  uint64_t block_file_bytes() const;
+  uint64_t block_file_bytes() const { return block_file_bytes(format_, options_.block_tokens); }
+  static uint64_t block_file_bytes(const KvFormat& format, int64_t block_tokens);
+  static constexpr int64_t kMinAgeSeconds = 60, kDeclineSeconds = 600;
   // The most memory a cache of this format and block size allocates besides the KV rows it reads and writes: the
   // background writer's kMaxQueued block copies and the restore's read buffers (the memory planner counts it).
   static uint64_t memory_bytes(const KvFormat& format, int64_t block_tokens);
@@ -132,8 +143,16 @@ class DiskCache {
   Status write_block(uint64_t key, uint64_t parent, int64_t index, std::span<const int32_t> ids,
                      std::span<const uint8_t* const> pieces, bool locked);
   void writer_loop();
-  bool read_block(uint64_t key, uint64_t parent, int64_t index, std::span<const int32_t> ids, KvCache& kv);
-  void enforce_budget();
+  // kBad: the file failed its checks (deleted); kGone: another process deleted it; kIoError: it could not be read
+  // (kept). Rows of the block are invalid unless kOk.
+  enum class Read { kOk, kBad, kGone, kIoError };
+  Read read_block(uint64_t key, uint64_t parent, int64_t index, std::span<const int32_t> ids, KvCache& kv);
+  // With mu_ held: deletes blocks (see Budget) until `incoming` more bytes fit the budget; `parent` (0: none) is the
+  // incoming block's, kept. incoming 0 (open, or after a concurrent write) deletes whatever leaves it takes, without
+  // the score and age conditions. False when no block may go: the incoming block is declined.
+  bool make_room(uint64_t incoming, uint64_t parent);
+  // With mu_ held: whether `key` is on disk; if so its age starts again (see Budget).
+  bool touch(uint64_t key);
   void remove_block(uint64_t key);
 
   DiskCacheOptions options_;
@@ -156,6 +175,8 @@ class DiskCache {
   };
   std::deque<Job> queue_;
   std::vector<uint64_t> in_flight_;        // keys being copied, queued or written
+  uint64_t writing_parent_ = 0;            // the parent of the block the writer is writing (kept by make_room)
+  std::unordered_map<uint64_t, int64_t> declined_;  // key -> when its save was declined (see Budget)
   mutable std::condition_variable changed_;  // queue_ / in_flight_ changed, or stopping_
   bool stopping_ = false;
   std::thread writer_;                     // started by the first save_async

@@ -103,6 +103,7 @@ json kv_disk_json(const KvDiskStats& s) {
           {"blocks_saved", s.blocks_saved},
           {"blocks_restored", s.blocks_restored},
           {"blocks_evicted", s.blocks_evicted},
+          {"blocks_declined", s.blocks_declined},
           {"blocks_rejected", s.blocks_rejected},
           {"tokens_restored", s.tokens_restored},
           {"bytes_written", s.bytes_written},

@@ -2,7 +2,8 @@
 // position, token): round trips restore exactly the saved rows; shared prefixes are stored once; a timeline
 // rewritten in the middle restores the blocks before the change; a restart (a new DiskCache on the same
 // directory) finds the blocks; damaged, truncated, foreign and half-written files are never loaded; the budget
-// holds and evicts orphans first; saving from several threads at once keeps every file whole.
+// holds, deleting only blocks nothing continues and declining a new block rather than deleting one worth more; a
+// block the disk cannot read is kept; saving from several threads at once keeps every file whole.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -270,7 +271,14 @@ TEST_F(DiskKv, KilledSavesNeverLeaveALoadableBadBlock) {
   EXPECT_GE(interrupted, 5) << "the kills never landed inside a save: the test proves nothing";
 }
 
-TEST_F(DiskKv, BudgetHoldsAndEvictsOrphansFirst) {
+// Sets every block file's age to `hours` (the index reads it at open).
+void age_files(const std::string& dir, double hours) {
+  for (const auto& e : fs::directory_iterator(dir)) {
+    fs::last_write_time(e.path(), fs::file_time_type::clock::now() - std::chrono::seconds(int64_t(hours * 3600)));
+  }
+}
+
+TEST_F(DiskKv, BudgetHoldsAndAUsedTimelineIsNotDeletedForANewOne) {
   auto cache = open(5);  // room for 5 blocks
   const std::vector<int32_t> a = timeline(64, 6), b = timeline(64, 7);  // 4 blocks each
   KvCache ka(quant::Type::F32, kLayers, kCtx, kRow), kb(quant::Type::F32, kLayers, kCtx, kRow);
@@ -278,14 +286,126 @@ TEST_F(DiskKv, BudgetHoldsAndEvictsOrphansFirst) {
   compute(kb, b);
   ASSERT_TRUE(cache->save(a, 64, ka).ok());
   KvCache fresh(quant::Type::F32, kLayers, kCtx, kRow);
-  EXPECT_EQ(cache->restore(a, 0, 64, fresh), 64);  // a's blocks have been used: they score higher
+  EXPECT_EQ(cache->restore(a, 0, 64, fresh), 64);  // a's blocks have been used: they score above a new block
   ASSERT_TRUE(cache->save(b, 64, kb).ok());
-  EXPECT_LE(files(), 5u);
+  EXPECT_EQ(files(), 5u);
   EXPECT_LE(cache->stats().bytes_on_disk, 5 * cache->block_file_bytes());
   EXPECT_EQ(cache->match(a), 64);  // the used timeline survived
-  EXPECT_EQ(cache->stats().blocks_evicted, 3u);
-  // b keeps one block: its first (an orphan would never be kept over it).
+  EXPECT_EQ(cache->match(b), 16);  // b keeps its first block; its second was declined, the rest never written
+  EXPECT_EQ(cache->stats().blocks_evicted, 0u);
+  EXPECT_EQ(cache->stats().blocks_declined, 1u);
+}
+
+// A shared first block (a system prompt) older than the conversations that continue it: the old policy deleted it
+// first (the lowest score), which left every conversation unreachable. Only blocks nothing continues may go.
+TEST_F(DiskKv, ABlockOthersContinueIsKeptOverItsChildren) {
+  const std::vector<int32_t> s = timeline(16, 60);
+  auto continued = [&](uint64_t seed, size_t blocks) {
+    std::vector<int32_t> t = s;
+    const std::vector<int32_t> rest = timeline(16 * (blocks - 1), seed);
+    t.insert(t.end(), rest.begin(), rest.end());
+    return t;
+  };
+  const std::vector<int32_t> a = continued(61, 3), b = continued(62, 3), c = continued(63, 4);
+  KvCache ka(quant::Type::F32, kLayers, kCtx, kRow), kb(quant::Type::F32, kLayers, kCtx, kRow),
+      kc(quant::Type::F32, kLayers, kCtx, kRow);
+  compute(ka, a);
+  compute(kb, b);
+  compute(kc, c);
+  {
+    auto cache = open(6);
+    ASSERT_TRUE(cache->save(std::span<const int32_t>(a).first(16), 16, ka).ok());
+    age_files(dir_, 3);  // the shared block: 3 hours old
+    ASSERT_TRUE(cache->save(a, 48, ka).ok());
+    ASSERT_TRUE(cache->save(b, 48, kb).ok());
+  }
+  const std::string shared = dir_ + "/" + [&] {
+    char name[32];
+    std::snprintf(name, sizeof(name), "%016llx.kvb", (unsigned long long)open(6)->chain(s)[0]);
+    return std::string(name);
+  }();
+  for (const auto& e : fs::directory_iterator(dir_)) {  // the conversations' own blocks: 2 hours old
+    if (e.path() != shared) fs::last_write_time(e.path(), fs::file_time_type::clock::now() - std::chrono::hours(2));
+  }
+  fs::last_write_time(shared, fs::file_time_type::clock::now() - std::chrono::hours(3));
+  auto cache = open(6);
+  ASSERT_EQ(files(), 5u);
+  ASSERT_TRUE(cache->save(c, 64, kc).ok());  // 3 new blocks, room for one: a's and b's last blocks go
+  EXPECT_EQ(files(), 6u);
+  EXPECT_TRUE(fs::exists(shared));
+  EXPECT_EQ(cache->stats().blocks_evicted, 2u);
+  EXPECT_EQ(cache->match(c), 64);
+  EXPECT_EQ(cache->match(a), 32);
+  EXPECT_EQ(cache->match(b), 32);
+  KvCache fresh(quant::Type::F32, kLayers, kCtx, kRow);
+  EXPECT_EQ(cache->restore(a, 0, 32, fresh), 32);
+  EXPECT_TRUE(same_rows(ka, fresh, 32));
+}
+
+// One session's timeline grows to 12 blocks, saved a block at a time as the engine does, with room for 4: its first
+// four stay, the fifth is declined once and nothing after it is written (the old policy wrote and deleted 54 blocks,
+// and the restorable prefix swung between 0 and 4 blocks).
+TEST_F(DiskKv, ATimelineLongerThanTheBudgetKeepsItsFirstBlocks) {
+  auto cache = open(4);
+  const std::vector<int32_t> t = timeline(192, 64);
+  KvCache kv(quant::Type::F32, kLayers, kCtx, kRow);
+  compute(kv, t);
+  for (int64_t n = 16; n <= 192; n += 16) cache->save_async(t, n, kv);
+  cache->flush();
+  EXPECT_EQ(cache->match(t), 64);
+  const DiskCacheStats st = cache->stats();
+  EXPECT_EQ(st.blocks_saved, 4u);
+  EXPECT_EQ(st.blocks_evicted, 0u);
+  EXPECT_EQ(st.blocks_declined, 1u);
+  EXPECT_EQ(st.blocks_failed, 0u);
+}
+
+// A new block deletes an unused block older than a minute, not one saved just now.
+TEST_F(DiskKv, ANewBlockReplacesOnlyBlocksOlderThanAMinute) {
+  const std::vector<int32_t> a = timeline(16, 65), b = timeline(16, 66);
+  KvCache ka(quant::Type::F32, kLayers, kCtx, kRow), kb(quant::Type::F32, kLayers, kCtx, kRow);
+  compute(ka, a);
+  compute(kb, b);
+  {
+    auto cache = open(1);
+    ASSERT_TRUE(cache->save(a, 16, ka).ok());
+    ASSERT_TRUE(cache->save(b, 16, kb).ok());
+    EXPECT_EQ(cache->match(a), 16);
+    EXPECT_EQ(cache->match(b), 0);
+    EXPECT_EQ(cache->stats().blocks_declined, 1u);
+  }
+  age_files(dir_, 2.0 / 60);  // two minutes
+  auto cache = open(1);
+  ASSERT_TRUE(cache->save(b, 16, kb).ok());
+  EXPECT_EQ(cache->match(a), 0);
   EXPECT_EQ(cache->match(b), 16);
+  EXPECT_EQ(cache->stats().blocks_evicted, 1u);
+}
+
+// A block the disk cannot read (here: no file descriptor left) ends the restore and is kept; only a block that fails
+// its checks is deleted.
+TEST_F(DiskKv, ABlockThatCannotBeReadIsKept) {
+  auto cache = open();
+  const std::vector<int32_t> t = timeline(32, 67);
+  KvCache kv(quant::Type::F32, kLayers, kCtx, kRow), fresh(quant::Type::F32, kLayers, kCtx, kRow);
+  compute(kv, t);
+  ASSERT_TRUE(cache->save(t, 32, kv).ok());
+  rlimit limit{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &limit), 0);
+  const rlimit saved = limit;
+  const int lowest_free = ::dup(0);  // every descriptor below it is taken, so a limit of it leaves none to open
+  ASSERT_GE(lowest_free, 0);
+  ::close(lowest_free);
+  limit.rlim_cur = rlim_t(lowest_free);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &limit), 0);
+  const int64_t got = cache->restore(t, 0, 32, fresh);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  EXPECT_EQ(got, 0);
+  EXPECT_EQ(files(), 2u);
+  EXPECT_EQ(cache->stats().blocks_rejected, 0u);
+  EXPECT_EQ(cache->match(t), 32);
+  EXPECT_EQ(cache->restore(t, 0, 32, fresh), 32);
+  EXPECT_TRUE(same_rows(kv, fresh, 32));
 }
 
 TEST_F(DiskKv, ConcurrentSavesKeepEveryFileWhole) {
@@ -451,17 +571,35 @@ TEST_F(DiskKv, OpenRemovesOnlyTheTempFilesOfGoneWriters) {
   const pid_t gone = fork();
   if (gone == 0) _exit(0);
   waitpid(gone, nullptr, 0);
-  const std::string mine = dir_ + "/.0000000000000001." + std::to_string(getpid()) + ".tmp";
-  const std::string old_mine = dir_ + "/.0000000000000002." + std::to_string(getpid()) + ".tmp";
+  int wake[2];
+  ASSERT_EQ(::pipe(wake), 0);
+  const pid_t live = fork();  // another process sharing the directory, still writing
+  if (live == 0) {
+    char c;
+    (void)::read(wake[0], &c, 1);
+    _exit(0);
+  }
+  const std::string others = dir_ + "/.0000000000000001." + std::to_string(live) + ".00000000000000aa.tmp";
+  const std::string old_others = dir_ + "/.0000000000000002." + std::to_string(live) + ".tmp";
   const std::string dead = dir_ + "/.0000000000000003." + std::to_string(gone) + ".tmp";
   const std::string no_pid = dir_ + "/.0000000000000004.tmp";
-  for (const std::string& p : {mine, old_mine, dead, no_pid}) std::ofstream(p) << "partial";
-  fs::last_write_time(old_mine, fs::file_time_type::clock::now() - std::chrono::hours(25));
+  // This process writes nothing before it opens the cache: its pid's temp file is a crashed run's (a container's
+  // pid 1 is the same each run).
+  const std::string mine = dir_ + "/.0000000000000005." + std::to_string(getpid()) + ".00000000000000bb.tmp";
+  // Names that are not a block's temp file are never touched.
+  const std::string notes = dir_ + "/.notes.tmp", odd = dir_ + "/.0000000000000006.12x.tmp";
+  for (const std::string& p : {others, old_others, dead, no_pid, mine, notes, odd}) std::ofstream(p) << "partial";
+  fs::last_write_time(old_others, fs::file_time_type::clock::now() - std::chrono::hours(25));
   auto cache = open();
-  EXPECT_TRUE(fs::exists(mine));  // a live process (here: this one) may still be writing it
-  EXPECT_FALSE(fs::exists(old_mine));
+  (void)::write(wake[1], "x", 1);
+  waitpid(live, nullptr, 0);
+  EXPECT_TRUE(fs::exists(others));
+  EXPECT_FALSE(fs::exists(old_others));
   EXPECT_FALSE(fs::exists(dead));
   EXPECT_FALSE(fs::exists(no_pid));
+  EXPECT_FALSE(fs::exists(mine));
+  EXPECT_TRUE(fs::exists(notes));
+  EXPECT_TRUE(fs::exists(odd));
 }
 
 TEST_F(DiskKv, BlocksOfOtherModelsAndVersionsCountInTheBudget) {
