@@ -162,6 +162,17 @@ Result<PackPlan> plan_pack(const gguf::Model& src) {
                "nothing to pack",
                file.c_str()));
   }
+  for (int64_t l = 0; l < layout.n_layer(); ++l) {
+    for (int p = 0; layout.has_experts(l) && p < kParts; ++p) {
+      const PartDesc& d = layout.part(l, Part(p));
+      if (!quant::computable(uint32_t(d.type))) {
+        return Status::error(
+            format("%s: tensor '%s' has type %s, which Magnetar cannot compute with: a packed copy "
+                   "could not be run either",
+                   file.c_str(), d.name.c_str(), quant::type_label(uint32_t(d.type)).c_str()));
+      }
+    }
+  }
   PackPlan plan;
   for (const gguf::TensorInfo& t : src.tensors()) plan.tensor_bytes_in += t.nbytes;
   for (int64_t l = 0; l < layout.n_layer(); ++l) {

@@ -18,6 +18,12 @@ namespace {
 
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as little-endian u32
 constexpr int kMaxNesting = 8;           // arrays of arrays deeper than this are refused (stack safety)
+// Decoded metadata takes ~100 bytes per key or array element where the file may spend 1-13, so a hostile count that
+// fits a large file could still ask for many times its size: these bound the header's memory to ~1 GB. A model's
+// tokenizer (the largest arrays: 262,144 tokens, their scores and types, ~500,000 merges) needs a fraction of them.
+constexpr uint64_t kMaxKeys = 1 << 16;
+constexpr uint64_t kMaxArrayElements = 1 << 23;  // in all the header's arrays
+constexpr uint64_t kMaxTensors = 1 << 20;
 
 // ---- Cursor ------------------------------------------------------------------------------------------
 // Bounds-checked little-endian reads with a sticky first error: after a failure every read returns zero
@@ -29,6 +35,11 @@ class Cursor {
   bool failed() const { return !error_.empty(); }
   uint64_t pos() const { return pos_; }
   uint64_t remaining() const { return bytes_.size() - pos_; }
+  // Counts n more array elements; false once the header's arrays hold more than kMaxArrayElements in all.
+  bool count_elements(uint64_t n) {
+    elements_ += n;
+    return elements_ <= kMaxArrayElements;
+  }
   Status status() const { return failed() ? Status::error(error_) : Status(); }
 
   void fail(const std::string& field, const std::string& problem, uint64_t at) {
@@ -70,6 +81,7 @@ class Cursor {
   std::span<const uint8_t> bytes_;
   std::string_view source_;
   uint64_t pos_ = 0;
+  uint64_t elements_ = 0;
   std::string error_;
 };
 
@@ -124,9 +136,14 @@ Value read_value(Cursor& c, ValueType type, const std::string& field, int depth)
                at + 4);
         return {};
       }
+      if (!c.count_elements(n)) {
+        c.fail(field,
+               format("the metadata's arrays hold more than %llu elements in all (a model needs far fewer)",
+                      (unsigned long long)kMaxArrayElements),
+               at + 4);
+        return {};
+      }
       std::vector<Value> items;
-      // Reserved up to a bound: a Value takes ~100 bytes where a u8 element takes 1, so a hostile count that fits the
-      // file could still ask for ~100 times its size at once.
       items.reserve(size_t(std::min<uint64_t>(n, 1 << 16)));
       for (uint64_t k = 0; k < n && !c.failed(); ++k) {
         items.push_back(read_value(c, ValueType(elem), field, depth + 1));
@@ -184,6 +201,18 @@ Result<Header> parse_header(std::span<const uint8_t> bytes, uint64_t file_size, 
     c.fail("tensor count", format("%llu tensors cannot fit in the file", (unsigned long long)n_tensors), 8);
     return c.status();
   }
+  if (n_kv > kMaxKeys) {
+    c.fail("metadata count",
+           format("%llu entries, more than the %llu read", (unsigned long long)n_kv, (unsigned long long)kMaxKeys), 16);
+    return c.status();
+  }
+  if (n_tensors > kMaxTensors) {
+    c.fail(
+        "tensor count",
+        format("%llu tensors, more than the %llu read", (unsigned long long)n_tensors, (unsigned long long)kMaxTensors),
+        8);
+    return c.status();
+  }
 
   h.metadata.reserve(size_t(n_kv));
   std::unordered_set<std::string> keys;
@@ -218,7 +247,7 @@ Result<Header> parse_header(std::span<const uint8_t> bytes, uint64_t file_size, 
     h.alignment = uint32_t(*v);
   }
 
-  h.tensors.reserve(size_t(n_tensors));
+  h.tensors.reserve(size_t(std::min<uint64_t>(n_tensors, 1 << 16)));
   std::unordered_set<std::string> names;
   for (uint64_t t = 0; t < n_tensors; ++t) {
     const uint64_t at = c.pos();
@@ -268,6 +297,8 @@ Result<Header> parse_header(std::span<const uint8_t> bytes, uint64_t file_size, 
     return Status::error(format("%s: data section at byte %llu: file ends at %llu", std::string(source).c_str(),
                                 (unsigned long long)h.data_offset, (unsigned long long)file_size));
   }
+  // A shard of metadata only need not pad to the alignment (llama.cpp reads it): its data section is empty.
+  h.data_offset = std::min(h.data_offset, file_size);
   const uint64_t data_size = file_size >= h.data_offset ? file_size - h.data_offset : 0;
   // Extents: inside the file and pairwise disjoint.
   std::vector<const TensorInfo*> by_offset;
@@ -281,8 +312,10 @@ Result<Header> parse_header(std::span<const uint8_t> bytes, uint64_t file_size, 
     }
     by_offset.push_back(&t);
   }
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const TensorInfo* a, const TensorInfo* b) { return a->offset < b->offset; });
+  // A tensor of no bytes may share its offset with the next one (llama.cpp's layout): it sorts first.
+  std::sort(by_offset.begin(), by_offset.end(), [](const TensorInfo* a, const TensorInfo* b) {
+    return a->offset != b->offset ? a->offset < b->offset : a->nbytes < b->nbytes;
+  });
   for (size_t k = 1; k < by_offset.size(); ++k) {
     const TensorInfo& prev = *by_offset[k - 1];
     if (prev.offset + prev.nbytes > by_offset[k]->offset) {

@@ -28,9 +28,10 @@ class Writer {
   Writer(const Writer&) = delete;
   Writer& operator=(const Writer&) = delete;
 
-  // Metadata, written in insertion order; setting a key again replaces its value in place.
+  // Metadata, written in insertion order; setting a key again replaces its value in place. general.alignment (a u32
+  // power of two) also sets the data layout's alignment: before any add_tensor (CHECKed).
   void set(const std::string& key, Value value);
-  // Must be a power of two; also recorded as general.alignment when not the default.
+  // Must be a power of two; recorded as general.alignment. Before any add_tensor (CHECKed).
   void set_alignment(uint32_t alignment);
   // dims in ggml order (innermost first). Fails on unknown type, bad dims or a duplicate name.
   Status add_tensor(const std::string& name, uint32_t type_id, std::span<const int64_t> dims);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "quant/formats.h"
@@ -60,6 +61,13 @@ struct TypeSizeInfo {
   size_t type_size;
 };
 const TypeSizeInfo* find_type_size(uint32_t type_id);
+// Whether a file's type id is one Magnetar's kernels compute with (implemented, with a dot product).
+inline bool computable(uint32_t type_id) {
+  const TypeTraits* t = find_traits(type_id);
+  return t != nullptr && t->vec_dot != nullptr;
+}
+// A file's type id for messages: its ggml name ("IQ3_S"), or "id N" for an id ggml never used.
+std::string type_label(uint32_t type_id);
 // ggml ids of the integer tensor types that files carry but no kernel computes with (sized above): the packed
 // expert layout stores its records as I8 bytes and its extent table as I64 (experts/layout.h).
 inline constexpr uint32_t kTypeIdI8 = 24;

@@ -26,4 +26,9 @@ const TypeSizeInfo* find_type_size(uint32_t type_id) {
   return nullptr;
 }
 
+std::string type_label(uint32_t type_id) {
+  const TypeSizeInfo* t = find_type_size(type_id);
+  return t ? std::string(t->name) : "id " + std::to_string(type_id);
+}
+
 }  // namespace magnetar::quant

@@ -31,14 +31,13 @@ Tensor Binder::tensor(const std::string& name, std::initializer_list<int64_t> sh
     return out;
   }
   const quant::TypeTraits* traits = quant::find_traits(info->type_id);
-  const quant::TypeSizeInfo* size_info = quant::find_type_size(info->type_id);
-  const std::string type_name = size_info ? std::string(size_info->name) : format("id %u", info->type_id);
   if (!traits || traits->vec_dot == nullptr) {
-    fail(format("tensor '%s' has type %s, which Magnetar cannot compute with", name.c_str(), type_name.c_str()));
+    fail(format("tensor '%s' has type %s, which Magnetar cannot compute with", name.c_str(),
+                quant::type_label(info->type_id).c_str()));
     return out;
   }
   if (kind == Kind::kF32Only && traits->type != quant::Type::F32) {
-    fail(format("tensor '%s' has type %s, expected F32", name.c_str(), type_name.c_str()));
+    fail(format("tensor '%s' has type %s, expected F32", name.c_str(), quant::type_label(info->type_id).c_str()));
     return out;
   }
   out.data = info->data;
@@ -65,9 +64,9 @@ Tensor Binder::expert_part(const experts::ExpertLayout& layout, int64_t layer, e
                 (long long)desc.ne[0], (long long)desc.ne[1], (long long)desc.ne[2], shape_string(shape).c_str()));
     return out;
   }
-  if (quant::traits(desc.type).vec_dot == nullptr) {
+  if (!quant::computable(uint32_t(desc.type))) {  // a type id read from the file's pack metadata
     fail(format("packed expert part '%s' has type %s, which Magnetar cannot compute with", desc.name.c_str(),
-                std::string(quant::type_name(desc.type)).c_str()));
+                quant::type_label(uint32_t(desc.type)).c_str()));
     return out;
   }
   out.type = desc.type;

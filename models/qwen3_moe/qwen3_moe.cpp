@@ -572,14 +572,19 @@ Result<Qwen3Bound> bind_qwen3(const gguf::Model& file) {
     hp.norm_topk_prob = b.boolean(a + "expert_weights_norm", true);
   }
   if (!b.status().ok()) return b.status();
-  if (hp.n_layer <= 0 || hp.n_embd <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0 || hp.head_dim <= 0 ||
-      hp.n_head % hp.n_head_kv != 0 || hp.n_head / hp.n_head_kv > 64 || hp.head_dim % 2 != 0 || hp.head_dim > 1024 ||
+  // Sizes are bounded far above any model's so that their products (q_dim = heads x head_dim, ...) cannot overflow.
+  constexpr int64_t kMaxSize = int64_t(1) << 24;
+  if (hp.n_layer <= 0 || hp.n_layer > 65536 || hp.n_embd <= 0 || hp.n_embd > kMaxSize || hp.n_head <= 0 ||
+      hp.n_head > 65536 || hp.n_head_kv <= 0 || hp.head_dim <= 0 || hp.n_head % hp.n_head_kv != 0 ||
+      hp.n_head / hp.n_head_kv > 64 || hp.head_dim % 2 != 0 || hp.head_dim > 1024 || hp.n_ff < 0 ||
+      hp.n_ff > kMaxSize || hp.n_ff_exp < 0 || hp.n_ff_exp > kMaxSize ||
       (is_moe && (hp.n_expert <= 0 || hp.n_expert_used <= 0 || hp.n_expert_used > hp.n_expert))) {
-    return Status::error(format("%s: inconsistent hyper-parameters (layers %lld, embd %lld, heads %lld/%lld, head_dim "
-                                "%lld, experts %lld/%lld)",
-                                file.shards()[0]->path().c_str(), (long long)hp.n_layer, (long long)hp.n_embd,
-                                (long long)hp.n_head, (long long)hp.n_head_kv, (long long)hp.head_dim,
-                                (long long)hp.n_expert_used, (long long)hp.n_expert));
+    return Status::error(
+        format("%s: inconsistent hyper-parameters (layers %lld, embd %lld, heads %lld/%lld, head_dim "
+               "%lld, ffn %lld, expert ffn %lld, experts %lld/%lld)",
+               file.shards()[0]->path().c_str(), (long long)hp.n_layer, (long long)hp.n_embd, (long long)hp.n_head,
+               (long long)hp.n_head_kv, (long long)hp.head_dim, (long long)hp.n_ff, (long long)hp.n_ff_exp,
+               (long long)hp.n_expert_used, (long long)hp.n_expert));
   }
   const gguf::TensorInfo* embd = file.find_tensor("token_embd.weight");
   if (!embd || embd->n_dims != 2) return Status::error(file.shards()[0]->path() + ": tensor 'token_embd.weight' is missing or not 2-D");
@@ -589,7 +594,8 @@ Result<Qwen3Bound> bind_qwen3(const gguf::Model& file) {
   // max_window_layers / layer_types).
   std::vector<bool> slides(size_t(hp.n_layer), hp.sliding_window > 0);
   if (const gguf::Value* pattern = file.find(a + "attention.sliding_window_pattern"); pattern && hp.sliding_window > 0) {
-    if (pattern->type != gguf::ValueType::kArray || pattern->array.size() != size_t(hp.n_layer)) {
+    if (pattern->type != gguf::ValueType::kArray || pattern->array_type != gguf::ValueType::kBool ||
+        pattern->array.size() != size_t(hp.n_layer)) {
       return Status::error(format("%s: metadata '%sattention.sliding_window_pattern' must be an array of %lld bools",
                                   file.shards()[0]->path().c_str(), a.c_str(), (long long)hp.n_layer));
     }

@@ -10,6 +10,7 @@
 
 #include "experts/layout.h"
 #include "experts/pack.h"
+#include "models/common/binder.h"
 #include "tests/unit/gguf_test_util.h"
 
 namespace magnetar::experts {
@@ -425,6 +426,45 @@ TEST(ExpertLayout, PackedErrorsNameTheKeyOrTensor) {
   expect_error("row 24 (layer 2 expert 0 part gate): says layer 7");
   edit_row(1, 0, 4096);  // up no longer right after gate
   expect_error("(layer 0 expert 0): the parts do not form one record");
+}
+
+// IQ3_S (ggml id 21) has a size but no kernel here: pack refuses it before writing, and a packed file whose metadata
+// says IQ3_S (a Q3_K pack relabelled: the same 110 bytes per 256) is an error naming the part when bound (it aborted
+// in quant::traits).
+TEST(Pack, ExpertTypesWithoutKernelsAreRefused) {
+  constexpr uint32_t kIq3S = 21;
+  TempDir dir;
+  write_model(dir.file("iq.gguf"), {{true, quant::Type(kIq3S), quant::Type(kIq3S), quant::Type::Q8_0}});
+  std::unique_ptr<gguf::Model> iq = open_or_die(dir.file("iq.gguf"));
+  ASSERT_TRUE(iq);
+  const Result<PackPlan> plan = plan_pack(*iq);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("tensor 'blk.0.ffn_gate_exps.weight' has type IQ3_S, which Magnetar cannot "
+                                         "compute with"),
+            std::string::npos)
+      << plan.status().message();
+
+  const quant::Type q3 = quant::Type::Q3_K;
+  write_model(dir.file("q3.gguf"), {{true, q3, q3, q3}});
+  std::unique_ptr<gguf::Model> q3_model = open_or_die(dir.file("q3.gguf"));
+  ASSERT_TRUE(q3_model);
+  ASSERT_TRUE(pack(*q3_model, dir.file("q3_packed.gguf"), {}).ok());
+  std::unique_ptr<gguf::Model> packed = open_or_die(dir.file("q3_packed.gguf"));
+  ASSERT_TRUE(packed);
+  const gguf::Value* types = packed->find(kKeyPackPartTypes);
+  ASSERT_NE(types, nullptr);
+  std::vector<Value> relabelled(types->array.size(), Value::of_uint(ValueType::kUint32, kIq3S));
+  rewrite(*packed, dir.file("iq_packed.gguf"),
+          [&](gguf::Writer& w) { w.set(kKeyPackPartTypes, Value::of_array(ValueType::kUint32, relabelled)); });
+  std::unique_ptr<gguf::Model> iq_packed = open_or_die(dir.file("iq_packed.gguf"));
+  ASSERT_TRUE(iq_packed);
+  Result<ExpertLayout> layout = ExpertLayout::from_model(*iq_packed);
+  ASSERT_TRUE(layout.ok()) << layout.status().message();
+  models::Binder binder(*iq_packed);
+  binder.expert_part(*layout, 0, Part::kGate, {kEmbd, kFf, kExperts});
+  ASSERT_FALSE(binder.status().ok());
+  EXPECT_NE(binder.status().message().find("has type IQ3_S, which Magnetar cannot compute with"), std::string::npos)
+      << binder.status().message();
 }
 
 TEST(Pack, SplitSourceBecomesOneFile) {

@@ -91,7 +91,8 @@ TEST(GgufWriter, RoundTripKeepsMetadataAndBytes) {
 TEST(GgufWriter, CustomAlignmentIsRecordedAndHonoured) {
   TempDir dir;
   Writer w(dir.file("a.gguf"));
-  w.set_alignment(4096);
+  // Set as a key (a copied header does so) it is the layout's too: it was recorded while the data kept 32.
+  w.set("general.alignment", Value::of_uint(ValueType::kUint32, 4096));
   const int64_t dims[] = {10};
   ASSERT_TRUE(w.add_tensor("x", 0, dims).ok());
   ASSERT_TRUE(w.add_tensor("y", 0, dims).ok());
@@ -325,8 +326,14 @@ TEST_F(GgufHostile, TensorFields) {
   poke<uint64_t>(b, offset_at, 1ull << 40);
   EXPECT_NE(parse_error(b).find("past the end of the file"), std::string::npos) << parse_error(b);
   b = good_;
-  poke<uint64_t>(b, offset_at, 0);  // on top of a.weight
-  EXPECT_NE(parse_error(b).find("overlaps tensor 'a.weight'"), std::string::npos) << parse_error(b);
+  poke<uint64_t>(b, offset_at, 0);  // on top of a.weight (the smaller of the two at offset 0 is named as overlapped)
+  const std::string overlap = parse_error(b);
+  EXPECT_TRUE(overlap.find("tensor 'a.weight' data at byte") != std::string::npos ||
+              overlap.find("tensor 'c.weight' data at byte") != std::string::npos)
+      << overlap;
+  EXPECT_TRUE(overlap.find("overlaps tensor 'c.weight'") != std::string::npos ||
+              overlap.find("overlaps tensor 'a.weight'") != std::string::npos)
+      << overlap;
 }
 
 TEST_F(GgufHostile, AlignmentMustBePowerOfTwo) {
@@ -356,6 +363,94 @@ TEST_F(GgufHostile, DeeplyNestedArraysAreRefused) {
   }
   for (int k = 0; k < 64; ++k) b.push_back(0);
   EXPECT_NE(parse_error(b).find("nested deeper than"), std::string::npos) << parse_error(b);
+}
+
+// Counts that fit the file but would decode to many times its size (~100 bytes per key, tensor or array element)
+// are refused by name before anything is allocated for them: a 20 GiB file of a 24-byte header and 1.6e9 keys, or a
+// 150 MB array of u8, took the process down (bad_alloc, or the host's memory).
+TEST_F(GgufHostile, CountsBeyondWhatAModelNeedsAreRefused) {
+  auto header = [](uint64_t n_tensors, uint64_t n_kv, size_t size) {
+    std::vector<uint8_t> b(size, 0);
+    const uint8_t head[8] = {'G', 'G', 'U', 'F', 3, 0, 0, 0};
+    std::memcpy(b.data(), head, 8);
+    std::memcpy(b.data() + 8, &n_tensors, 8);
+    std::memcpy(b.data() + 16, &n_kv, 8);
+    return b;
+  };
+  std::string err = parse_error(header(0, 70000, 1 << 20));
+  EXPECT_NE(err.find("metadata count at byte 16: 70000 entries, more than the 65536 read"), std::string::npos) << err;
+  err = parse_error(header((1 << 20) + 1, 0, 26 << 20));
+  EXPECT_NE(err.find("tensor count at byte 8: 1048577 tensors, more than the 1048576 read"), std::string::npos) << err;
+  // One key: a u8 array of 2^23 + 1 elements (each one byte in the file).
+  std::vector<uint8_t> b = header(0, 1, (9 << 20));
+  size_t at = 24;
+  auto put = [&](const void* v, size_t n) {
+    std::memcpy(b.data() + at, v, n);
+    at += n;
+  };
+  const uint64_t key_len = 1, count = (1 << 23) + 1;
+  const uint32_t arr = 9, u8 = 0;
+  put(&key_len, 8);
+  put("k", 1);
+  put(&arr, 4);
+  put(&u8, 4);
+  put(&count, 8);
+  err = parse_error(b);
+  EXPECT_NE(err.find("metadata 'k' at byte 41: the metadata's arrays hold more than 8388608 elements"),
+            std::string::npos)
+      << err;
+}
+
+// llama.cpp gives a tensor of no elements the offset of the tensor after it; the overlap check must not count it
+// (a sort that put the larger tensor first at that offset reported an overlap, depending on the tensor count).
+TEST(GgufOpen, EmptyTensorsSharingAnOffsetAreNotOverlaps) {
+  TempDir dir;
+  Writer w(dir.file("z.gguf"));
+  const int64_t row[] = {8}, none[] = {0};
+  for (int i = 0; i < 200; ++i) {
+    const bool empty = i >= 150 && i <= 152;
+    ASSERT_TRUE(w.add_tensor("t" + std::to_string(i), 0, empty ? none : row).ok());
+  }
+  ASSERT_TRUE(w.begin().ok());
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(w.write(std::vector<uint8_t>(i >= 150 && i <= 152 ? 0 : 32, 1)).ok());
+  ASSERT_TRUE(w.finish().ok());
+  Result<std::unique_ptr<Model>> m = Model::open(dir.file("z.gguf"));
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  const TensorInfo* z = m.value()->find_tensor("t151");
+  ASSERT_NE(z, nullptr);
+  EXPECT_EQ(z->nbytes, 0u);
+  EXPECT_EQ(z->offset, m.value()->find_tensor("t153")->offset);
+}
+
+// A shard of metadata only whose alignment is larger than the file (no padding written): its data section is empty,
+// not past the end (the fingerprint hashed up to the section's start and read beyond the mapping).
+TEST(GgufOpen, AMetadataOnlyFileEndsItsDataSectionAtItsEnd) {
+  TempDir dir;
+  Writer w(dir.file("m.gguf"));
+  w.set("general.architecture", Value::of_string("qwen3moe"));
+  ASSERT_TRUE(w.begin().ok());
+  ASSERT_TRUE(w.finish().ok());
+  std::vector<uint8_t> b = testing::read_all(dir.file("m.gguf"));
+  Result<Header> plain = parse_header(b, b.size(), "m.gguf");
+  ASSERT_TRUE(plain.ok());
+  // The same header with general.alignment = 2^24 appended as a second key, and no padding.
+  const uint64_t n_kv = 2, key_len = 17;
+  const uint32_t u32 = 4, align = 1 << 24;
+  b.resize(size_t(plain->data_offset));
+  while (b.size() > 24 && b.back() == 0) b.pop_back();  // the writer's padding after the one string value
+  std::memcpy(b.data() + 16, &n_kv, 8);
+  auto put = [&](const void* v, size_t n) {
+    b.insert(b.end(), static_cast<const uint8_t*>(v), static_cast<const uint8_t*>(v) + n);
+  };
+  put(&key_len, 8);
+  put("general.alignment", 17);
+  put(&u32, 4);
+  put(&align, 4);
+  testing::write_all(dir.file("m2.gguf"), b);
+  Result<std::unique_ptr<Model>> m = Model::open(dir.file("m2.gguf"));
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ(m.value()->shards()[0]->header().data_offset, b.size());
+  EXPECT_NE(m.value()->fingerprint(), 0u);
 }
 
 TEST(GgufOpen, MissingAndEmptyFiles) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <random>
 
 #include "backends/cpu/threadpool.h"
@@ -163,6 +164,54 @@ TEST(Qwen3Load, MismatchesNameTheTensor) {
       << model.status().message();
   EXPECT_EQ(find_architecture("llama4"), nullptr);
   EXPECT_EQ(supported_architectures(), "qwen3, qwen3moe");
+}
+
+// The tiny model's metadata with `edit` applied; its load's error ("" when it loads).
+std::string load_error_after(const std::function<void(gguf::Writer&)>& edit) {
+  testing::TempDir dir;
+  write_tiny(dir.file("m.gguf"), quant::Type::F32, 5);
+  auto file = gguf::Model::open(dir.file("m.gguf"));
+  EXPECT_TRUE(file.ok());
+  if (!file.ok()) return "(cannot open)";
+  gguf::Writer w(dir.file("edited.gguf"));
+  for (const gguf::KeyValue& kv : (*file)->metadata()) w.set(kv.key, kv.value);
+  edit(w);
+  for (const gguf::TensorInfo& t : (*file)->tensors()) {
+    EXPECT_TRUE(w.add_tensor(t.name, t.type_id, std::span<const int64_t>(t.ne.data(), size_t(t.n_dims))).ok());
+  }
+  EXPECT_TRUE(w.begin().ok());
+  for (const gguf::TensorInfo& t : (*file)->tensors()) {
+    EXPECT_TRUE(w.write(std::span<const uint8_t>(t.data, size_t(t.nbytes))).ok());
+  }
+  EXPECT_TRUE(w.finish().ok());
+  auto edited = gguf::Model::open(dir.file("edited.gguf"));
+  EXPECT_TRUE(edited.ok());
+  if (!edited.ok()) return "(cannot open the edited file)";
+  auto model = find_architecture((*edited)->architecture())->load(**edited);
+  return model.ok() ? "" : model.status().message();
+}
+
+// Head counts whose products with the head size wrap int64 to the tensors' real widths (2^59 + 4 heads of 64: q_dim
+// 256) passed every shape check and broke the workspace (std::length_error, an abort); a sliding-window pattern of
+// integers read as all zeros (every layer full attention) though the error asks for bools.
+TEST(Qwen3Load, SizesBeyondAnyModelAndAMistypedPatternAreRefused) {
+  ASSERT_EQ(load_error_after([](gguf::Writer&) {}), "");
+  const std::string heads = load_error_after([](gguf::Writer& w) {
+    w.set("qwen3moe.attention.head_count", gguf::Value::of_uint(gguf::ValueType::kUint64, (1ull << 59) + 4));
+    w.set("qwen3moe.attention.head_count_kv", gguf::Value::of_uint(gguf::ValueType::kUint64, (1ull << 58) + 2));
+  });
+  EXPECT_NE(heads.find("inconsistent hyper-parameters"), std::string::npos) << heads;
+  const std::string ffn = load_error_after([](gguf::Writer& w) {
+    w.set("qwen3moe.expert_feed_forward_length", gguf::Value::of_uint(gguf::ValueType::kUint64, 1ull << 40));
+  });
+  EXPECT_NE(ffn.find("inconsistent hyper-parameters"), std::string::npos) << ffn;
+  const std::string pattern = load_error_after([](gguf::Writer& w) {
+    w.set("qwen3moe.attention.sliding_window", gguf::Value::of_uint(gguf::ValueType::kUint32, 8));
+    std::vector<gguf::Value> ones;
+    for (int i = 0; i < 2; ++i) ones.push_back(gguf::Value::of_int(gguf::ValueType::kInt32, 1));  // one per layer
+    w.set("qwen3moe.attention.sliding_window_pattern", gguf::Value::of_array(gguf::ValueType::kInt32, ones));
+  });
+  EXPECT_NE(pattern.find("attention.sliding_window_pattern' must be an array of"), std::string::npos) << pattern;
 }
 
 }  // namespace
