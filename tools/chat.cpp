@@ -100,7 +100,7 @@ int chat_main(int argc, char** argv) {
       if (reply.find("<think>") != std::string::npos && reply.find("</think>") == std::string::npos) in_think = true;
       const bool show = !(hide_think && (in_think || piece.find("</think>") != std::string::npos));
       if (show) {
-        std::fputs(piece.c_str(), stdout);
+        std::fwrite(piece.data(), 1, piece.size(), stdout);  // a token may hold a NUL byte, where fputs would stop
         std::fflush(stdout);
       }
       if (reply.find("</think>") != std::string::npos) in_think = false;
@@ -114,7 +114,9 @@ int chat_main(int argc, char** argv) {
         break;
       }
     }
-    reply += detok->flush();
+    const std::string tail = detok->flush();  // a cut character at the end (U+FFFD)
+    reply += tail;
+    if (!(hide_think && in_think)) std::fwrite(tail.data(), 1, tail.size(), stdout);
     std::fputs("\n", stdout);
     std::fflush(stdout);
     chat::Message answer{.role = "assistant"};

@@ -171,8 +171,10 @@ int run_main(int argc, char** argv) {
 
   if (echo && engine->info().has_tokenizer) {
     std::unique_ptr<Detokenizer> prompt_text = engine->new_detokenizer();
-    for (const int32_t id : tokens) std::fputs(prompt_text->push(id).c_str(), stdout);
-    std::fputs(prompt_text->flush().c_str(), stdout);
+    std::string text;  // written whole: a token may hold a NUL byte, where fputs would stop
+    for (const int32_t id : tokens) text += prompt_text->push(id);
+    text += prompt_text->flush();
+    std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
   }
   const auto t_prompt = std::chrono::steady_clock::now();

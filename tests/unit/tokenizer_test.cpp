@@ -175,6 +175,10 @@ TEST(Tokenizer, SpecialIdsAndEndOfGeneration) {
   EXPECT_EQ(tok.token_text(264), " world");
   EXPECT_EQ(tok.token_text(266), "<|pad|>");
   EXPECT_EQ(tok.token_text(100000), "");
+  // The padding ids (269..271, "[PAD270]"...) are unused: no text, as llama.cpp (Hugging Face has no such ids).
+  EXPECT_EQ(tok.token_type(270), TokenType::kUnused);
+  EXPECT_EQ(tok.token_text(270), "");
+  EXPECT_EQ(tok.decode(Ids{259, 270, 264}), tok.decode(Ids{259, 264}));
   EXPECT_EQ(tok.token_type(267), TokenType::kUserDefined);
   EXPECT_EQ(tok.pre(), "qwen2");
   EXPECT_FALSE(tok.chat_template().empty());
