@@ -426,9 +426,14 @@ std::string unusual(Rng& r) {
   std::string s;
   for (size_t i = 1 + r.below(6); i > 0; --i) {
     switch (r.below(7)) {
-      case 0:  // base + marks from Combining Diacritical Marks, random order
+      case 0:  // base + marks, random order: Combining Diacritical Marks, and some of other blocks assigned before
+               // and after Unicode 9.0 (Hugging Face's NFC knows 9.0: a later mark is a starter to it)
         put(&s, r.percent(70) ? r.in('a', 'z') : r.in(0xC0, 0xD6));
-        for (size_t m = 1 + r.below(r.percent(10) ? 12 : 3); m > 0; --m) put(&s, r.in(0x0300, 0x034E));
+        for (size_t m = 1 + r.below(r.percent(10) ? 12 : 3); m > 0; --m) {
+          put(&s, r.percent(80) ? r.in(0x0300, 0x034E)
+                                : r.pick({0x1DF5u, 0x1DF6u, 0x1DF9u, 0x1DFBu, 0x08D3u, 0x08D4u, 0x08E1u, 0x1AC1u,
+                                          0x1ACEu, 0x0898u, 0x1E944u, 0x1E94Au, 0x0C3Cu, 0x1E130u}));
+        }
         break;
       case 1:  // conjoining jamo: L V (T)
         put(&s, r.in(0x1100, 0x1112));
@@ -445,7 +450,8 @@ std::string unusual(Rng& r) {
         break;
       case 4: put(&s, r.percent(50) ? r.in(1, 0x1F) : r.in(0x7F, 0x9F)); break;
       case 5:
-        s += r.pick({"Tiếng Việt", "Tie\u0302\u0301ng Vie\u0323\u0302t", "ῼ", "ᾼ", "Å", "A\u030A", "ﬃ", "ǅ", "ΐ", "ϓ"});
+        s += r.pick({"Tiếng Việt", "Tie\u0302\u0301ng Vie\u0323\u0302t", "ῼ", "ᾼ", "Å", "A\u030A", "ﬃ", "ǅ", "ΐ", "ϓ",
+                     "\U00011935\U00011930" /* composes to U+11938 since Unicode 13 */});
         break;
       default: s += r.pick(kWords); break;
     }
