@@ -21,6 +21,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "tokenizer/unicode.h"
+
 namespace magnetar::tokenizer {
 namespace {
 
@@ -79,18 +81,14 @@ std::string replace_all(std::string s, std::string_view from, std::string_view t
   return s;
 }
 
-// The Split regex of the pre_tokenizer (directly or inside a Sequence), or "".
-std::string split_regex(const json& pre) {
-  if (!pre.is_object()) return "";
-  if (pre.value("type", "") == "Split" && pre.contains("pattern") && pre["pattern"].contains("Regex")) {
-    return pre["pattern"]["Regex"].get<std::string>();
+// The steps of a pre-tokenizer or normalizer (`list`: "pretokenizers" or "normalizers"), Sequences flattened; a
+// step that is not an object is kept as null.
+void flatten(const json& step, const char* list, std::vector<json>* out) {
+  if (step.is_object() && step.value("type", "") == "Sequence" && step.contains(list) && step[list].is_array()) {
+    for (const json& s : step[list]) flatten(s, list, out);
+  } else if (!step.is_null()) {
+    out->push_back(step.is_object() ? step : json());
   }
-  if (pre.value("type", "") == "Sequence" && pre.contains("pretokenizers")) {
-    for (const json& p : pre["pretokenizers"]) {
-      if (std::string r = split_regex(p); !r.empty()) return r;
-    }
-  }
-  return "";
 }
 
 // A *_token entry of tokenizer_config.json: a string or {"content": ...}; "" otherwise.
@@ -141,7 +139,21 @@ Result<std::vector<gguf::KeyValue>> import(const std::string& dir, int64_t n_voc
   if (!decoder.is_object() || decoder.value("type", "") != "ByteLevel") {
     return fail("decoder.type", "not ByteLevel (not a byte-level BPE)");
   }
-  const std::string regex = split_regex(tj.contains("pre_tokenizer") ? tj["pre_tokenizer"] : json());
+  // What the supported families use, and all Magnetar implements: one Split by a known regex (Isolated), then
+  // ByteLevel with neither a prefix space nor its own regex. Anything else would tokenize differently.
+  std::vector<json> steps;
+  flatten(tj.contains("pre_tokenizer") ? tj["pre_tokenizer"] : json(), "pretokenizers", &steps);
+  const bool shape = steps.size() == 2 && steps[0].value("type", "") == "Split" && steps[0].contains("pattern") &&
+                     steps[0]["pattern"].is_object() && steps[0]["pattern"].contains("Regex") &&
+                     steps[0]["pattern"]["Regex"].is_string() && steps[1].value("type", "") == "ByteLevel";
+  if (!shape) return fail("pre_tokenizer", "not a Split by a regex then ByteLevel (as Qwen2/Qwen3 and Llama 3 have)");
+  if (steps[0].value("behavior", "") != "Isolated" || steps[0].value("invert", false)) {
+    return fail("pre_tokenizer", "the Split is not Isolated, or inverted");
+  }
+  if (steps[1].value("add_prefix_space", false) || steps[1].value("use_regex", true)) {
+    return fail("pre_tokenizer", "ByteLevel with add_prefix_space or use_regex is not supported");
+  }
+  const std::string regex = steps[0]["pattern"]["Regex"].get<std::string>();
   std::string pre;
   if (regex == kQwen2Regex) {
     pre = "qwen2";
@@ -149,6 +161,26 @@ Result<std::vector<gguf::KeyValue>> import(const std::string& dir, int64_t n_voc
     pre = "llama-bpe";
   } else {
     return fail("pre_tokenizer", "unsupported Split regex '" + regex + "' (known: Qwen2/Qwen3, Llama 3)");
+  }
+  // The normalizer and BPE options each family has (the GGUF's pre-tokenizer name implies them).
+  std::vector<json> norms;
+  flatten(tj.contains("normalizer") ? tj["normalizer"] : json(), "normalizers", &norms);
+  const bool nfc = norms.size() == 1 && norms[0].value("type", "") == "NFC";
+  if (pre == "qwen2" ? !nfc : !norms.empty()) {
+    return fail("normalizer", pre == "qwen2" ? "not NFC, as the Qwen2 pre-tokenizer's tokenizers have"
+                                             : "present; the Llama 3 pre-tokenizer's tokenizers have none");
+  }
+  if (model.value("ignore_merges", false) != (pre == "llama-bpe")) {
+    return fail("model.ignore_merges", pre == "llama-bpe" ? "false; Llama 3's tokenizers have true"
+                                                          : "true; the Qwen2 pre-tokenizer's tokenizers have false");
+  }
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    if (model.contains(key) && model[key].is_string() && !model[key].get<std::string>().empty()) {
+      return fail(std::string("model.") + key, "not supported");
+    }
+  }
+  if (model.contains("dropout") && model["dropout"].is_number() && model["dropout"].get<double>() > 0) {
+    return fail("model.dropout", "BPE dropout (random merges) is not supported");
   }
 
   // Ids: the model vocabulary and the added tokens.
@@ -172,6 +204,13 @@ Result<std::vector<gguf::KeyValue>> import(const std::string& dir, int64_t n_voc
     }
     const int64_t id = a["id"].get<int64_t>();
     if (id < 0) return fail("added_tokens", "negative id");
+    const std::string& content = a["content"].get_ref<const std::string&>();
+    for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
+      if (a.value(flag, false)) return fail("added_tokens", "'" + content + "': " + flag + " is not supported");
+    }
+    if (nfc && a.value("normalized", false) && to_nfc(content) != content) {
+      return fail("added_tokens", "'" + content + "': matched in normalized text, which changes it");
+    }
     added[id] = Added{a["content"].get<std::string>(), a.value("special", false)};
     max_id = std::max(max_id, id);
   }

@@ -231,9 +231,12 @@ void write_tokenizer(const std::string& dir) {
   const nlohmann::json tj = {
       {"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}}}, {"merges", {"a b"}}}},
       {"decoder", {{"type", "ByteLevel"}}},
+      {"normalizer", {{"type", "NFC"}}},
       {"pre_tokenizer",
        {{"type", "Sequence"},
-        {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"Regex", qwen2_regex}}}}, {{"type", "ByteLevel"}}}}}},
+        {"pretokenizers",
+         {{{"type", "Split"}, {"pattern", {{"Regex", qwen2_regex}}}, {"behavior", "Isolated"}, {"invert", false}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}},
       {"added_tokens", {{{"id", 3}, {"content", "<|im_end|>"}, {"special", true}}}}};
   testing::write_text(dir + "/tokenizer.json", tj.dump());
   const nlohmann::json tc = {{"eos_token", "<|im_end|>"}, {"chat_template", "{{ messages }}"}};

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "gguf/reader.h"
@@ -107,6 +108,30 @@ TEST(HfImport, ErrorsNameTheFileAndField) {
   Result<std::vector<gguf::KeyValue>> bad_regex = gguf_metadata_from_hf(dir.file(""), 0);
   ASSERT_FALSE(bad_regex.ok());
   EXPECT_NE(bad_regex.status().message().find("pre_tokenizer"), std::string::npos) << bad_regex.status().message();
+
+  // Options the importer does not implement are refused by name (they were dropped: the GGUF tokenized otherwise).
+  const nlohmann::json good = j;
+  auto refused = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& needle) {
+    nlohmann::json e = good;
+    e["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = std::string(testing::kQwen2Regex);
+    edit(e);
+    write_file(dir.file("tokenizer.json"), e.dump());
+    Result<std::vector<gguf::KeyValue>> r = gguf_metadata_from_hf(dir.file(""), 0);
+    EXPECT_FALSE(r.ok()) << needle;
+    if (!r.ok()) EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
+  };
+  write_toy_hf(dir.file(""));
+  ASSERT_TRUE(gguf_metadata_from_hf(dir.file(""), 0).ok());  // the toy as written imports: each edit alone fails
+  refused([](nlohmann::json& e) { e["normalizer"] = nullptr; }, "tokenizer.json: normalizer: not NFC");
+  refused([](nlohmann::json& e) { e["model"]["ignore_merges"] = true; }, "model.ignore_merges");
+  refused([](nlohmann::json& e) { e["model"]["dropout"] = 0.1; }, "model.dropout");
+  refused([](nlohmann::json& e) { e["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true; },
+          "add_prefix_space");
+  refused([](nlohmann::json& e) { e["pre_tokenizer"]["pretokenizers"][1].erase("use_regex"); }, "use_regex");
+  refused(
+      [](nlohmann::json& e) { e["pre_tokenizer"]["pretokenizers"].push_back(e["pre_tokenizer"]["pretokenizers"][0]); },
+      "not a Split by a regex then ByteLevel");
+  refused([](nlohmann::json& e) { e["added_tokens"][1]["lstrip"] = true; }, "'<think>': lstrip is not supported");
 
   j["model"]["type"] = "Unigram";
   write_file(dir.file("tokenizer.json"), j.dump());
