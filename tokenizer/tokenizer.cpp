@@ -52,7 +52,8 @@ struct PreSettings {
 const PreSettings* find_pre(std::string_view pre) {
   static const PreSettings kQwen2{PreType::kQwen2, true, false, false};
   static const PreSettings kLlama3{PreType::kLlama3, false, true, true};
-  if (pre == "qwen2") return &kQwen2;
+  // DeepSeek-R1-Distill-Qwen's converter name: Qwen2.5's tokenizer (llama.cpp reads it as qwen2 too).
+  if (pre == "qwen2" || pre == "deepseek-r1-qwen") return &kQwen2;
   if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3") return &kLlama3;
   return nullptr;
 }

@@ -147,6 +147,21 @@ TEST(HfImport, ErrorsNameTheFileAndField) {
 
 // ---- encoding ---------------------------------------------------------------------------------------------
 
+// DeepSeek-R1-Distill-Qwen's GGUFs name the pre-tokenizer "deepseek-r1-qwen" (Qwen2.5's tokenizer): read as qwen2,
+// as llama.cpp does (it was refused as unsupported).
+TEST(Tokenizer, DeepSeekR1DistillQwenIsTheQwen2PreTokenizer) {
+  TempDir dir;
+  std::vector<gguf::KeyValue> kv = toy_metadata(dir);
+  const Tokenizer qwen2 = toy_tokenizer(kv);
+  for (gguf::KeyValue& e : kv) {
+    if (e.key == "tokenizer.ggml.pre") e.value = gguf::Value::of_string("deepseek-r1-qwen");
+  }
+  const Tokenizer distill = toy_tokenizer(kv);
+  for (const char* text : {"hello world 12345", "Tie\u0302\u0301ng 'S vie\u0323t<|im_end|>"}) {
+    EXPECT_EQ(distill.encode(text, true), qwen2.encode(text, true)) << text;
+  }
+}
+
 TEST(Tokenizer, EncodesHandComputedIds) {
   TempDir dir;
   const Tokenizer tok = toy_tokenizer(toy_metadata(dir));
