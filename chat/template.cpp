@@ -11,6 +11,7 @@ Result<ChatTemplate> ChatTemplate::choose(const TemplateSource& source, std::str
   ChatTemplate t;
   t.bos_ = source.bos_token;
   t.eos_ = source.eos_token;
+  t.strip_bos_ = source.tokenizer_adds_bos;
   std::string text;
   if (!source.builtin.empty()) {
     if (source.builtin != "chatml") {
@@ -58,6 +59,7 @@ Result<std::string> ChatTemplate::render(const Conversation& conversation, bool 
   context["eos_token"] = eos_;
   Result<std::string> text = jinja_->render(context);
   if (!text.ok()) return Status::error(origin_ + ": " + text.status().message());
+  if (strip_bos_ && !bos_.empty() && text->starts_with(bos_)) text->erase(0, bos_.size());
   return text;
 }
 

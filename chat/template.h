@@ -24,6 +24,7 @@ struct TemplateSource {
   std::string gguf_template = {};  // tokenizer.chat_template (empty: none)
   std::string architecture = {};   // general.architecture, for the built-in fallback
   std::string bos_token = {}, eos_token = {};
+  bool tokenizer_adds_bos = false;  // the tokenizer puts BOS before the prompt itself (see render)
 };
 
 class ChatTemplate {
@@ -33,7 +34,9 @@ class ChatTemplate {
   static Result<ChatTemplate> choose(const TemplateSource& source, std::string* warning);
 
   // The prompt for `conversation`; a template error (raise_exception included) is a Status the server turns
-  // into a 400 naming the template.
+  // into a 400 naming the template. When the tokenizer adds BOS itself, a prompt the template began with the BOS
+  // text (Llama 3's does) loses it, so the model sees one BOS, not two (as llama.cpp does; Hugging Face tokenizes
+  // rendered templates without adding one).
   Result<std::string> render(const Conversation& conversation, bool add_generation_prompt) const;
   // "the GGUF's chat_template", "FILE", or "built-in ChatML (qwen3moe)"
   const std::string& origin() const { return origin_; }
@@ -41,6 +44,7 @@ class ChatTemplate {
  private:
   std::optional<JinjaTemplate> jinja_;  // empty: the built-in ChatML
   std::string origin_, bos_, eos_;
+  bool strip_bos_ = false;
 };
 
 }  // namespace magnetar::chat

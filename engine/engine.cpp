@@ -625,6 +625,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
   info.chat_template = impl->file->get_string("tokenizer.chat_template");
   if (impl->tok) {
     if (impl->tok->bos_id() != tokenizer::kNoToken) info.bos_token = std::string(impl->tok->token_text(impl->tok->bos_id()));
+    info.adds_bos = impl->tok->add_bos();
     if (impl->tok->eos_id() != tokenizer::kNoToken) info.eos_token = std::string(impl->tok->token_text(impl->tok->eos_id()));
   }
   impl->load_seconds = seconds_since(t0);

@@ -170,6 +170,7 @@ struct ModelInfo {
   bool has_tokenizer = false;
   std::string chat_template;  // empty when the file has none
   std::string bos_token, eos_token;  // their text (empty when the tokenizer has none), for chat templates
+  bool adds_bos = false;             // tokenize() puts the BOS token before every text (tokenizer.ggml.add_bos_token)
 };
 
 class Session;

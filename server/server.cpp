@@ -1415,7 +1415,8 @@ Result<std::unique_ptr<Server>> Server::bind(Engine& engine, const ServerOptions
                                                                 .gguf_template = engine.info().chat_template,
                                                                 .architecture = engine.info().architecture,
                                                                 .bos_token = engine.info().bos_token,
-                                                                .eos_token = engine.info().eos_token},
+                                                                .eos_token = engine.info().eos_token,
+                                                                .tokenizer_adds_bos = engine.info().adds_bos},
                                                                &warning);
   if (!tmpl.ok()) return tmpl.status();
   if (!warning.empty()) std::fprintf(stderr, "magnetar serve: warning: %s\n", warning.c_str());

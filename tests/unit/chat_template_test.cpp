@@ -38,6 +38,24 @@ TEST(ChatTemplate, GgufTemplateGetsTheHuggingFaceVariables) {
   EXPECT_EQ(t.value().render(c, false).value(), "<s>|user=Hi;|true|false|true|</s>");
 }
 
+// A tokenizer that adds BOS itself (Llama 3's) would give a template that writes bos_token two BOS tokens: the
+// rendered prompt loses its leading BOS text then, and keeps it otherwise.
+TEST(ChatTemplate, ALeadingBosIsLeftToATokenizerThatAddsOne) {
+  auto adds = ChatTemplate::choose({.gguf_template = kProbe,
+                                    .architecture = "qwen3moe",
+                                    .bos_token = "<s>",
+                                    .eos_token = "</s>",
+                                    .tokenizer_adds_bos = true},
+                                   nullptr);
+  ASSERT_TRUE(adds.ok()) << adds.status().message();
+  EXPECT_EQ(adds.value().render(hello(), true).value(), "|user=Hi;|false|true|false|</s>");
+  auto mid = ChatTemplate::choose(
+      {.gguf_template = "x{{ bos_token }}", .architecture = "qwen3moe", .bos_token = "<s>", .tokenizer_adds_bos = true},
+      nullptr);
+  ASSERT_TRUE(mid.ok()) << mid.status().message();
+  EXPECT_EQ(mid.value().render(hello(), true).value(), "x<s>");  // only a leading one
+}
+
 TEST(ChatTemplate, FileOverridesTheGgufAndErrorsNameTheOrigin) {
   const std::string path = ::testing::TempDir() + "tmpl_" + std::to_string(getpid()) + ".jinja";
   std::ofstream(path) << "{{ raise_exception('no system role here') }}";
