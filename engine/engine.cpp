@@ -586,6 +586,13 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
   if (impl->options.n_threads > kMaxThreads) {
     return Status::error(format("-t %d: at most %d threads", impl->options.n_threads, kMaxThreads));
   }
+  // Checked whether or not the plan uses them (they were refused only when it did).
+  for (const auto& [flag, name] : {std::pair{"--cache-policy", &impl->options.stream.policy},
+                                   std::pair{"--gpu-cache-policy", &impl->options.gpu_cache_policy}}) {
+    if (!experts::make_policy(*name, 1, 1.0)) {
+      return Status::error(format("%s must be one of %s, got '%s'", flag, experts::kPolicyNames, name->c_str()));
+    }
+  }
   impl->batch_auto = impl->options.n_batch <= 0;  // choose_device may raise it for a GPU
   if (impl->batch_auto) impl->options.n_batch = kCpuBatch;
   impl->options.n_batch = std::min(impl->options.n_batch, impl->options.n_ctx);

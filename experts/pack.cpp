@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <map>
 
 #include "base/check.h"
@@ -196,11 +195,8 @@ Status pack(const gguf::Model& src, const std::string& out_path, const PackOptio
   MAGNETAR_ASSIGN_OR_RETURN(const PackPlan plan, plan_pack(src));
   const ExpertLayout& layout = plan.layout;
   const int64_t n_expert = layout.n_expert();
-  for (const auto& shard : src.shards()) {
-    std::error_code ec;
-    if (std::filesystem::equivalent(out_path, shard->path(), ec)) {
-      return Status::error(format("%s: is the input: packing writes a new file (-o)", out_path.c_str()));
-    }
+  if (src.has_file(out_path)) {
+    return Status::error(format("%s: is the input: packing writes a new file (-o)", out_path.c_str()));
   }
 
   // Header: metadata, then tensor infos in source order with each MoE layer's gate tensor replaced by its

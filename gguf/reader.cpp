@@ -461,6 +461,16 @@ uint64_t Model::file_bytes() const {
   return n;
 }
 
+bool Model::has_file(const std::string& path) const {
+  struct stat want;
+  if (::stat(path.c_str(), &want) != 0) return false;
+  for (const auto& s : shards_) {
+    struct stat st;
+    if (::stat(s->path().c_str(), &st) == 0 && st.st_dev == want.st_dev && st.st_ino == want.st_ino) return true;
+  }
+  return false;
+}
+
 uint64_t Model::fingerprint() const {
   constexpr uint64_t kSample = 4096;
   Sha256 h;

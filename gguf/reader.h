@@ -76,6 +76,9 @@ class Model {
   // smaller). Another fine-tune or another quantization of one layout differs in the sampled weights. Reads
   // ~8 KiB per tensor through the mappings (two pages, from the disk when not cached).
   uint64_t fingerprint() const;
+  // Whether `path` names one of its shards (the same file by device and inode, through links too): an output that
+  // would replace its own input.
+  bool has_file(const std::string& path) const;
 
   // Convenience readers for metadata; empty when absent or of another type.
   std::string get_string(std::string_view key) const;

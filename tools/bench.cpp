@@ -189,11 +189,14 @@ int bench_main(int argc, char** argv) {
               "instead of the table: time to first token for an N-token history plus a 64-token turn, cold and then "
               "restored from --kv-disk-dir (required)");
   if (std::optional<int> code = args.parse_or_exit(argc, argv, "bench")) return *code;
-  if (ctx_start < 0 || ctx_max < ctx_start || step < 1 || gen < 0 || reps < 1 || sessions < 1 || sessions > 256 ||
-      ttft < 0) {
+  // Each bounded by a context the engine can hold (2^24 tokens), so that their sums cannot overflow; --reps by what
+  // a benchmark repeats (the fresh tokens of each repetition at depth 0 are allocated up front).
+  constexpr int64_t kMaxTokens = int64_t(1) << 24;
+  if (ctx_start < 0 || ctx_max < ctx_start || ctx_max > kMaxTokens || step < 1 || step > kMaxTokens || gen < 0 ||
+      gen > kMaxTokens || reps < 1 || reps > 1000 || sessions < 1 || sessions > 256 || ttft < 0 || ttft > kMaxTokens) {
     std::fprintf(stderr,
-                 "magnetar bench: need 0 <= --ctx-start <= --ctx-max, --step >= 1, --gen >= 0, --reps >= 1, "
-                 "--sessions in [1, 256], --ttft >= 0\n");
+                 "magnetar bench: need 0 <= --ctx-start <= --ctx-max, --step >= 1, --gen >= 0 (each at most 16,777,216 "
+                 "tokens), --reps in [1, 1000], --sessions in [1, 256], --ttft in [0, 16,777,216]\n");
     return kExitBadInput;
   }
   if (ttft == 0 && !model.kv_disk_dir.empty()) {

@@ -67,6 +67,14 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
     std::fprintf(stderr, "magnetar %s: --ctx, -t and --batch must be >= 0\n", command);
     return nullptr;
   }
+  if (threads > 1024) {  // the engine's limit, said here before the count is narrowed to an int
+    std::fprintf(stderr, "magnetar %s: -t %lld: at most 1024 threads\n", command, (long long)threads);
+    return nullptr;
+  }
+  if (read_gap_kib < -1) {
+    std::fprintf(stderr, "magnetar %s: --read-gap-kib must be -1 (measured), 0 or a size in KiB\n", command);
+    return nullptr;
+  }
   if (sweep < -1) {
     std::fprintf(stderr, "magnetar %s: --sweep must be -1 (auto), 0 (off) or a token count\n", command);
     return nullptr;

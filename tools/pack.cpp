@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <optional>
 
 #include "tools/cli.h"
@@ -115,12 +114,9 @@ int pack_main(int argc, char** argv) {
     std::fprintf(stderr, "magnetar pack: %s\n", plan.status().message().c_str());
     return kExitBadInput;
   }
-  for (const auto& shard : src.value()->shards()) {
-    std::error_code ec;
-    if (std::filesystem::equivalent(out_path, shard->path(), ec)) {
-      std::fprintf(stderr, "magnetar pack: %s: is the input: -o names the new file\n", out_path.c_str());
-      return kExitBadInput;
-    }
+  if (src.value()->has_file(out_path)) {
+    std::fprintf(stderr, "magnetar pack: %s: is the input: -o names the new file\n", out_path.c_str());
+    return kExitBadInput;
   }
   Progress progress("pack " + out_path, plan->tensor_bytes_in);
   const experts::PackOptions options{.progress = [&progress](uint64_t done, uint64_t) { progress.update(done); }};

@@ -328,6 +328,10 @@ int quantize_main(int argc, char** argv) {
     return kExitBadInput;
   }
   const gguf::Model& model = *opened.value();
+  if (model.has_file(out_path)) {
+    std::fprintf(stderr, "magnetar quantize: -o %s: is the input: -o names the new file\n", out_path.c_str());
+    return kExitBadInput;
+  }
   Result<std::vector<Job>> planned = plan(model, *main_type, maps, allow_requantize);
   if (!planned.ok()) {
     std::fprintf(stderr, "magnetar quantize: %s\n", planned.status().message().c_str());

@@ -249,6 +249,7 @@ TEST_F(Quantize, BadInputIsOneLineAndExit2AndWritesNothing) {
       {"quantize " + in + " -o " + out + " --type q8_0 --map exps", "--map 'exps': expected REGEX=TYPE"},
       {"quantize " + in + " -o " + out + " --type q8_0 --map exps=q7", "'q7' is not a weight type"},
       {"quantize " + file("missing.gguf") + " -o " + out + " --type q8_0", "missing.gguf: cannot open"},
+      {"quantize " + in + " -o " + in + " --type q8_0", "is the input: -o names the new file"},  // it replaced it
   };
   for (const Case& c : cases) {
     const Invocation r = magnetar(c.args);

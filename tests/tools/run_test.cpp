@@ -154,6 +154,12 @@ TEST_F(RunTool, BadInputIsOneLineAndExit2) {
       {"run -m " + model() + " --tokens 1 --temp nan", "'nan' is not a finite number"},
       {"run -m " + model() + " --tokens 1 --cache-gb inf", "'inf' is not a finite number"},
       {"run -m " + model() + " --tokens 1 -t 100000", "-t 100000: at most 1024 threads"},
+      {"run -m " + model() + " --tokens 1 -t 4294967297", "-t 4294967297: at most 1024 threads"},  // was 1 thread
+      {"run -m " + model() + " --tokens 1 --cache-policy bogus", "--cache-policy must be one of lfu, lru, got 'bogus'"},
+      {"run -m " + model() + " --tokens 1 --gpu-cache-policy x", "--gpu-cache-policy must be one of lfu, lru, got 'x'"},
+      {"run -m " + model() + " --tokens 1 --read-gap-kib -7", "--read-gap-kib must be -1 (measured), 0 or a size"},
+      {"bench -m " + model() + " --reps 100000000000", "--reps in [1, 1000]"},  // allocated its tokens: bad_alloc
+      {"bench -m " + model() + " --step 4611686018427387904 --gen 4611686018427387904", "each at most 16,777,216"},
       {"run -m " + model() + " --tokens 1 --ctx 100000000", "--ctx 100000000: at most 16777216 tokens"},
       {"run -m " + model() + " --tokens 1 --top-p 1.5", "--top-p must be in [0, 1]"},
       {"run -m " + model() + " --tokens 1 --top-k 4294967297", "--top-k must be in [0, 2147483647]"},
@@ -274,7 +280,7 @@ TEST_F(RunTool, BenchTimeToFirstTokenRestoresTheHistory) {
   // Flags that do not apply are refused, not ignored; the table refuses disk KV (its repetitions would be restores).
   const Invocation no_reps = magnetar("bench -m " + model() + " --ttft 100 --kv-disk-dir " + file("kv") + " --reps 0");
   EXPECT_EQ(no_reps.status, 2);
-  EXPECT_NE(no_reps.err.find("--reps >= 1"), std::string::npos) << no_reps.err;
+  EXPECT_NE(no_reps.err.find("--reps in [1, 1000]"), std::string::npos) << no_reps.err;
   const Invocation table = magnetar("bench -m " + model() + " --kv-disk-dir " + file("kv"));
   EXPECT_EQ(table.status, 2);
   EXPECT_NE(table.err.find("--kv-disk-dir is for --ttft"), std::string::npos) << table.err;
@@ -466,6 +472,18 @@ TEST_F(TextTools, KlDivergenceAgainstABaseFile) {
     EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.args << ": " << r.err;
   }
+  // --kl-base replaces only a KL base file: naming the model (or the text) destroyed it.
+  const uintmax_t model_bytes = std::filesystem::file_size(file("q4k.gguf"));
+  const Invocation over = magnetar("perplexity -m " + file("q4k.gguf") + common + " --kl-base " + file("q4k.gguf"));
+  EXPECT_EQ(over.status, 2);
+  EXPECT_NE(over.err.find("exists and is not a KL base file: not replaced"), std::string::npos) << over.err;
+  EXPECT_EQ(std::filesystem::file_size(file("q4k.gguf")), model_bytes);
+  EXPECT_EQ(magnetar("inspect " + file("q4k.gguf")).status, 0);
+  const Invocation again = magnetar("perplexity -m " + file("base.gguf") + common + " --kl-base " + file("base.kl"));
+  EXPECT_EQ(again.status, 0) << again.err;  // an existing base file is replaced
+  const Invocation negative = magnetar("perplexity -m " + file("q4k.gguf") + common + " --max-windows -3");
+  EXPECT_EQ(negative.status, 2);
+  EXPECT_NE(negative.err.find("--max-windows must be >= 0"), std::string::npos) << negative.err;
   testing::write_file(file("junk.kl"), "not a kl file at all, not at all, not at all, not at all");
   const Invocation junk = magnetar("perplexity -m " + file("q4k.gguf") + common + " --kl " + file("junk.kl"));
   EXPECT_EQ(junk.status, 2);
