@@ -1,13 +1,14 @@
 #include "experts/census.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 
 namespace magnetar::experts {
 namespace {
@@ -55,13 +56,27 @@ uint64_t model_identity(const gguf::Model& model) {
 
 Result<Census> load_census(const std::string& path, uint64_t identity, int64_t n_layer, int64_t n_expert) {
   Census census{.n_layer = n_layer, .n_expert = n_expert, .counts = std::vector<uint64_t>(size_t(n_layer * n_expert))};
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  const size_t want = kHeaderBytes + census.counts.size() * 8 + 8;
+  // Read with the system calls: an error (a directory at the path, EIO) is a Status, where a stream threw.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
     if (errno == ENOENT) return census;
     return Status::error(format("%s: cannot open: %s", path.c_str(), std::strerror(errno)));
   }
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t want = kHeaderBytes + census.counts.size() * 8 + 8;
+  std::string bytes(want + 1, '\0');  // one more than a valid file: a longer one is refused below
+  size_t got = 0;
+  struct stat st;
+  int err = ::fstat(fd, &st) != 0 ? errno : S_ISREG(st.st_mode) ? 0 : EISDIR;
+  while (err == 0 && got < bytes.size()) {
+    const ssize_t r = ::read(fd, bytes.data() + got, bytes.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) err = errno;
+    if (r <= 0) break;
+    got += size_t(r);
+  }
+  ::close(fd);
+  if (err != 0) return Status::error(format("%s: cannot read: %s", path.c_str(), std::strerror(err)));
+  bytes.resize(got);
   if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, 8) != 0) {
     return Status::error(format("%s: not a census file", path.c_str()));
   }
@@ -95,8 +110,12 @@ Status save_census(const std::string& path, uint64_t identity, const Census& cen
   put(out, uint32_t(census.n_expert));
   out.append(reinterpret_cast<const char*>(census.counts.data()), census.counts.size() * 8);
   put(out, fnv1a(reinterpret_cast<const uint8_t*>(out.data()), out.size()));
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // The pid and a nonce name the temp file: two containers sharing the model's folder may both run as pid 1.
+  static std::atomic<uint64_t> serial{0};
+  const uint64_t nonce = fnv1a(reinterpret_cast<const uint8_t*>(&identity), sizeof(identity),
+                               uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) + serial++);
+  const std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(nonce % 1000000007);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return Status::error(format("%s: cannot create: %s", tmp.c_str(), std::strerror(errno)));
   size_t done = 0;
   while (done < out.size()) {

@@ -78,6 +78,7 @@ class UringReader final : public Reader {
     int64_t done = 0;  // bytes read so far
     uint64_t tag = 0;
     Clock::time_point start;
+    int retries = 0;  // completions with EAGAIN / EINTR reissued
   };
   struct Pending {
     int fd;
@@ -88,6 +89,11 @@ class UringReader final : public Reader {
   };
 
   void start_backlog() {
+    while (!backlog_.empty() && broken_ != 0) {  // the ring is unusable: every read fails with its error
+      done_.push_back({.tag = backlog_.front().tag, .result = broken_, .seconds = 0});
+      backlog_.pop_front();
+      --in_flight_;
+    }
     while (!backlog_.empty() && !free_.empty()) {
       Pending& p = backlog_.front();
       start(p.fd, p.offset, std::move(p.iov), p.tag, p.start);
@@ -105,6 +111,7 @@ class UringReader final : public Reader {
 
   // Queues the rest of slot s's read.
   void queue(int s) {
+    if (broken_ != 0) return finish(s, broken_);
     Slot& slot = slots_[size_t(s)];
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     MAGNETAR_CHECK(sqe != nullptr);  // at most `depth` in flight, the ring has `depth` entries
@@ -119,7 +126,12 @@ class UringReader final : public Reader {
     while ((r = io_uring_submit(&ring_)) == -EINTR || r == -EAGAIN || r == -EBUSY) {
       if (r != -EINTR) std::this_thread::yield();
     }
-    if (r < 0) finish(s, r);  // the ring refused the entry for good (a bad ring or arguments): fail the read
+    if (r < 0) {
+      // The ring refused the entry for good (a bad ring or arguments). The entry may still sit in the submission
+      // ring, where any later submit would start it into a slot given to another read: no submit ever follows.
+      broken_ = r;
+      finish(s, r);
+    }
   }
 
   void finish(int s, int64_t result) {
@@ -141,6 +153,14 @@ class UringReader final : public Reader {
       const int res = cqe->res;
       io_uring_cqe_seen(&ring_, cqe);
       Slot& slot = slots_[size_t(s)];
+      // Kernels before ~6.2 may complete a large O_DIRECT read with EAGAIN when the device queue is busy: the
+      // application is to reissue it (liburing's maintainers), a few times before it counts as a failure.
+      if ((res == -EAGAIN || res == -EINTR) && slot.retries < kMaxRetries) {
+        ++slot.retries;
+        std::this_thread::yield();
+        queue(s);
+        continue;
+      }
       if (res > 0) slot.done += res;
       if (res > 0 && consume(slot.iov, &slot.first, size_t(res))) {
         queue(s);  // short: read the rest
@@ -152,8 +172,10 @@ class UringReader final : public Reader {
     }
   }
 
+  static constexpr int kMaxRetries = 16;
   int depth_;
   bool ready_ = false;
+  int broken_ = 0;  // a submit's lasting error (negative errno): the ring is not used again
   io_uring ring_{};
   std::vector<Slot> slots_;
   std::vector<int> free_;

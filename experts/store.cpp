@@ -1,6 +1,7 @@
 #include "experts/store.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "base/check.h"
 
@@ -150,7 +152,11 @@ Status StreamedExperts::init() {
   pool_seconds_ = std::chrono::duration<double>(Clock::now() - t_pool).count();
   slots_.resize(n_slots);
   if (options_.merge_gap_bytes == kMeasureGap) {
-    MAGNETAR_RETURN_IF_ERROR(calibrate_gap());
+    if (Status s = calibrate_gap(); !s.ok()) {  // a measurement: the reads that matter fail (or not) on their own
+      gap_buffer_bytes_ = 0;
+      std::fprintf(stderr, "magnetar: warning: %s; reads are merged across adjacent records only\n",
+                   s.message().c_str());
+    }
   } else {
     gap_buffer_bytes_ = align_down(std::min(options_.merge_gap_bytes, kMaxGapBytes));
   }
@@ -531,7 +537,10 @@ Status StreamedExperts::calibrate_gap() {
     std::vector<Completion> done;
     while (done.size() < size_t(n)) reader_->reap(1, done);
     for (const Completion& c : done) {
-      if (c.result <= 0) return Status::error(format("%s: calibration read failed", model_.shards()[0]->path().c_str()));
+      if (c.result <= 0) {
+        return Status::error(format("%s: measuring the disk: a read failed (%s)", model_.shards()[0]->path().c_str(),
+                                    c.result < 0 ? std::strerror(int(-c.result)) : "end of file"));
+      }
     }
     return std::chrono::duration<double>(Clock::now() - t0).count();
   };
@@ -573,10 +582,12 @@ Status StreamedExperts::warm_start() {
     read_slots(layer, batch);
   }
   while (reader_->in_flight() > 0) pump(1);
-  if (!io_error_.ok()) {
-    Status error = io_error_;
+  if (!io_error_.ok()) {  // a hint only: the experts that failed are read when first used
+    std::fprintf(stderr,
+                 "magnetar: warning: the census's warm start stopped at a read error (%s); experts are read "
+                 "when first used\n",
+                 io_error_.message().c_str());
     io_error_ = Status();
-    return error;
   }
   stats_.warm_experts = keys.size();
   stats_.warm_bytes = stats_.total().bytes_read - bytes_before;
@@ -591,21 +602,38 @@ void StreamedExperts::reset_stats() {
 }
 
 void StreamedExperts::maybe_save_census() {
-  if (options_.census_path.empty()) return;
+  if (options_.census_path.empty() || census_unwritable_) return;
   if (std::chrono::duration<double>(Clock::now() - census_saved_).count() < options_.census_save_seconds) return;
   if (Status s = save_census(); !s.ok()) std::fprintf(stderr, "magnetar: %s\n", s.message().c_str());
 }
 
 Status StreamedExperts::save_census() {
   census_saved_ = Clock::now();
-  if (options_.census_path.empty()) return Status();
-  // Merge with what is on disk now (another run may have saved since we loaded).
+  if (options_.census_path.empty() || census_unwritable_) return Status();
+  // A folder this process cannot write (a read-only mount of the models): said once, not every minute.
+  const std::string dir = std::filesystem::path(options_.census_path).parent_path().string();
+  if (::access(dir.empty() ? "." : dir.c_str(), W_OK) != 0) {
+    census_unwritable_ = true;
+    return Status::error(
+        format("%s: cannot write the census there (%s): it is not saved in this run (--no-census "
+               "turns it off)",
+               dir.empty() ? "." : dir.c_str(), std::strerror(errno)));
+  }
+  // Merge with what is on disk now (another run may have saved since we loaded), under a lock that processes sharing
+  // the model take too: each merge sees the one before it.
+  const int lock = ::open((options_.census_path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock >= 0) {
+    while (::flock(lock, LOCK_EX) != 0 && errno == EINTR) {
+    }
+  }
   Result<Census> disk = load_census(options_.census_path, identity_, layout_.n_layer(), layout_.n_expert());
   Census merged = disk.ok() ? std::move(disk).value() : census_delta_;
   if (disk.ok()) {
     for (size_t k = 0; k < merged.counts.size(); ++k) merged.counts[k] += census_delta_.counts[k];
   }
-  MAGNETAR_RETURN_IF_ERROR(save_census_file(merged));
+  const Status saved = save_census_file(merged);
+  if (lock >= 0) ::close(lock);  // releases the lock
+  MAGNETAR_RETURN_IF_ERROR(saved);
   std::fill(census_delta_.counts.begin(), census_delta_.counts.end(), 0);
   return Status();
 }

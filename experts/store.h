@@ -191,6 +191,7 @@ class StreamedExperts final : public ExpertSource {
   // Census: counts on disk at the last load/save and the increments since.
   uint64_t identity_ = 0;
   bool census_open_ = false;  // identity_ and the census counts are set: the destructor saves them
+  bool census_unwritable_ = false;  // its folder refused a write: not tried again (one message)
   Census census_delta_;
   Census census_seen_;
   std::chrono::steady_clock::time_point census_saved_;
