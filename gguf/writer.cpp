@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "base/check.h"
+#include "base/temp_files.h"
 
 namespace magnetar::gguf {
 namespace {
@@ -29,6 +30,7 @@ Writer::Writer(std::string path, uint32_t version)
 }
 
 Writer::~Writer() {
+  temp_files::forget(temp_handle_);
   // Removed while still locked: once closed, another job may take the name.
   if (!finished_ && pos_ > 0) std::remove(tmp_path_.c_str());
   if (file_) std::fclose(file_);
@@ -174,6 +176,7 @@ Status Writer::begin() {
     fd = -1;
     if (attempt == 8) return Status::error(format("%s: %s keeps being replaced", path_.c_str(), tmp_path_.c_str()));
   }
+  temp_handle_ = temp_files::add(tmp_path_);  // an interrupted process removes it (base/temp_files.h)
   if (::ftruncate(fd, 0) != 0 || !(file_ = ::fdopen(fd, "wb"))) {
     const std::string why = std::strerror(errno);
     ::close(fd);
@@ -247,6 +250,8 @@ Status Writer::finish() {
                                 std::strerror(errno)));
   }
   finished_ = true;
+  temp_files::forget(temp_handle_);
+  temp_handle_ = -1;
   std::fclose(file_);
   file_ = nullptr;
   // The rename is durable once the directory entry is; some file systems cannot fsync a directory (EINVAL),

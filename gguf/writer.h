@@ -71,6 +71,7 @@ class Writer {
   size_t current_ = 0;        // tensor being written
   uint64_t current_done_ = 0; // bytes of it written
   bool finished_ = false;
+  int temp_handle_ = -1;            // tmp_path_'s entry in base/temp_files.h
   uint64_t writeback_started_ = 0;  // release_written(): bytes [0, this) have been handed to writeback
   uint64_t dropped_ = 0;            // and [0, this) dropped from the page cache
   uint64_t release_every_ = 0;      // release_every()

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "base/temp_files.h"
 #include "tools/commands.h"
 
 namespace {
@@ -53,7 +54,9 @@ int main(int argc, char** argv) {
     return magnetar::tools::kExitOk;
   }
   for (const Command& c : kCommands) {
-    if (c.name == cmd) return c.main(argc - 1, argv + 1);
+    if (c.name != cmd) continue;
+    if (cmd != "serve") magnetar::temp_files::remove_on_signal();  // serve stops on these signals itself
+    return c.main(argc - 1, argv + 1);
   }
   std::fprintf(stderr, "magnetar: unknown command '%s' (see magnetar --help)\n", argv[1]);
   return magnetar::tools::kExitBadInput;

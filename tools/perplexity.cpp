@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "base/temp_files.h"
 #include "tools/commands.h"
 #include "tools/engine_flags.h"
 #include "tools/progress.h"
@@ -147,6 +148,7 @@ class KlWriter {
  public:
   explicit KlWriter(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {}
   ~KlWriter() {
+    temp_files::forget(temp_handle_);
     if (f_) std::fclose(f_);
     if (!committed_) std::remove(tmp_.c_str());
   }
@@ -172,6 +174,7 @@ class KlWriter {
     }
     f_ = std::fopen(tmp_.c_str(), "wb");
     if (!f_) return Status::error(format("%s: cannot create: %s", tmp_.c_str(), std::strerror(errno)));
+    temp_handle_ = temp_files::add(tmp_);  // an interrupted run removes it
     MAGNETAR_RETURN_IF_ERROR(put(f_, tmp_, &h, sizeof(h)));
     return put(f_, tmp_, tokens.data(), tokens.size_bytes());
   }
@@ -185,11 +188,14 @@ class KlWriter {
       return Status::error(format("%s: cannot rename to %s: %s", tmp_.c_str(), path_.c_str(), std::strerror(errno)));
     }
     committed_ = true;
+    temp_files::forget(temp_handle_);
+    temp_handle_ = -1;
     return Status();
   }
 
  private:
   std::string path_, tmp_;
+  int temp_handle_ = -1;
   std::FILE* f_ = nullptr;
   bool committed_ = false;
 };

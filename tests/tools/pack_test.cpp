@@ -173,6 +173,27 @@ TEST(PackTool, KillNineNeverLeavesAPartialFile) {
   ASSERT_EQ(run("pack " + in + " -o " + out).status, 0);
   EXPECT_TRUE(std::filesystem::exists(out));
   EXPECT_FALSE(std::filesystem::exists(out + ".tmp"));
+
+  // Ctrl-C while the file is written (SIGINT once the temporary exists): the process dies of the signal as before and
+  // removes its temporary (it was left, as large as the output; base/temp_files.h).
+  std::filesystem::remove(out);
+  pid = spawn_pack(in, out);
+  ASSERT_GT(pid, 0);
+  const Clock::time_point until = Clock::now() + std::chrono::seconds(30);
+  while (!std::filesystem::exists(out + ".tmp") && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const bool writing = std::filesystem::exists(out + ".tmp");
+  kill(pid, SIGINT);
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  if (writing && WIFSIGNALED(status)) {
+    EXPECT_EQ(WTERMSIG(status), SIGINT);
+    EXPECT_FALSE(std::filesystem::exists(out + ".tmp")) << "Ctrl-C left the temporary";
+    EXPECT_FALSE(std::filesystem::exists(out));
+  } else {
+    ADD_FAILURE() << "the SIGINT did not land while the file was written (writing " << writing << ", status " << status
+                  << ")";
+  }
 }
 
 }  // namespace
