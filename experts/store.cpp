@@ -217,28 +217,39 @@ ExpertPtrs StreamedExperts::pointers(uint32_t slot) const {
   return ptrs;
 }
 
-uint32_t StreamedExperts::allocate(bool for_prefetch) {
-  if (!free_.empty()) {
-    const uint32_t s = free_.back();
-    free_.pop_back();
-    return s;
-  }
-  uint32_t best = UINT32_MAX;
-  double best_score = 0;
+void StreamedExperts::build_victims(bool for_prefetch) {
+  victims_.clear();
   for (uint32_t s = 0; s < slots_.size(); ++s) {
     const Slot& slot = slots_[s];
     if (slot.state != State::kReady || slot.pins > 0) continue;
     if (for_prefetch && slot.last_use > 0 && tick_ - slot.last_use < kPrefetchColdTokens * uint64_t(n_moe_layers_)) {
       continue;
     }
-    const double score = policy_->score(slot.key, tick_);
-    if (best == UINT32_MAX || score < best_score) {
-      best = s;
-      best_score = score;
+    victims_.emplace_back(policy_->score(slot.key, tick_), s);
+  }
+  // Descending (score, slot): the back is the lowest score, the lowest slot among equals (the scan's choice before).
+  std::sort(victims_.begin(), victims_.end(), std::greater<>());
+  victims_for_ = for_prefetch ? 1 : 0;
+}
+
+uint32_t StreamedExperts::allocate(bool for_prefetch) {
+  if (!free_.empty()) {
+    const uint32_t s = free_.back();
+    free_.pop_back();
+    return s;
+  }
+  // The call's candidates; once they are used up, scored again (a read may have landed since: a new candidate).
+  for (int pass = victims_for_ == int(for_prefetch) ? 0 : 1; pass < 2; ++pass) {
+    if (pass == 1) build_victims(for_prefetch);
+    while (!victims_.empty()) {
+      const uint32_t s = victims_.back().second;
+      victims_.pop_back();
+      if (slots_[s].state != State::kReady || slots_[s].pins > 0) continue;  // taken in this call since
+      evict(s);
+      return s;
     }
   }
-  if (best != UINT32_MAX) evict(best);
-  return best;
+  return UINT32_MAX;
 }
 
 void StreamedExperts::evict(uint32_t slot) {
@@ -382,6 +393,7 @@ void StreamedExperts::pump(size_t min) {
 
 void StreamedExperts::acquire(int64_t layer, std::span<const int32_t> experts, std::span<ExpertPtrs> ptrs,
                               std::span<uint8_t> ready) {
+  victims_for_ = -1;  // scores may have changed since the last call
   MAGNETAR_CHECK(layer_ < 0 && layout_.has_experts(layer));
   MAGNETAR_CHECK(ptrs.size() == experts.size() && ready.size() == experts.size());
   layer_ = layer;
@@ -494,6 +506,7 @@ void StreamedExperts::touch(int64_t layer, std::span<const int32_t> experts) {
 }
 
 void StreamedExperts::prefetch(int64_t layer, std::span<const int32_t> experts) {
+  victims_for_ = -1;
   if (layer < 0 || layer >= layout_.n_layer() || !layout_.has_experts(layer)) return;
   hinted_[size_t(layer)].assign(experts.begin(), experts.end());
   std::vector<uint32_t>& fresh = prefetch_scratch_;

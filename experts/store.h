@@ -185,6 +185,13 @@ class StreamedExperts final : public ExpertSource {
   int64_t layer_ = -1;
   std::vector<uint32_t> pinned_;     // slots, in the order of the acquire's experts
   std::vector<uint32_t> miss_scratch_, prefetch_scratch_;
+  // The eviction candidates of the current acquire / prefetch call (ready, unpinned; for a prefetch, not used in the
+  // last kPrefetchColdTokens tokens), the lowest score last: scored once per call when its first miss needs a slot
+  // (no score changes within a call: the experts it touches are pinned or loading), where every miss scored every
+  // slot again (O(slots) each: ~10k slots x ~450 misses and prefetches a token on a 235B model with a 100 GiB cache).
+  std::vector<std::pair<double, uint32_t>> victims_;
+  int victims_for_ = -1;  // -1: none built in this call; else whether they were built for a prefetch
+  void build_victims(bool for_prefetch);
   Status io_error_;
   // Prefetch prediction bookkeeping: the last hinted set per layer.
   std::vector<std::vector<int32_t>> hinted_;
