@@ -413,6 +413,8 @@ int perplexity_main(int argc, char** argv) {
   std::vector<int32_t> window(static_cast<size_t>(n_ctx));
   for (int64_t w = 0; w < n_windows; ++w) {
     std::copy(tokens.begin() + w * n_ctx, tokens.begin() + (w + 1) * n_ctx, window.begin());
+    // As llama-perplexity: a model that adds BOS sees it first in every window (the text's first token is it).
+    if (engine->info().adds_bos) window[0] = tokens[0];
     session.clear();  // windows are independent: nothing is reused between them
     Status s = session.sync(window, Logits::kAll);
     if (s.ok() && (session.all_logits_first() != 0 || session.all_logits().size() != window.size() * size_t(n_vocab))) {

@@ -373,6 +373,56 @@ double value_of(const std::string& out, const std::string& key) {
   return at == std::string::npos ? NAN : std::strtod(out.c_str() + at + key.size() + 2, nullptr);
 }
 
+// A model whose tokenizer adds BOS sees it first in every window, as llama-perplexity does (windows after the first
+// began with the text's token there): the PPL of two windows equals the one computed here from `run --dump-logits` of
+// each window with its first token replaced by BOS, and differs from the one without the replacement.
+TEST_F(TextTools, PerplexityStartsEveryWindowWithBos) {
+  std::filesystem::create_directories(file("hf_bos"));
+  testing::write_toy_hf(file("hf_bos"));
+  std::ifstream config_in(file("hf_bos/tokenizer_config.json"));
+  nlohmann::json config = nlohmann::json::parse(config_in);
+  config["add_bos_token"] = true;
+  config["bos_token"] = "<|pad|>";
+  testing::write_file(file("hf_bos/tokenizer_config.json"), config.dump());
+  ASSERT_EQ(
+      magnetar("synth --preset tiny --type q8_0 --tokenizer " + file("hf_bos") + " -o " + file("bos.gguf")).status, 0);
+  const Invocation p =
+      magnetar("perplexity -m " + file("bos.gguf") + " -f " + file("text.txt") + " --ctx 64 --max-windows 2 --json");
+  ASSERT_EQ(p.status, 0) << p.err;
+  const nlohmann::json j = nlohmann::json::parse(p.out);
+  ASSERT_EQ(j["tokens_scored"], 62);
+  const Invocation tok = magnetar("tokenize -m " + file("bos.gguf") + " --no-special --file " + file("text.txt"));
+  ASSERT_EQ(tok.status, 0) << tok.err;
+  const std::vector<int32_t> ids = nlohmann::json::parse(tok.out).get<std::vector<int32_t>>();
+  ASSERT_GE(ids.size(), 128u);
+  ASSERT_EQ(ids[0], 266);  // the BOS the tokenizer added
+  // The summed NLL of positions 32..62 of window w, its first token replaced by BOS or not.
+  auto window_nll = [&](int w, bool bos) {
+    std::vector<int32_t> win(ids.begin() + 64 * w, ids.begin() + 64 * (w + 1));
+    if (bos) win[0] = 266;
+    std::string list;
+    for (size_t i = 0; i < win.size(); ++i) list += (i ? "," : "") + std::to_string(win[i]);
+    const std::string npy = file("w" + std::to_string(w) + (bos ? "b" : "") + ".npy");
+    EXPECT_EQ(magnetar("run -m " + file("bos.gguf") + " --ctx 64 --tokens " + list + " --dump-logits " + npy).status,
+              0);
+    int64_t rows = 0, cols = 0;
+    const std::vector<float> logits = read_npy(npy, &rows, &cols);
+    double nll = 0;
+    for (int64_t r = 32; r < 63; ++r) {
+      const float* row = logits.data() + r * cols;
+      const double mx = *std::max_element(row, row + cols);
+      double z = 0;
+      for (int64_t v = 0; v < cols; ++v) z += std::exp(double(row[v]) - mx);
+      nll -= double(row[win[size_t(r + 1)]]) - mx - std::log(z);
+    }
+    return nll;
+  };
+  const double with_bos = std::exp((window_nll(0, true) + window_nll(1, true)) / 62);
+  const double without = std::exp((window_nll(0, true) + window_nll(1, false)) / 62);
+  ASSERT_GT(std::abs(with_bos - without), 1e-4 * with_bos) << "the first token does not change the scores";
+  EXPECT_NEAR(j["ppl"].get<double>(), with_bos, 1e-4 * with_bos);
+}
+
 TEST_F(TextTools, KlDivergenceAgainstABaseFile) {
   // An F32 base model with the toy tokenizer, and a Q4_K copy of it.
   const std::string synth = "synth --preset tiny --type f32 --seed 7 --tokenizer " + file("hf");
