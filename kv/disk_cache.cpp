@@ -216,10 +216,19 @@ std::vector<uint64_t> DiskCache::chain(std::span<const int32_t> tokens) const {
   return keys;
 }
 
+void DiskCache::settle(std::unique_lock<std::mutex>& lock, std::span<const uint64_t> keys) const {
+  changed_.wait(lock, [&] {
+    for (const uint64_t k : in_flight_) {
+      if (std::find(keys.begin(), keys.end(), k) != keys.end()) return false;
+    }
+    return true;
+  });
+}
+
 int64_t DiskCache::match(std::span<const int32_t> tokens) const {
   const std::vector<uint64_t> keys = chain(tokens);
-  flush();
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  settle(lock, keys);
   size_t n = 0;
   while (n < keys.size() && ours(keys[n])) ++n;
   return int64_t(n) * options_.block_tokens;
@@ -653,8 +662,8 @@ int64_t DiskCache::restore(std::span<const int32_t> tokens, int64_t from_block, 
   const std::vector<uint64_t> keys = chain(tokens.first(size_t(until_tokens)));
   const auto t0 = std::chrono::steady_clock::now();
   kv.sync_host(std::min(from_block * B, until_tokens));  // the rows before stay valid; the host copy must be too
-  flush();
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  settle(lock, keys);
   int64_t b = from_block;
   for (; b < int64_t(keys.size()); ++b) {
     auto it = entries_.find(keys[size_t(b)]);

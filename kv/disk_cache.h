@@ -107,7 +107,7 @@ class DiskCache {
   // stops: memory is short), is a warning on stderr and counted (DiskCacheStats::blocks_failed).
   void save_async(std::span<const int32_t> tokens, int64_t n_valid, KvCache& kv);
   static constexpr size_t kMaxQueued = 2;
-  // Waits until every queued block is on disk (match and restore do it first: a queued block counts once written).
+  // Waits until every queued block is on disk.
   void flush() const;
   ~DiskCache();  // flushes, then stops the writer
   DiskCacheStats stats() const;
@@ -131,6 +131,9 @@ class DiskCache {
     int64_t mtime = 0;  // seconds since the epoch (save or last restore)
     bool foreign = false;  // another model's, KV format's or file version's block: never loaded
   };
+  // With mu_ held through `lock`: waits until none of `keys` is being copied, queued or written (match and restore:
+  // a block of their chain counts once written; another timeline's writes are not waited for).
+  void settle(std::unique_lock<std::mutex>& lock, std::span<const uint64_t> keys) const;
   bool ours(uint64_t key) const {
     auto it = entries_.find(key);
     return it != entries_.end() && !it->second.foreign;
