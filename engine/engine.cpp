@@ -397,7 +397,11 @@ Status open_disk_kv(Engine::Impl& impl) {
   const KvDiskOptions& o = impl.options.kv_disk;
   if (o.dir.empty()) return Status();
   uint64_t budget = uint64_t(o.gb * double(1ull << 30));
-  const kv::KvFormat kv_format = disk_kv_format(impl, impl.file->fingerprint());
+  // The identity names the model and how this build computes its KV: a change to what rows hold (RoPE, attention
+  // scaling, a KV type's rounding) bumps kKvComputeVersion, and the blocks of older builds are foreign.
+  constexpr uint64_t kKvComputeVersion = 1;
+  const kv::KvFormat kv_format =
+      disk_kv_format(impl, impl.file->fingerprint() ^ (kKvComputeVersion * 0x9E3779B97F4A7C15ull));
   if (!impl.plan_text.empty()) impl.plan_text += "\n";
   if (budget == 0) {
     // Half the free space, counting the block files already there as free (else each restart would halve the

@@ -199,6 +199,14 @@ int bench_main(int argc, char** argv) {
                  "tokens), --reps in [1, 1000], --sessions in [1, 256], --ttft in [0, 16,777,216]\n");
     return kExitBadInput;
   }
+  if (json && csv) {
+    std::fprintf(stderr, "magnetar bench: --json and --csv exclude each other\n");
+    return kExitBadInput;
+  }
+  if (sessions > 1 && gen == 0) {
+    std::fprintf(stderr, "magnetar bench: --sessions measures decoding: it needs --gen >= 1\n");
+    return kExitBadInput;
+  }
   if (ttft == 0 && !model.kv_disk_dir.empty()) {
     std::fprintf(stderr,
                  "magnetar bench: --kv-disk-dir is for --ttft (the table's repetitions would restore their "

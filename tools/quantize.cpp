@@ -328,6 +328,13 @@ int quantize_main(int argc, char** argv) {
     return kExitBadInput;
   }
   const gguf::Model& model = *opened.value();
+  if (model.find("magnetar.pack.version") != nullptr) {  // experts/layout.h's kKeyPackVersion
+    std::fprintf(stderr,
+                 "magnetar quantize: %s: a packed file (magnetar pack): quantize the model it was packed from, "
+                 "then pack the result\n",
+                 in_path.c_str());
+    return kExitBadInput;
+  }
   if (model.has_file(out_path)) {
     std::fprintf(stderr, "magnetar quantize: -o %s: is the input: -o names the new file\n", out_path.c_str());
     return kExitBadInput;

@@ -240,7 +240,9 @@ TEST_F(Quantize, BadInputIsOneLineAndExit2AndWritesNothing) {
     std::string args, needle;
   };
   const std::string in = file("f32.gguf"), out = file("bad.gguf");
+  ASSERT_EQ(magnetar("pack " + in + " -o " + file("packed.gguf")).status, 0);
   const std::vector<Case> cases = {
+      {"quantize " + file("packed.gguf") + " -o " + out + " --type q8_0", "a packed file (magnetar pack)"},
       {"quantize " + in + " -o " + out + " --type q9_9", "--type 'q9_9' is not one of"},
       {"quantize " + in + " -o " + out + " --type q8_k", "--type 'q8_k' is not one of"},
       {"quantize " + in + " -o " + out, "--type TYPE is required"},

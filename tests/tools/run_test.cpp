@@ -159,6 +159,8 @@ TEST_F(RunTool, BadInputIsOneLineAndExit2) {
       {"run -m " + model() + " --tokens 1 --gpu-cache-policy x", "--gpu-cache-policy must be one of lfu, lru, got 'x'"},
       {"run -m " + model() + " --tokens 1 --read-gap-kib -7", "--read-gap-kib must be -1 (measured), 0 or a size"},
       {"bench -m " + model() + " --reps 100000000000", "--reps in [1, 1000]"},  // allocated its tokens: bad_alloc
+      {"bench -m " + model() + " --json --csv", "--json and --csv exclude each other"},
+      {"bench -m " + model() + " --sessions 2 --gen 0", "--sessions measures decoding: it needs --gen >= 1"},
       {"bench -m " + model() + " --step 4611686018427387904 --gen 4611686018427387904", "each at most 16,777,216"},
       {"run -m " + model() + " --tokens 1 --ctx 100000000", "--ctx 100000000: at most 16777216 tokens"},
       {"run -m " + model() + " --tokens 1 --top-p 1.5", "--top-p must be in [0, 1]"},
