@@ -32,7 +32,12 @@ void remove_on_signal() {
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
-  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    // An ignored signal stays ignored (nohup, a background job of a script: SIGHUP / SIGINT ignored by the parent).
+    struct sigaction old {};
+    if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+    ::sigaction(sig, &sa, nullptr);
+  }
 }
 
 int add(const std::string& path) {

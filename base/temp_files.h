@@ -9,7 +9,8 @@
 
 namespace magnetar::temp_files {
 
-// Installs the handler for SIGINT, SIGTERM and SIGHUP (a command that handles them itself, serve, does not call it).
+// Installs the handler for SIGINT, SIGTERM and SIGHUP, except those already ignored (nohup); a command that handles
+// them itself (serve) does not call it.
 void remove_on_signal();
 // Lists `path`; the handle for forget(), -1 when the table is full or the path too long (then it is not removed).
 int add(const std::string& path);

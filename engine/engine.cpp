@@ -544,11 +544,7 @@ void Engine::reset_expert_stats() {
   impl_->sweeps = 0;
   impl_->sweep_pauses = 0;
 }
-Engine::~Engine() {
-  // The store is destroyed before the model (the model's layout outlives the store's last census save), so the GPU
-  // model lets go of the store's page-locked slots first: unregistering them after the store unmapped them may fail.
-  if (impl_ && impl_->store && impl_->model) (void)impl_->model->attach_host_experts(nullptr);
-}
+Engine::~Engine() = default;
 
 Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const EngineOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();

@@ -192,7 +192,7 @@ StreamedExperts::~StreamedExperts() {
   std::vector<Completion> drain;
   while (reader_ && reader_->in_flight() > 0) reader_->reap(1, drain);
   if (census_open_) {
-    if (Status s = save_census(); !s.ok()) std::fprintf(stderr, "magnetar: %s\n", s.message().c_str());
+    if (Status s = save_census(/*wait=*/true); !s.ok()) std::fprintf(stderr, "magnetar: %s\n", s.message().c_str());
   }
   reader_.reset();
   for (int fd : fds_) ::close(fd);
@@ -617,10 +617,10 @@ void StreamedExperts::reset_stats() {
 void StreamedExperts::maybe_save_census() {
   if (options_.census_path.empty() || census_unwritable_) return;
   if (std::chrono::duration<double>(Clock::now() - census_saved_).count() < options_.census_save_seconds) return;
-  if (Status s = save_census(); !s.ok()) std::fprintf(stderr, "magnetar: %s\n", s.message().c_str());
+  if (Status s = save_census(/*wait=*/false); !s.ok()) std::fprintf(stderr, "magnetar: %s\n", s.message().c_str());
 }
 
-Status StreamedExperts::save_census() {
+Status StreamedExperts::save_census(bool wait) {
   census_saved_ = Clock::now();
   if (options_.census_path.empty() || census_unwritable_) return Status();
   // A folder this process cannot write (a read-only mount of the models): said once, not every minute.
@@ -633,10 +633,16 @@ Status StreamedExperts::save_census() {
                dir.empty() ? "." : dir.c_str(), std::strerror(errno)));
   }
   // Merge with what is on disk now (another run may have saved since we loaded), under a lock that processes sharing
-  // the model take too: each merge sees the one before it.
+  // the model take too: each merge sees the one before it. The periodic save does not wait for it (it runs between
+  // layers): when another process holds it (or is stopped holding it), the counts stay here for the next save.
   const int lock = ::open((options_.census_path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock >= 0) {
-    while (::flock(lock, LOCK_EX) != 0 && errno == EINTR) {
+    int r;
+    while ((r = ::flock(lock, wait ? LOCK_EX : LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
+    }
+    if (r != 0) {
+      ::close(lock);
+      return Status();
     }
   }
   Result<Census> disk = load_census(options_.census_path, identity_, layout_.n_layer(), layout_.n_expert());

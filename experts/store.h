@@ -100,7 +100,9 @@ class StreamedExperts final : public ExpertSource {
   std::vector<uint8_t> cached() const;
   void reset_stats();
   size_t n_slots() const { return slots_.size(); }
-  Status save_census();
+  // Merges this store's counts into the census file. `wait`: for the lock other processes may hold (at close); the
+  // periodic save does not wait and keeps its counts for the next one.
+  Status save_census(bool wait = true);
 
  private:
   enum class State : uint8_t { kFree, kLoading, kReady };

@@ -17,7 +17,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <future>
+#include <unordered_set>
 
 #include "base/check.h"
 #include "base/sha256.h"
@@ -132,12 +134,18 @@ bool temp_name(const std::string& name, long* pid) {
   return end + 1 != name.c_str() + name.size() - 4;  // ".<key>.<pid>.<nonce>.tmp"
 }
 
-// A temp file is an interrupted save once its writer is gone: its process has exited, the pid is this process's
-// (which writes nothing before open: a crashed run of the same pid left it, as a container's pid 1 does), or the file
-// is a day old (the pid may have been reused). Another live process sharing the directory may be writing it. Names
-// without a pid (older builds) are always stale.
-bool abandoned_temp(const std::string& path, long pid) {
-  if (pid <= 0 || pid == long(::getpid())) return true;
+// The directories of this process's open caches (canonical paths): a temp file with this process's pid is another
+// open cache's save in progress when its directory is among them.
+std::mutex g_open_mu;
+std::vector<std::string> g_open_dirs;
+
+// A temp file is an interrupted save once its writer is gone: its process has exited, the pid is this process's and
+// no other cache of this process has the directory open (a crashed run of the same pid left it, as a container's pid
+// 1 does), or the file is a day old (the pid may have been reused). Another live process sharing the directory may
+// be writing it. Names without a pid (older builds) are always stale.
+bool abandoned_temp(const std::string& path, long pid, bool dir_open_here) {
+  if (pid <= 0) return true;
+  if (pid == long(::getpid())) return !dir_open_here;
   struct stat st;
   if (::stat(path.c_str(), &st) == 0 && now_seconds() - int64_t(st.st_mtime) > 24 * 3600) return true;
   return ::kill(pid_t(pid), 0) != 0 && errno == ESRCH;
@@ -175,7 +183,15 @@ Result<std::unique_ptr<DiskCache>> DiskCache::open(const DiskCacheOptions& optio
                                 double(options.budget_bytes) / double(1ull << 30), (long long)options.block_tokens,
                                 double(cache->block_file_bytes()) / double(1ull << 30)));
   }
-  MAGNETAR_RETURN_IF_ERROR(cache->scan());
+  std::error_code ec;
+  cache->canonical_dir_ = std::filesystem::weakly_canonical(options.dir, ec).string();
+  bool dir_open_here = false;
+  {
+    std::lock_guard<std::mutex> lock(g_open_mu);
+    dir_open_here = std::find(g_open_dirs.begin(), g_open_dirs.end(), cache->canonical_dir_) != g_open_dirs.end();
+    g_open_dirs.push_back(cache->canonical_dir_);
+  }
+  MAGNETAR_RETURN_IF_ERROR(cache->scan(dir_open_here));
   std::lock_guard<std::mutex> lock(cache->mu_);
   cache->make_room(0, 0);
   return cache;
@@ -236,7 +252,7 @@ int64_t DiskCache::match(std::span<const int32_t> tokens) const {
 
 // ---- scan: index the directory at open ------------------------------------------------------------------
 
-Status DiskCache::scan() {
+Status DiskCache::scan(bool dir_open_here) {
   DIR* d = ::opendir(options_.dir.c_str());
   if (!d) return Status::error(options_.dir + ": cannot list: " + std::strerror(errno));
   std::vector<std::string> names;
@@ -246,7 +262,7 @@ Status DiskCache::scan() {
   for (const std::string& name : names) {
     const std::string path = options_.dir + "/" + name;
     if (long pid = 0; temp_name(name, &pid)) {
-      if (abandoned_temp(path, pid)) ::unlink(path.c_str());
+      if (abandoned_temp(path, pid, dir_open_here)) ::unlink(path.c_str());
       continue;
     }
     char* end = nullptr;
@@ -255,10 +271,18 @@ Status DiskCache::scan() {
     Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
     Header h{};
     struct stat st;
-    if (f.fd < 0 || ::pread(f.fd, &h, sizeof(h), 0) != ssize_t(sizeof(h)) || ::fstat(f.fd, &st) != 0) {
-      std::fprintf(stderr, "magnetar: disk KV: %s: unreadable, skipped\n", path.c_str());
+    const ssize_t got = f.fd >= 0 && ::fstat(f.fd, &st) == 0 ? ::pread(f.fd, &h, sizeof(h), 0) : -1;
+    if (got < 0) {
+      // The disk's trouble (EIO, no descriptor left), not the file's: kept and counted in the budget (by its size),
+      // never loaded in this run; the blocks continuing it are not orphans.
+      const int err = errno;
+      const uint64_t size = ::stat(path.c_str(), &st) == 0 ? uint64_t(st.st_size) : 0;
+      std::fprintf(stderr, "magnetar: disk KV: %s: cannot read: %s (kept, not used)\n", path.c_str(),
+                   std::strerror(err));
+      entries_[name_key] = {.index = 0, .bytes = size, .mtime = now_seconds(), .foreign = true};
       continue;
     }
+    if (got != ssize_t(sizeof(h))) std::memset(&h, 0, sizeof(h));  // shorter than a header: refused below
     const Entry foreign{.index = 0, .bytes = uint64_t(st.st_size), .mtime = int64_t(st.st_mtime), .foreign = true};
     if (std::memcmp(h.magic, kMagic, 8) == 0 && h.version != kVersion) {
       entries_[name_key] = foreign;  // another version's block (its header's layout is that version's)
@@ -411,10 +435,13 @@ void DiskCache::save_async(std::span<const int32_t> tokens, int64_t n_valid, KvC
       if (touch(keys[b]) || claimed()) continue;
       // A block whose parent is neither on disk nor on its way (its save failed or was declined) would be an orphan;
       // a recently declined block would be declined again (see Budget).
-      const auto parent_claimed = [&] {
-        return std::find(in_flight_.begin(), in_flight_.end(), keys[b - 1]) != in_flight_.end();
+      // The parent must be on disk, queued or being written: claimed by another thread still copying it, it could
+      // reach the writer after its child, which would be dropped as an orphan.
+      const auto parent_on_its_way = [&] {
+        const uint64_t p = keys[b - 1];
+        return p == writing_key_ || std::any_of(queue_.begin(), queue_.end(), [&](const Job& j) { return j.key == p; });
       };
-      if (b > 0 && !entries_.count(keys[b - 1]) && !parent_claimed()) return;
+      if (b > 0 && !entries_.count(keys[b - 1]) && !parent_on_its_way()) return;
       if (auto d = declined_.find(keys[b]); d != declined_.end()) {
         if (now_seconds() - d->second < kDeclineSeconds) return;
         declined_.erase(d);
@@ -460,15 +487,14 @@ void DiskCache::writer_loop() {
   for (;;) {
     changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stopping, and everything written
+    // Taken off the queue and named the block being written in one step: a caller finds its chain's blocks on disk,
+    // queued or here, and make_room keeps this block's parent throughout.
     Job job = std::move(queue_.front());
     queue_.pop_front();
+    writing_parent_ = job.parent;
+    writing_key_ = job.key;
     changed_.notify_all();  // room in the queue
-    lock.unlock();
-    std::vector<const uint8_t*> pieces(size_t(2 * format_.n_layer));
-    const uint64_t rows = uint64_t(options_.block_tokens) * row_bytes_;
-    for (size_t p = 0; p < pieces.size(); ++p) pieces[p] = job.payload.get() + p * rows;
     const auto t0 = std::chrono::steady_clock::now();
-    lock.lock();
     // A block whose parent's save failed or was declined after it was queued would be an orphan: dropped.
     const bool orphan = job.index > 0 && !entries_.count(job.parent);
     const bool room = !orphan && make_room(block_file_bytes(), job.parent);
@@ -479,12 +505,15 @@ void DiskCache::writer_loop() {
       }
       if (declined_.size() < kMaxDeclined) declined_[job.key] = now_seconds();
     }
-    writing_parent_ = job.parent;
     lock.unlock();
+    std::vector<const uint8_t*> pieces(size_t(2 * format_.n_layer));
+    const uint64_t rows = uint64_t(options_.block_tokens) * row_bytes_;
+    for (size_t p = 0; p < pieces.size(); ++p) pieces[p] = job.payload.get() + p * rows;
     const Status st = room ? write_block(job.key, job.parent, job.index, job.ids, pieces, /*locked=*/false) : Status();
     if (!st.ok()) std::fprintf(stderr, "magnetar: disk KV: %s\n", st.message().c_str());
     lock.lock();
     writing_parent_ = 0;
+    writing_key_ = 0;
     stats_.save_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!st.ok()) stats_.blocks_failed++;
     if (room && st.ok()) make_room(0, 0);  // a synchronous save() of another thread may have written meanwhile
@@ -505,6 +534,10 @@ DiskCache::~DiskCache() {
     changed_.notify_all();
   }
   if (writer_.joinable()) writer_.join();
+  std::lock_guard<std::mutex> lock(g_open_mu);
+  if (auto it = std::find(g_open_dirs.begin(), g_open_dirs.end(), canonical_dir_); it != g_open_dirs.end()) {
+    g_open_dirs.erase(it);
+  }
 }
 
 // ---- restore --------------------------------------------------------------------------------------------
@@ -718,12 +751,18 @@ bool DiskCache::make_room(uint64_t incoming, uint64_t parent) {
   }
   const int64_t now = now_seconds();
   const double fresh = 1.0;  // a new block's score: no restores, no age (the depth factor below aside)
+  // The victims are chosen first and deleted only if together they make the room: a new block that is declined
+  // after all deletes nothing.
+  std::vector<uint64_t> victims;
+  std::unordered_set<uint64_t> chosen;
+  const auto gone = [&](uint64_t key) { return !entries_.count(key) || chosen.count(key); };
   while (bytes + incoming > options_.budget_bytes) {
     uint64_t victim = 0;
     double worst = 0;
     bool found = false;
     for (const auto& [key, e] : entries_) {
-      const bool orphan = e.index > 0 && !entries_.count(e.parent);
+      if (chosen.count(key)) continue;
+      const bool orphan = e.index > 0 && gone(e.parent);
       if (!orphan && children.count(key) && children[key] > 0) continue;  // its children need it
       const int64_t age = std::max<int64_t>(0, now - e.mtime);
       // Orphans first (unreachable); then the lowest score, and among equals the deepest block (its prefix is more
@@ -737,14 +776,18 @@ bool DiskCache::make_room(uint64_t incoming, uint64_t parent) {
         found = true;
       }
     }
-    if (!found) return false;
+    if (!found) break;
     const Entry& e = entries_[victim];
     bytes -= e.bytes;
     if (e.index > 0 && children.count(e.parent)) children[e.parent]--;
-    remove_block(victim);
-    stats_.blocks_evicted++;
+    victims.push_back(victim);
+    chosen.insert(victim);
   }
-  return true;
+  const bool room = bytes + incoming <= options_.budget_bytes;
+  if (!room && incoming > 0) return false;
+  for (const uint64_t key : victims) remove_block(key);  // (incoming 0: as many as could go)
+  stats_.blocks_evicted += victims.size();
+  return room;
 }
 
 DiskCacheStats DiskCache::stats() const {

@@ -97,8 +97,8 @@ class DiskCache {
   // (until_tokens, or the start of the first block that failed: rows from there on are not valid).
   int64_t restore(std::span<const int32_t> tokens, int64_t from_block, int64_t until_tokens, KvCache& kv);
   // Saves the full blocks of tokens[0, n_valid) that are not on disk, reading their rows from `kv` (rows
-  // 0..n_valid-1 must hold that timeline's KV), then enforces the budget. A write error is returned (nothing
-  // partial is left under a block's name).
+  // 0..n_valid-1 must hold that timeline's KV), making room for each first (see Budget; a declined block ends the
+  // call). A write error is returned (nothing partial is left under a block's name).
   Status save(std::span<const int32_t> tokens, int64_t n_valid, KvCache& kv);
   // The same without waiting for the disk: the rows of each new block are copied out of `kv` now (the caller may
   // overwrite them at once) and a background thread writes the files. At most kMaxQueued blocks are held (being
@@ -128,7 +128,7 @@ class DiskCache {
     int64_t index = 0;
     uint64_t bytes = 0;
     uint64_t restores = 0;
-    int64_t mtime = 0;  // seconds since the epoch (save or last restore)
+    int64_t mtime = 0;     // seconds since the epoch (save, restore, or a save that found it present)
     bool foreign = false;  // another model's, KV format's or file version's block: never loaded
   };
   // With mu_ held through `lock`: waits until none of `keys` is being copied, queued or written (match and restore:
@@ -139,7 +139,7 @@ class DiskCache {
     return it != entries_.end() && !it->second.foreign;
   }
   DiskCache(const DiskCacheOptions& options, const KvFormat& format);
-  Status scan();
+  Status scan(bool dir_open_here);  // dir_open_here: another cache of this process has the directory open
   std::string path_of(uint64_t key) const;
   // Writes one block's file from its 2 * n_layer payload pieces (K then V rows of each layer, block_tokens rows
   // each) and, with mu_ held by the caller or taken here (`locked`), records it in the index.
@@ -159,6 +159,7 @@ class DiskCache {
   void remove_block(uint64_t key);
 
   DiskCacheOptions options_;
+  std::string canonical_dir_;  // the directory's canonical path (the process's open directories)
   KvFormat format_;
   uint64_t row_bytes_ = 0;  // one token's K (or V) row of one layer
   mutable std::mutex mu_;
@@ -179,6 +180,7 @@ class DiskCache {
   std::deque<Job> queue_;
   std::vector<uint64_t> in_flight_;        // keys being copied, queued or written
   uint64_t writing_parent_ = 0;            // the parent of the block the writer is writing (kept by make_room)
+  uint64_t writing_key_ = 0;               // ... and its key
   std::unordered_map<uint64_t, int64_t> declined_;  // key -> when its save was declined (see Budget)
   mutable std::condition_variable changed_;  // queue_ / in_flight_ changed, or stopping_
   bool stopping_ = false;

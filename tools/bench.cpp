@@ -233,6 +233,12 @@ int bench_main(int argc, char** argv) {
     return bench_ttft(*engine, ttft, reps, seed, json);
   }
   const int64_t need_ctx = std::max(ctx_max + step + gen, sessions > 1 ? step + 2 * gen : 0);
+  // Each repetition at depth 0 prefills and decodes fresh tokens, drawn up front: at most 2^27 ids (512 MiB).
+  if (need_ctx + (reps - 1) * (step + gen) > (int64_t(1) << 27)) {
+    std::fprintf(stderr, "magnetar bench: --reps %lld x (--step + --gen) asks for %lld tokens, more than 134,217,728\n",
+                 (long long)reps, (long long)(need_ctx + (reps - 1) * (step + gen)));
+    return kExitBadInput;
+  }
   if (model.ctx == 0) model.ctx = need_ctx;
   if (model.ctx < need_ctx) {
     std::fprintf(stderr, "magnetar bench: --ctx %lld is smaller than --ctx-max + --step + --gen = %lld\n",

@@ -61,7 +61,7 @@ double nll_of(const float* row, const RowStats& s, int32_t next) { return s.lse 
 // base PPL), so a model compared with its own file gets top-1 100% and the same PPL.
 
 constexpr char kKlMagic[4] = {'M', 'G', 'K', 'L'};
-constexpr uint32_t kKlVersion = 1;
+constexpr uint32_t kKlVersion = 2;        // 2: every window begins with BOS when the model adds one
 constexpr float kLogProbRange = 16.0f;    // llama.cpp's: min logit clamped to max - 16
 constexpr double kLogProbCutoff = -16.0;  // llama.cpp's: smaller base log-probs are left out of the KL sum
 
@@ -107,29 +107,33 @@ void encode_record(const float* row, int64_t n_vocab, const RowStats& s, int32_t
   if (n_vocab % 2) q[n_vocab] = 0;
 }
 
-// KL(base || this model) at one position, from its record and this model's logits, summed over the tokens
-// whose base log-prob is above the cutoff (llama.cpp's sum). Each term is p log(p/q) - p + q, and this model's
-// probability of every token below the cutoff is added: the extra terms sum to 1 - (the included p), ~0 for a
-// normalized base, but here they cancel the first-order error of the 16-bit base log-probs (p = q e^d with
-// rounding errors |d| <= step/2): every term is q (d e^d - e^d + 1) >= 0, and a model compared with its own file
-// gets KL ~ step^2 / 24 (< 1e-8) instead of +-1e-5. (Without the q of the excluded tokens the extra terms summed to
-// P_excluded - Q_excluded: a model that moved 5% of the mass onto tokens the base rules out lost 0.05 of its KL.)
+// KL(base || this model) at one position, from its record and this model's logits: over the tokens whose base
+// log-prob is above the cutoff (llama.cpp's sum), each term p log(p/q) - p + q, and the tokens below it as one
+// outcome of base mass P_o = 1 - (the included p) and this model's Q_o, P_o log(P_o/Q_o) - P_o + Q_o. The extra
+// -p + q terms sum to 0 for normalized distributions, but here they cancel the first-order error of the 16-bit base
+// log-probs (p = q e^d with rounding errors |d| <= step/2): every term is q (d e^d - e^d + 1) >= 0, and a model
+// compared with its own file gets KL ~ step^2 / 24 (< 1e-8) instead of +-1e-5. Without the excluded outcome the
+// extra terms summed to P_o - Q_o: a model that moved 5% of the mass onto tokens the base rules out lost 0.05 of its
+// KL (and with only Q_o added, a model compared with itself gained its excluded mass).
 double kl_of(const uint8_t* record, const float* row, int64_t n_vocab, const RowStats& s) {
   RecordHead h;
   std::memcpy(&h, record, sizeof(h));
   const uint16_t* q = reinterpret_cast<const uint16_t*>(record + sizeof(h));
-  double kl = 0;
+  double kl = 0, p_in = 0, q_out = 0;
   for (int64_t v = 0; v < n_vocab; ++v) {
     const double base = double(h.min_log_prob) + double(h.scale) * double(q[v]);
     const double log_q = double(row[v] - s.max) - s.lse;
     if (base <= kLogProbCutoff) {
-      kl += std::exp(log_q);
+      q_out += std::exp(log_q);
       continue;
     }
     const double p = std::exp(base);
+    p_in += p;
     kl += p * (base - log_q) - p + std::exp(log_q);
   }
-  return kl;
+  const double p_out = std::max(0.0, 1.0 - p_in);
+  if (p_out > 0 && q_out > 0) kl += p_out * std::log(p_out / q_out);
+  return kl - p_out + q_out;
 }
 
 Status put(std::FILE* f, const std::string& path, const void* data, size_t n) {

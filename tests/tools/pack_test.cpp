@@ -194,6 +194,24 @@ TEST(PackTool, KillNineNeverLeavesAPartialFile) {
     ADD_FAILURE() << "the SIGINT did not land while the file was written (writing " << writing << ", status " << status
                   << ")";
   }
+
+  // Started with SIGHUP ignored (nohup), it stays ignored: the pack survives a hangup and completes.
+  std::filesystem::remove(out + ".tmp");
+  struct sigaction ignore {
+  }, old{};
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGHUP, &ignore, &old);
+  pid = spawn_pack(in, out);
+  sigaction(SIGHUP, &old, nullptr);
+  ASSERT_GT(pid, 0);
+  const Clock::time_point until_hup = Clock::now() + std::chrono::seconds(30);
+  while (!std::filesystem::exists(out + ".tmp") && !std::filesystem::exists(out) && Clock::now() < until_hup) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  kill(pid, SIGHUP);
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a hangup ended a run that ignores it: " << status;
+  EXPECT_TRUE(std::filesystem::exists(out));
 }
 
 }  // namespace

@@ -160,6 +160,7 @@ TEST_F(RunTool, BadInputIsOneLineAndExit2) {
       {"run -m " + model() + " --tokens 1 --read-gap-kib -7", "--read-gap-kib must be -1 (measured), 0 or a size"},
       {"bench -m " + model() + " --reps 100000000000", "--reps in [1, 1000]"},  // allocated its tokens: bad_alloc
       {"bench -m " + model() + " --json --csv", "--json and --csv exclude each other"},
+      {"bench -m " + model() + " --reps 1000 --step 16000000", "more than 134,217,728"},
       {"bench -m " + model() + " --sessions 2 --gen 0", "--sessions measures decoding: it needs --gen >= 1"},
       {"bench -m " + model() + " --step 4611686018427387904 --gen 4611686018427387904", "each at most 16,777,216"},
       {"run -m " + model() + " --tokens 1 --ctx 100000000", "--ctx 100000000: at most 16777216 tokens"},

@@ -382,6 +382,53 @@ TEST_F(DiskKv, ANewBlockReplacesOnlyBlocksOlderThanAMinute) {
   EXPECT_EQ(cache->stats().blocks_evicted, 1u);
 }
 
+// A new block is declined without deleting anything when the blocks that may go do not make the room together: here
+// an old, small block of another format could go, but the block saved just now cannot (it went first, then the new
+// block was declined all the same).
+TEST_F(DiskKv, ADeclinedBlockDeletesNothing) {
+  KvFormat small = kFormat;
+  small.n_layer = 1;
+  small.model_identity ^= 7;
+  const std::vector<int32_t> f = timeline(16, 70), a = timeline(16, 71), b = timeline(16, 72);
+  {
+    auto other = DiskCache::open({.dir = dir_, .budget_bytes = 1ull << 30, .block_tokens = kBlock}, small);
+    ASSERT_TRUE(other.ok());
+    KvCache kf(quant::Type::F32, 1, kCtx, kRow);
+    ASSERT_TRUE(other.value()->save(f, 16, kf).ok());
+  }
+  age_files(dir_, 2);
+  ASSERT_EQ(files(), 1u);
+  const uint64_t block = 4096 + 4096 + (kLayers * 2 * kBlock * kRow * 4 + 4095) / 4096 * 4096;
+  const uint64_t foreign = fs::file_size(fs::directory_iterator(dir_)->path());
+  auto cache = DiskCache::open({.dir = dir_, .budget_bytes = block + foreign, .block_tokens = kBlock}, kFormat);
+  ASSERT_TRUE(cache.ok());
+  KvCache ka(quant::Type::F32, kLayers, kCtx, kRow), kb(quant::Type::F32, kLayers, kCtx, kRow);
+  compute(ka, a);
+  compute(kb, b);
+  ASSERT_TRUE(cache.value()->save(a, 16, ka).ok());  // fits beside the foreign block
+  ASSERT_TRUE(cache.value()->save(b, 16, kb).ok());  // needs a's room: a is too new to go, the foreign block too small
+  EXPECT_EQ(cache.value()->match(b), 0);
+  EXPECT_EQ(cache.value()->match(a), 16);
+  EXPECT_EQ(cache.value()->stats().blocks_declined, 1u);
+  EXPECT_EQ(cache.value()->stats().blocks_evicted, 0u);
+  EXPECT_EQ(cache.value()->stats().foreign_blocks, 1u);
+  EXPECT_EQ(files(), 2u);
+}
+
+// Two caches of one process on one directory: the second's open keeps the first's save in progress (a temp file
+// with this process's pid is stale only when no other cache here has the directory open).
+TEST_F(DiskKv, ASecondCacheOnTheDirectoryKeepsTheFirstsTempFiles) {
+  auto first = open();
+  const std::string in_progress = dir_ + "/.00000000000000aa." + std::to_string(getpid()) + ".00000000000000cc.tmp";
+  std::ofstream(in_progress) << "being written";
+  auto second = open();
+  EXPECT_TRUE(fs::exists(in_progress));
+  second.reset();
+  first.reset();
+  auto third = open();  // no other cache has it open: a crashed run's
+  EXPECT_FALSE(fs::exists(in_progress));
+}
+
 // A block the disk cannot read (here: no file descriptor left) ends the restore and is kept; only a block that fails
 // its checks is deleted.
 TEST_F(DiskKv, ABlockThatCannotBeReadIsKept) {
