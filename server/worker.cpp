@@ -25,6 +25,7 @@ size_t stop_prefix_overlap(const std::string& text, const std::vector<std::strin
 
 size_t choose_slot(const std::vector<SlotView>& slots, std::span<const int32_t> prompt) {
   size_t keeps = SIZE_MAX, keeps_common = 0, shares = SIZE_MAX, shares_common = 0, empty = SIZE_MAX, lru = SIZE_MAX;
+  size_t holds = SIZE_MAX, holds_common = 0;
   for (size_t i = 0; i < slots.size(); ++i) {
     if (slots[i].busy) continue;
     if (lru == SIZE_MAX || slots[i].last_used < slots[lru].last_used) lru = i;
@@ -37,13 +38,18 @@ size_t choose_slot(const std::vector<SlotView>& slots, std::span<const int32_t> 
       keeps = i;
       keeps_common = common;
     }
+    if ((common >= last_prompt || 2 * common >= t.size()) && common > holds_common) {
+      holds = i;
+      holds_common = common;
+    }
     if (2 * common >= std::min(t.size(), prompt.size()) && common > shares_common) {
       shares = i;
       shares_common = common;
     }
   }
-  if (keeps != SIZE_MAX) return keeps;
+  if (holds != SIZE_MAX) return holds;
   if (empty != SIZE_MAX) return empty;
+  if (keeps != SIZE_MAX) return keeps;
   return shares != SIZE_MAX ? shares : lru;
 }
 

@@ -131,11 +131,12 @@ class Worker {
 };
 
 // The slot choice, as a pure function, among idle slots: the one whose tokens share the longest prefix with `prompt`
-// among those whose last prompt it shares at least half of (the request continues, repeats or edits what the slot
-// holds);
-// else an empty slot; else the one sharing the longest prefix that is at least half of the shorter of its tokens and
-// the prompt (a fork of its conversation: a subagent sharing the system prompt and tools, which would otherwise
-// evict a whole conversation); else the least recently used. SIZE_MAX when none is idle.
+// among those it holds: whose last prompt it contains (the request continues or repeats it) or whose tokens, answer
+// included, it shares at least half of (an edit keeping most of it); else an empty slot (a conversation sharing only
+// the beginning, a system prompt, would evict the slot's answer and history); else the one sharing the longest prefix
+// with at least half of its last prompt; else the one sharing the longest prefix that is at least half of the shorter
+// of its tokens and the prompt (a fork of its conversation: a subagent sharing the system prompt and tools, which would
+// otherwise evict a whole conversation); else the least recently used. SIZE_MAX when none is idle.
 struct SlotView {
   bool busy = false;
   uint64_t last_used = 0;

@@ -43,6 +43,15 @@ TEST(ChooseSlot, ContinuationsReturnToTheirSlotAndForksTakeAnEmptyOne) {
   std::vector<SlotView> two = {{.busy = false, .last_used = 1, .tokens = &answered, .prompt = 18},
                                {.busy = false, .last_used = 0, .tokens = &empty}};
   EXPECT_EQ(choose_slot(two, retry), 0u);
+  // Another conversation sharing a system prompt that is most of the slot's last prompt but little of its tokens
+  // (the prompt and a long answer): the empty slot (it took the slot, evicting the answer the next turn reuses).
+  const std::vector<int32_t> asked = join(join(seq(1, 25), seq(300, 5)), seq(2000, 150)),
+                             other_question = join(seq(1, 25), seq(400, 6));
+  std::vector<SlotView> shared = {{.busy = false, .last_used = 1, .tokens = &asked, .prompt = 30},
+                                  {.busy = false, .last_used = 0, .tokens = &empty}};
+  EXPECT_EQ(choose_slot(shared, other_question), 1u);
+  shared[1].busy = true;  // no empty slot: it shares more than half of the last prompt
+  EXPECT_EQ(choose_slot(shared, other_question), 0u);
   // Busy slots are never chosen.
   slots[0].busy = slots[1].busy = slots[2].busy = true;
   EXPECT_EQ(choose_slot(slots, fork), SIZE_MAX);
