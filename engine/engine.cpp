@@ -968,7 +968,10 @@ Status Session::sync(std::span<const int32_t> next, Logits mode, const SyncProgr
       s.drop_paused();
     }
   }
-  if (mode == Logits::kLast && lcp == next.size() && s.tokens.size() == next.size() && s.have_logits) return Status();
+  if (mode == Logits::kLast && lcp == next.size() && s.tokens.size() == next.size() && s.have_logits) {
+    s.stats.reused_tokens += int64_t(next.size());  // all of it (a repeated prompt: cached_tokens said 0)
+    return Status();
+  }
   int64_t keep = int64_t(std::min(lcp, next.size() - 1));
   s.stats.reused_tokens += keep;
   s.have_logits = false;
@@ -982,7 +985,7 @@ Status Session::sync(std::span<const int32_t> next, Logits mode, const SyncProgr
   if (disk && mode == Logits::kLast) {
     const int64_t B = disk->block_tokens();
     const int64_t limit = (int64_t(next.size()) - 1) / B * B;
-    const int64_t saved = limit > keep ? disk->match(next.first(size_t(limit))) : 0;
+    const int64_t saved = limit > keep ? disk->match(next.first(size_t(limit)), keep / B) : 0;
     if (saved > keep) {
       s.drop_paused();
       const int64_t got = disk->restore(next, keep / B, saved, *s.kv);

@@ -241,11 +241,12 @@ void DiskCache::settle(std::unique_lock<std::mutex>& lock, std::span<const uint6
   });
 }
 
-int64_t DiskCache::match(std::span<const int32_t> tokens) const {
+int64_t DiskCache::match(std::span<const int32_t> tokens, int64_t from_block) const {
   const std::vector<uint64_t> keys = chain(tokens);
+  const size_t first = std::min(keys.size(), size_t(std::max<int64_t>(0, from_block)));
   std::unique_lock<std::mutex> lock(mu_);
-  settle(lock, keys);
-  size_t n = 0;
+  settle(lock, std::span<const uint64_t>(keys).subspan(first));
+  size_t n = first;
   while (n < keys.size() && ours(keys[n])) ++n;
   return int64_t(n) * options_.block_tokens;
 }
@@ -696,7 +697,7 @@ int64_t DiskCache::restore(std::span<const int32_t> tokens, int64_t from_block, 
   const auto t0 = std::chrono::steady_clock::now();
   kv.sync_host(std::min(from_block * B, until_tokens));  // the rows before stay valid; the host copy must be too
   std::unique_lock<std::mutex> lock(mu_);
-  settle(lock, keys);
+  settle(lock, std::span<const uint64_t>(keys).subspan(std::min(keys.size(), size_t(from_block))));
   int64_t b = from_block;
   for (; b < int64_t(keys.size()); ++b) {
     auto it = entries_.find(keys[size_t(b)]);

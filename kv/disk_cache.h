@@ -91,7 +91,9 @@ class DiskCache {
   std::vector<uint64_t> chain(std::span<const int32_t> tokens) const;
   // How many leading tokens of `tokens` the disk holds by the index: the longest run of its chain's blocks that
   // are all present, in tokens (a multiple of block_tokens).
-  int64_t match(std::span<const int32_t> tokens) const;
+  // Blocks before `from_block` (the caller holds their rows) are taken as present, not looked up or waited for: a
+  // prefill resumed in turns waited for its own block written in the turn before.
+  int64_t match(std::span<const int32_t> tokens, int64_t from_block = 0) const;
   // Loads blocks [from_block, until_tokens / block_tokens) of `tokens` into rows of `kv`. Checks each file
   // (header, tokens, checksum) before its rows count; returns the tokens restored from the start of `tokens`
   // (until_tokens, or the start of the first block that failed: rows from there on are not valid).

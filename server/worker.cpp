@@ -105,8 +105,10 @@ void Worker::publish(int64_t generated_tokens, double generation_seconds, bool s
 }
 
 WorkerStats Worker::stats() {
+  KvDiskStats kv_disk = engine_.kv_disk_stats(/*settle=*/true);  // blocks being written count once on disk
   std::lock_guard<std::mutex> lock(mu_);
   WorkerStats s = stats_;
+  s.kv_disk = std::move(kv_disk);
   s.queued = int64_t(queue_.size());
   return s;
 }
@@ -245,11 +247,10 @@ void Worker::admit(Slot& slot) {
 void Worker::finish(Slot& slot, FinishReason reason, std::string tail, std::string error) {
   Job& job = *slot.job;
   const Clock::time_point t_end = Clock::now();
-  // The disk KV's blocks still being written are waited for (and counted) only when no other slot would wait too.
-  const bool alone =
-      std::none_of(slots_.begin(), slots_.end(), [&](const auto& s) { return s.get() != &slot && s->job; });
+  // The disk KV's blocks still being written are not waited for here (the answer and the next job would wait on the
+  // disk): stats() reads the disk KV's counts settled, on the caller's thread.
   publish(job.completion_tokens, slot.decoding ? std::chrono::duration<double>(t_end - slot.t_prompt_end).count() : 0,
-          alone);
+          /*settle=*/false);
   {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.prompt_tokens += uint64_t(job.started ? job.prompt_tokens : 0);

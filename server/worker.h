@@ -99,7 +99,7 @@ class Worker {
   // The server is stopping: queued and running jobs end as kCancelled at their next check (a running prefill within a
   // chunk, a generation before its next token), so that the requests waiting for them return.
   void close();
-  // Thread-safe: a copy of the published totals.
+  // Thread-safe: a copy of the published totals, the disk KV's read now (waiting for the blocks being written).
   WorkerStats stats();
 
  private:

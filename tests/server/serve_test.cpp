@@ -66,6 +66,12 @@ TEST_F(Serve, SecondRequestReusesTheCache) {
   chat();
   const json r = chat();
   EXPECT_GT(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0) << r.dump();
+  // The same prompt again after a one-token answer (the slot holds the prompt and its logits): all of it is cached
+  // (it said 0).
+  const json probe = {{"messages", {{{"role", "user"}, {"content", "Name a colour."}}}}, {"max_tokens", 1}};
+  chat(probe);
+  const json again = chat(probe);
+  EXPECT_EQ(again["usage"]["prompt_tokens_details"]["cached_tokens"], again["usage"]["prompt_tokens"]) << again.dump();
 }
 
 TEST_F(Serve, StreamMatchesNonStream) {
