@@ -155,9 +155,9 @@ void Worker::close() {
 // ---- the loop --------------------------------------------------------------------------------------------------
 
 // Each turn: admit queued jobs into idle slots (a cancelled one ends at once), compute one prefill step for each
-// slot still in its prompt (a whole prompt when nothing is decoding, else one --batch chunk or a chunk's worth of a
-// prefill sweep, so running streams keep flowing), then one token for every decoding slot in a single batched
-// forward pass.
+// slot still in its prompt (a whole prompt when nothing else waits, else one --batch chunk or a chunk's worth of a
+// prefill sweep, so running streams keep flowing, other prompts take turns and a queued job is admitted at the next
+// turn), then one token for every decoding slot in a single batched forward pass.
 void Worker::loop() {
   uint64_t tick = 0;
   for (;;) {
@@ -196,10 +196,8 @@ void Worker::loop() {
       }
       stats_.active = std::count_if(slots_.begin(), slots_.end(), [](const auto& s) { return s->job != nullptr; });
     }
-    const bool any_decoding =
-        std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s->job && s->decoding; });
     for (const std::unique_ptr<Slot>& s : slots_) {
-      if (s->job && !s->decoding) prefill_step(*s, /*yield_after_chunk=*/any_decoding);
+      if (s->job && !s->decoding) prefill_step(*s);
     }
     decode_step();
   }
@@ -310,7 +308,16 @@ bool Worker::scan(Slot& slot) {
 // layer of a chunk each, until a chunk's worth of tokens; the next turn continues the sweep). A stream silent for
 // keepalive_seconds_ gets a keep-alive after a chunk or sweep step; a client that left stops the prefill there (the
 // computed prefix stays).
-void Worker::prefill_step(Slot& slot, bool yield_after_chunk) {
+// Whether anything besides `self` waits for the worker: another slot's job (decoding or in its prompt), or a queued
+// job with an idle slot to go to (a prompt computed whole held every other request back until it ended).
+bool Worker::others_wait(const Slot& self) {
+  if (std::any_of(slots_.begin(), slots_.end(), [&](const auto& s) { return s.get() != &self && s->job; })) return true;
+  const bool idle = std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return !s->job; });
+  std::lock_guard<std::mutex> lock(mu_);
+  return idle && !queue_.empty();
+}
+
+void Worker::prefill_step(Slot& slot) {
   Job& job = *slot.job;
   if (job.cancelled.load()) return finish(slot, FinishReason::kCancelled, {});
   Session& session = *slot.session;
@@ -338,7 +345,7 @@ void Worker::prefill_step(Slot& slot, bool yield_after_chunk) {
       ++job.keepalives;
       job.cv.notify_all();
     }
-    if (yield_after_chunk && done < total && done >= chunk) {
+    if (done < total && done >= chunk && others_wait(slot)) {
       yielded = true;
       return false;
     }

@@ -107,7 +107,8 @@ class Worker {
   Worker(Engine& engine, std::vector<std::unique_ptr<Session>> sessions, double keepalive_seconds);
   void loop();
   void admit(Slot& slot);
-  void prefill_step(Slot& slot, bool yield_after_chunk);
+  void prefill_step(Slot& slot);
+  bool others_wait(const Slot& self);
   void decode_step();
   bool scan(Slot& slot);
   void emit(Slot& slot, const std::string& text);

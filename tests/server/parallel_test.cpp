@@ -9,6 +9,7 @@
 //   another slot decodes and continue in the slot's next turn: concurrent streams still give each request's answer
 //   alone, and /metrics counts the paused sweeps.
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <random>
 #include <thread>
@@ -59,6 +60,39 @@ class ParallelLoad : public ServeFixture {
  protected:
   static void SetUpTestSuite() { start_server({"--parallel", "4", "--ctx", "512"}); }
 };
+
+// Prompts take turns of one --batch chunk whenever another job waits, decoding or not.
+class ParallelTurns : public ServeFixture {
+ protected:
+  static void SetUpTestSuite() { start_server({"--parallel", "2", "--ctx", "2048", "--batch", "16"}); }
+};
+
+// A short request sent while a long prompt is computed, nothing decoding, starts at the next chunk: it waited for the
+// whole prompt (a prompt was computed whole unless some slot was decoding).
+TEST_F(ParallelTurns, AShortRequestDoesNotWaitForALongPrompt) {
+  using Clock = std::chrono::steady_clock;
+  auto long_body = [](const std::string& tag) {
+    std::string text = tag;
+    for (int i = 0; i < 160; ++i) text += " word" + std::to_string(i) + " and more words here,";
+    return json{{"messages", {{{"role", "user"}, {"content", text}}}}, {"temperature", 0}, {"max_tokens", 1}};
+  };
+  int status = 0;
+  Clock::time_point t0 = Clock::now();
+  const json alone = post("/v1/chat/completions", long_body("first"), &status);
+  ASSERT_EQ(status, 200) << alone.dump();
+  const double alone_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  ASSERT_GT(alone["usage"]["prompt_tokens"].get<int>(), 1000);
+  std::thread long_request([&] { post("/v1/chat/completions", long_body("second"), nullptr); });
+  std::this_thread::sleep_for(std::chrono::duration<double>(alone_seconds / 5));
+  t0 = Clock::now();
+  const json short_answer =
+      post("/v1/chat/completions",
+           json{{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"temperature", 0}, {"max_tokens", 2}}, &status);
+  const double short_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  long_request.join();
+  EXPECT_EQ(status, 200) << short_answer.dump();
+  EXPECT_LT(short_seconds, alone_seconds / 2) << "the long prompt alone took " << alone_seconds << " s";
+}
 
 TEST_F(ParallelTwo, AHistoryReturnsToItsSlot) {
   const auto [a_tokens, cached] = run_affinity();
