@@ -434,8 +434,14 @@ void Worker::decode_step() {
   }
   if (batch.empty()) return;
   if (Status s = engine_.step(batch, ids); !s.ok()) {
-    for (Slot* slot : members) finish(*slot, FinishReason::kError, {}, s.message());
-    return;
+    // The batch failed (a read error of some expert, ...) and left every session as it was: each steps alone once,
+    // so a transient error or one member's trouble ends only the jobs that fail again (it ended them all).
+    if (members.size() == 1) return finish(*members[0], FinishReason::kError, {}, s.message());
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (Status alone = batch[i]->step(ids[i]); !alone.ok()) {
+        finish(*members[i], FinishReason::kError, {}, alone.message());
+      }
+    }
   }
   // The web UI's live view: statistics and expert map refreshed every kPublishEveryTokens tokens of a job.
   for (Slot* slot : members) {
