@@ -980,7 +980,9 @@ Status Session::sync(std::span<const int32_t> next, Logits mode, const SyncProgr
   // Disk KV: whole blocks beyond the kept prefix come from the disk when it has them (at least one token is
   // still computed, for the logits; with Logits::kAll none: a restored row has no logits). A block that fails its
   // checks ends the restore there. A paused sweep does not survive a restore: the restore overwrites rows of its
-  // computed layers (all of them when a block fails its checks after its rows were written).
+  // computed layers (all of them when a block fails its checks after its rows were written). Block by block, with
+  // `progress` asked between blocks as between chunks: a long restore (seconds for a 100K-token history) yields to
+  // other sessions and stops for a client that left, the timeline then being the prefix restored so far.
   kv::DiskCache* disk = s.engine->disk_kv.get();
   if (disk && mode == Logits::kLast) {
     const int64_t B = disk->block_tokens();
@@ -988,13 +990,22 @@ Status Session::sync(std::span<const int32_t> next, Logits mode, const SyncProgr
     const int64_t saved = limit > keep ? disk->match(next.first(size_t(limit)), keep / B) : 0;
     if (saved > keep) {
       s.drop_paused();
-      const int64_t got = disk->restore(next, keep / B, saved, *s.kv);
-      if (got > keep) {
-        s.stats.restored_tokens += got - keep;
-      } else if (got < keep) {  // the block holding row `keep` failed its checks after its rows were overwritten
-        s.stats.reused_tokens -= keep - got;
+      const int64_t first = keep, total = int64_t(next.size()) - first;
+      for (;;) {
+        const int64_t until = std::min(saved, (keep / B + 1) * B);
+        const int64_t got = disk->restore(next, keep / B, until, *s.kv);
+        if (got > keep) {
+          s.stats.restored_tokens += got - keep;
+        } else if (got < keep) {  // the block holding row `keep` failed its checks after its rows were overwritten
+          s.stats.reused_tokens -= keep - got;
+        }
+        keep = got;
+        if (keep < until || keep >= saved) break;
+        if (progress && !progress(keep - first, total)) {
+          s.tokens.resize(size_t(keep));  // the KV of [0, keep) is valid: a later sync resumes from it
+          return Status::error("cancelled");
+        }
       }
-      keep = got;
     }
   }
   return s.compute(keep, mode, progress);

@@ -237,9 +237,10 @@ class Engine {
 
 enum class Logits { kLast, kAll };
 
-// Session::sync's progress hook: called after each forward chunk (at most EngineOptions::n_batch tokens), and within a
-// prefill sweep after each of its steps (one layer of one chunk), with the tokens this call has computed so far (a
-// sweep's share in proportion to its steps) and the number it has to compute. Returning false stops the prefill.
+// Session::sync's progress hook: called after each forward chunk (at most EngineOptions::n_batch tokens), within a
+// prefill sweep after each of its steps (one layer of one chunk), and between the disk KV blocks a restore loads
+// (when more follow), with the tokens this call has computed or restored so far (a sweep's share in proportion to its
+// steps) and the number it has to compute or restore. Returning false stops the prefill (or the restore).
 using SyncProgress = std::function<bool(int64_t done, int64_t total)>;
 
 struct SessionStats {
@@ -259,9 +260,10 @@ class Session {
   // session empty) when tokens is empty, longer than n_ctx(), or holds ids outside the vocabulary.
   // Logits::kAll keeps the logits of every position computed by this call (see all_logits()): every position after
   // the prefix kept from the current timeline (none is restored from the disk KV, which holds no logits).
-  // `progress`, when set, is called after every chunk (ceil(to compute / n_batch) times) and every step of a prefill
-  // sweep, with increasing `done`. Returning false before the last chunk stops there: sync fails with "cancelled",
-  // and the timeline becomes the prefix whose KV was computed (tokens() tells how far it got), so a later sync reuses
+  // `progress`, when set, is called after every chunk (ceil(to compute / n_batch) times), every step of a prefill
+  // sweep and every restored disk KV block but the last, with increasing `done`. Returning false before the last chunk
+  // stops there: sync fails with "cancelled", and the timeline becomes the prefix whose KV was computed or restored
+  // (tokens() tells how far it got), so a later sync reuses
   // it; logits() and all_logits() are then meaningless until the next successful sync. A sweep stopped midway keeps
   // its place: a later sync whose timeline extends tokens() with the sweep's tokens continues it. Other sessions may
   // compute in between; on a model that holds only one sweep (the GPU tier), another session's prompt goes chunk by

@@ -63,6 +63,7 @@ struct Worker::Slot {
   std::shared_ptr<Job> job;   // null: idle
   bool decoding = false;      // the prompt is computed; sampling
   bool synced_once = false;   // the first sync decided what it reuses (the job's cached tokens are known)
+  int64_t restored_counted = 0;  // the session's restored_tokens counted in the job's cached tokens so far
   Clock::time_point t_start, t_prompt_end, last_output;
   std::optional<chat::OutputConstraint> constraint;
   std::string closing;        // forced bytes when non-empty (a constrained output running out of room)
@@ -333,6 +334,7 @@ void Worker::prefill_step(Slot& slot) {
     std::lock_guard<std::mutex> lock(job.mu);
     job.prompt_tokens = int64_t(job.prompt.size());
     job.cached_tokens = (after.reused_tokens - before.reused_tokens) + (after.restored_tokens - before.restored_tokens);
+    slot.restored_counted = after.restored_tokens;
     job.started = true;
     job.cv.notify_all();
   };
@@ -352,6 +354,13 @@ void Worker::prefill_step(Slot& slot) {
     return true;
   });
   start();  // a sync that computed nothing, or failed before its first chunk
+  // Blocks restored from the disk KV after the count above (a restore goes block by block, across turns too) are
+  // cached tokens as well.
+  if (const int64_t restored = session.stats().restored_tokens; restored > slot.restored_counted) {
+    std::lock_guard<std::mutex> lock(job.mu);
+    job.cached_tokens += restored - slot.restored_counted;
+    slot.restored_counted = restored;
+  }
   if (!synced.ok() && yielded && !job.cancelled.load()) return;  // the next turn continues it
   slot.t_prompt_end = Clock::now();
   if (!synced.ok() && job.cancelled.load()) return finish(slot, FinishReason::kCancelled, {});

@@ -84,6 +84,34 @@ TEST_F(EngineDiskKv, RestartRestoresSavedBlocksWithIdenticalLogits) {
   EXPECT_EQ(e->kv_disk_stats().blocks_on_disk, 6u);
 }
 
+// A restore goes block by block and asks `progress` between blocks: stopped after the second, the timeline is the
+// two restored blocks; the next sync restores the rest (not computing it) and the logits equal a full computation.
+TEST_F(EngineDiskKv, ARestoreStopsBetweenBlocksAndResumes) {
+  const std::vector<int32_t> p = prompt(43);
+  {
+    std::unique_ptr<Engine> e = load(true);
+    ASSERT_TRUE(session(*e)->sync(std::span<const int32_t>(p).first(41)).ok());
+  }
+  std::unique_ptr<Engine> e = load(true);
+  std::unique_ptr<Session> s = session(*e);
+  std::vector<int64_t> seen;
+  const Status stopped = s->sync(p, Logits::kLast, [&](int64_t done, int64_t total) {
+    EXPECT_EQ(total, 43);
+    seen.push_back(done);
+    return done < 16;
+  });
+  ASSERT_FALSE(stopped.ok());
+  EXPECT_EQ(seen, (std::vector<int64_t>{8, 16}));  // after each block, no chunk computed yet
+  EXPECT_EQ(s->tokens().size(), 16u);
+  EXPECT_EQ(s->stats().restored_tokens, 16);
+  ASSERT_TRUE(s->sync(p).ok());
+  EXPECT_EQ(s->stats().restored_tokens, 40);
+  std::unique_ptr<Engine> plain = load(false);
+  std::unique_ptr<Session> ref = session(*plain);
+  ASSERT_TRUE(ref->sync(p).ok());
+  EXPECT_EQ(std::memcmp(s->logits().data(), ref->logits().data(), ref->logits().size() * sizeof(float)), 0);
+}
+
 // Two models of one layout and file size (another fine-tune, another quantization) never share blocks: the disk
 // KV's identity samples the weights (before, it hashed the file size and tensor directory, and the second model
 // restored the first one's KV).
