@@ -637,6 +637,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
   if (impl->tok) {
     if (impl->tok->bos_id() != tokenizer::kNoToken) info.bos_token = std::string(impl->tok->token_text(impl->tok->bos_id()));
     info.adds_bos = impl->tok->add_bos();
+    info.max_token_bytes = int64_t(impl->tok->max_token_bytes());
     if (impl->tok->eos_id() != tokenizer::kNoToken) info.eos_token = std::string(impl->tok->token_text(impl->tok->eos_id()));
   }
   impl->load_seconds = seconds_since(t0);

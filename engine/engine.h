@@ -171,6 +171,7 @@ struct ModelInfo {
   std::string chat_template;  // empty when the file has none
   std::string bos_token, eos_token;  // their text (empty when the tokenizer has none), for chat templates
   bool adds_bos = false;             // tokenize() puts the BOS token before every text (tokenizer.ggml.add_bos_token)
+  int64_t max_token_bytes = 0;       // the longest token's text (a text of N bytes is at least N / 3 / this tokens)
 };
 
 class Session;

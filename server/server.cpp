@@ -873,9 +873,20 @@ Result<Generation> Server::Impl::plan(const ChatRequest& request, const char* ro
 
 Result<std::shared_ptr<Job>> Server::Impl::submit(const std::string& prompt, ChatRequest& request,
                                                   const Generation* generation) {
+  // A prompt too long for the context whatever its tokens is refused before it is tokenized: a token covers at most
+  // max_token_bytes of the text after NFC, which shrinks a text at most 3 times (conjoining jamo), and tokenizing a
+  // long run without spaces takes ~28 bytes of memory per byte (a 64 MiB body: ~2 GB).
+  const int64_t n_ctx = engine.options().n_ctx;
+  if (const int64_t per_token = std::max<int64_t>(1, engine.info().max_token_bytes);
+      int64_t(prompt.size()) / 3 / per_token >= n_ctx) {
+    return Status::error(
+        format("the prompt has %zu bytes, more than a context of %lld tokens can hold (at most %lld "
+               "bytes a token)",
+               prompt.size(), (long long)n_ctx, (long long)per_token));
+  }
   Result<std::vector<int32_t>> ids = engine.tokenize(prompt, true);
   if (!ids.ok()) return ids.status();
-  const int64_t n_ctx = engine.options().n_ctx, n_prompt = int64_t(ids->size());
+  const int64_t n_prompt = int64_t(ids->size());
   if (n_prompt == 0) return Status::error("the prompt is empty");
   if (n_prompt >= n_ctx) {
     return Status::error(format("the prompt has %lld tokens, the context %lld (no room to generate)",

@@ -18,6 +18,7 @@ struct Tokenizer::State {
   bool add_bos = false;
   bool add_eos = false;
   std::vector<std::string> pieces;  // [n_vocab] raw bytes of each token
+  size_t max_piece = 1;             // the longest of them
   std::vector<TokenType> types;     // [n_vocab]
   BpeModel bpe;
   PreTokenizer pretokenizer;
@@ -275,6 +276,7 @@ Result<Tokenizer> Tokenizer::from_gguf(const std::vector<gguf::KeyValue>& metada
     if (end.plain < 0 && t == TokenType::kUserDefined) end.plain = int32_t(id);
     s.added_first_byte[uint8_t(pieces[id][0])] = true;
   }
+  for (const std::string& p : pieces) s.max_piece = std::max(s.max_piece, p.size());
   s.pieces = std::move(pieces);
   s.types = std::move(types);
   return Tokenizer(std::move(state));
@@ -372,6 +374,7 @@ TokenType Tokenizer::token_type(int32_t id) const {
 }
 
 int32_t Tokenizer::n_vocab() const { return int32_t(state_->pieces.size()); }
+size_t Tokenizer::max_token_bytes() const { return state_->max_piece; }
 int32_t Tokenizer::bos_id() const { return state_->bos; }
 int32_t Tokenizer::eos_id() const { return state_->eos; }
 int32_t Tokenizer::eot_id() const { return state_->eot; }

@@ -57,6 +57,7 @@ class Tokenizer {
   TokenType token_type(int32_t id) const;  // kUnused for ids outside the vocabulary
 
   int32_t n_vocab() const;
+  size_t max_token_bytes() const;  // the longest token's text, in bytes (>= 1)
   int32_t bos_id() const;  // kNoToken when the model has none
   int32_t eos_id() const;
   int32_t eot_id() const;  // tokenizer.ggml.eot_token_id, else found by text ("<|im_end|>", "<|eot_id|>", ...)

@@ -181,6 +181,14 @@ TEST_F(Serve, BadRequestsAre400AndNameTheField) {
                                       json({{"messages", {{{"role", "user"}, {"content", longer}}}}}).dump(), &status));
   EXPECT_EQ(status, 400);
   EXPECT_NE(r["error"]["message"].get<std::string>().find("context"), std::string::npos) << r.dump();
+  // One far beyond any context (8 MiB without a space) is refused by its size before it is tokenized (that took ~28
+  // bytes of memory per byte).
+  const json huge = json::parse(
+      raw_post("/v1/chat/completions",
+               json({{"messages", {{{"role", "user"}, {"content", std::string(8 << 20, 'a')}}}}}).dump(), &status));
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(huge["error"]["message"].get<std::string>().find("more than a context of"), std::string::npos)
+      << huge.dump().substr(0, 300);
   httplib::Client c = client();
   httplib::Result missing = c.Get("/v2/nothing");
   ASSERT_TRUE(missing);
