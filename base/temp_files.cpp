@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 
 namespace magnetar::temp_files {
@@ -50,6 +51,14 @@ int add(const std::string& path) {
     return i;
   }
   return -1;
+}
+
+uint64_t nonce() {
+  static std::atomic<uint64_t> serial{0};
+  uint64_t x = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) +
+               serial.fetch_add(1) * 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 31)) * 0xBF58476D1CE4E5B9ull;  // splitmix64's finalizer
+  return x ^ (x >> 29);
 }
 
 void forget(int handle) {

@@ -5,6 +5,7 @@
 // signal and raise (async-signal-safe).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace magnetar::temp_files {
@@ -16,5 +17,8 @@ void remove_on_signal();
 int add(const std::string& path);
 // Takes the entry off (the file was renamed or deleted); -1 is ignored.
 void forget(int handle);
+// A number for a temporary's name beside the pid: another process of the same pid (containers sharing a folder each
+// run as pid 1) draws another one (the clock and a per-process count, mixed).
+uint64_t nonce();
 
 }  // namespace magnetar::temp_files

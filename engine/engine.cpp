@@ -291,10 +291,6 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
     return fall_back("the CUDA backend keeps KV in F16 or Q8_0 (--kv-type f32 runs on the CPU)");
   }
   if (o.gpu_cache_gb < 0) return Status::error("--gpu-cache-gb must be >= 0");
-  if (!experts::make_policy(o.gpu_cache_policy, 1, 1.0)) {
-    return Status::error("--gpu-cache-policy must be one of " + std::string(experts::kPolicyNames) + ", got '" +
-                         o.gpu_cache_policy + "'");
-  }
   constexpr uint64_t kReserve = 1ull << 30;  // the CUDA context, the kernels' launch state, fragmentation
   const double gib = double(1ull << 30);
   const experts::ExpertLayout* layout = impl.model->expert_layout();

@@ -4,11 +4,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
+
+#include "base/temp_files.h"
 
 namespace magnetar::experts {
 namespace {
@@ -111,10 +111,7 @@ Status save_census(const std::string& path, uint64_t identity, const Census& cen
   out.append(reinterpret_cast<const char*>(census.counts.data()), census.counts.size() * 8);
   put(out, fnv1a(reinterpret_cast<const uint8_t*>(out.data()), out.size()));
   // The pid and a nonce name the temp file: two containers sharing the model's folder may both run as pid 1.
-  static std::atomic<uint64_t> serial{0};
-  const uint64_t nonce = fnv1a(reinterpret_cast<const uint8_t*>(&identity), sizeof(identity),
-                               uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) + serial++);
-  const std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(nonce % 1000000007);
+  const std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(temp_files::nonce());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return Status::error(format("%s: cannot create: %s", tmp.c_str(), std::strerror(errno)));
   size_t done = 0;

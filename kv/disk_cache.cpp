@@ -23,6 +23,7 @@
 
 #include "base/check.h"
 #include "base/sha256.h"
+#include "base/temp_files.h"
 
 namespace magnetar::kv {
 namespace {
@@ -326,11 +327,7 @@ Status DiskCache::write_block(uint64_t key, uint64_t parent, int64_t index, std:
   const uint64_t rows = uint64_t(B) * row_bytes_;
   MAGNETAR_CHECK(pieces.size() == size_t(2 * format_.n_layer));
 
-  // The nonce keeps two writers of one pid apart (containers sharing the directory each run as pid 1).
-  static std::atomic<uint64_t> serial{0};
-  const uint64_t nonce = hash_bytes(&key, sizeof(key),
-                                    uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) +
-                                        serial.fetch_add(1) * 0x9E3779B97F4A7C15ull);
+  const uint64_t nonce = temp_files::nonce();  // two writers of one pid apart (containers each run as pid 1)
   char tmp_name[80];
   std::snprintf(tmp_name, sizeof(tmp_name), "/.%016llx.%d.%016llx.tmp", (unsigned long long)key, int(::getpid()),
                 (unsigned long long)nonce);
@@ -434,10 +431,9 @@ void DiskCache::save_async(std::span<const int32_t> tokens, int64_t n_valid, KvC
       const auto claimed = [&] { return std::find(in_flight_.begin(), in_flight_.end(), keys[b]) != in_flight_.end(); };
       changed_.wait(lock, [&] { return in_flight_.size() < kMaxQueued || claimed(); });
       if (touch(keys[b]) || claimed()) continue;
-      // A block whose parent is neither on disk nor on its way (its save failed or was declined) would be an orphan;
-      // a recently declined block would be declined again (see Budget).
-      // The parent must be on disk, queued or being written: claimed by another thread still copying it, it could
-      // reach the writer after its child, which would be dropped as an orphan.
+      // The parent must be on disk, queued or being written, else the block would be an orphan (its parent's save
+      // failed or was declined, or another thread still copies it and the child could reach the writer first); a
+      // recently declined block would be declined again (see Budget).
       const auto parent_on_its_way = [&] {
         const uint64_t p = keys[b - 1];
         return p == writing_key_ || std::any_of(queue_.begin(), queue_.end(), [&](const Job& j) { return j.key == p; });

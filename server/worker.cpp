@@ -90,17 +90,15 @@ Worker::Worker(Engine& engine, std::vector<std::unique_ptr<Session>> sessions, d
     slots_.back()->session = std::move(s);
   }
   stats_.slots = int64_t(slots_.size());
-  publish(0, 0, /*settle=*/true);  // no forward runs yet
+  publish(0, 0);
 }
 
-void Worker::publish(int64_t generated_tokens, double generation_seconds, bool settle) {
+void Worker::publish(int64_t generated_tokens, double generation_seconds) {
   ExpertStats experts = engine_.expert_stats();
   ExpertMap map = engine_.expert_map();
-  KvDiskStats kv_disk = engine_.kv_disk_stats(settle);
   std::lock_guard<std::mutex> lock(mu_);
   stats_.experts = std::move(experts);
   stats_.expert_map = std::move(map);
-  stats_.kv_disk = std::move(kv_disk);
   stats_.last_generated_tokens = generated_tokens;
   stats_.last_generation_seconds = generation_seconds;
 }
@@ -246,10 +244,9 @@ void Worker::admit(Slot& slot) {
 void Worker::finish(Slot& slot, FinishReason reason, std::string tail, std::string error) {
   Job& job = *slot.job;
   const Clock::time_point t_end = Clock::now();
-  // The disk KV's blocks still being written are not waited for here (the answer and the next job would wait on the
-  // disk): stats() reads the disk KV's counts settled, on the caller's thread.
-  publish(job.completion_tokens, slot.decoding ? std::chrono::duration<double>(t_end - slot.t_prompt_end).count() : 0,
-          /*settle=*/false);
+  // (The disk KV's counts are not published: stats() reads them settled, on the caller's thread, so the answer and the
+  // next job never wait for the disk's writes.)
+  publish(job.completion_tokens, slot.decoding ? std::chrono::duration<double>(t_end - slot.t_prompt_end).count() : 0);
   {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.prompt_tokens += uint64_t(job.started ? job.prompt_tokens : 0);
@@ -455,7 +452,7 @@ void Worker::decode_step() {
   // The web UI's live view: statistics and expert map refreshed every kPublishEveryTokens tokens of a job.
   for (Slot* slot : members) {
     if (slot->n % kPublishEveryTokens == 0) {
-      publish(slot->n, std::chrono::duration<double>(Clock::now() - slot->t_prompt_end).count(), /*settle=*/false);
+      publish(slot->n, std::chrono::duration<double>(Clock::now() - slot->t_prompt_end).count());
       break;
     }
   }

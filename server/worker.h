@@ -114,9 +114,9 @@ class Worker {
   void emit(Slot& slot, const std::string& text);
   void finish(Slot& slot, FinishReason reason, std::string tail, std::string error = {});
   static void finish_unstarted(Job& job);
-  // Reads the engine's statistics and map (this thread, between forward passes) into stats_ with a job's
-  // progress. `settle`: waits for the disk KV blocks being written first (a decoding slot would wait too).
-  void publish(int64_t generated_tokens, double generation_seconds, bool settle);
+  // Reads the engine's expert statistics and map (this thread, between forward passes) into stats_ with a job's
+  // progress (the disk KV's counts are read by stats()).
+  void publish(int64_t generated_tokens, double generation_seconds);
 
   Engine& engine_;
   const double keepalive_seconds_;
