@@ -616,6 +616,14 @@ struct Server::Impl {
   std::atomic<uint64_t> next_id{1};
   // Requests answered, by (route label, HTTP status); counted as the status line is about to be written.
   std::mutex requests_mu;
+  // Tokenizing takes ~28 bytes of memory per byte of a long run without spaces (BPE's symbols and merge heap): texts
+  // over 1 MiB are tokenized one at a time, so concurrent 64 MiB bodies cost ~2 GB in all, not ~2 GB each.
+  std::mutex large_text_mu;
+  Result<std::vector<int32_t>> tokenize(const std::string& text, bool parse_special) {
+    std::unique_lock<std::mutex> lock(large_text_mu, std::defer_lock);
+    if (text.size() > (size_t(1) << 20)) lock.lock();
+    return engine.tokenize(text, parse_special);
+  }
   std::map<std::pair<std::string, int>, uint64_t> requests;  // guarded by requests_mu
 
   bool model_thinks = false;  // the vocabulary has <think> and </think> tokens (thinking can be turned on)
@@ -802,7 +810,7 @@ void Server::Impl::routes() {
     if (Status s = read_bool(*body, "parse_special", &parse_special); !s.ok()) {
       return reply_error(res, ErrorKind::kInvalidRequest, s.message());
     }
-    Result<std::vector<int32_t>> ids = engine.tokenize(content->get<std::string>(), parse_special);
+    Result<std::vector<int32_t>> ids = tokenize(content->get<std::string>(), parse_special);
     if (!ids.ok()) return reply_error(res, ErrorKind::kInvalidRequest, ids.status().message());
     reply_json(res, {{"tokens", ids.value()}});
   });
@@ -874,8 +882,7 @@ Result<Generation> Server::Impl::plan(const ChatRequest& request, const char* ro
 Result<std::shared_ptr<Job>> Server::Impl::submit(const std::string& prompt, ChatRequest& request,
                                                   const Generation* generation) {
   // A prompt too long for the context whatever its tokens is refused before it is tokenized: a token covers at most
-  // max_token_bytes of the text after NFC, which shrinks a text at most 3 times (conjoining jamo), and tokenizing a
-  // long run without spaces takes ~28 bytes of memory per byte (a 64 MiB body: ~2 GB).
+  // max_token_bytes of the text after NFC, which shrinks a text at most 3 times (conjoining jamo).
   const int64_t n_ctx = engine.options().n_ctx;
   if (const int64_t per_token = std::max<int64_t>(1, engine.info().max_token_bytes);
       int64_t(prompt.size()) / 3 / per_token >= n_ctx) {
@@ -884,7 +891,7 @@ Result<std::shared_ptr<Job>> Server::Impl::submit(const std::string& prompt, Cha
                "bytes a token)",
                prompt.size(), (long long)n_ctx, (long long)per_token));
   }
-  Result<std::vector<int32_t>> ids = engine.tokenize(prompt, true);
+  Result<std::vector<int32_t>> ids = tokenize(prompt, true);
   if (!ids.ok()) return ids.status();
   const int64_t n_prompt = int64_t(ids->size());
   if (n_prompt == 0) return Status::error("the prompt is empty");
@@ -1280,7 +1287,7 @@ void Server::Impl::count_tokens(const httplib::Request& req, httplib::Response& 
   if (!parsed.ok()) return reply_error(res, ErrorKind::kInvalidRequest, parsed.status().message(), Api::kAnthropic);
   Result<Generation> planned = plan(parsed.value(), "/v1/messages/count_tokens");
   if (!planned.ok()) return reply_error(res, ErrorKind::kInvalidRequest, planned.status().message(), Api::kAnthropic);
-  Result<std::vector<int32_t>> ids = engine.tokenize(planned.value().prompt, true);
+  Result<std::vector<int32_t>> ids = tokenize(planned.value().prompt, true);
   if (!ids.ok()) return reply_error(res, ErrorKind::kInvalidRequest, ids.status().message(), Api::kAnthropic);
   reply_json(res, {{"input_tokens", ids->size()}});
 }
