@@ -5,12 +5,13 @@
 // {% filter %}, {% break %} / {% continue %}, {% raw %}, {% generation %}, comments, whitespace control;
 // filters, tests, string/dict methods and the globals raise_exception, range, namespace, dict, strftime_now.
 //
-// Semantics follow @huggingface/jinja 0.5.11 (the implementation transformers.js renders chat templates
-// with) wherever a template can observe the difference: trim_blocks and lstrip_blocks on, `none` and
-// undefined print as nothing, booleans print `true`/`false`, tojson is `json.dumps`-shaped (", " and ": ",
-// non-ASCII kept), strings measure in UTF-16 units. tests/chat/jinja_parity_test.cpp checks identical output
-// on the official Qwen3, Qwen2.5, Llama 3.1, Gemma 3 and DeepSeek-V3 templates. Where the reference fails
-// on valid Jinja (a missing filter, a tuple it cannot print), this engine may render instead.
+// Semantics follow Python jinja2 as Hugging Face transformers' apply_chat_template sets it up (the engine
+// that rendered the prompts models were trained on): trim_blocks and lstrip_blocks on, newlines normalized,
+// values print as Python's str() (True, None, 2.0, ['a', 1], {'k': 1}; undefined prints nothing), tojson is
+// json.dumps with ensure_ascii off, strings index and measure in code points, `==` compares by value, a loop
+// iteration's and a macro's assignments stay inside them. tests/chat/jinja_parity_test.cpp checks identical
+// output against Python jinja2 on the official Qwen3, Qwen2.5, Llama 3.1, Gemma 3 and DeepSeek-V3 templates
+// and on feature snippets. Filters that return generators in Python return lists here.
 //
 // The template comes from an untrusted file: parsing and rendering never throw or crash, nesting and
 // recursion are bounded, and a render that runs away (huge loops, exponential growth) stops with an error.

@@ -1,9 +1,9 @@
 // What templates call by name: filters (`x | name`), string and dict methods, and the globals
-// (namespace, raise_exception, range, strftime_now, dict). Behaviour follows @huggingface/jinja's
-// runtime.ts filter by filter, including its differences from Python Jinja that templates can observe
-// (strip() ignores its argument, title() only upper-cases word starts, `int` floors, `iterable` is false for
-// dicts). Filters the reference lacks (select, reject, round, count, list of a string, map by filter name,
-// d) behave as in Python Jinja.
+// (namespace, raise_exception, range, strftime_now, dict), as Python jinja2 3.1 has them in transformers'
+// environment (tojson is json.dumps with ensure_ascii off). Filters that return generators in Python (map,
+// select, items, reverse of a list, unique) return lists here: a template that prints one directly gets the
+// list, not Python's "<generator object ...>". Work proportional to a result's size is charged to the budget
+// before the result is built.
 #include <algorithm>
 #include <cmath>
 #include <ctime>
@@ -20,26 +20,6 @@ namespace {
 // ---------------------------------------------------------------------------------------------------------
 // Shared helpers
 // ---------------------------------------------------------------------------------------------------------
-
-bool is_word(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'; }
-
-// /\b\w/g -> upper case: the first ASCII word character of each word; the rest is left alone.
-std::string title_case(const std::string& s) {
-  std::string out = s;
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (is_word(out[i]) && (i == 0 || !is_word(out[i - 1])) && out[i] >= 'a' && out[i] <= 'z')
-      out[i] = char(out[i] - 32);
-  }
-  return out;
-}
-
-std::string capitalize(const std::string& s) {
-  if (s.empty()) return s;
-  size_t i = 0;
-  const uint32_t cp = decode_utf8(s, &i);
-  if (cp >= 0x10000) return s;  // charAt(0) is half a surrogate pair; upper-casing leaves it
-  return js_upper(s.substr(0, i)) + s.substr(i);
-}
 
 std::vector<std::string> code_points(const std::string& s) {
   std::vector<std::string> out;
@@ -63,8 +43,11 @@ Value attribute_path(const Value& item, const std::string& path) {
       if (!x) return Value::undefined();
       v = *x;
     } else if (v.is(Kind::kArray)) {
-      double idx = 0;
-      if (!js_parse_int(part, &idx) || idx < 0 || idx >= double(v.arr().size())) return Value::undefined();
+      int64_t idx = 0;
+      bool too_big = false;
+      if (!py_parse_int(part, &idx, &too_big) || too_big || idx < 0 || idx >= int64_t(v.arr().size())) {
+        return Value::undefined();
+      }
       v = v.arr()[size_t(idx)];
     } else {
       return Value::undefined();
@@ -74,51 +57,31 @@ Value attribute_path(const Value& item, const std::string& path) {
   }
 }
 
-// compareRuntimeValues: numbers (and booleans) with numbers, strings with strings (case-folded unless
-// case_sensitive), none with none, undefined with undefined; anything else is an error. Sorting checks
-// comparability first (a correct sort of mixed classes must compare across them, which the reference
-// refuses), so the comparator itself cannot fail.
-int sort_class(const Value& v) {
-  if (v.is(Kind::kNull)) return 0;
-  if (v.is(Kind::kUndefined)) return 1;
-  if (v.is_numeric() || v.is(Kind::kBool)) return 2;
-  if (v.is(Kind::kString)) return 3;
-  return 4;
-}
-
-Status check_comparable(const std::vector<Value>& keys) {
-  if (keys.size() < 2) return Status();
-  const int c = sort_class(keys[0]);
-  for (const Value& k : keys) {
-    if (sort_class(k) != c) {
-      return Status::error(std::string("cannot compare a ") + kind_name(keys[0]) + " with a " + kind_name(k));
-    }
-  }
-  if (c == 4) return Status::error(std::string("cannot compare values of type ") + kind_name(keys[0]));
-  return Status();
-}
-
-int compare_keys(const Value& a, const Value& b, bool case_sensitive) {
-  if (a.is(Kind::kString)) {
-    return case_sensitive ? js_compare(a.str(), b.str()) : js_compare(js_lower(a.str()), js_lower(b.str()));
-  }
-  if (a.is_numeric() || a.is(Kind::kBool)) {
-    const double x = a.as_double(), y = b.as_double();
-    return x < y ? -1 : x > y ? 1 : 0;
-  }
-  return 0;
-}
-
-// Stable sort of `items` by `keys` (same length), as Array.prototype.sort.
+// Python's sorted() with jinja2's key: strings lower-cased unless case_sensitive; keys Python cannot order
+// against each other (a number and a string, none and anything) are its TypeError. Stable.
 Result<Array> sorted(Interp& in, const Array& items, const std::vector<Value>& keys, bool case_sensitive,
                      bool reverse) {
-  MAGNETAR_RETURN_IF_ERROR(check_comparable(keys));
-  MAGNETAR_RETURN_IF_ERROR(in.charge_steps(items.size() * 20));
+  std::vector<Value> folded = keys;
+  uint64_t key_bytes = 0;
+  for (Value& k : folded) {
+    if (!k.is(Kind::kString)) continue;
+    key_bytes += k.str().size();
+    if (!case_sensitive) k = Value::string(py_lower(k.str()));
+  }
+  uint64_t log_n = 1;
+  while ((uint64_t(1) << log_n) < items.size()) ++log_n;
+  MAGNETAR_RETURN_IF_ERROR(in.charge_steps(items.size() * log_n));
+  MAGNETAR_RETURN_IF_ERROR(in.charge_scan(key_bytes * log_n));
+  for (size_t k = 1; k < folded.size(); ++k) {  // every pair must be comparable: check against the first
+    TRY(const int c, py_compare(folded[k], folded[0], "<"));
+    (void)c;
+  }
   std::vector<size_t> order(items.size());
   for (size_t k = 0; k < order.size(); ++k) order[k] = k;
   std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-    const int c = compare_keys(keys[x], keys[y], case_sensitive);
-    return reverse ? c > 0 : c < 0;
+    Result<int> c = py_compare(folded[x], folded[y], "<");
+    const int v = c.ok() ? *c : 0;
+    return reverse ? v > 0 : v < 0;
   });
   Array out;
   out.reserve(items.size());
@@ -133,19 +96,19 @@ Result<bool> flag(const Args& args, size_t i, const char* name, bool def) {
   return v->b;
 }
 
+// transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False).
 Result<Value> to_json_filter(Interp& in, const Value& operand, const Args* args) {
   JsonOptions opt;
   if (args) {
-    if (const Value* v = args->get(0, "indent")) {
+    if (const Value* v = args->get(0, "ensure_ascii")) opt.ensure_ascii = truthy(*v);
+    if (const Value* v = args->get(1, "indent")) {
       if (v->is(Kind::kInt)) {
-        opt.indent = int(std::clamp<int64_t>(v->i, 0, 64));
+        opt.indent = int(std::clamp<int64_t>(v->i, 0, 64));  // json.dumps: a negative indent is 0
       } else if (!v->is(Kind::kNull)) {
         return Status::error("tojson: indent must be an integer or none");
       }
     }
-    TRY(opt.ensure_ascii, flag(*args, size_t(-1), "ensure_ascii", false));
-    TRY(opt.sort_keys, flag(*args, size_t(-1), "sort_keys", false));
-    if (const Value* sep = args->kw.find("separators")) {
+    if (const Value* sep = args->get(2, "separators")) {
       if (sep->is(Kind::kArray)) {
         if (sep->arr().size() != 2 || !sep->arr()[0].is(Kind::kString) || !sep->arr()[1].is(Kind::kString)) {
           return Status::error("tojson: separators must be a pair of strings");
@@ -157,29 +120,43 @@ Result<Value> to_json_filter(Interp& in, const Value& operand, const Args* args)
         return Status::error("tojson: separators must be a pair of strings");
       }
     }
+    if (const Value* v = args->get(3, "sort_keys")) opt.sort_keys = truthy(*v);
   }
   std::string out;
   MAGNETAR_RETURN_IF_ERROR(to_json(operand, opt, &out));
   return in.make_string(std::move(out));
 }
 
+// Python's str.join over str() of each item, its size charged before it is built.
 Result<Value> join_filter(Interp& in, const Value& operand, const std::string& sep) {
-  std::string out;
+  Array items;
   if (operand.is(Kind::kString)) {
-    const std::vector<std::string> cps = code_points(operand.str());
-    for (size_t k = 0; k < cps.size(); ++k) out += (k ? sep : "") + cps[k];
+    MAGNETAR_RETURN_IF_ERROR(in.charge_bytes(operand.str().size() * (1 + sep.size())));
+    for (std::string& c : code_points(operand.str())) items.push_back(Value::string(std::move(c)));
   } else if (operand.is(Kind::kArray)) {
-    for (size_t k = 0; k < operand.arr().size(); ++k) {
-      if (k) out += sep;
-      MAGNETAR_RETURN_IF_ERROR(js_string(operand.arr()[k], &out, /*nullish_empty=*/true));
-    }
-  } else {
+    items = operand.arr();
+  } else if (operand.is(Kind::kObject)) {
+    for (const auto& e : operand.obj().entries) items.push_back(Value::string(e.first));
+  } else if (!operand.is(Kind::kUndefined)) {
     return Status::error(std::string("join needs a list or a string, got a ") + kind_name(operand));
   }
-  return in.make_string(std::move(out));
+  uint64_t size = items.empty() ? 0 : uint64_t(sep.size()) * (items.size() - 1);
+  for (const Value& x : items) size += x.is(Kind::kString) ? x.str().size() : 0;
+  MAGNETAR_RETURN_IF_ERROR(in.charge_bytes(size));
+  std::string out;
+  out.reserve(size);
+  for (size_t k = 0; k < items.size(); ++k) {
+    if (k) out += sep;
+    if (items[k].is(Kind::kString)) {
+      out += items[k].str();
+    } else {
+      const size_t before = out.size();
+      MAGNETAR_RETURN_IF_ERROR(py_str(items[k], &out));
+      MAGNETAR_RETURN_IF_ERROR(in.charge_bytes(out.size() - before));
+    }
+  }
+  return Value::string(std::move(out));
 }
-
-Value int_of(double d) { return std::fabs(d) < 9.2e18 ? Value::integer(int64_t(d)) : Value::number(d); }
 
 Result<Value> indent_filter(Interp& in, const std::string& s, const Args& args) {
   std::string pad(4, ' ');
@@ -195,6 +172,8 @@ Result<Value> indent_filter(Interp& in, const std::string& s, const Args& args) 
   const Value* f = args.get(1, "first");
   const Value* b = args.get(2, "blank");
   const bool first = f && truthy(*f), blank = b && truthy(*b);
+  const uint64_t lines = uint64_t(std::count(s.begin(), s.end(), '\n')) + 1;
+  MAGNETAR_RETURN_IF_ERROR(in.charge_bytes(s.size() + lines * pad.size()));
   std::string out;
   size_t start = 0, line = 0;
   while (true) {
@@ -207,14 +186,27 @@ Result<Value> indent_filter(Interp& in, const std::string& s, const Args& args) 
     if (nl == std::string::npos) break;
     start = nl + 1, ++line;
   }
-  return in.make_string(std::move(out));
+  return Value::string(std::move(out));
 }
 
-std::string replace_all(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
-  if (count == 0) return s;
-  std::string out;
+// Python's str.replace(old, new, count), its size charged before it is built.
+Result<Value> replace_all(Interp& in, const std::string& s, const std::string& from, const std::string& to,
+                          int64_t count) {
   int64_t left = count < 0 ? INT64_MAX : count;
+  uint64_t hits = 0;
   if (from.empty()) {  // inserts at every code point boundary, ends included
+    MAGNETAR_RETURN_IF_ERROR(in.charge_scan(s.size()));
+    hits = std::min<uint64_t>(uint64_t(left), cp_count(s) + 1);
+  } else {
+    MAGNETAR_RETURN_IF_ERROR(in.charge_scan(s.size()));
+    for (size_t at = s.find(from); at != std::string::npos && hits < uint64_t(left);
+         at = s.find(from, at + from.size())) {
+      ++hits;
+    }
+  }
+  MAGNETAR_RETURN_IF_ERROR(in.charge_bytes(s.size() + hits * to.size()));
+  std::string out;
+  if (from.empty()) {
     size_t i = 0;
     while (true) {
       if (left > 0) out += to, --left;
@@ -223,7 +215,7 @@ std::string replace_all(const std::string& s, const std::string& from, const std
       decode_utf8(s, &i);
       out.append(s, start, i - start);
     }
-    return out;
+    return Value::string(std::move(out));
   }
   size_t i = 0;
   while (left > 0) {
@@ -235,7 +227,7 @@ std::string replace_all(const std::string& s, const std::string& from, const std
     --left;
   }
   out.append(s, i, std::string::npos);
-  return out;
+  return Value::string(std::move(out));
 }
 
 const char* const kStringMethods[] = {"upper",  "lower",      "strip",    "title", "capitalize", "rstrip",
@@ -251,14 +243,18 @@ bool one_of(const std::string& name, const char* const (&list)[N]) {
 }
 
 Result<Value> string_method(Interp& in, const std::string& s, const std::string& name, const Args& args) {
-  // strip/lstrip/rstrip ignore an argument in the reference: they always trim whitespace.
-  if (name == "upper") return in.make_string(js_upper(s));
-  if (name == "lower") return in.make_string(js_lower(s));
-  if (name == "strip") return in.make_string(std::string(js_trim(s)));
-  if (name == "lstrip") return in.make_string(std::string(js_trim_start(s)));
-  if (name == "rstrip") return in.make_string(std::string(js_trim_end(s)));
-  if (name == "title") return in.make_string(title_case(s));
-  if (name == "capitalize") return in.make_string(capitalize(s));
+  if (name == "upper") return in.make_string(py_upper(s));
+  if (name == "lower") return in.make_string(py_lower(s));
+  if (name == "title") return in.make_string(py_title(s));
+  if (name == "capitalize") return in.make_string(py_capitalize(s));
+  if (name == "strip" || name == "lstrip" || name == "rstrip") {
+    const Value* chars = args.get(0, "chars");
+    if (chars && !chars->is(Kind::kString) && !chars->is(Kind::kNull)) {
+      return Status::error(name + " arg must be None or str");
+    }
+    const std::string* set = chars && chars->is(Kind::kString) ? &chars->str() : nullptr;
+    return in.make_string(py_strip(s, set, name != "rstrip", name != "lstrip"));
+  }
   if (name == "startswith" || name == "endswith") {
     const bool starts = name == "startswith";
     const auto test = [&](const std::string& p) {
@@ -268,14 +264,14 @@ Result<Value> string_method(Interp& in, const std::string& s, const std::string&
     if (args.pos.empty()) return Status::error(name + "() needs an argument");
     const Value& p = args.pos[0];
     if (p.is(Kind::kString)) return Value::boolean(test(p.str()));
-    if (p.is(Kind::kArray)) {
+    if (p.is(Kind::kArray) && p.tuple) {
       for (const Value& x : p.arr()) {
         if (!x.is(Kind::kString)) return Status::error(name + "() tuple elements must be strings");
         if (test(x.str())) return Value::boolean(true);
       }
       return Value::boolean(false);
     }
-    return Status::error(name + "() argument must be a string or a tuple of strings");
+    return Status::error(name + " first arg must be str or a tuple of str, not " + py_type(p));
   }
   if (name == "split") {
     const Value* sep = args.get(0, "sep");
@@ -284,43 +280,39 @@ Result<Value> string_method(Interp& in, const std::string& s, const std::string&
       return Status::error("split: sep must be a string or none");
     if (maxv && !maxv->is(Kind::kInt)) return Status::error("split: maxsplit must be an integer");
     const int64_t max = maxv ? maxv->i : -1;
+    MAGNETAR_RETURN_IF_ERROR(in.charge_scan(s.size()));
+    MAGNETAR_RETURN_IF_ERROR(in.charge_bytes(s.size()));
     Array parts;
-    if (!sep || sep->is(Kind::kNull)) {
-      const std::string_view text = js_trim_start(s);
+    if (!sep || sep->is(Kind::kNull)) {  // runs of whitespace; none at the ends
       size_t i = 0;
-      while (i < text.size()) {
-        while (size_t n = js_space_len(text, i)) i += n;
-        if (i >= text.size()) break;
-        if (max != -1 && int64_t(parts.size()) >= max) {
-          parts.push_back(Value::string(std::string(text.substr(i))));
+      const auto space_at = [&](size_t at, size_t* after) {
+        *after = at;
+        return py_is_space(decode_utf8(s, after));
+      };
+      size_t after = 0;
+      while (i < s.size()) {
+        while (i < s.size() && space_at(i, &after)) i = after;
+        if (i >= s.size()) break;
+        if (max >= 0 && int64_t(parts.size()) >= max) {
+          parts.push_back(Value::string(s.substr(i)));  // the rest as it is, trailing whitespace kept
           break;
         }
         const size_t start = i;
-        while (i < text.size() && !js_space_len(text, i)) decode_utf8(text, &i);
-        parts.push_back(Value::string(std::string(text.substr(start, i - start))));
+        while (i < s.size() && !space_at(i, &after)) i = after;
+        parts.push_back(Value::string(s.substr(start, i - start)));
       }
     } else {
       const std::string& d = sep->str();
-      if (d.empty()) return Status::error("split: empty separator");
-      std::vector<std::string> pieces;
+      if (d.empty()) return Status::error("empty separator");
       size_t start = 0;
-      while (true) {
+      while (max < 0 || int64_t(parts.size()) < max) {
         const size_t at = s.find(d, start);
         if (at == std::string::npos) break;
-        pieces.push_back(s.substr(start, at - start));
+        parts.push_back(Value::string(s.substr(start, at - start)));
         start = at + d.size();
       }
-      pieces.push_back(s.substr(start));
-      if (max != -1 && int64_t(pieces.size()) > max) {  // the rest, joined again, is the last piece
-        const size_t m = size_t(std::max<int64_t>(max, 0));
-        std::string rest;
-        for (size_t k = m; k < pieces.size(); ++k) rest += (k > m ? d : "") + pieces[k];
-        pieces.resize(m);
-        pieces.push_back(std::move(rest));
-      }
-      for (std::string& p : pieces) parts.push_back(Value::string(std::move(p)));
+      parts.push_back(Value::string(s.substr(start)));
     }
-    MAGNETAR_RETURN_IF_ERROR(in.charge_bytes(s.size()));
     return in.make_array(std::move(parts));
   }
   if (name == "replace") {
@@ -332,17 +324,16 @@ Result<Value> string_method(Interp& in, const std::string& s, const std::string&
     if (count && !count->is(Kind::kInt) && !count->is(Kind::kNull))
       return Status::error("replace(): count must be an integer");
     const int64_t n = count && count->is(Kind::kInt) ? count->i : -1;
-    const size_t estimate = s.size() + (args.pos[1].str().size() + 1) * (s.size() + 1);
-    if (args.pos[0].str().empty()) MAGNETAR_RETURN_IF_ERROR(in.charge_bytes(estimate));
-    return in.make_string(replace_all(s, args.pos[0].str(), args.pos[1].str(), n));
+    return replace_all(in, s, args.pos[0].str(), args.pos[1].str(), n);
   }
   return Status::error("strings have no method '" + name + "'");
 }
 
+// (key, value) tuples, as dict.items() yields them.
 Result<Value> dict_items(const Value& d) {
   Array items;
   for (const auto& [k, v] : d.obj().entries) {
-    TRY(Value pair, Value::array({Value::string(k), v}));
+    TRY(Value pair, Value::array({Value::string(k), v}, /*tuple=*/true));
     items.push_back(std::move(pair));
   }
   return Value::array(std::move(items));
@@ -421,12 +412,16 @@ std::string strftime_now(const std::string& fmt) {
 
 Value method_of(const Value& self, const std::string& name) {
   const bool ok = (self.is(Kind::kString) && one_of(name, kStringMethods)) ||
-                  (self.is(Kind::kObject) && one_of(name, kDictMethods));
+                  (self.is(Kind::kObject) && one_of(name, kDictMethods) && name != "dictsort");
   if (!ok) return Value::undefined();
   return Value::function(Callable{.kind = Fn::kMethod, .self = self, .name = name});
 }
 
 Result<Value> call_method(Interp& in, const Value& self, const std::string& name, const Args& args) {
+  if (name == "cycle" && self.is(Kind::kInt)) {  // loop.cycle(a, b, ...): `self` is loop.index0
+    if (args.pos.empty()) return Status::error("no items for cycling given");
+    return args.pos[size_t(self.i) % args.pos.size()];
+  }
   if (self.is(Kind::kString)) return string_method(in, self.str(), name, args);
   return dict_method(in, self, name, args);
 }
@@ -435,7 +430,7 @@ Result<Value> call_global(Interp& in, Fn fn, const Args& args) {
   switch (fn) {
     case Fn::kRaiseException: {
       std::string msg;
-      if (!args.pos.empty()) MAGNETAR_RETURN_IF_ERROR(js_string(args.pos[0], &msg));
+      if (!args.pos.empty()) MAGNETAR_RETURN_IF_ERROR(py_str(args.pos[0], &msg));
       return Status::error("raise_exception: " + msg);
     }
     case Fn::kNamespace:
@@ -502,92 +497,65 @@ const char* const kFilters[] = {
     "title",    "capitalize", "trim",       "indent",     "replace", "abs",     "items",  "keys",  "values",
     "dictsort", "bool",       "selectattr", "rejectattr", "select",  "reject",  "map",    "round", "get"};
 
-// The forms without arguments (`x | name`), by operand type.
-Result<Value> plain_filter(Interp& in, const Value& v, const std::string& name) {
-  if (name == "default" || name == "d") return v.is(Kind::kUndefined) ? Value::string("") : v;
-  if (v.is(Kind::kArray)) {
-    const Array& a = v.arr();
-    if (name == "list") return v;
-    if (name == "first") return a.empty() ? Value::undefined() : a.front();
-    if (name == "last") return a.empty() ? Value::undefined() : a.back();
-    if (name == "length" || name == "count") return Value::integer(int64_t(a.size()));
-    if (name == "reverse") return in.make_array(Array(a.rbegin(), a.rend()));
-    if (name == "sort") {
-      TRY(Array out, sorted(in, a, a, false, false));
-      return in.make_array(std::move(out));
-    }
-    if (name == "join") return join_filter(in, v, "");
-    if (name == "string") {
-      std::string out;
-      MAGNETAR_RETURN_IF_ERROR(to_json(v, JsonOptions(), &out, false));
-      return in.make_string(std::move(out));
-    }
-    if (name == "unique") {
-      Array out;
-      MAGNETAR_RETURN_IF_ERROR(in.charge_steps(a.size() * a.size() / 8 + a.size()));
-      for (const Value& x : a) {
-        bool seen = false;
-        for (const Value& y : out) seen = seen || strict_equal(x, y);
-        if (!seen) out.push_back(x);
-      }
-      return in.make_array(std::move(out));
-    }
+// The items a filter iterates: a list's elements, a dict's keys, a string's characters (charged before they
+// are made), nothing for undefined; `ok` false for anything else.
+Result<Array> iterate(Interp& in, const Value& v, bool* ok) {
+  *ok = true;
+  Array items;
+  if (v.is(Kind::kArray)) return v.arr();
+  if (v.is(Kind::kObject)) {
+    for (const auto& e : v.obj().entries) items.push_back(Value::string(e.first));
   } else if (v.is(Kind::kString)) {
-    const std::string& s = v.str();
-    if (name == "length" || name == "count") return Value::integer(int64_t(utf16_length(s)));
-    if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
-      return string_method(in, s, name, Args());
-    }
-    if (name == "trim") return in.make_string(std::string(js_trim(s)));
-    if (name == "indent") return indent_filter(in, s, Args());
-    if (name == "join" || name == "string") return v;
-    if (name == "int") {
-      double d = 0;
-      return js_parse_int(s, &d) ? int_of(d) : Value::integer(0);
-    }
-    if (name == "float") {
-      double d = 0;
-      return Value::number(js_parse_float(s, &d) ? d : 0.0);
-    }
-    if (name == "list" || name == "reverse") {  // not in the reference
-      Array items;
-      for (std::string& c : code_points(s)) items.push_back(Value::string(std::move(c)));
-      if (name == "reverse") {
-        std::reverse(items.begin(), items.end());
-        std::string out;
-        for (const Value& c : items) out += c.str();
-        return in.make_string(std::move(out));
-      }
-      return in.make_array(std::move(items));
-    }
-    if (name == "first" || name == "last") {  // not in the reference
-      const std::vector<std::string> cps = code_points(s);
-      if (cps.empty()) return Value::undefined();
-      return Value::string(name == "first" ? cps.front() : cps.back());
-    }
-  } else if (v.is_numeric()) {
-    if (name == "abs") return v.is(Kind::kInt) ? Value::integer(v.i < 0 ? -v.i : v.i) : Value::number(std::fabs(v.f));
-    if (name == "int") return v.is(Kind::kInt) ? v : int_of(std::floor(v.f));
-    if (name == "float") return Value::number(v.as_double());
-    if (name == "string") {
-      std::string out;
-      MAGNETAR_RETURN_IF_ERROR(print_value(v, &out));
-      return Value::string(std::move(out));
-    }
-    if (name == "round") return Value::number(std::nearbyint(v.as_double()));  // not in the reference
-  } else if (v.is(Kind::kObject)) {
-    if (name == "items") return dict_items(v);
-    if (name == "length" || name == "count") return Value::integer(int64_t(v.obj().entries.size()));
-    if (one_of(name, kDictMethods)) return dict_method(in, v, name, Args());
-    if (name == "list") return dict_method(in, v, "keys", Args());  // not in the reference
-  } else if (v.is(Kind::kBool)) {
-    if (name == "bool") return v;
-    if (name == "int") return Value::integer(v.b ? 1 : 0);
-    if (name == "float") return Value::number(v.b ? 1.0 : 0.0);
-    if (name == "string") return Value::string(v.b ? "true" : "false");
+    MAGNETAR_RETURN_IF_ERROR(in.charge_bytes(v.str().size() * (1 + sizeof(Value))));
+    for (std::string& c : code_points(v.str())) items.push_back(Value::string(std::move(c)));
+  } else if (!v.is(Kind::kUndefined)) {
+    *ok = false;
   }
-  if (!one_of(name, kFilters)) return Status::error("unknown filter '" + name + "'");
-  return Status::error("filter '" + name + "' cannot be applied to a " + kind_name(v));
+  return items;
+}
+
+// Python's round(x, ndigits) on a double: correctly rounded, ties to even on the exact binary value (2.675
+// is 2.67499999... and rounds to 2.67), which is what printf's %.Nf computes.
+double py_round(double x, int64_t ndigits) {
+  if (!std::isfinite(x)) return x;
+  if (ndigits < 0) {
+    const double scale = std::pow(10.0, double(-ndigits));
+    return std::nearbyint(x / scale) * scale;
+  }
+  char buf[512];
+  std::snprintf(buf, sizeof(buf), "%.*f", int(std::min<int64_t>(ndigits, 300)), x);
+  return std::strtod(buf, nullptr);
+}
+
+// The string filters apply to str() of any value (jinja2's soft_str): `none | upper` is "NONE".
+bool is_string_filter(const std::string& name) {
+  return name == "upper" || name == "lower" || name == "title" || name == "capitalize" || name == "trim" ||
+         name == "indent" || name == "replace" || name == "string";
+}
+
+Result<Value> int_filter(const Value& v, const Value& fallback) {
+  if (v.is(Kind::kInt)) return v;
+  if (v.is(Kind::kBool)) return Value::integer(v.b);
+  if (v.is(Kind::kFloat)) {
+    if (!std::isfinite(v.f) || std::fabs(v.f) >= 9.2e18) return fallback;
+    return Value::integer(int64_t(v.f));  // int() truncates toward zero
+  }
+  if (v.is(Kind::kString)) {
+    int64_t i = 0;
+    bool too_big = false;
+    if (py_parse_int(v.str(), &i, &too_big)) return too_big ? fallback : Value::integer(i);
+    double d = 0;
+    if (py_parse_float(v.str(), &d) && std::isfinite(d) && std::fabs(d) < 9.2e18) return Value::integer(int64_t(d));
+    return fallback;
+  }
+  return fallback;
+}
+
+Result<Value> float_filter(const Value& v, const Value& fallback) {
+  if (v.is_numeric() || v.is(Kind::kBool)) return Value::number(v.as_double());
+  double d = 0;
+  if (v.is(Kind::kString) && py_parse_float(v.str(), &d)) return Value::number(d);
+  return fallback;
 }
 
 Result<Value> list_filter(Interp& in, const Value& v, const std::string& name, const Args& args, const Expr& node,
@@ -629,18 +597,14 @@ Result<Value> list_filter(Interp& in, const Value& v, const std::string& name, c
       MAGNETAR_RETURN_IF_ERROR(in.charge_steps(1));
       bool r = false;
       if (by_attr) {
-        if (!x.is(Kind::kObject) && !x.is(Kind::kNamespace))
-          return Status::error(name + " can only be applied to a list of dicts");
-        const Value* field = x.obj().find(attr);
-        if (field) {
-          if (test) {
-            TRY(r, test_value(test->str(), *field, arg));
-          } else {
-            r = truthy(*field);
-          }
+        const Value field = attribute_path(x, attr);  // undefined when missing, as getattr gives it
+        if (test) {
+          TRY(r, test_value(in, test->str(), field, arg));
+        } else {
+          r = truthy(field);
         }
       } else if (test) {
-        TRY(r, test_value(test->str(), x, arg));
+        TRY(r, test_value(in, test->str(), x, arg));
       } else {
         r = truthy(x);
       }
@@ -668,59 +632,140 @@ Result<Value> list_filter(Interp& in, const Value& v, const std::string& name, c
     }
     return in.make_array(std::move(out));
   }
-  if (args.pos.empty() && args.kw.entries.empty()) return plain_filter(in, v, name);
-  if (!one_of(name, kFilters)) return Status::error("unknown filter '" + name + "'");
   return Status::error("filter '" + name + "' cannot be applied to a list with these arguments");
 }
 
 }  // namespace
 
-Result<Value> filter_value(Interp& in, const Value& operand, const std::string& name, bool called, const Args& args,
+bool is_filter_name(const std::string& name) { return one_of(name, kFilters); }
+
+Result<Value> filter_value(Interp& in, const Value& raw, const std::string& name, bool called, const Args& args,
                            const Expr& node, Scope* scope) {
-  if (name == "safe") return operand;
-  if (name == "tojson") return to_json_filter(in, operand, called ? &args : nullptr);
-  if (!called) return plain_filter(in, operand, name);
-  if (name == "join") {
-    const Value* sep = args.get(0, "separator");
-    if (sep && !sep->is(Kind::kString)) return Status::error("join: the separator must be a string");
-    return join_filter(in, operand, sep ? sep->str() : "");
+  (void)called;
+  if (name == "safe") return raw;
+  if (name == "tojson") return to_json_filter(in, raw, &args);
+  if (name == "default" || name == "d") {
+    const Value def = args.get(0, "default_value") ? *args.get(0, "default_value") : Value::string("");
+    const Value* boolean = args.get(1, "boolean");
+    return raw.is(Kind::kUndefined) || (boolean && truthy(*boolean) && !truthy(raw)) ? def : raw;
+  }
+  Value operand = raw;
+  if (is_string_filter(name) && !raw.is(Kind::kString)) {
+    std::string text;
+    MAGNETAR_RETURN_IF_ERROR(py_str(raw, &text));
+    TRY(operand, in.make_string(std::move(text)));
+  }
+  if (operand.is(Kind::kString)) {
+    const std::string& s = operand.str();
+    if (name == "string") return operand;
+    if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
+      return string_method(in, s, name, Args());
+    }
+    if (name == "trim") {
+      Args strip_args;
+      if (const Value* chars = args.get(0, "chars")) strip_args.pos.push_back(*chars);
+      return string_method(in, s, "strip", strip_args);
+    }
+    if (name == "indent") return indent_filter(in, s, args);
+    if (name == "replace") return string_method(in, s, "replace", args);
+    if (name == "reverse") {
+      MAGNETAR_RETURN_IF_ERROR(in.charge_bytes(s.size() * (1 + sizeof(std::string))));
+      std::vector<std::string> cps = code_points(s);
+      std::string out;
+      out.reserve(s.size());
+      for (auto it = cps.rbegin(); it != cps.rend(); ++it) out += *it;
+      return Value::string(std::move(out));
+    }
+  }
+  if (name == "length" || name == "count") {
+    if (operand.is(Kind::kString)) {
+      MAGNETAR_RETURN_IF_ERROR(in.charge_scan(operand.str().size()));
+      return Value::integer(int64_t(cp_count(operand.str())));
+    }
+    if (operand.is(Kind::kArray)) return Value::integer(int64_t(operand.arr().size()));
+    if (operand.is(Kind::kObject)) return Value::integer(int64_t(operand.obj().entries.size()));
+    if (operand.is(Kind::kUndefined)) return Value::integer(0);
+    return Status::error(std::string("object of type '") + py_type(operand) + "' has no len()");
   }
   if (name == "int" || name == "float") {
-    const bool is_int = name == "int";
     const Value* def = args.get(0, "default");
-    const Value fallback = def ? *def : is_int ? Value::integer(0) : Value::number(0);
-    if (operand.is(Kind::kString)) {
-      double d = 0;
-      const bool ok = is_int ? js_parse_int(operand.str(), &d) : js_parse_float(operand.str(), &d);
-      return !ok ? fallback : is_int ? int_of(d) : Value::number(d);
+    const Value fallback = def ? *def : name == "int" ? Value::integer(0) : Value::number(0);
+    return name == "int" ? int_filter(operand, fallback) : float_filter(operand, fallback);
+  }
+  if (name == "abs") {
+    if (operand.is(Kind::kInt))
+      return operand.i == INT64_MIN ? Value::number(-double(operand.i)) : Value::integer(std::llabs(operand.i));
+    if (operand.is(Kind::kBool)) return Value::integer(operand.b);
+    if (operand.is(Kind::kFloat)) return Value::number(std::fabs(operand.f));
+    return Status::error(std::string("bad operand type for abs(): '") + py_type(operand) + "'");
+  }
+  if (name == "round") {
+    if (!operand.is_numeric() && !operand.is(Kind::kBool)) {
+      return Status::error(std::string("type ") + py_type(operand) + " doesn't define __round__ method");
     }
-    if (operand.is_numeric()) return operand;
-    if (operand.is(Kind::kBool)) return is_int ? Value::integer(operand.b) : Value::number(operand.b ? 1 : 0);
-    return Status::error("filter '" + name + "' cannot be applied to a " + kind_name(operand));
-  }
-  if (name == "default" || name == "d") {
-    const Value def = args.pos.empty() ? Value::string("") : args.pos[0];
-    TRY(const bool boolean, flag(args, 1, "boolean", false));
-    return operand.is(Kind::kUndefined) || (boolean && !truthy(operand)) ? def : operand;
-  }
-  if (name == "round" && operand.is_numeric()) {  // not in the reference: Python Jinja's round
     const Value* p = args.get(0, "precision");
     const Value* m = args.get(1, "method");
-    const int64_t precision = p && p->is(Kind::kInt) ? std::clamp<int64_t>(p->i, 0, 15) : 0;
+    const int64_t precision = p && p->is(Kind::kInt) ? p->i : 0;
     const std::string method = m && m->is(Kind::kString) ? m->str() : "common";
-    const double scale = std::pow(10.0, double(precision)), x = operand.as_double() * scale;
-    const double r = method == "ceil" ? std::ceil(x) : method == "floor" ? std::floor(x) : std::nearbyint(x);
-    return Value::number(r / scale);
+    if (method != "common" && method != "ceil" && method != "floor") {
+      return Status::error("method must be common, ceil or floor");
+    }
+    if (method == "common") {
+      if (!operand.is(Kind::kFloat)) return operand.is(Kind::kBool) ? Value::integer(operand.b) : operand;
+      return Value::number(py_round(operand.f, precision));
+    }
+    const double scale = std::pow(10.0, double(precision));
+    const double x = operand.as_double() * scale;
+    return Value::number((method == "ceil" ? std::ceil(x) : std::floor(x)) / scale);
   }
-  if (operand.is(Kind::kArray)) return list_filter(in, operand, name, args, node, scope);
-  if (operand.is(Kind::kString)) {
-    if (name == "indent") return indent_filter(in, operand.str(), args);
-    if (name == "replace") return string_method(in, operand.str(), "replace", args);
+  if (name == "bool") return Value::boolean(truthy(operand));
+  if (name == "join") {
+    const Value* sep = args.get(0, "d");
+    if (sep && !sep->is(Kind::kString)) return Status::error("join: the separator must be a string");
+    Value source = operand;
+    if (const Value* attr = args.get(1, "attribute"); attr && operand.is(Kind::kArray)) {
+      if (!attr->is(Kind::kString)) return Status::error("join: attribute must be a string");
+      Array picked;
+      for (const Value& x : operand.arr()) picked.push_back(attribute_path(x, attr->str()));
+      TRY(source, Value::array(std::move(picked)));
+    }
+    return join_filter(in, source, sep ? sep->str() : "");
+  }
+  if (name == "items") {
+    if (operand.is(Kind::kUndefined)) return Value::array({});
+    if (!operand.is(Kind::kObject)) return Status::error("can only get item pairs from a mapping");
+    return dict_items(operand);
   }
   if (operand.is(Kind::kObject) && one_of(name, kDictMethods)) return dict_method(in, operand, name, args);
-  if (args.pos.empty() && args.kw.entries.empty()) return plain_filter(in, operand, name);
-  if (!one_of(name, kFilters)) return Status::error("unknown filter '" + name + "'");
-  return Status::error("filter '" + name + "' cannot be applied to a " + kind_name(operand) + " with these arguments");
+  if (name == "list" || name == "first" || name == "last" || name == "reverse" || name == "sort" || name == "unique" ||
+      name == "map" || name == "select" || name == "reject" || name == "selectattr" || name == "rejectattr") {
+    bool ok = true;
+    TRY(const Array items, iterate(in, operand, &ok));
+    if (!ok) return Status::error(std::string("'") + py_type(operand) + "' object is not iterable");
+    if (name == "first") return items.empty() ? Value::undefined() : items.front();
+    if (name == "last") return items.empty() ? Value::undefined() : items.back();
+    if (name == "list") return in.make_array(items);
+    if (name == "reverse") return in.make_array(Array(items.rbegin(), items.rend()));
+    if (name == "unique") {
+      TRY(const bool case_sensitive, flag(args, 0, "case_sensitive", false));
+      const Value* attr = args.get(1, "attribute");
+      MAGNETAR_RETURN_IF_ERROR(in.charge_steps(items.size() * items.size() / 8 + items.size()));
+      Array out;
+      std::vector<Value> seen;
+      for (const Value& x : items) {
+        Value key = attr && attr->is(Kind::kString) ? attribute_path(x, attr->str()) : x;
+        if (key.is(Kind::kString) && !case_sensitive) key = Value::string(py_lower(key.str()));
+        bool dup = false;
+        for (const Value& y : seen) dup = dup || py_equal(key, y);
+        if (!dup) seen.push_back(key), out.push_back(x);
+      }
+      return in.make_array(std::move(out));
+    }
+    TRY(const Value list, Value::array(items));
+    return list_filter(in, list, name, args, node, scope);
+  }
+  if (!one_of(name, kFilters)) return Status::error("no filter named '" + name + "'");
+  return Status::error("filter '" + name + "' cannot be applied to a " + kind_name(operand));
 }
 
 }  // namespace magnetar::chat::jinja

@@ -1,5 +1,6 @@
-// The interpreter: statements and expressions of one render, following @huggingface/jinja's runtime.ts
-// (scoping, loop variables, operator semantics). Builtins (filters, tests, methods, globals) are in
+// The interpreter: statements and expressions of one render, with Python jinja2's semantics as transformers
+// sets it up (scoping: a loop iteration's and a macro call's assignments stay inside them, macros see the
+// scope they were defined in; loop variables; undefined values). Builtins (filters, tests, methods, globals) are in
 // jinja_builtins.cpp. Errors carry the line:column of the node that failed.
 #include "chat/jinja_eval.h"
 
@@ -134,7 +135,7 @@ Status Interp::exec(const Stmt& st, Scope* s, std::string* out, Flow* flow) {
     case StmtKind::kOutput: {
       TRY(const Value v, eval(*st.expr, s));
       std::string text;
-      MAGNETAR_RETURN_IF_ERROR(located(st.pos, print_value(v, &text)));
+      MAGNETAR_RETURN_IF_ERROR(located(st.pos, py_str(v, &text)));
       return located(st.pos, append(out, text));
     }
     case StmtKind::kIf: {
@@ -144,7 +145,8 @@ Status Interp::exec(const Stmt& st, Scope* s, std::string* out, Flow* flow) {
     case StmtKind::kFor: return exec_for(st, s, out);
     case StmtKind::kSet: return exec_set(st, s);
     case StmtKind::kMacro: {
-      s->set(st.text, Value::function(Callable{.kind = Fn::kMacro, .stmt = &st, .name = st.text}));
+      ++callers_;  // the macro keeps a pointer to `s`: the scopes of this render must stay
+      s->set(st.text, Value::function(Callable{.kind = Fn::kMacro, .stmt = &st, .scope = s, .name = st.text}));
       return Status();
     }
     case StmtKind::kCallBlock: {
@@ -152,11 +154,11 @@ Status Interp::exec(const Stmt& st, Scope* s, std::string* out, Flow* flow) {
       TRY(Args args, eval_args(call_expr.items, s));
       TRY(const Value fn, eval(*call_expr.a, s));
       ++callers_;
-      Scope* with_caller = new_scope(s);
-      with_caller->set("caller", Value::function(Callable{.kind = Fn::kCaller, .stmt = &st, .scope = s}));
-      TRY(const Value v, call(fn, std::move(args), with_caller, call_expr.pos));
+      // The macro receives `caller` as a keyword argument (call_macro binds it to the name).
+      args.kw.set("caller", Value::function(Callable{.kind = Fn::kCaller, .stmt = &st, .scope = s}));
+      TRY(const Value v, call(fn, std::move(args), s, call_expr.pos));
       std::string text;
-      MAGNETAR_RETURN_IF_ERROR(located(st.pos, print_value(v, &text)));
+      MAGNETAR_RETURN_IF_ERROR(located(st.pos, py_str(v, &text)));
       return located(st.pos, append(out, text));
     }
     case StmtKind::kFilterBlock: {
@@ -169,7 +171,7 @@ Status Interp::exec(const Stmt& st, Scope* s, std::string* out, Flow* flow) {
       }
       TRY(const Value v, apply_filter(Value::string(std::move(body)), *st.expr, s));
       std::string text;
-      MAGNETAR_RETURN_IF_ERROR(located(st.pos, print_value(v, &text)));
+      MAGNETAR_RETURN_IF_ERROR(located(st.pos, py_str(v, &text)));
       return located(st.pos, append(out, text));
     }
     case StmtKind::kBreak:
@@ -243,15 +245,16 @@ Status Interp::exec_for(const Stmt& st, Scope* s, std::string* out) {
     items = iterable.arr();
   } else if (iterable.is(Kind::kObject)) {
     for (const auto& e : iterable.obj().entries) items.push_back(Value::string(e.first));
-  } else if (iterable.is(Kind::kString)) {  // not in the reference; Python iterates characters
+  } else if (iterable.is(Kind::kString)) {  // its characters, charged before they are made
     const std::string& str = iterable.str();
+    MAGNETAR_RETURN_IF_ERROR(located(st.pos, charge_bytes(str.size() * (1 + sizeof(Value)))));
     for (size_t i = 0; i < str.size();) {
       const size_t start = i;
       decode_utf8(str, &i);
       items.push_back(Value::string(str.substr(start, i - start)));
     }
-  } else {
-    return error(st.expr->pos, std::string("cannot loop over a ") + kind_name(iterable));
+  } else if (!iterable.is(Kind::kUndefined)) {  // an undefined value iterates as empty
+    return error(st.expr->pos, std::string("'") + py_type(iterable) + "' object is not iterable");
   }
   if (test) {
     Scope* test_scope = new_scope(scope);
@@ -265,47 +268,56 @@ Status Interp::exec_for(const Stmt& st, Scope* s, std::string* out) {
     }
     items = std::move(kept);
   }
-  bool no_iteration = true;
   ++loop_depth_;
   const size_t n = items.size();
+  Scope* iteration = nullptr;
+  bool iteration_kept = false;
   for (size_t i = 0; i < n; ++i) {
     Status st_charge = charge_steps(1);
     if (!st_charge.ok()) {
       --loop_depth_;
       return located(st.pos, st_charge);
     }
+    // Each iteration starts from the scope around the loop: what the previous one set is gone (Python
+    // Jinja). The scope is reused unless a closure (macro, caller) may still point at it.
+    const uint64_t callers_before = callers_;
+    if (!iteration || iteration_kept) {
+      iteration = new_scope(scope);
+    } else {
+      iteration->vars.clear();
+    }
     Object loop;
-    loop.entries = {{"index", Value::integer(int64_t(i + 1))},
-                    {"index0", Value::integer(int64_t(i))},
-                    {"revindex", Value::integer(int64_t(n - i))},
-                    {"revindex0", Value::integer(int64_t(n - i - 1))},
-                    {"first", Value::boolean(i == 0)},
-                    {"last", Value::boolean(i + 1 == n)},
-                    {"length", Value::integer(int64_t(n))},
-                    {"previtem", i > 0 ? items[i - 1] : Value::undefined()},
-                    {"nextitem", i + 1 < n ? items[i + 1] : Value::undefined()}};
+    loop.entries = {
+        {"index", Value::integer(int64_t(i + 1))},
+        {"index0", Value::integer(int64_t(i))},
+        {"revindex", Value::integer(int64_t(n - i))},
+        {"revindex0", Value::integer(int64_t(n - i - 1))},
+        {"first", Value::boolean(i == 0)},
+        {"last", Value::boolean(i + 1 == n)},
+        {"length", Value::integer(int64_t(n))},
+        {"depth", Value::integer(int64_t(loop_depth_))},
+        {"depth0", Value::integer(int64_t(loop_depth_ - 1))},
+        {"previtem", i > 0 ? items[i - 1] : Value::undefined()},
+        {"nextitem", i + 1 < n ? items[i + 1] : Value::undefined()},
+        {"cycle", Value::function(Callable{.kind = Fn::kMethod, .self = Value::integer(int64_t(i)), .name = "cycle"})}};
     Result<Value> loop_value = Value::object(std::move(loop));
-    Status bound = loop_value.ok() ? bind(*st.target, items[i], scope) : loop_value.status();
+    Status bound = loop_value.ok() ? bind(*st.target, items[i], iteration) : loop_value.status();
     if (!bound.ok()) {
       --loop_depth_;
       return located(st.pos, bound);
     }
-    scope->set("loop", *loop_value);
-    // The reference drops what an iteration printed before {% break %} / {% continue %}.
-    const size_t mark = out->size();
+    iteration->set("loop", *loop_value);
     Flow flow = Flow::kNormal;
-    Status body = exec_block(st.body, scope, out, &flow);
+    Status body = exec_block(st.body, iteration, out, &flow);
+    iteration_kept = callers_ != callers_before;
     if (!body.ok()) {
       --loop_depth_;
       return body;
     }
-    if (flow != Flow::kNormal) out->resize(mark);
-    if (flow == Flow::kBreak) break;
-    if (flow == Flow::kContinue) continue;
-    no_iteration = false;
+    if (flow == Flow::kBreak) break;  // what the iteration printed before it stays (Python Jinja)
   }
   --loop_depth_;
-  if (no_iteration) {
+  if (n == 0) {
     Flow flow = Flow::kNormal;
     MAGNETAR_RETURN_IF_ERROR(exec_block(st.alt, scope, out, &flow));
   }
@@ -344,6 +356,11 @@ Result<Value> Interp::call_macro(const Callable& c, Args args, Scope* parent) {
     if (!have && p.kind == ExprKind::kKwarg) pending.push_back(&p);
     scope->set(name, v);
   }
+  if (const Value* caller = args.kw.find("caller"); caller && c.kind == Fn::kMacro) {
+    scope->set("caller", *caller);
+    auto& e = args.kw.entries;
+    e.erase(std::find_if(e.begin(), e.end(), [](const auto& kv) { return kv.first == "caller"; }));
+  }
   if (st.uses_kwargs) {
     TRY(Value kw, Value::object(std::move(args.kw)));
     scope->set("kwargs", kw);
@@ -353,7 +370,7 @@ Result<Value> Interp::call_macro(const Callable& c, Args args, Scope* parent) {
   if (st.uses_varargs) {
     Array rest;
     for (size_t k = st.params.size(); k < args.pos.size(); ++k) rest.push_back(args.pos[k]);
-    TRY(Value va, Value::array(std::move(rest)));
+    TRY(Value va, Value::array(std::move(rest), /*tuple=*/true));
     scope->set("varargs", va);
   } else if (args.pos.size() > st.params.size()) {
     return Status::error(format("macro %s takes not more than %zu argument(s)", display.c_str(), st.params.size()));
@@ -379,7 +396,7 @@ Result<Value> Interp::call(const Value& fn, Args args, Scope* caller_scope, uint
   const Callable& c = *fn.fn;
   Result<Value> r = Value();
   switch (c.kind) {
-    case Fn::kMacro: r = call_macro(c, std::move(args), caller_scope); break;
+    case Fn::kMacro: r = call_macro(c, std::move(args), c.scope); break;  // the scope it was defined in
     case Fn::kCaller: {
       const ScopeMark mark(this);
       r = call_macro(c, std::move(args), new_scope(c.scope));
@@ -490,7 +507,13 @@ Result<Value> Interp::eval_inner(const Expr& e, Scope* s) {
     }
     case ExprKind::kTest: {
       TRY(const Value v, eval(*e.a, s));
-      TRY(const bool r, apply_test(e.name, v, nullptr));
+      TRY(const Args args, eval_args(e.items, s));
+      if (args.pos.size() + args.kw.entries.size() > 1)
+        return Status::error("test '" + e.name + "' takes one argument");
+      const Value* arg = !args.pos.empty()          ? &args.pos[0]
+                         : !args.kw.entries.empty() ? &args.kw.entries[0].second
+                                                    : nullptr;
+      TRY(const bool r, test_value(*this, e.name, v, arg));
       return Value::boolean(e.negate ? !r : r);
     }
     case ExprKind::kSelect: {
@@ -520,36 +543,30 @@ Result<Value> Interp::apply_filter(const Value& operand, const Expr& filter, Sco
   return r;
 }
 
-Result<bool> Interp::apply_test(const std::string& name, const Value& v, const Value* arg) {
-  return test_value(name, v, arg);
-}
-
 namespace {
 
-// The reference's slice(): Python-like bounds, with its own handling of negative steps.
-std::vector<size_t> slice_indices(size_t size, const Value& start_v, const Value& stop_v, const Value& step_v) {
+// Python's slice(start, stop, step).indices(size), then the indices it selects.
+Result<std::vector<size_t>> slice_indices(size_t size, const Value& start_v, const Value& stop_v, const Value& step_v) {
   const int64_t len = int64_t(size);
   const int64_t step = step_v.is(Kind::kInt) ? step_v.i : 1;
+  if (step == 0) return Status::error("slice step cannot be zero");
+  const auto adjust = [&](const Value& v, int64_t dflt) {
+    if (!v.is(Kind::kInt)) return dflt;
+    int64_t x = v.i;
+    if (x < 0) {
+      x += len;
+      if (x < 0) x = step < 0 ? -1 : 0;
+    } else if (x >= len) {
+      x = step < 0 ? len - 1 : len;
+    }
+    return x;
+  };
+  const int64_t start = adjust(start_v, step < 0 ? len - 1 : 0);
+  const int64_t stop = adjust(stop_v, step < 0 ? -1 : len);
   std::vector<size_t> out;
-  if (step >= 0) {
-    int64_t start = start_v.is(Kind::kInt) ? start_v.i : 0;
-    int64_t stop = stop_v.is(Kind::kInt) ? stop_v.i : len;
-    start = start < 0 ? std::max<int64_t>(len + start, 0) : std::min(start, len);
-    stop = stop < 0 ? std::max<int64_t>(len + stop, 0) : std::min(stop, len);
-    if (step == 0) return out;
-    for (int64_t i = start; i < stop;) {
-      out.push_back(size_t(i));
-      if (__builtin_add_overflow(i, step, &i)) break;  // past any index
-    }
-  } else {
-    int64_t start = start_v.is(Kind::kInt) ? start_v.i : len - 1;
-    int64_t stop = stop_v.is(Kind::kInt) ? stop_v.i : -1;
-    start = start < 0 ? std::max<int64_t>(len + start, -1) : std::min(start, len - 1);
-    stop = stop < -1 ? std::max<int64_t>(len + stop, -1) : std::min(stop, len - 1);
-    for (int64_t i = start; i > stop;) {
-      out.push_back(size_t(i));
-      if (__builtin_add_overflow(i, step, &i)) break;
-    }
+  for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
+    out.push_back(size_t(i));
+    if (__builtin_add_overflow(i, step, &i)) break;  // past any index
   }
   return out;
 }
@@ -570,24 +587,27 @@ Result<Value> Interp::eval_member(const Expr& e, Scope* s) {
       }
     }
     if (object.is(Kind::kArray)) {
-      const std::vector<size_t> idx = slice_indices(object.arr().size(), parts[0], parts[1], parts[2]);
+      TRY(const std::vector<size_t> idx, slice_indices(object.arr().size(), parts[0], parts[1], parts[2]));
       Array items;
       items.reserve(idx.size());
       for (size_t k : idx) items.push_back(object.arr()[k]);
       return make_array(std::move(items));
     }
     if (object.is(Kind::kString)) {
-      std::vector<std::string_view> chars;  // code points, as Array.from(string)
+      std::vector<std::string_view> chars;  // code points
       const std::string& str = object.str();
+      MAGNETAR_RETURN_IF_ERROR(charge_bytes(str.size() * (1 + sizeof(std::string_view))));
       for (size_t i = 0; i < str.size();) {
         const size_t start = i;
         decode_utf8(str, &i);
         chars.push_back(std::string_view(str).substr(start, i - start));
       }
       std::string out;
-      for (size_t k : slice_indices(chars.size(), parts[0], parts[1], parts[2])) out += chars[k];
+      TRY(const std::vector<size_t> idx, slice_indices(chars.size(), parts[0], parts[1], parts[2]));
+      for (size_t k : idx) out += chars[k];
       return make_string(std::move(out));
     }
+    if (object.is(Kind::kUndefined)) return Status::error("cannot slice an undefined value");
     return Status::error(std::string("cannot slice a ") + kind_name(object));
   }
   Value property;
@@ -609,31 +629,37 @@ Result<Value> Interp::member(const Value& object, const Value& property) {
     }
     case Kind::kArray:
     case Kind::kString: {
-      if (property.is(Kind::kInt)) {
+      if (property.is(Kind::kInt) || property.is(Kind::kBool)) {
+        const int64_t index = property.is(Kind::kBool) ? int64_t(property.b) : property.i;
         if (object.is(Kind::kArray)) {
           const int64_t n = int64_t(object.arr().size());
-          const int64_t k = property.i < 0 ? n + property.i : property.i;
+          const int64_t k = index < 0 ? n + index : index;
           return k >= 0 && k < n ? object.arr()[size_t(k)] : Value::undefined();
         }
-        const std::u16string units = to_utf16(object.str());  // JS indexes UTF-16 code units
-        const int64_t n = int64_t(units.size());
-        const int64_t k = property.i < 0 ? n + property.i : property.i;
-        if (k < 0 || k >= n) return Value::undefined();
-        return Value::string(from_utf16(std::u16string_view(units).substr(size_t(k), 1)));
-      }
-      if (property.is(Kind::kString)) {
-        if (property.str() == "length") {
-          return Value::integer(int64_t(object.is(Kind::kArray) ? object.arr().size() : utf16_length(object.str())));
+        // Python indexes code points: found by a scan from the start, charged by the bytes it walks.
+        const std::string& str = object.str();
+        int64_t k = index;
+        if (k < 0) {
+          MAGNETAR_RETURN_IF_ERROR(charge_scan(str.size()));
+          k += int64_t(cp_count(str));
+          if (k < 0) return Value::undefined();
         }
-        return method_of(object, property.str());
+        const size_t at = cp_offset(str, size_t(k));
+        MAGNETAR_RETURN_IF_ERROR(charge_scan(at == std::string::npos ? str.size() : at));
+        if (at == std::string::npos) return Value::undefined();
+        size_t end = at;
+        decode_utf8(str, &end);
+        return Value::string(str.substr(at, end - at));
       }
+      if (property.is(Kind::kString)) return method_of(object, property.str());
       return Status::error(std::string("cannot index a ") + kind_name(object) + " with a " + kind_name(property));
     }
-    default:
-      if (!property.is(Kind::kString)) {
-        return Status::error(std::string("cannot index a ") + kind_name(object) + " with a " + kind_name(property));
+    case Kind::kUndefined:
+      if (property.is(Kind::kString)) {
+        return Status::error("'" + property.str() + "' is read from an undefined value");
       }
-      return Value::undefined();
+      return Status::error("an undefined value cannot be indexed");
+    default: return Value::undefined();  // none, numbers, booleans: Python Jinja gives undefined
   }
 }
 

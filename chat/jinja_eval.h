@@ -27,6 +27,7 @@ struct Scope {
 constexpr int kMaxEvalDepth = 1000;         // nested evaluation (recursive macros hit this)
 constexpr uint64_t kMaxSteps = 2'000'000;   // expression nodes, statements, loop iterations, sort steps
 constexpr uint64_t kMaxBytes = 1ull << 29;  // bytes of strings and list slots created, output included
+constexpr uint64_t kScanBytesPerStep = 256;  // see Interp::charge_scan
 
 enum class Flow { kNormal, kBreak, kContinue };
 
@@ -48,11 +49,18 @@ class Interp {
   // --- used by the builtins ---
   Result<Value> call(const Value& fn, Args args, Scope* caller_scope, uint32_t pos);
   Result<Value> apply_filter(const Value& operand, const Expr& filter, Scope* scope);
-  Result<bool> apply_test(const std::string& name, const Value& v, const Value* arg);
   Result<Value> member(const Value& object, const Value& property);
   Result<Value> new_namespace(Object entries);
   Status charge_steps(uint64_t n);
   Status charge_bytes(uint64_t n);
+  // Work proportional to a string's length done in one step (indexing by code point, length, compare,
+  // search): one step per kScanBytesPerStep bytes, so a loop over a huge string stops at the step limit
+  // instead of running for hours.
+  Status charge_scan(uint64_t bytes) { return charge_steps(bytes / kScanBytesPerStep); }
+  // seq * times for a string or a list, charged before it is built.
+  Result<Value> repeat(const Value& seq, int64_t times);
+  // Python's `fmt % args`.
+  Result<Value> percent_format(const std::string& fmt, const Value& args);
   Result<Value> make_string(std::string s) {
     MAGNETAR_RETURN_IF_ERROR(charge_bytes(s.size()));
     return Value::string(std::move(s));
@@ -108,10 +116,17 @@ Result<Value> call_method(Interp& in, const Value& self, const std::string& name
 Value method_of(const Value& self, const std::string& name);
 Result<Value> filter_value(Interp& in, const Value& operand, const std::string& name, bool called, const Args& args,
                            const Expr& node, Scope* scope);
-Result<bool> test_value(const std::string& name, const Value& v, const Value* arg);
-// JS `==` on the reference's values (1 == 1.0, none == undefined, "1" == 1, lists by identity).
-bool loose_equal(const Value& a, const Value& b, int level = 0);
-// JS `===` on values (what `in` a list and `unique` use).
-bool strict_equal(const Value& a, const Value& b);
+Result<bool> test_value(Interp& in, const std::string& name, const Value& v, const Value* arg);
+bool is_test_name(const std::string& name);
+bool is_filter_name(const std::string& name);
+// Python's `==`: numbers by value (True == 1 == 1.0), strings, lists (a tuple never equals a list) and dicts
+// by content; undefined equals only undefined.
+bool py_equal(const Value& a, const Value& b, uint32_t level = 0);
+// Python's ordering (numbers, strings by code point, lists element by element); other pairs are the error
+// Python raises for `op`.
+Result<int> py_compare(const Value& a, const Value& b, const char* op, uint32_t level = 0);
+// `item in container`.
+Result<bool> py_contains(Interp& in, const Value& container, const Value& item);
+const char* py_type(const Value& v);
 
 }  // namespace magnetar::chat::jinja

@@ -237,6 +237,18 @@ struct Lexer {
     return d;
   }
 
+  // The exponent of a float literal after its digits (1e-7, 2.5E+3), or "" when none follows.
+  std::string exponent() {
+    const char e = at(cur);
+    if (e != 'e' && e != 'E') return "";
+    const size_t sign = at(cur + 1) == '+' || at(cur + 1) == '-' ? 1 : 0;
+    const char d = at(cur + 1 + sign);
+    if (d < '0' || d > '9') return "";
+    std::string out(src.s, cur, 1 + sign);
+    cur += 1 + sign;
+    return out + digits();
+  }
+
   // {% raw %}...{% endraw %} (not in the reference; Python Jinja has it): the body becomes one text token.
   // Returns false when the tag at `cur` is not a raw tag.
   Result<bool> raw_block() {
@@ -376,6 +388,7 @@ Status Lexer::run() {
           ++cur;
           num += "." + digits();
         }
+        if (!num.empty()) num += exponent();
         push(num.empty() ? Tok::kUnary : Tok::kNumber, std::string(1, c) + num, start);
         continue;
       }
@@ -407,6 +420,7 @@ Status Lexer::run() {
         ++cur;
         num += "." + digits();
       }
+      if (tokens.empty() || tokens.back().type != Tok::kDot) num += exponent();
       push(Tok::kNumber, std::move(num), start);
       continue;
     }

@@ -1,9 +1,12 @@
-// Operators and tests, with the reference's semantics: `==` is JavaScript's loose equality on the values,
-// arithmetic keeps integers integral (`/` always gives a float), `~` and string `+` convert the way JS
-// does, `in` works on strings, lists (strict equality) and dict keys, and none/undefined operands are
-// errors except in `==`, `!=` and `x in undefined`.
+// Operators and tests with Python's semantics (what transformers' jinja2 computes): `==` compares values
+// (1 == 1.0 == True, lists and dicts by content, an undefined value equals only another), `+` adds numbers
+// or joins two strings or two lists (anything else is an error), `*` repeats strings and lists, `%` is
+// Python's modulo or string formatting, `~` joins str() of both sides, `in` works on strings, lists and
+// dict keys; none and undefined operands are errors except in `==`, `!=`, `~` and `x in undefined`.
+#include <algorithm>
+#include <cctype>
 #include <cmath>
-#include <limits>
+#include <cstring>
 
 #include "chat/jinja_eval.h"
 #include "chat/jinja_text.h"
@@ -14,39 +17,9 @@ namespace magnetar::chat::jinja {
 
 namespace {
 
-bool nullish(const Value& v) { return v.is(Kind::kNull) || v.is(Kind::kUndefined); }
-bool is_container(const Value& v) {
-  return v.is(Kind::kArray) || v.is(Kind::kObject) || v.is(Kind::kNamespace) || v.is(Kind::kFunction);
-}
-
-// ToNumber(string) of JavaScript: surrounding whitespace ignored, "" is 0, anything not a whole decimal
-// literal is NaN.
-double js_to_number(std::string_view s) {
-  s = js_trim(s);
-  if (s.empty()) return 0;
-  std::string_view body = s;
-  bool neg = false;
-  if (body[0] == '+' || body[0] == '-') neg = body[0] == '-', body.remove_prefix(1);
-  if (body == "Infinity") return neg ? -HUGE_VAL : HUGE_VAL;
-  size_t i = 0, digits = 0;
-  while (i < body.size() && body[i] >= '0' && body[i] <= '9') ++i, ++digits;
-  if (i < body.size() && body[i] == '.') {
-    ++i;
-    while (i < body.size() && body[i] >= '0' && body[i] <= '9') ++i, ++digits;
-  }
-  if (digits == 0) return NAN;
-  if (i < body.size() && (body[i] == 'e' || body[i] == 'E')) {
-    ++i;
-    if (i < body.size() && (body[i] == '+' || body[i] == '-')) ++i;
-    size_t exp_digits = 0;
-    while (i < body.size() && body[i] >= '0' && body[i] <= '9') ++i, ++exp_digits;
-    if (exp_digits == 0) return NAN;
-  }
-  if (i != body.size()) return NAN;
-  double v = 0;
-  js_parse_float(s, &v);
-  return v;
-}
+bool number_like(const Value& v) { return v.is_numeric() || v.is(Kind::kBool); }
+int64_t as_int(const Value& v) { return v.is(Kind::kBool) ? int64_t(v.b) : v.i; }
+bool exact_int(const Value& v) { return (v.is(Kind::kInt) && !v.big) || v.is(Kind::kBool); }
 
 const void* identity(const Value& v) {
   if (v.is(Kind::kArray)) return v.a.get();
@@ -54,42 +27,122 @@ const void* identity(const Value& v) {
   return v.fn.get();
 }
 
-bool number_equal(const Value& a, const Value& b) {
-  if (a.is(Kind::kInt) && b.is(Kind::kInt)) return a.i == b.i;
-  return a.as_double() == b.as_double();
+// Python's % on floats: the result takes the divisor's sign.
+double py_fmod(double a, double b) {
+  double r = std::fmod(a, b);
+  if (r != 0 && ((r < 0) != (b < 0))) r += b;
+  return r;
 }
 
 }  // namespace
 
-bool loose_equal(const Value& a, const Value& b, int level) {
-  if (nullish(a) || nullish(b)) return nullish(a) && nullish(b);
-  if (level > 4) return false;
-  if (is_container(a) && is_container(b)) return a.kind == b.kind && identity(a) == identity(b);
-  if (a.is(Kind::kBool)) return loose_equal(Value::integer(a.b ? 1 : 0), b, level + 1);
-  if (b.is(Kind::kBool)) return loose_equal(a, Value::integer(b.b ? 1 : 0), level + 1);
-  if (a.is_numeric() && b.is_numeric()) return number_equal(a, b);
-  if (a.is(Kind::kString) && b.is(Kind::kString)) return a.str() == b.str();
-  if (a.is_numeric() && b.is(Kind::kString)) return a.as_double() == js_to_number(b.str());
-  if (a.is(Kind::kString) && b.is_numeric()) return js_to_number(a.str()) == b.as_double();
-  // A list or dict against a primitive compares its string form (ToPrimitive).
-  const Value& c = is_container(a) ? a : b;
-  const Value& p = is_container(a) ? b : a;
-  if (c.is(Kind::kFunction)) return false;
-  std::string text;
-  if (!js_string(c, &text).ok()) return false;
-  return loose_equal(Value::string(std::move(text)), p, level + 1);
+// Python's type name, for error messages shaped like Python's.
+const char* py_type(const Value& v) {
+  switch (v.kind) {
+    case Kind::kUndefined: return "Undefined";
+    case Kind::kNull: return "NoneType";
+    case Kind::kBool: return "bool";
+    case Kind::kInt: return "int";
+    case Kind::kFloat: return "float";
+    case Kind::kString: return "str";
+    case Kind::kArray: return v.tuple ? "tuple" : "list";
+    case Kind::kObject: return "dict";
+    case Kind::kNamespace: return "Namespace";
+    case Kind::kFunction: return "function";
+  }
+  return "?";
 }
 
-bool strict_equal(const Value& a, const Value& b) {
-  if (a.is_numeric() && b.is_numeric()) return number_equal(a, b);
+bool py_equal(const Value& a, const Value& b, uint32_t level) {
+  if (a.is(Kind::kUndefined) || b.is(Kind::kUndefined)) return a.kind == b.kind;
+  if (level > kMaxValueDepth) return false;
+  if (number_like(a) && number_like(b)) {
+    if (exact_int(a) && exact_int(b)) return as_int(a) == as_int(b);
+    if (a.big && b.big) return a.i == b.i;
+    return a.as_double() == b.as_double();
+  }
   if (a.kind != b.kind) return false;
   switch (a.kind) {
-    case Kind::kUndefined:
     case Kind::kNull: return true;
-    case Kind::kBool: return a.b == b.b;
     case Kind::kString: return a.str() == b.str();
+    case Kind::kArray: {
+      if (a.tuple != b.tuple || a.arr().size() != b.arr().size()) return false;
+      for (size_t k = 0; k < a.arr().size(); ++k) {
+        if (!py_equal(a.arr()[k], b.arr()[k], level + 1)) return false;
+      }
+      return true;
+    }
+    case Kind::kObject: {
+      if (a.obj().entries.size() != b.obj().entries.size()) return false;
+      for (const auto& [k, v] : a.obj().entries) {
+        const Value* w = b.obj().find(k);
+        if (!w || !py_equal(v, *w, level + 1)) return false;
+      }
+      return true;
+    }
     default: return identity(a) == identity(b);
   }
+}
+
+Result<int> py_compare(const Value& a, const Value& b, const char* op, uint32_t level) {
+  if (number_like(a) && number_like(b)) {
+    if (exact_int(a) && exact_int(b)) return as_int(a) < as_int(b) ? -1 : as_int(a) > as_int(b) ? 1 : 0;
+    const double x = a.as_double(), y = b.as_double();
+    return x < y ? -1 : x > y ? 1 : 0;  // NaN compares as equal here (Python: every comparison false)
+  }
+  if (a.is(Kind::kString) && b.is(Kind::kString)) {
+    const int c = a.str().compare(b.str());  // UTF-8 byte order is code point order
+    return c < 0 ? -1 : c > 0 ? 1 : 0;
+  }
+  if (a.is(Kind::kArray) && b.is(Kind::kArray) && a.tuple == b.tuple && level < kMaxValueDepth) {
+    const size_t n = std::min(a.arr().size(), b.arr().size());
+    for (size_t k = 0; k < n; ++k) {
+      if (py_equal(a.arr()[k], b.arr()[k])) continue;
+      return py_compare(a.arr()[k], b.arr()[k], op, level + 1);
+    }
+    return a.arr().size() < b.arr().size() ? -1 : a.arr().size() > b.arr().size() ? 1 : 0;
+  }
+  return Status::error(std::string("'") + op + "' not supported between instances of '" + py_type(a) + "' and '" +
+                       py_type(b) + "'");
+}
+
+Result<bool> py_contains(Interp& in, const Value& container, const Value& item) {
+  switch (container.kind) {
+    case Kind::kUndefined: return false;  // an undefined value iterates as empty
+    case Kind::kString:
+      if (!item.is(Kind::kString)) {
+        return Status::error(std::string("'in <string>' requires string as left operand, not ") + py_type(item));
+      }
+      MAGNETAR_RETURN_IF_ERROR(in.charge_scan(container.str().size()));
+      return container.str().find(item.str()) != std::string::npos;
+    case Kind::kArray:
+      MAGNETAR_RETURN_IF_ERROR(in.charge_steps(container.arr().size()));
+      for (const Value& x : container.arr()) {
+        if (py_equal(x, item)) return true;
+      }
+      return false;
+    case Kind::kObject:
+    case Kind::kNamespace: return item.is(Kind::kString) && container.obj().find(item.str()) != nullptr;
+    default: return Status::error(std::string("argument of type '") + py_type(container) + "' is not iterable");
+  }
+}
+
+Result<Value> Interp::repeat(const Value& seq, int64_t times) {
+  times = std::clamp<int64_t>(times, 0, int64_t(1) << 40);
+  if (seq.is(Kind::kString)) {
+    const std::string& s = seq.str();
+    MAGNETAR_RETURN_IF_ERROR(charge_bytes(uint64_t(s.size()) * uint64_t(times)));
+    std::string out;
+    out.reserve(s.size() * size_t(times));
+    for (int64_t k = 0; k < times; ++k) out += s;
+    return Value::string(std::move(out));
+  }
+  const Array& a = seq.arr();
+  MAGNETAR_RETURN_IF_ERROR(charge_bytes(uint64_t(a.size()) * sizeof(Value) * uint64_t(times)));
+  Array out;
+  out.reserve(a.size() * size_t(times));
+  for (int64_t k = 0; k < times; ++k) out.insert(out.end(), a.begin(), a.end());
+  return Value::array(std::move(out), seq.tuple);
 }
 
 Result<Value> Interp::eval_binary(const Expr& e, Scope* s) {
@@ -97,111 +150,171 @@ Result<Value> Interp::eval_binary(const Expr& e, Scope* s) {
   if (e.op == Op::kAnd) return truthy(left) ? eval(*e.b, s) : left;
   if (e.op == Op::kOr) return truthy(left) ? left : eval(*e.b, s);
   TRY(const Value right, eval(*e.b, s));
-  if (e.op == Op::kEq) return Value::boolean(loose_equal(left, right));
-  if (e.op == Op::kNe) return Value::boolean(!loose_equal(left, right));
-  const bool in_op = e.op == Op::kIn || e.op == Op::kNotIn;
-  if (left.is(Kind::kUndefined) || right.is(Kind::kUndefined)) {
-    if (right.is(Kind::kUndefined) && in_op) return Value::boolean(e.op == Op::kNotIn);
-    return Status::error("an operand is undefined");
-  }
-  if (left.is(Kind::kNull) || right.is(Kind::kNull)) return Status::error("an operand is none");
-
+  if (e.op == Op::kEq) return Value::boolean(py_equal(left, right));
+  if (e.op == Op::kNe) return Value::boolean(!py_equal(left, right));
   if (e.op == Op::kConcat) {
     std::string text;
-    MAGNETAR_RETURN_IF_ERROR(js_string(left, &text));
-    MAGNETAR_RETURN_IF_ERROR(js_string(right, &text));
+    MAGNETAR_RETURN_IF_ERROR(py_str(left, &text));
+    MAGNETAR_RETURN_IF_ERROR(py_str(right, &text));
     return make_string(std::move(text));
   }
-  const bool num_like_l = left.is_numeric() || left.is(Kind::kBool),
-             num_like_r = right.is_numeric() || right.is(Kind::kBool);
-  if (e.op == Op::kPow && num_like_l && num_like_r) {
-    const double a = left.as_double(), b = right.as_double();
-    if (a == 0 && b < 0) return Status::error("0.0 cannot be raised to a negative power");
-    const double r = std::pow(a, b);
-    if (!std::isfinite(r)) return Status::error("exponentiation result is not a finite real number");
-    if (left.is(Kind::kFloat) || right.is(Kind::kFloat) || b < 0 || std::fabs(r) >= 9.2e18) return Value::number(r);
-    return Value::integer(int64_t(r));
-  }
-  if (left.is_numeric() && right.is_numeric()) {
-    const bool ints = left.is(Kind::kInt) && right.is(Kind::kInt);
-    const double a = left.as_double(), b = right.as_double();
-    switch (e.op) {
-      case Op::kAdd:
-      case Op::kSub:
-      case Op::kMul: {
-        if (ints) {
-          int64_t r = 0;
-          const bool overflow = e.op == Op::kAdd   ? __builtin_add_overflow(left.i, right.i, &r)
-                                : e.op == Op::kSub ? __builtin_sub_overflow(left.i, right.i, &r)
-                                                   : __builtin_mul_overflow(left.i, right.i, &r);
-          if (!overflow) return Value::integer(r);
-        }
-        return Value::number(e.op == Op::kAdd ? a + b : e.op == Op::kSub ? a - b : a * b);
-      }
-      case Op::kDiv: return Value::number(a / b);
-      case Op::kFloorDiv:
-        if (ints) {
-          if (right.i == 0) return Status::error("integer division by zero");
-          return Value::integer(int64_t(std::floor(a / b)));
-        }
-        return Value::number(std::floor(a / b));
-      case Op::kMod:
-        if (ints) {
-          if (right.i == 0) return Status::error("integer modulo by zero");
-          if (right.i == -1) return Value::integer(0);
-          return Value::integer(left.i % right.i);  // sign of the dividend, as JavaScript's %
-        }
-        return Value::number(std::fmod(a, b));
-      case Op::kLt: return Value::boolean(a < b);
-      case Op::kGt: return Value::boolean(a > b);
-      case Op::kLe: return Value::boolean(a <= b);
-      case Op::kGe: return Value::boolean(a >= b);
-      default: break;
-    }
-  } else if (left.is(Kind::kArray) && right.is(Kind::kArray)) {
-    if (e.op == Op::kAdd) {
-      Array items = left.arr();
-      items.insert(items.end(), right.arr().begin(), right.arr().end());
-      return make_array(std::move(items));
-    }
-  } else if (right.is(Kind::kArray) && in_op) {
-    bool found = false;
-    for (const Value& x : right.arr()) found = found || strict_equal(x, left);
+  if (e.op == Op::kIn || e.op == Op::kNotIn) {
+    TRY(const bool found, py_contains(*this, right, left));
     return Value::boolean(found == (e.op == Op::kIn));
   }
-  if (e.op == Op::kAdd && (left.is(Kind::kString) || right.is(Kind::kString))) {
-    std::string text;
-    MAGNETAR_RETURN_IF_ERROR(js_string(left, &text));
-    MAGNETAR_RETURN_IF_ERROR(js_string(right, &text));
-    return make_string(std::move(text));
-  }
-  if (left.is(Kind::kString) && right.is(Kind::kString)) {
-    if (in_op) return Value::boolean((right.str().find(left.str()) != std::string::npos) == (e.op == Op::kIn));
-    // Not in the reference (it refuses); Python compares strings by code point.
-    const int c = js_compare(left.str(), right.str());
-    switch (e.op) {
-      case Op::kLt: return Value::boolean(c < 0);
-      case Op::kGt: return Value::boolean(c > 0);
-      case Op::kLe: return Value::boolean(c <= 0);
-      case Op::kGe: return Value::boolean(c >= 0);
-      default: break;
-    }
-  }
-  if (left.is(Kind::kString) && right.is(Kind::kObject) && in_op) {
-    return Value::boolean((right.obj().find(left.str()) != nullptr) == (e.op == Op::kIn));
-  }
+  if (left.is(Kind::kUndefined) || right.is(Kind::kUndefined)) return Status::error("an operand is undefined");
   static constexpr const char* kNames[] = {"",       "and", "or", "not", "==", "!=", "<",  ">", "<=", ">=", "in",
                                            "not in", "+",   "-",  "~",   "*",  "/",  "//", "%", "**", "-",  "+"};
-  return Status::error(std::string("operator '") + kNames[int(e.op)] + "' is not defined between a " + kind_name(left) +
-                       " and a " + kind_name(right));
+  const char* op_name = kNames[int(e.op)];
+  switch (e.op) {
+    case Op::kLt:
+    case Op::kGt:
+    case Op::kLe:
+    case Op::kGe: {
+      if (left.is(Kind::kString) && right.is(Kind::kString)) {
+        MAGNETAR_RETURN_IF_ERROR(charge_scan(std::min(left.str().size(), right.str().size())));
+      }
+      TRY(const int c, py_compare(left, right, op_name));
+      return Value::boolean(e.op == Op::kLt ? c < 0 : e.op == Op::kGt ? c > 0 : e.op == Op::kLe ? c <= 0 : c >= 0);
+    }
+    default: break;
+  }
+  const auto unsupported = [&]() {
+    if (e.op == Op::kAdd && left.is(Kind::kString)) {
+      return Status::error(std::string("can only concatenate str (not \"") + py_type(right) + "\") to str");
+    }
+    return Status::error(std::string("unsupported operand type(s) for ") + op_name + ": '" + py_type(left) + "' and '" +
+                         py_type(right) + "'");
+  };
+  if (e.op == Op::kMod && left.is(Kind::kString)) return percent_format(left.str(), right);
+  if (e.op == Op::kMul) {
+    if ((left.is(Kind::kString) || left.is(Kind::kArray)) && exact_int(right)) return repeat(left, as_int(right));
+    if ((right.is(Kind::kString) || right.is(Kind::kArray)) && exact_int(left)) return repeat(right, as_int(left));
+  }
+  if (e.op == Op::kAdd) {
+    if (left.is(Kind::kString) && right.is(Kind::kString)) {
+      MAGNETAR_RETURN_IF_ERROR(charge_bytes(left.str().size() + right.str().size()));
+      return Value::string(left.str() + right.str());
+    }
+    if (left.is(Kind::kArray) && right.is(Kind::kArray) && left.tuple == right.tuple) {
+      MAGNETAR_RETURN_IF_ERROR(charge_bytes((left.arr().size() + right.arr().size()) * sizeof(Value)));
+      Array items = left.arr();
+      items.insert(items.end(), right.arr().begin(), right.arr().end());
+      return Value::array(std::move(items), left.tuple);
+    }
+  }
+  if (!number_like(left) || !number_like(right)) return unsupported();
+  const bool ints = exact_int(left) && exact_int(right);
+  const double a = left.as_double(), b = right.as_double();
+  switch (e.op) {
+    case Op::kAdd:
+    case Op::kSub:
+    case Op::kMul: {
+      if (ints) {
+        int64_t r = 0;
+        const int64_t x = as_int(left), y = as_int(right);
+        const bool overflow = e.op == Op::kAdd   ? __builtin_add_overflow(x, y, &r)
+                              : e.op == Op::kSub ? __builtin_sub_overflow(x, y, &r)
+                                                 : __builtin_mul_overflow(x, y, &r);
+        if (!overflow) return Value::integer(r);
+      }
+      return Value::number(e.op == Op::kAdd ? a + b : e.op == Op::kSub ? a - b : a * b);
+    }
+    case Op::kDiv:
+      if (b == 0) return Status::error("division by zero");
+      return Value::number(a / b);
+    case Op::kFloorDiv:
+    case Op::kMod:
+      if (b == 0) return Status::error("integer division or modulo by zero");
+      if (ints) {
+        const int64_t x = as_int(left), y = as_int(right);
+        if (y == -1) return Value::integer(e.op == Op::kMod ? 0 : x == INT64_MIN ? x : -x);
+        int64_t q = x / y, r = x % y;
+        if (r != 0 && ((r < 0) != (y < 0))) r += y, --q;  // Python floors: the remainder takes the divisor's sign
+        return Value::integer(e.op == Op::kMod ? r : q);
+      }
+      return Value::number(e.op == Op::kMod ? py_fmod(a, b) : std::floor(a / b));
+    case Op::kPow: {
+      if (a == 0 && b < 0) return Status::error("0.0 cannot be raised to a negative power");
+      const double r = std::pow(a, b);
+      if (!std::isfinite(r)) return Status::error("exponentiation result is not a finite real number");
+      if (!ints || b < 0 || std::fabs(r) >= 9.2e18) return Value::number(r);
+      return Value::integer(int64_t(r));
+    }
+    default: return unsupported();
+  }
+}
+
+// Python's printf-style `str % args` for the forms templates use: %s %r %d %i %x %o %f %e %g %% with flags,
+// width and precision (%05.2f, %-4s); `args` is a tuple of values or a single value.
+Result<Value> Interp::percent_format(const std::string& fmt, const Value& args) {
+  std::vector<Value> values;
+  if (args.is(Kind::kArray) && args.tuple) {
+    values = args.arr();
+  } else {
+    values.push_back(args);
+  }
+  std::string out;
+  size_t next = 0;
+  for (size_t i = 0; i < fmt.size(); ++i) {
+    if (fmt[i] != '%') {
+      out += fmt[i];
+      continue;
+    }
+    size_t j = i + 1;
+    std::string flags, width, precision;
+    while (j < fmt.size() && std::strchr("-+ #0", fmt[j])) flags += fmt[j++];
+    while (j < fmt.size() && std::isdigit(uint8_t(fmt[j]))) width += fmt[j++];
+    if (j < fmt.size() && fmt[j] == '.') {
+      precision = ".";
+      ++j;
+      while (j < fmt.size() && std::isdigit(uint8_t(fmt[j]))) precision += fmt[j++];
+    }
+    if (j >= fmt.size()) return Status::error("incomplete format");
+    const char conv = fmt[j];
+    i = j;
+    if (conv == '%') {
+      out += '%';
+      continue;
+    }
+    if (next >= values.size()) return Status::error("not enough arguments for format string");
+    const Value& v = values[next++];
+    if (width.size() > 3 || precision.size() > 3) return Status::error("format width or precision too large");
+    char buf[1200];
+    const std::string spec = "%" + flags + width + precision;
+    if (conv == 's' || conv == 'r') {
+      std::string text;
+      MAGNETAR_RETURN_IF_ERROR(conv == 's' ? py_str(v, &text) : py_repr(v, &text));
+      const size_t w = width.empty() ? 0 : size_t(std::atoi(width.c_str()));
+      const size_t len = cp_count(text);
+      const std::string pad(w > len ? w - len : 0, ' ');
+      out += flags.find('-') != std::string::npos ? text + pad : pad + text;
+    } else if (std::strchr("dixXo", conv)) {
+      if (!number_like(v)) {
+        return Status::error(std::string("%") + conv + " format: a real number is required, not " + py_type(v));
+      }
+      const long long n = exact_int(v) ? (long long)as_int(v) : (long long)std::trunc(v.as_double());
+      std::snprintf(buf, sizeof(buf), (spec + "ll" + (conv == 'i' ? 'd' : conv)).c_str(), n);
+      out += buf;
+    } else if (std::strchr("feEgG", conv)) {
+      if (!number_like(v)) return Status::error(std::string("must be real number, not ") + py_type(v));
+      std::snprintf(buf, sizeof(buf), (spec + conv).c_str(), v.as_double());
+      out += buf;
+    } else {
+      return Status::error(std::string("unsupported format character '") + conv + "'");
+    }
+  }
+  if (next < values.size()) return Status::error("not all arguments converted during string formatting");
+  return make_string(std::move(out));
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Tests (`x is name`), also used by selectattr/rejectattr and select/reject
+// Tests (`x is name`, `x is name arg`, `x is name(arg)`), also used by select/reject and their attr forms
 // ---------------------------------------------------------------------------------------------------------
 
-Result<bool> test_value(const std::string& name, const Value& v, const Value* arg) {
+Result<bool> test_value(Interp& in, const std::string& name, const Value& v, const Value* arg) {
   const Kind k = v.kind;
+  const auto need_arg = [&]() { return Status::error("test '" + name + "' needs an argument"); };
   if (name == "defined") return k != Kind::kUndefined;
   if (name == "undefined") return k == Kind::kUndefined;
   if (name == "none") return k == Kind::kNull;
@@ -209,25 +322,92 @@ Result<bool> test_value(const std::string& name, const Value& v, const Value* ar
   if (name == "true") return k == Kind::kBool && v.b;
   if (name == "false") return k == Kind::kBool && !v.b;
   if (name == "string") return k == Kind::kString;
-  if (name == "number") return k == Kind::kInt || k == Kind::kFloat;
+  if (name == "number") return k == Kind::kInt || k == Kind::kFloat || k == Kind::kBool;  // bool is an int
   if (name == "integer") return k == Kind::kInt;
-  if (name == "float") return k == Kind::kFloat;  // not in the reference
+  if (name == "float") return k == Kind::kFloat;
   if (name == "callable") return k == Kind::kFunction;
-  // The reference's `iterable` is true for lists and strings only (not tuples, not dicts).
-  if (name == "iterable") return (k == Kind::kArray && !v.tuple) || k == Kind::kString;
+  if (name == "iterable") {
+    return k == Kind::kArray || k == Kind::kString || k == Kind::kObject || k == Kind::kUndefined;
+  }
   if (name == "mapping") return k == Kind::kObject;
   if (name == "sequence") return k == Kind::kArray || k == Kind::kObject || k == Kind::kString;
-  if (name == "odd" || name == "even") {
-    if (k != Kind::kInt) return Status::error("test '" + name + "' needs an integer, got a " + kind_name(v));
-    return (v.i % 2 != 0) == (name == "odd");
+  if (name == "escaped") return false;
+  if (name == "filter") return arg && arg->is(Kind::kString) && is_filter_name(arg->str());
+  if (name == "test") return arg && arg->is(Kind::kString) && is_test_name(arg->str());
+  if (name == "odd" || name == "even" || name == "divisibleby") {
+    Value divisor = Value::integer(2);
+    if (name == "divisibleby") {
+      if (!arg) return need_arg();
+      divisor = *arg;
+    }
+    if (!(v.is_numeric() || v.is(Kind::kBool)) || !(divisor.is_numeric() || divisor.is(Kind::kBool))) {
+      return Status::error(std::string("unsupported operand type(s) for %: '") + py_type(v) + "' and '" +
+                           py_type(divisor) + "'");
+    }
+    if (divisor.as_double() == 0) return Status::error("integer division or modulo by zero");
+    double r = std::fmod(v.as_double(), divisor.as_double());
+    if (v.is(Kind::kInt) && !v.big && divisor.is(Kind::kInt) && !divisor.big) r = double(v.i % divisor.i);
+    return name == "odd" ? r != 0 : r == 0;
   }
   if (name == "lower" || name == "upper") {
-    if (k != Kind::kString) return Status::error("test '" + name + "' needs a string, got a " + kind_name(v));
-    return v.str() == (name == "lower" ? js_lower(v.str()) : js_upper(v.str()));
+    std::string s;
+    MAGNETAR_RETURN_IF_ERROR(py_str(v, &s));
+    const std::string lo = py_lower(s), up = py_upper(s);
+    if (lo == up) return false;  // no cased character
+    return s == (name == "lower" ? lo : up);
   }
-  if (name == "equalto" || name == "eq" || name == "sameas") return arg ? strict_equal(v, *arg) : false;
-  if (name == "ne") return arg ? !strict_equal(v, *arg) : true;
+  if (name == "sameas") {
+    if (!arg) return need_arg();
+    if (v.kind != arg->kind) return false;
+    switch (k) {
+      case Kind::kUndefined:
+      case Kind::kNull: return true;
+      case Kind::kBool: return v.b == arg->b;
+      case Kind::kInt: return v.i == arg->i && v.i >= -5 && v.i <= 256;  // CPython's cached small ints
+      case Kind::kArray: return v.a == arg->a;
+      case Kind::kObject:
+      case Kind::kNamespace: return v.o == arg->o;
+      case Kind::kFunction: return v.fn == arg->fn;
+      default: return false;
+    }
+  }
+  if (name == "in") {
+    if (!arg) return need_arg();
+    return py_contains(in, *arg, v);
+  }
+  if (name == "eq" || name == "equalto" || name == "==" || name == "ne" || name == "!=") {
+    if (!arg) return need_arg();
+    return py_equal(v, *arg) == (name != "ne" && name != "!=");
+  }
+  struct Order {
+    const char* names[3];
+    const char* op;
+  };
+  static constexpr Order kOrders[] = {{{"lt", "lessthan", "<"}, "<"},
+                                      {{"le", "<=", "le"}, "<="},
+                                      {{"gt", "greaterthan", ">"}, ">"},
+                                      {{"ge", ">=", "ge"}, ">="}};
+  for (const Order& o : kOrders) {
+    if (name != o.names[0] && name != o.names[1] && name != o.names[2]) continue;
+    if (!arg) return need_arg();
+    TRY(const int c, py_compare(v, *arg, o.op));
+    const std::string op = o.op;
+    return op == "<" ? c < 0 : op == "<=" ? c <= 0 : op == ">" ? c > 0 : c >= 0;
+  }
   return Status::error("unknown test '" + name + "'");
+}
+
+bool is_test_name(const std::string& name) {
+  static constexpr const char* kTests[] = {
+      "defined", "undefined", "none",     "boolean",     "true",    "false",    "string",   "number",
+      "integer", "float",     "callable", "iterable",    "mapping", "sequence", "escaped",  "filter",
+      "test",    "odd",       "even",     "divisibleby", "lower",   "upper",    "sameas",   "in",
+      "eq",      "equalto",   "==",       "ne",          "!=",      "lt",       "lessthan", "<",
+      "le",      "<=",        "gt",       "greaterthan", ">",       "ge",       ">="};
+  for (const char* t : kTests) {
+    if (name == t) return true;
+  }
+  return false;
 }
 
 }  // namespace magnetar::chat::jinja

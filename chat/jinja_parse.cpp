@@ -265,6 +265,7 @@ class Parser {
     auto tuple = make_expr(ExprKind::kTuple, at);
     tuple->items.push_back(std::move(first));
     while (is(Tok::kComma)) {
+      if (!primary_only && is(Tok::kCloseParen, 1)) break;  // (a, b,): the caller takes the comma
       ++cur_;
       TRY(ExprPtr next, primary_only ? primary() : expression());
       tuple->items.push_back(std::move(next));
@@ -420,6 +421,17 @@ class Parser {
       if (!is(Tok::kIdent)) return error("expected a test name after 'is', got " + describe());
       e->name = t_[cur_++].value;
       e->a = std::move(operand);
+      // An argument: `is divisibleby(3)`, or one primary without parentheses as Python Jinja reads it
+      // (`is divisibleby 3`, `is sameas false`, `is in [1, 2]`).
+      if (is(Tok::kOpenParen)) {
+        TRY(e->items, args(false));
+      } else if (is(Tok::kNumber) || is(Tok::kString) || is(Tok::kOpenBracket) || is(Tok::kOpenBrace) ||
+                 (is(Tok::kIdent) && !is_ident("else") && !is_ident("or") && !is_ident("and") && !is_ident("if") &&
+                  !is_ident("is") && !is_ident("in") && !is_ident("not"))) {
+        TRY(ExprPtr p, primary());
+        TRY(ExprPtr arg, postfix(std::move(p)));
+        e->items.push_back(std::move(arg));
+      }
       operand = std::move(e);
     }
     return operand;
@@ -583,7 +595,7 @@ class Parser {
     const Token& k = t_[cur_++];
     switch (k.type) {
       case Tok::kNumber: {
-        if (k.value.find('.') != std::string::npos) {
+        if (k.value.find_first_of(".eE") != std::string::npos) {
           auto e = make_expr(ExprKind::kFloat, k.pos);
           const char* begin = k.value.data() + (k.value[0] == '+' ? 1 : 0);
           const auto r = std::from_chars(begin, k.value.data() + k.value.size(), e->f);
@@ -608,7 +620,19 @@ class Parser {
         return e;
       }
       case Tok::kOpenParen: {
+        if (is(Tok::kCloseParen)) {  // ()
+          ++cur_;
+          return make_expr(ExprKind::kTuple, k.pos);
+        }
         TRY(ExprPtr e, sequence(false));
+        if (is(Tok::kComma)) {  // (a,) and (a, b,): a trailing comma makes or ends a tuple
+          ++cur_;
+          if (e->kind != ExprKind::kTuple) {
+            auto tuple = make_expr(ExprKind::kTuple, k.pos);
+            tuple->items.push_back(std::move(e));
+            e = std::move(tuple);
+          }
+        }
         MAGNETAR_RETURN_IF_ERROR(expect(Tok::kCloseParen, "')'"));
         return e;
       }
@@ -649,10 +673,21 @@ class Parser {
 
 }  // namespace
 
-Result<std::unique_ptr<Program>> parse_program(std::string_view source) {
-  TRY(const std::vector<Token> tokens, tokenize(source));
+Result<std::unique_ptr<Program>> parse_program(std::string_view raw) {
+  // Python jinja2 reads "\r\n" and "\r" as "\n" before anything else (string literals included), so a
+  // template saved with Windows line ends renders as the same template with "\n".
   auto program = std::make_unique<Program>();
-  program->source.assign(source);
+  program->source.reserve(raw.size());
+  for (size_t k = 0; k < raw.size(); ++k) {
+    if (raw[k] != '\r') {
+      program->source += raw[k];
+    } else {
+      program->source += '\n';
+      if (k + 1 < raw.size() && raw[k + 1] == '\n') ++k;
+    }
+  }
+  const std::string_view source = program->source;
+  TRY(const std::vector<Token> tokens, tokenize(source));
   Parser p(source, tokens);
   TRY(program->body, p.program());
   return program;

@@ -1,8 +1,11 @@
 #include "chat/jinja_text.h"
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <vector>
 
 namespace magnetar::chat::jinja {
 
@@ -149,6 +152,11 @@ namespace {
 
 // Simple one-to-one case pairs of the scripts chat templates meet; `upper` selects the direction.
 uint32_t map_case(uint32_t cp, bool upper) {
+  // The Latin digraphs come in threes (upper, title, lower): DŽ Dž dž, LJ Lj lj, NJ Nj nj, DZ Dz dz.
+  if ((cp >= 0x1C4 && cp <= 0x1CC) || (cp >= 0x1F1 && cp <= 0x1F3)) {
+    const uint32_t base = cp >= 0x1F1 ? 0x1F1 : 0x1C4 + (cp - 0x1C4) / 3 * 3;
+    return upper ? base : base + 2;
+  }
   if (cp < 0x80) {
     if (upper && cp >= 'a' && cp <= 'z') return cp - 32;
     if (!upper && cp >= 'A' && cp <= 'Z') return cp + 32;
@@ -209,6 +217,8 @@ size_t skip_js_space(std::string_view s) {
 }  // namespace
 
 std::string js_upper(std::string_view s) { return map_string(s, true); }
+std::string py_upper(std::string_view s) { return map_string(s, true); }
+std::string py_lower(std::string_view s) { return map_string(s, false); }
 std::string js_lower(std::string_view s) { return map_string(s, false); }
 
 bool js_parse_int(std::string_view s, double* out) {
@@ -254,6 +264,202 @@ bool js_parse_float(std::string_view s, double* out) {
   const auto r = std::from_chars(text.data(), text.data() + text.size(), v);
   if (r.ec == std::errc::result_out_of_range) v = text.find_first_of("123456789") == std::string::npos ? 0 : HUGE_VAL;
   *out = neg ? -v : v;
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Python str semantics
+// ---------------------------------------------------------------------------------------------------------
+
+size_t cp_count(std::string_view s) {
+  size_t n = 0;
+  for (size_t i = 0; i < s.size(); ++n) {
+    if (uint8_t(s[i]) < 0x80) {
+      ++i;
+    } else {
+      decode_utf8(s, &i);
+    }
+  }
+  return n;
+}
+
+size_t cp_offset(std::string_view s, size_t index) {
+  size_t i = 0;
+  for (size_t n = 0; n < index; ++n) {
+    if (i >= s.size()) return std::string_view::npos;
+    decode_utf8(s, &i);
+  }
+  return i < s.size() ? i : std::string_view::npos;
+}
+
+bool py_is_space(uint32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+}
+
+std::string py_strip(std::string_view s, const std::string* chars, bool left, bool right) {
+  std::vector<uint32_t> set;
+  if (chars) {
+    for (size_t i = 0; i < chars->size();) set.push_back(decode_utf8(*chars, &i));
+  }
+  const auto strip_it = [&](uint32_t cp) {
+    if (!chars) return py_is_space(cp);
+    return std::find(set.begin(), set.end(), cp) != set.end();
+  };
+  size_t begin = 0, end = s.size();
+  if (left) {
+    while (begin < s.size()) {
+      size_t next = begin;
+      if (!strip_it(decode_utf8(s, &next))) break;
+      begin = next;
+    }
+  }
+  if (right) {
+    // Forward walk remembering where the trailing run starts (invalid UTF-8 cannot be read backwards).
+    size_t i = begin, run = s.size();
+    bool in_run = false;
+    while (i < s.size()) {
+      const size_t at = i;
+      if (strip_it(decode_utf8(s, &i))) {
+        if (!in_run) run = at, in_run = true;
+      } else {
+        in_run = false;
+      }
+    }
+    end = in_run ? run : s.size();
+  }
+  return std::string(s.substr(begin, end - begin));
+}
+
+namespace {
+
+bool is_cased(uint32_t cp) {
+  return map_case(cp, true) != cp || map_case(cp, false) != cp || cp == 0xDF || (cp >= 0x1C4 && cp <= 0x1CC) ||
+         (cp >= 0x1F1 && cp <= 0x1F3);
+}
+
+// Title case of one code point: the digraphs have their own title form (Dž), others take their upper case.
+void append_title(uint32_t cp, std::string* out) {
+  if ((cp >= 0x1C4 && cp <= 0x1CC) || (cp >= 0x1F1 && cp <= 0x1F3)) {
+    append_utf8(map_case(cp, true) + 1, out);
+  } else if (cp == 0xDF) {
+    *out += "Ss";
+  } else {
+    append_utf8(map_case(cp, true), out);
+  }
+}
+
+}  // namespace
+
+std::string py_title(std::string_view s) {
+  std::string out;
+  bool prev_cased = false;
+  for (size_t i = 0; i < s.size();) {
+    const size_t start = i;
+    const uint32_t cp = decode_utf8(s, &i);
+    if (cp == 0xFFFD && i - start != 3) {
+      out.append(s.substr(start, i - start));
+      prev_cased = false;
+      continue;
+    }
+    const bool cased = is_cased(cp);
+    if (cased && !prev_cased) {
+      if (cp == 0xDF) {
+        out += "Ss";
+      } else {
+        append_utf8(map_case(cp, true), &out);  // str.title() takes the upper case of the digraphs too
+      }
+    } else {
+      out += py_lower(s.substr(start, i - start));
+    }
+    prev_cased = cased;
+  }
+  return out;
+}
+
+std::string py_capitalize(std::string_view s) {
+  if (s.empty()) return std::string();
+  size_t i = 0;
+  const uint32_t cp = decode_utf8(s, &i);
+  std::string out;
+  if (cp == 0xFFFD && i != 3) {
+    out.append(s.substr(0, i));
+  } else {
+    append_title(cp, &out);
+  }
+  return out + py_lower(s.substr(i));
+}
+
+namespace {
+
+// The digits of a Python numeric literal with `_` allowed between digits; "" when malformed.
+std::string without_underscores(std::string_view s) {
+  std::string out;
+  for (size_t k = 0; k < s.size(); ++k) {
+    if (s[k] == '_') {
+      const bool between =
+          k > 0 && k + 1 < s.size() && std::isdigit(uint8_t(s[k - 1])) && std::isdigit(uint8_t(s[k + 1]));
+      if (!between) return std::string();
+      continue;
+    }
+    out += s[k];
+  }
+  return out;
+}
+
+std::string_view ascii_space_trimmed(std::string_view s, std::string* holder) {
+  *holder = py_strip(s, nullptr, true, true);
+  return *holder;
+}
+
+}  // namespace
+
+bool py_parse_int(std::string_view s, int64_t* out, bool* too_big) {
+  std::string holder;
+  std::string text = without_underscores(ascii_space_trimmed(s, &holder));
+  *too_big = false;
+  if (text.empty()) return false;
+  size_t i = 0;
+  if (text[0] == '+' || text[0] == '-') ++i;
+  if (i >= text.size()) return false;
+  for (size_t k = i; k < text.size(); ++k) {
+    if (!std::isdigit(uint8_t(text[k]))) return false;
+  }
+  if (text[0] == '+') text.erase(0, 1);
+  const auto r = std::from_chars(text.data(), text.data() + text.size(), *out);
+  if (r.ec == std::errc::result_out_of_range) *too_big = true;
+  return true;
+}
+
+bool py_parse_float(std::string_view s, double* out) {
+  std::string holder;
+  std::string text = without_underscores(ascii_space_trimmed(s, &holder));
+  if (text.empty()) return false;
+  std::string lower;
+  for (char c : text) lower += char(std::tolower(uint8_t(c)));
+  size_t i = lower[0] == '+' || lower[0] == '-' ? 1 : 0;
+  const std::string body = lower.substr(i);
+  if (body == "inf" || body == "infinity" || body == "nan") {
+    *out = body == "nan" ? NAN : (lower[0] == '-' ? -HUGE_VAL : HUGE_VAL);
+    return true;
+  }
+  // digits [. digits] [e [sign] digits], at least one digit in the mantissa
+  size_t k = 0, mantissa = 0;
+  while (k < body.size() && std::isdigit(uint8_t(body[k]))) ++k, ++mantissa;
+  if (k < body.size() && body[k] == '.') {
+    ++k;
+    while (k < body.size() && std::isdigit(uint8_t(body[k]))) ++k, ++mantissa;
+  }
+  if (mantissa == 0) return false;
+  if (k < body.size() && body[k] == 'e') {
+    ++k;
+    if (k < body.size() && (body[k] == '+' || body[k] == '-')) ++k;
+    size_t exp = 0;
+    while (k < body.size() && std::isdigit(uint8_t(body[k]))) ++k, ++exp;
+    if (exp == 0) return false;
+  }
+  if (k != body.size()) return false;
+  *out = std::strtod(text.c_str(), nullptr);
   return true;
 }
 

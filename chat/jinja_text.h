@@ -39,6 +39,27 @@ std::string js_number(double d);
 std::string js_upper(std::string_view s);
 std::string js_lower(std::string_view s);
 
+// --- Python str semantics (what the templates' jinja2 computes with) ---
+
+// Code points (an invalid byte counts as one, as decode_utf8 reads it).
+size_t cp_count(std::string_view s);
+// Byte offset of code point `index` (0 <= index), or npos past the end; scans from the start.
+size_t cp_offset(std::string_view s, size_t index);
+// str.isspace() of one code point.
+bool py_is_space(uint32_t cp);
+// str.strip / lstrip / rstrip: `chars` null strips whitespace, else any of its code points.
+std::string py_strip(std::string_view s, const std::string* chars, bool left, bool right);
+// str.upper / str.lower (js_upper/js_lower's tables plus the Latin digraphs: 'ǅ'.lower() == 'ǆ').
+std::string py_upper(std::string_view s);
+std::string py_lower(std::string_view s);
+// str.title(): a cased character after an uncased one is upper-cased, every other one lower-cased.
+std::string py_title(std::string_view s);
+// str.capitalize(): the first character upper-cased, the rest lower-cased.
+std::string py_capitalize(std::string_view s);
+// int(s) / float(s) of Python: surrounding whitespace, a sign, `_` between digits; false when not a number.
+bool py_parse_int(std::string_view s, int64_t* out, bool* too_big);
+bool py_parse_float(std::string_view s, double* out);
+
 // parseInt(s, 10) / parseFloat(s): the longest numeric prefix after JS whitespace; false when none.
 bool js_parse_int(std::string_view s, double* out);
 bool js_parse_float(std::string_view s, double* out);

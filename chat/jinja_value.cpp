@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "chat/jinja_text.h"
 
@@ -92,8 +93,7 @@ bool truthy(const Value& v) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// From JSON. JSON numbers become integers when integral, as JavaScript (which has one number type) sees
-// them: 1.0 in a request is the integer 1.
+// From JSON, as Python's json.loads reads it: 2.0 stays a float, integers stay exact (up to 2^64-1 here).
 // ---------------------------------------------------------------------------------------------------------
 
 namespace {
@@ -107,13 +107,11 @@ Result<Value> convert(const J& j, uint32_t depth) {
     case J::value_t::number_integer: return Value::integer(j.template get<int64_t>());
     case J::value_t::number_unsigned: {
       const uint64_t u = j.template get<uint64_t>();
-      return u <= uint64_t(INT64_MAX) ? Value::integer(int64_t(u)) : Value::number(double(u));
+      Value v = Value::integer(int64_t(u));
+      v.big = u > uint64_t(INT64_MAX);
+      return v;
     }
-    case J::value_t::number_float: {
-      const double d = j.template get<double>();
-      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.2e18) return Value::integer(int64_t(d));
-      return Value::number(d);
-    }
+    case J::value_t::number_float: return Value::number(j.template get<double>());
     case J::value_t::string: return Value::string(j.template get<std::string>());
     case J::value_t::array: {
       Array items;
@@ -137,13 +135,6 @@ Result<Value> convert(const J& j, uint32_t depth) {
   }
 }
 
-// String.prototype.localeCompare as ICU orders plain keys: case-insensitive first, lowercase first on ties.
-bool locale_less(const std::string& a, const std::string& b) {
-  const int c = js_compare(js_lower(a), js_lower(b));
-  if (c != 0) return c < 0;
-  return js_compare(a, b) > 0;  // 'a' (0x61) before 'A' (0x41)
-}
-
 constexpr uint32_t kMaxPrintLevel = kMaxValueDepth + 8;  // namespaces can form chains the depth field misses
 
 // The most a printed list or dict may grow to: values share their elements, so a few steps build a list whose printed
@@ -159,32 +150,44 @@ Status too_deep() {
   return Status::error(format("value nested deeper than %u levels (or refers to itself)", kMaxPrintLevel));
 }
 
-// RuntimeValue.toString() of the reference: what an element prints as inside js_string's join.
-Status to_string_form(const Value& v, std::string* out, uint32_t level) {
-  switch (v.kind) {
-    case Kind::kUndefined: *out += "undefined"; return Status();
-    case Kind::kNull: *out += "null"; return Status();
-    case Kind::kBool: *out += v.b ? "true" : "false"; return Status();
-    case Kind::kInt: *out += std::to_string(v.i); return Status();
-    case Kind::kFloat: {
-      if (v.f == 0 && std::signbit(v.f)) {
-        *out += "-0.0";
-      } else if (std::isfinite(v.f) && v.f == std::floor(v.f) && std::fabs(v.f) < 1e21) {
-        char buf[400];
-        std::snprintf(buf, sizeof(buf), "%.1f", v.f);  // toFixed(1) of an integral value
-        *out += buf;
-      } else {
-        *out += js_number(v.f);
-      }
-      return Status();
+std::string int_text(const Value& v) { return v.big ? std::to_string(uint64_t(v.i)) : std::to_string(v.i); }
+
+// str.isprintable() for the code points a chat meets: controls, separators other than the space, format
+// characters, surrogates and private use are not printable (repr escapes them).
+bool py_printable(uint32_t cp) {
+  if (cp < 0x20 || (cp >= 0x7F && cp <= 0xA0) || cp == 0xAD) return false;
+  if (cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200F) || (cp >= 0x2028 && cp <= 0x202F)) return false;
+  if ((cp >= 0x205F && cp <= 0x206F) || cp == 0x3000 || cp == 0xFEFF || (cp >= 0xFFF9 && cp <= 0xFFFB)) return false;
+  if ((cp >= 0xD800 && cp <= 0xF8FF) || cp >= 0xF0000 || (cp >= 0xE0000 && cp <= 0xE007F)) return false;
+  return true;
+}
+
+void py_quote(std::string_view s, std::string* out) {
+  const bool has_single = s.find('\'') != std::string_view::npos, has_double = s.find('"') != std::string_view::npos;
+  const char quote = has_single && !has_double ? '"' : '\'';
+  static constexpr char kHex[] = "0123456789abcdef";
+  *out += quote;
+  for (size_t i = 0; i < s.size();) {
+    const size_t start = i;
+    const uint32_t cp = decode_utf8(s, &i);
+    if (cp == uint32_t(quote) || cp == '\\') {
+      *out += '\\';
+      *out += char(cp);
+    } else if (cp == '\n') {
+      *out += "\\n";
+    } else if (cp == '\r') {
+      *out += "\\r";
+    } else if (cp == '\t') {
+      *out += "\\t";
+    } else if (!py_printable(cp)) {
+      const int digits = cp < 0x100 ? 2 : cp < 0x10000 ? 4 : 8;
+      *out += digits == 2 ? "\\x" : digits == 4 ? "\\u" : "\\U";
+      for (int k = digits - 1; k >= 0; --k) *out += kHex[(cp >> (4 * k)) & 0xF];
+    } else {
+      out->append(s.substr(start, i - start));
     }
-    case Kind::kString: *out += *v.s; return Status();
-    case Kind::kArray:
-    case Kind::kObject:
-    case Kind::kNamespace: return to_json(v, JsonOptions(), out, false, level);
-    case Kind::kFunction: return Status::error("cannot print a callable");
   }
-  return Status();
+  *out += quote;
 }
 
 }  // namespace
@@ -195,6 +198,39 @@ Result<Value> from_json(const nlohmann::json& j, uint32_t depth) { return conver
 // ---------------------------------------------------------------------------------------------------------
 // To text
 // ---------------------------------------------------------------------------------------------------------
+
+std::string py_float(double d) {
+  if (std::isnan(d)) return "nan";
+  if (std::isinf(d)) return d < 0 ? "-inf" : "inf";
+  char buf[64];
+  int precision = 1;
+  for (; precision <= 17; ++precision) {  // the shortest %.Ne that reads back as d
+    std::snprintf(buf, sizeof(buf), "%.*e", precision - 1, d);
+    if (std::strtod(buf, nullptr) == d) break;
+  }
+  // buf: [-]D[.DDD]e[+-]XX
+  std::string text = buf;
+  const bool neg = text[0] == '-';
+  if (neg) text.erase(0, 1);
+  const size_t e = text.find('e');
+  const int exp = std::atoi(text.c_str() + e + 1);
+  std::string digits;
+  for (size_t k = 0; k < e; ++k) {
+    if (text[k] != '.') digits += text[k];
+  }
+  while (digits.size() > 1 && digits.back() == '0') digits.pop_back();
+  std::string out = neg ? "-" : "";
+  if (exp < -4 || exp >= 16) {
+    out += digits[0];
+    if (digits.size() > 1) out += "." + digits.substr(1);
+    std::snprintf(buf, sizeof(buf), "e%c%02d", exp < 0 ? '-' : '+', std::abs(exp));
+    return out + buf;
+  }
+  if (exp < 0) return out + "0." + std::string(size_t(-exp - 1), '0') + digits;
+  const size_t point = size_t(exp) + 1;
+  if (digits.size() <= point) return out + digits + std::string(point - digits.size(), '0') + ".0";
+  return out + digits.substr(0, point) + "." + digits.substr(point);
+}
 
 void json_quote(std::string_view s, bool ensure_ascii, std::string* out) {
   static constexpr char kHex[] = "0123456789abcdef";
@@ -231,27 +267,29 @@ void json_quote(std::string_view s, bool ensure_ascii, std::string* out) {
   *out += '"';
 }
 
-Status to_json(const Value& v, const JsonOptions& opt, std::string* out, bool undefined_as_null, uint32_t level) {
+Status to_json(const Value& v, const JsonOptions& opt, std::string* out, uint32_t level) {
   if (level > kMaxPrintLevel) return too_deep();
   std::string item_sep = ", ", key_sep = ": ";
   if (opt.custom_separators) {
     item_sep = opt.item_sep, key_sep = opt.key_sep;
-  } else if (opt.indent > 0) {
+  } else if (opt.indent >= 0) {
     item_sep = ",";
   }
   const std::string indent(size_t(std::max(opt.indent, 0)), ' ');
   std::string base_pad, child_pad;
-  if (opt.indent > 0) {
+  if (opt.indent >= 0) {
     base_pad = "\n";
     for (uint32_t k = 0; k < level; ++k) base_pad += indent;
     child_pad = base_pad + indent;
   }
   switch (v.kind) {
-    case Kind::kNull: *out += "null"; return Status();
-    case Kind::kUndefined: *out += undefined_as_null ? "null" : "undefined"; return Status();
+    case Kind::kNull:
+    case Kind::kUndefined: *out += "null"; return Status();
     case Kind::kBool: *out += v.b ? "true" : "false"; return Status();
-    case Kind::kInt: *out += std::to_string(v.i); return Status();
-    case Kind::kFloat: *out += std::isfinite(v.f) ? js_number(v.f) : "null"; return Status();
+    case Kind::kInt: *out += int_text(v); return Status();
+    case Kind::kFloat:
+      *out += std::isnan(v.f) ? "NaN" : std::isinf(v.f) ? (v.f < 0 ? "-Infinity" : "Infinity") : py_float(v.f);
+      return Status();
     case Kind::kString: json_quote(*v.s, opt.ensure_ascii, out); return Status();
     case Kind::kArray: {
       *out += '[';
@@ -260,7 +298,7 @@ Status to_json(const Value& v, const JsonOptions& opt, std::string* out, bool un
         if (out->size() > kMaxPrintBytes) return too_long();
         if (k > 0) *out += item_sep;
         *out += child_pad;
-        MAGNETAR_RETURN_IF_ERROR(to_json(items[k], opt, out, undefined_as_null, level + 1));
+        MAGNETAR_RETURN_IF_ERROR(to_json(items[k], opt, out, level + 1));
       }
       if (!items.empty()) *out += base_pad;
       *out += ']';
@@ -270,9 +308,9 @@ Status to_json(const Value& v, const JsonOptions& opt, std::string* out, bool un
     case Kind::kNamespace: {
       std::vector<const std::pair<std::string, Value>*> entries;
       for (const auto& e : v.o->entries) entries.push_back(&e);
-      if (opt.sort_keys) {
+      if (opt.sort_keys) {  // UTF-8 byte order is code point order
         std::stable_sort(entries.begin(), entries.end(),
-                         [](const auto* x, const auto* y) { return locale_less(x->first, y->first); });
+                         [](const auto* x, const auto* y) { return x->first < y->first; });
       }
       *out += '{';
       for (size_t k = 0; k < entries.size(); ++k) {
@@ -281,7 +319,7 @@ Status to_json(const Value& v, const JsonOptions& opt, std::string* out, bool un
         *out += child_pad;
         json_quote(entries[k]->first, opt.ensure_ascii, out);
         *out += key_sep;
-        MAGNETAR_RETURN_IF_ERROR(to_json(entries[k]->second, opt, out, undefined_as_null, level + 1));
+        MAGNETAR_RETURN_IF_ERROR(to_json(entries[k]->second, opt, out, level + 1));
       }
       if (!entries.empty()) *out += base_pad;
       *out += '}';
@@ -292,33 +330,54 @@ Status to_json(const Value& v, const JsonOptions& opt, std::string* out, bool un
   return Status();
 }
 
-Status print_value(const Value& v, std::string* out) {
-  if (v.is(Kind::kNull) || v.is(Kind::kUndefined)) return Status();
-  return to_string_form(v, out, 0);
-}
-
-Status js_string(const Value& v, std::string* out, bool nullish_empty, uint32_t level) {
+Status py_repr(const Value& v, std::string* out, uint32_t level) {
   if (level > kMaxPrintLevel) return too_deep();
   switch (v.kind) {
-    case Kind::kUndefined: *out += nullish_empty ? "" : "undefined"; return Status();
-    case Kind::kNull: *out += nullish_empty ? "" : "null"; return Status();
-    case Kind::kBool: *out += v.b ? "true" : "false"; return Status();
-    case Kind::kInt: *out += std::to_string(v.i); return Status();
-    case Kind::kFloat: *out += js_number(v.f); return Status();
-    case Kind::kString: *out += *v.s; return Status();
+    case Kind::kUndefined: *out += "Undefined"; return Status();
+    case Kind::kNull: *out += "None"; return Status();
+    case Kind::kBool: *out += v.b ? "True" : "False"; return Status();
+    case Kind::kInt: *out += int_text(v); return Status();
+    case Kind::kFloat: *out += py_float(v.f); return Status();
+    case Kind::kString: py_quote(*v.s, out); return Status();
     case Kind::kArray: {
-      for (size_t k = 0; k < v.a->size(); ++k) {
+      *out += v.tuple ? '(' : '[';
+      const Array& items = *v.a;
+      for (size_t k = 0; k < items.size(); ++k) {
         if (out->size() > kMaxPrintBytes) return too_long();
-        if (k > 0) *out += ',';
-        MAGNETAR_RETURN_IF_ERROR(to_string_form((*v.a)[k], out, level + 1));
+        if (k > 0) *out += ", ";
+        MAGNETAR_RETURN_IF_ERROR(py_repr(items[k], out, level + 1));
       }
+      if (v.tuple && items.size() == 1) *out += ',';
+      *out += v.tuple ? ')' : ']';
       return Status();
     }
     case Kind::kObject:
-    case Kind::kNamespace: *out += "[object Map]"; return Status();
-    case Kind::kFunction: return Status::error("cannot convert a callable to a string");
+    case Kind::kNamespace: {
+      if (v.is(Kind::kNamespace)) *out += "<Namespace ";
+      *out += '{';
+      for (size_t k = 0; k < v.o->entries.size(); ++k) {
+        if (out->size() > kMaxPrintBytes) return too_long();
+        if (k > 0) *out += ", ";
+        py_quote(v.o->entries[k].first, out);
+        *out += ": ";
+        MAGNETAR_RETURN_IF_ERROR(py_repr(v.o->entries[k].second, out, level + 1));
+      }
+      *out += '}';
+      if (v.is(Kind::kNamespace)) *out += '>';
+      return Status();
+    }
+    case Kind::kFunction: return Status::error("cannot print a callable");
   }
   return Status();
+}
+
+Status py_str(const Value& v, std::string* out) {
+  if (v.is(Kind::kUndefined)) return Status();
+  if (v.is(Kind::kString)) {
+    *out += *v.s;
+    return Status();
+  }
+  return py_repr(v, out);
 }
 
 }  // namespace magnetar::chat::jinja

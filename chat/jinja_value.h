@@ -1,7 +1,8 @@
 // Internal to chat/: the values a template computes with, and their conversions (from JSON, to text, to
-// JSON). Strings, lists and dicts are shared immutable buffers, so that copying a value is O(1) whatever a
-// template does in a loop; a namespace is the one mutable container (`{% set ns.x = ... %}`), shared by
-// reference as in the reference implementation. Dicts keep insertion order.
+// JSON), with Python's semantics (str, repr, json.dumps) as transformers' jinja2 environment has them. Strings, lists
+// and dicts are shared immutable buffers, so that copying a value is O(1) whatever a template does in a loop; a
+// namespace is the one mutable container (`{% set ns.x = ... %}`), shared by reference as in the reference
+// implementation. Dicts keep insertion order.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,7 @@ struct Value {
   Kind kind = Kind::kUndefined;
   bool tuple = false;   // kArray from a tuple literal (behaves as a list)
   bool kwargs = false;  // kObject holding keyword arguments passed on to a function
+  bool big = false;     // kInt above INT64_MAX (a JSON integer up to 2^64-1): `i` holds its uint64 bits
   bool b = false;
   int64_t i = 0;
   double f = 0;
@@ -77,7 +79,9 @@ struct Value {
 
   bool is(Kind k) const { return kind == k; }
   bool is_numeric() const { return kind == Kind::kInt || kind == Kind::kFloat; }
-  double as_double() const { return kind == Kind::kInt ? double(i) : kind == Kind::kFloat ? f : b ? 1.0 : 0.0; }
+  double as_double() const {
+    return kind == Kind::kInt ? (big ? double(uint64_t(i)) : double(i)) : kind == Kind::kFloat ? f : b ? 1.0 : 0.0;
+  }
   const std::string& str() const { return *s; }
   const Array& arr() const { return *a; }
   const Object& obj() const { return *o; }
@@ -124,28 +128,26 @@ Result<Value> from_json(const nlohmann::ordered_json& j, uint32_t depth = 0);
 Result<Value> from_json(const nlohmann::json& j, uint32_t depth = 0);
 
 struct JsonOptions {
-  int indent = 0;  // 0: one line
+  int indent = -1;  // -1: one line (None); 0 and up: one item a line, indented that much per level
   bool ensure_ascii = false;
-  bool sort_keys = false;
+  bool sort_keys = false;  // by code point, as Python sorts str keys
   bool custom_separators = false;
   std::string item_sep, key_sep;  // when custom_separators
 };
 
-// JSON text as the reference's toJSON: ", " and ": " (or "," and ": " when indenting), strings as
-// JSON.stringify writes them (non-ASCII kept unless ensure_ascii), numbers as JS prints them (1.0 -> 1).
-// Undefined becomes null, or `undefined` when !undefined_as_null (how lists and dicts print in {{ }}).
-Status to_json(const Value& v, const JsonOptions& opt, std::string* out, bool undefined_as_null = true,
-               uint32_t level = 0);
+// json.dumps: ", " and ": " (or "," and ": " when indenting), non-ASCII kept unless ensure_ascii, floats as
+// Python's repr (1.0, 1e-07), NaN/Infinity as Python writes them. Undefined becomes null.
+Status to_json(const Value& v, const JsonOptions& opt, std::string* out, uint32_t level = 0);
 
-// What {{ v }} prints: strings as they are, 1.0 as "1.0", true as "true", lists and dicts as JSON;
-// none and undefined print nothing.
-Status print_value(const Value& v, std::string* out);
+// Python's str(v), which {{ v }}, `~`, join and the string filters use: True/False/None, floats as repr,
+// lists/tuples/dicts as their repr ([1, 'a', None], (1,), {'a': 1}); undefined is "".
+Status py_str(const Value& v, std::string* out);
+// Python's repr(v): strings quoted and escaped as Python does ('a', "it's"), undefined is "Undefined".
+Status py_repr(const Value& v, std::string* out, uint32_t level = 0);
+// repr() of a float: the shortest text that reads back as the same double (2.0, 1e-07, 1e+16, inf, nan).
+std::string py_float(double d);
 
-// JavaScript's String(v.value), which the reference uses for `~`, string `+` and join: 1.0 -> "1", lists
-// join their printed elements with ",", dicts and namespaces are "[object Map]".
-Status js_string(const Value& v, std::string* out, bool nullish_empty = false, uint32_t level = 0);
-
-// JSON.stringify of one string (quotes included).
+// json.dumps of one string (quotes included).
 void json_quote(std::string_view s, bool ensure_ascii, std::string* out);
 
 }  // namespace magnetar::chat::jinja

@@ -51,8 +51,10 @@ Result<ChatTemplate> ChatTemplate::choose(const TemplateSource& source, std::str
 Result<std::string> ChatTemplate::render(const Conversation& conversation, bool add_generation_prompt) const {
   if (!jinja_) return render_chatml(conversation, add_generation_prompt);
   nlohmann::ordered_json context = nlohmann::ordered_json::object();
+  // As transformers' apply_chat_template: tools and documents are None when there are none.
   context["messages"] = conversation.messages;
-  if (!conversation.tools.empty()) context["tools"] = conversation.tools;
+  context["tools"] = conversation.tools.empty() ? nlohmann::ordered_json() : conversation.tools;
+  context["documents"] = nullptr;
   context["add_generation_prompt"] = add_generation_prompt;
   context["enable_thinking"] = conversation.enable_thinking;
   context["bos_token"] = bos_;

@@ -5,8 +5,8 @@
 //   2. else the GGUF's tokenizer.chat_template (Jinja),
 //   3. else the family's built-in: ChatML as Qwen3 writes it (chat/chatml.h) for the Qwen families, with a
 //      warning; other families without a template are refused (name the flag).
-// Jinja templates get what Hugging Face's apply_chat_template passes: messages, tools (only when non-empty),
-// add_generation_prompt, enable_thinking, bos_token, eos_token.
+// Jinja templates get what Hugging Face's apply_chat_template passes: messages, tools (none when there are
+// none), documents (none), add_generation_prompt, enable_thinking, bos_token, eos_token.
 #pragma once
 
 #include <optional>

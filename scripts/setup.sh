@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev liburing-dev libpcre2-dev libcpp-httplib-dev
   clang-format clang-tidy
+  python3 python3-jinja2  # the chat template parity test's reference (tests/chat/jinja_reference.py)
   chromium  # the web UI's browser test (tests/webui/, through playwright-core from npm) drives /usr/bin/chromium
 )
 # `scripts/setup.sh fuzz`: also clang++ with libFuzzer (make fuzz)

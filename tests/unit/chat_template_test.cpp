@@ -21,7 +21,7 @@ Conversation hello() {
 // Prints what the template sees, in a fixed order.
 constexpr const char* kProbe =
     "{{ bos_token }}|{% for m in messages %}{{ m.role }}={{ m.content }};{% endfor %}|"
-    "{{ tools is defined }}|{{ add_generation_prompt }}|{{ enable_thinking }}|{{ eos_token }}";
+    "{{ tools is none }}{{ documents is none }}|{{ add_generation_prompt }}|{{ enable_thinking }}|{{ eos_token }}";
 
 TEST(ChatTemplate, GgufTemplateGetsTheHuggingFaceVariables) {
   std::string warning;
@@ -32,10 +32,10 @@ TEST(ChatTemplate, GgufTemplateGetsTheHuggingFaceVariables) {
   EXPECT_TRUE(warning.empty());
   EXPECT_EQ(t.value().origin(), "the GGUF's chat_template");
   Conversation c = hello();
-  EXPECT_EQ(t.value().render(c, true).value(), "<s>|user=Hi;|false|true|false|</s>");
+  EXPECT_EQ(t.value().render(c, true).value(), "<s>|user=Hi;|TrueTrue|True|False|</s>");
   c.tools.push_back({{"type", "function"}, {"function", {{"name", "f"}, {"parameters", nlohmann::ordered_json::object()}}}});
   c.enable_thinking = true;
-  EXPECT_EQ(t.value().render(c, false).value(), "<s>|user=Hi;|true|false|true|</s>");
+  EXPECT_EQ(t.value().render(c, false).value(), "<s>|user=Hi;|FalseTrue|False|True|</s>");
 }
 
 // A tokenizer that adds BOS itself (Llama 3's) would give a template that writes bos_token two BOS tokens: the
@@ -48,7 +48,7 @@ TEST(ChatTemplate, ALeadingBosIsLeftToATokenizerThatAddsOne) {
                                     .tokenizer_adds_bos = true},
                                    nullptr);
   ASSERT_TRUE(adds.ok()) << adds.status().message();
-  EXPECT_EQ(adds.value().render(hello(), true).value(), "|user=Hi;|false|true|false|</s>");
+  EXPECT_EQ(adds.value().render(hello(), true).value(), "|user=Hi;|TrueTrue|True|False|</s>");
   auto mid = ChatTemplate::choose(
       {.gguf_template = "x{{ bos_token }}", .architecture = "qwen3moe", .bos_token = "<s>", .tokenizer_adds_bos = true},
       nullptr);
