@@ -474,6 +474,23 @@ TEST_P(KernelTest, EdgeInputs) {
   }
 }
 
+// The Q8_K activation quantizer over a block with NaNs (a hidden state gone NaN): as the reference, the scale comes
+// from the largest number (NaNs skipped) and each NaN quantizes to 0; the AVX2 kernel's max took a NaN's lane from
+// the NaN onward (5, NaN, 1 in one lane gave the scale of 1) and wrote -128 for NaNs, outside the dot kernels'
+// -127..127.
+TEST_P(KernelTest, Q8KQuantizeSkipsNaNs) {
+  if (traits().type != quant::Type::Q8_K) return;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> lane(256, 0.0f);  // elements 0, 32 and 64 share a lane of the 8-wide max
+  lane[0] = 5.0f;
+  lane[32] = nan;
+  lane[64] = 1.0f;
+  expect_quantize_identical(lane, "5, NaN, 1 in one lane");
+  std::vector<float> x = gaussian(rng_, 3 * 256);
+  for (size_t i : {size_t(7), size_t(255), size_t(256 + 100), size_t(2 * 256 + 248)}) x[i] = (i % 2 ? -nan : nan);
+  expect_quantize_identical(x, "Gaussian with NaNs, one the last of its lane");
+}
+
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(KernelTest);  // a CPU without AVX2 has no cases
 INSTANTIATE_TEST_SUITE_P(AllTypes, KernelTest, testing::ValuesIn(all_cases()), case_name);
 

@@ -381,10 +381,11 @@ void quantize_q8_k(const float* src, void* dst, int64_t n) {
     const float* x = src + i * kQK_K;
     BlockQ8_K& b = blocks[i];
 
-    // Largest magnitude, then the first element that has it (its sign picks the scale's sign).
+    // Largest magnitude, then the first element that has it (its sign picks the scale's sign). NaNs are skipped as
+    // the reference's `>` skips them: maxps returns its second operand when either is NaN, so |x| goes first.
     __m256 vmax[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int c = 0; c < kQK_K / 8; ++c) {
-      vmax[c & 3] = _mm256_max_ps(vmax[c & 3], _mm256_and_ps(_mm256_loadu_ps(x + 8 * c), abs_mask));
+      vmax[c & 3] = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + 8 * c), abs_mask), vmax[c & 3]);
     }
     __m256 m8 = _mm256_max_ps(_mm256_max_ps(vmax[0], vmax[1]), _mm256_max_ps(vmax[2], vmax[3]));
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
@@ -409,14 +410,19 @@ void quantize_q8_k(const float* src, void* dst, int64_t n) {
     const __m256 vscale = _mm256_set1_ps(iscale);
 
     // 32 elements per step: round, saturate to int8 (|v| <= 127 here, so saturation never bites), and
-    // keep the sums of each 4 values for bsums.
+    // keep the sums of each 4 values for bsums. A NaN becomes 0, the reference's nearest_int of a quiet NaN
+    // (cvtps_epi32 would give INT_MIN, -128 after the packs: outside the -127..127 the dot kernels rely on).
+    const auto scaled = [&](const float* p) {
+      const __m256 v = _mm256_mul_ps(vscale, _mm256_loadu_ps(p));
+      return _mm256_cvtps_epi32(_mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q)));
+    };
     __m256i sums4[8];
     for (int g = 0; g < 8; ++g) {
       const float* xg = x + 32 * g;
-      const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(vscale, _mm256_loadu_ps(xg)));
-      const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(vscale, _mm256_loadu_ps(xg + 8)));
-      const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(vscale, _mm256_loadu_ps(xg + 16)));
-      const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(vscale, _mm256_loadu_ps(xg + 24)));
+      const __m256i i0 = scaled(xg);
+      const __m256i i1 = scaled(xg + 8);
+      const __m256i i2 = scaled(xg + 16);
+      const __m256i i3 = scaled(xg + 24);
       // packs works per 128-bit half; the permute restores element order.
       const __m256i q = _mm256_permutevar8x32_epi32(
           _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3)), pack_order);
