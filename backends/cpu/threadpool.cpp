@@ -39,7 +39,12 @@ void ThreadPool::run_impl(Trampoline fn, void* ctx) {
     generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
-  fn(ctx, 0, n_threads_);
+  std::exception_ptr error;
+  try {
+    fn(ctx, 0, n_threads_);
+  } catch (...) {
+    error = std::current_exception();  // rethrown once the workers are done with ctx (it may live on our stack)
+  }
   // Spin for the common case (workers finish within microseconds of the caller); yield after that, so a
   // worker that lost its core to another process gets it back instead of the caller burning the slice.
   for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
@@ -49,6 +54,12 @@ void ThreadPool::run_impl(Trampoline fn, void* ctx) {
       std::this_thread::yield();
     }
   }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!error) error = worker_error_;
+    worker_error_ = nullptr;
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 void ThreadPool::worker(int ith) {
@@ -65,7 +76,12 @@ void ThreadPool::worker(int ith) {
     }
     seen = generation_.load(std::memory_order_acquire);
     if (stop_.load()) return;
-    fn_(ctx_, ith, n_threads_);
+    try {
+      fn_(ctx_, ith, n_threads_);
+    } catch (...) {  // an exception leaving the thread would terminate the process
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!worker_error_) worker_error_ = std::current_exception();
+    }
     pending_.fetch_sub(1, std::memory_order_release);
   }
 }

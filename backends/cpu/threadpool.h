@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -24,6 +25,9 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
 
+  // fn(ith, nth) on every thread, the caller's part ith 0. An exception any part throws reaches the caller once every
+  // part has returned (the first of them: the caller's own, else a worker's); fn and what it captured stay alive
+  // until then.
   template <typename F>
   void run(F&& fn) {
     run_impl([](void* ctx, int ith, int nth) { (*static_cast<F*>(ctx))(ith, nth); }, &fn);
@@ -52,6 +56,7 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
   std::mutex mutex_;
   std::condition_variable wake_;
+  std::exception_ptr worker_error_;  // the first exception a worker's part threw in this run (under mutex_)
 };
 
 }  // namespace magnetar::cpu
