@@ -62,10 +62,39 @@ int effective_dims(const gguf::TensorInfo& t) {
   return n;
 }
 
-// Norms, biases and MoE routers stay as they are (llama-quantize: "quantize only 2D and 3D tensors", "do not
-// quantize expert gating tensors"); the engine binds them as F32.
+// What llama-quantize leaves as it is (llama.cpp's tensor_allows_quantization, --pure or not): 1-D tensors (norms,
+// biases), names not ending in "weight", norms stored 2-D, MoE routers, BERT's position and token-type embeddings,
+// Mamba's and RWKV's small 2-D weights, T5's relative position bias and multimodal position embeddings. The engine
+// binds norms and routers as F32.
 bool keeps_type(const gguf::TensorInfo& t) {
-  return effective_dims(t) < 2 || t.name.find("ffn_gate_inp.weight") != std::string::npos;
+  const std::string& name = t.name;
+  if (effective_dims(t) < 2 || !name.ends_with("weight")) return true;
+  if (name == "position_embd.weight" || name == "token_types.weight") return true;
+  static constexpr const char* kKept[] = {"_norm.weight",
+                                          "ffn_gate_inp.weight",
+                                          "ssm_conv1d.weight",
+                                          "shortconv.conv.weight",
+                                          "time_mix_first.weight",
+                                          "time_mix_w0.weight",
+                                          "time_mix_w1.weight",
+                                          "time_mix_w2.weight",
+                                          "time_mix_v0.weight",
+                                          "time_mix_v1.weight",
+                                          "time_mix_v2.weight",
+                                          "time_mix_a0.weight",
+                                          "time_mix_a1.weight",
+                                          "time_mix_a2.weight",
+                                          "time_mix_g1.weight",
+                                          "time_mix_g2.weight",
+                                          "time_mix_decay_w1.weight",
+                                          "time_mix_decay_w2.weight",
+                                          "time_mix_lerp_fused.weight",
+                                          "attn_rel_b.weight",
+                                          ".position_embd."};
+  for (const char* part : kKept) {
+    if (name.find(part) != std::string::npos) return true;
+  }
+  return false;
 }
 
 // What --type and --map apply to (the rest is copied): weights of two or more dimensions, routers excepted, with

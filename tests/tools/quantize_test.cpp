@@ -210,6 +210,31 @@ TEST_F(Quantize, ATensorWithoutElementsIsCopied) {
   EXPECT_EQ(m.value()->find_tensor("blk.0.attn_q.weight")->type_id, uint32_t(quant::Type::Q4_K));
 }
 
+// Tensors llama-quantize leaves as they are (llama.cpp's tensor_allows_quantization) stay F32 here too, 2-D as they
+// are: BERT's position and token-type embeddings, a norm stored 2-D, a name not ending in "weight", Mamba's conv
+// and T5's relative position bias; a plain 2-D weight beside them is quantized.
+TEST_F(Quantize, TensorsLlamaQuantizeKeepStayAsTheyAre) {
+  gguf::Writer w(file("kept.gguf"));
+  w.set("general.architecture", gguf::Value::of_string("bert"));
+  const int64_t shape[] = {256, 2};
+  const char* kept[] = {"position_embd.weight", "token_types.weight",      "blk.0.attn_norm.weight",
+                        "blk.0.attn_q.bias2d",  "blk.0.ssm_conv1d.weight", "blk.0.attn_rel_b.weight"};
+  for (const char* name : kept) ASSERT_TRUE(w.add_tensor(name, 0, shape).ok());
+  ASSERT_TRUE(w.add_tensor("blk.0.attn_q.weight", 0, shape).ok());
+  ASSERT_TRUE(w.begin().ok());
+  const std::vector<float> values(512, 0.25f);
+  for (size_t i = 0; i < std::size(kept) + 1; ++i) {
+    ASSERT_TRUE(w.write({reinterpret_cast<const uint8_t*>(values.data()), values.size() * 4}).ok());
+  }
+  ASSERT_TRUE(w.finish().ok());
+  const Invocation r = magnetar("quantize " + file("kept.gguf") + " -o " + file("kept-q.gguf") + " --type q8_0");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::unique_ptr<gguf::Model> m = open_model(file("kept-q.gguf"));
+  ASSERT_TRUE(m);
+  for (const char* name : kept) EXPECT_EQ(m->find_tensor(name)->type_id, uint32_t(quant::Type::F32)) << name;
+  EXPECT_EQ(m->find_tensor("blk.0.attn_q.weight")->type_id, uint32_t(quant::Type::Q8_0));
+}
+
 TEST_F(Quantize, RequantizingIsRefusedUnlessAllowed) {
   ASSERT_EQ(magnetar("quantize " + file("f32.gguf") + " -o " + file("rq-src.gguf") + " --type q4_k").status, 0);
   const Invocation r = magnetar("quantize " + file("rq-src.gguf") + " -o " + file("rq.gguf") + " --type q8_0");
