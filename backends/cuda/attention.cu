@@ -1167,6 +1167,28 @@ void launch_combine(const Params& p, int grid_splits, int64_t n_head, cudaStream
   CUDA_CHECK(ops::launch(attention_combine_kernel, unsigned(n_head), kThreads, 0, stream, p));
 }
 
+// Whether the current device gives a CTA of kKernel its shared memory (Smem::kBytes of it dynamic).
+template <auto kKernel, typename Smem>
+bool decode_kernel_fits() {
+  cudaFuncAttributes attr{};
+  CUDA_CHECK(cudaFuncGetAttributes(&attr, kKernel));
+  return ops::smem_optin() >= Smem::kBytes + attr.sharedSizeBytes;
+}
+
+// Whether the 4-warp decode kernel of head size D, kHT query-head tiles and kStages ring stages fits the device, for
+// F16 and Q8_0 caches, one sequence and several.
+template <int D, int kHT, int kStages>
+bool decode_shape_fits() {
+  return decode_kernel_fits<attention_decode_mma_kernel<D, kHT, kStages, false, kWarps, false>,
+                            DecodeSmem<D, kHT, kStages, false, kWarps>>() &&
+         decode_kernel_fits<attention_decode_mma_kernel<D, kHT, kStages, false, kWarps, true>,
+                            DecodeSmem<D, kHT, kStages, false, kWarps>>() &&
+         decode_kernel_fits<attention_decode_mma_kernel<D, kHT, kStages, true, kWarps, false>,
+                            DecodeSmem<D, kHT, kStages, true, kWarps>>() &&
+         decode_kernel_fits<attention_decode_mma_kernel<D, kHT, kStages, true, kWarps, true>,
+                            DecodeSmem<D, kHT, kStages, true, kWarps>>();
+}
+
 // Launches the decode kernel of one shape with its own plan (plan_decode over the CTAs the GPU holds of it at once) on
 // top of make_params' parameters; a graph's grid is sized for max_rows.
 template <bool kSeqs, int D, int kHT, int kStages, bool kQ8, int kW = kWarps>
@@ -1248,6 +1270,12 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
                      : launch_decode_mma<kSeqs, 128, 1, 2, kQ8, 8>(a, workspace, p, stream);
         }
       }
+      // Four ring stages take ~113-148 KB: GPUs of 99 KB a CTA (the RTX 30/40/50 series) take two (~76-78 KB).
+      static const bool four_fit = decode_shape_fits<128, 1, 4>() && decode_shape_fits<128, 2, 4>();
+      if (!four_fit) {
+        return two ? launch_decode_mma<kSeqs, 128, 2, 2, kQ8>(a, workspace, p, stream)
+                   : launch_decode_mma<kSeqs, 128, 1, 2, kQ8>(a, workspace, p, stream);
+      }
       return two ? launch_decode_mma<kSeqs, 128, 2, 4, kQ8>(a, workspace, p, stream)
                  : launch_decode_mma<kSeqs, 128, 1, 4, kQ8>(a, workspace, p, stream);
     }
@@ -1279,14 +1307,6 @@ Status attention(const AttentionArgs& a, AttentionWorkspace& workspace, Stream& 
   return Status();
 }
 
-// Whether the current device gives a CTA of kKernel its shared memory (Smem::kBytes of it dynamic).
-template <auto kKernel, typename Smem>
-bool decode_kernel_fits() {
-  cudaFuncAttributes attr{};
-  CUDA_CHECK(cudaFuncGetAttributes(&attr, kKernel));
-  return size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) >= Smem::kBytes + attr.sharedSizeBytes;
-}
-
 int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows) {
   // The 8- and 12-warp kernels' rings take up to 226 KB (Q8_0) and 139 KB (F16, two stages) of shared memory per CTA:
   // within Hopper's opt-in limit (227 KB), the F16 one within Ampere's (163 KB) too; elsewhere the 4-warp kernel stays.
@@ -1309,7 +1329,11 @@ int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows
 
 bool has_attention_decode_mma(int64_t head_dim, int64_t group) {
   if (group < 1 || group > kMaxAttentionGroup) return false;
-  return head_dim == 64 || head_dim == 128 || (head_dim == 256 && group <= 8);
+  // The kernels launch_decode_mma takes for the shape fit the device's shared memory (the least of them at 128).
+  static const bool fit64 = decode_shape_fits<64, 1, 4>() && decode_shape_fits<64, 2, 4>();
+  static const bool fit128 = decode_shape_fits<128, 1, 2>() && decode_shape_fits<128, 2, 2>();
+  static const bool fit256 = decode_shape_fits<256, 1, 2>();
+  return (head_dim == 64 && fit64) || (head_dim == 128 && fit128) || (head_dim == 256 && group <= 8 && fit256);
 }
 
 bool attention_decode_quantizes(int64_t head_dim, int64_t group) {
@@ -1318,9 +1342,11 @@ bool attention_decode_quantizes(int64_t head_dim, int64_t group) {
 
 Status attention_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, Stream& stream) {
   if (a.n_head_kv > 0 && !has_attention_decode_mma(a.head_dim, a.n_head / a.n_head_kv)) {
-    return Status::error(format("attention_decode_mma: head_dim=%lld with group %lld has no kernel (head_dim 64 or "
-                                "128 with a group up to 16, 256 with a group up to 8; use attention())",
-                                (long long)a.head_dim, (long long)(a.n_head / a.n_head_kv)));
+    return Status::error(
+        format("attention_decode_mma: head_dim=%lld with group %lld has no kernel (head_dim 64 or "
+               "128 with a group up to 16, 256 with a group up to 8, where the GPU has its shared "
+               "memory; use attention())",
+               (long long)a.head_dim, (long long)(a.n_head / a.n_head_kv)));
   }
   if (!ops::aligned(a.q, 16) || !ops::aligned(a.out, 16)) {
     return Status::error("attention_decode_mma: q and out must be 16-byte aligned");

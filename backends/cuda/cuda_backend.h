@@ -376,7 +376,8 @@ struct MatmulArgs {
 Status matmul_q(const MatmulArgs& args, Stream& stream);
 inline constexpr int64_t kMatmulQRowTile = 128;  // weight rows per CTA of matmul_q: the granularity of its splits
 
-// Whether matmul_q / grouped_matmul_q take this weight type (the list above).
+// Whether matmul_q / grouped_matmul_q take this weight type (the list above) on the current device (whose shared
+// memory a CTA of the type's kernel needs; the staged types' ~111 KiB are not on GPUs of 99 KB a CTA).
 bool has_matmul_q(quant::Type type);
 
 // The routed experts of a layer in one launch: for each item (GroupItem; its n may be any positive count,
@@ -735,7 +736,8 @@ Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Strea
 // it still runs: those rows must have been written at least two launches earlier (or by a copy); rows pos0 and later
 // (this call's own tokens) may come from the launch just before.
 // Meant for decode (n_tok == 1: split-K); n_tok > 1 runs one CTA per (token, KV head) as attention() does.
-// Supported (has_attention_decode_mma): head_dim 64 or 128 with a group up to 16, 256 with a group up to 8; q and out
+// Supported (has_attention_decode_mma): head_dim 64 or 128 with a group up to 16, 256 with a group up to 8, where the
+// device has the kernel's shared memory (head_dim 256 needs ~144 KB: not on GPUs of 99 KB a CTA); q and out
 // 16-byte aligned. Any other shape returns a Status (callers fall back to attention(), through kv_to_f16 for a Q8_0
 // cache).
 // A Q8_0 cache (kv_type) is read as stored, each row dequantized in shared memory to kv_to_f16's values f16(d * q);

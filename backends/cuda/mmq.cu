@@ -52,15 +52,16 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
-#include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cp_async.cuh"
+#include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
 #include "backends/cuda/mmq.cuh"
+#include "backends/cuda/ops_common.cuh"
 
 namespace magnetar::cuda {
 namespace {
@@ -758,6 +759,7 @@ struct TypeInfo {
   size_t act_block_bytes;
   int act_block_elems;
   void (*launch)(dim3 grid, const MmqParams& p, cudaStream_t stream);
+  size_t smem;  // the larger form's shared memory
 };
 
 template <Type T, bool kD>
@@ -795,11 +797,22 @@ void launch_type(dim3 grid, const MmqParams& p, cudaStream_t stream) {
   launch_form<T, false>(grid, p, stream);
 }
 
+// The shared memory of T's larger form (the direct-X one exists only where kDirectX and kStaged hold).
+template <Type T>
+constexpr size_t smem_bytes() {
+  if constexpr (kDirectX<T> && kStaged<T>) {
+    return std::max(sizeof(Smem<T, false>), sizeof(Smem<T, true>));
+  } else {
+    return sizeof(Smem<T, false>);
+  }
+}
+
 template <Type T>
 TypeInfo info_of(const char* name) {
   using Ops = mmq::MmqType<T>;
-  return TypeInfo{name, Ops::kBlockElems, sizeof(typename Ops::Block), sizeof(typename Ops::Act),
-                  Ops::kActBlockElems, launch_type<T>};
+  return TypeInfo{
+      name,           Ops::kBlockElems, sizeof(typename Ops::Block), sizeof(typename Ops::Act), Ops::kActBlockElems,
+      launch_type<T>, smem_bytes<T>()};
 }
 
 bool find_type(Type type, TypeInfo* out) {
@@ -845,6 +858,10 @@ Status check_type_and_shape(const char* op, Type type, int64_t rows, int64_t col
     return Status::error(format("%s: no int8 matrix-matrix kernel for %s%s (quantized weight types only)", op,
                                 label ? label : "weight type id ",
                                 label ? "" : std::to_string(unsigned(type)).c_str()));
+  }
+  if (info->smem > ops::smem_optin()) {
+    return Status::error(format("%s: %s's kernel takes %zu bytes of shared memory a CTA, this GPU gives %zu", op,
+                                info->name, info->smem, ops::smem_optin()));
   }
   if (rows < 1 || rows > INT_MAX) {
     return Status::error(format("%s: rows=%lld is outside 1..%d", op, (long long)rows, INT_MAX));
@@ -901,7 +918,7 @@ unsigned row_tiles(int64_t rows) { return unsigned((rows + kTileW - 1) / kTileW)
 
 bool has_matmul_q(Type type) {
   TypeInfo info;
-  return find_type(type, &info);
+  return find_type(type, &info) && info.smem <= ops::smem_optin();
 }
 
 Status matmul_q(const MatmulArgs& args, Stream& stream) {

@@ -628,7 +628,8 @@ void launch(const MatvecLaunch& a, cudaStream_t stream) {
       return;
     }
     if (a.n_vectors == 1 && a.staged && a.group.items == nullptr && a.row_bytes % 16 == 0) {
-      if (a.row_bytes <= kMaxStagedRowBytes) {
+      // Rows whose kStagedBuffers copies per warp exceed the GPU's shared memory take the kernels below.
+      if (a.row_bytes <= kMaxStagedRowBytes && size_t(kWarps) * kStagedBuffers * a.row_bytes <= ops::smem_optin()) {
         switch (ipl) {
           case 1: launch_staged<T, 1>(a, blocks_per_row, stream); break;
           case 2: launch_staged<T, 2>(a, blocks_per_row, stream); break;

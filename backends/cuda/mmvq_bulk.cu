@@ -466,8 +466,9 @@ bool launch_mmvq_bulk(Type type, const MatvecLaunch& a, CUstream_st* stream) {
   // A SwiGLU launch of gate and up (quantized activations), or a plain one of float activations over items.
   const bool glu = a.swiglu && !a.act_float && a.group.n_parts == 2;
   const bool plain = !a.swiglu && a.act_float && a.group.n_parts == 1 && a.group.items != nullptr;
+  // The kernels take up to kMaxSmem of shared memory a CTA: not on GPUs of 99 KB (the RTX 50 series: sm_120).
   if (type != Type::Q4_K || !(glu || plain) || a.n_vectors != 1 || !grouped(a.group) || a.row_bytes % 16 != 0 ||
-      !bulk_kernel_built()) {
+      !bulk_kernel_built() || ops::smem_optin() < kMaxSmem) {
     return false;
   }
   const int items = int(a.row_bytes / sizeof(quant::BlockQ4_K)) * mmvq::MmvqType<Type::Q4_K>::kParts;

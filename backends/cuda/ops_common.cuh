@@ -7,6 +7,7 @@
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <utility>
 
 #include "backends/cuda/launch.h"
@@ -114,6 +115,24 @@ __device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(begin), "r"(uint32_t(end - begin)) : "memory");
   }
 #endif
+}
+
+// The dynamic shared memory a CTA may opt in to on the current device (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KB
+// on Hopper and Blackwell data-center parts, 163 KB on A100, 99 KB on the RTX 30/40/50 series): a kernel that asks for
+// more aborts at its attribute write, so each op takes a smaller variant or another kernel where its first choice does
+// not fit. MAGNETAR_CUDA_SMEM_OPTIN=N (a test switch) lowers it to N bytes, so that the H200 runs the variants a
+// smaller GPU gets (tests/CMakeLists.txt: the CudaSmallSmem tests).
+inline size_t smem_optin() {
+  static const long cap = [] {
+    const char* s = std::getenv("MAGNETAR_CUDA_SMEM_OPTIN");
+    return s != nullptr ? std::atol(s) : 0l;
+  }();
+  int device = 0, value = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    return size_t(48) << 10;  // what every CUDA GPU gives without the opt-in
+  }
+  return cap > 0 && cap < value ? size_t(cap) : size_t(value);
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic dependent launch where detail::pdl_enabled():

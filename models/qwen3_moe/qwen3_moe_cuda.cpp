@@ -124,9 +124,11 @@ Status Qwen3Cuda::init() {
   if (kv_type_ == quant::Type::Q8_0 &&
       !(D % 64 == 0 && D <= cuda::kMaxQkNormRopeHeadDim && cuda::has_attention_decode_mma(D, group) &&
         cuda::has_attention_prefill_mma(D))) {
-    return Status::error(format("--kv-type q8_0 on the GPU takes head_dim 64 or 128 (up to 16 query heads per KV "
-                                "head) or 256 (up to 8); this model has head_dim %lld, %lld per KV head",
-                                (long long)D, (long long)group));
+    return Status::error(
+        format("--kv-type q8_0 on the GPU takes head_dim 64 or 128 (up to 16 query heads per KV "
+               "head) or 256 (up to 8, on GPUs with over 144 KB of shared memory a CTA); this model "
+               "has head_dim %lld, %lld per KV head",
+               (long long)D, (long long)group));
   }
   MAGNETAR_ASSIGN_OR_RETURN(stream_, cuda::Stream::create());
   MAGNETAR_ASSIGN_OR_RETURN(device_start_, cuda::Event::create());

@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <limits>
@@ -44,9 +45,9 @@
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
-#include "tests/cuda/cuda_test_util.h"
 #include "quant/fp16.h"
 #include "quant/quant.h"
+#include "tests/cuda/cuda_test_util.h"
 
 namespace magnetar {
 namespace {
@@ -689,9 +690,9 @@ TEST(CudaOps, RouteTopkMatchesCpu) {
   }
 }
 
-// NaN logits (a hidden state gone NaN) still give k distinct ids in range: a NaN ranks above every number (lower
-// ids first among NaNs), the rest as usual. Compared as floats, a NaN ranked before nothing and nothing before it:
-// slots went unwritten and their ids indexed past the expert tables.
+// NaN logits (a hidden state gone NaN) still give k distinct ids in range: a NaN of either sign ranks above every
+// number (lower ids first among NaNs), the rest as usual. Compared as floats, a NaN ranked before nothing and nothing
+// before it: slots went unwritten and their ids indexed past the expert tables.
 TEST(CudaOps, RouteTopkWithNaNLogitsPicksValidDistinctIds) {
   SKIP_WITHOUT_GPU();
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
@@ -702,7 +703,10 @@ TEST(CudaOps, RouteTopkWithNaNLogitsPicksValidDistinctIds) {
   std::vector<int32_t> want(size_t(n_tok * k));
   for (int64_t t = 0; t < n_tok; ++t) {
     float* row = logits.data() + t * n_expert;
-    for (int i = 0; i < nan_count[t]; ++i) row[(i * 37 + 11) % n_expert] = std::numeric_limits<float>::quiet_NaN();
+    // Every other NaN negative (x86's inf - inf is): it ranks above every number too, as torch.topk's NaNs
+    for (int i = 0; i < nan_count[t]; ++i) {
+      row[(i * 37 + 11) % n_expert] = (i % 2 ? -1.0f : 1.0f) * std::numeric_limits<float>::quiet_NaN();
+    }
     std::vector<int32_t> order(static_cast<size_t>(n_expert));
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
@@ -1232,6 +1236,35 @@ TEST(CudaOps, RejectsBadArguments) {
   bad_sq = sq;
   bad_sq.out = nullptr;
   fails(cuda::swiglu_quantize(bad_sq, stream), "swiglu_quantize");
+}
+
+// Kernels whose shared memory a GPU may lack (99 KB a CTA on the RTX 30/40/50 series; the CudaSmallSmem run of
+// tests/CMakeLists.txt is such a GPU, MAGNETAR_CUDA_SMEM_OPTIN): decode attention at head_dim 64 and 128 has a
+// variant for every sm_80+ GPU, and matmul_q refuses a type whose tiles do not fit with a Status naming the shared
+// memory (its attribute write aborted the process).
+TEST(CudaOps, SharedMemoryBoundKernelsRefuseOrFallBack) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  EXPECT_TRUE(cuda::has_attention_decode_mma(64, 16));
+  EXPECT_TRUE(cuda::has_attention_decode_mma(128, 16));
+  const char* cap = std::getenv("MAGNETAR_CUDA_SMEM_OPTIN");
+  if (cap != nullptr && std::atol(cap) < 140 * 1024) EXPECT_FALSE(cuda::has_attention_decode_mma(256, 8));
+  int refused = 0;
+  for (const quant::TypeTraits& t : quant::all_types()) {
+    if (!t.is_quantized || !quant::is_weight_type(t.type) || cuda::has_matmul_q(t.type)) continue;
+    const int64_t cols = 256, rows = 128;
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer w, cuda::DeviceBuffer::allocate(quant::row_size(t.type, cols) * rows));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer x, cuda::DeviceBuffer::allocate(quant::row_size(t.vec_dot_type, cols)));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer y, cuda::DeviceBuffer::allocate(size_t(rows) * 4));
+    const Status s = cuda::matmul_q(
+        {.type = t.type, .weights = w.data(), .rows = rows, .cols = cols, .x = x.data(), .y = y.as<float>(), .n = 1},
+        stream);
+    EXPECT_FALSE(s.ok()) << quant::type_name(t.type);
+    EXPECT_NE(s.message().find("shared memory"), std::string::npos) << s.message();
+    ++refused;
+  }
+  // Where no cap lowers it (the H200: 227 KB), every type has its kernel.
+  if (cap == nullptr) EXPECT_EQ(refused, 0);
 }
 
 }  // namespace
