@@ -1,10 +1,10 @@
 // Top-k selection of the MoE router, shared by the kernel (route_topk.cu) and the host test
 // (tests/cuda/cuda_ops_host_test.cu). "Before" is the CPU route()'s order: the larger logit, and on equal logits
-// the lower expert id (torch.topk on CPU), with NaN above +inf (and a negative NaN below -inf), the order of
-// logit_key. That is a strict total order on (logit, id), so every expert has a distinct rank (the number of experts
-// before it) and the top k are the experts of rank < k, expert of rank j in slot j: the kernel's threads rank their
-// experts independently, no sequential rounds. (Compared as floats, a NaN logit ranked before nothing and nothing
-// before it: slots went unwritten and their ids were garbage, indices out of bounds on the device and the host.)
+// the lower expert id (torch.topk on CPU), with every NaN above +inf, the order of logit_key. That is a strict total
+// order on (logit, id), so every expert has a distinct rank (the number of experts before it) and the top k are the
+// experts of rank < k, expert of rank j in slot j: the kernel's threads rank their experts independently, no sequential
+// rounds. (Compared as floats, a NaN logit ranked before nothing and nothing before it: slots went unwritten and their
+// ids were garbage, indices out of bounds on the device and the host.)
 #pragma once
 
 #include <cstdint>
@@ -27,16 +27,18 @@ constexpr int kRankParts = kThreads / kSumThreads;  // an expert's rank is count
 constexpr int kMaxExperts = 1024;  // the logits of a token stay in shared memory
 constexpr int kMaxK = 32;          // lane j of warp 0 keeps slot j
 
-// The unsigned key that orders as the float does (larger key: larger logit), -0 as +0, NaN above +inf: the CPU's
-// route() orders by the same key (models/qwen3_moe/qwen3_moe.cpp).
+// The unsigned key that orders as the float does (larger key: larger logit), -0 as +0, every NaN above +inf whatever
+// its sign bit (torch.topk's order; the device's arithmetic makes every NaN positive, x86's inf - inf is negative, so
+// the sign is never read): the CPU's route() orders by the same key (models/qwen3_moe/qwen3_moe.cpp).
 MAGNETAR_HD uint32_t logit_key(float v) {
-  v = v + 0.0f;  // -0 -> +0
   uint32_t u;
 #ifdef __CUDA_ARCH__
   u = __float_as_uint(v);
 #else
   __builtin_memcpy(&u, &v, sizeof(u));
 #endif
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0xffffffffu;  // NaN
+  if (u == 0x80000000u) u = 0;                              // -0
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 

@@ -232,11 +232,12 @@ void Qwen3Model::dense_ffn(cpu::ThreadPool& pool, Qwen3Workspace& ws, const Laye
   cpu::matmul(pool, {.w = L.ffn_down.data, .type = L.ffn_down.type, .n_in = F, .n_out = E, .x = h, .y = ws.proj.data(), .ldy = E});
 }
 
-// The unsigned key that orders as the float does (larger key: larger logit), -0 as +0, NaN above +inf (a negative
-// NaN below -inf): a strict total order, the CUDA router's (backends/cuda/route_topk.cuh, logit_key).
+// The unsigned key that orders as the float does (larger key: larger logit), -0 as +0, every NaN above +inf whatever
+// its sign (torch.topk's order): a strict total order, the CUDA router's (backends/cuda/route_topk.cuh, logit_key).
 static uint32_t routing_key(float v) {
-  v = v + 0.0f;
-  const uint32_t u = std::bit_cast<uint32_t>(v);
+  uint32_t u = std::bit_cast<uint32_t>(v);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0xffffffffu;  // NaN
+  if (u == 0x80000000u) u = 0;                              // -0
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
