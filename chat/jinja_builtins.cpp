@@ -61,17 +61,17 @@ Value attribute_path(const Value& item, const std::string& path) {
 // against each other (a number and a string, none and anything) are its TypeError. Stable.
 Result<Array> sorted(Interp& in, const Array& items, const std::vector<Value>& keys, bool case_sensitive,
                      bool reverse) {
-  std::vector<Value> folded = keys;
-  uint64_t key_bytes = 0;
-  for (Value& k : folded) {
-    if (!k.is(Kind::kString)) continue;
-    key_bytes += k.str().size();
-    if (!case_sensitive) k = Value::string(py_lower(k.str()));
-  }
-  uint64_t log_n = 1;
+  uint64_t key_bytes = 0, log_n = 1;
+  for (const Value& k : keys) key_bytes += k.is(Kind::kString) ? k.str().size() : 0;
   while ((uint64_t(1) << log_n) < items.size()) ++log_n;
+  // Charged before anything is lowered or compared: each comparison may walk its strings.
   MAGNETAR_RETURN_IF_ERROR(in.charge_steps(items.size() * log_n));
   MAGNETAR_RETURN_IF_ERROR(in.charge_scan(key_bytes * log_n));
+  if (!case_sensitive) MAGNETAR_RETURN_IF_ERROR(in.charge_bytes(key_bytes));
+  std::vector<Value> folded = keys;
+  for (Value& k : folded) {
+    if (k.is(Kind::kString) && !case_sensitive) k = Value::string(py_lower(k.str()));
+  }
   for (size_t k = 1; k < folded.size(); ++k) {  // every pair must be comparable: check against the first
     TRY(const int c, py_compare(folded[k], folded[0], "<"));
     (void)c;
@@ -750,6 +750,10 @@ Result<Value> filter_value(Interp& in, const Value& raw, const std::string& name
       TRY(const bool case_sensitive, flag(args, 0, "case_sensitive", false));
       const Value* attr = args.get(1, "attribute");
       MAGNETAR_RETURN_IF_ERROR(in.charge_steps(items.size() * items.size() / 8 + items.size()));
+      uint64_t key_bytes = 0;
+      for (const Value& x : items) key_bytes += x.is(Kind::kString) ? x.str().size() : 0;
+      MAGNETAR_RETURN_IF_ERROR(in.charge_scan(key_bytes * 2));  // lowered, then compared
+      if (!case_sensitive) MAGNETAR_RETURN_IF_ERROR(in.charge_bytes(key_bytes));
       Array out;
       std::vector<Value> seen;
       for (const Value& x : items) {

@@ -287,7 +287,11 @@ size_t cp_offset(std::string_view s, size_t index) {
   size_t i = 0;
   for (size_t n = 0; n < index; ++n) {
     if (i >= s.size()) return std::string_view::npos;
-    decode_utf8(s, &i);
+    if (uint8_t(s[i]) < 0x80) {
+      ++i;
+    } else {
+      decode_utf8(s, &i);
+    }
   }
   return i < s.size() ? i : std::string_view::npos;
 }

@@ -266,6 +266,35 @@ TEST(ChatJinja, HostileTemplatesStopCleanly) {
 
 // A long agentic conversation through a template shaped like the real ones (reverse scan, tools as JSON,
 // tool calls) renders well inside the step and byte budgets that stop hostile templates.
+// Results whose size is known before they are built are charged first: each of these would build gigabytes
+// (or run for hours) and must stop with the budget's error instead.
+TEST(ChatJinja, LargeResultsAreChargedBeforeTheyAreBuilt) {
+  const J mb = {{"s", std::string(1 << 20, 'a')}};
+  const std::string budget = "MiB of text and lists (runaway growth?)";
+  EXPECT_TRUE(has(render("{{ range(100000) | join(s) }}", mb), budget));
+  EXPECT_TRUE(has(render("{{ s.replace('a', s) }}", mb), budget));
+  EXPECT_TRUE(has(render("{{ s | replace('a', s) }}", mb), budget));
+  EXPECT_TRUE(has(render("{{ (s ~ '\n') * 600 }}", mb), budget));
+  EXPECT_TRUE(has(render("{% set t = ('\n' * 1000000) %}{{ t | indent(1000) }}"), budget));
+  const J big = {{"s", std::string(size_t(64) << 20, 'a')}};
+  EXPECT_TRUE(has(render("{% for c in s %}{% endfor %}", big), budget));
+  EXPECT_TRUE(has(render("{{ s | list | length }}", big), budget));
+  EXPECT_TRUE(has(render("{{ s | reverse | length }}", big), budget));
+}
+
+// One step that walks a whole string (indexing by code point, length, compares) is charged by its length.
+TEST(ChatJinja, StepsOverLongStringsAreCharged) {
+  const J big = {{"s", std::string(size_t(64) << 20, 'a')}};
+  const std::string steps = "steps (runaway loop or recursion?)";
+  EXPECT_TRUE(has(render("{% for i in range(400000) %}{% if s[i] == 'b' %}x{% endif %}{% endfor %}", big), steps));
+  EXPECT_TRUE(has(render("{% for i in range(400000) %}{{ s[-1] }}{% endfor %}", big), steps));
+  EXPECT_TRUE(has(render("{% for i in range(400000) %}{{ s | length }}{% endfor %}", big), steps));
+  EXPECT_TRUE(has(render("{% for i in range(400000) %}{{ s < s }}{% endfor %}", big), steps));
+  EXPECT_TRUE(has(render("{% for i in range(400000) %}{{ 'b' in s }}{% endfor %}", big), steps));
+  EXPECT_TRUE(has(render("{{ ([s] * 4000) | sort | length }}", big), steps));
+  EXPECT_TRUE(has(render("{{ ([s] * 4000) | unique | list | length }}", big), steps));
+}
+
 TEST(ChatJinja, RealTemplateStaysFarBelowTheLimits) {
   const std::string source =
       "{%- set ns = namespace(last_user=0) %}"
