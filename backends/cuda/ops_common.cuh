@@ -130,7 +130,8 @@ inline size_t smem_optin() {
   int device = 0, value = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-    return size_t(48) << 10;  // what every CUDA GPU gives without the opt-in
+    cudaGetLastError();
+    return ~size_t(0);  // no GPU: nothing to fit (a launch fails on its own), the argument checks still answer
   }
   return cap > 0 && cap < value ? size_t(cap) : size_t(value);
 }
