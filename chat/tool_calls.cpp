@@ -70,18 +70,27 @@ class HermesParser final : public OutputParser {
     events->push_back({kind, std::move(text)});
   }
 
-  // Emits the tool call whose body is `body` (between the tags); false when it is not a valid call.
+  // Emits the tool call whose body is `body` (between the tags); false when it is not a valid call. Its arguments are
+  // an object, or a string holding one (some models encode them, as the OpenAI API does), or absent (a call without
+  // arguments: {}); anything else is no call (the bytes stay text: nothing is lost).
   bool emit_call(std::string_view body, std::vector<OutputEvent>* events) {
     if (!json_refusal(body).empty()) return false;
     const nlohmann::ordered_json call = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
     if (!call.is_object()) return false;
     auto name = call.find("name");
-    auto arguments = call.find("arguments");
-    if (name == call.end() || !name->is_string() || arguments == call.end() || !arguments->is_object()) {
-      return false;
+    if (name == call.end() || !name->is_string()) return false;
+    auto given = call.find("arguments");
+    nlohmann::ordered_json arguments = nlohmann::ordered_json::object();
+    if (given != call.end() && given->is_string()) {
+      const std::string& text = given->get_ref<const std::string&>();
+      if (!json_refusal(text).empty()) return false;
+      arguments = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+    } else if (given != call.end()) {
+      arguments = *given;
     }
+    if (!arguments.is_object()) return false;
     events->push_back({OutputEventKind::kToolCallBegin, name->get<std::string>()});
-    events->push_back({OutputEventKind::kToolCallArguments, arguments->dump()});
+    events->push_back({OutputEventKind::kToolCallArguments, arguments.dump()});
     events->push_back({OutputEventKind::kToolCallEnd, {}});
     after_call_ = true;
     return true;

@@ -123,8 +123,10 @@ TEST(HermesParser, AnUnpairedQuoteDoesNotSwallowTheCallsAfterIt) {
 TEST(HermesParser, InvalidToolJsonIsTextWithTheOriginalBytes) {
   const std::string bad[] = {
       "<tool_call>\n{\"name\": \"x\", \"arguments\": {bad}}\n</tool_call>",
-      "<tool_call>\n{\"name\": \"x\", \"arguments\": \"{}\"}\n</tool_call>",  // arguments must be an object
-      "<tool_call>\n{\"arguments\": {}}\n</tool_call>",                       // no name
+      "<tool_call>\n{\"name\": \"x\", \"arguments\": \"[1]\"}\n</tool_call>",  // arguments must be an object
+      "<tool_call>\n{\"name\": \"x\", \"arguments\": 5}\n</tool_call>",
+      "<tool_call>\n{\"name\": \"x\", \"arguments\": \"{bad\"}\n</tool_call>",
+      "<tool_call>\n{\"arguments\": {}}\n</tool_call>",  // no name
       "<tool_call>\n{\"name\": 3, \"arguments\": {}}\n</tool_call>",
       "<tool_call>[1]</tool_call>",
       "<tool_call>\n{\"name\": \"x\", \"arguments\": {\"s\": \"\xff\"}}\n</tool_call>",  // invalid UTF-8
@@ -141,6 +143,23 @@ TEST(HermesParser, InvalidToolJsonIsTextWithTheOriginalBytes) {
   ASSERT_EQ(events.size(), 7u) << show(events);
   EXPECT_EQ(events[3], (OutputEvent{K::kText, "\n" + bad[0]}));
   expect_cut_invariant(kTools, text);
+}
+
+// A call without arguments has {} (vLLM's Hermes parser takes it too), and arguments given as a string holding a JSON
+// object are that object (the OpenAI API's own encoding, which some models copy); both were text.
+TEST(HermesParser, ArgumentsAbsentOrEncodedAsAStringAreACall) {
+  const std::string none = "<tool_call>\n{\"name\": \"now\"}\n</tool_call>";
+  EXPECT_EQ(
+      parse_whole(kTools, none),
+      (std::vector<OutputEvent>{{K::kToolCallBegin, "now"}, {K::kToolCallArguments, "{}"}, {K::kToolCallEnd, ""}}))
+      << show(parse_whole(kTools, none));
+  const std::string encoded =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}\n</tool_call>";
+  EXPECT_EQ(parse_whole(kTools, encoded), (std::vector<OutputEvent>{{K::kToolCallBegin, "get_weather"},
+                                                                    {K::kToolCallArguments, "{\"city\":\"Paris\"}"},
+                                                                    {K::kToolCallEnd, ""}}))
+      << show(parse_whole(kTools, encoded));
+  expect_cut_invariant(kTools, "Checking. " + none + "\n" + encoded);
 }
 
 // A call nested deeper than kMaxJsonNesting levels is text (its parse would be copied recursively); at the limit it
