@@ -1,6 +1,7 @@
 // The lexer: the reference's preprocessing (trailing newline, lstrip_blocks, trim_blocks, {% generation %})
 // as a sequence of byte deletions that remember where each kept byte came from, then tokenization with
-// whitespace control ({%- -%} {{- -}} {#- -#}), as @huggingface/jinja's lexer.ts does it.
+// whitespace control ({%- -%} {{- -}} {#- -#}), as Python jinja2 does with transformers' trim_blocks and
+// lstrip_blocks.
 #include <cstring>
 
 #include "chat/jinja_ast.h"

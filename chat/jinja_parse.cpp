@@ -1,5 +1,5 @@
-// The parser: tokens to the syntax tree of jinja_ast.h, with @huggingface/jinja's grammar and operator
-// precedence (parser.ts), lowest first:
+// The parser: tokens to the syntax tree of jinja_ast.h (the parity test checks its results against Python jinja2,
+// which transformers renders templates with); operator precedence, lowest first:
 //   a if b else c | a if b (select) -> or -> and -> not -> comparisons and `in` (one level, left to right)
 //   -> + - ~ -> * / // % -> ** -> `is` tests -> | filters -> unary + - -> calls, members, slices -> primary
 // Nesting is bounded (kMaxParseDepth) so that a hostile template cannot overflow the stack.

@@ -10,7 +10,7 @@
 namespace magnetar::chat::jinja {
 
 // A thin adapter over base/utf8.h's decoder that keeps the Jinja engine's behaviour byte for byte (it is
-// tested for parity with @huggingface/jinja): an ill-formed sequence is consumed one byte at a time, not one
+// tested for parity with Python jinja2): an ill-formed sequence is consumed one byte at a time, not one
 // maximal subpart at a time, so a truncated "\xE2\x82" reads as two U+FFFD (utf16_length 2, not 1), and
 // map_string below tells an invalid byte (1 byte) from a real U+FFFD (3 bytes) by the bytes consumed, which a
 // 3-byte subpart such as a truncated "\xF1\x80\x80" would break. Both accept exactly the well-formed

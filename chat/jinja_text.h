@@ -1,6 +1,6 @@
-// Internal to chat/: text helpers that give UTF-8 strings the JavaScript string semantics the reference
-// Jinja implementation has (@huggingface/jinja runs on UTF-16 JS strings): JS whitespace (`\s`, trim),
-// UTF-16 lengths and indices, Number-to-string conversion, case mapping.
+// Internal to chat/: text helpers over UTF-8 strings: whitespace, lengths and indices, number-to-string conversion,
+// case mapping (the engine's Python semantics are in the callers; the parity test checks them against Python
+// jinja2).
 #pragma once
 
 #include <cstddef>

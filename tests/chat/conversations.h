@@ -1,4 +1,4 @@
-// The conversations the Jinja parity test renders with Magnetar and with @huggingface/jinja: a seeded
+// The conversations the Jinja parity test renders with Magnetar and with Python jinja2: a seeded
 // generator over what chat templates branch on. With or without a system message; 1-6 turns; strictly
 // alternating chats (what Gemma's template insists on) and agentic ones (tool definitions in the OpenAI
 // function shape, assistant tool_calls with object or string arguments, `tool` results with tool_call_id and

@@ -222,13 +222,23 @@ line2)J",
     R"J({{ 'unterminated }})J",
 };
 
-// Why the Python reference cannot run ("" when it can): python3 and an importable jinja2.
+// The Python that runs the reference: the first of python3 on PATH and Debian's /usr/bin/python3 (where setup.sh's
+// python3-jinja2 is, when PATH finds another Python first) that imports jinja2; "" when none does.
+const std::string& python_with_jinja2() {
+  static const std::string python = [] {
+    for (const char* p : {"python3", "/usr/bin/python3"}) {
+      if (testing::run_shell(std::string(p) + " -c 'import jinja2' >/dev/null 2>&1") == 0) return std::string(p);
+    }
+    return std::string();
+  }();
+  return python;
+}
+
+// Why the Python reference cannot run ("" when it can).
 std::string python_reference_missing() {
-  if (testing::run_shell("command -v python3 >/dev/null 2>&1") != 0) return "python3 not found on PATH";
-  if (testing::run_shell("python3 -c 'import jinja2' >/dev/null 2>&1") != 0) {
-    return "python3 cannot import jinja2 (Debian: apt-get install python3-jinja2; scripts/setup.sh does)";
-  }
-  return "";
+  if (!python_with_jinja2().empty()) return "";
+  return "neither python3 on PATH nor /usr/bin/python3 imports jinja2 (Debian: apt-get install python3-jinja2; "
+         "scripts/setup.sh does)";
 }
 
 // Runs tests/chat/jinja_reference.py on `batch`; one result per context or case, or an error.
@@ -237,8 +247,8 @@ Result<std::vector<J>> run_reference(const J& batch) {
   const std::string in = tmp.file("batch.json"), out = tmp.file("out.jsonl"), err = tmp.file("err.txt");
   std::ofstream(in, std::ios::binary) << batch.dump(-1, ' ', false, J::error_handler_t::replace);
   const std::string script = std::string(MAGNETAR_SOURCE_DIR) + "/tests/chat/jinja_reference.py";
-  const std::string cmd = "python3 " + testing::shell_quote(script) + " <" + testing::shell_quote(in) + " >" +
-                          testing::shell_quote(out) + " 2>" + testing::shell_quote(err);
+  const std::string cmd = python_with_jinja2() + " " + testing::shell_quote(script) + " <" + testing::shell_quote(in) +
+                          " >" + testing::shell_quote(out) + " 2>" + testing::shell_quote(err);
   if (testing::run_shell(cmd) != 0) return Status::error("jinja_reference.py failed: " + testing::tail_of(err, 800));
   std::vector<J> results;
   std::ifstream f(out);
