@@ -42,18 +42,9 @@ bool OutputConstraint::feed_byte(char c) {
   if (!spec_->json_object || json_.closed()) return false;
   const bool ws = c == ' ' || c == '\t' || c == '\n' || c == '\r';
   if (ws && !json_.in_string()) {
-    if (spec_->max_whitespace_run > 0) {
-      if (c == '\n' && indent_ < 0) {
-        indent_ = 0;  // the run's one newline, then indentation
-      } else if (indent_ >= 0 && (c == ' ' || c == '\t')) {
-        if (++indent_ > kMaxIndent) return false;
-      } else if (++whitespace_run_ > spec_->max_whitespace_run) {
-        return false;
-      }
-    }
+    if (spec_->max_whitespace_run > 0 && ++whitespace_run_ > spec_->max_whitespace_run) return false;
   } else {
     whitespace_run_ = 0;
-    indent_ = -1;
   }
   return json_.feed(uint8_t(c));
 }

@@ -5,9 +5,8 @@
 //      `get_weather", "arguments":`);
 //   2. one JSON object (leading whitespace allowed), validated by chat/json_prefix.h.
 // The constraint is done when both are: the worker then stops generating. Whitespace outside JSON strings is
-// limited to runs of `max_whitespace_run` bytes plus one newline and up to 20 spaces or tabs of indentation after it
-// (llama.cpp's JSON grammar: a space, or a newline and 0-20 of them), so that a small model cannot fill its budget
-// with newlines while indented JSON stays valid.
+// limited to runs of `max_whitespace_run` bytes, so that a small model cannot fill its budget with newlines
+// (valid JSON either way; llama.cpp's JSON grammar bounds whitespace the same way).
 #pragma once
 
 #include <string>
@@ -47,9 +46,7 @@ class OutputConstraint {
   std::string chosen_;  // bytes of the choice piece so far
   bool choice_done_;    // the choice piece is complete (or there is none)
   JsonPrefix json_;
-  int whitespace_run_ = 0;  // whitespace bytes of the run, its newline and indentation aside
-  int indent_ = -1;         // spaces and tabs after the run's newline; -1: no newline in the run
-  static constexpr int kMaxIndent = 20;
+  int whitespace_run_ = 0;
   bool failed_ = false;
 };
 

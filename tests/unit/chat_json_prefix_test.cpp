@@ -337,13 +337,6 @@ TEST(OutputConstraint, WhitespaceRunsOutsideStringsAreBounded) {
   EXPECT_TRUE(c.accepts(" }"));
   const ConstraintSpec unlimited{.choices = {}, .json_object = true, .max_whitespace_run = 0};
   EXPECT_TRUE(OutputConstraint(unlimited).accepts("\n\n\n\n\n{"));
-  // Indented JSON: a newline and up to 20 spaces or tabs after it, once per run (two spaces of indentation were
-  // refused at the third whitespace byte).
-  OutputConstraint indented(spec);
-  EXPECT_TRUE(indented.feed("{\n  \"a\": {\r\n\t\t\"b\": 1\n  },\n" + std::string(20, ' ') + "\"c\": 2\n}"));
-  EXPECT_TRUE(indented.done());
-  EXPECT_FALSE(OutputConstraint(spec).accepts("{\n" + std::string(21, ' ') + "}"));
-  EXPECT_FALSE(OutputConstraint(spec).accepts("{\n\n\n\n}"));  // the newlines past the run's first count as a run
 }
 
 }  // namespace
