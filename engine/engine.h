@@ -319,7 +319,9 @@ struct SamplingParams {
   float presence_penalty = 0.0f;   // subtracted once from the logit of each token in the window
   float frequency_penalty = 0.0f;  // subtracted per occurrence of the token in the window (OpenAI's semantics)
   int32_t penalty_last_n = 64;     // the window: the last N tokens of the history (-1: all; 0: no penalties)
-  uint64_t seed = 0;          // 0: random
+  int64_t seed = -1;               // the random generator's seed; negative: a random one
+  // Added to the (penalized) logits of these token ids (OpenAI's logit_bias: -100 bans, +100 forces in practice).
+  std::vector<std::pair<int32_t, float>> logit_bias = {};
 };
 
 // Constrained sampling (structured output): says whether a candidate token may come next. Called for candidates
@@ -342,7 +344,9 @@ class Sampler {
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> candidates_;  // scratch, reused across calls: (logit, id)
-  std::vector<std::pair<float, int32_t>> penalized_;   // (penalized logit, id) of the penalty window's tokens
+  std::vector<std::pair<float, int32_t>> penalized_;   // (penalized logit, id) of the penalty window's tokens and
+                                                       // the biased ones, one entry per id
+  std::vector<std::pair<float, int32_t>> by_id_;       // scratch: penalized_ in id order
   std::vector<float> work_;                            // without top-k: every token's penalized logit
 };
 

@@ -1,5 +1,6 @@
-// Token sampling: penalties, then greedy or temperature sampling through top-k, top-p and min-p filters
-// (llama.cpp's default order). Scratch is reused across calls: no allocation per token after the first.
+// Token sampling: penalties and logit biases, then greedy or temperature sampling: top-k, then the softmax at the
+// temperature, then top-p and min-p on its probabilities (vLLM's order; llama.cpp's default chain cuts top-p and
+// min-p before it applies the temperature). Scratch is reused across calls: no allocation per token after the first.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -10,7 +11,7 @@
 namespace magnetar {
 
 Sampler::Sampler(const SamplingParams& params)
-    : params_(params), rng_(params.seed != 0 ? params.seed : std::random_device{}()) {}
+    : params_(params), rng_(params.seed >= 0 ? uint64_t(params.seed) : std::random_device{}()) {}
 
 namespace {
 
@@ -95,6 +96,23 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
       penalized_.push_back({l, id});
     }
   }
+  // Logit biases on top (ids outside the vocabulary ignored; the server refuses them), one entry per id: penalized_
+  // by id, each bias added to its token's entry or to a new one.
+  if (!params_.logit_bias.empty()) {
+    std::sort(penalized_.begin(), penalized_.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+    const size_t penalties = penalized_.size();
+    for (const auto& [id, bias] : params_.logit_bias) {
+      if (id < 0 || size_t(id) >= n) continue;
+      const auto end = penalized_.begin() + ptrdiff_t(penalties);
+      const auto it =
+          std::lower_bound(penalized_.begin(), end, id, [](const auto& e, int32_t v) { return e.second < v; });
+      if (it != end && it->second == id) {
+        it->first += bias;
+      } else {
+        penalized_.push_back({ranked(logits[size_t(id)]) + bias, id});
+      }
+    }
+  }
   // Every token's (penalized) logit, in id order: the constrained fallbacks' slow path.
   auto fill_all = [&] {
     candidates_.resize(n);
@@ -110,13 +128,23 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
       fill_all();
     } else {
       select_top(penalized ? logits : std::span<const float>(work_), m, candidates_);
-      for (size_t i = 0; penalized && i < penalized_.size(); ++i) {
-        const auto [l, id] = penalized_[i];
-        auto it = std::find_if(candidates_.begin(), candidates_.end(), [id](const auto& c) { return c.second == id; });
-        if (it != candidates_.end()) {
-          it->first = l;
-        } else {
-          candidates_.push_back({l, id});
+      if (penalized && !penalized_.empty()) {
+        // Each penalized token's new logit replaces its raw one among the candidates, or joins them: both by id, one
+        // merge (a search of the candidates per penalized token cost |penalized| x m with penalties over a long
+        // history).
+        by_id_.assign(penalized_.begin(), penalized_.end());
+        const auto id_order = [](const auto& a, const auto& b) { return a.second < b.second; };
+        std::sort(by_id_.begin(), by_id_.end(), id_order);
+        std::sort(candidates_.begin(), candidates_.end(), id_order);
+        const size_t raw = candidates_.size();
+        size_t j = 0;
+        for (const auto& [l, id] : by_id_) {
+          while (j < raw && candidates_[j].second < id) ++j;
+          if (j < raw && candidates_[j].second == id) {
+            candidates_[j].first = l;
+          } else {
+            candidates_.push_back({l, id});
+          }
         }
       }
     }

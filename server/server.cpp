@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -216,7 +217,7 @@ Status check_sampling(const SamplingParams& p, int64_t top_k) {
   if (!std::isfinite(p.temperature) || p.temperature < 0) {
     return Status::error("temperature must be a finite number >= 0");
   }
-  if (top_k < 0 || top_k > INT32_MAX) return Status::error("top_k must be in [0, 2147483647]");
+  if (top_k < -1 || top_k > INT32_MAX) return Status::error("top_k must be -1 or 0 (off) or in [1, 2147483647]");
   if (!(p.top_p >= 0 && p.top_p <= 1)) return Status::error("top_p must be in [0, 1]");
   if (!(p.min_p >= 0 && p.min_p <= 1)) return Status::error("min_p must be in [0, 1]");
   if (!std::isfinite(p.presence_penalty) || !std::isfinite(p.frequency_penalty)) {
@@ -235,6 +236,7 @@ Status refuse_if(const json& body, const char* key, bool (*wanted)(const json&),
 bool is_true(const json& v) { return !v.is_boolean() || v.get<bool>(); }
 bool above_zero(const json& v) { return !v.is_number() || v.get<double>() > 0; }
 bool not_one(const json& v) { return !v.is_number_integer() || v.get<int64_t>() != 1; }
+bool not_one_number(const json& v) { return !v.is_number() || v.get<double>() != 1.0; }
 bool non_empty(const json& v) { return !v.is_array() || !v.empty(); }
 bool any_value(const json&) { return true; }  // /v1/completions' logprobs: 0 asks for the sampled token's
 bool is_object(const json& v) { return v.is_object(); }
@@ -247,7 +249,11 @@ Status parse_openai_sampling(const json& body, const SamplingParams& defaults, C
         refuse_if(body, "best_of", not_one, "one choice per request (best_of must be 1)"),
         refuse_if(body, "top_logprobs", above_zero, "log probabilities are not supported"),
         refuse_if(body, "functions", non_empty, "not supported (deprecated by OpenAI): send tools"),
-        refuse_if(body, "function_call", is_object, "not supported (deprecated by OpenAI): send tool_choice")}) {
+        refuse_if(body, "function_call", is_object, "not supported (deprecated by OpenAI): send tool_choice"),
+        refuse_if(body, "repetition_penalty", not_one_number,
+                  "not supported (send presence_penalty or frequency_penalty)"),
+        refuse_if(body, "repeat_penalty", not_one_number,
+                  "not supported (send presence_penalty or frequency_penalty)")}) {
     if (!s.ok()) return s;
   }
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
@@ -267,8 +273,25 @@ Status parse_openai_sampling(const json& body, const SamplingParams& defaults, C
     if (!s.ok()) return s;
   }
   MAGNETAR_RETURN_IF_ERROR(check_sampling(r.sampling, top_k));
-  r.sampling.top_k = int32_t(top_k);
-  r.sampling.seed = uint64_t(seed);
+  r.sampling.top_k = int32_t(std::max<int64_t>(top_k, 0));  // -1: off, as vLLM's
+  r.sampling.seed = seed;                                   // negative: a random one (llama.cpp's -1)
+  // OpenAI's penalties count the tokens generated for the request, all of them (the worker passes those alone).
+  r.sampling.penalty_last_n = -1;
+  if (auto bias = body.find("logit_bias"); bias != body.end() && !bias->is_null()) {
+    if (!bias->is_object()) return Status::error("logit_bias must be an object of token ids to numbers");
+    for (const auto& [key, value] : bias->items()) {
+      int64_t id = -1;
+      const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id > INT32_MAX) {
+        return Status::error(format("logit_bias: key '%s' is not a token id", key.c_str()));
+      }
+      if (!value.is_number() || !(value.get<double>() >= -100 && value.get<double>() <= 100)) {
+        return Status::error(
+            format("logit_bias: the bias of token %lld must be a number in [-100, 100]", (long long)id));
+      }
+      r.sampling.logit_bias.push_back({int32_t(id), value.get<float>()});
+    }
+  }
   r.max_tokens = max_completion > 0 ? max_completion : max_tokens;
   if (auto stop = body.find("stop"); stop != body.end() && !stop->is_null()) {
     if (stop->is_string()) {
@@ -340,7 +363,8 @@ Result<ChatRequest> parse_anthropic_request(const json& body, const SamplingPara
     if (!s.ok()) return s;
   }
   MAGNETAR_RETURN_IF_ERROR(check_sampling(r.sampling, top_k));
-  r.sampling.top_k = int32_t(top_k);
+  r.sampling.top_k = int32_t(std::max<int64_t>(top_k, 0));
+  r.sampling.penalty_last_n = -1;  // the server's default penalties count the tokens generated for the request
   if (auto max_tokens = body.find("max_tokens");
       require_max_tokens && (max_tokens == body.end() || max_tokens->is_null())) {
     return Status::error("max_tokens is required");
@@ -898,6 +922,12 @@ Result<std::shared_ptr<Job>> Server::Impl::submit(const std::string& prompt, Cha
   if (n_prompt >= n_ctx) {
     return Status::error(format("the prompt has %lld tokens, the context %lld (no room to generate)",
                                 (long long)n_prompt, (long long)n_ctx));
+  }
+  for (const auto& [id, bias] : request.sampling.logit_bias) {
+    if (id >= engine.info().n_vocab) {
+      return Status::error(
+          format("logit_bias: token %d is outside the vocabulary of %lld", id, (long long)engine.info().n_vocab));
+    }
   }
   auto job = std::make_shared<Job>();
   job->prompt = std::move(ids.value());

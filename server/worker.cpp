@@ -283,7 +283,11 @@ bool Worker::scan(Slot& slot) {
   Job& job = *slot.job;
   size_t cut = std::string::npos;
   const std::string* matched = nullptr;
-  for (const std::string& stop : job.stop) {
+  // Stop sequences do not cut a constrained output (a forced tool call, a JSON object): the constraint ends it, and a
+  // cut call came back as its markup in the text.
+  const std::vector<std::string> none;
+  const std::vector<std::string>& stops = slot.constraint ? none : job.stop;
+  for (const std::string& stop : stops) {
     if (const size_t at = slot.held.find(stop); at < cut) {
       cut = at;
       matched = &stop;
@@ -296,7 +300,7 @@ bool Worker::scan(Slot& slot) {
     job.completion_tokens = slot.n;
     return true;
   }
-  const size_t keep = stop_prefix_overlap(slot.held, job.stop);
+  const size_t keep = stop_prefix_overlap(slot.held, stops);
   emit(slot, slot.held.substr(0, slot.held.size() - keep));
   slot.held.erase(0, slot.held.size() - keep);
   return false;
@@ -388,7 +392,10 @@ void Worker::decode_step() {
       slot.closing = left <= int64_t(rest.size()) ? std::move(rest) : std::string();
       slot.closing_forced |= !slot.closing.empty();
     }
-    const int32_t id = slot.sampler->sample(session.logits(), session.tokens(), slot.allow);
+    // The penalties' history: the tokens generated for this job (OpenAI's presence and frequency penalties).
+    const std::span<const int32_t> tokens = session.tokens();
+    const size_t generated = std::min(tokens.size(), size_t(slot.n));
+    const int32_t id = slot.sampler->sample(session.logits(), tokens.subspan(tokens.size() - generated), slot.allow);
     if (id < 0) {
       finish(slot, FinishReason::kError, {}, "no token of the vocabulary fits the output constraint");
       continue;

@@ -220,7 +220,7 @@ void SamplingFlags::add_to(cli::Args& args) {
   args.option("--frequency-penalty", &params.frequency_penalty, "P",
               "subtracted from logits of recent tokens once per occurrence (0: off)");
   args.option("--penalty-last-n", &last_n, "N", "tokens the penalties look back over (-1: all)");
-  args.option("--seed", &seed, "S", "random seed (0: random)");
+  args.option("--seed", &seed, "S", "random seed (negative: a random one, the default)");
 }
 
 std::string SamplingFlags::error() const {
@@ -231,7 +231,6 @@ std::string SamplingFlags::error() const {
   if (!(p.min_p >= 0 && p.min_p <= 1)) return "--min-p must be in [0, 1]";
   if (!(p.repeat_penalty > 0)) return "--repeat-penalty must be > 0 (1: off)";
   if (last_n < -1 || last_n > INT32_MAX) return "--penalty-last-n must be -1 (all) or in [0, 2147483647]";
-  if (seed < 0) return "--seed must be >= 0";
   return "";
 }
 
@@ -239,7 +238,7 @@ SamplingParams SamplingFlags::resolved() const {
   SamplingParams p = params;
   p.top_k = int32_t(top_k);
   p.penalty_last_n = int32_t(last_n);
-  p.seed = uint64_t(seed);
+  p.seed = seed;
   return p;
 }
 

@@ -46,7 +46,7 @@ nlohmann::json expert_summary_json(const ExpertStats& s, double seconds, int64_t
 
 struct SamplingFlags {
   SamplingParams params;
-  int64_t seed = 0;
+  int64_t seed = -1;
   int64_t top_k = 40;
   int64_t last_n = 64;
 

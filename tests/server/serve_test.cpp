@@ -24,6 +24,24 @@ class Serve : public ServeFixture {
   }
 };
 
+// OpenAI's sampling fields as OpenAI and vLLM define them: presence and frequency penalties count the tokens generated
+// for the request only (over the prompt, "Who" "are" "you" and the template's tokens changed the first greedy token),
+// logit_bias moves the argmax, top_k -1 is off, and seed 0 repeats its draws (it drew a random seed).
+TEST_F(Serve, SamplingFieldsFollowOpenAI) {
+  const json plain = chat({{"max_tokens", 1}});
+  const std::string first = plain["choices"][0]["message"]["content"];
+  ASSERT_FALSE(first.empty());
+  EXPECT_EQ(chat({{"max_tokens", 1}, {"presence_penalty", 2.0}})["choices"][0]["message"]["content"], first);
+  EXPECT_EQ(chat({{"max_tokens", 1}, {"frequency_penalty", 2.0}})["choices"][0]["message"]["content"], first);
+  EXPECT_EQ(chat({{"max_tokens", 1}, {"top_k", -1}})["choices"][0]["message"]["content"], first);
+  const json ids = post("/tokenize", {{"content", first}, {"parse_special", false}})["tokens"];
+  ASSERT_EQ(ids.size(), 1u) << ids.dump();
+  const json banned = chat({{"max_tokens", 1}, {"logit_bias", {{std::to_string(ids[0].get<int>()), -100}}}});
+  EXPECT_NE(banned["choices"][0]["message"]["content"], first) << banned.dump();
+  const json hot = {{"temperature", 1.5}, {"top_k", 0}, {"top_p", 1}, {"min_p", 0}, {"seed", 0}, {"max_tokens", 24}};
+  EXPECT_EQ(chat(hot)["choices"][0]["message"]["content"], chat(hot)["choices"][0]["message"]["content"]);
+}
+
 TEST_F(Serve, HealthModelsHead) {
   httplib::Client c = client();
   httplib::Result health = c.Get("/health");
@@ -138,7 +156,14 @@ TEST_F(Serve, BadRequestsAre400AndNameTheField) {
        "temperature must be a finite number >= 0"},
       {R"({"messages": [{"role": "user", "content": "hi"}], "top_p": 1.5})", "top_p must be in [0, 1]"},
       {R"({"messages": [{"role": "user", "content": "hi"}], "min_p": -1})", "min_p must be in [0, 1]"},
-      {R"({"messages": [{"role": "user", "content": "hi"}], "top_k": 4294967297})", "top_k must be in"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "top_k": 4294967297})", "top_k must be"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "top_k": -2})", "top_k must be"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"x": 1}})", "logit_bias: key 'x'"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 101}})", "[-100, 100]"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"99999999": 1}})", "outside the vocabulary"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "logit_bias": [1]})", "logit_bias must be an object"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "repetition_penalty": 1.1})",
+       "repetition_penalty: not supported"},
       // Asked for and not done: refused, not answered without it.
       {R"({"messages": [{"role": "user", "content": "hi"}], "n": 2})", "n must be 1"},
       {R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true})", "logprobs: log probabilities"},

@@ -175,6 +175,17 @@ TEST_F(ServeTools, OpenAIRequiredPicksOneOfTheTools) {
   EXPECT_TRUE(json::parse(call["function"]["arguments"].get<std::string>()).is_object());
 }
 
+// A stop sequence does not cut a forced call (the output constraint ends it): "name" appears in the call's JSON, and
+// the cut call came back as its markup in the content with no tool_calls.
+TEST_F(ServeTools, AStopSequenceDoesNotCutAForcedCall) {
+  const json r = chat(forced_openai({{"tool_choice", "required"}, {"stop", {"name", "\"city"}}}));
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls") << r.dump();
+  const json& message = r["choices"][0]["message"];
+  ASSERT_EQ(message["tool_calls"].size(), 1u) << r.dump();
+  EXPECT_TRUE(json::parse(message["tool_calls"][0]["function"]["arguments"].get<std::string>()).is_object());
+  EXPECT_EQ(message["content"].dump().find("tool_call"), std::string::npos) << r.dump();
+}
+
 TEST_F(ServeTools, OpenAIToolRoundTrip) {
   // The call the model made, sent back with a result: a normal answer follows.
   const json first = chat(forced_openai())["choices"][0]["message"];

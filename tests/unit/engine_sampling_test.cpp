@@ -81,6 +81,40 @@ TEST(Sampler, FrequencyPenaltyCountsEveryOccurrence) {
   EXPECT_EQ(w.sample(logits, std::vector<int32_t>{0, 2, 0}), 0);
 }
 
+// logit_bias adds to a token's (penalized) logit: -100 moves the argmax away, a bias and a penalty on one token add
+// up, ids outside the vocabulary are ignored; in the top-k path (more tokens than k) too.
+TEST(Sampler, LogitBiasAddsToThePenalizedLogit) {
+  const std::vector<float> logits = {1.0f, 0.6f, -5.0f, 0.2f};
+  Sampler ban({.temperature = 0, .logit_bias = {{0, -100.0f}, {7, 50.0f}}});
+  EXPECT_EQ(ban.sample(logits, {}), 1);
+  Sampler lift({.temperature = 0, .logit_bias = {{2, 6.5f}}});
+  EXPECT_EQ(lift.sample(logits, {}), 2);  // -5 + 6.5 = 1.5 > 1.0
+  Sampler both({.temperature = 0, .presence_penalty = 0.3f, .penalty_last_n = -1, .logit_bias = {{0, -0.2f}}});
+  EXPECT_EQ(both.sample(logits, std::vector<int32_t>{0}), 1);  // 1.0 - 0.3 - 0.2 = 0.5 < 0.6
+  Sampler one({.temperature = 0, .presence_penalty = 0.3f, .penalty_last_n = -1});
+  EXPECT_EQ(one.sample(logits, std::vector<int32_t>{0}), 0);  // 0.7 > 0.6: the bias above made the difference
+  std::vector<float> many(1000, 0.0f);
+  many[10] = 3.0f;
+  many[20] = 2.0f;
+  const auto h = histogram({.temperature = 0.01f, .top_k = 5, .top_p = 1, .min_p = 0, .logit_bias = {{10, -100.0f}}},
+                           many, {}, 50);
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(h.begin()->first, 20);
+}
+
+// A seed of 0 is a seed like any other (OpenAI's and vLLM's; it drew a random one); a negative one is random.
+TEST(Sampler, SeedZeroRepeatsItsDraws) {
+  const std::vector<float> logits(64, 0.0f);  // uniform: 64 draws of one seed repeat only by the generator
+  std::vector<int32_t> a, b;
+  Sampler first({.temperature = 1, .top_k = 0, .top_p = 1, .min_p = 0, .seed = 0});
+  Sampler second({.temperature = 1, .top_k = 0, .top_p = 1, .min_p = 0, .seed = 0});
+  for (int i = 0; i < 64; ++i) {
+    a.push_back(first.sample(logits, {}));
+    b.push_back(second.sample(logits, {}));
+  }
+  EXPECT_EQ(a, b);
+}
+
 TEST(Sampler, FilterTakesTheBestAllowedToken) {
   const std::vector<float> logits = {0.1f, 3.0f, -1.0f, 2.9f, 2.0f};
   Sampler greedy({.temperature = 0});
