@@ -70,9 +70,10 @@ class HermesParser final : public OutputParser {
     events->push_back({kind, std::move(text)});
   }
 
-  // Emits the tool call whose body is `body` (between the tags); false when it is not a valid call. Its arguments are
-  // an object, or a string holding one (some models encode them, as the OpenAI API does), or absent (a call without
-  // arguments: {}); anything else is no call (the bytes stay text: nothing is lost).
+  // Emits the tool call whose body is `body` (between the tags); false when it is not a valid call. Its arguments
+  // (under "arguments", or Llama's "parameters") are an object, or a string holding one (some models encode them, as
+  // the OpenAI API does), or absent from a body of the name alone (a call without arguments: {}); anything else is no
+  // call (the bytes stay text: nothing is lost).
   bool emit_call(std::string_view body, std::vector<OutputEvent>* events) {
     if (!json_refusal(body).empty()) return false;
     const nlohmann::ordered_json call = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
@@ -80,6 +81,8 @@ class HermesParser final : public OutputParser {
     auto name = call.find("name");
     if (name == call.end() || !name->is_string()) return false;
     auto given = call.find("arguments");
+    if (given == call.end()) given = call.find("parameters");
+    if (given == call.end() && call.size() != 1) return false;  // keys besides the name: arguments of another name
     nlohmann::ordered_json arguments = nlohmann::ordered_json::object();
     if (given != call.end() && given->is_string()) {
       const std::string& text = given->get_ref<const std::string&>();

@@ -126,7 +126,8 @@ TEST(HermesParser, InvalidToolJsonIsTextWithTheOriginalBytes) {
       "<tool_call>\n{\"name\": \"x\", \"arguments\": \"[1]\"}\n</tool_call>",  // arguments must be an object
       "<tool_call>\n{\"name\": \"x\", \"arguments\": 5}\n</tool_call>",
       "<tool_call>\n{\"name\": \"x\", \"arguments\": \"{bad\"}\n</tool_call>",
-      "<tool_call>\n{\"arguments\": {}}\n</tool_call>",  // no name
+      "<tool_call>\n{\"name\": \"x\", \"args\": {\"city\": \"Paris\"}}\n</tool_call>",  // not {}: arguments lost
+      "<tool_call>\n{\"arguments\": {}}\n</tool_call>",                                 // no name
       "<tool_call>\n{\"name\": 3, \"arguments\": {}}\n</tool_call>",
       "<tool_call>[1]</tool_call>",
       "<tool_call>\n{\"name\": \"x\", \"arguments\": {\"s\": \"\xff\"}}\n</tool_call>",  // invalid UTF-8
@@ -160,6 +161,12 @@ TEST(HermesParser, ArgumentsAbsentOrEncodedAsAStringAreACall) {
                                                                     {K::kToolCallEnd, ""}}))
       << show(parse_whole(kTools, encoded));
   expect_cut_invariant(kTools, "Checking. " + none + "\n" + encoded);
+  // Llama's key for them
+  const std::string llama = "<tool_call>\n{\"name\": \"f\", \"parameters\": {\"city\": \"Paris\"}}\n</tool_call>";
+  EXPECT_EQ(parse_whole(kTools, llama),
+            (std::vector<OutputEvent>{
+                {K::kToolCallBegin, "f"}, {K::kToolCallArguments, "{\"city\":\"Paris\"}"}, {K::kToolCallEnd, ""}}))
+      << show(parse_whole(kTools, llama));
 }
 
 // A call nested deeper than kMaxJsonNesting levels is text (its parse would be copied recursively); at the limit it
