@@ -518,6 +518,7 @@ Result<Array> iterate(Interp& in, const Value& v, bool* ok) {
 // is 2.67499999... and rounds to 2.67), which is what printf's %.Nf computes.
 double py_round(double x, int64_t ndigits) {
   if (!std::isfinite(x)) return x;
+  if (ndigits < -308) return std::copysign(0.0, x);  // 10^-ndigits is inf past here (and -INT64_MIN undefined)
   if (ndigits < 0) {
     const double scale = std::pow(10.0, double(-ndigits));
     return std::nearbyint(x / scale) * scale;
@@ -693,8 +694,7 @@ Result<Value> filter_value(Interp& in, const Value& raw, const std::string& name
     return name == "int" ? int_filter(operand, fallback) : float_filter(operand, fallback);
   }
   if (name == "abs") {
-    if (operand.is(Kind::kInt))
-      return operand.i == INT64_MIN ? Value::number(-double(operand.i)) : Value::integer(std::llabs(operand.i));
+    if (operand.is(Kind::kInt)) return operand.big || operand.i >= 0 ? operand : py_negate(operand.i);
     if (operand.is(Kind::kBool)) return Value::integer(operand.b);
     if (operand.is(Kind::kFloat)) return Value::number(std::fabs(operand.f));
     return Status::error(std::string("bad operand type for abs(): '") + py_type(operand) + "'");

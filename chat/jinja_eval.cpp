@@ -84,6 +84,32 @@ Scope* Interp::new_scope(Scope* parent) {
   return &scopes_.back();
 }
 
+namespace {
+
+// What one scope holds in memory, a little generously (allocation headers, the loop object's entries and the
+// callables' blocks included): a kept scope is charged this much.
+uint64_t scope_bytes(const Scope& scope) {
+  constexpr uint64_t kAllocation = 32;
+  constexpr uint64_t kEntry = sizeof(std::pair<std::string, Value>) + kAllocation;
+  uint64_t n = sizeof(Scope) + kAllocation;
+  for (const auto& [name, v] : scope.vars) {
+    n += kEntry + name.size();
+    if (v.is(Kind::kObject) && v.o.use_count() == 1) n += kAllocation + v.obj().entries.size() * kEntry;  // loop
+    if (v.is(Kind::kFunction)) n += kAllocation + sizeof(Callable);
+  }
+  return n;
+}
+
+}  // namespace
+
+Status Interp::keep_scopes() {
+  ++callers_;
+  uint64_t n = 0;
+  for (size_t k = charged_scopes_; k < scopes_.size(); ++k) n += scope_bytes(scopes_[k]);
+  charged_scopes_ = scopes_.size();
+  return charge_bytes(n);
+}
+
 Result<Value> Interp::new_namespace(Object entries) {
   Value v = Value::ns(std::move(entries));
   namespaces_.push_back(v.o);
@@ -145,7 +171,8 @@ Status Interp::exec(const Stmt& st, Scope* s, std::string* out, Flow* flow) {
     case StmtKind::kFor: return exec_for(st, s, out);
     case StmtKind::kSet: return exec_set(st, s);
     case StmtKind::kMacro: {
-      ++callers_;  // the macro keeps a pointer to `s`: the scopes of this render must stay
+      // The macro keeps a pointer to `s`: the scopes of this render must stay.
+      MAGNETAR_RETURN_IF_ERROR(located(st.pos, keep_scopes()));
       s->set(st.text, Value::function(Callable{.kind = Fn::kMacro, .stmt = &st, .scope = s, .name = st.text}));
       return Status();
     }
@@ -153,7 +180,7 @@ Status Interp::exec(const Stmt& st, Scope* s, std::string* out, Flow* flow) {
       const Expr& call_expr = *st.expr;
       TRY(Args args, eval_args(call_expr.items, s));
       TRY(const Value fn, eval(*call_expr.a, s));
-      ++callers_;
+      MAGNETAR_RETURN_IF_ERROR(located(st.pos, keep_scopes()));
       // The macro receives `caller` as a keyword argument (call_macro binds it to the name).
       args.kw.set("caller", Value::function(Callable{.kind = Fn::kCaller, .stmt = &st, .scope = s}));
       TRY(const Value v, call(fn, std::move(args), s, call_expr.pos));
@@ -496,7 +523,8 @@ Result<Value> Interp::eval_inner(const Expr& e, Scope* s) {
       if (e.op == Op::kNot) return Value::boolean(!truthy(v));
       const double sign = e.op == Op::kNeg ? -1 : 1;
       if (v.is(Kind::kFloat)) return Value::number(sign * v.f);
-      if (v.is(Kind::kInt)) return Value::integer(e.op == Op::kNeg ? -v.i : v.i);
+      if (v.is(Kind::kInt) && v.big) return e.op == Op::kNeg ? Value::number(-v.as_double()) : v;
+      if (v.is(Kind::kInt)) return e.op == Op::kNeg ? py_negate(v.i) : v;
       if (v.is(Kind::kBool)) return Value::integer(int64_t(sign) * (v.b ? 1 : 0));
       return Status::error(std::string("unary ") + (e.op == Op::kNeg ? "-" : "+") + " on a " + kind_name(v));
     }

@@ -4,6 +4,7 @@
 // between threads.
 #pragma once
 
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <string>
@@ -85,6 +86,10 @@ class Interp {
   Status bind(const Expr& target, const Value& v, Scope* s);
   Result<Value> call_macro(const Callable& c, Args args, Scope* parent);
   Scope* new_scope(Scope* parent);
+  // A closure (macro, caller) now points at the current scopes: they stay until the render ends (see
+  // ScopeMark), so those not yet charged are charged to the byte budget. Without it a macro defined in a long
+  // loop kept every iteration's scope, loop object included, uncharged (gigabytes).
+  Status keep_scopes();
   // Frees the scopes created since construction when it ends, unless a caller() closure (which may hold a
   // pointer to one of them) was made meanwhile: keeps long loops and deep macro recursion from piling up
   // scopes until the render ends.
@@ -92,7 +97,9 @@ class Interp {
    public:
     explicit ScopeMark(Interp* in) : in_(in), size_(in->scopes_.size()), callers_(in->callers_) {}
     ~ScopeMark() {
-      if (in_->callers_ == callers_) in_->scopes_.resize(size_);
+      if (in_->callers_ != callers_) return;
+      in_->scopes_.resize(size_);
+      in_->charged_scopes_ = std::min(in_->charged_scopes_, size_);
     }
 
    private:
@@ -106,6 +113,7 @@ class Interp {
   std::deque<Scope> scopes_;
   std::vector<std::shared_ptr<Object>> namespaces_;  // cleared at the end: breaks reference cycles
   uint64_t steps_ = 0, bytes_ = 0, callers_ = 0;
+  size_t charged_scopes_ = 0;  // scopes_[0, charged_scopes_) are charged by keep_scopes
   int depth_ = 0, loop_depth_ = 0;
 };
 
@@ -128,5 +136,7 @@ Result<int> py_compare(const Value& a, const Value& b, const char* op, uint32_t 
 // `item in container`.
 Result<bool> py_contains(Interp& in, const Value& container, const Value& item);
 const char* py_type(const Value& v);
+// Python's -x: INT64_MIN's negation is 2^63, a `big` integer (negating it in int64 is undefined).
+Value py_negate(int64_t x);
 
 }  // namespace magnetar::chat::jinja

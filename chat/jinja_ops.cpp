@@ -7,6 +7,8 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "chat/jinja_eval.h"
 #include "chat/jinja_text.h"
@@ -32,6 +34,81 @@ double py_fmod(double a, double b) {
   double r = std::fmod(a, b);
   if (r != 0 && ((r < 0) != (b < 0))) r += b;
   return r;
+}
+
+// The digits of |x| in `base` for an integer held exactly in a double or a uint64: x = mantissa * 2^shift,
+// divided down as a little bignum (a double reaches 2^1024: at most 33 limbs of 32 bits).
+std::string magnitude_digits(uint64_t mantissa, int shift, unsigned base, bool upper) {
+  std::vector<uint32_t> limbs;  // little-endian
+  for (int k = 0; k < shift / 32; ++k) limbs.push_back(0);
+  const unsigned rest = unsigned(shift % 32);
+  const unsigned __int128 top = (unsigned __int128)mantissa << rest;
+  for (unsigned __int128 t = top; t != 0; t >>= 32) limbs.push_back(uint32_t(t));
+  const char* digit = upper ? "0123456789ABCDEF" : "0123456789abcdef";
+  std::string out;
+  while (!limbs.empty()) {
+    uint64_t rem = 0;
+    for (size_t k = limbs.size(); k-- > 0;) {
+      const uint64_t cur = (rem << 32) | limbs[k];
+      limbs[k] = uint32_t(cur / base);
+      rem = cur % base;
+    }
+    out += digit[rem];
+    while (!limbs.empty() && limbs.back() == 0) limbs.pop_back();
+  }
+  if (out.empty()) out.push_back('0');
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
+// %d %i %x %X %o of a number as Python prints it: floats truncate toward zero and print every digit ('%d' %
+// 1e20 is 100000000000000000000), negatives print a sign and the magnitude ('%x' % -255 is -ff), '#' adds 0x/0o,
+// the precision is a minimum digit count, '0' pads between the sign and the digits.
+Result<std::string> format_integer(const Value& v, char conv, const std::string& flags, const std::string& width,
+                                   const std::string& precision) {
+  bool neg = false;
+  uint64_t mantissa = 0;
+  int shift = 0;
+  if (exact_int(v)) {
+    const int64_t x = as_int(v);
+    neg = x < 0;
+    mantissa = neg ? 0 - uint64_t(x) : uint64_t(x);
+  } else if (v.is(Kind::kInt)) {  // big: above INT64_MAX
+    mantissa = uint64_t(v.i);
+  } else {
+    const double d = std::trunc(v.f);
+    if (std::isnan(d)) return Status::error("cannot convert float NaN to integer");
+    if (std::isinf(d)) return Status::error("cannot convert float infinity to integer");
+    neg = d < 0;
+    int exp = 0;
+    const double frac = std::frexp(std::fabs(d), &exp);  // |d| = frac * 2^exp, frac in [0.5, 1)
+    if (exp <= 64) {
+      mantissa = uint64_t(std::fabs(d));
+    } else {
+      mantissa = uint64_t(std::ldexp(frac, 53));
+      shift = exp - 53;
+    }
+  }
+  const unsigned base = conv == 'x' || conv == 'X' ? 16 : conv == 'o' ? 8 : 10;
+  std::string digits = magnitude_digits(mantissa, shift, base, conv == 'X');
+  const auto has_flag = [&](char c) { return flags.find(c) != std::string::npos; };
+  const size_t min_digits = precision.size() > 1 ? size_t(std::atoi(precision.c_str() + 1)) : 0;
+  if (digits.size() < min_digits) digits.insert(0, min_digits - digits.size(), '0');
+  std::string prefix = neg ? "-" : has_flag('+') ? "+" : has_flag(' ') ? " " : "";
+  if (has_flag('#') && base == 16) prefix += conv == 'X' ? "0X" : "0x";
+  if (has_flag('#') && base == 8) prefix += "0o";
+  const size_t w = width.empty() ? 0 : size_t(std::atoi(width.c_str()));
+  const size_t len = prefix.size() + digits.size();
+  if (len < w) {
+    if (has_flag('-')) {
+      digits.append(w - len, ' ');
+    } else if (has_flag('0')) {
+      digits.insert(0, w - len, '0');
+    } else {
+      prefix.insert(0, w - len, ' ');
+    }
+  }
+  return prefix + digits;
 }
 
 }  // namespace
@@ -127,8 +204,19 @@ Result<bool> py_contains(Interp& in, const Value& container, const Value& item) 
   }
 }
 
+Value py_negate(int64_t x) {
+  if (x != INT64_MIN) return Value::integer(-x);
+  Value v = Value::integer(x);  // 2^63: past INT64_MAX, held as its uint64 bits (the bits of INT64_MIN)
+  v.big = true;
+  return v;
+}
+
 Result<Value> Interp::repeat(const Value& seq, int64_t times) {
-  times = std::clamp<int64_t>(times, 0, int64_t(1) << 40);
+  times = std::max<int64_t>(times, 0);
+  // Refused before multiplying: size * times wraps for a long enough sequence (then it charged next to nothing).
+  const uint64_t unit = seq.is(Kind::kString) ? seq.str().size() : seq.arr().size() * sizeof(Value);
+  if (unit == 0) times = 0;  // nothing to repeat: no loop of `times` empty appends
+  if (unit != 0 && uint64_t(times) > kMaxBytes / unit) MAGNETAR_RETURN_IF_ERROR(charge_bytes(kMaxBytes + 1));
   if (seq.is(Kind::kString)) {
     const std::string& s = seq.str();
     MAGNETAR_RETURN_IF_ERROR(charge_bytes(uint64_t(s.size()) * uint64_t(times)));
@@ -228,7 +316,7 @@ Result<Value> Interp::eval_binary(const Expr& e, Scope* s) {
       if (b == 0) return Status::error("integer division or modulo by zero");
       if (ints) {
         const int64_t x = as_int(left), y = as_int(right);
-        if (y == -1) return Value::integer(e.op == Op::kMod ? 0 : x == INT64_MIN ? x : -x);
+        if (y == -1) return e.op == Op::kMod ? Value::integer(0) : py_negate(x);  // INT64_MIN / -1 traps
         int64_t q = x / y, r = x % y;
         if (r != 0 && ((r < 0) != (y < 0))) r += y, --q;  // Python floors: the remainder takes the divisor's sign
         return Value::integer(e.op == Op::kMod ? r : q);
@@ -254,6 +342,9 @@ Result<Value> Interp::percent_format(const std::string& fmt, const Value& args) 
   } else {
     values.push_back(args);
   }
+  // The literal text is at most fmt's length; each conversion is charged before it is appended, so that
+  // many long arguments stop at the byte budget instead of building the whole output first.
+  MAGNETAR_RETURN_IF_ERROR(charge_bytes(fmt.size()));
   std::string out;
   size_t next = 0;
   for (size_t i = 0; i < fmt.size(); ++i) {
@@ -266,7 +357,7 @@ Result<Value> Interp::percent_format(const std::string& fmt, const Value& args) 
     while (j < fmt.size() && std::strchr("-+ #0", fmt[j])) flags += fmt[j++];
     while (j < fmt.size() && std::isdigit(uint8_t(fmt[j]))) width += fmt[j++];
     if (j < fmt.size() && fmt[j] == '.') {
-      precision = ".";
+      precision.push_back('.');
       ++j;
       while (j < fmt.size() && std::isdigit(uint8_t(fmt[j]))) precision += fmt[j++];
     }
@@ -280,32 +371,36 @@ Result<Value> Interp::percent_format(const std::string& fmt, const Value& args) 
     if (next >= values.size()) return Status::error("not enough arguments for format string");
     const Value& v = values[next++];
     if (width.size() > 3 || precision.size() > 3) return Status::error("format width or precision too large");
-    char buf[1200];
+    char buf[2400];  // %f of 1e308 with a precision of 999
     const std::string spec = "%" + flags + width + precision;
     if (conv == 's' || conv == 'r') {
       std::string text;
       MAGNETAR_RETURN_IF_ERROR(conv == 's' ? py_str(v, &text) : py_repr(v, &text));
       const size_t w = width.empty() ? 0 : size_t(std::atoi(width.c_str()));
-      const size_t len = cp_count(text);
+      const size_t len = w == 0 ? 0 : cp_count(text);
       const std::string pad(w > len ? w - len : 0, ' ');
-      out += flags.find('-') != std::string::npos ? text + pad : pad + text;
+      MAGNETAR_RETURN_IF_ERROR(charge_bytes(text.size() + pad.size()));  // before it grows the output
+      if (flags.find('-') == std::string::npos) out += pad;
+      out += text;
+      if (flags.find('-') != std::string::npos) out += pad;
     } else if (std::strchr("dixXo", conv)) {
       if (!number_like(v)) {
         return Status::error(std::string("%") + conv + " format: a real number is required, not " + py_type(v));
       }
-      const long long n = exact_int(v) ? (long long)as_int(v) : (long long)std::trunc(v.as_double());
-      std::snprintf(buf, sizeof(buf), (spec + "ll" + (conv == 'i' ? 'd' : conv)).c_str(), n);
-      out += buf;
+      TRY(const std::string text, format_integer(v, conv, flags, width, precision));
+      MAGNETAR_RETURN_IF_ERROR(charge_bytes(text.size()));
+      out += text;
     } else if (std::strchr("feEgG", conv)) {
       if (!number_like(v)) return Status::error(std::string("must be real number, not ") + py_type(v));
       std::snprintf(buf, sizeof(buf), (spec + conv).c_str(), v.as_double());
+      MAGNETAR_RETURN_IF_ERROR(charge_bytes(std::strlen(buf)));
       out += buf;
     } else {
       return Status::error(std::string("unsupported format character '") + conv + "'");
     }
   }
   if (next < values.size()) return Status::error("not all arguments converted during string formatting");
-  return make_string(std::move(out));
+  return Value::string(std::move(out));  // charged piece by piece above
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -346,7 +441,9 @@ Result<bool> test_value(Interp& in, const std::string& name, const Value& v, con
     }
     if (divisor.as_double() == 0) return Status::error("integer division or modulo by zero");
     double r = std::fmod(v.as_double(), divisor.as_double());
-    if (v.is(Kind::kInt) && !v.big && divisor.is(Kind::kInt) && !divisor.big) r = double(v.i % divisor.i);
+    if (v.is(Kind::kInt) && !v.big && divisor.is(Kind::kInt) && !divisor.big) {
+      r = divisor.i == -1 ? 0 : double(v.i % divisor.i);  // INT64_MIN % -1 traps (SIGFPE)
+    }
     return name == "odd" ? r != 0 : r == 0;
   }
   if (name == "lower" || name == "upper") {

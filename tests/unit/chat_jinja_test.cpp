@@ -264,6 +264,33 @@ TEST(ChatJinja, HostileTemplatesStopCleanly) {
             "[9223372036854775807]");
 }
 
+// Python's arithmetic where int64 traps or is undefined: INT64_MIN % -1 and INT64_MIN // -1 (SIGFPE before),
+// INT64_MIN's negation, round() to -INT64_MIN digits.
+TEST(ChatJinja, Int64EdgesComputeAsPython) {
+  const std::string min = "{% set m = -9223372036854775807 - 1 %}";
+  EXPECT_EQ(render(min + "{{ m is divisibleby(-1) }}"), "True");
+  EXPECT_EQ(render(min + "{{ [{'a': m}] | selectattr('a', 'divisibleby', -1) | list | length }}"), "1");
+  EXPECT_EQ(render(min + "{{ m % -1 }} {{ m // -1 }}"), "0 9223372036854775808");
+  EXPECT_EQ(render(min + "{{ -m }} {{ m | abs }} {{ -(-m) }}"),
+            "9223372036854775808 9223372036854775808 -9.223372036854776e+18");
+  EXPECT_EQ(render(min + "{{ 7 // -1 }} {{ -7 % 3 }} {{ 7 is divisibleby(-1) }}"), "-7 2 True");
+  EXPECT_EQ(render(min + "{{ 1.5 | round(m) }} {{ -1.5 | round(m) }} {{ 1234.5 | round(-2) }}"), "0.0 -0.0 1200.0");
+}
+
+// Python's `%` formatting of integers: every digit of a large float, errors for NaN and infinity (casts out of
+// range before), a sign and the magnitude for negative hex and octal.
+TEST(ChatJinja, PercentFormatIntegers) {
+  EXPECT_EQ(render("{{ '%d' % 1e20 }}"), "100000000000000000000");
+  EXPECT_EQ(render("{{ '%d' % -1e300 }}").size(), 302u);
+  EXPECT_TRUE(has(render("{{ '%d' % (1e308 * 10) }}"), "cannot convert float infinity to integer"));
+  EXPECT_TRUE(has(render("{{ '%d' % (1e308 * 10 - 1e308 * 10) }}"), "cannot convert float NaN to integer"));
+  EXPECT_EQ(render("{{ '%x' % -255 }} {{ '%X' % 255 }} {{ '%#x' % 255 }} {{ '%#o' % 8 }} {{ '%o' % -8 }}"),
+            "-ff FF 0xff 0o10 -10");
+  EXPECT_EQ(render("{{ '%05d|%-5d|%+d|% d|%.3d|%5.3d' % (-42, 42, 42, 42, 7, -7) }}"), "-0042|42   |+42| 42|007| -007");
+  EXPECT_EQ(render("{{ '%d %i' % (-9223372036854775807 - 1, 2.9) }}"), "-9223372036854775808 2");
+  EXPECT_EQ(render("{{ '%d' % u }}", J{{"u", 18446744073709551615u}}), "18446744073709551615");
+}
+
 // A long agentic conversation through a template shaped like the real ones (reverse scan, tools as JSON,
 // tool calls) renders well inside the step and byte budgets that stop hostile templates.
 // Results whose size is known before they are built are charged first: each of these would build gigabytes
@@ -280,6 +307,21 @@ TEST(ChatJinja, LargeResultsAreChargedBeforeTheyAreBuilt) {
   EXPECT_TRUE(has(render("{% for c in s %}{% endfor %}", big), budget));
   EXPECT_TRUE(has(render("{{ s | list | length }}", big), budget));
   EXPECT_TRUE(has(render("{{ s | reverse | length }}", big), budget));
+  // size * times wrapped to a small charge (before: appended until memory ran out).
+  EXPECT_TRUE(has(render("{{ (('a' * 16777216) * 1099511627776) | length }}"), budget));
+  EXPECT_TRUE(has(render("{{ (([1] * 16777216) * 1099511627776) | length }}"), budget));
+  EXPECT_TRUE(has(render("{{ ('a' * 9223372036854775807) | length }}"), budget));
+  EXPECT_EQ(render("{{ ('' * 9223372036854775807) | length }} {{ ([] * 9223372036854775807) | length }}"), "0 0");
+  // A macro or a call block in a loop keeps each iteration's scope (loop object included) for its closure: what
+  // is kept is charged (before: 2.8 GB uncharged).
+  EXPECT_TRUE(has(render("{% for i in range(1990000) %}{% macro m() %}{% endmacro %}{% endfor %}"), budget));
+  EXPECT_TRUE(has(render("{% macro f() %}{{ caller() }}{% endmacro %}{% for i in range(1990000) %}"
+                         "{% call f() %}{% endcall %}{% endfor %}"),
+                  "render stopped after"));  // the steps, here, or the bytes
+  EXPECT_EQ(render("{% for i in range(3) %}{% macro m() %}{{ i }}{% endmacro %}{{ m() }}{% endfor %}"), "012");
+  // A format with many long conversions is charged as it grows (before: built whole, then charged).
+  EXPECT_TRUE(has(render("{% set s = 'a' * 67108864 %}{{ ('%s' * 24) % ((s,) * 24) }}"), budget));
+  EXPECT_TRUE(has(render("{% set s = 'a' * 67108864 %}{{ ('%r' * 24) % ((s,) * 24) }}"), budget));
 }
 
 // One step that walks a whole string (indexing by code point, length, compares) is charged by its length.
