@@ -253,6 +253,7 @@ Result<Value> string_method(Interp& in, const std::string& s, const std::string&
       return Status::error(name + " arg must be None or str");
     }
     const std::string* set = chars && chars->is(Kind::kString) ? &chars->str() : nullptr;
+    MAGNETAR_RETURN_IF_ERROR(in.charge_scan(s.size() + (set ? set->size() : 0)));
     return in.make_string(py_strip(s, set, name != "rstrip", name != "lstrip"));
   }
   if (name == "startswith" || name == "endswith") {

@@ -302,13 +302,24 @@ bool py_is_space(uint32_t cp) {
 }
 
 std::string py_strip(std::string_view s, const std::string* chars, bool left, bool right) {
-  std::vector<uint32_t> set;
+  // `chars` as a table for ASCII and a sorted list for the rest: a lookup per code point, not a walk of chars
+  // (a long chars made the strip O(len(s) * len(chars))).
+  bool ascii[128] = {};
+  std::vector<uint32_t> wide;
   if (chars) {
-    for (size_t i = 0; i < chars->size();) set.push_back(decode_utf8(*chars, &i));
+    for (size_t i = 0; i < chars->size();) {
+      const uint32_t cp = decode_utf8(*chars, &i);
+      if (cp < 128) {
+        ascii[cp] = true;
+      } else {
+        wide.push_back(cp);
+      }
+    }
+    std::sort(wide.begin(), wide.end());
   }
   const auto strip_it = [&](uint32_t cp) {
     if (!chars) return py_is_space(cp);
-    return std::find(set.begin(), set.end(), cp) != set.end();
+    return cp < 128 ? ascii[cp] : std::binary_search(wide.begin(), wide.end(), cp);
   };
   size_t begin = 0, end = s.size();
   if (left) {
@@ -319,18 +330,21 @@ std::string py_strip(std::string_view s, const std::string* chars, bool left, bo
     }
   }
   if (right) {
-    // Forward walk remembering where the trailing run starts (invalid UTF-8 cannot be read backwards).
-    size_t i = begin, run = s.size();
-    bool in_run = false;
-    while (i < s.size()) {
-      const size_t at = i;
-      if (strip_it(decode_utf8(s, &i))) {
-        if (!in_run) run = at, in_run = true;
-      } else {
-        in_run = false;
+    // From the end, one code point at a time, as a forward read splits the bytes: a byte that is not a
+    // continuation byte always starts a step of the forward read, so the last code point starts at the nearest
+    // such byte when it decodes to exactly the end; else the last byte is an invalid byte on its own.
+    while (end > begin) {
+      size_t lead = end - 1;
+      while (lead > begin && end - lead < 4 && (uint8_t(s[lead]) & 0xC0) == 0x80) --lead;
+      size_t next = lead;
+      uint32_t cp = decode_utf8(s.substr(0, end), &next);
+      if (next != end) {
+        lead = end - 1;
+        cp = kReplacementChar;
       }
+      if (!strip_it(cp)) break;
+      end = lead;
     }
-    end = in_run ? run : s.size();
   }
   return std::string(s.substr(begin, end - begin));
 }

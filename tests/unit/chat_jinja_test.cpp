@@ -333,6 +333,13 @@ TEST(ChatJinja, StepsOverLongStringsAreCharged) {
   EXPECT_TRUE(has(render("{% for i in range(400000) %}{{ s | length }}{% endfor %}", big), steps));
   EXPECT_TRUE(has(render("{% for i in range(400000) %}{{ s < s }}{% endfor %}", big), steps));
   EXPECT_TRUE(has(render("{% for i in range(400000) %}{{ 'b' in s }}{% endfor %}", big), steps));
+  // strip with chars looked each code point up in chars (O(len(s) * len(chars))) and walked s uncharged.
+  EXPECT_TRUE(has(render("{% for i in range(100) %}{{ s.rstrip('a') }}{% endfor %}", big), steps));
+  EXPECT_TRUE(has(render("{% for i in range(100) %}{{ s | trim('a') }}{% endfor %}", big), steps));
+  EXPECT_EQ(render("{{ ('a' * 262144).rstrip('b' * 65536) | length }}"), "262144");
+  EXPECT_EQ(render("{{ 'x€éa€bé'.rstrip('é€b') }}|{{ 'é€bxa'.lstrip('bé€') }}|{{ 'ab😀ba😀'.strip('a😀b') }}|"
+                   "{{ '  x \t'.rstrip() }}|{{ 'aaa'.rstrip('a') }}|"),
+            "x€éa|xa||  x||");
   EXPECT_TRUE(has(render("{{ ([s] * 4000) | sort | length }}", big), steps));
   EXPECT_TRUE(has(render("{{ ([s] * 4000) | unique | list | length }}", big), steps));
 }
