@@ -64,25 +64,31 @@ Result<Array> sorted(Interp& in, const Array& items, const std::vector<Value>& k
   uint64_t key_bytes = 0, log_n = 1;
   for (const Value& k : keys) key_bytes += k.is(Kind::kString) ? k.str().size() : 0;
   while ((uint64_t(1) << log_n) < items.size()) ++log_n;
-  // Charged before anything is lowered or compared: each comparison may walk its strings.
+  // Charged before anything is lowered; each comparison charges the strings it walks (py_compare).
   MAGNETAR_RETURN_IF_ERROR(in.charge_steps(items.size() * log_n));
-  MAGNETAR_RETURN_IF_ERROR(in.charge_scan(key_bytes * log_n));
-  if (!case_sensitive) MAGNETAR_RETURN_IF_ERROR(in.charge_bytes(key_bytes));
+  if (!case_sensitive) {
+    MAGNETAR_RETURN_IF_ERROR(in.charge_scan(key_bytes));
+    MAGNETAR_RETURN_IF_ERROR(in.charge_bytes(key_bytes));
+  }
   std::vector<Value> folded = keys;
   for (Value& k : folded) {
     if (k.is(Kind::kString) && !case_sensitive) k = Value::string(py_lower(k.str()));
   }
   for (size_t k = 1; k < folded.size(); ++k) {  // every pair must be comparable: check against the first
-    TRY(const int c, py_compare(folded[k], folded[0], "<"));
+    TRY(const int c, py_compare(in, folded[k], folded[0], "<"));
     (void)c;
   }
   std::vector<size_t> order(items.size());
   for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  Status failed;  // the first comparison past the budget; the sort then finishes without comparing
   std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-    Result<int> c = py_compare(folded[x], folded[y], "<");
+    if (!failed.ok()) return false;
+    Result<int> c = py_compare(in, folded[x], folded[y], "<");
+    if (!c.ok()) failed = c.status();
     const int v = c.ok() ? *c : 0;
     return reverse ? v > 0 : v < 0;
   });
+  MAGNETAR_RETURN_IF_ERROR(failed);
   Array out;
   out.reserve(items.size());
   for (size_t k : order) out.push_back(items[k]);
@@ -753,7 +759,7 @@ Result<Value> filter_value(Interp& in, const Value& raw, const std::string& name
       MAGNETAR_RETURN_IF_ERROR(in.charge_steps(items.size() * items.size() / 8 + items.size()));
       uint64_t key_bytes = 0;
       for (const Value& x : items) key_bytes += x.is(Kind::kString) ? x.str().size() : 0;
-      MAGNETAR_RETURN_IF_ERROR(in.charge_scan(key_bytes * 2));  // lowered, then compared
+      MAGNETAR_RETURN_IF_ERROR(in.charge_scan(key_bytes));  // lowered; py_equal charges the compares
       if (!case_sensitive) MAGNETAR_RETURN_IF_ERROR(in.charge_bytes(key_bytes));
       Array out;
       std::vector<Value> seen;
@@ -761,7 +767,9 @@ Result<Value> filter_value(Interp& in, const Value& raw, const std::string& name
         Value key = attr && attr->is(Kind::kString) ? attribute_path(x, attr->str()) : x;
         if (key.is(Kind::kString) && !case_sensitive) key = Value::string(py_lower(key.str()));
         bool dup = false;
-        for (const Value& y : seen) dup = dup || py_equal(key, y);
+        for (size_t k = 0; k < seen.size() && !dup; ++k) {
+          TRY(dup, py_equal(in, key, seen[k]));
+        }
         if (!dup) seen.push_back(key), out.push_back(x);
       }
       return in.make_array(std::move(out));

@@ -29,6 +29,7 @@ constexpr int kMaxEvalDepth = 1000;         // nested evaluation (recursive macr
 constexpr uint64_t kMaxSteps = 2'000'000;   // expression nodes, statements, loop iterations, sort steps
 constexpr uint64_t kMaxBytes = 1ull << 29;  // bytes of strings and list slots created, output included
 constexpr uint64_t kScanBytesPerStep = 256;  // see Interp::charge_scan
+constexpr uint64_t kScanBytesPerItem = 16;   // a list item or dict entry a comparison visits, as scanned bytes
 
 enum class Flow { kNormal, kBreak, kContinue };
 
@@ -57,7 +58,13 @@ class Interp {
   // Work proportional to a string's length done in one step (indexing by code point, length, compare,
   // search): one step per kScanBytesPerStep bytes, so a loop over a huge string stops at the step limit
   // instead of running for hours.
-  Status charge_scan(uint64_t bytes) { return charge_steps(bytes / kScanBytesPerStep); }
+  // What is under a step is carried to the next call, so that many short scans (the items of a comparison) add up.
+  Status charge_scan(uint64_t bytes) {
+    scan_bytes_ += bytes;
+    const uint64_t steps = scan_bytes_ / kScanBytesPerStep;
+    scan_bytes_ %= kScanBytesPerStep;
+    return charge_steps(steps);
+  }
   // seq * times for a string or a list, charged before it is built.
   Result<Value> repeat(const Value& seq, int64_t times);
   // Python's `fmt % args`.
@@ -113,6 +120,7 @@ class Interp {
   std::deque<Scope> scopes_;
   std::vector<std::shared_ptr<Object>> namespaces_;  // cleared at the end: breaks reference cycles
   uint64_t steps_ = 0, bytes_ = 0, callers_ = 0;
+  uint64_t scan_bytes_ = 0;    // charge_scan's remainder under one step
   size_t charged_scopes_ = 0;  // scopes_[0, charged_scopes_) are charged by keep_scopes
   int depth_ = 0, loop_depth_ = 0;
 };
@@ -129,10 +137,12 @@ bool is_test_name(const std::string& name);
 bool is_filter_name(const std::string& name);
 // Python's `==`: numbers by value (True == 1 == 1.0), strings, lists (a tuple never equals a list) and dicts
 // by content; undefined equals only undefined.
-bool py_equal(const Value& a, const Value& b, uint32_t level = 0);
+// Every string and item walked is charged (charge_scan) before the walk: nested long strings made one `==`,
+// `in`, sort or unique compare gigabytes for one step.
+Result<bool> py_equal(Interp& in, const Value& a, const Value& b, uint32_t level = 0);
 // Python's ordering (numbers, strings by code point, lists element by element); other pairs are the error
 // Python raises for `op`.
-Result<int> py_compare(const Value& a, const Value& b, const char* op, uint32_t level = 0);
+Result<int> py_compare(Interp& in, const Value& a, const Value& b, const char* op, uint32_t level = 0);
 // `item in container`.
 Result<bool> py_contains(Interp& in, const Value& container, const Value& item);
 const char* py_type(const Value& v);

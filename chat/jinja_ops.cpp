@@ -130,7 +130,7 @@ const char* py_type(const Value& v) {
   return "?";
 }
 
-bool py_equal(const Value& a, const Value& b, uint32_t level) {
+Result<bool> py_equal(Interp& in, const Value& a, const Value& b, uint32_t level) {
   if (a.is(Kind::kUndefined) || b.is(Kind::kUndefined)) return a.kind == b.kind;
   if (level > kMaxValueDepth) return false;
   if (number_like(a) && number_like(b)) {
@@ -141,19 +141,27 @@ bool py_equal(const Value& a, const Value& b, uint32_t level) {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     case Kind::kNull: return true;
-    case Kind::kString: return a.str() == b.str();
+    case Kind::kString:
+      if (a.str().size() != b.str().size()) return false;
+      MAGNETAR_RETURN_IF_ERROR(in.charge_scan(a.str().size()));  // before the walk: one may be gigabytes
+      return a.str() == b.str();
     case Kind::kArray: {
       if (a.tuple != b.tuple || a.arr().size() != b.arr().size()) return false;
       for (size_t k = 0; k < a.arr().size(); ++k) {
-        if (!py_equal(a.arr()[k], b.arr()[k], level + 1)) return false;
+        MAGNETAR_RETURN_IF_ERROR(in.charge_scan(kScanBytesPerItem));
+        TRY(const bool same, py_equal(in, a.arr()[k], b.arr()[k], level + 1));
+        if (!same) return false;
       }
       return true;
     }
     case Kind::kObject: {
       if (a.obj().entries.size() != b.obj().entries.size()) return false;
       for (const auto& [k, v] : a.obj().entries) {
+        MAGNETAR_RETURN_IF_ERROR(in.charge_scan(kScanBytesPerItem * b.obj().entries.size() + k.size()));  // find
         const Value* w = b.obj().find(k);
-        if (!w || !py_equal(v, *w, level + 1)) return false;
+        if (!w) return false;
+        TRY(const bool same, py_equal(in, v, *w, level + 1));
+        if (!same) return false;
       }
       return true;
     }
@@ -161,21 +169,24 @@ bool py_equal(const Value& a, const Value& b, uint32_t level) {
   }
 }
 
-Result<int> py_compare(const Value& a, const Value& b, const char* op, uint32_t level) {
+Result<int> py_compare(Interp& in, const Value& a, const Value& b, const char* op, uint32_t level) {
   if (number_like(a) && number_like(b)) {
     if (exact_int(a) && exact_int(b)) return as_int(a) < as_int(b) ? -1 : as_int(a) > as_int(b) ? 1 : 0;
     const double x = a.as_double(), y = b.as_double();
     return x < y ? -1 : x > y ? 1 : 0;  // NaN compares as equal here (Python: every comparison false)
   }
   if (a.is(Kind::kString) && b.is(Kind::kString)) {
+    MAGNETAR_RETURN_IF_ERROR(in.charge_scan(std::min(a.str().size(), b.str().size())));
     const int c = a.str().compare(b.str());  // UTF-8 byte order is code point order
     return c < 0 ? -1 : c > 0 ? 1 : 0;
   }
   if (a.is(Kind::kArray) && b.is(Kind::kArray) && a.tuple == b.tuple && level < kMaxValueDepth) {
     const size_t n = std::min(a.arr().size(), b.arr().size());
     for (size_t k = 0; k < n; ++k) {
-      if (py_equal(a.arr()[k], b.arr()[k])) continue;
-      return py_compare(a.arr()[k], b.arr()[k], op, level + 1);
+      MAGNETAR_RETURN_IF_ERROR(in.charge_scan(kScanBytesPerItem));
+      TRY(const bool same, py_equal(in, a.arr()[k], b.arr()[k]));
+      if (same) continue;
+      return py_compare(in, a.arr()[k], b.arr()[k], op, level + 1);
     }
     return a.arr().size() < b.arr().size() ? -1 : a.arr().size() > b.arr().size() ? 1 : 0;
   }
@@ -195,7 +206,8 @@ Result<bool> py_contains(Interp& in, const Value& container, const Value& item) 
     case Kind::kArray:
       MAGNETAR_RETURN_IF_ERROR(in.charge_steps(container.arr().size()));
       for (const Value& x : container.arr()) {
-        if (py_equal(x, item)) return true;
+        TRY(const bool same, py_equal(in, x, item));
+        if (same) return true;
       }
       return false;
     case Kind::kObject:
@@ -238,8 +250,10 @@ Result<Value> Interp::eval_binary(const Expr& e, Scope* s) {
   if (e.op == Op::kAnd) return truthy(left) ? eval(*e.b, s) : left;
   if (e.op == Op::kOr) return truthy(left) ? left : eval(*e.b, s);
   TRY(const Value right, eval(*e.b, s));
-  if (e.op == Op::kEq) return Value::boolean(py_equal(left, right));
-  if (e.op == Op::kNe) return Value::boolean(!py_equal(left, right));
+  if (e.op == Op::kEq || e.op == Op::kNe) {
+    TRY(const bool same, py_equal(*this, left, right));
+    return Value::boolean(same == (e.op == Op::kEq));
+  }
   if (e.op == Op::kConcat) {
     std::string text;
     MAGNETAR_RETURN_IF_ERROR(py_str(left, &text));
@@ -259,10 +273,7 @@ Result<Value> Interp::eval_binary(const Expr& e, Scope* s) {
     case Op::kGt:
     case Op::kLe:
     case Op::kGe: {
-      if (left.is(Kind::kString) && right.is(Kind::kString)) {
-        MAGNETAR_RETURN_IF_ERROR(charge_scan(std::min(left.str().size(), right.str().size())));
-      }
-      TRY(const int c, py_compare(left, right, op_name));
+      TRY(const int c, py_compare(*this, left, right, op_name));
       return Value::boolean(e.op == Op::kLt ? c < 0 : e.op == Op::kGt ? c > 0 : e.op == Op::kLe ? c <= 0 : c >= 0);
     }
     default: break;
@@ -474,7 +485,8 @@ Result<bool> test_value(Interp& in, const std::string& name, const Value& v, con
   }
   if (name == "eq" || name == "equalto" || name == "==" || name == "ne" || name == "!=") {
     if (!arg) return need_arg();
-    return py_equal(v, *arg) == (name != "ne" && name != "!=");
+    TRY(const bool same, py_equal(in, v, *arg));
+    return same == (name != "ne" && name != "!=");
   }
   struct Order {
     const char* names[3];
@@ -487,7 +499,7 @@ Result<bool> test_value(Interp& in, const std::string& name, const Value& v, con
   for (const Order& o : kOrders) {
     if (name != o.names[0] && name != o.names[1] && name != o.names[2]) continue;
     if (!arg) return need_arg();
-    TRY(const int c, py_compare(v, *arg, o.op));
+    TRY(const int c, py_compare(in, v, *arg, o.op));
     const std::string op = o.op;
     return op == "<" ? c < 0 : op == "<=" ? c <= 0 : op == ">" ? c > 0 : c >= 0;
   }

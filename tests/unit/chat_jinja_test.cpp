@@ -341,6 +341,23 @@ TEST(ChatJinja, StepsOverLongStringsAreCharged) {
                    "{{ '  x \t'.rstrip() }}|{{ 'aaa'.rstrip('a') }}|"),
             "x€éa|xa||  x||");
   EXPECT_TRUE(has(render("{{ ([s] * 4000) | sort | length }}", big), steps));
+  // Strings nested in lists and dicts, compared by ==, in, sort, unique and the tests (before: charged nothing, one
+  // `==` compared 128 GB).
+  const std::string l = "{% set l = [s] * 2000 %}";
+  EXPECT_TRUE(has(render(l + "{{ l == l }}", big), steps));
+  EXPECT_TRUE(has(render(l + "{{ l != l }}", big), steps));
+  EXPECT_TRUE(has(render(l + "{{ [l] == [l] }}", big), steps));
+  EXPECT_TRUE(has(render(l + "{{ {'a': l} == {'a': l} }}", big), steps));
+  EXPECT_TRUE(has(render(l + "{{ l <= l }}", big), steps));
+  const J pair = {{"s", std::string(size_t(64) << 20, 'a')}, {"t", std::string((size_t(64) << 20) - 1, 'a') + "b"}};
+  EXPECT_TRUE(has(render("{{ t in [s] * 2000 }}", pair), steps));
+  EXPECT_TRUE(has(render("{{ ([[s]] * 4000) | sort | length }}", big), steps));
+  EXPECT_TRUE(has(render("{{ ([[s]] * 4000) | unique | list | length }}", big), steps));
+  EXPECT_TRUE(has(render(l + "{{ l is eq(l) }} {{ l is lt(l) }}", big), steps));
+  const J many = {{"s", std::string(1 << 17, 'a')}};  // short strings, many compares: they add up
+  EXPECT_TRUE(has(render("{% set l = [s] * 8000 %}{% for i in range(40) %}{{ l == l }}{% endfor %}", many), steps));
+  EXPECT_EQ(render("{{ [1, 'a', [2]] == [1, 'a', [2]] }} {{ ['b'] > ['a', 'z'] }} {{ 'a' in ['b', 'a'] }}"),
+            "True True True");
   EXPECT_TRUE(has(render("{{ ([s] * 4000) | unique | list | length }}", big), steps));
 }
 
