@@ -91,9 +91,9 @@ namespace {
 uint64_t scope_bytes(const Scope& scope) {
   constexpr uint64_t kAllocation = 32;
   constexpr uint64_t kEntry = sizeof(std::pair<std::string, Value>) + kAllocation;
-  uint64_t n = sizeof(Scope) + kAllocation;
+  uint64_t n = sizeof(Scope) + kAllocation + scope.vars.capacity() * kEntry;
   for (const auto& [name, v] : scope.vars) {
-    n += kEntry + name.size();
+    n += name.size();
     if (v.is(Kind::kObject) && v.o.use_count() == 1) n += kAllocation + v.obj().entries.size() * kEntry;  // loop
     if (v.is(Kind::kFunction)) n += kAllocation + sizeof(Callable);
   }
@@ -333,7 +333,7 @@ Status Interp::exec_for(const Stmt& st, Scope* s, std::string* out) {
       --loop_depth_;
       return located(st.pos, bound);
     }
-    iteration->set("loop", *loop_value);
+    iteration->set("loop", std::move(*loop_value));  // held by the scope alone (keep_scopes charges it)
     Flow flow = Flow::kNormal;
     Status body = exec_block(st.body, iteration, out, &flow);
     iteration_kept = callers_ != callers_before;

@@ -317,7 +317,7 @@ TEST(ChatJinja, LargeResultsAreChargedBeforeTheyAreBuilt) {
   EXPECT_TRUE(has(render("{% for i in range(1990000) %}{% macro m() %}{% endmacro %}{% endfor %}"), budget));
   EXPECT_TRUE(has(render("{% macro f() %}{{ caller() }}{% endmacro %}{% for i in range(1990000) %}"
                          "{% call f() %}{% endcall %}{% endfor %}"),
-                  "render stopped after"));  // the steps, here, or the bytes
+                  budget));
   EXPECT_EQ(render("{% for i in range(3) %}{% macro m() %}{{ i }}{% endmacro %}{{ m() }}{% endfor %}"), "012");
   // A format with many long conversions is charged as it grows (before: built whole, then charged).
   EXPECT_TRUE(has(render("{% set s = 'a' * 67108864 %}{{ ('%s' * 24) % ((s,) * 24) }}"), budget));
