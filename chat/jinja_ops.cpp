@@ -365,7 +365,7 @@ Result<Value> Interp::percent_format(const std::string& fmt, const Value& args) 
     }
     size_t j = i + 1;
     std::string flags, width, precision;
-    while (j < fmt.size() && std::strchr("-+ #0", fmt[j])) flags += fmt[j++];
+    while (j < fmt.size() && fmt[j] != 0 && std::strchr("-+ #0", fmt[j])) flags += fmt[j++];
     while (j < fmt.size() && std::isdigit(uint8_t(fmt[j]))) width += fmt[j++];
     if (j < fmt.size() && fmt[j] == '.') {
       precision.push_back('.');
@@ -394,14 +394,14 @@ Result<Value> Interp::percent_format(const std::string& fmt, const Value& args) 
       if (flags.find('-') == std::string::npos) out += pad;
       out += text;
       if (flags.find('-') != std::string::npos) out += pad;
-    } else if (std::strchr("dixXo", conv)) {
+    } else if (conv != 0 && std::strchr("dixXo", conv)) {
       if (!number_like(v)) {
         return Status::error(std::string("%") + conv + " format: a real number is required, not " + py_type(v));
       }
       TRY(const std::string text, format_integer(v, conv, flags, width, precision));
       MAGNETAR_RETURN_IF_ERROR(charge_bytes(text.size()));
       out += text;
-    } else if (std::strchr("feEgG", conv)) {
+    } else if (conv != 0 && std::strchr("feEgG", conv)) {
       if (!number_like(v)) return Status::error(std::string("must be real number, not ") + py_type(v));
       std::snprintf(buf, sizeof(buf), (spec + conv).c_str(), v.as_double());
       MAGNETAR_RETURN_IF_ERROR(charge_bytes(std::strlen(buf)));

@@ -289,6 +289,9 @@ TEST(ChatJinja, PercentFormatIntegers) {
   EXPECT_EQ(render("{{ '%05d|%-5d|%+d|% d|%.3d|%5.3d' % (-42, 42, 42, 42, 7, -7) }}"), "-0042|42   |+42| 42|007| -007");
   EXPECT_EQ(render("{{ '%d %i' % (-9223372036854775807 - 1, 2.9) }}"), "-9223372036854775808 2");
   EXPECT_EQ(render("{{ '%d' % u }}", J{{"u", 18446744073709551615u}}), "18446744073709551615");
+  // strchr matches the terminator: a NUL after '%' was a flag or the conversion %d.
+  EXPECT_TRUE(has(render("{{ f % 5 }}", J{{"f", std::string("%\0", 2)}}), "unsupported format character"));
+  EXPECT_TRUE(has(render("{{ f % 5 }}", J{{"f", std::string("%\0d", 3)}}), "unsupported format character"));
 }
 
 // A long agentic conversation through a template shaped like the real ones (reverse scan, tools as JSON,
