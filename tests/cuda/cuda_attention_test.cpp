@@ -708,6 +708,8 @@ TEST(CudaOps, AttentionDecodeMmaPrepareEqualsQkvPrepare) {
     int64_t rows, window;
   };
   for (const AttnShape& sh : shapes) {
+    // A shape this GPU has no kernel for (head_dim 256 where a CTA has under ~144 KB: CudaSmallSmem) is left out.
+    if (!cuda::has_attention_decode_mma(sh.head_dim, sh.n_head / sh.n_head_kv)) continue;
     // Q8_0 at head_dim 128 takes a wide kernel at every length (12 warps, or 8 for groups over 8 query heads:
     // cuda::attention_decode_variant), F16 the 8-warp one up to 4K rows.
     for (const Ctx ctx :
@@ -811,6 +813,7 @@ TEST(CudaOps, AttentionDecodeMmaSequencesEqualOneLaunchEach) {
                            {{3000, 700, 5000}, 700}};
   const Batch wide = {{25000, 30000, 24577}, 0};  // Q8_0, head_dim 128: the wide kernel for all three
   for (const AttnShape& sh : shapes) {
+    if (!cuda::has_attention_decode_mma(sh.head_dim, sh.n_head / sh.n_head_kv)) continue;  // as above
     for (const quant::Type kv_type : {quant::Type::F16, quant::Type::Q8_0}) {
       const bool is_q8 = kv_type == quant::Type::Q8_0;
       std::vector<Batch> todo(std::begin(batches), std::end(batches));
