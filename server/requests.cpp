@@ -101,8 +101,6 @@ Status parse_openai_sampling(const json& body, const SamplingParams& defaults, C
   MAGNETAR_RETURN_IF_ERROR(check_sampling(r.sampling, top_k));
   r.sampling.top_k = int32_t(std::max<int64_t>(top_k, 0));  // -1: off, as vLLM's
   r.sampling.seed = seed;                                   // negative: a random one (llama.cpp's -1)
-  // OpenAI's penalties count the tokens generated for the request, all of them (the worker passes those alone).
-  r.sampling.penalty_last_n = -1;
   if (auto bias = body.find("logit_bias"); bias != body.end() && !bias->is_null()) {
     if (!bias->is_object()) return Status::error("logit_bias must be an object of token ids to numbers");
     for (const auto& [key, value] : bias->items()) {
@@ -185,7 +183,6 @@ Result<ChatRequest> parse_anthropic_request(const json& body, const SamplingPara
   }
   MAGNETAR_RETURN_IF_ERROR(check_sampling(r.sampling, top_k));
   r.sampling.top_k = int32_t(std::max<int64_t>(top_k, 0));
-  r.sampling.penalty_last_n = -1;  // the server's default penalties count the tokens generated for the request
   if (auto max_tokens = body.find("max_tokens");
       require_max_tokens && (max_tokens == body.end() || max_tokens->is_null())) {
     return Status::error("max_tokens is required");

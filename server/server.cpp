@@ -727,6 +727,8 @@ Result<std::shared_ptr<Job>> Server::Impl::submit(const std::string& prompt, Cha
   auto job = std::make_shared<Job>();
   job->prompt = std::move(ids.value());
   job->sampling = request.sampling;
+  // Penalties count the tokens generated for the request, all of them (OpenAI's; the worker passes those alone).
+  job->sampling.penalty_last_n = -1;
   job->max_tokens = request.max_tokens > 0 ? request.max_tokens : n_ctx - n_prompt;
   job->stop = std::move(request.stop);
   job->stream = request.stream;

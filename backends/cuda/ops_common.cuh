@@ -127,11 +127,19 @@ inline size_t smem_optin() {
     const char* s = std::getenv("MAGNETAR_CUDA_SMEM_OPTIN");
     return s != nullptr ? std::atol(s) : 0l;
   }();
-  int device = 0, value = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+  thread_local int cached_device = -1;  // the attribute is asked once per thread and device (launch paths call this)
+  thread_local int value = 0;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();
     return ~size_t(0);  // no GPU: nothing to fit (a launch fails on its own), the argument checks still answer
+  }
+  if (device != cached_device) {
+    if (cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+      cudaGetLastError();
+      return ~size_t(0);
+    }
+    cached_device = device;
   }
   return cap > 0 && cap < value ? size_t(cap) : size_t(value);
 }
