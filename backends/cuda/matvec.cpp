@@ -137,6 +137,15 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
     return Status::error("matvec: split rows must start 16-byte aligned in the weights");
   }
   if (!aligned(x, 4) || !aligned(args.y, 4)) return Status::error("matvec: x (or x_quantized) and y must be 4-byte aligned");
+  if (args.norm_weight != nullptr &&
+      (args.x_quantized != nullptr || args.n_vectors != 1 || !args.stationary ||
+       !matvec_norm_fits(args.type, args.cols) || !aligned(args.x, 16) || !aligned(args.norm_weight, 16))) {
+    return Status::error(
+        format("matvec: norm_weight needs one float vector (no x_quantized), the stationary kernel (a "
+               "%s row of %lld columns that it takes, Q8_K activations) and 16-byte aligned x and "
+               "norm_weight",
+               name.c_str(), (long long)args.cols));
+  }
 
   detail::MatvecLaunch launch{
       .weights = args.weights,
@@ -166,6 +175,12 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
     return Status();
   }
 
+  if (args.norm_weight != nullptr) {  // the kernel norms and quantizes the float row itself
+    launch.act_float = true;
+    launch.norm = {.w = args.norm_weight, .eps = args.norm_eps};
+    detail::launch_mmvq(args.type, launch, stream.raw());
+    return Status();
+  }
   const quant::Type act_type = t->vec_dot_type;
   launch.act_row_bytes = act_row_bytes(act_type, args.cols);
   if (args.x_quantized != nullptr) {
@@ -188,6 +203,13 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
 bool has_matvec_rows_kernel(quant::Type type) { return detail::mmvq_has_rows_kernel(type); }
 bool has_matvec_stationary_kernel(quant::Type type) { return detail::mmvq_has_stationary_kernel(type); }
 bool matvec_stationary_fits(quant::Type type, int64_t cols) { return detail::mmvq_stationary_fits(type, cols); }
+bool matvec_norm_fits(quant::Type type, int64_t cols) {
+  const quant::TypeTraits* t = quant::find_traits(uint32_t(type));
+  return t != nullptr && t->vec_dot_type == quant::Type::Q8_K && detail::mmvq_stationary_fits(type, cols);
+}
+bool grouped_matvec_combine_fits(quant::Type type, int64_t rows, int64_t cols, int k) {
+  return detail::mmvq_combine_fits(type, rows, cols, k);
+}
 
 // ---- grouped_matvec ---------------------------------------------------------------------------------------------
 
@@ -244,14 +266,24 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
   if (args.swiglu && args.n_parts != 2) {
     return Status::error(format("grouped_matvec: swiglu needs gate and up (n_parts=2, not %d)", args.n_parts));
   }
+  if (args.combine_residual != nullptr &&
+      (route.logits == nullptr || args.n_parts != 1 || !args.x_float || args.bulk || args.combine_weights == nullptr ||
+       !aligned(args.combine_residual, 4) || !aligned(args.combine_weights, 4) ||
+       !grouped_matvec_combine_fits(args.type, args.rows, args.cols, route.k))) {
+    return Status::error(
+        format("grouped_matvec: combine_residual needs a routed launch (route logits) of one part, "
+               "x_float, not bulk, combine_weights, and %lld x %lld rows of k=%d slots that "
+               "grouped_matvec_combine_fits (thread-block clusters: sm_90+)",
+               (long long)args.rows, (long long)args.cols, route.k));
+  }
   detail::MatvecLaunch launch{
       .weights = nullptr,
       .row_bytes = quant::row_size(args.type, args.cols),
       .rows = args.rows,
       .cols = args.cols,
       .act = args.x,
-      .act_row_bytes = quantized && !args.x_float ? act_row_bytes(t->vec_dot_type, args.cols)
-                                                  : size_t(args.cols) * sizeof(float),
+      .act_row_bytes =
+          quantized && !args.x_float ? act_row_bytes(t->vec_dot_type, args.cols) : size_t(args.cols) * sizeof(float),
       .y = args.y,
       .n_vectors = int(args.max_n),
       .group = {.items = args.items,
@@ -269,6 +301,7 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
       .act_float = args.x_float,
       .bulk = args.bulk,
       .split = {},
+      .combine = {.x = args.combine_residual, .weights = args.combine_weights},
   };
   if (quantized) {
     detail::launch_mmvq(args.type, launch, stream.raw());

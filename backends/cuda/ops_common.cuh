@@ -106,6 +106,38 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// Thread-block clusters (sm_90+; the callers' kernels are built for it): the cluster barrier in two halves (arrive
+// releases this thread's earlier writes, shared and global, to the cluster; wait acquires the others'), the CTA's rank,
+// and a load from the shared memory of the CTA of rank `rank` at the place of `local` in this CTA's.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+__device__ __forceinline__ int cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return int(r);
+}
+__device__ __forceinline__ uint32_t cluster_address(const void* local, int rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote)
+               : "r"(uint32_t(__cvta_generic_to_shared(local))), "r"(rank));
+  return remote;
+}
+__device__ __forceinline__ double cluster_load(const double* local, int rank) {
+  double v;
+  asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(cluster_address(local, rank)) : "memory");
+  return v;
+}
+__device__ __forceinline__ float cluster_load(const float* local, int rank) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cluster_address(local, rank)) : "memory");
+  return v;
+}
+#endif
+
 // Asks L2 to fetch the 16-byte-aligned part of [p, p + bytes) (one instruction; a hint, nothing is waited for).
 __device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -146,16 +178,16 @@ inline size_t smem_optin() {
 
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic dependent launch where detail::pdl_enabled():
 // only for kernels that follow pdl_wait()'s rule. Returns the launch's error.
-// With cluster_x > 0, the CTAs go in thread-block clusters of cluster_x along x (sm_90+: the caller checks).
+// With cluster.x > 0, the CTAs go in thread-block clusters of that shape (sm_90+: the caller checks).
 template <typename... Params, typename... Args>
-cudaError_t launch_in_clusters(void (*kernel)(Params...), unsigned cluster_x, dim3 grid, dim3 block, size_t smem,
+cudaError_t launch_in_clusters(void (*kernel)(Params...), dim3 cluster, dim3 grid, dim3 block, size_t smem,
                                cudaStream_t stream, Args&&... args) {
   if (detail::launch_skipped(reinterpret_cast<const void*>(kernel))) return cudaSuccess;
   cudaLaunchAttribute attrs[2]{};
   unsigned n = 0;
-  if (cluster_x > 0) {
+  if (cluster.x > 0) {
     attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n++].val.clusterDim = {cluster_x, 1, 1};
+    attrs[n++].val.clusterDim = {cluster.x, cluster.y, cluster.z};
   }
   if (detail::pdl_enabled()) {
     attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -173,7 +205,7 @@ cudaError_t launch_in_clusters(void (*kernel)(Params...), unsigned cluster_x, di
 
 template <typename... Params, typename... Args>
 cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
-  return launch_in_clusters(kernel, 0, grid, block, smem, stream, std::forward<Args>(args)...);
+  return launch_in_clusters(kernel, dim3(0, 0, 0), grid, block, smem, stream, std::forward<Args>(args)...);
 }
 #endif
 

@@ -218,20 +218,9 @@ constexpr int kClusterMaxPer = 4;         // columns per thread: rows of up to 8
 constexpr int64_t kClusterMaxRows = 8;    // decode: a cluster per row
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void cluster_arrive() {
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-// The double at `local` (this CTA's shared memory) in the shared memory of cluster rank `rank`.
-__device__ __forceinline__ double cluster_load(const double* local, int rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(remote)
-               : "r"(uint32_t(__cvta_generic_to_shared(local))), "r"(rank));
-  double v;
-  asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(remote) : "memory");
-  return v;
-}
+using ops::cluster_arrive;
+using ops::cluster_load;
+using ops::cluster_wait;
 #endif
 
 // Grid (kClusterCtas, n_rows), clusters of kClusterCtas along x. kAdd / kA as rms_norm_kernel.
@@ -351,8 +340,9 @@ void launch(const float* x, float* x_out, const Residual& residual, const float*
     auto* kernel = per <= 1   ? rms_norm_cluster_kernel<1, kAdd, kA>
                    : per <= 2 ? rms_norm_cluster_kernel<2, kAdd, kA>
                               : rms_norm_cluster_kernel<kClusterMaxPer, kAdd, kA>;
-    CUDA_CHECK(ops::launch_in_clusters(kernel, kClusterCtas, dim3(kClusterCtas, unsigned(n_rows)), kClusterThreads, 0,
-                                       stream, x, x_out, residual, w, y, int(n_cols), eps, yq, yq_row_bytes));
+    CUDA_CHECK(ops::launch_in_clusters(kernel, dim3(kClusterCtas, 1, 1), dim3(kClusterCtas, unsigned(n_rows)),
+                                       kClusterThreads, 0, stream, x, x_out, residual, w, y, int(n_cols), eps, yq,
+                                       yq_row_bytes));
     return;
   }
   const size_t smem = kA == Act::kNone ? 0 : stage_bytes(n_cols);

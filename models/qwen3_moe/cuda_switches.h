@@ -161,6 +161,14 @@ inline bool norm_router() {
   return on;
 }
 
+// Decode's attention norm inside the q/k/v product (cuda::MatvecArgs::norm_weight), the MoE combine before it inside
+// the layer before's down projection (GroupedMatvecArgs::combine_residual): the norm's launch (rms_norm.cu's cluster
+// kernel) is gone; MAGNETAR_CUDA_NORM_QKV=0 is the baseline (add_rms_norm with the combine, then the product).
+inline bool norm_qkv() {
+  static const bool on = switch_on("MAGNETAR_CUDA_NORM_QKV");
+  return on;
+}
+
 // The down projection's stationary kernel loads its expert weights before waiting for swiglu (the items came from
 // route_topk, two launches earlier: GroupedMatvecArgs::items_settled); MAGNETAR_CUDA_SETTLED=0 is the baseline (tg128
 // 479.6 / 479.6 against 462.6 / 458.0, H200, docs/benchmarks/2026-12-01-cuda-decode-stationary-mmvq.md).

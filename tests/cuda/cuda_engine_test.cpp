@@ -39,10 +39,12 @@ namespace {
 struct Variant {
   quant::Type type;
   bool k_quant_rows;
+  int64_t hidden = 0;  // write_tiny's hidden size (0: its default)
 };
 
 std::string variant_name(const ::testing::TestParamInfo<Variant>& info) {
-  return std::string(quant::traits(info.param.type).name) + (info.param.k_quant_rows ? "_k256" : "");
+  return std::string(quant::traits(info.param.type).name) + (info.param.k_quant_rows ? "_k256" : "") +
+         (info.param.hidden > 0 ? "_e" + std::to_string(info.param.hidden) : "");
 }
 
 std::unique_ptr<Engine> load(const std::string& path, Device device, const KvDiskOptions& disk = {},
@@ -90,7 +92,7 @@ class CudaEngine : public ::testing::TestWithParam<Variant> {
  protected:
   void SetUp() override {
     path_ = ::testing::TempDir() + "cuda_engine_" + std::to_string(getpid()) + "_" + variant_name({GetParam(), 0}) + ".gguf";
-    testing::write_tiny(path_, GetParam().type, 11, GetParam().k_quant_rows);
+    testing::write_tiny(path_, GetParam().type, 11, GetParam().k_quant_rows, GetParam().hidden);
   }
   void TearDown() override { std::filesystem::remove(path_); }
   std::string path_;
@@ -304,7 +306,11 @@ TEST_P(CudaEngine, DiskKvRestoreContinuesExactly) {
 
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaEngine,
                          ::testing::Values(Variant{quant::Type::F32, false}, Variant{quant::Type::Q8_0, false},
-                                           Variant{quant::Type::Q4_K, true}),
+                                           Variant{quant::Type::Q4_K, true},
+                                           // hidden 2,048: decode's norm in the q/k/v product, the combine in the
+                                           // down projection (MAGNETAR_CUDA_NORM_QKV), checked against the CPU and,
+                                           // bit for bit, against the batched decode's separate norm
+                                           Variant{quant::Type::Q4_K, true, 2048}),
                          variant_name);
 
 // Q8_0 KV takes heads of whole blocks: the tiny model with 64-wide heads (k_quant_rows), F32 and Q4_K weights. Its

@@ -18,10 +18,14 @@ using gguf::ValueType;
 
 // A tiny qwen3moe: 2 layers (layer 1 dense), hidden 64, 4 heads / 2 kv heads of 16, 4 experts top-2.
 // k_quant_rows: every product's input length a multiple of 256 (hidden 256, heads of 64, FFNs of 256), as
-// the K-quants' super-blocks need.
-inline void write_tiny(const std::string& path, quant::Type type, uint64_t seed, bool k_quant_rows = false) {
-  const int64_t E = k_quant_rows ? 256 : 64, H = 4, HKV = 2, D = k_quant_rows ? 64 : 16, X = 4,
-                FE = k_quant_rows ? 256 : 32, FF = k_quant_rows ? 256 : 96, V = 97;
+// the K-quants' super-blocks need. hidden > 0: that hidden size instead (a multiple of 256 with k_quant_rows).
+inline void write_tiny(const std::string& path, quant::Type type, uint64_t seed, bool k_quant_rows = false,
+                       int64_t hidden = 0) {
+  const int64_t E = hidden > 0     ? hidden
+                    : k_quant_rows ? 256
+                                   : 64,
+                H = 4, HKV = 2, D = k_quant_rows ? 64 : 16, X = 4, FE = k_quant_rows ? 256 : 32,
+                FF = k_quant_rows ? 256 : 96, V = 97;
   gguf::Writer w(path);
   auto u32 = [](int64_t v) { return Value::of_uint(ValueType::kUint32, uint64_t(v)); };
   w.set("general.architecture", Value::of_string("qwen3moe"));
