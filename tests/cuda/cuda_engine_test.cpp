@@ -307,9 +307,9 @@ TEST_P(CudaEngine, DiskKvRestoreContinuesExactly) {
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaEngine,
                          ::testing::Values(Variant{quant::Type::F32, false}, Variant{quant::Type::Q8_0, false},
                                            Variant{quant::Type::Q4_K, true},
-                                           // hidden 2,048: decode's norm in the q/k/v product, the combine in the
-                                           // down projection (MAGNETAR_CUDA_NORM_QKV), checked against the CPU and,
-                                           // bit for bit, against the batched decode's separate norm
+                                           // hidden 2,048: under MAGNETAR_CUDA_NORM_QKV=1 (ctest CudaNormQkv)
+                                           // decode's norm in the q/k/v product, the combine in the down projection,
+                                           // against the CPU and, bit for bit, the batched decode's separate norm
                                            Variant{quant::Type::Q4_K, true, 2048}),
                          variant_name);
 
