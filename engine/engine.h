@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -346,8 +347,15 @@ class Sampler {
   std::vector<std::pair<float, int32_t>> candidates_;  // scratch, reused across calls: (logit, id)
   std::vector<std::pair<float, int32_t>> penalized_;   // (penalized logit, id) of the penalty window's tokens and
                                                        // the biased ones, one entry per id
-  std::vector<std::pair<float, int32_t>> by_id_;       // scratch: penalized_ in id order
+  std::vector<uint8_t> skip_;                          // scratch, all zero between calls: penalized_'s ids marked
   std::vector<float> work_;                            // without top-k: every token's penalized logit
+  // The penalty window's token counts, kept from call to call while the history only grows (a generation appends
+  // one token a step): counted_ is the history they were made from, its tokens [count_begin_, end) counted. A
+  // history that does not extend counted_ is counted afresh.
+  void count_window(std::span<const int32_t> history, size_t begin);
+  std::vector<int32_t> counted_;
+  size_t count_begin_ = 0;
+  std::unordered_map<int32_t, int> counts_;
 };
 
 }  // namespace magnetar

@@ -42,7 +42,9 @@ bool any_above(const float* x, float bar) {
 // above the m-th best seen so far are kept, and every time 4 m (at least 1,024) are kept they are cut back to m
 // (nth_element), which raises that bar. 151,936 logits and the default filters: ~30 us per token on the CPU box
 // instead of ~150 for the copy of every (logit, id) pair and a partial sort (bench/engine/sampling_bench.cpp).
-void select_top(std::span<const float> logits, size_t m, std::vector<std::pair<float, int32_t>>& out) {
+// skip (optional, n bytes): ids whose byte is set are left out.
+void select_top(std::span<const float> logits, size_t m, std::vector<std::pair<float, int32_t>>& out,
+                const uint8_t* skip = nullptr) {
   out.clear();
   const size_t n = logits.size();
   const size_t cap = std::max<size_t>(4 * m, 1024);
@@ -55,6 +57,7 @@ void select_top(std::span<const float> logits, size_t m, std::vector<std::pair<f
     for (size_t i = b; i < e; ++i) {
       const float x = logits[i];
       if (full && !(x > bar)) continue;  // later ids lose the ties: nothing at the bar (or NaN) can enter
+      if (skip != nullptr && skip[i] != 0) continue;
       out.push_back({ranked(x), int32_t(i)});
       if (out.size() == cap) {
         std::nth_element(out.begin(), out.begin() + ptrdiff_t(m - 1), out.end(), by_logit);
@@ -72,6 +75,28 @@ void select_top(std::span<const float> logits, size_t m, std::vector<std::pair<f
 
 }  // namespace
 
+void Sampler::count_window(std::span<const int32_t> history, size_t begin) {
+  // A step of a generation: the history is the one counted before and the new token(s); the window moved right.
+  // Comparing the histories is a pass over their ints; counting afresh a hash insertion per token (32K tokens: 47.6
+  // against 276 us a sample, docs/benchmarks/2026-12-05-sampling-penalties.md).
+  const size_t old_end = counted_.size();
+  const bool grew = history.size() >= old_end && begin >= count_begin_ &&
+                    std::equal(counted_.begin(), counted_.end(), history.begin());
+  if (!grew) {
+    counts_.clear();
+    counted_.clear();
+    count_begin_ = begin;
+  }
+  auto drop = [&](int32_t id) {
+    const auto it = counts_.find(id);
+    if (--it->second == 0) counts_.erase(it);
+  };
+  for (size_t i = count_begin_; i < std::min(begin, counted_.size()); ++i) drop(counted_[i]);
+  for (size_t i = std::max(begin, counted_.size()); i < history.size(); ++i) ++counts_[history[i]];
+  counted_.insert(counted_.end(), history.begin() + ptrdiff_t(counted_.size()), history.end());
+  count_begin_ = begin;
+}
+
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history, const TokenFilter& allow) {
   const size_t n = logits.size();
   if (n == 0) return -1;
@@ -83,12 +108,9 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
       params_.penalty_last_n != 0) {
     const size_t window = params_.penalty_last_n < 0 ? history.size()
                                                       : std::min(history.size(), size_t(params_.penalty_last_n));
-    std::unordered_map<int32_t, int> counts;
-    for (size_t i = history.size() - window; i < history.size(); ++i) {
-      const int32_t id = history[i];
-      if (id >= 0 && size_t(id) < n) ++counts[id];
-    }
-    for (const auto& [id, count] : counts) {
+    count_window(history, history.size() - window);
+    for (const auto& [id, count] : counts_) {
+      if (id < 0 || size_t(id) >= n) continue;
       float l = ranked(logits[size_t(id)]);
       l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
       l -= params_.presence_penalty;
@@ -119,34 +141,21 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     for (size_t i = 0; i < n; ++i) candidates_[i] = {ranked(logits[i]), int32_t(i)};
     for (const auto& [l, id] : penalized_) candidates_[size_t(id)].first = l;
   };
-  // The k best (penalized) tokens, sorted, in candidates_[0, k). The k + |penalized_| best raw logits hold the k
-  // best unpenalized tokens; each penalized token joins with its new logit wherever that puts it. `penalized`:
-  // logits holds the raw logits (else work_, the penalized ones).
+  // The k best (penalized) tokens, sorted, in candidates_[0, k): the k best of the tokens without a penalty or bias,
+  // which hold every one of them that can be among the k best, and each penalized token with its new logit.
+  // `penalized`: logits holds the raw logits (else work_, the penalized ones). (Until 2026-12-05 the k + |penalized_|
+  // best raw logits, merged by id with the penalized ones: ~1 ms a token with 4K distinct tokens penalized.)
   auto top = [&](size_t k, bool penalized = true) {
-    const size_t m = std::min(n, k + (penalized ? penalized_.size() : 0));
-    if (m == n && penalized) {
+    if (penalized && k + penalized_.size() >= n) {
       fill_all();
+    } else if (penalized && !penalized_.empty()) {
+      skip_.resize(n);
+      for (const auto& [l, id] : penalized_) skip_[size_t(id)] = 1;
+      select_top(logits, k, candidates_, skip_.data());
+      for (const auto& [l, id] : penalized_) skip_[size_t(id)] = 0;
+      candidates_.insert(candidates_.end(), penalized_.begin(), penalized_.end());
     } else {
-      select_top(penalized ? logits : std::span<const float>(work_), m, candidates_);
-      if (penalized && !penalized_.empty()) {
-        // Each penalized token's new logit replaces its raw one among the candidates, or joins them: both by id, one
-        // merge (a search of the candidates per penalized token cost |penalized| x m with penalties over a long
-        // history).
-        by_id_.assign(penalized_.begin(), penalized_.end());
-        const auto id_order = [](const auto& a, const auto& b) { return a.second < b.second; };
-        std::sort(by_id_.begin(), by_id_.end(), id_order);
-        std::sort(candidates_.begin(), candidates_.end(), id_order);
-        const size_t raw = candidates_.size();
-        size_t j = 0;
-        for (const auto& [l, id] : by_id_) {
-          while (j < raw && candidates_[j].second < id) ++j;
-          if (j < raw && candidates_[j].second == id) {
-            candidates_[j].first = l;
-          } else {
-            candidates_.push_back({l, id});
-          }
-        }
-      }
+      select_top(penalized ? logits : std::span<const float>(work_), std::min(n, k), candidates_);
     }
     std::partial_sort(candidates_.begin(), candidates_.begin() + ptrdiff_t(k), candidates_.end(), by_logit);
     candidates_.resize(k);

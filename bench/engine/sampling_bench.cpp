@@ -4,12 +4,13 @@
 //                     (logit, id) pair copied, then std::min_element (greedy) or std::partial_sort of the top k
 // mode: greedy (temperature 0), default (SamplingParams' defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05)
 // or no_top_k (the defaults with top-k 0: every token sorted before, now the softmax's sum over all and only the best
-// sorted). Logits ~N(0, 2.5), fixed seed. Both read the same logits row, which stays in cache between
-// iterations; after a GPU decode step it comes from memory (the device-to-host copy's row).
+// sorted); penalties/<how> below. Logits ~N(0, 2.5), fixed seed. Both read the same logits row, which stays in cache
+// between iterations; after a GPU decode step it comes from memory (the device-to-host copy's row).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <random>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -68,6 +69,40 @@ void full_pass(benchmark::State& state, Mode mode) {
   }
 }
 
+// Presence and frequency penalties (the server's: every generated token) after 32K generated tokens of ~4K distinct
+// ids, the history one token longer each call as in a generation: the sampler that keeps its counts between calls
+// (Sampler::count_window), and the baseline measured in the same run, a new sampler each call (what every call did
+// before 2026-12-05: the whole history counted again).
+std::vector<int32_t> generated(size_t n) {
+  std::mt19937 gen(3);
+  std::uniform_int_distribution<int32_t> id(0, 4095);
+  std::vector<int32_t> h(n);
+  for (int32_t& t : h) t = id(gen) * 37;
+  return h;
+}
+void penalties(benchmark::State& state, bool keep) {
+  constexpr size_t kStart = 32768, kMore = 65536;
+  static const std::vector<int32_t> history = generated(kStart + kMore);
+  SamplingParams p = params(kDefault);
+  p.presence_penalty = 0.5f;
+  p.frequency_penalty = 0.5f;
+  p.penalty_last_n = -1;
+  Sampler kept(p);
+  size_t len = kStart;
+  for (auto _ : state) {
+    const std::span<const int32_t> h(history.data(), len);
+    if (keep) {
+      benchmark::DoNotOptimize(kept.sample(logits(), h));
+    } else {
+      Sampler fresh(p);
+      benchmark::DoNotOptimize(fresh.sample(logits(), h));
+    }
+    len = len + 1 < history.size() ? len + 1 : kStart;
+  }
+}
+
+BENCHMARK_CAPTURE(penalties, kept_counts, true)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(penalties, recount, false)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(sample, greedy, kGreedy)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(full_pass, greedy, kGreedy)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(sample, default, kDefault)->Unit(benchmark::kMicrosecond);

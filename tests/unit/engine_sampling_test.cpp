@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <string>
 
 #include "engine/engine.h"
 
@@ -271,6 +272,52 @@ TEST(Sampler, LargeVocabularyPicksWhatAFullSortPicks) {
         }
       }
     }
+  }
+}
+
+// The penalty counts a sampler keeps between calls (Sampler::count_window) follow the history it is given: one token
+// more a step (a generation), a window that slides, then a history that is not an extension of the last (a token
+// changed in the middle, one shorter, none, a longer one from scratch): every draw the reference's, which counts
+// afresh.
+TEST(Sampler, PenaltyCountsFollowAGrowingOrChangingHistory) {
+  std::mt19937 gen(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const size_t n = 300;
+  for (const int last_n : {-1, 5, 1}) {
+    const SamplingParams p{.temperature = 0.7f,
+                           .top_k = 0,
+                           .top_p = 0.95f,
+                           .min_p = 0,
+                           .repeat_penalty = 1.3f,
+                           .presence_penalty = 0.5f,
+                           .frequency_penalty = 0.8f,
+                           .penalty_last_n = last_n,
+                           .seed = 17};
+    Sampler s(p);
+    std::mt19937_64 rng(p.seed);
+    std::vector<int32_t> history;
+    auto step = [&](const std::string& what) {
+      std::vector<float> logits(n);
+      for (float& x : logits) x = normal(gen);
+      const int32_t got = s.sample(logits, history);
+      EXPECT_EQ(got, sample_by_full_sort(p, rng, full_sort(p, logits, history), {})) << what << ", last_n " << last_n;
+      return got;
+    };
+    for (int i = 0; i < 60; ++i) {  // a generation: few distinct tokens, so the counts matter
+      const int32_t t = step("step " + std::to_string(i));
+      history.push_back(i % 3 == 0 ? int32_t(gen() % 8) : t % 8);
+    }
+    history[history.size() / 2] = int32_t(n - 1);
+    step("a token changed in the middle");
+    history.resize(history.size() - 7);
+    step("a shorter history");
+    step("the same history again");
+    history.clear();
+    step("no history");
+    for (int i = 0; i < 40; ++i) history.push_back(int32_t(gen() % 12));
+    step("a longer history at once");
+    history.push_back(3);
+    step("one more token");
   }
 }
 
