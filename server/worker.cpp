@@ -401,6 +401,7 @@ void Worker::decode_step() {
       continue;
     }
     if (engine_.is_end_of_generation(id)) {
+      ++slot.n;  // usage counts the end token too, as vLLM's (its output token ids hold it)
       slot.held += slot.detok->flush();
       scan(slot);
       finish(slot, FinishReason::kStop, std::move(slot.held));

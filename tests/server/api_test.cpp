@@ -316,6 +316,14 @@ TEST_F(ServeApi, LegacyCompletions) {
   const std::string longer = on["choices"][0]["text"];
   EXPECT_GT(longer.size(), text.size());
   EXPECT_EQ(longer.rfind(text, 0), 0u) << longer;
+  // Usage counted the end token of the natural answer (vLLM's count): n_natural tokens without it are the answer's
+  // tokens and one more.
+  const json one_more = post(
+      "/v1/completions", {{"prompt", kPrompt}, {"temperature", 0}, {"ignore_eos", true}, {"max_tokens", n_natural}});
+  EXPECT_EQ(one_more["choices"][0]["finish_reason"], "length");
+  const std::string next = one_more["choices"][0]["text"];
+  EXPECT_GT(next.size(), text.size()) << next;
+  EXPECT_EQ(next.rfind(text, 0), 0u) << next;
   const json not_bool = post("/v1/completions", {{"prompt", kPrompt}, {"ignore_eos", "yes"}}, &status);
   EXPECT_EQ(status, 400);
   EXPECT_EQ(not_bool["error"]["message"], "ignore_eos must be a boolean") << not_bool.dump();
