@@ -249,9 +249,11 @@ struct MatvecArgs {
   int64_t split[2] = {0, 0};
   float* y_split[2] = {nullptr, nullptr};
   // Optional (norm_weight non-null): the product reads x normed, y = W rms_norm(x) * norm_weight (norm_weight [cols]
-  // float32, norm_eps): each CTA makes the norm and its Q8_K quantization itself, the bits of add_rms_norm on a
-  // cluster with y_quantized, then this product of x_quantized (decode: the norm's launch before the product is gone).
-  // One vector, no x_quantized, stationary, x and norm_weight 16-byte aligned, a type and row that matvec_norm_fits.
+  // float32, norm_eps): each CTA makes the norm and its Q8_K quantization itself, in the arithmetic of add_rms_norm's
+  // cluster kernel (the one add_rms_norm takes where norm_in_cluster: rows of 2,048, 4,096, 6,144 or 8,192 on sm_90+),
+  // so there the bits of add_rms_norm with y_quantized, then this product of x_quantized (decode: the norm's launch
+  // before the product is gone). One vector, no x_quantized, stationary, x and norm_weight 16-byte aligned, a type and
+  // row that matvec_norm_fits.
   const float* norm_weight = nullptr;
   float norm_eps = 0.0f;
 };
@@ -336,10 +338,10 @@ struct GroupedMatvecArgs {
   // otherwise: the same bits either way. Items' weights must be 16-byte aligned (the copies' sources).
   bool bulk = false;
   // Optional (combine_residual non-null): decode's MoE combine folded into a down projection that routes itself (route
-  // logits, n_parts 1, x_float, not bulk; grouped_matvec_combine_fits): combine_residual[r] += the sum over the slots
-  // j < route.k, in order, of combine_weights[j] * (slot j's output row r), moe_combine's fmaf chain then one add
-  // (add_rms_norm's combine, bit for bit), in place; y is not written. combine_weights [k]: route_topk's weights (the
-  // gate/up launch before writes them). The k CTAs of a row range form a thread-block cluster.
+  // logits, no route ids, n_parts 1, x_float, not bulk; grouped_matvec_combine_fits): combine_residual[r] += the sum
+  // over the slots j < route.k, in order, of combine_weights[j] * (slot j's output row r), moe_combine's fmaf chain
+  // then one add (add_rms_norm's combine, bit for bit), in place; y is not written. combine_weights [k]: route_topk's
+  // weights (the gate/up launch before writes them). The k CTAs of a row range form a thread-block cluster.
   float* combine_residual = nullptr;
   const float* combine_weights = nullptr;
 };

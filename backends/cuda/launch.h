@@ -101,6 +101,10 @@ bool pdl_enabled();
 // process (device_memory.cpp).
 bool norm_clusters();
 
+// The CTAs of rms_norm.cu's cluster kernel for a decode row, its slices of the row: the order of its sum of squares,
+// which mmvq.cu's norm folded into a product restates.
+inline constexpr int kNormClusterCtas = 8;
+
 // Whether launches of `kernel` are dropped (MAGNETAR_CUDA_SKIP, a diagnostic: device_memory.cpp).
 bool launch_skipped(const void* kernel);
 

@@ -163,6 +163,8 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
       .split = split ? detail::YSplit{.at = {int(args.split[0]), int(args.split[1])},
                                       .y = {args.y_split[0], args.y_split[1]}}
                      : detail::YSplit{},
+      .norm = {},
+      .combine = {},
   };
   if (!quantized) {
     if (split) {
@@ -267,13 +269,14 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
     return Status::error(format("grouped_matvec: swiglu needs gate and up (n_parts=2, not %d)", args.n_parts));
   }
   if (args.combine_residual != nullptr &&
-      (route.logits == nullptr || args.n_parts != 1 || !args.x_float || args.bulk || args.combine_weights == nullptr ||
-       !aligned(args.combine_residual, 4) || !aligned(args.combine_weights, 4) ||
+      (route.logits == nullptr || route.ids != nullptr || args.n_parts != 1 || !args.x_float || args.bulk ||
+       args.combine_weights == nullptr || !aligned(args.combine_residual, 4) || !aligned(args.combine_weights, 4) ||
+       args.combine_residual == args.x || args.combine_residual == args.y ||
        !grouped_matvec_combine_fits(args.type, args.rows, args.cols, route.k))) {
     return Status::error(
-        format("grouped_matvec: combine_residual needs a routed launch (route logits) of one part, "
-               "x_float, not bulk, combine_weights, and %lld x %lld rows of k=%d slots that "
-               "grouped_matvec_combine_fits (thread-block clusters: sm_90+)",
+        format("grouped_matvec: combine_residual needs a routed launch (route logits, no route ids to write) of one "
+               "part, x_float, not bulk, combine_weights, a residual apart from x and y, and %lld x %lld rows of k=%d "
+               "slots that grouped_matvec_combine_fits (thread-block clusters: sm_90+)",
                (long long)args.rows, (long long)args.cols, route.k));
   }
   detail::MatvecLaunch launch{
@@ -301,6 +304,7 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
       .act_float = args.x_float,
       .bulk = args.bulk,
       .split = {},
+      .norm = {},
       .combine = {.x = args.combine_residual, .weights = args.combine_weights},
   };
   if (quantized) {

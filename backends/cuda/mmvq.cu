@@ -215,7 +215,7 @@ __host__ __device__ constexpr NormSmem norm_smem(int n_blocks) {
   const size_t scale = groups + size_t(n_blocks) * (quant::kQK_K / kWarpSize) * sizeof(double);
   return {w, groups, scale, scale + 16};
 }
-constexpr int kNormSlices = 8;  // rms_norm_cluster_kernel's split of a row: its CTAs
+constexpr int kNormSlices = kNormClusterCtas;  // rms_norm_cluster_kernel's split of a row: its CTAs
 
 // The norm's weights into shared memory (no kernel writes them: before the wait). Every thread of the CTA calls it.
 __device__ __forceinline__ void stage_norm_weights(const NormIn& norm, uint8_t* smem, int n_blocks) {
@@ -312,7 +312,11 @@ __device__ __forceinline__ void normed_row_q8_k(const float* src, const NormIn& 
 // kV > 1 (a plain launch of n_vec <= kV vectors: the decode of several sessions at once): the weights are loaded once,
 // and each vector's parts in turn are loaded and dotted with them into its own sums, in the single vector's order; the
 // warp reduces all kV kQ kR sums together. Each vector's outputs are the bits a launch of it alone gives.
-template <Type T, int kJ, int kQ, int kR, bool kGlu, int kV>
+// kFold: what the launch folds in (MatvecLaunch::norm, ::combine); instances of their own, so that the kernels without
+// them are the code they were (both cost registers and spills in every instance as runtime branches).
+constexpr int kFoldNone = 0, kFoldNorm = 1, kFoldCombine = 2;
+
+template <Type T, int kJ, int kQ, int kR, bool kGlu, int kV, int kFold = kFoldNone>
 __global__ void __launch_bounds__(kThreads)
     mmvq_stationary_kernel(const uint8_t* __restrict__ weights, size_t row_bytes, int rows, int items,
                            const uint8_t* __restrict__ act, size_t act_row_bytes, bool act_float, float* __restrict__ y,
@@ -323,6 +327,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kM = kGlu ? 2 : 1;  // weight matrices per row: gate and up, or one
   constexpr int kRowsPerWarp = kQ * kR;
   static_assert(kV == 1 || !kGlu, "several vectors: plain launches only");
+  static_assert(kFold == kFoldNone || (kV == 1 && !kGlu), "folds: one vector, one matrix");
   // The weights are loaded before waiting for the kernel before this one where they are known by then: always for a
   // plain launch, for a grouped one when its items are settled (ops_common.cuh's rule); otherwise after.
   const bool weights_early = (g.items == nullptr && g.route.logits == nullptr) || g.items_settled;
@@ -381,7 +386,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   extern __shared__ __align__(16) uint8_t stationary_smem[];  // act_float: the quantized row (then NormSmem)
-  if (norm.w != nullptr) stage_norm_weights(norm, stationary_smem, items / Ops::kParts);  // a plain launch
+  if constexpr (kFold == kFoldNorm) stage_norm_weights(norm, stationary_smem, items / Ops::kParts);
   if (weights_early) {
     ops::pdl_wait();
     ops::pdl_trigger();
@@ -394,7 +399,7 @@ __global__ void __launch_bounds__(kThreads)
     static_assert(std::is_same_v<Act, quant::BlockQ8_K>, "act_float quantizes to Q8_K");
     auto* staged_act = reinterpret_cast<quant::BlockQ8_K*>(stationary_smem);
     const float* src = reinterpret_cast<const float*>(act + group_act_row(g, row0) * act_row_bytes);
-    if (norm.w != nullptr) {
+    if constexpr (kFold == kFoldNorm) {
       normed_row_q8_k(src, norm, stationary_smem, items / Ops::kParts, warp, kWarps, lane);
     } else {
       q8::row_q8_k_warps(src, staged_act, items / Ops::kParts, warp, kWarps, lane);
@@ -443,20 +448,29 @@ __global__ void __launch_bounds__(kThreads)
   if constexpr (kGlu) {
     const float up = __shfl_xor_sync(0xffffffffu, sum, kWarpSize / 2);  // the first stage split gate from up
     if (lane < kWarpSize / 2 && (lane & (kWarpSize / kSums - 1)) == 0 && row < rows) y[row] = ops::silu_mul(sum, up);
-  } else if (kV == 1 && comb.x != nullptr) {  // uniform; every warp has rows (mmvq_combine_fits)
+  } else if constexpr (kFold == kFoldCombine) {  // every warp has rows (mmvq_combine_fits)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int kCtaRows = kWarps * kRowsPerWarp;
+    constexpr int kMaxK = 8;  // a portable cluster
     __shared__ float sums_s[kCtaRows];
+    __shared__ float weights_s[kMaxK];
     const int cta_row0 = int(blockIdx.x) * kCtaRows;
-    if ((lane & (kWarpSize / kSums - 1)) == 0) sums_s[row - cta_row0] = sum;
-    ops::cluster_arrive();
-    ops::cluster_wait();  // every slot's sums are written
     const int k = g.route.k, rank = ops::cluster_rank();
+    if ((lane & (kWarpSize / kSums - 1)) == 0) sums_s[row - cta_row0] = sum;
+    if (int(threadIdx.x) < k) weights_s[threadIdx.x] = comb.weights[threadIdx.x];
+    ops::cluster_arrive();
+    ops::cluster_wait();  // every slot's sums (and this CTA's weights) are written
     for (int i = int(threadIdx.x); i < kCtaRows; i += kThreads) {
       if (i % k == rank) {
-        float acc = 0.0f;
-        for (int j = 0; j < k; ++j) acc = fmaf(comb.weights[j], ops::cluster_load(&sums_s[i], k - 1 - j), acc);
-        comb.x[cta_row0 + i] = __fadd_rn(comb.x[cta_row0 + i], acc);
+        float s[kMaxK];
+#pragma unroll
+        for (int j = 0; j < kMaxK; ++j) s[j] = j < k ? ops::cluster_load(&sums_s[i], k - 1 - j) : 0.0f;
+        float combined = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kMaxK; ++j) {
+          if (j < k) combined = fmaf(weights_s[j], s[j], combined);
+        }
+        comb.x[cta_row0 + i] = __fadd_rn(comb.x[cta_row0 + i], combined);
       }
     }
     ops::cluster_arrive();  // done reading the others' sums
@@ -499,6 +513,10 @@ bool launch_stationary(const MatvecLaunch& a, int items, cudaStream_t stream) {
                                        a.n_vectors, a.split, a.norm, a.combine));
     return true;
   };
+  if constexpr (!kGlu) {
+    if (a.norm.w != nullptr) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, false, 1, kFoldNorm>);
+    if (a.combine.x != nullptr) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, false, 1, kFoldCombine>);
+  }
   if (a.n_vectors == 1) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, kGlu, 1>);
   // Several vectors (plain launches): 4 or 8 at a time where the warp's sums fit its 32 lanes.
   constexpr int kRowsPerWarp = kQ * kR;
@@ -805,11 +823,12 @@ bool mmvq_combine_fits(quant::Type type, int64_t rows, int64_t cols, int k) {
   // The kernel's body for clusters exists where it was built for sm_90 or newer (not a PTX-only older build).
   static const bool built = [] {
     cudaFuncAttributes attr{};
-    const bool ok = cudaFuncGetAttributes(&attr, mmvq_stationary_kernel<Type::Q4_K, 3, 4, 2, false, 1>) == cudaSuccess;
+    const bool ok = cudaFuncGetAttributes(&attr, mmvq_stationary_kernel<Type::Q4_K, 3, 4, 2, false, 1, kFoldCombine>) ==
+                    cudaSuccess;
     if (!ok) cudaGetLastError();
     return ok && attr.ptxVersion >= 90;
   }();
-  return built;
+  return built && norm_clusters();  // asked only with a GPU (norm_clusters needs one), and its switch
 }
 
 bool mmvq_supports(quant::Type type) {

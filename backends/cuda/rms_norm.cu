@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(kRowThreads == ops::kWarpSize ? kThreads : kRo
 // memory and adds them in rank order, so every CTA makes the same scale. Each CTA then writes y and, when asked,
 // quantizes its own columns: Q8_K a block per 256 threads (q8::block_q8_k_group, m a multiple of 256), Q8_0 / Q8_1 a
 // block per warp. A second barrier, waited for last, keeps every CTA's sum alive until the others have read it.
-constexpr int kClusterCtas = 8;
+constexpr int kClusterCtas = detail::kNormClusterCtas;
 constexpr int kClusterThreads = 256;
 constexpr int kClusterMaxPer = 4;         // columns per thread: rows of up to 8,192
 constexpr int64_t kClusterMaxRows = 8;    // decode: a cluster per row

@@ -40,11 +40,13 @@ struct Variant {
   quant::Type type;
   bool k_quant_rows;
   int64_t hidden = 0;  // write_tiny's hidden size (0: its default)
+  int moe_layers = 1;  // write_tiny's MoE layers before its dense one
 };
 
 std::string variant_name(const ::testing::TestParamInfo<Variant>& info) {
   return std::string(quant::traits(info.param.type).name) + (info.param.k_quant_rows ? "_k256" : "") +
-         (info.param.hidden > 0 ? "_e" + std::to_string(info.param.hidden) : "");
+         (info.param.hidden > 0 ? "_e" + std::to_string(info.param.hidden) : "") +
+         (info.param.moe_layers > 1 ? "_moe" + std::to_string(info.param.moe_layers) : "");
 }
 
 std::unique_ptr<Engine> load(const std::string& path, Device device, const KvDiskOptions& disk = {},
@@ -92,7 +94,7 @@ class CudaEngine : public ::testing::TestWithParam<Variant> {
  protected:
   void SetUp() override {
     path_ = ::testing::TempDir() + "cuda_engine_" + std::to_string(getpid()) + "_" + variant_name({GetParam(), 0}) + ".gguf";
-    testing::write_tiny(path_, GetParam().type, 11, GetParam().k_quant_rows, GetParam().hidden);
+    testing::write_tiny(path_, GetParam().type, 11, GetParam().k_quant_rows, GetParam().hidden, GetParam().moe_layers);
   }
   void TearDown() override { std::filesystem::remove(path_); }
   std::string path_;
@@ -307,10 +309,11 @@ TEST_P(CudaEngine, DiskKvRestoreContinuesExactly) {
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaEngine,
                          ::testing::Values(Variant{quant::Type::F32, false}, Variant{quant::Type::Q8_0, false},
                                            Variant{quant::Type::Q4_K, true},
-                                           // hidden 2,048: under MAGNETAR_CUDA_NORM_QKV=1 (ctest CudaNormQkv)
-                                           // decode's norm in the q/k/v product, the combine in the down projection,
-                                           // against the CPU and, bit for bit, the batched decode's separate norm
-                                           Variant{quant::Type::Q4_K, true, 2048}),
+                                           // hidden 2,048, MoE, MoE, dense: under MAGNETAR_CUDA_NORM_QKV=1 (ctest
+                                           // CudaNormQkv) decode's norm in the q/k/v product after each MoE layer,
+                                           // the combine in its down projection, against the CPU and, bit for bit,
+                                           // the batched decode's separate norm
+                                           Variant{quant::Type::Q4_K, true, 2048, 2}),
                          variant_name);
 
 // Q8_0 KV takes heads of whole blocks: the tiny model with 64-wide heads (k_quant_rows), F32 and Q4_K weights. Its

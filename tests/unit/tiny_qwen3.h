@@ -19,8 +19,9 @@ using gguf::ValueType;
 // A tiny qwen3moe: 2 layers (layer 1 dense), hidden 64, 4 heads / 2 kv heads of 16, 4 experts top-2.
 // k_quant_rows: every product's input length a multiple of 256 (hidden 256, heads of 64, FFNs of 256), as
 // the K-quants' super-blocks need. hidden > 0: that hidden size instead (a multiple of 256 with k_quant_rows).
+// moe_layers: that many MoE layers before the dense one.
 inline void write_tiny(const std::string& path, quant::Type type, uint64_t seed, bool k_quant_rows = false,
-                       int64_t hidden = 0) {
+                       int64_t hidden = 0, int moe_layers = 1) {
   const int64_t E = hidden > 0     ? hidden
                     : k_quant_rows ? 256
                                    : 64,
@@ -29,7 +30,8 @@ inline void write_tiny(const std::string& path, quant::Type type, uint64_t seed,
   gguf::Writer w(path);
   auto u32 = [](int64_t v) { return Value::of_uint(ValueType::kUint32, uint64_t(v)); };
   w.set("general.architecture", Value::of_string("qwen3moe"));
-  w.set("qwen3moe.block_count", u32(2));
+  const int n_layer = moe_layers + 1;
+  w.set("qwen3moe.block_count", u32(n_layer));
   w.set("qwen3moe.context_length", u32(256));
   w.set("qwen3moe.embedding_length", u32(E));
   w.set("qwen3moe.feed_forward_length", u32(FF));
@@ -48,7 +50,7 @@ inline void write_tiny(const std::string& path, quant::Type type, uint64_t seed,
   };
   std::vector<Spec> specs = {{"token_embd.weight", {E, V}, false}, {"output_norm.weight", {E}, true},
                              {"output.weight", {E, V}, false}};
-  for (int l = 0; l < 2; ++l) {
+  for (int l = 0; l < n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     for (auto& s : std::vector<Spec>{{p + "attn_norm.weight", {E}, true}, {p + "attn_q.weight", {E, H * D}, false},
                                      {p + "attn_k.weight", {E, HKV * D}, false}, {p + "attn_v.weight", {E, HKV * D}, false},
@@ -56,7 +58,7 @@ inline void write_tiny(const std::string& path, quant::Type type, uint64_t seed,
                                      {p + "attn_k_norm.weight", {D}, true}, {p + "ffn_norm.weight", {E}, true}}) {
       specs.push_back(s);
     }
-    if (l == 0) {
+    if (l < moe_layers) {
       specs.push_back({p + "ffn_gate_inp.weight", {E, X}, false});
       specs.push_back({p + "ffn_gate_exps.weight", {E, FE, X}, false});
       specs.push_back({p + "ffn_up_exps.weight", {E, FE, X}, false});
