@@ -36,12 +36,13 @@
 
 #include <type_traits>
 
-#include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cp_async.cuh"
+#include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
 #include "backends/cuda/grouping.cuh"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/mmvq.cuh"
+#include "backends/cuda/norm_order.cuh"
 #include "backends/cuda/ops_common.cuh"
 #include "backends/cuda/quantize_q8.cuh"
 #include "backends/cuda/route_topk.cuh"
@@ -215,7 +216,6 @@ __host__ __device__ constexpr NormSmem norm_smem(int n_blocks) {
   const size_t scale = groups + size_t(n_blocks) * (quant::kQK_K / kWarpSize) * sizeof(double);
   return {w, groups, scale, scale + 16};
 }
-constexpr int kNormSlices = kNormClusterCtas;  // rms_norm_cluster_kernel's split of a row: its CTAs
 
 // The norm's weights into shared memory (no kernel writes them: before the wait). Every thread of the CTA calls it.
 __device__ __forceinline__ void stage_norm_weights(const NormIn& norm, uint8_t* smem, int n_blocks) {
@@ -227,10 +227,8 @@ __device__ __forceinline__ void stage_norm_weights(const NormIn& norm, uint8_t* 
 
 // The row src normed (y = (v * scale) * w, scale = 1 / sqrt(mean of squares + eps)) and quantized to Q8_K into dst, a
 // warp per block (warp w of n_warps takes blocks w, w + n_warps, ...). The bits of add_rms_norm over a cluster
-// (rms_norm.cu's rms_norm_cluster_kernel: each 32-column group's double sum of squares over warp_sum's tree, the groups
-// of each of its 8 slices in column order, then the slices in order, as norm_matvec.cu restates it) with the quantized
-// y, read back by a product: lane l holds the 8 consecutive elements 8 l .. 8 l + 7 of a block (block_q8_k_lane8's
-// layout), so a group is 4 lanes and warp_sum's offsets 16 and 8 are the lanes 2 and 1 apart, 4, 2 and 1 the elements.
+// (rms_norm.cu's rms_norm_cluster_kernel: its order of the squares, norm_order.cuh) with the quantized y, read back by
+// a product: lane l holds the 8 consecutive elements 8 l .. 8 l + 7 of a block (block_q8_k_lane8's layout).
 // Every thread of the CTA calls it; it synchronizes the CTA twice (the caller once more before reading dst).
 __device__ __forceinline__ void normed_row_q8_k(const float* src, const NormIn& norm, uint8_t* smem, int n_blocks,
                                                 int warp, int n_warps, int lane) {
@@ -243,31 +241,13 @@ __device__ __forceinline__ void normed_row_q8_k(const float* src, const NormIn& 
     const float4 lo = reinterpret_cast<const float4*>(src + quant::kQK_K * b)[2 * lane];
     const float4 hi = reinterpret_cast<const float4*>(src + quant::kQK_K * b)[2 * lane + 1];
     const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    double sq[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) sq[e] = double(v[e]) * double(v[e]);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) sq[e] += __shfl_xor_sync(0xffffffffu, sq[e], 2);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) sq[e] += __shfl_xor_sync(0xffffffffu, sq[e], 1);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) sq[e] += sq[e + 4];
-    sq[0] += sq[2];
-    sq[1] += sq[3];
-    if (lane % 4 == 0) group_s[(quant::kQK_K / kWarpSize) * b + lane / 4] = sq[0] + sq[1];
+    const double group = norm_order::group_sum8(v);
+    if (lane % 4 == 0) group_s[(quant::kQK_K / kWarpSize) * b + lane / 4] = group;
   }
   __syncthreads();
   if (warp == 0) {
-    const int n = n_blocks * quant::kQK_K;
-    const int groups = n / kNormSlices / kWarpSize;
-    double part = 0;
-    if (lane < kNormSlices) {
-      for (int k = 0; k < groups; ++k) part += group_s[lane * groups + k];
-    }
-    double total = 0;
-#pragma unroll
-    for (int r = 0; r < kNormSlices; ++r) total += __shfl_sync(0xffffffffu, part, r);
-    if (lane == 0) *scale_s = float(1.0 / sqrt(total / double(n) + double(norm.eps)));
+    const float scale = norm_order::row_scale(group_s, n_blocks * quant::kQK_K, norm.eps, lane);
+    if (lane == 0) *scale_s = scale;
   }
   __syncthreads();
   const float scale = *scale_s;

@@ -14,7 +14,7 @@
 //
 // Same numbers as the two launches it replaces: the sum of squares is added in rms_norm_cluster_kernel's order (each
 // 32-column group over warp_sum's tree, the groups of each of its 8 slices of n/8 columns in column order, then the
-// slices in order: restated here over this kernel's columns), y = (v * scale) * w rounded as there, and the product in
+// slices in order: norm_order.cuh), y = (v * scale) * w rounded as there, and the product in
 // matvec_float_kernel's order for 4 warps per row (each thread's fmaf chain over its 8-column chunks 1,024 apart, the
 // warp's sum, the warps in order). So out, x_out, y and the Q8_K y are bit for bit add_rms_norm's then matvec's where
 // add_rms_norm runs on clusters (norm_in_cluster; CudaOps.AddRmsNormMatvecEqualsNormThenMatvec).
@@ -28,6 +28,7 @@
 #include "backends/cuda/cuda_check.cuh"
 #include "backends/cuda/float_weights.cuh"
 #include "backends/cuda/launch.h"
+#include "backends/cuda/norm_order.cuh"
 #include "backends/cuda/ops_common.cuh"
 #include "backends/cuda/quantize_q8.cuh"
 
@@ -42,7 +43,6 @@ constexpr int kWarps = kThreads / kWarpSize;
 constexpr int kChunk = detail::kFloatChunk;        // columns per thread and step (matvec_float's vectorized step)
 constexpr int kStep = kThreads * kChunk;           // columns per step of the CTA
 static_assert(kStep == kNormMatvecStep);
-constexpr int kSlices = 8;  // rms_norm_cluster_kernel's split of a row: its CTAs
 
 // 8 floats to 16-byte aligned global memory.
 __device__ __forceinline__ void store8(float* dst, const float (&v)[kChunk]) {
@@ -95,34 +95,14 @@ __global__ void __launch_bounds__(kThreads) norm_matvec_kernel(const Params p) {
 #pragma unroll
       for (int e = 0; e < kChunk; ++e) v[i][e] = __fadd_rn(x[e], r[e]);
       if (blockIdx.x == 0) store8(p.x_out + c, v[i]);
-      // The chunk's 32-column group (4 lanes of 8) summed over warp_sum's tree: element 8 (lane % 4) + e of the group
-      // is lane e of a warp_sum, whose offsets 16 and 8 are the lanes 2 and 1 apart here, 4, 2 and 1 the elements.
-      double sq[kChunk];
-#pragma unroll
-      for (int e = 0; e < kChunk; ++e) sq[e] = double(v[i][e]) * double(v[i][e]);
-#pragma unroll
-      for (int e = 0; e < kChunk; ++e) sq[e] += __shfl_xor_sync(0xffffffffu, sq[e], 2);
-#pragma unroll
-      for (int e = 0; e < kChunk; ++e) sq[e] += __shfl_xor_sync(0xffffffffu, sq[e], 1);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sq[e] += sq[e + 4];
-      sq[0] += sq[2];
-      sq[1] += sq[3];
-      if (lane % 4 == 0) group_s[c / kWarpSize] = sq[0] + sq[1];
+      const double group = norm_order::group_sum8(v[i]);  // the chunk's 32-column group (4 lanes of 8)
+      if (lane % 4 == 0) group_s[c / kWarpSize] = group;
     }
   }
   __syncthreads();
-  // rms_norm_cluster_kernel's total: the groups of each of its kSlices slices in column order, then the slices.
-  if (warp == 0) {
-    const int groups = n / kSlices / kWarpSize;
-    double part = 0;
-    if (lane < kSlices) {
-      for (int k = 0; k < groups; ++k) part += group_s[lane * groups + k];
-    }
-    double total = 0;
-#pragma unroll
-    for (int r = 0; r < kSlices; ++r) total += __shfl_sync(0xffffffffu, part, r);
-    if (lane == 0) scale_s = float(1.0 / sqrt(total / double(n) + double(p.eps)));
+  if (warp == 0) {  // rms_norm_cluster_kernel's total: its slices' groups in column order, then the slices
+    const float scale = norm_order::row_scale(group_s, n, p.eps, lane);
+    if (lane == 0) scale_s = scale;
   }
   __syncthreads();
   const float scale = scale_s;

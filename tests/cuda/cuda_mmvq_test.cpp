@@ -939,6 +939,49 @@ TEST(CudaMatvec, BulkRingEqualsStationary) {
   }
 }
 
+// A device buffer of `bytes` bytes copied from data.
+cuda::DeviceBuffer device_copy(const void* data, size_t bytes) {
+  auto buf = cuda::DeviceBuffer::allocate(bytes);
+  EXPECT_TRUE(buf.ok() && buf->upload(data, bytes).ok());
+  return std::move(buf).value();
+}
+
+// Every expert of a layer in one device buffer as the model uploads them (gate, up and down of E x F, F x E weights
+// of `type`, each part 256-byte aligned): what GroupedMatvecArgs::route reads.
+struct ExpertBuffer {
+  cuda::DeviceBuffer dev;
+  size_t part_bytes[3];
+  size_t stride;
+  cuda::RouteInProducts route(const float* logits, int n_expert, int k) const {
+    return {.logits = logits,
+            .n_expert = n_expert,
+            .k = k,
+            .base = dev.data(),
+            .stride = stride,
+            .offset = {0, part_bytes[0], part_bytes[0] + part_bytes[1]}};
+  }
+};
+ExpertBuffer expert_buffer(Rng& rng, Type type, int64_t E, int64_t F, int n_expert) {
+  auto align256 = [](size_t n) { return (n + 255) / 256 * 256; };
+  ExpertBuffer b{
+      .dev = {},
+      .part_bytes = {align256(quant::row_size(type, E) * size_t(F)), align256(quant::row_size(type, E) * size_t(F)),
+                     align256(quant::row_size(type, F) * size_t(E))},
+      .stride = 0};
+  b.stride = b.part_bytes[0] + b.part_bytes[1] + b.part_bytes[2];
+  std::vector<uint8_t> experts(b.stride * size_t(n_expert), 0);
+  for (int e = 0; e < n_expert; ++e) {
+    size_t off = size_t(e) * b.stride;
+    for (int p = 0; p < 3; ++p) {
+      const std::vector<uint8_t> q = quantize_ref(type, gaussian(rng, size_t(E * F)), p == 2 ? F : E);
+      std::memcpy(experts.data() + off, q.data(), q.size());
+      off += b.part_bytes[p];
+    }
+  }
+  b.dev = device_copy(experts.data(), experts.size());
+  return b;
+}
+
 // Expert products that route themselves (GroupedMatvecArgs::route) against route_topk with a table and the launches
 // that read its items, bit for bit: the ids, weights (renormalized or not) and slot rows gate/up writes, the SwiGLU
 // rows and the down projection's rows (the logits read before or after waiting). Every expert of the layer lies in one
@@ -954,12 +997,7 @@ TEST(CudaMatvec, RouteInProductsMatchesRouteTopk) {
   auto same = [](const cuda::DeviceBuffer& a, const cuda::DeviceBuffer& b, size_t bytes) {
     return from_device<uint8_t>(a, bytes) == from_device<uint8_t>(b, bytes);
   };
-  auto device = [](const void* data, size_t bytes) {
-    auto buf = cuda::DeviceBuffer::allocate(bytes);
-    EXPECT_TRUE(buf.ok() && buf->upload(data, bytes).ok());
-    return std::move(buf).value();
-  };
-  auto align256 = [](size_t n) { return (n + 255) / 256 * 256; };
+  auto device = device_copy;
   struct Case {
     int64_t E, F;
     int n_expert, k;
@@ -968,26 +1006,13 @@ TEST(CudaMatvec, RouteInProductsMatchesRouteTopk) {
                        Case{256, 512, 33, 1}}) {
     const std::string shape = "E=" + std::to_string(c.E) + " F=" + std::to_string(c.F) + " experts=" +
                               std::to_string(c.n_expert) + " k=" + std::to_string(c.k);
-    const size_t part_bytes[3] = {align256(quant::row_size(type, c.E) * size_t(c.F)),
-                                  align256(quant::row_size(type, c.E) * size_t(c.F)),
-                                  align256(quant::row_size(type, c.F) * size_t(c.E))};
-    const size_t stride = part_bytes[0] + part_bytes[1] + part_bytes[2];
-    std::vector<uint8_t> experts(stride * size_t(c.n_expert), 0);
-    for (int e = 0; e < c.n_expert; ++e) {
-      size_t off = size_t(e) * stride;
-      for (int p = 0; p < 3; ++p) {
-        const std::vector<uint8_t> q = quantize_ref(type, gaussian(rng, c.E * c.F), p == 2 ? c.F : c.E);
-        std::memcpy(experts.data() + off, q.data(), q.size());
-        off += part_bytes[p];
-      }
-    }
-    const cuda::DeviceBuffer experts_dev = device(experts.data(), experts.size());
+    const ExpertBuffer experts = expert_buffer(rng, type, c.E, c.F, c.n_expert);
     std::vector<const void*> table(size_t(c.n_expert) * 3);
     for (int e = 0; e < c.n_expert; ++e) {
-      size_t off = size_t(e) * stride;
+      size_t off = size_t(e) * experts.stride;
       for (int p = 0; p < 3; ++p) {
-        table[size_t(e) * 3 + size_t(p)] = static_cast<const uint8_t*>(experts_dev.data()) + off;
-        off += part_bytes[p];
+        table[size_t(e) * 3 + size_t(p)] = static_cast<const uint8_t*>(experts.dev.data()) + off;
+        off += experts.part_bytes[p];
       }
     }
     const cuda::DeviceBuffer table_dev = device(table.data(), table.size() * sizeof(void*));
@@ -1037,9 +1062,7 @@ TEST(CudaMatvec, RouteInProductsMatchesRouteTopk) {
 
         // The products routing themselves (gate/up on the stationary kernel, then streaming its weights through
         // shared memory: GroupedMatvecArgs::bulk).
-        const cuda::RouteInProducts route{.logits = logits_dev.as<float>(), .n_expert = c.n_expert, .k = c.k,
-                                          .base = experts_dev.data(), .stride = stride,
-                                          .offset = {0, part_bytes[0], part_bytes[0] + part_bytes[1]}};
+        const cuda::RouteInProducts route = experts.route(logits_dev.as<float>(), c.n_expert, c.k);
         cuda::GroupedMatvecArgs a;
         cuda::DeviceBuffer h_b;
         for (const bool bulk : {false, true}) {
@@ -1161,12 +1184,7 @@ TEST(CudaMatvec, CombineInDownEqualsCombineInNorm) {
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
   Rng rng(kSeed + 94);
   const Type type = Type::Q4_K;
-  auto device = [](const void* data, size_t bytes) {
-    auto buf = cuda::DeviceBuffer::allocate(bytes);
-    EXPECT_TRUE(buf.ok() && buf->upload(data, bytes).ok());
-    return std::move(buf).value();
-  };
-  auto align256 = [](size_t n) { return (n + 255) / 256 * 256; };
+  auto device = device_copy;
   struct Case {
     int64_t E, F;
     int n_expert, k;
@@ -1176,20 +1194,7 @@ TEST(CudaMatvec, CombineInDownEqualsCombineInNorm) {
                        Case{256, 256, 128, 8, false}, Case{256, 256, 128, 5, true}}) {
     const std::string what = "E=" + std::to_string(c.E) + " F=" + std::to_string(c.F) + " k=" + std::to_string(c.k);
     ASSERT_TRUE(cuda::grouped_matvec_combine_fits(type, c.E, c.F, c.k)) << what;
-    const size_t part_bytes[3] = {align256(quant::row_size(type, c.E) * size_t(c.F)),
-                                  align256(quant::row_size(type, c.E) * size_t(c.F)),
-                                  align256(quant::row_size(type, c.F) * size_t(c.E))};
-    const size_t stride = part_bytes[0] + part_bytes[1] + part_bytes[2];
-    std::vector<uint8_t> experts(stride * size_t(c.n_expert), 0);
-    for (int e = 0; e < c.n_expert; ++e) {
-      size_t off = size_t(e) * stride;
-      for (int p = 0; p < 3; ++p) {
-        const std::vector<uint8_t> q = quantize_ref(type, gaussian(rng, size_t(c.E * c.F)), p == 2 ? c.F : c.E);
-        std::memcpy(experts.data() + off, q.data(), q.size());
-        off += part_bytes[p];
-      }
-    }
-    const cuda::DeviceBuffer experts_dev = device(experts.data(), experts.size());
+    const ExpertBuffer experts = expert_buffer(rng, type, c.E, c.F, c.n_expert);
     const std::vector<float> xn = activations(rng, 1, c.E), logits = gaussian(rng, size_t(c.n_expert));
     const std::vector<float> residual = gaussian(rng, size_t(c.E), 4.0f);
     const cuda::DeviceBuffer xn_dev = device(xn.data(), xn.size() * 4),
@@ -1201,12 +1206,7 @@ TEST(CudaMatvec, CombineInDownEqualsCombineInNorm) {
     cuda::DeviceBuffer ids = device(nan.data(), k * 4), weights = device(nan.data(), k * 4),
                        slots = device(nan.data(), k * 4), h = device(nan.data(), k * size_t(c.F) * 4),
                        rows = device(nan.data(), k * size_t(c.E) * 4);
-    const cuda::RouteInProducts route{.logits = logits_dev.as<float>(),
-                                      .n_expert = c.n_expert,
-                                      .k = c.k,
-                                      .base = experts_dev.data(),
-                                      .stride = stride,
-                                      .offset = {0, part_bytes[0], part_bytes[0] + part_bytes[1]}};
+    const cuda::RouteInProducts route = experts.route(logits_dev.as<float>(), c.n_expert, c.k);
     cuda::RouteInProducts gate_route = route;
     gate_route.ids = ids.as<int32_t>();
     gate_route.weights = weights.as<float>();
