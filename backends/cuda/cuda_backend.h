@@ -250,10 +250,9 @@ struct MatvecArgs {
   float* y_split[2] = {nullptr, nullptr};
   // Optional (norm_weight non-null): the product reads x normed, y = W rms_norm(x) * norm_weight (norm_weight [cols]
   // float32, norm_eps): each CTA makes the norm and its Q8_K quantization itself, in the arithmetic of add_rms_norm's
-  // cluster kernel (the one add_rms_norm takes where norm_in_cluster: rows of 2,048, 4,096, 6,144 or 8,192 on sm_90+),
-  // so there the bits of add_rms_norm with y_quantized, then this product of x_quantized (decode: the norm's launch
-  // before the product is gone). One vector, no x_quantized, stationary, x and norm_weight 16-byte aligned, a type and
-  // row that matvec_norm_fits.
+  // cluster kernel (which add_rms_norm takes for these rows on sm_90+: norm_in_cluster), so the bits of add_rms_norm
+  // with y_quantized, then this product of x_quantized (decode: the norm's launch before the product is gone). One
+  // vector, no x_quantized, stationary, x and norm_weight 16-byte aligned, a type and row that matvec_norm_fits.
   const float* norm_weight = nullptr;
   float norm_eps = 0.0f;
 };
@@ -352,7 +351,8 @@ bool has_matvec_rows_kernel(quant::Type type);
 bool has_matvec_stationary_kernel(quant::Type type);
 // Whether single-vector products of `type` with rows of `cols` take it (MatvecArgs::stationary).
 bool matvec_stationary_fits(quant::Type type, int64_t cols);
-// Whether such a product can norm its input (MatvecArgs::norm_weight): the stationary kernel's rows, Q8_K activations.
+// Whether such a product can norm its input (MatvecArgs::norm_weight): the stationary kernel's rows of a multiple of
+// 2,048 columns (the cluster norm's), Q8_K activations.
 bool matvec_norm_fits(quant::Type type, int64_t cols);
 // Whether a routed down projection of k slots, rows x cols, can fold the MoE combine
 // (GroupedMatvecArgs::combine_residual): the stationary kernel's rows, whole CTAs of rows, k <= 8, and thread-block

@@ -121,6 +121,9 @@ constexpr bool mmvq_has_staged_kernel(quant::Type type) { return type == quant::
 
 // Whether a row of `cols` of `type` fits that kernel (mmvq.cu).
 bool mmvq_stationary_fits(quant::Type type, int64_t cols);
+// Whether that kernel folds the norm of its float input into a plain launch of rows of `cols` (mmvq.cu: the rows of
+// rms_norm.cu's cluster kernel, a multiple of 2,048 columns).
+bool mmvq_norm_fits(quant::Type type, int64_t cols);
 // Whether that kernel folds the MoE combine into a routed launch of k items of rows x cols (mmvq.cu: rows whole CTAs,
 // k <= 8, thread-block clusters on this GPU and in this binary).
 bool mmvq_combine_fits(quant::Type type, int64_t rows, int64_t cols, int k);

@@ -494,7 +494,10 @@ bool launch_stationary(const MatvecLaunch& a, int items, cudaStream_t stream) {
     return true;
   };
   if constexpr (!kGlu) {
-    if (a.norm.w != nullptr) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, false, 1, kFoldNorm>);
+    // The norm: rows of a multiple of 2,048 columns only (mmvq_norm_fits: groups of one row, an even kJ).
+    if constexpr (kQ == 1 && kJ % 2 == 0) {
+      if (a.norm.w != nullptr) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, false, 1, kFoldNorm>);
+    }
     if (a.combine.x != nullptr) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, false, 1, kFoldCombine>);
   }
   if (a.n_vectors == 1) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, kGlu, 1>);
@@ -794,6 +797,11 @@ bool mmvq_stationary_fits(quant::Type type, int64_t cols) {
   static_assert(mmvq_has_stationary_kernel(Type::Q4_K), "the one type with the stationary kernel");
   if (type != Type::Q4_K || cols % quant::kQK_K != 0 || cols > 65536) return false;
   return mmvq::stationary_shape(int(cols / quant::kQK_K) * mmvq::MmvqType<Type::Q4_K>::kParts).kJ > 0;
+}
+
+bool mmvq_norm_fits(quant::Type type, int64_t cols) {
+  // The cluster kernel's rows (norm_in_cluster: a multiple of 2,048 columns), whose bits the fold restates.
+  return mmvq_stationary_fits(type, cols) && cols % (kNormClusterCtas * quant::kQK_K) == 0;
 }
 
 bool mmvq_combine_fits(quant::Type type, int64_t rows, int64_t cols, int k) {

@@ -1380,6 +1380,8 @@ TEST(CudaMatvec, StationaryShapesAndFoldedArguments) {
   EXPECT_FALSE(cuda::grouped_matvec_combine_fits(Type::Q8_0, 2048, 768, 8));
   // The norm folded into a product: one float vector, the stationary kernel, Q8_K activations.
   EXPECT_TRUE(cuda::matvec_norm_fits(type, 2048));
+  EXPECT_TRUE(cuda::matvec_norm_fits(type, 6144));
+  EXPECT_FALSE(cuda::matvec_norm_fits(type, 1024));  // not the cluster norm's rows
   EXPECT_FALSE(cuda::matvec_norm_fits(type, 300));
   EXPECT_FALSE(cuda::matvec_norm_fits(Type::Q8_0, 2048));
   cuda::MatvecWorkspace ws;
