@@ -695,7 +695,7 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   // The down projection combines the rows into x itself where the next layer norms in its q/k/v product.
   *combined = self_routed && combine_in_norm() && il + 1 < hp_.n_layer && norm_in_qkv(layers_[size_t(il + 1)], n) &&
               cuda::grouped_matvec_combine_fits(L.down_type, E, F, int(K));
-  if (norm_qkv_required() && n == 1 && routes_on_device(n) && il + 1 < hp_.n_layer && !*combined) {
+  if (norm_qkv_required() && n == 1 && routes_on_device(n) && !sweeping_ && il + 1 < hp_.n_layer && !*combined) {
     return Status::error(
         format("MAGNETAR_CUDA_NORM_QKV=require: layer %lld's decode does not fold its combine and the "
                "next layer's norm",
