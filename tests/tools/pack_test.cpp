@@ -144,7 +144,8 @@ TEST(PackTool, KillNineNeverLeavesAPartialFile) {
   std::mt19937_64 rng(42);
   std::uniform_real_distribution<double> moment(0.0, full_seconds);
   int finished_anyway = 0, mid_write = 0;
-  for (int k = 0; k < 30; ++k) {
+  constexpr int kRounds = 15;  // ~1 s each; 60-80% of the kills land while the file is written (measured, 3 runs of 30)
+  for (int k = 0; k < kRounds; ++k) {
     std::filesystem::remove(out + ".tmp");  // what an earlier round left
     pid = spawn_pack(in, out);
     ASSERT_GT(pid, 0);
@@ -167,8 +168,8 @@ TEST(PackTool, KillNineNeverLeavesAPartialFile) {
     }
     if (std::filesystem::exists(out + ".tmp")) ++mid_write;  // killed while writing (the writer's temporary)
   }
-  EXPECT_LT(finished_anyway, 30);
-  EXPECT_GE(mid_write, 5) << "too few kills landed while the file was being written to test anything";
+  EXPECT_LT(finished_anyway, kRounds);
+  EXPECT_GE(mid_write, 3) << "too few kills landed while the file was being written to test anything";
   // A complete run afterwards: the file, and no temporary left beside it.
   ASSERT_EQ(run("pack " + in + " -o " + out).status, 0);
   EXPECT_TRUE(std::filesystem::exists(out));
