@@ -91,7 +91,9 @@ TEST_F(ParallelTurns, AShortRequestDoesNotWaitForALongPrompt) {
   const double short_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   long_request.join();
   EXPECT_EQ(status, 200) << short_answer.dump();
-  EXPECT_LT(short_seconds, alone_seconds / 2) << "the long prompt alone took " << alone_seconds << " s";
+  // Waiting for the rest of the long prompt would take at least 4/5 of it alone; the bound leaves room for the CPU
+  // the test shares with another one under ctest -j2 (alone / 2 failed there once: 0.564 s against 0.556).
+  EXPECT_LT(short_seconds, alone_seconds * 0.7) << "the long prompt alone took " << alone_seconds << " s";
 }
 
 TEST_F(ParallelTwo, AHistoryReturnsToItsSlot) {
