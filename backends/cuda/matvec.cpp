@@ -205,10 +205,7 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
 bool has_matvec_rows_kernel(quant::Type type) { return detail::mmvq_has_rows_kernel(type); }
 bool has_matvec_stationary_kernel(quant::Type type) { return detail::mmvq_has_stationary_kernel(type); }
 bool matvec_stationary_fits(quant::Type type, int64_t cols) { return detail::mmvq_stationary_fits(type, cols); }
-bool matvec_norm_fits(quant::Type type, int64_t cols) {
-  const quant::TypeTraits* t = quant::find_traits(uint32_t(type));
-  return t != nullptr && t->vec_dot_type == quant::Type::Q8_K && detail::mmvq_norm_fits(type, cols);
-}
+bool matvec_norm_fits(quant::Type type, int64_t cols) { return detail::mmvq_norm_fits(type, cols); }
 bool grouped_matvec_combine_fits(quant::Type type, int64_t rows, int64_t cols, int k) {
   return detail::mmvq_combine_fits(type, rows, cols, k);
 }

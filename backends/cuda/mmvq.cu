@@ -295,6 +295,7 @@ __device__ __forceinline__ void normed_row_q8_k(const float* src, const NormIn& 
 // kFold: what the launch folds in (MatvecLaunch::norm, ::combine); instances of their own, so that the kernels without
 // them are the code they were (both cost registers and spills in every instance as runtime branches).
 constexpr int kFoldNone = 0, kFoldNorm = 1, kFoldCombine = 2;
+constexpr int kMaxCombineK = 8;  // the combine's slots: CTAs of one cluster (the portable cluster size)
 
 template <Type T, int kJ, int kQ, int kR, bool kGlu, int kV, int kFold = kFoldNone>
 __global__ void __launch_bounds__(kThreads)
@@ -431,9 +432,8 @@ __global__ void __launch_bounds__(kThreads)
   } else if constexpr (kFold == kFoldCombine) {  // every warp has rows (mmvq_combine_fits)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int kCtaRows = kWarps * kRowsPerWarp;
-    constexpr int kMaxK = 8;  // a portable cluster
     __shared__ float sums_s[kCtaRows];
-    __shared__ float weights_s[kMaxK];
+    __shared__ float weights_s[kMaxCombineK];
     const int cta_row0 = int(blockIdx.x) * kCtaRows;
     const int k = g.route.k, rank = ops::cluster_rank();
     if ((lane & (kWarpSize / kSums - 1)) == 0) sums_s[row - cta_row0] = sum;
@@ -442,12 +442,12 @@ __global__ void __launch_bounds__(kThreads)
     ops::cluster_wait();  // every slot's sums (and this CTA's weights) are written
     for (int i = int(threadIdx.x); i < kCtaRows; i += kThreads) {
       if (i % k == rank) {
-        float s[kMaxK];
+        float s[kMaxCombineK];
 #pragma unroll
-        for (int j = 0; j < kMaxK; ++j) s[j] = j < k ? ops::cluster_load(&sums_s[i], k - 1 - j) : 0.0f;
+        for (int j = 0; j < kMaxCombineK; ++j) s[j] = j < k ? ops::cluster_load(&sums_s[i], k - 1 - j) : 0.0f;
         float combined = 0.0f;
 #pragma unroll
-        for (int j = 0; j < kMaxK; ++j) {
+        for (int j = 0; j < kMaxCombineK; ++j) {
           if (j < k) combined = fmaf(weights_s[j], s[j], combined);
         }
         comb.x[cta_row0 + i] = __fadd_rn(comb.x[cta_row0 + i], combined);
@@ -805,7 +805,7 @@ bool mmvq_norm_fits(quant::Type type, int64_t cols) {
 }
 
 bool mmvq_combine_fits(quant::Type type, int64_t rows, int64_t cols, int k) {
-  if (!mmvq_stationary_fits(type, cols) || k < 1 || k > 8 || rows < 1) return false;  // 8: a portable cluster
+  if (!mmvq_stationary_fits(type, cols) || k < 1 || k > kMaxCombineK || rows < 1) return false;
   const mmvq::StationaryShape s = mmvq::stationary_shape(int(cols / quant::kQK_K) * mmvq::MmvqType<Type::Q4_K>::kParts);
   if (rows % (kWarps * s.kQ * mmvq::stationary_groups(s.kJ, s.kQ, false)) != 0) return false;
   // The kernel's body for clusters exists where it was built for sm_90 or newer (not a PTX-only older build).

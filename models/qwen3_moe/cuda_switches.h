@@ -168,19 +168,14 @@ inline bool norm_router() {
 // with it. The default is add_rms_norm with the combine, then the product. =require (a test switch): the same, and a
 // decode step whose MoE layer does not fold (its next layer norming in q/k/v) fails, so that a test of the fold cannot
 // pass without it.
-inline bool norm_qkv() {
-  static const bool on = [] {
+enum class NormQkv { kOff, kOn, kRequire };
+inline NormQkv norm_qkv_mode() {
+  static const NormQkv mode = [] {
     const char* v = std::getenv("MAGNETAR_CUDA_NORM_QKV");
-    return v != nullptr && (std::string_view(v) == "1" || std::string_view(v) == "require");
+    const std::string_view s = v != nullptr ? v : "";
+    return s == "require" ? NormQkv::kRequire : s == "1" ? NormQkv::kOn : NormQkv::kOff;
   }();
-  return on;
-}
-inline bool norm_qkv_required() {
-  static const bool on = [] {
-    const char* v = std::getenv("MAGNETAR_CUDA_NORM_QKV");
-    return v != nullptr && std::string_view(v) == "require";
-  }();
-  return on;
+  return mode;
 }
 
 // The down projection's stationary kernel loads its expert weights before waiting for swiglu (the items came from

@@ -413,7 +413,7 @@ Result<DeviceKv*> Qwen3Cuda::mirror_of(kv::KvCache& cache) const {
 
 bool Qwen3Cuda::norm_in_qkv(const DevLayer& L, int64_t n) const {
   // The product's norm has the cluster kernel's bits: where add_norm would take it (and the batched decode does).
-  return n == 1 && norm_qkv() && mmvq_stationary() && L.wqkv.p != nullptr && qkv_share_input(L) &&
+  return n == 1 && norm_qkv_mode() != NormQkv::kOff && mmvq_stationary() && L.wqkv.p != nullptr && qkv_share_input(L) &&
          cuda::matvec_norm_fits(L.wqkv.type, hp_.n_embd) && cuda::norm_in_cluster(quant::Type::Q8_K, 1, hp_.n_embd);
 }
 
@@ -695,7 +695,8 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   // The down projection combines the rows into x itself where the next layer norms in its q/k/v product.
   *combined = self_routed && combine_in_norm() && il + 1 < hp_.n_layer && norm_in_qkv(layers_[size_t(il + 1)], n) &&
               cuda::grouped_matvec_combine_fits(L.down_type, E, F, int(K));
-  if (norm_qkv_required() && n == 1 && routes_on_device(n) && !sweeping_ && il + 1 < hp_.n_layer && !*combined) {
+  if (norm_qkv_mode() == NormQkv::kRequire && n == 1 && routes_on_device(n) && !sweeping_ && il + 1 < hp_.n_layer &&
+      !*combined) {
     return Status::error(
         format("MAGNETAR_CUDA_NORM_QKV=require: layer %lld's decode does not fold its combine and the "
                "next layer's norm",
@@ -1034,7 +1035,7 @@ Status Qwen3Cuda::enqueue_layers(cpu::ThreadPool& pool, const ForwardArgs& args,
 Status Qwen3Cuda::layer(cpu::ThreadPool& pool, const ForwardArgs& args, size_t il, int64_t n, float*& x,
                         float*& x_other, Pending& pending) const {
   const DevLayer& L = layers_[il];
-  const bool qkv_norms = il > 0 && pending == Pending::kNone;  // the layer before chose it (moe_ffn: norm_in_qkv)
+  const bool qkv_norms = pending == Pending::kNone;  // the layer before chose it (moe_ffn: norm_in_qkv)
   if (il == 0) {
     xn_act_ = quant::Type::F32;
     MAGNETAR_RETURN_IF_ERROR(cuda::rms_norm({.x = x, .weight = L.attn_norm.f32(), .y = xn_.as<float>(), .n_rows = n,

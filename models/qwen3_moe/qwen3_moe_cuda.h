@@ -198,9 +198,9 @@ class Qwen3Cuda final : public Model {
     stream_.copy(h_ids_.as<int32_t>(), ids_.as<int32_t>(), size_t(hp_.n_layer * n * hp_.n_expert_used) * 4);
   }
   // What the residual stream x lacks before the next layer's norm (layer()): the layer before's output in proj_, its
-  // MoE rows in down_ (combine_in_norm), or nothing (its down projection combined them into x: combine_in_down).
+  // MoE rows in down_ (combine_in_norm), or nothing (its down projection combined them into x: moe_ffn's combined).
   enum class Pending { kProj, kCombine, kNone };
-  // Decode's attention norm inside the q/k/v product (norm_qkv(): cuda::MatvecArgs::norm_weight), where the layer
+  // Decode's attention norm inside the q/k/v product (norm_qkv_mode(): cuda::MatvecArgs::norm_weight), where the layer
   // before combined its MoE rows into x (Pending::kNone): the norm's launch is gone.
   bool norm_in_qkv(const DevLayer& L, int64_t n) const;
   // normed_x: x not yet normed, which the q/k/v product norms itself (norm_in_qkv); null: xn_ holds the normed rows.
