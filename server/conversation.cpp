@@ -21,7 +21,8 @@ Status check_tool_name(const Json& name, const std::string& field) {
 
 // ---- OpenAI -----------------------------------------------------------------------------------------------------
 
-// A message's `content`: a string, null, or an array of {"type": "text", "text": STRING} parts (joined).
+// A message's `content`: a string, null (an assistant's), or an array of {"type": "text", "text": STRING} parts
+// (joined).
 Result<std::string> openai_content(const Json& content, const std::string& field) {
   if (content.is_null()) return std::string();
   if (content.is_string()) return content.get<std::string>();
@@ -182,8 +183,9 @@ Status anthropic_message(const Json& m, size_t i, Json* messages) {
   }
   const std::string field = format("messages[%zu].content", i);
   const Json content = m.value("content", Json());
-  if (content.is_null() || content.is_string()) {
-    messages->push_back({{"role", *role}, {"content", content.is_null() ? "" : content.get<std::string>()}});
+  if (content.is_null()) return Status::error(field + " is required (a string or an array of content blocks)");
+  if (content.is_string()) {
+    messages->push_back({{"role", *role}, {"content", content.get<std::string>()}});
     return Status();
   }
   if (!content.is_array()) return Status::error(field + " must be a string or an array of content blocks");
@@ -265,7 +267,12 @@ Result<ChatInput> openai_chat_input(const Json& body) {
     if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
       return Status::error(at + ".role must be \"system\", \"developer\", \"user\", \"assistant\" or \"tool\"");
     }
-    Result<std::string> content = openai_content(m.value("content", Json()), at + ".content");
+    // OpenAI's API: every message but an assistant's (whose turn may be only tool calls) carries content.
+    const Json content_field = m.value("content", Json());
+    if (content_field.is_null() && role != "assistant") {
+      return Status::error(at + ".content is required (a string or an array of text parts)");
+    }
+    Result<std::string> content = openai_content(content_field, at + ".content");
     if (!content.ok()) return content.status();
     Json message = {{"role", role}, {"content", content.value()}};
     if (role == "assistant") {

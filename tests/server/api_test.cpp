@@ -146,6 +146,7 @@ TEST_F(ServeApi, AnthropicErrorsHaveAnthropicShape) {
       {"{not json", "JSON"},
       {who_are_you({{"messages", {{{"role", "system"}, {"content", "x"}}}}}).dump(), "messages[0].role"},
       {who_are_you({{"stop_sequences", "language"}}).dump(), "stop_sequences"},
+      {who_are_you({{"messages", {{{"role", "user"}}}}}).dump(), "messages[0].content is required"},
       {who_are_you({{"messages", {{{"role", "user"}, {"content", {{{"type", "image"}}}}}}}}).dump(),
        "messages[0].content[0]"},
   };
