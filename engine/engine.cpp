@@ -48,6 +48,7 @@ struct Engine::Impl {
   bool gpu_tier = false;                   // ... with routed experts in host memory through a GPU pool
   double gpu_peak_bandwidth = 0;           // models::GpuInfo::peak_bytes_per_s when on_gpu, else 0
   std::string gpu_unused;                  // why auto stayed on the CPU although a GPU is present
+  std::string context_note;                // why n_ctx is shorter than the model's (Engine::context_note)
   bool batch_auto = false;                 // --batch 0: choose_device picks the prefill chunk
   int64_t sweep_tokens = 0;                // the longest prefill sweep (EngineOptions::n_sweep; 0: none)
   int64_t sweep_min = 0;                   // ... and the shortest remaining prompt computed in one
@@ -169,6 +170,38 @@ Status check_session_memory(const Engine::Impl& impl, const Result<experts::Mach
              (long long)impl.options.n_ctx, what.c_str(), impl.on_gpu ? " (host copies)" : " and scratch",
              disk_buffers > 0 ? " with the disk KV's buffers" : "", n > 1 ? "" : "s", double(need) / gib,
              double(budget) / gib, source.c_str(), n > 1 ? ", fewer sessions" : ""));
+}
+
+// --ctx 0 (experts::default_context): the training context, at most n_ctx_default_max, less when the planned sessions'
+// KV would take more than a quarter of the host's memory or, when the model may run on a GPU, of its free memory.
+// Said in the plan when it is less than the model's.
+int64_t default_context(Engine::Impl& impl, const models::Architecture& entry) {
+  const EngineOptions& o = impl.options;
+  const models::HParams& hp = impl.model->hparams();
+  experts::ContextDefault in{.n_ctx_train = hp.n_ctx_train,
+                             .cap = std::min(o.n_ctx_default_max, kMaxCtx),
+                             .kv_bytes_per_token = kv_bytes_per_token(impl),
+                             .n_sessions = o.n_sessions};
+  std::string where;
+  if (const Result<experts::MachineSnapshot> machine = experts::read_machine(); machine.ok()) {
+    in.budgets.push_back(experts::memory_budget(machine.value()));
+    where = "host memory";
+  }
+  if (o.device != Device::kCpu && entry.load_cuda && o.kv_type != KvType::kF32) {
+    if (const models::GpuInfo gpu = models::gpu_info(); gpu.present) {
+      in.budgets.push_back(gpu.free_bytes);
+      where += where.empty() ? "GPU memory" : " or GPU memory";
+    }
+  }
+  const int64_t ctx = experts::default_context(in);
+  const int64_t unbounded = std::min(hp.n_ctx_train > 0 ? hp.n_ctx_train : experts::kContextFloor, in.cap);
+  if (ctx < unbounded) {
+    impl.context_note = format(
+        "context: %lld tokens (%lld would put more than a quarter of the %s into %s KV; "
+        "--ctx N chooses)",
+        (long long)ctx, (long long)unbounded, where.c_str(), sessions_words(o.n_sessions).c_str());
+  }
+  return ctx;
 }
 
 // Decides where the routed experts live (experts/planner.h) and opens the store for a streamed plan.
@@ -464,6 +497,7 @@ DecodeBytes Engine::decode_bytes() const {
   return d;
 }
 const std::string& Engine::gpu_unused() const { return impl_->gpu_unused; }
+const std::string& Engine::context_note() const { return impl_->context_note; }
 
 namespace {
 ExpertStats to_public(const experts::LayerStats& t) {
@@ -575,7 +609,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
                                 "model's is %lld)", path.c_str(), (long long)hp.head_dim));
   }
   if (impl->options.n_threads <= 0) impl->options.n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  if (impl->options.n_ctx <= 0) impl->options.n_ctx = std::min<int64_t>(hp.n_ctx_train > 0 ? hp.n_ctx_train : 4096, 4096);
+  if (impl->options.n_ctx <= 0) impl->options.n_ctx = default_context(*impl, *entry);
   if (impl->options.n_ctx > kMaxCtx) {
     return Status::error(format("--ctx %lld: at most %lld tokens", (long long)impl->options.n_ctx, (long long)kMaxCtx));
   }
@@ -614,6 +648,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
     impl->plan_text += "\n  --cpu-experts: no effect, the model runs on the CPU (the lane is the CUDA tiered mode's)";
   }
   MAGNETAR_RETURN_IF_ERROR(open_disk_kv(*impl));
+  if (!impl->context_note.empty()) impl->plan_text += (impl->plan_text.empty() ? "" : "\n") + impl->context_note;
   if (hp.n_expert > 0) impl->uses = {.n_expert = hp.n_expert, .counts = std::vector<uint64_t>(size_t(hp.n_layer * hp.n_expert))};
 
   ModelInfo& info = impl->info;

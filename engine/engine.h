@@ -65,7 +65,9 @@ struct KvDiskOptions {
 
 struct EngineOptions {
   int n_threads = 0;          // 0: one per available core
-  int64_t n_ctx = 0;          // context per session; 0: min(training context, 4096)
+  int64_t n_ctx = 0;          // context per session; 0: the training context, at most n_ctx_default_max, less when
+                              // its KV does not fit (experts::default_context; context_note() says so)
+  int64_t n_ctx_default_max = 4096;  // the command's (serve: 32,768)
   // Sessions the memory checks and plans make room for (KV and scratch of each; serve --parallel, bench --sessions):
   // a streamed plan's expert cache, or a GPU pool, shrinks for them. More can be opened while memory allows
   // (sessions_that_fit).
@@ -188,6 +190,8 @@ class Engine {
   const char* device() const;
   // Why the model runs on the CPU although a usable GPU is present (--device auto); empty otherwise.
   const std::string& gpu_unused() const;
+  // Why the context is shorter than the model's (a default reduced to fit memory: EngineOptions::n_ctx 0); "" if not.
+  const std::string& context_note() const;
   ExpertStats expert_stats() const;
   // The same per layer ([n_layer]; layers without routed experts stay zero); empty when resident.
   std::vector<ExpertStats> expert_layer_stats() const;

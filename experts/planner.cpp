@@ -199,6 +199,18 @@ Result<Plan> plan_memory(const PlanInputs& in) {
   return p;
 }
 
+int64_t default_context(const ContextDefault& in) {
+  const int64_t wanted = std::min(in.n_ctx_train > 0 ? in.n_ctx_train : kContextFloor, std::max<int64_t>(1, in.cap));
+  const int64_t floor = std::min(wanted, kContextFloor);
+  int64_t ctx = wanted;
+  auto too_large = [&](int64_t n) {
+    const uint64_t kv = uint64_t(n) * in.kv_bytes_per_token * uint64_t(std::max<int64_t>(1, in.n_sessions));
+    return std::any_of(in.budgets.begin(), in.budgets.end(), [&](uint64_t budget) { return kv > budget / 4; });
+  };
+  while (ctx > floor && too_large(ctx)) ctx = std::max(floor, ctx / 2);
+  return ctx;
+}
+
 std::string describe(const Plan& p) {
   const auto row = [](const char* label, uint64_t bytes) {
     return format("  %-16s%8.2f GiB", label, double(bytes) / kGiB);

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "experts/machine.h"
@@ -110,6 +111,22 @@ uint64_t reserve_bytes(const MachineSnapshot& machine);
 // than what fits or smaller than min_cache_slots(); an auto or --stream plan whose cache would fall below the
 // floor. A returned plan always has total_bytes <= budget_bytes, and a streamed one cache_slots >= the floor.
 Result<Plan> plan_memory(const PlanInputs& in);
+
+// The context of a run that names none (--ctx 0): the model's training context (kContextFloor when the file states
+// none), at most `cap`, halved while the KV of `n_sessions` sessions at that length takes more than a quarter of
+// any of `budgets` (the host's memory budget and, for a model on a GPU, its free memory), but not below
+// kContextFloor (or the training context when that is shorter). A quarter: the KV of the default leaves the weights,
+// an expert cache or GPU pool and the other sessions most of the memory; what is chosen is then checked like an
+// explicit --ctx (a floor that does not fit is refused with the sizes).
+inline constexpr int64_t kContextFloor = 4096;
+struct ContextDefault {
+  int64_t n_ctx_train = 0;          // 0: unknown
+  int64_t cap = kContextFloor;      // the command's default maximum (serve: 32,768)
+  uint64_t kv_bytes_per_token = 0;  // K and V of one token over all layers
+  int64_t n_sessions = 1;
+  std::vector<uint64_t> budgets;  // bytes; empty: no limit known
+};
+int64_t default_context(const ContextDefault& in);
 
 // The block printed at start: a headline with the decision and its reason, then bytes per tier, e.g.
 //   memory plan: streamed (experts 31.20 GiB do not fit: 22.10 GiB available, reserve 2.40 GiB)

@@ -3,11 +3,19 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "experts/planner.h"
+
 namespace magnetar::tools {
 
 void ModelFlags::add_to(cli::Args& args) {
   args.option("-m", &model, "MODEL.gguf", "the model (first shard of a split set)");
-  args.option("--ctx", &ctx, "N", "context length in tokens (0: the model's, at most 4096)");
+  args.option("--ctx", &ctx, "N",
+              ctx_default_max > experts::kContextFloor
+                  ? format("context length in tokens (0: the model's, at most %lld, halved down to %lld while the KV "
+                           "of the sessions planned for would take more than a quarter of the host's or the GPU's "
+                           "memory)",
+                           (long long)ctx_default_max, (long long)experts::kContextFloor)
+                  : format("context length in tokens (0: the model's, at most %lld)", (long long)ctx_default_max));
   args.option("-t", &threads, "N", "threads (0: all cores)");
   args.option("--batch", &batch, "N",
               "prompt tokens per forward pass (bounds scratch memory; 0: 2048 when the whole model runs on the GPU "
@@ -102,6 +110,7 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
   }
   EngineOptions options{.n_threads = int(threads),
                         .n_ctx = ctx,
+                        .n_ctx_default_max = ctx_default_max,
                         .n_sessions = sessions,
                         .n_batch = batch,
                         .n_sweep = sweep,
@@ -150,12 +159,13 @@ std::unique_ptr<Engine> ModelFlags::load(const char* command) const {
     std::fprintf(stderr, "magnetar %s: warning: --ctx %lld is beyond the model's training context of %lld tokens\n",
                  command, (long long)engine.value()->options().n_ctx, (long long)train);
   }
-  // The plan is news when experts stream, KV goes to disk, a GPU present could not be used or --cpu-experts was asked
-  // for (the plan says what became of it; a resident plan, on the CPU or the GPU, is the ordinary case); --show-plan
-  // prints it always.
+  // The plan is news when experts stream, KV goes to disk, a GPU present could not be used, the default context was
+  // cut to fit or --cpu-experts was asked for (the plan says what became of it; a resident plan, on the CPU or the GPU,
+  // is the ordinary case); --show-plan prints it always.
   if (!engine.value()->memory_plan().empty() &&
       (show_plan || cpu_experts || engine.value()->expert_stats().streamed || engine.value()->expert_stats().gpu_tier ||
-       engine.value()->kv_disk_stats().enabled || !engine.value()->gpu_unused().empty())) {
+       engine.value()->kv_disk_stats().enabled || !engine.value()->gpu_unused().empty() ||
+       !engine.value()->context_note().empty())) {
     std::fprintf(stderr, "%s\n", engine.value()->memory_plan().c_str());
   }
   return std::move(engine).value();

@@ -28,6 +28,9 @@ int serve_main(int argc, char** argv) {
                  "/tokenize, /detokenize, and a web UI at /. One worker computes the requests of --parallel slots\n"
                  "together (one batched forward pass per token); the sampling flags are the defaults for what a request\n"
                  "leaves out.");
+  // Agents send long prompts (a coding agent's system prompt and tool definitions alone are well over 4K tokens): the
+  // default context is the model's up to 32K, where run/chat/bench keep 4K.
+  model.ctx_default_max = 32768;
   model.add_to(args);
   sampling.add_to(args);
   args.option("--host", &host, "ADDR", "address to listen on");

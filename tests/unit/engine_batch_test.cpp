@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -170,6 +171,47 @@ TEST(EngineBatch, TheMemoryPlanCountsTheSessionsPlannedFor) {
   EXPECT_NE(plan.find("disk KV buffers     0.13 GiB"), std::string::npos) << plan;
   streamed.value().reset();
   std::filesystem::remove_all(dir);
+}
+
+// --ctx 0: the model's training context up to the command's cap (serve: 32,768), cut when the planned sessions' KV
+// would take more than a quarter of the memory, and said. 256 bytes of KV a token (above): 32,768 tokens are 8 MiB,
+// which any machine running the tests holds; 64 sessions of 16M tokens are 256 GiB, which none holds a quarter of.
+TEST(EngineBatch, TheDefaultContextIsTheModelsUpToTheCapAndFitsTheMemory) {
+  const std::string path = ::testing::TempDir() + "engine_ctx_" + std::to_string(getpid()) + ".gguf";
+  testing::write_tiny(path, quant::Type::F32, 5, false, 0, 1, int64_t(1) << 24);
+  EngineOptions options;
+  options.n_threads = 2;
+  options.device = Device::kCpu;
+  options.experts = ExpertMode::kResident;
+  Result<std::unique_ptr<Engine>> plain = Engine::load(path, options);
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  EXPECT_EQ(plain.value()->options().n_ctx, 4096);  // run/chat/bench's cap
+  EXPECT_EQ(plain.value()->context_note(), "");
+  plain.value().reset();
+  options.n_ctx_default_max = 32768;
+  Result<std::unique_ptr<Engine>> served = Engine::load(path, options);
+  ASSERT_TRUE(served.ok()) << served.status().message();
+  EXPECT_EQ(served.value()->options().n_ctx, 32768);
+  EXPECT_EQ(served.value()->context_note(), "");
+  served.value().reset();
+  options.n_ctx_default_max = int64_t(1) << 24;
+  options.n_sessions = 64;
+  Result<std::unique_ptr<Engine>> cut = Engine::load(path, options);
+  ASSERT_TRUE(cut.ok()) << cut.status().message();
+  const int64_t n_ctx = cut.value()->options().n_ctx;
+  EXPECT_GE(n_ctx, 4096);
+  EXPECT_LT(n_ctx, int64_t(1) << 24);
+  EXPECT_EQ(n_ctx & (n_ctx - 1), 0) << n_ctx;  // halved from a power of two
+  const std::string note = cut.value()->context_note();
+  EXPECT_EQ(note.rfind(format("context: %lld tokens (16777216 would put more than a quarter of the host memory into "
+                              "64 sessions' KV",
+                              (long long)n_ctx),
+                       0),
+            0u)
+      << note;
+  EXPECT_NE(cut.value()->memory_plan().find(note), std::string::npos) << cut.value()->memory_plan();
+  cut.value().reset();
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -71,6 +71,41 @@ TEST(Planner, ReserveIsTenPercentOfTheSmallerOfRamAndCgroupWithAOneGiBFloor) {
   EXPECT_EQ(reserve_bytes(m), 4 * kGiB);  // 10% of the 40 GiB limit, not of 256 GiB
 }
 
+// ---- the default context --------------------------------------------------------------------------------
+
+TEST(Planner, DefaultContextIsTheModelsWithinTheCapAndAQuarterOfEachBudget) {
+  // Qwen3-30B-A3B's F16 KV: 48 layers x K and V x 4 heads x 128 x 2 bytes = 96 KiB a token.
+  const uint64_t per_token = 48 * 2 * 4 * 128 * 2;
+  ContextDefault in{.n_ctx_train = 40960, .cap = 32768, .kv_bytes_per_token = per_token, .n_sessions = 1};
+  EXPECT_EQ(default_context(in), 32768);  // no budget known: the cap
+  in.budgets = {100 * kGiB, 80 * kGiB};
+  EXPECT_EQ(default_context(in), 32768);  // 3 GiB of KV, far below a quarter of either
+  in.budgets = {100 * kGiB, 8 * kGiB};    // a quarter of 8 GiB is 2 GiB: 32K (3 GiB) no, 16K (1.5 GiB) yes
+  EXPECT_EQ(default_context(in), 16384);
+  in.n_sessions = 4;  // 4 x 16K = 6 GiB, 4 x 8K = 3 GiB, 4 x 4K = 1.5 GiB
+  EXPECT_EQ(default_context(in), 4096);
+  in.budgets = {kGiB};  // nothing fits: the floor, left to the memory check that follows
+  EXPECT_EQ(default_context(in), 4096);
+  // A quarter exactly is accepted: 4 x 8K x 96 KiB = 3 GiB, budget 12 GiB.
+  in.budgets = {12 * kGiB};
+  EXPECT_EQ(default_context(in), 8192);
+  in.budgets = {12 * kGiB - 1};
+  EXPECT_EQ(default_context(in), 4096);
+  // A model that states no training context gets 4,096; a shorter one keeps its own; the run/chat cap is 4,096.
+  EXPECT_EQ(default_context({.n_ctx_train = 0, .cap = 32768, .kv_bytes_per_token = per_token}), 4096);
+  EXPECT_EQ(default_context({.n_ctx_train = 512, .cap = 32768, .kv_bytes_per_token = per_token, .budgets = {1}}), 512);
+  EXPECT_EQ(default_context({.n_ctx_train = 262144, .cap = 4096, .kv_bytes_per_token = per_token}), 4096);
+  // Not a power of two: halved from the training context, stopping at the floor.
+  EXPECT_EQ(
+      default_context(
+          {.n_ctx_train = 40960, .cap = 65536, .kv_bytes_per_token = per_token, .budgets = {4 * 10240 * per_token}}),
+      10240);
+  EXPECT_EQ(
+      default_context(
+          {.n_ctx_train = 40960, .cap = 65536, .kv_bytes_per_token = per_token, .budgets = {4 * 5120 * per_token - 1}}),
+      4096);
+}
+
 // ---- the decision ---------------------------------------------------------------------------------------
 
 TEST(Planner, EverythingFitsIsResident) {

@@ -19,9 +19,9 @@ using gguf::ValueType;
 // A tiny qwen3moe: 2 layers (layer 1 dense), hidden 64, 4 heads / 2 kv heads of 16, 4 experts top-2.
 // k_quant_rows: every product's input length a multiple of 256 (hidden 256, heads of 64, FFNs of 256), as
 // the K-quants' super-blocks need. hidden > 0: that hidden size instead (a multiple of 256 with k_quant_rows).
-// moe_layers: that many MoE layers before the dense one.
+// moe_layers: that many MoE layers before the dense one. context_length: the training context it states.
 inline void write_tiny(const std::string& path, quant::Type type, uint64_t seed, bool k_quant_rows = false,
-                       int64_t hidden = 0, int moe_layers = 1) {
+                       int64_t hidden = 0, int moe_layers = 1, int64_t context_length = 256) {
   const int64_t E = hidden > 0     ? hidden
                     : k_quant_rows ? 256
                                    : 64,
@@ -32,7 +32,7 @@ inline void write_tiny(const std::string& path, quant::Type type, uint64_t seed,
   w.set("general.architecture", Value::of_string("qwen3moe"));
   const int n_layer = moe_layers + 1;
   w.set("qwen3moe.block_count", u32(n_layer));
-  w.set("qwen3moe.context_length", u32(256));
+  w.set("qwen3moe.context_length", u32(context_length));
   w.set("qwen3moe.embedding_length", u32(E));
   w.set("qwen3moe.feed_forward_length", u32(FF));
   w.set("qwen3moe.attention.head_count", u32(H));
