@@ -65,4 +65,12 @@ bool OutputConstraint::accepts(std::string_view bytes) const {
   return trial.feed(bytes);
 }
 
+bool OutputConstraint::allows(std::string_view bytes, int64_t tokens_left) const {
+  if (const std::string rest = closing(); int64_t(rest.size()) >= tokens_left) {
+    return !bytes.empty() && std::string_view(rest).starts_with(bytes);
+  }
+  OutputConstraint trial = *this;
+  return trial.feed(bytes) && int64_t(trial.closing().size()) < tokens_left;
+}
+
 }  // namespace magnetar::chat

@@ -9,6 +9,7 @@
 // (valid JSON either way; llama.cpp's JSON grammar bounds whitespace the same way).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,8 +38,13 @@ class OutputConstraint {
   bool done() const;
   bool failed() const { return failed_; }
   // Bytes that would make it done (the rest of a choice, then JsonPrefix::closing()); empty when done or failed.
-  // The worker allows only these once the token budget left is no larger, so a constrained output always ends.
   std::string closing() const;
+  // The token filter of an output that may still generate `tokens_left` tokens (this one included): `bytes` must
+  // keep it in the language and leave it closable by the tokens after them (closing(), a token per byte at worst);
+  // once closing() takes every token left, only its prefixes are allowed. So an output that starts with room for
+  // its closing always ends complete within its budget (a token for every single byte assumed, as byte-level
+  // vocabularies have).
+  bool allows(std::string_view bytes, int64_t tokens_left) const;
 
  private:
   bool feed_byte(char c);

@@ -66,8 +66,8 @@ struct Worker::Slot {
   int64_t restored_counted = 0;  // the session's restored_tokens counted in the job's cached tokens so far
   Clock::time_point t_start, t_prompt_end, last_output;
   std::optional<chat::OutputConstraint> constraint;
-  std::string closing;        // forced bytes when non-empty (a constrained output running out of room)
-  bool closing_forced = false;  // some token was sampled from `closing` only: the output is cut, not finished
+  int64_t tokens_left = 0;      // a constrained output: tokens it may still generate, this step's included
+  bool closing_forced = false;  // some step had room only for the closing bytes: the output is cut, not finished
   TokenFilter allow;
   std::optional<Sampler> sampler;
   std::unique_ptr<Detokenizer> detok;
@@ -216,24 +216,24 @@ void Worker::admit(Slot& slot) {
   slot.synced_once = false;
   slot.t_start = slot.t_prompt_end = slot.last_output = Clock::now();
   slot.constraint.reset();
-  slot.closing.clear();
+  slot.tokens_left = 0;
   slot.closing_forced = false;
   slot.allow = {};
   slot.sampler.emplace(job.sampling);
   slot.detok = engine_.new_detokenizer();
   slot.held.clear();
   slot.n = 0;
-  // The token filter of a constrained job: a token is allowed when its bytes keep the output in the language.
-  // End-of-generation and control tokens never are (the worker ends the output itself once the constraint is
-  // done). Once the tokens left are no more than the bytes that close the constraint, only those bytes are
-  // allowed, so a constrained output ends complete within max_tokens (or the context) when it can.
+  // The token filter of a constrained job: a token is allowed when its bytes keep the output in the language and
+  // closable within the tokens left (OutputConstraint::allows), so a constrained output ends complete within
+  // max_tokens (or the context) when it can. End-of-generation and control tokens never are (the worker ends the
+  // output itself once the constraint is done).
   if (job.constraint.active()) {
     slot.constraint.emplace(job.constraint);
     slot.allow = [this, &slot](int32_t id) {
       if (engine_.is_end_of_generation(id)) return false;
       const std::string_view bytes = engine_.token_bytes(id);
       if (bytes.empty()) return false;
-      return slot.closing.empty() ? slot.constraint->accepts(bytes) : std::string_view(slot.closing).starts_with(bytes);
+      return slot.constraint->allows(bytes, slot.tokens_left);
     };
   } else if (job.ignore_eos) {
     slot.allow = [this](int32_t id) { return !engine_.is_end_of_generation(id); };
@@ -387,10 +387,8 @@ void Worker::decode_step() {
       continue;
     }
     if (slot.constraint) {
-      const int64_t left = std::min(job.max_tokens - slot.n, session.n_ctx() - 1 - int64_t(session.tokens().size()));
-      std::string rest = slot.constraint->closing();
-      slot.closing = left <= int64_t(rest.size()) ? std::move(rest) : std::string();
-      slot.closing_forced |= !slot.closing.empty();
+      slot.tokens_left = std::min(job.max_tokens - slot.n, session.n_ctx() - 1 - int64_t(session.tokens().size()));
+      slot.closing_forced |= slot.tokens_left <= int64_t(slot.constraint->closing().size());
     }
     // The penalties' history: the tokens generated for this job (OpenAI's presence and frequency penalties).
     const std::span<const int32_t> tokens = session.tokens();
