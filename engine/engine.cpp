@@ -181,7 +181,8 @@ int64_t default_context(Engine::Impl& impl, const models::Architecture& entry) {
   experts::ContextDefault in{.n_ctx_train = hp.n_ctx_train,
                              .cap = std::min(o.n_ctx_default_max, kMaxCtx),
                              .kv_bytes_per_token = kv_bytes_per_token(impl),
-                             .n_sessions = o.n_sessions};
+                             .n_sessions = o.n_sessions,
+                             .budgets = {}};
   std::string where;
   if (const Result<experts::MachineSnapshot> machine = experts::read_machine(); machine.ok()) {
     in.budgets.push_back(experts::memory_budget(machine.value()));

@@ -76,7 +76,8 @@ TEST(Planner, ReserveIsTenPercentOfTheSmallerOfRamAndCgroupWithAOneGiBFloor) {
 TEST(Planner, DefaultContextIsTheModelsWithinTheCapAndAQuarterOfEachBudget) {
   // Qwen3-30B-A3B's F16 KV: 48 layers x K and V x 4 heads x 128 x 2 bytes = 96 KiB a token.
   const uint64_t per_token = 48 * 2 * 4 * 128 * 2;
-  ContextDefault in{.n_ctx_train = 40960, .cap = 32768, .kv_bytes_per_token = per_token, .n_sessions = 1};
+  ContextDefault in{
+      .n_ctx_train = 40960, .cap = 32768, .kv_bytes_per_token = per_token, .n_sessions = 1, .budgets = {}};
   EXPECT_EQ(default_context(in), 32768);  // no budget known: the cap
   in.budgets = {100 * kGiB, 80 * kGiB};
   EXPECT_EQ(default_context(in), 32768);  // 3 GiB of KV, far below a quarter of either
@@ -92,9 +93,10 @@ TEST(Planner, DefaultContextIsTheModelsWithinTheCapAndAQuarterOfEachBudget) {
   in.budgets = {12 * kGiB - 1};
   EXPECT_EQ(default_context(in), 4096);
   // A model that states no training context gets 4,096; a shorter one keeps its own; the run/chat cap is 4,096.
-  EXPECT_EQ(default_context({.n_ctx_train = 0, .cap = 32768, .kv_bytes_per_token = per_token}), 4096);
+  EXPECT_EQ(default_context({.n_ctx_train = 0, .cap = 32768, .kv_bytes_per_token = per_token, .budgets = {}}), 4096);
   EXPECT_EQ(default_context({.n_ctx_train = 512, .cap = 32768, .kv_bytes_per_token = per_token, .budgets = {1}}), 512);
-  EXPECT_EQ(default_context({.n_ctx_train = 262144, .cap = 4096, .kv_bytes_per_token = per_token}), 4096);
+  EXPECT_EQ(default_context({.n_ctx_train = 262144, .cap = 4096, .kv_bytes_per_token = per_token, .budgets = {}}),
+            4096);
   // Not a power of two: halved from the training context, stopping at the floor.
   EXPECT_EQ(
       default_context(
