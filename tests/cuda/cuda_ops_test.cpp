@@ -1248,7 +1248,9 @@ TEST(CudaOps, SharedMemoryBoundKernelsRefuseOrFallBack) {
   EXPECT_TRUE(cuda::has_attention_decode_mma(64, 16));
   EXPECT_TRUE(cuda::has_attention_decode_mma(128, 16));
   const char* cap = std::getenv("MAGNETAR_CUDA_SMEM_OPTIN");
-  if (cap != nullptr && std::atol(cap) < 140 * 1024) EXPECT_FALSE(cuda::has_attention_decode_mma(256, 8));
+  if (cap != nullptr && std::atol(cap) < 140 * 1024) {
+    EXPECT_FALSE(cuda::has_attention_decode_mma(256, 8));
+  }
   int refused = 0;
   for (const quant::TypeTraits& t : quant::all_types()) {
     if (!t.is_quantized || !quant::is_weight_type(t.type) || cuda::has_matmul_q(t.type)) continue;
@@ -1264,7 +1266,9 @@ TEST(CudaOps, SharedMemoryBoundKernelsRefuseOrFallBack) {
     ++refused;
   }
   // Where no cap lowers it (the H200: 227 KB), every type has its kernel.
-  if (cap == nullptr) EXPECT_EQ(refused, 0);
+  if (cap == nullptr) {
+    EXPECT_EQ(refused, 0);
+  }
 }
 
 }  // namespace

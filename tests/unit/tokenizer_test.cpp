@@ -118,7 +118,9 @@ TEST(HfImport, ErrorsNameTheFileAndField) {
     write_file(dir.file("tokenizer.json"), e.dump());
     Result<std::vector<gguf::KeyValue>> r = gguf_metadata_from_hf(dir.file(""), 0);
     EXPECT_FALSE(r.ok()) << needle;
-    if (!r.ok()) EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
+    }
   };
   write_toy_hf(dir.file(""));
   ASSERT_TRUE(gguf_metadata_from_hf(dir.file(""), 0).ok());  // the toy as written imports: each edit alone fails
