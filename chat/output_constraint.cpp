@@ -1,11 +1,16 @@
 #include "chat/output_constraint.h"
 
+#include <algorithm>
+
 namespace magnetar::chat {
 
 OutputConstraint::OutputConstraint(const ConstraintSpec& spec)
     : spec_(&spec),
       choice_done_(spec.choices.empty()),
-      json_({.top = JsonPrefix::Top::kObject, .max_depth = spec.max_depth}) {}
+      json_({.top = JsonPrefix::Top::kObject, .max_depth = spec.max_depth}) {
+  for (const std::string& choice : spec.choices) closing_bound_ = std::max(closing_bound_, choice.size());
+  if (spec.json_object) closing_bound_ += 16 + size_t(std::max(0, spec.max_depth));
+}
 
 bool OutputConstraint::done() const {
   if (failed_ || !choice_done_) return false;
@@ -66,6 +71,7 @@ bool OutputConstraint::accepts(std::string_view bytes) const {
 }
 
 bool OutputConstraint::allows(std::string_view bytes, int64_t tokens_left) const {
+  if (tokens_left > int64_t(closing_bound_)) return accepts(bytes);  // whatever closes it fits
   if (const std::string rest = closing(); int64_t(rest.size()) >= tokens_left) {
     return !bytes.empty() && std::string_view(rest).starts_with(bytes);
   }

@@ -45,6 +45,10 @@ class OutputConstraint {
   // its closing always ends complete within its budget (a token for every single byte assumed, as byte-level
   // vocabularies have).
   bool allows(std::string_view bytes, int64_t tokens_left) const;
+  // An upper bound of closing().size() in any state: the longest choice, then the JSON token in progress (at most 13
+  // bytes: a \u escape in a key, its low surrogate and ":0), a value and a bracket per level. With more tokens left,
+  // allows() is accepts().
+  size_t closing_bound() const { return closing_bound_; }
 
  private:
   bool feed_byte(char c);
@@ -53,6 +57,7 @@ class OutputConstraint {
   bool choice_done_;    // the choice piece is complete (or there is none)
   JsonPrefix json_;
   int whitespace_run_ = 0;
+  size_t closing_bound_ = 0;
   bool failed_ = false;
 };
 

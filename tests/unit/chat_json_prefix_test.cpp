@@ -300,7 +300,7 @@ TEST(OutputConstraint, AnyAllowedTokenSequenceEndsDoneWithinItsBudget) {
     std::mt19937 rng(7);
     for (int trial = 0; trial < 3000; ++trial) {
       OutputConstraint c(spec);
-      const int64_t budget = int64_t(OutputConstraint(spec).closing().size()) + int64_t(rng() % 40);
+      const int64_t budget = int64_t(OutputConstraint(spec).closing().size()) + int64_t(rng() % 120);
       std::string out;
       for (int64_t left = budget; left > 0 && !c.done(); --left) {
         std::vector<size_t> allowed;
@@ -312,6 +312,7 @@ TEST(OutputConstraint, AnyAllowedTokenSequenceEndsDoneWithinItsBudget) {
         const std::string& token = vocab[allowed[rng() % allowed.size()]];
         ASSERT_TRUE(c.feed(token)) << out << token;
         out += token;
+        ASSERT_LE(c.closing().size(), c.closing_bound()) << out;
       }
       ASSERT_TRUE(c.done()) << "budget " << budget << ": " << out;
       const std::string object = with_choice ? out.substr(out.find(':') + 1) : out;
