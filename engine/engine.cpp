@@ -175,6 +175,7 @@ Status check_session_memory(const Engine::Impl& impl, const Result<experts::Mach
 // --ctx 0 (experts::default_context): the training context, at most n_ctx_default_max, less when the planned sessions'
 // KV would take more than a quarter of the host's memory or, when the model may run on a GPU, of its free memory.
 // Said in the plan when it is less than the model's.
+static_assert(kDefaultContext == experts::kContextFloor);
 int64_t default_context(Engine::Impl& impl, const models::Architecture& entry) {
   const EngineOptions& o = impl.options;
   const models::HParams& hp = impl.model->hparams();

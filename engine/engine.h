@@ -63,11 +63,15 @@ struct KvDiskOptions {
   int64_t block_tokens = 2048;
 };
 
+// The default context of run, chat, perplexity and bench, and the floor below which serve's larger default is not
+// cut (EngineOptions::n_ctx).
+inline constexpr int64_t kDefaultContext = 4096;
+
 struct EngineOptions {
   int n_threads = 0;          // 0: one per available core
   int64_t n_ctx = 0;          // context per session; 0: the training context, at most n_ctx_default_max, less when
                               // its KV does not fit (experts::default_context; context_note() says so)
-  int64_t n_ctx_default_max = 4096;  // the command's (serve: 32,768)
+  int64_t n_ctx_default_max = kDefaultContext;  // the command's (serve: 32,768)
   // Sessions the memory checks and plans make room for (KV and scratch of each; serve --parallel, bench --sessions):
   // a streamed plan's expert cache, or a GPU pool, shrinks for them. More can be opened while memory allows
   // (sessions_that_fit).

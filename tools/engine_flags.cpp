@@ -3,18 +3,16 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "experts/planner.h"
-
 namespace magnetar::tools {
 
 void ModelFlags::add_to(cli::Args& args) {
   args.option("-m", &model, "MODEL.gguf", "the model (first shard of a split set)");
   args.option("--ctx", &ctx, "N",
-              ctx_default_max > experts::kContextFloor
+              ctx_default_max > kDefaultContext
                   ? format("context length in tokens (0: the model's, at most %lld, halved down to %lld while the KV "
                            "of the sessions planned for would take more than a quarter of the host's or the GPU's "
                            "memory)",
-                           (long long)ctx_default_max, (long long)experts::kContextFloor)
+                           (long long)ctx_default_max, (long long)kDefaultContext)
                   : format("context length in tokens (0: the model's, at most %lld)", (long long)ctx_default_max));
   args.option("-t", &threads, "N", "threads (0: all cores)");
   args.option("--batch", &batch, "N",

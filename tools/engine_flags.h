@@ -17,7 +17,7 @@ struct ModelFlags {
   int64_t batch = 0;  // auto (EngineOptions::n_batch)
   int64_t sweep = -1;  // auto (EngineOptions::n_sweep)
   int64_t sessions = 1;  // EngineOptions::n_sessions (set by the command, not a flag)
-  int64_t ctx_default_max = 4096;  // EngineOptions::n_ctx_default_max (set by the command before add_to)
+  int64_t ctx_default_max = kDefaultContext;  // EngineOptions::n_ctx_default_max (set by the command before add_to)
   std::string kv_type = "f16";
   std::string device = "auto";
   float gpu_cache_gb = 0;
