@@ -122,6 +122,7 @@ bool JsonPrefix::start_value(uint8_t c) {
     default:
       if (c >= '1' && c <= '9') {
         state_ = State::kInt;
+        digits_ = 1;
         return true;
       }
       return fail();
@@ -281,12 +282,15 @@ bool JsonPrefix::feed(uint8_t c) {
       }
       if (c >= '1' && c <= '9') {
         state_ = State::kInt;
+        digits_ = 1;
         return true;
       }
       return fail();
     case State::kZero:
     case State::kInt:
-      if (state_ == State::kInt && is_digit(c)) return true;
+      if (state_ == State::kInt && is_digit(c)) {
+        return !options_.finite_numbers || ++digits_ <= kMaxIntegerDigits ? true : fail();
+      }
       if (c == '.') {
         state_ = State::kDot;
         return true;
@@ -316,9 +320,10 @@ bool JsonPrefix::feed(uint8_t c) {
     case State::kExpSign:
       if (!is_digit(c)) return fail();
       state_ = State::kExpDigits;
+      digits_ = 1;
       return true;
     case State::kExpDigits:
-      if (is_digit(c)) return true;
+      if (is_digit(c)) return !options_.finite_numbers || ++digits_ <= kMaxExponentDigits ? true : fail();
       return after_value(c);
   }
   return fail();

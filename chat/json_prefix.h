@@ -6,7 +6,8 @@
 //   - strings must be well-formed UTF-8 (no overlong forms, no UTF-16 surrogates, nothing past U+10FFFF), and a
 //     byte is rejected as soon as no valid sequence can start or continue with it;
 //   - \u escapes must pair surrogates: a high one must be followed by a \u low one, a low one alone is invalid;
-//   - nesting deeper than `max_depth` arrays/objects is rejected at the opening bracket.
+//   - nesting deeper than `max_depth` arrays/objects is rejected at the opening bracket;
+//   - with Options::finite_numbers, numbers too long to be finite as a double.
 // Errors are detected at the first byte that no valid JSON text can have at that place ("rejected early").
 //
 // The state is a few integers (the nesting stack is a 64-bit word), so a JsonPrefix is trivially copyable: a
@@ -27,7 +28,12 @@ class JsonPrefix {
   struct Options {
     Top top = Top::kAnyValue;
     int max_depth = 32;  // 1 .. kMaxDepthLimit; an object or array at depth max_depth + 1 is rejected
+    // Numbers of at most kMaxIntegerDigits integer digits and kMaxExponentDigits exponent digits (below 1e120:
+    // finite as a double, which nlohmann::json requires; RFC 8259 leaves the range open, 1e999 is refused).
+    bool finite_numbers = false;
   };
+  static constexpr int kMaxIntegerDigits = 20;  // UINT64_MAX has 20
+  static constexpr int kMaxExponentDigits = 2;
   JsonPrefix() : JsonPrefix(Options{}) {}
   explicit JsonPrefix(const Options& options);
 
@@ -96,6 +102,7 @@ class JsonPrefix {
   uint8_t utf8_hi_ = 0xBF;
   uint8_t literal_ = 0;      // kLiteral: which of true/false/null
   uint8_t literal_pos_ = 0;  // kLiteral: bytes matched
+  uint8_t digits_ = 0;       // kInt / kExpDigits: digits of the integer part / exponent so far
 };
 
 }  // namespace magnetar::chat

@@ -7,7 +7,7 @@ namespace magnetar::chat {
 OutputConstraint::OutputConstraint(const ConstraintSpec& spec)
     : spec_(&spec),
       choice_done_(spec.choices.empty()),
-      json_({.top = JsonPrefix::Top::kObject, .max_depth = spec.max_depth}) {
+      json_({.top = JsonPrefix::Top::kObject, .max_depth = spec.max_depth, .finite_numbers = true}) {
   for (const std::string& choice : spec.choices) closing_bound_ = std::max(closing_bound_, choice.size());
   if (spec.json_object) closing_bound_ += 16 + size_t(std::max(0, spec.max_depth));
 }

@@ -3,7 +3,8 @@
 // the constrained language; see Sampler::sample's filter). Two pieces, in order, both optional:
 //   1. exactly one of `choices` (literal strings; the forced tool call without a name picks its name this way:
 //      `get_weather", "arguments":`);
-//   2. one JSON object (leading whitespace allowed), validated by chat/json_prefix.h.
+//   2. one JSON object (leading whitespace allowed), validated by chat/json_prefix.h, its numbers finite as a double
+//      (a random or small model writes 7e29848 too, which nlohmann, and so the tool-call parser, refuses).
 // The constraint is done when both are: the worker then stops generating. Whitespace outside JSON strings is
 // limited to runs of `max_whitespace_run` bytes, so that a small model cannot fill its budget with newlines
 // (valid JSON either way; llama.cpp's JSON grammar bounds whitespace the same way).
