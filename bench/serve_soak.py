@@ -2,10 +2,10 @@
 """Soak `magnetar serve`: many clients, every route and way of ending a request, for minutes; the server's memory,
 file descriptors and threads sampled throughout.
 
-    bench/serve_soak.py MODEL.gguf [--minutes M] [--clients C] [--seed S] [--out FILE.json] -- SERVE_FLAGS...
+    bench/serve_soak.py MODEL.gguf [--minutes M] [--clients C] [--seed S] [--ctx N] [--out FILE.json] -- SERVE_FLAGS...
 
-One server (MAGNETAR names the binary, default build/tools/magnetar) with `--parallel 4 --ctx 2048 --chat-template
-chatml --kv-disk-dir TMP` and SERVE_FLAGS. C client threads loop over scenarios picked at random: OpenAI chat (plain,
+One server (MAGNETAR names the binary, default build/tools/magnetar) with `--parallel 4 --ctx N --chat-template
+chatml --kv-disk-dir TMP --kv-block 256` and SERVE_FLAGS. C client threads loop over scenarios picked at random: OpenAI chat (plain,
 streamed, a forced tool call, a JSON answer, a multi-turn conversation that grows until it nearly fills the context),
 Anthropic messages (plain, streamed, thinking, a forced tool), legacy completions, streams and non-streamed requests
 the client hangs up on, malformed bodies, count_tokens, tokenize/detokenize, metrics, models and health. Every answer
@@ -71,8 +71,8 @@ def start_server(binary, model, flags):
 
 
 class Client:
-    def __init__(self, port, rng):
-        self.port, self.rng = port, rng
+    def __init__(self, port, rng, ctx):
+        self.port, self.rng, self.ctx = port, rng, ctx
         self.conversation = []
 
     def words(self, lo, hi):
@@ -167,12 +167,14 @@ class Client:
         expect(isinstance(json.loads(c["message"]["content"]), dict), "JSON answer does not parse")
 
     def openai_conversation(self):
-        if sum(len(m["content"]) for m in self.conversation) > 3000:
-            self.conversation = []
         self.conversation.append({"role": "user", "content": self.words(5, 60)})
         out = self.ok_json("POST", "/v1/chat/completions",
                            {"messages": self.conversation, "max_tokens": 32, "temperature": 0.8})
         self.conversation.append({"role": "assistant", "content": out["choices"][0]["message"]["content"]})
+        # Starts over before the next turn could overflow the context (a message of 60 words is at most ~500 bytes,
+        # a token each with a byte-level vocabulary).
+        if out["usage"]["total_tokens"] + 600 > self.ctx:
+            self.conversation = []
 
     def anthropic_plain(self):
         body = {"model": "x", "max_tokens": self.rng.randint(1, 48), "system": self.words(2, 10),
@@ -270,13 +272,14 @@ def main():
     p.add_argument("--minutes", type=float, default=10)
     p.add_argument("--clients", type=int, default=6)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--ctx", type=int, default=2048, help="the server's --ctx (conversations start over before it)")
     p.add_argument("--out")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:cut])
     binary = os.environ.get("MAGNETAR", "build/tools/magnetar")
     kv_dir = tempfile.mkdtemp(prefix="magnetar-soak-kv-")
-    flags = ["--parallel", "4", "--ctx", "2048", "--chat-template", "chatml", "--kv-disk-dir", kv_dir,
+    flags = ["--parallel", "4", "--ctx", str(args.ctx), "--chat-template", "chatml", "--kv-disk-dir", kv_dir,
              "--kv-block", "256"] + argv[cut + 1:]
     proc, port, stderr_tail = start_server(binary, args.model, flags)
     lock = threading.Lock()
@@ -286,7 +289,7 @@ def main():
     names = [n for n, w in SCENARIOS for _ in range(w)]
 
     def client(i):
-        c = Client(port, random.Random(args.seed * 1000 + i))
+        c = Client(port, random.Random(args.seed * 1000 + i), args.ctx)
         while time.monotonic() < stop_at and proc.poll() is None:
             name = c.rng.choice(names)
             try:

@@ -39,7 +39,7 @@ def byte_level_tokenizer(folder):
     vocab = {chars[b]: b for b in range(256)}
     added = [{"id": 256, "content": "<|im_end|>", "special": True, "normalized": False},
              {"id": 257, "content": "<|pad|>", "special": True, "normalized": False}]
-    tok = {"version": "1.0", "added_tokens": added, "normalizer": None,
+    tok = {"version": "1.0", "added_tokens": added, "normalizer": {"type": "NFC"},
            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
                {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]},
