@@ -71,9 +71,10 @@ bool OutputConstraint::accepts(std::string_view bytes) const {
 }
 
 bool OutputConstraint::allows(std::string_view bytes, int64_t tokens_left) const {
+  if (bytes.empty()) return false;                                   // a token that writes nothing never ends it
   if (tokens_left > int64_t(closing_bound_)) return accepts(bytes);  // whatever closes it fits
   if (const std::string rest = closing(); int64_t(rest.size()) >= tokens_left) {
-    return !bytes.empty() && std::string_view(rest).starts_with(bytes);
+    return std::string_view(rest).starts_with(bytes);
   }
   OutputConstraint trial = *this;
   return trial.feed(bytes) && int64_t(trial.closing().size()) < tokens_left;

@@ -41,9 +41,9 @@ class OutputConstraint {
   // Bytes that would make it done (the rest of a choice, then JsonPrefix::closing()); empty when done or failed.
   std::string closing() const;
   // The token filter of an output that may still generate `tokens_left` tokens (this one included): `bytes` must
-  // keep it in the language and leave it closable by the tokens after them (closing(), a token per byte at worst);
-  // once closing() takes every token left, only its prefixes are allowed. So an output that starts with room for
-  // its closing always ends complete within its budget (a token for every single byte assumed, as byte-level
+  // be some bytes that keep it in the language and leave it closable by the tokens after them (closing(), a token per
+  // byte at worst); once closing() takes every token left, only its prefixes are allowed. So an output that starts with
+  // room for its closing always ends complete within its budget (a token for every single byte assumed, as byte-level
   // vocabularies have).
   bool allows(std::string_view bytes, int64_t tokens_left) const;
   // An upper bound of closing().size() in any state: the longest choice, then the JSON token in progress (at most 13

@@ -196,7 +196,7 @@ int64_t default_context(Engine::Impl& impl, const models::Architecture& entry) {
     }
   }
   const int64_t ctx = experts::default_context(in);
-  const int64_t unbounded = std::min(hp.n_ctx_train > 0 ? hp.n_ctx_train : experts::kContextFloor, in.cap);
+  const int64_t unbounded = experts::default_context({.n_ctx_train = in.n_ctx_train, .cap = in.cap, .budgets = {}});
   if (ctx < unbounded) {
     impl.context_note = format(
         "context: %lld tokens (%lld would put more than a quarter of the %s into %s KV; "

@@ -230,10 +230,7 @@ void Worker::admit(Slot& slot) {
   if (job.constraint.active()) {
     slot.constraint.emplace(job.constraint);
     slot.allow = [this, &slot](int32_t id) {
-      if (engine_.is_end_of_generation(id)) return false;
-      const std::string_view bytes = engine_.token_bytes(id);
-      if (bytes.empty()) return false;
-      return slot.constraint->allows(bytes, slot.tokens_left);
+      return !engine_.is_end_of_generation(id) && slot.constraint->allows(engine_.token_bytes(id), slot.tokens_left);
     };
   } else if (job.ignore_eos) {
     slot.allow = [this](int32_t id) { return !engine_.is_end_of_generation(id); };
