@@ -44,17 +44,19 @@ namespace {
 
 enum class ErrorKind {
   kInvalidRequest,
-  kUnauthorized,     // --api-key set and the request has no key, or another one
-  kForbidden,        // a Host header outside the allowlist (DNS rebinding)
+  kUnauthorized,  // --api-key set and the request has no key, or another one
+  kForbidden,     // a Host header outside the allowlist (DNS rebinding)
   kNotFound,
   kPayloadTooLarge,  // a body over --max-body-mb
+  kContextLength,    // a prompt the context cannot hold (400; agents look for its words to compact their history)
   kUnavailable,
   kInternal
 };
 
 int http_status(ErrorKind kind) {
   switch (kind) {
-    case ErrorKind::kInvalidRequest: return 400;
+    case ErrorKind::kInvalidRequest:
+    case ErrorKind::kContextLength: return 400;
     case ErrorKind::kUnauthorized: return 401;
     case ErrorKind::kForbidden: return 403;
     case ErrorKind::kNotFound: return 404;
@@ -71,7 +73,8 @@ enum class Api { kOpenAI, kAnthropic };
 
 const char* error_type(Api api, ErrorKind kind) {
   switch (kind) {
-    case ErrorKind::kInvalidRequest: return "invalid_request_error";
+    case ErrorKind::kInvalidRequest:
+    case ErrorKind::kContextLength: return "invalid_request_error";
     case ErrorKind::kUnauthorized: return "authentication_error";
     case ErrorKind::kForbidden: return "permission_error";
     case ErrorKind::kNotFound: return "not_found_error";
@@ -89,7 +92,9 @@ json error_body(ErrorKind kind, const std::string& message, Api api = Api::kOpen
   if (api == Api::kAnthropic) {
     return {{"type", "error"}, {"error", {{"type", error_type(api, kind)}, {"message", message}}}};
   }
-  return {{"error", {{"message", message}, {"type", error_type(api, kind)}}}};
+  json body = {{"error", {{"message", message}, {"type", error_type(api, kind)}}}};
+  if (kind == ErrorKind::kContextLength) body["error"]["code"] = "context_length_exceeded";  // OpenAI's code
+  return body;
 }
 
 void reply_error(httplib::Response& res, ErrorKind kind, const std::string& message, Api api = Api::kOpenAI) {
@@ -460,9 +465,10 @@ struct Server::Impl {
   // --cors is set and the request's Origin matches it.
   bool cors_allows(const httplib::Request& req) const;
   // Tokenizes a rendered prompt, checks that it leaves room to generate, and submits its job (with the
-  // generation's constraint when `generation` is given).
-  Result<std::shared_ptr<Job>> submit(const std::string& prompt, ChatRequest& request,
-                                      const Generation* generation = nullptr);
+  // generation's constraint when `generation` is given). A refusal sets `refused`: kContextLength for a prompt the
+  // context cannot hold, kInvalidRequest otherwise.
+  Result<std::shared_ptr<Job>> submit(const std::string& prompt, ChatRequest& request, const Generation* generation,
+                                      ErrorKind& refused);
   // The plan of a chat request, its notes printed with --verbose.
   Result<Generation> plan(const ChatRequest& request, const char* route) const;
   void chat_completions(const httplib::Request& req, httplib::Response& res);
@@ -699,24 +705,31 @@ Result<Generation> Server::Impl::plan(const ChatRequest& request, const char* ro
 }
 
 Result<std::shared_ptr<Job>> Server::Impl::submit(const std::string& prompt, ChatRequest& request,
-                                                  const Generation* generation) {
-  // A prompt too long for the context whatever its tokens is refused before it is tokenized: a token covers at most
-  // max_token_bytes of the text after NFC, which shrinks a text at most 3 times (conjoining jamo).
+                                                  const Generation* generation, ErrorKind& refused) {
+  // A prompt the context cannot hold is refused in the words of Anthropic's error ("prompt is too long: N tokens > M
+  // maximum"), which coding agents (Claude Code, OpenCode) look for to compact their history and retry, and names
+  // OpenAI's "maximum context length" too. One too long whatever its tokens is refused before it is tokenized: a
+  // token covers at most max_token_bytes of the text after NFC, which shrinks a text at most 3 times (conjoining jamo).
   const int64_t n_ctx = engine.options().n_ctx;
+  refused = ErrorKind::kContextLength;
   if (const int64_t per_token = std::max<int64_t>(1, engine.info().max_token_bytes);
       int64_t(prompt.size()) / 3 / per_token >= n_ctx) {
     return Status::error(
-        format("the prompt has %zu bytes, more than a context of %lld tokens can hold (at most %lld "
-               "bytes a token)",
+        format("prompt is too long: %zu bytes, more than the maximum context length of %lld tokens "
+               "can hold (at most %lld bytes a token)",
                prompt.size(), (long long)n_ctx, (long long)per_token));
   }
+  refused = ErrorKind::kInvalidRequest;
   Result<std::vector<int32_t>> ids = tokenize(prompt, true);
   if (!ids.ok()) return ids.status();
   const int64_t n_prompt = int64_t(ids->size());
   if (n_prompt == 0) return Status::error("the prompt is empty");
   if (n_prompt >= n_ctx) {
-    return Status::error(format("the prompt has %lld tokens, the context %lld (no room to generate)",
-                                (long long)n_prompt, (long long)n_ctx));
+    refused = ErrorKind::kContextLength;
+    return Status::error(
+        format("prompt is too long: %lld tokens > %lld maximum (the maximum context length is %lld "
+               "tokens and one must be left to generate; serve --ctx N sets it)",
+               (long long)n_prompt, (long long)n_ctx - 1, (long long)n_ctx));
   }
   for (const auto& [id, bias] : request.sampling.logit_bias) {
     if (id >= engine.info().n_vocab) {
@@ -806,8 +819,9 @@ void Server::Impl::chat_completions(const httplib::Request& req, httplib::Respon
   Result<Generation> planned = plan(request, "/v1/chat/completions");
   if (!planned.ok()) return reply_error(res, ErrorKind::kInvalidRequest, planned.status().message());
   const Generation& generation = planned.value();
-  Result<std::shared_ptr<Job>> submitted = submit(generation.prompt, request, &generation);
-  if (!submitted.ok()) return reply_error(res, ErrorKind::kInvalidRequest, submitted.status().message());
+  ErrorKind refused;
+  Result<std::shared_ptr<Job>> submitted = submit(generation.prompt, request, &generation, refused);
+  if (!submitted.ok()) return reply_error(res, refused, submitted.status().message());
   std::shared_ptr<Job> job = std::move(submitted.value());
 
   const std::string id = format("chatcmpl-%llu", (unsigned long long)next_id.fetch_add(1));
@@ -899,8 +913,9 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
   Result<ChatRequest> parsed = parse_completion_request(body.value(), options.sampling);
   if (!parsed.ok()) return reply_error(res, ErrorKind::kInvalidRequest, parsed.status().message());
   ChatRequest& request = parsed.value();
-  Result<std::shared_ptr<Job>> submitted = submit(request.prompt, request);
-  if (!submitted.ok()) return reply_error(res, ErrorKind::kInvalidRequest, submitted.status().message());
+  ErrorKind refused;
+  Result<std::shared_ptr<Job>> submitted = submit(request.prompt, request, nullptr, refused);
+  if (!submitted.ok()) return reply_error(res, refused, submitted.status().message());
   std::shared_ptr<Job> job = std::move(submitted.value());
 
   const std::string id = format("cmpl-%llu", (unsigned long long)next_id.fetch_add(1));
@@ -934,10 +949,9 @@ void Server::Impl::messages(const httplib::Request& req, httplib::Response& res)
   Result<Generation> planned = plan(request, "/v1/messages");
   if (!planned.ok()) return reply_error(res, ErrorKind::kInvalidRequest, planned.status().message(), Api::kAnthropic);
   const Generation& generation = planned.value();
-  Result<std::shared_ptr<Job>> submitted = submit(generation.prompt, request, &generation);
-  if (!submitted.ok()) {
-    return reply_error(res, ErrorKind::kInvalidRequest, submitted.status().message(), Api::kAnthropic);
-  }
+  ErrorKind refused;
+  Result<std::shared_ptr<Job>> submitted = submit(generation.prompt, request, &generation, refused);
+  if (!submitted.ok()) return reply_error(res, refused, submitted.status().message(), Api::kAnthropic);
   std::shared_ptr<Job> job = std::move(submitted.value());
   const std::string id =
       format("msg_%08llx%08llx", (unsigned long long)std::time(nullptr), (unsigned long long)next_id.fetch_add(1));

@@ -166,6 +166,43 @@ TEST_F(ServeApi, AnthropicErrorsHaveAnthropicShape) {
   EXPECT_EQ(json::parse(missing->body)["error"]["type"], "not_found_error");
 }
 
+// A prompt the context cannot hold is refused with the words coding agents look for to compact their history and
+// retry: Anthropic's "prompt is too long: N tokens > M maximum" (N the prompt's tokens as count_tokens counts them, M
+// the context less the one token to generate), OpenAI's "maximum context length" and code context_length_exceeded.
+TEST_F(ServeApi, APromptTooLongIsRefusedInTheWordsAgentsLookFor) {
+  httplib::Client c = client();
+  httplib::Result st = c.Get("/v1/status");
+  ASSERT_TRUE(st);
+  const long long n_ctx = json::parse(st->body)["model"]["n_ctx"].get<long long>();
+  std::string longer;
+  for (long long i = 0; i < n_ctx; ++i) longer += "word ";
+  const json conversation = {{"messages", {{{"role", "user"}, {"content", longer}}}}};
+  const long long n_prompt = post("/v1/messages/count_tokens", conversation)["input_tokens"].get<long long>();
+  ASSERT_GE(n_prompt, n_ctx);
+  json body = conversation;
+  body["max_tokens"] = 16;
+  int status = 0;
+  const json anthropic = post("/v1/messages", body, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(anthropic["type"], "error") << anthropic.dump();
+  EXPECT_EQ(anthropic["error"]["type"], "invalid_request_error") << anthropic.dump();
+  const std::string expected =
+      "prompt is too long: " + std::to_string(n_prompt) + " tokens > " + std::to_string(n_ctx - 1) + " maximum";
+  EXPECT_EQ(anthropic["error"]["message"].get<std::string>().substr(0, expected.size()), expected) << anthropic.dump();
+  const json openai = post("/v1/chat/completions", conversation, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(openai["error"]["code"], "context_length_exceeded") << openai.dump();
+  EXPECT_EQ(openai["error"]["type"], "invalid_request_error") << openai.dump();
+  EXPECT_NE(openai["error"]["message"].get<std::string>().find("maximum context length is " + std::to_string(n_ctx) +
+                                                               " tokens"),
+            std::string::npos)
+      << openai.dump();
+  // Other refusals carry no such code.
+  const json bad = post("/v1/chat/completions", {{"messages", "x"}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_FALSE(bad["error"].contains("code")) << bad.dump();
+}
+
 // A valid body nested a million levels deep is refused before it is parsed (copying its parse recursed until the
 // stack overflowed: the process died); the server goes on.
 TEST_F(ServeApi, ADeeplyNestedBodyIsRefused) {

@@ -215,7 +215,8 @@ TEST_F(Serve, BadRequestsAre400AndNameTheField) {
       raw_post("/v1/chat/completions",
                json({{"messages", {{{"role", "user"}, {"content", std::string(8 << 20, 'a')}}}}}).dump(), &status));
   EXPECT_EQ(status, 400);
-  EXPECT_NE(huge["error"]["message"].get<std::string>().find("more than a context of"), std::string::npos)
+  EXPECT_NE(huge["error"]["message"].get<std::string>().find("more than the maximum context length of"),
+            std::string::npos)
       << huge.dump().substr(0, 300);
   httplib::Client c = client();
   httplib::Result missing = c.Get("/v2/nothing");
