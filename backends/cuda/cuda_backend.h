@@ -248,13 +248,6 @@ struct MatvecArgs {
   // kernels launch once per part. Each part's outputs are the bits of a product of its rows alone.
   int64_t split[2] = {0, 0};
   float* y_split[2] = {nullptr, nullptr};
-  // Optional (norm_weight non-null): the product reads x normed, y = W rms_norm(x) * norm_weight (norm_weight [cols]
-  // float32, norm_eps): each CTA makes the norm and its Q8_K quantization itself, in the arithmetic of add_rms_norm's
-  // cluster kernel (which add_rms_norm takes for these rows on sm_90+: norm_in_cluster), so the bits of add_rms_norm
-  // with y_quantized, then this product of x_quantized (decode: the norm's launch before the product is gone). One
-  // vector, no x_quantized, stationary, x and norm_weight 16-byte aligned, a type and row that matvec_norm_fits.
-  const float* norm_weight = nullptr;
-  float norm_eps = 0.0f;
 };
 
 // Queues y = W x on `stream`; returns once queued (the result is ready after stream.synchronize()).
@@ -336,13 +329,6 @@ struct GroupedMatvecArgs {
   // copies, one wave of CTAs of many rows (mmvq_bulk.cu) where the GPU has them (sm_90+), the stationary kernel
   // otherwise: the same bits either way. Items' weights must be 16-byte aligned (the copies' sources).
   bool bulk = false;
-  // Optional (combine_residual non-null): decode's MoE combine folded into a down projection that routes itself (route
-  // logits, no route ids, n_parts 1, x_float, not bulk; grouped_matvec_combine_fits): combine_residual[r] += the sum
-  // over the slots j < route.k, in order, of combine_weights[j] * (slot j's output row r), moe_combine's fmaf chain
-  // then one add (add_rms_norm's combine, bit for bit), in place; y is not written. combine_weights [k]: route_topk's
-  // weights (the gate/up launch before writes them). The k CTAs of a row range form a thread-block cluster.
-  float* combine_residual = nullptr;
-  const float* combine_weights = nullptr;
 };
 Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream);
 // Whether `type` has mmvq.cu's rows kernel (rows_per_warp 1, 2, 4): Q4_K and Q8_0.
@@ -351,13 +337,6 @@ bool has_matvec_rows_kernel(quant::Type type);
 bool has_matvec_stationary_kernel(quant::Type type);
 // Whether single-vector products of `type` with rows of `cols` take it (MatvecArgs::stationary).
 bool matvec_stationary_fits(quant::Type type, int64_t cols);
-// Whether such a product can norm its input (MatvecArgs::norm_weight): the stationary kernel's rows of a multiple of
-// 2,048 columns (the cluster norm's), Q8_K activations.
-bool matvec_norm_fits(quant::Type type, int64_t cols);
-// Whether a routed down projection of k slots, rows x cols, can fold the MoE combine
-// (GroupedMatvecArgs::combine_residual): the stationary kernel's rows, whole CTAs of rows, k <= 8, and thread-block
-// clusters on this GPU and in this build (sm_90+).
-bool grouped_matvec_combine_fits(quant::Type type, int64_t rows, int64_t cols, int k);
 
 // out[t] = sum over j < k, in order, of weights[t * k + j] * rows[slot_rows[t * k + j]] (each row n floats).
 struct MoeCombineArgs {

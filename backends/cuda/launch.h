@@ -37,17 +37,6 @@ struct YSplit {
   float* y[2] = {nullptr, nullptr};
 };
 
-// MatvecArgs::norm_weight: the stationary kernel's float input row is normed (weight w, eps) before it is quantized.
-struct NormIn {
-  const float* w = nullptr;
-  float eps = 0.0f;
-};
-// GroupedMatvecArgs::combine_residual: the down projection adds its slots' rows, weighted, into x (in place).
-struct CombineOut {
-  float* x = nullptr;
-  const float* weights = nullptr;
-};
-
 // One matrix-vector launch, for quantized (mmvq.cu) and float (matvec_float.cu) weights alike.
 struct MatvecLaunch {
   const void* weights = nullptr;  // [rows, row_bytes]
@@ -68,8 +57,6 @@ struct MatvecLaunch {
   bool staged = false;      // MatvecArgs::staged (mmvq's staged kernel where the type and row fit it)
   bool bulk = false;        // GroupedMatvecArgs::bulk (mmvq_bulk.cu where it takes the launch)
   YSplit split;             // plain launches: the stationary kernel writes the parts itself, others launch per part
-  NormIn norm;              // MatvecArgs::norm_weight (stationary kernel, act_float)
-  CombineOut combine;       // GroupedMatvecArgs::combine_residual (stationary kernel, routed, act_float)
 };
 
 // A launch with a split as one launch per part (its rows, its output), each through launch_part(part).
@@ -101,8 +88,8 @@ bool pdl_enabled();
 // process (device_memory.cpp).
 bool norm_clusters();
 
-// The CTAs of rms_norm.cu's cluster kernel for a decode row, its slices of the row: the order of its sum of squares,
-// which mmvq.cu's norm folded into a product restates.
+// The CTAs of rms_norm.cu's cluster kernel for a decode row, its slices of the row: the order of its sum of squares
+// (norm_order.cuh, which norm_matvec.cu restates).
 inline constexpr int kNormClusterCtas = 8;
 
 // Whether launches of `kernel` are dropped (MAGNETAR_CUDA_SKIP, a diagnostic: device_memory.cpp).
@@ -121,12 +108,6 @@ constexpr bool mmvq_has_staged_kernel(quant::Type type) { return type == quant::
 
 // Whether a row of `cols` of `type` fits that kernel (mmvq.cu).
 bool mmvq_stationary_fits(quant::Type type, int64_t cols);
-// Whether that kernel folds the norm of its float input into a plain launch of rows of `cols` (mmvq.cu: the rows of
-// rms_norm.cu's cluster kernel, a multiple of 2,048 columns).
-bool mmvq_norm_fits(quant::Type type, int64_t cols);
-// Whether that kernel folds the MoE combine into a routed launch of k items of rows x cols (mmvq.cu: rows whole CTAs,
-// k <= 8, thread-block clusters on this GPU and in this binary).
-bool mmvq_combine_fits(quant::Type type, int64_t rows, int64_t cols, int k);
 
 // mmvq.cu: whether `type` has a quantized kernel, and the launch (a no-op returning false without one).
 bool mmvq_supports(quant::Type type);

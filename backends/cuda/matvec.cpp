@@ -136,16 +136,8 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
   if (split && (row_bytes * size_t(args.split[0]) % 16 != 0 || row_bytes * size_t(args.split[1]) % 16 != 0)) {
     return Status::error("matvec: split rows must start 16-byte aligned in the weights");
   }
-  if (!aligned(x, 4) || !aligned(args.y, 4)) return Status::error("matvec: x (or x_quantized) and y must be 4-byte aligned");
-  if (args.norm_weight != nullptr &&
-      (args.x_quantized != nullptr || args.n_vectors != 1 || !args.stationary ||
-       !matvec_norm_fits(args.type, args.cols) || !aligned(args.x, 16) || !aligned(args.norm_weight, 16))) {
-    return Status::error(
-        format("matvec: norm_weight needs one float vector (no x_quantized), the stationary kernel (a "
-               "%s row of %lld columns that it takes, Q8_K activations) and 16-byte aligned x and "
-               "norm_weight",
-               name.c_str(), (long long)args.cols));
-  }
+  if (!aligned(x, 4) || !aligned(args.y, 4))
+    return Status::error("matvec: x (or x_quantized) and y must be 4-byte aligned");
 
   detail::MatvecLaunch launch{
       .weights = args.weights,
@@ -163,8 +155,6 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
       .split = split ? detail::YSplit{.at = {int(args.split[0]), int(args.split[1])},
                                       .y = {args.y_split[0], args.y_split[1]}}
                      : detail::YSplit{},
-      .norm = {},
-      .combine = {},
   };
   if (!quantized) {
     if (split) {
@@ -177,12 +167,6 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
     return Status();
   }
 
-  if (args.norm_weight != nullptr) {  // the kernel norms and quantizes the float row itself
-    launch.act_float = true;
-    launch.norm = {.w = args.norm_weight, .eps = args.norm_eps};
-    detail::launch_mmvq(args.type, launch, stream.raw());
-    return Status();
-  }
   const quant::Type act_type = t->vec_dot_type;
   launch.act_row_bytes = act_row_bytes(act_type, args.cols);
   if (args.x_quantized != nullptr) {
@@ -205,10 +189,6 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
 bool has_matvec_rows_kernel(quant::Type type) { return detail::mmvq_has_rows_kernel(type); }
 bool has_matvec_stationary_kernel(quant::Type type) { return detail::mmvq_has_stationary_kernel(type); }
 bool matvec_stationary_fits(quant::Type type, int64_t cols) { return detail::mmvq_stationary_fits(type, cols); }
-bool matvec_norm_fits(quant::Type type, int64_t cols) { return detail::mmvq_norm_fits(type, cols); }
-bool grouped_matvec_combine_fits(quant::Type type, int64_t rows, int64_t cols, int k) {
-  return detail::mmvq_combine_fits(type, rows, cols, k);
-}
 
 // ---- grouped_matvec ---------------------------------------------------------------------------------------------
 
@@ -265,17 +245,6 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
   if (args.swiglu && args.n_parts != 2) {
     return Status::error(format("grouped_matvec: swiglu needs gate and up (n_parts=2, not %d)", args.n_parts));
   }
-  if (args.combine_residual != nullptr &&
-      (route.logits == nullptr || route.ids != nullptr || args.n_parts != 1 || !args.x_float || args.bulk ||
-       args.combine_weights == nullptr || !aligned(args.combine_residual, 4) || !aligned(args.combine_weights, 4) ||
-       args.combine_residual == args.x || args.combine_residual == args.y ||
-       !grouped_matvec_combine_fits(args.type, args.rows, args.cols, route.k))) {
-    return Status::error(
-        format("grouped_matvec: combine_residual needs a routed launch (route logits, no route ids to write) of one "
-               "part, x_float, not bulk, combine_weights, a residual apart from x and y, and %lld x %lld rows of k=%d "
-               "slots that grouped_matvec_combine_fits (thread-block clusters: sm_90+)",
-               (long long)args.rows, (long long)args.cols, route.k));
-  }
   detail::MatvecLaunch launch{
       .weights = nullptr,
       .row_bytes = quant::row_size(args.type, args.cols),
@@ -301,8 +270,6 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
       .act_float = args.x_float,
       .bulk = args.bulk,
       .split = {},
-      .norm = {},
-      .combine = {.x = args.combine_residual, .weights = args.combine_weights},
   };
   if (quantized) {
     detail::launch_mmvq(args.type, launch, stream.raw());

@@ -42,7 +42,6 @@
 #include "backends/cuda/grouping.cuh"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/mmvq.cuh"
-#include "backends/cuda/norm_order.cuh"
 #include "backends/cuda/ops_common.cuh"
 #include "backends/cuda/quantize_q8.cuh"
 #include "backends/cuda/route_topk.cuh"
@@ -205,66 +204,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// MatvecLaunch::norm: where the stationary kernel's float input row (n = 256 n_blocks columns) lies in its dynamic
-// shared memory after the quantized blocks: the norm's weights, the 32-column groups' sums of squares, the scale.
-struct NormSmem {
-  size_t w, groups, scale, bytes;
-};
-__host__ __device__ constexpr NormSmem norm_smem(int n_blocks) {
-  const size_t w = (size_t(n_blocks) * sizeof(quant::BlockQ8_K) + 15) / 16 * 16;
-  const size_t groups = w + size_t(n_blocks) * quant::kQK_K * sizeof(float);
-  const size_t scale = groups + size_t(n_blocks) * (quant::kQK_K / kWarpSize) * sizeof(double);
-  return {w, groups, scale, scale + 16};
-}
-
-// The norm's weights into shared memory (no kernel writes them: before the wait). Every thread of the CTA calls it.
-__device__ __forceinline__ void stage_norm_weights(const NormIn& norm, uint8_t* smem, int n_blocks) {
-  const NormSmem at = norm_smem(n_blocks);
-  const float4* src = reinterpret_cast<const float4*>(norm.w);
-  float4* dst = reinterpret_cast<float4*>(smem + at.w);
-  for (int i = int(threadIdx.x); i < n_blocks * quant::kQK_K / 4; i += int(blockDim.x)) dst[i] = src[i];
-}
-
-// The row src normed (y = (v * scale) * w, scale = 1 / sqrt(mean of squares + eps)) and quantized to Q8_K into dst, a
-// warp per block (warp w of n_warps takes blocks w, w + n_warps, ...). The bits of add_rms_norm over a cluster
-// (rms_norm.cu's rms_norm_cluster_kernel: its order of the squares, norm_order.cuh) with the quantized y, read back by
-// a product: lane l holds the 8 consecutive elements 8 l .. 8 l + 7 of a block (block_q8_k_lane8's layout).
-// Every thread of the CTA calls it; it synchronizes the CTA twice (the caller once more before reading dst).
-__device__ __forceinline__ void normed_row_q8_k(const float* src, const NormIn& norm, uint8_t* smem, int n_blocks,
-                                                int warp, int n_warps, int lane) {
-  const NormSmem at = norm_smem(n_blocks);
-  const float* w_s = reinterpret_cast<const float*>(smem + at.w);
-  double* group_s = reinterpret_cast<double*>(smem + at.groups);
-  float* scale_s = reinterpret_cast<float*>(smem + at.scale);
-  auto* dst = reinterpret_cast<quant::BlockQ8_K*>(smem);
-  for (int b = warp; b < n_blocks; b += n_warps) {
-    const float4 lo = reinterpret_cast<const float4*>(src + quant::kQK_K * b)[2 * lane];
-    const float4 hi = reinterpret_cast<const float4*>(src + quant::kQK_K * b)[2 * lane + 1];
-    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    const double group = norm_order::group_sum8(v);
-    if (lane % 4 == 0) group_s[(quant::kQK_K / kWarpSize) * b + lane / 4] = group;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    const float scale = norm_order::row_scale(group_s, n_blocks * quant::kQK_K, norm.eps, lane);
-    if (lane == 0) *scale_s = scale;
-  }
-  __syncthreads();
-  const float scale = *scale_s;
-  for (int b = warp; b < n_blocks; b += n_warps) {
-    const float4 lo = reinterpret_cast<const float4*>(src + quant::kQK_K * b)[2 * lane];
-    const float4 hi = reinterpret_cast<const float4*>(src + quant::kQK_K * b)[2 * lane + 1];
-    const float4 wl = reinterpret_cast<const float4*>(w_s + quant::kQK_K * b)[2 * lane];
-    const float4 wh = reinterpret_cast<const float4*>(w_s + quant::kQK_K * b)[2 * lane + 1];
-    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    const float wv[8] = {wl.x, wl.y, wl.z, wl.w, wh.x, wh.y, wh.z, wh.w};
-    float xs[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) xs[e] = __fmul_rn(__fmul_rn(v[e], scale), wv[e]);
-    q8::block_q8_k_lane8(xs, &dst[b], lane);
-  }
-}
-
 // The activation-stationary kernel (MatvecLaunch::stationary; one vector; types whose MmvqType has ActPart,
 // WeightPart, load_part and dot_loaded: Q4_K). ncu of the rows kernel on the decode products (H200, 2026-12-01,
 // run.sh --ncu-kernel): ~340 warp-instructions per 2,048-column Q4_K row of 1,152 weight bytes, issue slots 50-63%
@@ -282,33 +221,20 @@ __device__ __forceinline__ void normed_row_q8_k(const float* src, const NormIn& 
 // between gate/up and down is gone. act_float (MatvecLaunch::act_float, Q8_K activations): act holds float rows; the
 // CTA quantizes its row into shared memory first (a warp per 256-element block, q8::block_q8_k_lane8: the bytes of
 // quantize_activations) and reads its parts from there.
-// norm (MatvecLaunch::norm, act_float, a plain launch): the float row is normed first (normed_row_q8_k), the norm's
-// weights staged before the wait: the separate norm launch before the product is gone.
-// combine (MatvecLaunch::combine, act_float, routed: decode's down projection): the k CTAs of one row range are a
-// thread-block cluster (rank = item); each keeps its row sums in shared memory, and after the cluster barrier CTA rank
-// q makes the MoE combine of the range's rows r = q mod k: x[r] += the fmaf chain over the slots j < k in order of
-// weights[j] * (slot j's row r, read from rank k - 1 - j), as rms_norm.cu's staged_combine then its add: the norm of
-// the next layer then reads x, the combine's launch (or its rows read from L2 by the norm) is gone. y is not written.
 // kV > 1 (a plain launch of n_vec <= kV vectors: the decode of several sessions at once): the weights are loaded once,
 // and each vector's parts in turn are loaded and dotted with them into its own sums, in the single vector's order; the
 // warp reduces all kV kQ kR sums together. Each vector's outputs are the bits a launch of it alone gives.
-// kFold: what the launch folds in (MatvecLaunch::norm, ::combine); instances of their own, so that the kernels without
-// them are the code they were (both cost registers and spills in every instance as runtime branches).
-constexpr int kFoldNone = 0, kFoldNorm = 1, kFoldCombine = 2;
-constexpr int kMaxCombineK = 8;  // the combine's slots: CTAs of one cluster (the portable cluster size)
-
-template <Type T, int kJ, int kQ, int kR, bool kGlu, int kV, int kFold = kFoldNone>
+template <Type T, int kJ, int kQ, int kR, bool kGlu, int kV>
 __global__ void __launch_bounds__(kThreads)
     mmvq_stationary_kernel(const uint8_t* __restrict__ weights, size_t row_bytes, int rows, int items,
                            const uint8_t* __restrict__ act, size_t act_row_bytes, bool act_float, float* __restrict__ y,
-                           Grouping g, int n_vec, YSplit split, const NormIn norm, const CombineOut comb) {
+                           Grouping g, int n_vec, YSplit split) {
   using Ops = mmvq::MmvqType<T>;
   using Block = typename Ops::Block;
   using Act = typename Ops::Act;
   constexpr int kM = kGlu ? 2 : 1;  // weight matrices per row: gate and up, or one
   constexpr int kRowsPerWarp = kQ * kR;
   static_assert(kV == 1 || !kGlu, "several vectors: plain launches only");
-  static_assert(kFold == kFoldNone || (kV == 1 && !kGlu), "folds: one vector, one matrix");
   // The weights are loaded before waiting for the kernel before this one where they are known by then: always for a
   // plain launch, for a grouped one when its items are settled (ops_common.cuh's rule); otherwise after.
   const bool weights_early = (g.items == nullptr && g.route.logits == nullptr) || g.items_settled;
@@ -366,8 +292,6 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  extern __shared__ __align__(16) uint8_t stationary_smem[];  // act_float: the quantized row (then NormSmem)
-  if constexpr (kFold == kFoldNorm) stage_norm_weights(norm, stationary_smem, items / Ops::kParts);
   if (weights_early) {
     ops::pdl_wait();
     ops::pdl_trigger();
@@ -378,13 +302,9 @@ __global__ void __launch_bounds__(kThreads)
   const Act* a;
   if (act_float) {  // uniform over the CTA
     static_assert(std::is_same_v<Act, quant::BlockQ8_K>, "act_float quantizes to Q8_K");
-    auto* staged_act = reinterpret_cast<quant::BlockQ8_K*>(stationary_smem);
+    extern __shared__ quant::BlockQ8_K staged_act[];
     const float* src = reinterpret_cast<const float*>(act + group_act_row(g, row0) * act_row_bytes);
-    if constexpr (kFold == kFoldNorm) {
-      normed_row_q8_k(src, norm, stationary_smem, items / Ops::kParts, warp, kWarps, lane);
-    } else {
-      q8::row_q8_k_warps(src, staged_act, items / Ops::kParts, warp, kWarps, lane);
-    }
+    q8::row_q8_k_warps(src, staged_act, items / Ops::kParts, warp, kWarps, lane);
     __syncthreads();
     a = staged_act;
   } else {
@@ -429,33 +349,6 @@ __global__ void __launch_bounds__(kThreads)
   if constexpr (kGlu) {
     const float up = __shfl_xor_sync(0xffffffffu, sum, kWarpSize / 2);  // the first stage split gate from up
     if (lane < kWarpSize / 2 && (lane & (kWarpSize / kSums - 1)) == 0 && row < rows) y[row] = ops::silu_mul(sum, up);
-  } else if constexpr (kFold == kFoldCombine) {  // every warp has rows (mmvq_combine_fits)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr int kCtaRows = kWarps * kRowsPerWarp;
-    __shared__ float sums_s[kCtaRows];
-    __shared__ float weights_s[kMaxCombineK];
-    const int cta_row0 = int(blockIdx.x) * kCtaRows;
-    const int k = g.route.k, rank = ops::cluster_rank();
-    if ((lane & (kWarpSize / kSums - 1)) == 0) sums_s[row - cta_row0] = sum;
-    if (int(threadIdx.x) < k) weights_s[threadIdx.x] = comb.weights[threadIdx.x];
-    ops::cluster_arrive();
-    ops::cluster_wait();  // every slot's sums (and this CTA's weights) are written
-    for (int i = int(threadIdx.x); i < kCtaRows; i += kThreads) {
-      if (i % k == rank) {
-        float s[kMaxCombineK];
-#pragma unroll
-        for (int j = 0; j < kMaxCombineK; ++j) s[j] = j < k ? ops::cluster_load(&sums_s[i], k - 1 - j) : 0.0f;
-        float combined = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kMaxCombineK; ++j) {
-          if (j < k) combined = fmaf(weights_s[j], s[j], combined);
-        }
-        comb.x[cta_row0 + i] = __fadd_rn(comb.x[cta_row0 + i], combined);
-      }
-    }
-    ops::cluster_arrive();  // done reading the others' sums
-    ops::cluster_wait();
-#endif
   } else {
     const int vec = kV == 1 ? 0 : index / kPerVector;
     if ((lane & (kWarpSize / kSums - 1)) == 0 && row < rows && (kV == 1 || vec < n_vec)) {
@@ -480,26 +373,13 @@ bool launch_stationary(const MatvecLaunch& a, int items, cudaStream_t stream) {
   const bool group = grouped(a.group);
   const dim3 grid(unsigned((a.rows + rows_per_cta - 1) / rows_per_cta), unsigned(group ? a.group.n_items : 1),
                   unsigned(group && !kGlu ? a.group.n_parts : 1));
-  const int n_blocks = items / mmvq::MmvqType<T>::kParts;
-  const size_t smem = a.norm.w != nullptr ? norm_smem(n_blocks).bytes
-                      : a.act_float       ? size_t(n_blocks) * sizeof(quant::BlockQ8_K)
-                                          : 0;
-  // combine: the k items of a row range in one cluster (grid.y = k).
-  const dim3 cluster = a.combine.x != nullptr ? dim3(1, grid.y, 1) : dim3(0, 0, 0);
+  const size_t smem = a.act_float ? size_t(items / mmvq::MmvqType<T>::kParts) * sizeof(quant::BlockQ8_K) : 0;
   const auto go = [&](auto kernel) {
-    CUDA_CHECK(ops::launch_in_clusters(kernel, cluster, grid, kThreads, smem, stream,
-                                       static_cast<const uint8_t*>(a.weights), a.row_bytes, int(a.rows), items,
-                                       static_cast<const uint8_t*>(a.act), a.act_row_bytes, a.act_float, a.y, a.group,
-                                       a.n_vectors, a.split, a.norm, a.combine));
+    CUDA_CHECK(ops::launch(kernel, grid, kThreads, smem, stream, static_cast<const uint8_t*>(a.weights), a.row_bytes,
+                           int(a.rows), items, static_cast<const uint8_t*>(a.act), a.act_row_bytes, a.act_float, a.y,
+                           a.group, a.n_vectors, a.split));
     return true;
   };
-  if constexpr (!kGlu) {
-    // The norm: rows of a multiple of 2,048 columns only (mmvq_norm_fits: groups of one row, an even kJ).
-    if constexpr (kQ == 1 && kJ % 2 == 0) {
-      if (a.norm.w != nullptr) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, false, 1, kFoldNorm>);
-    }
-    if (a.combine.x != nullptr) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, false, 1, kFoldCombine>);
-  }
   if (a.n_vectors == 1) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, kGlu, 1>);
   // Several vectors (plain launches): 4 or 8 at a time where the warp's sums fit its 32 lanes.
   constexpr int kRowsPerWarp = kQ * kR;
@@ -797,26 +677,6 @@ bool mmvq_stationary_fits(quant::Type type, int64_t cols) {
   static_assert(mmvq_has_stationary_kernel(Type::Q4_K), "the one type with the stationary kernel");
   if (type != Type::Q4_K || cols % quant::kQK_K != 0 || cols > 65536) return false;
   return mmvq::stationary_shape(int(cols / quant::kQK_K) * mmvq::MmvqType<Type::Q4_K>::kParts).kJ > 0;
-}
-
-bool mmvq_norm_fits(quant::Type type, int64_t cols) {
-  // The cluster kernel's rows (norm_in_cluster: a multiple of 2,048 columns), whose bits the fold restates.
-  return mmvq_stationary_fits(type, cols) && cols % (kNormClusterCtas * quant::kQK_K) == 0;
-}
-
-bool mmvq_combine_fits(quant::Type type, int64_t rows, int64_t cols, int k) {
-  if (!mmvq_stationary_fits(type, cols) || k < 1 || k > kMaxCombineK || rows < 1) return false;
-  const mmvq::StationaryShape s = mmvq::stationary_shape(int(cols / quant::kQK_K) * mmvq::MmvqType<Type::Q4_K>::kParts);
-  if (rows % (kWarps * s.kQ * mmvq::stationary_groups(s.kJ, s.kQ, false)) != 0) return false;
-  // The kernel's body for clusters exists where it was built for sm_90 or newer (not a PTX-only older build).
-  static const bool built = [] {
-    cudaFuncAttributes attr{};
-    const bool ok = cudaFuncGetAttributes(&attr, mmvq_stationary_kernel<Type::Q4_K, 3, 4, 2, false, 1, kFoldCombine>) ==
-                    cudaSuccess;
-    if (!ok) cudaGetLastError();
-    return ok && attr.ptxVersion >= 90;
-  }();
-  return built && norm_clusters();  // asked only with a GPU (norm_clusters needs one), and its switch
 }
 
 bool mmvq_supports(quant::Type type) {

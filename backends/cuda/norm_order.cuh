@@ -1,6 +1,6 @@
 // The order in which rms_norm.cu's cluster kernel adds a decode row's squares, restated for kernels that make the same
-// norm from the lane8 layout (lane l of a 4-lane group holding 8 consecutive columns: norm_matvec.cu's router product,
-// mmvq.cu's norm folded into a product), so that their scale is the cluster kernel's float, bit for bit.
+// norm from the lane8 layout (lane l of a 4-lane group holding 8 consecutive columns: norm_matvec.cu's router product),
+// so that their scale is the cluster kernel's float, bit for bit.
 #pragma once
 
 #include <cuda_runtime.h>

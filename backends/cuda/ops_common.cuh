@@ -107,18 +107,13 @@ __device__ __forceinline__ void pdl_trigger() {
 }
 
 // Thread-block clusters (sm_90+; the callers' kernels are built for it): the cluster barrier in two halves (arrive
-// releases this thread's earlier writes, shared and global, to the cluster; wait acquires the others'), the CTA's rank,
-// and a load from the shared memory of the CTA of rank `rank` at the place of `local` in this CTA's.
+// releases this thread's earlier writes, shared and global, to the cluster; wait acquires the others'), and a load from
+// the shared memory of the CTA of rank `rank` at the place of `local` in this CTA's.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void cluster_arrive() {
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-__device__ __forceinline__ int cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return int(r);
-}
 __device__ __forceinline__ uint32_t cluster_address(const void* local, int rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
@@ -129,11 +124,6 @@ __device__ __forceinline__ uint32_t cluster_address(const void* local, int rank)
 __device__ __forceinline__ double cluster_load(const double* local, int rank) {
   double v;
   asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(cluster_address(local, rank)) : "memory");
-  return v;
-}
-__device__ __forceinline__ float cluster_load(const float* local, int rank) {
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cluster_address(local, rank)) : "memory");
   return v;
 }
 #endif

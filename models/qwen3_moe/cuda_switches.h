@@ -161,23 +161,6 @@ inline bool norm_router() {
   return on;
 }
 
-// Decode's attention norm inside the q/k/v product (cuda::MatvecArgs::norm_weight), the MoE combine before it inside
-// the layer before's down projection (GroupedMatvecArgs::combine_residual): the norm's launch (rms_norm.cu's cluster
-// kernel, 4.5 us of a 34.4 us layer in the 2026-12-05 trace) is gone. Opt-in (MAGNETAR_CUDA_NORM_QKV=1) until it has
-// run on a GPU: written in a session whose device calls were refused; the ctest CudaNormQkv runs the engine's tests
-// with it. The default is add_rms_norm with the combine, then the product. =require (a test switch): the same, and a
-// decode step whose MoE layer does not fold (its next layer norming in q/k/v) fails, so that a test of the fold cannot
-// pass without it.
-enum class NormQkv { kOff, kOn, kRequire };
-inline NormQkv norm_qkv_mode() {
-  static const NormQkv mode = [] {
-    const char* v = std::getenv("MAGNETAR_CUDA_NORM_QKV");
-    const std::string_view s = v != nullptr ? v : "";
-    return s == "require" ? NormQkv::kRequire : s == "1" ? NormQkv::kOn : NormQkv::kOff;
-  }();
-  return mode;
-}
-
 // The down projection's stationary kernel loads its expert weights before waiting for swiglu (the items came from
 // route_topk, two launches earlier: GroupedMatvecArgs::items_settled); MAGNETAR_CUDA_SETTLED=0 is the baseline (tg128
 // 479.6 / 479.6 against 462.6 / 458.0, H200, docs/benchmarks/2026-12-01-cuda-decode-stationary-mmvq.md).

@@ -411,38 +411,20 @@ Result<DeviceKv*> Qwen3Cuda::mirror_of(kv::KvCache& cache) const {
   return raw;
 }
 
-bool Qwen3Cuda::norm_in_qkv(const DevLayer& L, int64_t n) const {
-  // The product's norm has the cluster kernel's bits: where add_norm would take it (and the batched decode does).
-  return n == 1 && norm_qkv_mode() != NormQkv::kOff && mmvq_stationary() && L.wqkv.p != nullptr && qkv_share_input(L) &&
-         cuda::matvec_norm_fits(L.wqkv.type, hp_.n_embd) && cuda::norm_in_cluster(quant::Type::Q8_K, 1, hp_.n_embd);
-}
-
 Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const SeqSpan> seqs,
-                                  std::span<DeviceKv* const> mirrors, int64_t n, const float* normed_x) const {
+                                  std::span<DeviceKv* const> mirrors, int64_t n) const {
   const int64_t D = hp_.head_dim, q_dim = hp_.n_head * D, kv_dim = hp_.n_head_kv * D;
   const float* xn = xn_.as<float>();
   // qkv_: [n, q_dim] q, then [n, kv_dim] k, then v; for one token that is the merged matrix's output row.
   float* q = qkv_.as<float>();
   float* k = q + n * q_dim;
   float* v = k + n * kv_dim;
-  MAGNETAR_CHECK(normed_x == nullptr || norm_in_qkv(L, n));
-  const void* xq = normed_x == nullptr && qkv_share_input(L) ? quantize_xn(L.wq.type, n) : nullptr;
+  const void* xq = qkv_share_input(L) ? quantize_xn(L.wq.type, n) : nullptr;
   // Prefill: one int8 tensor-core launch over the merged matrix when its row tiles split at q | k | v (the k and v
   // projections alone are 4 row tiles each: 32 CTAs at 512 tokens, a quarter of the H200's SMs).
   const bool split = L.wqkv.p != nullptr && xq != nullptr && use_mmq(L.wqkv.type, n) &&
                      q_dim % cuda::kMatmulQRowTile == 0 && kv_dim % cuda::kMatmulQRowTile == 0;
-  if (normed_x != nullptr) {
-    MAGNETAR_RETURN_IF_ERROR(cuda::matvec({.type = L.wqkv.type,
-                                           .weights = L.wqkv.p,
-                                           .rows = L.wqkv.rows,
-                                           .cols = L.wqkv.cols,
-                                           .x = normed_x,
-                                           .y = q,
-                                           .stationary = true,
-                                           .norm_weight = L.attn_norm.f32(),
-                                           .norm_eps = hp_.rms_eps},
-                                          mv_ws_, stream_));
-  } else if (n == 1 && L.wqkv.p != nullptr) {
+  if (n == 1 && L.wqkv.p != nullptr) {
     MAGNETAR_RETURN_IF_ERROR(linear(L.wqkv, xn, q, 1, xq));
   } else if (n <= kVec && L.wqkv.p != nullptr && xq != nullptr && qkv_one_launch()) {
     // A few tokens (the batched decode of several sessions): the merged matrix in one launch, its rows into q, k, v.
@@ -664,7 +646,7 @@ int64_t Qwen3Cuda::group_rows_on_host(const int32_t* h_ids, int64_t n, int32_t i
 }
 
 Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, int64_t n, const ForwardArgs& args,
-                          bool routed, float* residual, bool* combined) const {
+                          bool routed) const {
   const int64_t E = hp_.n_embd, X = hp_.n_expert, K = hp_.n_expert_used, F = hp_.n_ff_exp;
   const int64_t R = n * K;
   float* router = router_.as<float>();
@@ -691,16 +673,6 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
                                                .n_expert = X, .k = K, .normalize = hp_.norm_topk_prob,
                                                .table = resolve ? L.table : nullptr, .items = items,
                                                .x_rows = x_rows, .slot_rows = slot_rows}, stream_));
-  }
-  // The down projection combines the rows into x itself where the next layer norms in its q/k/v product.
-  *combined = self_routed && combine_in_norm() && il + 1 < hp_.n_layer && norm_in_qkv(layers_[size_t(il + 1)], n) &&
-              cuda::grouped_matvec_combine_fits(L.down_type, E, F, int(K));
-  if (norm_qkv_mode() == NormQkv::kRequire && n == 1 && routes_on_device(n) && !sweeping_ && il + 1 < hp_.n_layer &&
-      !*combined) {
-    return Status::error(
-        format("MAGNETAR_CUDA_NORM_QKV=require: layer %lld's decode does not fold its combine and the "
-               "next layer's norm",
-               (long long)il));
   }
   const cuda::RouteInProducts route{.logits = self_routed ? router : nullptr, .n_expert = int(X), .k = int(K),
                                     .base = L.expert_base, .stride = L.expert_stride,
@@ -813,9 +785,7 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
                                    .items_settled = settled_items(),
                                    .x_float = true,
                                    .route = route,
-                                   .bulk = ring,
-                                   .combine_residual = *combined ? residual : nullptr,
-                                   .combine_weights = *combined ? weights : nullptr},
+                                   .bulk = ring},
                                   stream_);
     }
     if (mmq) {
@@ -855,7 +825,7 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   }
   // The CPU lane's rows, computed while the GPU runs the launches above, then uploaded into their rows of down.
   if (!lane_.empty()) run_cpu_lane(pool, L, n);
-  if (*combined || combine_in_norm()) return Status();  // combined, or the next add_norm combines (residual_rows)
+  if (combine_in_norm()) return Status();  // the next add_norm combines (add_rms_norm's residual_rows)
   return cuda::moe_combine({.rows = down, .slot_rows = slot_rows, .weights = weights,
                             .out = proj_.as<float>(), .n_tok = n, .k = K, .n = E}, stream_);
 }
@@ -1008,12 +978,11 @@ Status Qwen3Cuda::enqueue_layers(cpu::ThreadPool& pool, const ForwardArgs& args,
   float* xn = xn_.as<float>();
   stream_.copy(x, h_x_.as<float>(), size_t(n * E) * sizeof(float));
   upload_positions(args.seqs, n);
-  Pending pending = Pending::kProj;
+  bool combine = false;  // the layer before was an MoE layer whose rows the next add_norm combines
   for (size_t il = 0; il < layers_.size(); ++il) {
-    MAGNETAR_RETURN_IF_ERROR(layer(pool, args, il, n, x, x_other, pending));
+    MAGNETAR_RETURN_IF_ERROR(layer(pool, args, il, n, x, x_other, combine));
   }
-  MAGNETAR_CHECK(pending != Pending::kNone);  // the last layer leaves its rows to the final norm
-  MAGNETAR_RETURN_IF_ERROR(add_norm(x, output_norm_.f32(), quant::Type::F32, n, pending == Pending::kCombine));
+  MAGNETAR_RETURN_IF_ERROR(add_norm(x, output_norm_.f32(), quant::Type::F32, n, combine));
   // The head's input rows: every token, or each sequence's last (gathered when they are not already adjacent).
   *head_in = xn;
   if (!args.all_logits) {
@@ -1033,18 +1002,17 @@ Status Qwen3Cuda::enqueue_layers(cpu::ThreadPool& pool, const ForwardArgs& args,
 }
 
 Status Qwen3Cuda::layer(cpu::ThreadPool& pool, const ForwardArgs& args, size_t il, int64_t n, float*& x,
-                        float*& x_other, Pending& pending) const {
+                        float*& x_other, bool& combine) const {
   const DevLayer& L = layers_[il];
-  const bool qkv_norms = pending == Pending::kNone;  // the layer before chose it (moe_ffn: norm_in_qkv)
   if (il == 0) {
     xn_act_ = quant::Type::F32;
     MAGNETAR_RETURN_IF_ERROR(cuda::rms_norm({.x = x, .weight = L.attn_norm.f32(), .y = xn_.as<float>(), .n_rows = n,
                                              .n_cols = hp_.n_embd, .eps = hp_.rms_eps}, stream_));
-  } else if (!qkv_norms) {
-    MAGNETAR_RETURN_IF_ERROR(add_norm(x, L.attn_norm.f32(), qkv_share_input(L) ? L.wq.type : quant::Type::F32, n,
-                                      pending == Pending::kCombine));
+  } else {
+    MAGNETAR_RETURN_IF_ERROR(
+        add_norm(x, L.attn_norm.f32(), qkv_share_input(L) ? L.wq.type : quant::Type::F32, n, combine));
   }
-  MAGNETAR_RETURN_IF_ERROR(attention_block(L, int64_t(il), args.seqs, mirrors_, n, qkv_norms ? x : nullptr));
+  MAGNETAR_RETURN_IF_ERROR(attention_block(L, int64_t(il), args.seqs, mirrors_, n));
   const quant::Type ffn_in = L.moe ? L.exp_type
                              : L.ffn_gate.type == L.ffn_up.type ? L.ffn_gate.type
                                                                 : quant::Type::F32;
@@ -1055,9 +1023,8 @@ Status Qwen3Cuda::layer(cpu::ThreadPool& pool, const ForwardArgs& args, size_t i
   } else {
     MAGNETAR_RETURN_IF_ERROR(add_norm(x, L.ffn_norm.f32(), ffn_in, n));
   }
-  bool combined = false;
-  MAGNETAR_RETURN_IF_ERROR(L.moe ? moe_ffn(pool, L, int64_t(il), n, args, routed, x, &combined) : dense_ffn(L, n));
-  pending = combined ? Pending::kNone : L.moe && combine_in_norm() ? Pending::kCombine : Pending::kProj;
+  MAGNETAR_RETURN_IF_ERROR(L.moe ? moe_ffn(pool, L, int64_t(il), n, args, routed) : dense_ffn(L, n));
+  combine = L.moe && combine_in_norm();
   return Status();
 }
 

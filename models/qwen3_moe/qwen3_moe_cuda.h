@@ -197,20 +197,11 @@ class Qwen3Cuda final : public Model {
     if (args.routing == nullptr || !routes_on_device(n)) return;
     stream_.copy(h_ids_.as<int32_t>(), ids_.as<int32_t>(), size_t(hp_.n_layer * n * hp_.n_expert_used) * 4);
   }
-  // What the residual stream x lacks before the next layer's norm (layer()): the layer before's output in proj_, its
-  // MoE rows in down_ (combine_in_norm), or nothing (its down projection combined them into x: moe_ffn's combined).
-  enum class Pending { kProj, kCombine, kNone };
-  // Decode's attention norm inside the q/k/v product (norm_qkv_mode(): cuda::MatvecArgs::norm_weight), where the layer
-  // before combined its MoE rows into x (Pending::kNone): the norm's launch is gone.
-  bool norm_in_qkv(const DevLayer& L, int64_t n) const;
-  // normed_x: x not yet normed, which the q/k/v product norms itself (norm_in_qkv); null: xn_ holds the normed rows.
   Status attention_block(const DevLayer& L, int64_t il, std::span<const SeqSpan> seqs,
-                         std::span<DeviceKv* const> mirrors, int64_t n, const float* normed_x = nullptr) const;
-  // routed: router_ holds the layer's logits already (add_norm_router). residual: the residual stream x, into which a
-  // decode token's down projection combines the expert rows itself when the next layer norms in its q/k/v product
-  // (*combined set; otherwise down_ holds the rows).
-  Status moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, int64_t n, const ForwardArgs& args, bool routed,
-                 float* residual, bool* combined) const;
+                         std::span<DeviceKv* const> mirrors, int64_t n) const;
+  // routed: router_ holds the layer's logits already (add_norm_router).
+  Status moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, int64_t n, const ForwardArgs& args,
+                 bool routed) const;
   Status dense_ffn(const DevLayer& L, int64_t n) const;
   // gate = swiglu(gate, up) over [rows, cols]; returns gate quantized for down_type's product (into q_out; fused
   // with the swiglu when it can be), or null when down_type is not quantized.
@@ -221,9 +212,9 @@ class Qwen3Cuda final : public Model {
   // head's input rows (xn_, or each sequence's last row gathered) in *head_in.
   Status enqueue_layers(cpu::ThreadPool& pool, const ForwardArgs& args, int64_t n, const float** head_in) const;
   // Layer il over args' n tokens: the residual stream x (x_ or x2_: swapped with x_other by a norm inside the
-  // router) and what it lacks (`pending`: proj_, the MoE rows in down_, or nothing) in, the same out.
+  // router) and proj_ (the layer before's output, or with `combine` its MoE rows in down_) in, the same out.
   Status layer(cpu::ThreadPool& pool, const ForwardArgs& args, size_t il, int64_t n, float*& x, float*& x_other,
-               Pending& pending) const;
+               bool& combine) const;
   // The tokens' positions (and a decode token's rotation table) into h_positions_, then queued up to positions_.
   void stage_positions(std::span<const SeqSpan> seqs) const;
   void upload_positions(std::span<const SeqSpan> seqs, int64_t n) const;

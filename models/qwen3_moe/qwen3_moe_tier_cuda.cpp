@@ -254,8 +254,8 @@ Status Qwen3Cuda::sweep(cpu::ThreadPool& pool, const ForwardArgs& args) const {
       float* x_other = x2_.as<float>();
       stream_.copy(x, sweep_x + c * E, size_t(m) * row);
       if (il > 0) stream_.copy(proj_.data(), sweep_p + c * E, size_t(m) * row);
-      Pending pending = Pending::kProj;  // a sweep leaves each layer's output in proj_ (combine_in_norm: no)
-      MAGNETAR_RETURN_IF_ERROR(layer(pool, a, size_t(il), m, x, x_other, pending));
+      bool combine = false;
+      MAGNETAR_RETURN_IF_ERROR(layer(pool, a, size_t(il), m, x, x_other, combine));
       stream_.copy(sweep_x + c * E, x, size_t(m) * row);
       stream_.copy(sweep_p + c * E, proj_.data(), size_t(m) * row);
       if (args.routing) count_routes(*args.routing, il, m);  // moe_ffn synchronized after the ids' copy

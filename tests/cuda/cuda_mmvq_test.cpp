@@ -50,7 +50,6 @@ using cuda_test::poisoned;
 using cuda_test::quantize_ref;
 using cuda_test::quantized_tolerance;
 using cuda_test::Rng;
-using cuda_test::to_device;
 
 using quant::Type;
 using quant::TypeTraits;
@@ -939,49 +938,6 @@ TEST(CudaMatvec, BulkRingEqualsStationary) {
   }
 }
 
-// A device buffer of `bytes` bytes copied from data.
-cuda::DeviceBuffer device_copy(const void* data, size_t bytes) {
-  auto buf = cuda::DeviceBuffer::allocate(bytes);
-  EXPECT_TRUE(buf.ok() && buf->upload(data, bytes).ok());
-  return std::move(buf).value();
-}
-
-// Every expert of a layer in one device buffer as the model uploads them (gate, up and down of E x F, F x E weights
-// of `type`, each part 256-byte aligned): what GroupedMatvecArgs::route reads.
-struct ExpertBuffer {
-  cuda::DeviceBuffer dev;
-  size_t part_bytes[3];
-  size_t stride;
-  cuda::RouteInProducts route(const float* logits, int n_expert, int k) const {
-    return {.logits = logits,
-            .n_expert = n_expert,
-            .k = k,
-            .base = dev.data(),
-            .stride = stride,
-            .offset = {0, part_bytes[0], part_bytes[0] + part_bytes[1]}};
-  }
-};
-ExpertBuffer expert_buffer(Rng& rng, Type type, int64_t E, int64_t F, int n_expert) {
-  auto align256 = [](size_t n) { return (n + 255) / 256 * 256; };
-  ExpertBuffer b{
-      .dev = {},
-      .part_bytes = {align256(quant::row_size(type, E) * size_t(F)), align256(quant::row_size(type, E) * size_t(F)),
-                     align256(quant::row_size(type, F) * size_t(E))},
-      .stride = 0};
-  b.stride = b.part_bytes[0] + b.part_bytes[1] + b.part_bytes[2];
-  std::vector<uint8_t> experts(b.stride * size_t(n_expert), 0);
-  for (int e = 0; e < n_expert; ++e) {
-    size_t off = size_t(e) * b.stride;
-    for (int p = 0; p < 3; ++p) {
-      const std::vector<uint8_t> q = quantize_ref(type, gaussian(rng, size_t(E * F)), p == 2 ? F : E);
-      std::memcpy(experts.data() + off, q.data(), q.size());
-      off += b.part_bytes[p];
-    }
-  }
-  b.dev = device_copy(experts.data(), experts.size());
-  return b;
-}
-
 // Expert products that route themselves (GroupedMatvecArgs::route) against route_topk with a table and the launches
 // that read its items, bit for bit: the ids, weights (renormalized or not) and slot rows gate/up writes, the SwiGLU
 // rows and the down projection's rows (the logits read before or after waiting). Every expert of the layer lies in one
@@ -997,7 +953,12 @@ TEST(CudaMatvec, RouteInProductsMatchesRouteTopk) {
   auto same = [](const cuda::DeviceBuffer& a, const cuda::DeviceBuffer& b, size_t bytes) {
     return from_device<uint8_t>(a, bytes) == from_device<uint8_t>(b, bytes);
   };
-  auto device = device_copy;
+  auto device = [](const void* data, size_t bytes) {
+    auto buf = cuda::DeviceBuffer::allocate(bytes);
+    EXPECT_TRUE(buf.ok() && buf->upload(data, bytes).ok());
+    return std::move(buf).value();
+  };
+  auto align256 = [](size_t n) { return (n + 255) / 256 * 256; };
   struct Case {
     int64_t E, F;
     int n_expert, k;
@@ -1006,13 +967,26 @@ TEST(CudaMatvec, RouteInProductsMatchesRouteTopk) {
                        Case{256, 512, 33, 1}}) {
     const std::string shape = "E=" + std::to_string(c.E) + " F=" + std::to_string(c.F) + " experts=" +
                               std::to_string(c.n_expert) + " k=" + std::to_string(c.k);
-    const ExpertBuffer experts = expert_buffer(rng, type, c.E, c.F, c.n_expert);
+    const size_t part_bytes[3] = {align256(quant::row_size(type, c.E) * size_t(c.F)),
+                                  align256(quant::row_size(type, c.E) * size_t(c.F)),
+                                  align256(quant::row_size(type, c.F) * size_t(c.E))};
+    const size_t stride = part_bytes[0] + part_bytes[1] + part_bytes[2];
+    std::vector<uint8_t> experts(stride * size_t(c.n_expert), 0);
+    for (int e = 0; e < c.n_expert; ++e) {
+      size_t off = size_t(e) * stride;
+      for (int p = 0; p < 3; ++p) {
+        const std::vector<uint8_t> q = quantize_ref(type, gaussian(rng, c.E * c.F), p == 2 ? c.F : c.E);
+        std::memcpy(experts.data() + off, q.data(), q.size());
+        off += part_bytes[p];
+      }
+    }
+    const cuda::DeviceBuffer experts_dev = device(experts.data(), experts.size());
     std::vector<const void*> table(size_t(c.n_expert) * 3);
     for (int e = 0; e < c.n_expert; ++e) {
-      size_t off = size_t(e) * experts.stride;
+      size_t off = size_t(e) * stride;
       for (int p = 0; p < 3; ++p) {
-        table[size_t(e) * 3 + size_t(p)] = static_cast<const uint8_t*>(experts.dev.data()) + off;
-        off += experts.part_bytes[p];
+        table[size_t(e) * 3 + size_t(p)] = static_cast<const uint8_t*>(experts_dev.data()) + off;
+        off += part_bytes[p];
       }
     }
     const cuda::DeviceBuffer table_dev = device(table.data(), table.size() * sizeof(void*));
@@ -1062,7 +1036,12 @@ TEST(CudaMatvec, RouteInProductsMatchesRouteTopk) {
 
         // The products routing themselves (gate/up on the stationary kernel, then streaming its weights through
         // shared memory: GroupedMatvecArgs::bulk).
-        const cuda::RouteInProducts route = experts.route(logits_dev.as<float>(), c.n_expert, c.k);
+        const cuda::RouteInProducts route{.logits = logits_dev.as<float>(),
+                                          .n_expert = c.n_expert,
+                                          .k = c.k,
+                                          .base = experts_dev.data(),
+                                          .stride = stride,
+                                          .offset = {0, part_bytes[0], part_bytes[0] + part_bytes[1]}};
         cuda::GroupedMatvecArgs a;
         cuda::DeviceBuffer h_b;
         for (const bool bulk : {false, true}) {
@@ -1101,172 +1080,6 @@ TEST(CudaMatvec, RouteInProductsMatchesRouteTopk) {
         }
       }
     }
-  }
-}
-
-// A product that norms its float input (MatvecArgs::norm_weight) against add_rms_norm on a cluster with the quantized
-// y, then the product of that y: the same Q8_K bytes in, so the same outputs bit for bit, and x untouched. Rows of
-// 2,048 (the 30B-A3B geometry's q|k|v: 5,120 rows), 4,096 and 6,144 (two and three columns a thread in the cluster
-// kernel), row counts that leave the last CTA part empty; inputs of ordinary size, of 1e-20 (the mean of squares
-// below eps) and of 1e15.
-TEST(CudaMatvec, NormInProductEqualsNormThenProduct) {
-  SKIP_WITHOUT_GPU();
-  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
-  ASSERT_OK_AND_ASSIGN(cuda::MatvecWorkspace ws, cuda::MatvecWorkspace::create(8192, 1));
-  Rng rng(kSeed + 93);
-  const Type type = Type::Q4_K;
-  struct Case {
-    int64_t cols, rows;
-    float magnitude;
-  };
-  for (const Case c : {Case{2048, 5120, 1.0f}, Case{2048, 37, 1e-20f}, Case{2048, 8, 1e15f}, Case{4096, 100, 1.0f},
-                       Case{6144, 33, 3.0f}}) {
-    const std::string what =
-        std::to_string(c.rows) + " x " + std::to_string(c.cols) + ", x of " + std::to_string(c.magnitude);
-    ASSERT_TRUE(cuda::matvec_norm_fits(type, c.cols)) << what;
-    ASSERT_TRUE(cuda::norm_in_cluster(Type::Q8_K, 1, c.cols)) << what << ": the reference is the cluster kernel";
-    std::vector<float> x = gaussian(rng, size_t(c.cols));
-    for (float& v : x) v *= c.magnitude;
-    const std::vector<float> zero(size_t(c.cols), 0.0f), nw = gaussian(rng, size_t(c.cols));
-    const std::vector<uint8_t> w = quantize_ref(type, gaussian(rng, size_t(c.rows * c.cols)), c.cols);
-    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dw, to_device(w));
-    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dx, to_device(x));
-    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dzero, to_device(zero));
-    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dnw, to_device(nw));
-    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dx_out, cuda::DeviceBuffer::allocate(size_t(c.cols) * 4));
-    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dy, cuda::DeviceBuffer::allocate(size_t(c.cols) * 4));
-    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dq, cuda::DeviceBuffer::allocate(quant::row_size(Type::Q8_K, c.cols)));
-    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer want, to_device(poisoned(size_t(c.rows))));
-    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer got, to_device(poisoned(size_t(c.rows))));
-    ASSERT_OK(cuda::add_rms_norm({.x = dx.as<float>(),
-                                  .residual = dzero.as<float>(),
-                                  .weight = dnw.as<float>(),
-                                  .y = dy.as<float>(),
-                                  .n_rows = 1,
-                                  .n_cols = c.cols,
-                                  .eps = 1e-6f,
-                                  .y_type = Type::Q8_K,
-                                  .y_quantized = dq.data(),
-                                  .x_out = dx_out.as<float>()},
-                                 stream));
-    ASSERT_OK(cuda::matvec({.type = type,
-                            .weights = dw.data(),
-                            .rows = c.rows,
-                            .cols = c.cols,
-                            .y = want.as<float>(),
-                            .x_quantized = dq.data(),
-                            .stationary = true},
-                           ws, stream));
-    ASSERT_OK(cuda::matvec({.type = type,
-                            .weights = dw.data(),
-                            .rows = c.rows,
-                            .cols = c.cols,
-                            .x = dx.as<float>(),
-                            .y = got.as<float>(),
-                            .stationary = true,
-                            .norm_weight = dnw.as<float>(),
-                            .norm_eps = 1e-6f},
-                           ws, stream));
-    stream.synchronize();
-    const std::vector<float> a = from_device<float>(want, size_t(c.rows)), b = from_device<float>(got, size_t(c.rows));
-    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << what;
-    for (size_t r = 0; r < a.size(); ++r) ASSERT_TRUE(std::isfinite(b[r])) << what << " row " << r;
-    EXPECT_EQ(from_device<float>(dx, size_t(c.cols)), x) << what << ": x is read only";
-  }
-}
-
-// The MoE combine in a down projection that routes itself (GroupedMatvecArgs::combine_residual) against the down
-// projection's rows combined by add_rms_norm (residual_rows, in place): the residual bit for bit. The 30B-A3B
-// geometry's rows (2,048 x 768) on 12 experts with k 8, 3 and 1, and 256 x 256 on 128 experts with k 8 and 5 (a row
-// range whose rows do not divide among the cluster's CTAs evenly); the slots' weights renormalized or not.
-TEST(CudaMatvec, CombineInDownEqualsCombineInNorm) {
-  SKIP_WITHOUT_GPU();
-  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
-  Rng rng(kSeed + 94);
-  const Type type = Type::Q4_K;
-  auto device = device_copy;
-  struct Case {
-    int64_t E, F;
-    int n_expert, k;
-    bool normalize;
-  };
-  for (const Case c : {Case{2048, 768, 12, 8, true}, Case{2048, 768, 12, 3, false}, Case{2048, 768, 9, 1, true},
-                       Case{256, 256, 128, 8, false}, Case{256, 256, 128, 5, true}}) {
-    const std::string what = "E=" + std::to_string(c.E) + " F=" + std::to_string(c.F) + " k=" + std::to_string(c.k);
-    ASSERT_TRUE(cuda::grouped_matvec_combine_fits(type, c.E, c.F, c.k)) << what;
-    const ExpertBuffer experts = expert_buffer(rng, type, c.E, c.F, c.n_expert);
-    const std::vector<float> xn = activations(rng, 1, c.E), logits = gaussian(rng, size_t(c.n_expert));
-    const std::vector<float> residual = gaussian(rng, size_t(c.E), 4.0f);
-    const cuda::DeviceBuffer xn_dev = device(xn.data(), xn.size() * 4),
-                             logits_dev = device(logits.data(), logits.size() * 4);
-    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer xq, cuda::DeviceBuffer::allocate(quant::row_size(Type::Q8_K, c.E)));
-    ASSERT_OK(cuda::quantize_activations(Type::Q8_K, xn_dev.as<float>(), xq.data(), c.E, 1, stream));
-    const size_t k = size_t(c.k);
-    const std::vector<float> nan(size_t(std::max(c.E, c.F)) * k, std::nanf(""));
-    cuda::DeviceBuffer ids = device(nan.data(), k * 4), weights = device(nan.data(), k * 4),
-                       slots = device(nan.data(), k * 4), h = device(nan.data(), k * size_t(c.F) * 4),
-                       rows = device(nan.data(), k * size_t(c.E) * 4);
-    const cuda::RouteInProducts route = experts.route(logits_dev.as<float>(), c.n_expert, c.k);
-    cuda::RouteInProducts gate_route = route;
-    gate_route.ids = ids.as<int32_t>();
-    gate_route.weights = weights.as<float>();
-    gate_route.slot_rows = slots.as<int32_t>();
-    gate_route.normalize = c.normalize;
-    ASSERT_OK(cuda::grouped_matvec({.type = type,
-                                    .n_items = c.k,
-                                    .part = 0,
-                                    .n_parts = 2,
-                                    .rows = c.F,
-                                    .cols = c.E,
-                                    .x = xq.data(),
-                                    .single_x = true,
-                                    .y = h.as<float>(),
-                                    .max_n = 1,
-                                    .stationary = true,
-                                    .swiglu = true,
-                                    .route = gate_route},
-                                   stream));
-    const cuda::GroupedMatvecArgs down{.type = type,
-                                       .n_items = c.k,
-                                       .part = 2,
-                                       .n_parts = 1,
-                                       .rows = c.E,
-                                       .cols = c.F,
-                                       .x = h.data(),
-                                       .y = rows.as<float>(),
-                                       .max_n = 1,
-                                       .stationary = true,
-                                       .items_settled = true,
-                                       .x_float = true,
-                                       .route = route};
-    // The reference: the rows, then add_rms_norm's combine into x in place.
-    cuda::DeviceBuffer x_a = device(residual.data(), residual.size() * 4),
-                       x_b = device(residual.data(), residual.size() * 4);
-    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer norm_w, to_device(std::vector<float>(size_t(c.E), 1.0f)));
-    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer y, cuda::DeviceBuffer::allocate(size_t(c.E) * 4));
-    ASSERT_OK(cuda::grouped_matvec(down, stream));
-    ASSERT_OK(cuda::add_rms_norm({.x = x_a.as<float>(),
-                                  .residual = rows.as<float>(),
-                                  .weight = norm_w.as<float>(),
-                                  .y = y.as<float>(),
-                                  .n_rows = 1,
-                                  .n_cols = c.E,
-                                  .eps = 1e-6f,
-                                  .residual_rows = slots.as<int32_t>(),
-                                  .residual_weights = weights.as<float>(),
-                                  .residual_k = c.k},  // no x_out: in place
-                                 stream));
-    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer unwritten, to_device(poisoned(k * size_t(c.E))));
-    cuda::GroupedMatvecArgs fused = down;
-    fused.y = unwritten.as<float>();
-    fused.combine_residual = x_b.as<float>();
-    fused.combine_weights = weights.as<float>();
-    ASSERT_OK(cuda::grouped_matvec(fused, stream));
-    stream.synchronize();
-    const std::vector<float> a = from_device<float>(x_a, size_t(c.E)), b = from_device<float>(x_b, size_t(c.E));
-    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << what;
-    EXPECT_NE(0, std::memcmp(b.data(), residual.data(), residual.size() * 4)) << what << ": nothing was added";
-    EXPECT_TRUE(guard_intact(from_device<float>(unwritten, k * size_t(c.E)), 0)) << what << ": y was written";
   }
 }
 
@@ -1341,73 +1154,6 @@ TEST(CudaMatvec, StationaryShapesAndFoldedArguments) {
   bad = ok;
   bad.items = nullptr;
   expect_error(cuda::grouped_matvec(bad, stream), "null device pointer (items)");
-  // The combine folded into the down projection: a routed launch of one part over float input, with weights.
-  cuda::GroupedMatvecArgs down = routed;
-  down.n_parts = 1;
-  down.part = 2;
-  down.swiglu = false;
-  down.x_float = true;
-  down.combine_residual = reinterpret_cast<float*>(fake + 16);  // apart from x and y (fake)
-  down.combine_weights = reinterpret_cast<const float*>(fake + 32);
-  bad = down;
-  bad.route.logits = nullptr;
-  bad.items = ok.items;
-  bad.n_items = 1;
-  expect_error(cuda::grouped_matvec(bad, stream), "combine_residual needs a routed launch");
-  bad = down;
-  bad.x_float = false;
-  expect_error(cuda::grouped_matvec(bad, stream), "combine_residual needs");
-  bad = down;
-  bad.combine_weights = nullptr;
-  expect_error(cuda::grouped_matvec(bad, stream), "combine_residual needs");
-  bad = down;
-  bad.bulk = true;
-  expect_error(cuda::grouped_matvec(bad, stream), "combine_residual needs");
-  bad = down;
-  bad.route.ids = reinterpret_cast<int32_t*>(fake);  // the launch would write the weights it reads
-  bad.route.weights = reinterpret_cast<float*>(fake);
-  bad.route.slot_rows = reinterpret_cast<int32_t*>(fake);
-  expect_error(cuda::grouped_matvec(bad, stream), "combine_residual needs");
-  bad = down;
-  bad.combine_residual = const_cast<float*>(static_cast<const float*>(bad.x));
-  expect_error(cuda::grouped_matvec(bad, stream), "combine_residual needs");
-  bad = down;
-  bad.rows = 40;  // not whole CTAs of 32 rows
-  bad.cols = 768;
-  expect_error(cuda::grouped_matvec(bad, stream), "combine_residual needs");
-  EXPECT_FALSE(cuda::grouped_matvec_combine_fits(type, 40, 768, 8));
-  EXPECT_FALSE(cuda::grouped_matvec_combine_fits(type, 2048, 768, 9));  // more than a portable cluster
-  EXPECT_FALSE(cuda::grouped_matvec_combine_fits(Type::Q8_0, 2048, 768, 8));
-  // The norm folded into a product: one float vector, the stationary kernel, Q8_K activations.
-  EXPECT_TRUE(cuda::matvec_norm_fits(type, 2048));
-  EXPECT_TRUE(cuda::matvec_norm_fits(type, 6144));
-  EXPECT_FALSE(cuda::matvec_norm_fits(type, 1024));  // not the cluster norm's rows
-  EXPECT_FALSE(cuda::matvec_norm_fits(type, 300));
-  EXPECT_FALSE(cuda::matvec_norm_fits(Type::Q8_0, 2048));
-  cuda::MatvecWorkspace ws;
-  const cuda::MatvecArgs normed{.type = type,
-                                .weights = fake,
-                                .rows = 8,
-                                .cols = 2048,
-                                .x = reinterpret_cast<const float*>(fake),
-                                .y = reinterpret_cast<float*>(fake),
-                                .stationary = true,
-                                .norm_weight = reinterpret_cast<const float*>(fake)};
-  cuda::MatvecArgs bad_mv = normed;
-  bad_mv.x_quantized = fake;
-  expect_error(cuda::matvec(bad_mv, ws, stream), "norm_weight needs");
-  bad_mv = normed;
-  bad_mv.n_vectors = 2;
-  expect_error(cuda::matvec(bad_mv, ws, stream), "norm_weight needs");
-  bad_mv = normed;
-  bad_mv.stationary = false;
-  expect_error(cuda::matvec(bad_mv, ws, stream), "norm_weight needs");
-  bad_mv = normed;
-  bad_mv.norm_weight = reinterpret_cast<const float*>(fake + 4);
-  expect_error(cuda::matvec(bad_mv, ws, stream), "norm_weight needs");
-  bad_mv = normed;
-  bad_mv.type = Type::Q8_0;
-  expect_error(cuda::matvec(bad_mv, ws, stream), "norm_weight needs");
 }
 
 }  // namespace

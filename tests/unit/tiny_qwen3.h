@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -81,7 +82,12 @@ inline void write_tiny(const std::string& path, quant::Type type, uint64_t seed,
     int64_t n = 1;
     for (int64_t d : specs[i].dims) n *= d;
     std::vector<float> values(static_cast<size_t>(n));
-    std::normal_distribution<float> dist(specs[i].norm ? 1.0f : 0.0f, specs[i].norm ? 0.1f : 0.25f);
+    // Matrices N(0, 0.25), rows of an explicit hidden size scaled by sqrt(256 / row length): a product's outputs then
+    // have the magnitude they have at the K-quant rows' 256 columns (at 2,048 columns, unscaled, each product made
+    // them 2.8 times larger and the logits ran to hundreds, where the GPU's and the CPU's rounding differences of
+    // ~1e-4 relative made logit gaps of 0.4).
+    const float spread = hidden > 0 && !specs[i].norm ? std::sqrt(256.0f / float(specs[i].dims[0])) : 1.0f;
+    std::normal_distribution<float> dist(specs[i].norm ? 1.0f : 0.0f, specs[i].norm ? 0.1f : 0.25f * spread);
     for (float& v : values) v = dist(rng);
     std::vector<uint8_t> bytes(quant::row_size(types[i], specs[i].dims[0]) * size_t(n / specs[i].dims[0]));
     for (int64_t r = 0; r < n / specs[i].dims[0]; ++r) {
