@@ -2,10 +2,12 @@
 """Soak `magnetar serve`: many clients, every route and way of ending a request, for minutes; the server's memory,
 file descriptors and threads sampled throughout.
 
-    bench/serve_soak.py MODEL.gguf [--minutes M] [--clients C] [--seed S] [--ctx N] [--out FILE.json] -- SERVE_FLAGS...
+    bench/serve_soak.py MODEL.gguf [--minutes M] [--clients C] [--seed S] [--ctx N] [--no-disk-kv] [--out FILE.json]
+                        -- SERVE_FLAGS...
 
 One server (MAGNETAR names the binary, default build/tools/magnetar) with `--parallel 4 --ctx N --chat-template
-chatml --kv-disk-dir TMP --kv-block 256` and SERVE_FLAGS. C client threads loop over scenarios picked at random: OpenAI chat (plain,
+chatml --kv-disk-dir TMP --kv-block 256` (no disk KV with --no-disk-kv) and SERVE_FLAGS. C client threads loop over
+scenarios picked at random: OpenAI chat (plain,
 streamed, a forced tool call, a JSON answer, a multi-turn conversation that grows until it nearly fills the context),
 Anthropic messages (plain, streamed, thinking, a forced tool), legacy completions, streams and non-streamed requests
 the client hangs up on, malformed bodies, count_tokens, tokenize/detokenize, metrics, models and health. Every answer
@@ -274,13 +276,14 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--ctx", type=int, default=2048, help="the server's --ctx (conversations start over before it)")
     p.add_argument("--out")
+    p.add_argument("--no-disk-kv", action="store_true", help="serve without --kv-disk-dir (its index grows with the blocks)")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:cut])
     binary = os.environ.get("MAGNETAR", "build/tools/magnetar")
     kv_dir = tempfile.mkdtemp(prefix="magnetar-soak-kv-")
-    flags = ["--parallel", "4", "--ctx", str(args.ctx), "--chat-template", "chatml", "--kv-disk-dir", kv_dir,
-             "--kv-block", "256"] + argv[cut + 1:]
+    disk_kv = [] if args.no_disk_kv else ["--kv-disk-dir", kv_dir, "--kv-block", "256"]
+    flags = ["--parallel", "4", "--ctx", str(args.ctx), "--chat-template", "chatml"] + disk_kv + argv[cut + 1:]
     proc, port, stderr_tail = start_server(binary, args.model, flags)
     lock = threading.Lock()
     counts, failures, samples = {}, [], []
