@@ -5,14 +5,14 @@ file descriptors and threads sampled throughout.
     bench/serve_soak.py MODEL.gguf [--minutes M] [--clients C] [--seed S] [--ctx N] [--no-disk-kv] [--out FILE.json]
                         -- SERVE_FLAGS...
 
-One server (MAGNETAR names the binary, default build/tools/magnetar) with `--parallel 4 --ctx N --chat-template
-chatml --kv-disk-dir TMP --kv-block 256` (no disk KV with --no-disk-kv) and SERVE_FLAGS. C client threads loop over
-scenarios picked at random: OpenAI chat (plain,
-streamed, a forced tool call, a JSON answer, a multi-turn conversation that grows until it nearly fills the context),
-Anthropic messages (plain, streamed, thinking, a forced tool), legacy completions, streams and non-streamed requests
-the client hangs up on, malformed bodies, count_tokens, tokenize/detokenize, metrics, models and health. Every answer
-is checked (status, shape, SSE event order, tool arguments and JSON answers that parse, tokenize round trips); a
-failure is recorded with its scenario. Every 2 s the server's VmRSS, open descriptors and threads are read from /proc.
+One server (MAGNETAR names the binary, default build/tools/magnetar) with `--parallel 4 --ctx N --chat-template chatml
+--kv-disk-dir TMP --kv-block 256` (no disk KV with --no-disk-kv) and SERVE_FLAGS. C client threads loop over scenarios
+picked at random: OpenAI chat (plain, streamed, a forced tool call, a JSON answer, a multi-turn conversation that
+grows until it nearly fills the context), Anthropic messages (plain, streamed, thinking, a forced tool), legacy
+completions, streams and non-streamed requests the client hangs up on, malformed bodies, count_tokens,
+tokenize/detokenize, metrics, models and health. Every answer is checked (status, shape, SSE event order, tool
+arguments and JSON answers that parse, tokenize round trips); a failure is recorded with its scenario. Every 2 s the
+server's VmRSS, open descriptors and threads are read from /proc.
 
 At the end: SIGTERM, and the exit status must be 0. Prints a JSON summary (requests per scenario, failures, the
 samples' first/last/peak and the least-squares growth of RSS over the second half of the run, per 1,000 requests)
