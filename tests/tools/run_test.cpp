@@ -543,6 +543,71 @@ TEST_F(TextTools, KlDivergenceAgainstABaseFile) {
   EXPECT_NE(junk.err.find("junk.kl: not a KL base file"), std::string::npos) << junk.err;
 }
 
+// The KL's excluded outcome: a base made peaked (its output norm's weights x8, so its logits spread 8 times wider and
+// most tokens' log-probs fall below the -16 cutoff the base file keeps) against the model it was made from, which puts
+// much of its mass on those tokens. The reference is the full KL over every token, in double precision from both
+// models' dumped logits; the sum over the kept tokens alone (with their -p + q terms) would lose that mass, Q_o, from
+// every position's KL.
+TEST_F(TextTools, KlCountsTheMassOnTokensTheBaseRulesOut) {
+  ASSERT_EQ(
+      magnetar("synth --preset tiny --type f32 --seed 7 --tokenizer " + file("hf") + " -o " + file("m.gguf")).status,
+      0);
+  std::vector<uint8_t> bytes = testing::read_all(file("m.gguf"));
+  Result<gguf::Header> header = gguf::parse_header(bytes, bytes.size(), "m.gguf");
+  ASSERT_TRUE(header.ok()) << header.status().message();
+  bool scaled = false;
+  for (const gguf::TensorInfo& t : header->tensors) {
+    if (t.name != "output_norm.weight") continue;
+    ASSERT_EQ(t.type_id, 0u);  // F32
+    float* w = reinterpret_cast<float*>(bytes.data() + header->data_offset + t.offset);
+    for (int64_t i = 0; i < t.n_elements(); ++i) w[i] *= 8.0f;
+    scaled = true;
+  }
+  ASSERT_TRUE(scaled);
+  testing::write_all(file("peaked.gguf"), bytes);
+  const std::string common = " -f " + file("text.txt") + " --ctx 64 --max-windows 1";
+  const Invocation b = magnetar("perplexity -m " + file("peaked.gguf") + common + " --kl-base " + file("peaked.kl"));
+  ASSERT_EQ(b.status, 0) << b.err;
+  const Invocation k = magnetar("perplexity -m " + file("m.gguf") + common + " --kl " + file("peaked.kl") + " --json");
+  ASSERT_EQ(k.status, 0) << k.err;
+  const nlohmann::json j = nlohmann::json::parse(k.out);
+  ASSERT_EQ(j["tokens_scored"], 31);
+
+  const Invocation tok = magnetar("tokenize -m " + file("m.gguf") + " --no-special --file " + file("text.txt"));
+  ASSERT_EQ(tok.status, 0) << tok.err;
+  const std::vector<int32_t> ids = nlohmann::json::parse(tok.out).get<std::vector<int32_t>>();
+  ASSERT_GE(ids.size(), 64u);
+  std::string window;
+  for (size_t i = 0; i < 64; ++i) window += (i ? "," : "") + std::to_string(ids[i]);
+  for (const char* m : {"peaked", "m"}) {
+    const Invocation d = magnetar("run -m " + file(std::string(m) + ".gguf") + " --ctx 64 --tokens " + window +
+                                  " --dump-logits " + file(std::string(m) + ".npy"));
+    ASSERT_EQ(d.status, 0) << d.err;
+  }
+  int64_t rows, cols;
+  const std::vector<float> lp = read_npy(file("peaked.npy"), &rows, &cols), lq = read_npy(file("m.npy"), &rows, &cols);
+  ASSERT_EQ(rows, 64);
+  auto log_softmax = [&](const float* row) {
+    std::vector<double> out(row, row + cols);
+    const double mx = *std::max_element(out.begin(), out.end());
+    double z = 0;
+    for (double x : out) z += std::exp(x - mx);
+    for (double& x : out) x = x - mx - std::log(z);
+    return out;
+  };
+  double kl_sum = 0, q_out = 0;
+  for (int64_t r = 32; r < 63; ++r) {
+    const std::vector<double> p = log_softmax(lp.data() + r * cols), q = log_softmax(lq.data() + r * cols);
+    for (int64_t v = 0; v < cols; ++v) {
+      kl_sum += std::exp(p[size_t(v)]) * (p[size_t(v)] - q[size_t(v)]);
+      if (p[size_t(v)] < -16.5) q_out += std::exp(q[size_t(v)]);
+    }
+  }
+  // The case this test is for: the model puts a tenth or more of its mass where the base's file keeps nothing.
+  ASSERT_GT(q_out / 31, 0.1);
+  EXPECT_NEAR(j["kl_mean"].get<double>(), kl_sum / 31, 0.01 + 1e-3 * kl_sum / 31) << "mass excluded " << q_out / 31;
+}
+
 TEST_F(TextTools, ChatAnswersEachTurnAndResets) {
   const std::string script = file("script.txt");
   testing::write_file(script, "hello\nworld \\\ncontinued\n/reset\nhello again\n");
