@@ -469,6 +469,8 @@ struct Server::Impl {
   // context cannot hold, kInvalidRequest otherwise.
   Result<std::shared_ptr<Job>> submit(const std::string& prompt, ChatRequest& request, const Generation* generation,
                                       ErrorKind& refused);
+  // GET /v1/models' model: Anthropic's ModelInfo where the request has anthropic-version, else OpenAI's model.
+  json model_object(const httplib::Request& req) const;
   // The plan of a chat request, its notes printed with --verbose.
   Result<Generation> plan(const ChatRequest& request, const char* route) const;
   void chat_completions(const httplib::Request& req, httplib::Response& res);
@@ -608,10 +610,27 @@ void Server::Impl::routes() {
       [this](const httplib::Request& req, httplib::Response& res) { return pre_route(req, res); });
   add_webui_routes(http, engine, *worker, options.model_name);  // GET / (and HEAD /), /webui/*, /v1/status, ...
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) { reply_json(res, {{"status", "ok"}}); });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    reply_json(res,
-               {{"object", "list"},
-                {"data", json::array({{{"id", options.model_name}, {"object", "model"}, {"owned_by", "magnetar"}}})}});
+  // The model list and the model in the shape the client speaks: Anthropic's (its SDKs send anthropic-version) or
+  // OpenAI's, with vLLM's max_model_len (the context) that clients read to size their conversations.
+  http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    const json model = model_object(req);
+    if (req.has_header("anthropic-version")) {
+      return reply_json(res, {{"data", json::array({model})},
+                              {"has_more", false},
+                              {"first_id", options.model_name},
+                              {"last_id", options.model_name}});
+    }
+    reply_json(res, {{"object", "list"}, {"data", json::array({model})}});
+  });
+  http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    const Api api = req.has_header("anthropic-version") ? Api::kAnthropic : Api::kOpenAI;
+    if (req.matches[1].str() != options.model_name) {
+      return reply_error(res, ErrorKind::kNotFound,
+                         format("model '%s' does not exist (this server serves '%s')", req.matches[1].str().c_str(),
+                                options.model_name.c_str()),
+                         api);
+    }
+    reply_json(res, model_object(req));
   });
   post("/v1/chat/completions",
             [this](const httplib::Request& req, httplib::Response& res) { chat_completions(req, res); });
@@ -694,6 +713,24 @@ void Server::Impl::routes() {
     std::lock_guard<std::mutex> lock(requests_mu);
     ++requests[{route_label(req.path), res.status}];
   });
+}
+
+json Server::Impl::model_object(const httplib::Request& req) const {
+  // Its time: the model file's (a release date is what both APIs mean; the file's is the nearest this server knows).
+  struct stat st {};
+  const std::time_t created = ::stat(engine.info().path.c_str(), &st) == 0 ? st.st_mtime : 0;
+  if (req.has_header("anthropic-version")) {
+    char at[32];
+    std::tm tm{};
+    gmtime_r(&created, &tm);
+    std::strftime(at, sizeof(at), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return {{"type", "model"}, {"id", options.model_name}, {"display_name", options.model_name}, {"created_at", at}};
+  }
+  return {{"id", options.model_name},
+          {"object", "model"},
+          {"created", int64_t(created)},
+          {"owned_by", "magnetar"},
+          {"max_model_len", engine.options().n_ctx}};
 }
 
 Result<Generation> Server::Impl::plan(const ChatRequest& request, const char* route) const {

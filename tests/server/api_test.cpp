@@ -2,6 +2,9 @@
 // (tests/server/harness.h starts the server). Expectations are independent of the server's code: the greedy answer
 // comes from PyTorch (models/magnetar-demo.report.json), prompts are ChatML written out by hand, token counts come
 // from /tokenize, and event names and fields are those of the Anthropic and OpenAI API references.
+#include <sys/stat.h>
+
+#include <ctime>
 #include <map>
 #include <sstream>
 
@@ -201,6 +204,64 @@ TEST_F(ServeApi, APromptTooLongIsRefusedInTheWordsAgentsLookFor) {
   const json bad = post("/v1/chat/completions", {{"messages", "x"}}, &status);
   EXPECT_EQ(status, 400);
   EXPECT_FALSE(bad["error"].contains("code")) << bad.dump();
+}
+
+// GET /v1/models and /v1/models/{id} in the shape of the API the client speaks: OpenAI's model object (id, object,
+// created, owned_by) with vLLM's max_model_len, the context; Anthropic's ModelInfo (type, id, display_name, created_at
+// in RFC 3339) and list fields where the request carries anthropic-version, as Anthropic's SDKs send it. The time is
+// the model file's; an unknown id is a 404 in the API's error shape.
+TEST_F(ServeApi, ModelsInTheShapeOfEachApi) {
+  httplib::Client c = client();
+  httplib::Result st = c.Get("/v1/status");
+  ASSERT_TRUE(st);
+  const long long n_ctx = json::parse(st->body)["model"]["n_ctx"].get<long long>();
+  struct stat file {};
+  ASSERT_EQ(::stat(kModel.c_str(), &file), 0);
+  char at[32];
+  std::tm tm{};
+  gmtime_r(&file.st_mtime, &tm);
+  std::strftime(at, sizeof(at), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  const std::string id = "magnetar-demo-q8_0";  // the file's name without .gguf
+
+  httplib::Result openai = c.Get("/v1/models");
+  ASSERT_TRUE(openai);
+  const json o = json::parse(openai->body);
+  EXPECT_EQ(o["object"], "list");
+  ASSERT_EQ(o["data"].size(), 1u) << o.dump();
+  const json expected_openai = {{"id", id},
+                                {"object", "model"},
+                                {"created", int64_t(file.st_mtime)},
+                                {"owned_by", "magnetar"},
+                                {"max_model_len", n_ctx}};
+  EXPECT_EQ(o["data"][0], expected_openai);
+  httplib::Result one = c.Get(("/v1/models/" + id).c_str());
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->status, 200);
+  EXPECT_EQ(json::parse(one->body), expected_openai);
+
+  const httplib::Headers anthropic_headers = {{"anthropic-version", "2023-06-01"}};
+  httplib::Result anthropic = c.Get("/v1/models", anthropic_headers);
+  ASSERT_TRUE(anthropic);
+  const json a = json::parse(anthropic->body);
+  const json expected_anthropic = {{"type", "model"}, {"id", id}, {"display_name", id}, {"created_at", at}};
+  ASSERT_EQ(a["data"].size(), 1u) << a.dump();
+  EXPECT_EQ(a["data"][0], expected_anthropic);
+  EXPECT_EQ(a["has_more"], false);
+  EXPECT_EQ(a["first_id"], id);
+  EXPECT_EQ(a["last_id"], id);
+  httplib::Result a_one = c.Get(("/v1/models/" + id).c_str(), anthropic_headers);
+  ASSERT_TRUE(a_one);
+  EXPECT_EQ(json::parse(a_one->body), expected_anthropic);
+
+  httplib::Result missing = c.Get("/v1/models/claude-sonnet-4-5");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_EQ(json::parse(missing->body)["error"]["type"], "not_found_error") << missing->body;
+  httplib::Result a_missing = c.Get("/v1/models/claude-sonnet-4-5", anthropic_headers);
+  ASSERT_TRUE(a_missing);
+  EXPECT_EQ(a_missing->status, 404);
+  EXPECT_EQ(json::parse(a_missing->body)["type"], "error") << a_missing->body;
+  EXPECT_EQ(json::parse(a_missing->body)["error"]["type"], "not_found_error") << a_missing->body;
 }
 
 // A valid body nested a million levels deep is refused before it is parsed (copying its parse recursed until the
