@@ -268,6 +268,14 @@ def slope(points):
     return sum((x - mx) * (y - my) for x, y in points) / var if var else 0.0
 
 
+def tenths(samples):
+    """[[requests, KiB of RSS added], ...] over each tenth of the run's samples."""
+    if len(samples) < 11:
+        return []
+    at = [samples[round(i * (len(samples) - 1) / 10)] for i in range(11)]
+    return [[b["requests"] - a["requests"], b["rss_kib"] - a["rss_kib"]] for a, b in zip(at, at[1:])]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model")
@@ -345,6 +353,9 @@ def main():
         "fds": [samples[0]["fds"], samples[-1]["fds"]] if samples else None,
         "threads": [samples[0]["threads"], samples[-1]["threads"]] if samples else None,
         "growth_first_to_last_quarter": grew,
+        # Settling or a leak: what each tenth of the run added to RSS, with its requests (a leak adds about the same
+        # per request in every tenth; settling adds less and less).
+        "rss_kib_added_per_tenth": tenths(samples),
     }
     print(json.dumps(summary, indent=1))
     if args.out:
