@@ -311,6 +311,34 @@ class TextTools : public ::testing::Test {
   static void TearDownTestSuite() { delete dir_; }
   static std::string model() { return dir_->file("tiny-tok.gguf"); }
   static std::string file(const std::string& name) { return dir_->file(name); }
+  // The log-softmax rows, in double precision, of MODEL.gguf (under the suite's directory) over the text's first 64
+  // tokens, from `run --dump-logits`: what perplexity's first window of --ctx 64 scores, computed independently.
+  static std::vector<std::vector<double>> first_window_log_probs(const std::string& model_name) {
+    const Invocation tok =
+        magnetar("tokenize -m " + file(model_name + ".gguf") + " --no-special --file " + file("text.txt"));
+    EXPECT_EQ(tok.status, 0) << tok.err;
+    const std::vector<int32_t> ids = nlohmann::json::parse(tok.out).get<std::vector<int32_t>>();
+    EXPECT_GE(ids.size(), 64u);
+    if (ids.size() < 64) return {};
+    std::string window;
+    for (size_t i = 0; i < 64; ++i) window += (i ? "," : "") + std::to_string(ids[i]);
+    const Invocation d = magnetar("run -m " + file(model_name + ".gguf") + " --ctx 64 --tokens " + window +
+                                  " --dump-logits " + file(model_name + ".npy"));
+    EXPECT_EQ(d.status, 0) << d.err;
+    int64_t rows, cols;
+    const std::vector<float> logits = read_npy(file(model_name + ".npy"), &rows, &cols);
+    EXPECT_EQ(rows, 64);
+    std::vector<std::vector<double>> out;
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<double> row(logits.begin() + r * cols, logits.begin() + (r + 1) * cols);
+      const double mx = *std::max_element(row.begin(), row.end());
+      double z = 0;
+      for (double x : row) z += std::exp(x - mx);
+      for (double& x : row) x = x - mx - std::log(z);
+      out.push_back(std::move(row));
+    }
+    return out;
+  }
   static testing::TempDir* dir_;
 };
 testing::TempDir* TextTools::dir_ = nullptr;
@@ -472,33 +500,14 @@ TEST_F(TextTools, KlDivergenceAgainstABaseFile) {
 
   // An independent computation for the first window: both models' logits from `run --dump-logits`, KL and
   // top-1 of the scored positions 32..62 computed here in double precision.
-  const Invocation tok = magnetar("tokenize -m " + file("base.gguf") + " --no-special --file " + file("text.txt"));
-  ASSERT_EQ(tok.status, 0) << tok.err;
-  const std::vector<int32_t> ids = nlohmann::json::parse(tok.out).get<std::vector<int32_t>>();
-  ASSERT_GE(ids.size(), 64u);
-  std::string window;
-  for (size_t i = 0; i < 64; ++i) window += (i ? "," : "") + std::to_string(ids[i]);
-  for (const char* m : {"base", "q4k"}) {
-    const Invocation d = magnetar("run -m " + file(std::string(m) + ".gguf") + " --ctx 64 --tokens " + window +
-                                  " --dump-logits " + file(std::string(m) + ".npy"));
-    ASSERT_EQ(d.status, 0) << d.err;
-  }
-  int64_t rows, cols;
-  const std::vector<float> lb = read_npy(file("base.npy"), &rows, &cols), lq = read_npy(file("q4k.npy"), &rows, &cols);
-  ASSERT_EQ(rows, 64);
-  auto log_softmax = [&](const float* row) {
-    std::vector<double> out(row, row + cols);
-    const double mx = *std::max_element(out.begin(), out.end());
-    double z = 0;
-    for (double x : out) z += std::exp(x - mx);
-    for (double& x : out) x = x - mx - std::log(z);
-    return out;
-  };
+  const std::vector<std::vector<double>> pb = first_window_log_probs("base"), pq = first_window_log_probs("q4k");
+  ASSERT_EQ(pb.size(), 64u);
+  ASSERT_EQ(pq.size(), 64u);
   double kl_sum = 0;
   int same_top = 0;
-  for (int64_t r = 32; r < 63; ++r) {
-    const std::vector<double> p = log_softmax(lb.data() + r * cols), q = log_softmax(lq.data() + r * cols);
-    for (int64_t v = 0; v < cols; ++v) kl_sum += std::exp(p[size_t(v)]) * (p[size_t(v)] - q[size_t(v)]);
+  for (size_t r = 32; r < 63; ++r) {
+    const std::vector<double>&p = pb[r], &q = pq[r];
+    for (size_t v = 0; v < p.size(); ++v) kl_sum += std::exp(p[v]) * (p[v] - q[v]);
     same_top += std::max_element(p.begin(), p.end()) - p.begin() == std::max_element(q.begin(), q.end()) - q.begin();
   }
   const Invocation one =
@@ -573,34 +582,15 @@ TEST_F(TextTools, KlCountsTheMassOnTokensTheBaseRulesOut) {
   const nlohmann::json j = nlohmann::json::parse(k.out);
   ASSERT_EQ(j["tokens_scored"], 31);
 
-  const Invocation tok = magnetar("tokenize -m " + file("m.gguf") + " --no-special --file " + file("text.txt"));
-  ASSERT_EQ(tok.status, 0) << tok.err;
-  const std::vector<int32_t> ids = nlohmann::json::parse(tok.out).get<std::vector<int32_t>>();
-  ASSERT_GE(ids.size(), 64u);
-  std::string window;
-  for (size_t i = 0; i < 64; ++i) window += (i ? "," : "") + std::to_string(ids[i]);
-  for (const char* m : {"peaked", "m"}) {
-    const Invocation d = magnetar("run -m " + file(std::string(m) + ".gguf") + " --ctx 64 --tokens " + window +
-                                  " --dump-logits " + file(std::string(m) + ".npy"));
-    ASSERT_EQ(d.status, 0) << d.err;
-  }
-  int64_t rows, cols;
-  const std::vector<float> lp = read_npy(file("peaked.npy"), &rows, &cols), lq = read_npy(file("m.npy"), &rows, &cols);
-  ASSERT_EQ(rows, 64);
-  auto log_softmax = [&](const float* row) {
-    std::vector<double> out(row, row + cols);
-    const double mx = *std::max_element(out.begin(), out.end());
-    double z = 0;
-    for (double x : out) z += std::exp(x - mx);
-    for (double& x : out) x = x - mx - std::log(z);
-    return out;
-  };
+  const std::vector<std::vector<double>> pp = first_window_log_probs("peaked"), pm = first_window_log_probs("m");
+  ASSERT_EQ(pp.size(), 64u);
+  ASSERT_EQ(pm.size(), 64u);
   double kl_sum = 0, q_out = 0;
-  for (int64_t r = 32; r < 63; ++r) {
-    const std::vector<double> p = log_softmax(lp.data() + r * cols), q = log_softmax(lq.data() + r * cols);
-    for (int64_t v = 0; v < cols; ++v) {
-      kl_sum += std::exp(p[size_t(v)]) * (p[size_t(v)] - q[size_t(v)]);
-      if (p[size_t(v)] < -16.5) q_out += std::exp(q[size_t(v)]);
+  for (size_t r = 32; r < 63; ++r) {
+    const std::vector<double>&p = pp[r], &q = pm[r];
+    for (size_t v = 0; v < p.size(); ++v) {
+      kl_sum += std::exp(p[v]) * (p[v] - q[v]);
+      if (p[v] < -16.5) q_out += std::exp(q[v]);
     }
   }
   // The case this test is for: the model puts a tenth or more of its mass where the base's file keeps nothing.
