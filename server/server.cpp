@@ -106,6 +106,17 @@ void reply_json(httplib::Response& res, const json& body) { res.set_content(dump
 
 // The error shape of a path: Anthropic's under /v1/messages, OpenAI's elsewhere.
 Api api_of(const std::string& path) { return path.starts_with("/v1/messages") ? Api::kAnthropic : Api::kOpenAI; }
+// The shape of the routes both APIs have (/v1/models): Anthropic's for a request with anthropic-version, which its
+// SDKs send.
+Api api_of_client(const httplib::Request& req) {
+  return req.has_header("anthropic-version") ? Api::kAnthropic : Api::kOpenAI;
+}
+
+// A file's modification time (0 when it cannot be read).
+std::time_t modified_time(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? st.st_mtime : 0;
+}
 
 // ---- security: API key, Host allowlist, CORS (the pre-routing handler's checks) ---------------------------------
 
@@ -454,8 +465,15 @@ struct Server::Impl {
   std::optional<chat::ChatTemplate> chat_template;  // chosen at bind (chat/template.h)
 
   std::vector<std::string> allowed_hosts;  // Host names accepted (allowed_host_names); empty: any
+  // /v1/models' time of the model: its file's (a release date is what both APIs mean; the file's is the nearest this
+  // server knows).
+  const std::time_t model_time;
 
-  Impl(Engine& e, ServerOptions o) : engine(e), options(std::move(o)), allowed_hosts(allowed_host_names(options)) {}
+  Impl(Engine& e, ServerOptions o)
+      : engine(e),
+        options(std::move(o)),
+        allowed_hosts(allowed_host_names(options)),
+        model_time(modified_time(engine.info().path)) {}
   void routes();
   // 403 (Host outside the allowlist) or 401 (API key missing or wrong) with its message; nullopt: let it in.
   std::optional<std::pair<ErrorKind, std::string>> refusal(const httplib::Request& req) const;
@@ -469,8 +487,8 @@ struct Server::Impl {
   // context cannot hold, kInvalidRequest otherwise.
   Result<std::shared_ptr<Job>> submit(const std::string& prompt, ChatRequest& request, const Generation* generation,
                                       ErrorKind& refused);
-  // GET /v1/models' model: Anthropic's ModelInfo where the request has anthropic-version, else OpenAI's model.
-  json model_object(const httplib::Request& req) const;
+  // GET /v1/models' model: Anthropic's ModelInfo or OpenAI's model.
+  json model_object(Api api) const;
   // The plan of a chat request, its notes printed with --verbose.
   Result<Generation> plan(const ChatRequest& request, const char* route) const;
   void chat_completions(const httplib::Request& req, httplib::Response& res);
@@ -613,8 +631,9 @@ void Server::Impl::routes() {
   // The model list and the model in the shape the client speaks: Anthropic's (its SDKs send anthropic-version) or
   // OpenAI's, with vLLM's max_model_len (the context) that clients read to size their conversations.
   http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-    const json model = model_object(req);
-    if (req.has_header("anthropic-version")) {
+    const Api api = api_of_client(req);
+    const json model = model_object(api);
+    if (api == Api::kAnthropic) {
       return reply_json(res, {{"data", json::array({model})},
                               {"has_more", false},
                               {"first_id", options.model_name},
@@ -623,14 +642,14 @@ void Server::Impl::routes() {
     reply_json(res, {{"object", "list"}, {"data", json::array({model})}});
   });
   http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
-    const Api api = req.has_header("anthropic-version") ? Api::kAnthropic : Api::kOpenAI;
+    const Api api = api_of_client(req);
     if (req.matches[1].str() != options.model_name) {
       return reply_error(res, ErrorKind::kNotFound,
                          format("model '%s' does not exist (this server serves '%s')", req.matches[1].str().c_str(),
                                 options.model_name.c_str()),
                          api);
     }
-    reply_json(res, model_object(req));
+    reply_json(res, model_object(api));
   });
   post("/v1/chat/completions",
             [this](const httplib::Request& req, httplib::Response& res) { chat_completions(req, res); });
@@ -715,20 +734,17 @@ void Server::Impl::routes() {
   });
 }
 
-json Server::Impl::model_object(const httplib::Request& req) const {
-  // Its time: the model file's (a release date is what both APIs mean; the file's is the nearest this server knows).
-  struct stat st {};
-  const std::time_t created = ::stat(engine.info().path.c_str(), &st) == 0 ? st.st_mtime : 0;
-  if (req.has_header("anthropic-version")) {
+json Server::Impl::model_object(Api api) const {
+  if (api == Api::kAnthropic) {
     char at[32];
     std::tm tm{};
-    gmtime_r(&created, &tm);
+    gmtime_r(&model_time, &tm);
     std::strftime(at, sizeof(at), "%Y-%m-%dT%H:%M:%SZ", &tm);
     return {{"type", "model"}, {"id", options.model_name}, {"display_name", options.model_name}, {"created_at", at}};
   }
   return {{"id", options.model_name},
           {"object", "model"},
-          {"created", int64_t(created)},
+          {"created", int64_t(model_time)},
           {"owned_by", "magnetar"},
           {"max_model_len", engine.options().n_ctx}};
 }
@@ -748,15 +764,15 @@ Result<std::shared_ptr<Job>> Server::Impl::submit(const std::string& prompt, Cha
   // OpenAI's "maximum context length" too. One too long whatever its tokens is refused before it is tokenized: a
   // token covers at most max_token_bytes of the text after NFC, which shrinks a text at most 3 times (conjoining jamo).
   const int64_t n_ctx = engine.options().n_ctx;
-  refused = ErrorKind::kContextLength;
+  refused = ErrorKind::kInvalidRequest;
   if (const int64_t per_token = std::max<int64_t>(1, engine.info().max_token_bytes);
       int64_t(prompt.size()) / 3 / per_token >= n_ctx) {
+    refused = ErrorKind::kContextLength;
     return Status::error(
         format("prompt is too long: %zu bytes, more than the maximum context length of %lld tokens "
                "can hold (at most %lld bytes a token)",
                prompt.size(), (long long)n_ctx, (long long)per_token));
   }
-  refused = ErrorKind::kInvalidRequest;
   Result<std::vector<int32_t>> ids = tokenize(prompt, true);
   if (!ids.ok()) return ids.status();
   const int64_t n_prompt = int64_t(ids->size());
