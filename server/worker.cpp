@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <optional>
 
 #include "base/check.h"
@@ -240,6 +241,7 @@ void Worker::admit(Slot& slot) {
 // Publishes the job's counts (before `done`, see WorkerStats), ends it and frees the slot.
 void Worker::finish(Slot& slot, FinishReason reason, std::string tail, std::string error) {
   Job& job = *slot.job;
+  if (reason == FinishReason::kError) std::fprintf(stderr, "magnetar serve: a request failed: %s\n", error.c_str());
   const Clock::time_point t_end = Clock::now();
   // (The disk KV's counts are not published: stats() reads them settled, on the caller's thread, so the answer and the
   // next job never wait for the disk's writes.)
@@ -446,6 +448,8 @@ void Worker::decode_step() {
     // The batch failed (a read error of some expert, ...) and left every session as it was: each steps alone once,
     // so a transient error or one member's trouble ends only the jobs that fail again (it ended them all).
     if (members.size() == 1) return finish(*members[0], FinishReason::kError, {}, s.message());
+    std::fprintf(stderr, "magnetar serve: a decode step of %zu sessions failed (%s): each steps alone\n",
+                 members.size(), s.message().c_str());
     for (size_t i = 0; i < members.size(); ++i) {
       if (Status alone = batch[i]->step(ids[i]); !alone.ok()) {
         finish(*members[i], FinishReason::kError, {}, alone.message());

@@ -8,14 +8,17 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace magnetar::test {
@@ -40,8 +43,9 @@ class ServeFixture : public ::testing::Test {
   inline static ServerProcess* server = nullptr;
   static void SetUpTestSuite() { start_server({}); }
   // Starts the server with `extra` flags after the default ones (a suite that needs other flags defines its own
-  // SetUpTestSuite calling this).
-  static void start_server(const std::vector<std::string>& extra) {
+  // SetUpTestSuite calling this) and `env` (name, value) added to its environment.
+  static void start_server(const std::vector<std::string>& extra,
+                           const std::vector<std::pair<std::string, std::string>>& env = {}) {
     signal(SIGPIPE, SIG_IGN);
     server = new ServerProcess;
     int fds[2];
@@ -51,6 +55,7 @@ class ServeFixture : public ::testing::Test {
       dup2(fds[1], STDERR_FILENO);
       close(fds[0]);
       close(fds[1]);
+      for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
       std::vector<std::string> args = {MAGNETAR_BINARY, "serve", "-m", kModel, "--port", "0", "-t", "2"};
       args.insert(args.end(), extra.begin(), extra.end());
       std::vector<char*> argv;
@@ -84,6 +89,22 @@ class ServeFixture : public ::testing::Test {
     server = nullptr;
   }
   void SetUp() override { ASSERT_GT(server->port, 0) << "the server did not start"; }
+
+  // Reads the server's stderr until `text` appears in what it wrote since it started (true) or `seconds` pass.
+  static bool wait_for_stderr(const std::string& text, double seconds) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (server->err.find(text) == std::string::npos) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      pollfd p{.fd = server->err_fd, .events = POLLIN, .revents = 0};
+      if (left.count() <= 0 || poll(&p, 1, int(left.count())) <= 0) return false;
+      char buf[512];
+      const ssize_t n = read(server->err_fd, buf, sizeof(buf));
+      if (n <= 0) return false;
+      server->err.append(buf, size_t(n));
+    }
+    return true;
+  }
 
   static httplib::Client client() {
     httplib::Client c("127.0.0.1", server->port);

@@ -8,8 +8,12 @@
 // - Sweeps: with streamed experts a prompt goes in prefill sweeps, which stop after a chunk's worth of steps while
 //   another slot decodes and continue in the slot's next turn: concurrent streams still give each request's answer
 //   alone, and /metrics counts the paused sweeps.
+// - Read error: one expert read failing in a decode step of two sessions (a fault injected with LD_PRELOAD) ends
+//   neither job: each session steps alone, and both answers are those of the requests alone.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <thread>
@@ -108,17 +112,11 @@ TEST_F(ParallelOne, OneSlotIsEvictedByTheOtherConversation) {
   EXPECT_LT(cached, a_tokens / 2) << "prompt of A: " << a_tokens;
 }
 
-// The text of a streamed OpenAI chat completion, or an error string starting with "ERROR".
-std::string stream_text(httplib::Client& c, const json& body) {
-  json b = body;
-  b["stream"] = true;
-  std::string raw;
-  httplib::Result r = c.Post("/v1/chat/completions", b.dump(), "application/json");
-  if (!r) return "ERROR no response (" + httplib::to_string(r.error()) + ")";  // the client's error names the cause
-  if (r->status != 200) return "ERROR status " + std::to_string(r->status);
+// The text of a streamed OpenAI chat completion's body, or an error string starting with "ERROR".
+std::string text_of_stream(const std::string& body) {
   std::string text;
   bool done = false;
-  for (const auto& [name, data] : sse_events(r->body)) {
+  for (const auto& [name, data] : sse_events(body)) {
     if (data == "[DONE]") {
       done = true;
       continue;
@@ -130,6 +128,16 @@ std::string stream_text(httplib::Client& c, const json& body) {
     if (delta.contains("content") && delta["content"].is_string()) text += delta["content"].get<std::string>();
   }
   return done ? text : "ERROR no [DONE]";
+}
+
+// The text of a streamed OpenAI chat completion, or an error string starting with "ERROR".
+std::string stream_text(httplib::Client& c, const json& body) {
+  json b = body;
+  b["stream"] = true;
+  httplib::Result r = c.Post("/v1/chat/completions", b.dump(), "application/json");
+  if (!r) return "ERROR no response (" + httplib::to_string(r.error()) + ")";  // the client's error names the cause
+  if (r->status != 200) return "ERROR status " + std::to_string(r->status);
+  return text_of_stream(r->body);
 }
 
 TEST_F(ParallelLoad, ConcurrentStreamsEqualTheSameRequestsAlone) {
@@ -246,6 +254,80 @@ TEST_F(ParallelSweeps, PausedSweepsGiveEachRequestsAnswerAlone) {
   std::printf("sweeps: %.0f alone, %.0f in all, %.0f paused\n", sweeps, metric(c, "magnetar_prefill_sweeps_total"),
               pauses);
   EXPECT_GT(pauses, 0);
+}
+
+// Streamed experts read by the pread pool with tests/server/preload/eio.cpp loaded: one read of the model file fails
+// with EIO when the test creates the trigger file.
+class ParallelReadError : public ServeFixture {
+ protected:
+  static std::string trigger() { return ::testing::TempDir() + "magnetar_eio_" + std::to_string(getpid()); }
+  static void SetUpTestSuite() {
+    start_server({"--parallel", "2", "--ctx", "512", "--stream", "--no-census", "--cache-gb", "0.007", "--no-io-uring"},
+                 {{"LD_PRELOAD", MAGNETAR_EIO_PRELOAD}, {"MAGNETAR_TEST_EIO_TRIGGER", trigger()}});
+  }
+};
+
+// A read error in a decode step of two sessions (a disk's transient error) ends neither job: the step fails, each
+// session steps alone (the server says so on stderr), and both answers are those of the requests alone. Before, a
+// failed batched step ended every job in it.
+TEST_F(ParallelReadError, AReadErrorInABatchedStepEndsNoJob) {
+  json bodies[2] = {conversation({"Tell me about the sea and the ships that sail on it."}, 40),
+                    conversation({"Tell me about the king and the river and the stone."}, 40)};
+  for (json& b : bodies) b["ignore_eos"] = true;  // 40 tokens: the answers outlast the fault
+  httplib::Client c = client();
+  std::string want[2];
+  for (int i = 0; i < 2; ++i) {
+    int status = 0;
+    const json r = post("/v1/chat/completions", bodies[i], &status);
+    ASSERT_EQ(status, 200) << r.dump();
+    ASSERT_EQ(r["usage"]["completion_tokens"].get<int>(), 40) << r.dump();
+    want[i] = stream_text(c, bodies[i]);
+    ASSERT_EQ(want[i].rfind("ERROR", 0), std::string::npos) << want[i];
+  }
+  std::remove(trigger().c_str());
+
+  // Both stream at once; once each has had a few events (both decoding, so their steps are batched), one read fails.
+  std::atomic<int> events[2] = {0, 0};
+  std::string raw[2], got[2];
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 2; ++i) {
+    clients.emplace_back([&, i] {
+      httplib::Client mine = client();
+      mine.set_read_timeout(120);
+      json b = bodies[i];
+      b["stream"] = true;
+      httplib::Request req;
+      req.method = "POST";
+      req.path = "/v1/chat/completions";
+      req.body = b.dump();
+      req.set_header("Content-Type", "application/json");
+      req.content_receiver = [&, i](const char* data, size_t n, uint64_t, uint64_t) {
+        raw[i].append(data, n);
+        events[i] += int(std::count(data, data + n, '\n')) / 2;
+        return true;
+      };
+      httplib::Response res;
+      httplib::Error error = httplib::Error::Success;
+      got[i] = !mine.send(req, res, error) ? "ERROR no response (" + httplib::to_string(error) + ")"
+               : res.status != 200         ? "ERROR status " + std::to_string(res.status)
+                                           : text_of_stream(raw[i]);
+    });
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while ((events[0] < 4 || events[1] < 4) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const bool both_decoding = events[0] >= 4 && events[1] >= 4;
+  std::FILE* f = std::fopen(trigger().c_str(), "w");
+  ASSERT_NE(f, nullptr) << trigger();
+  std::fclose(f);
+  for (std::thread& t : clients) t.join();
+  EXPECT_TRUE(both_decoding) << "events " << events[0] << ", " << events[1];
+  EXPECT_NE(std::remove(trigger().c_str()), 0) << "no read of the model file came after the trigger: no fault";
+  EXPECT_TRUE(wait_for_stderr("magnetar serve: a decode step of 2 sessions failed (", 10)) << server->err;
+  EXPECT_EQ(server->err.find("a request failed"), std::string::npos) << server->err;
+  EXPECT_EQ(got[0], want[0]);
+  EXPECT_EQ(got[1], want[1]);
 }
 
 }  // namespace
