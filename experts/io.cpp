@@ -9,6 +9,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "base/check.h"
 #include "base/status.h"
@@ -38,7 +39,7 @@ bool consume(std::vector<iovec>& iov, size_t* first, size_t n) {
 
 class UringReader final : public Reader {
  public:
-  explicit UringReader(int depth) : depth_(depth), slots_(size_t(depth)) {
+  UringReader(int depth, CompletionFault fault) : depth_(depth), fault_(std::move(fault)), slots_(size_t(depth)) {
     for (int i = depth - 1; i >= 0; --i) free_.push_back(i);
   }
   ~UringReader() override {
@@ -150,9 +151,9 @@ class UringReader final : public Reader {
       if (r == -EINTR) continue;
       if (r < 0 || cqe == nullptr) return;
       const int s = int(io_uring_cqe_get_data64(cqe));
-      const int res = cqe->res;
-      io_uring_cqe_seen(&ring_, cqe);
       Slot& slot = slots_[size_t(s)];
+      const int res = fault_ ? fault_(cqe->res, slot.retries) : cqe->res;
+      io_uring_cqe_seen(&ring_, cqe);
       // Kernels before ~6.2 may complete a large O_DIRECT read with EAGAIN when the device queue is busy: the
       // application is to reissue it (liburing's maintainers), a few times before it counts as a failure.
       if ((res == -EAGAIN || res == -EINTR) && slot.retries < kMaxRetries) {
@@ -175,6 +176,7 @@ class UringReader final : public Reader {
 
   static constexpr int kMaxRetries = 12;
   int depth_;
+  CompletionFault fault_;
   bool ready_ = false;
   int broken_ = 0;  // a submit's lasting error (negative errno): the ring is not used again
   io_uring ring_{};
@@ -274,8 +276,8 @@ class PreadReader final : public Reader {
 
 }  // namespace
 
-std::unique_ptr<Reader> make_uring_reader(int queue_depth, std::string* why) {
-  auto reader = std::make_unique<UringReader>(queue_depth);
+std::unique_ptr<Reader> make_uring_reader(int queue_depth, std::string* why, CompletionFault fault) {
+  auto reader = std::make_unique<UringReader>(queue_depth, std::move(fault));
   if (const int r = reader->init(); r < 0) {
     if (why) *why = std::string("io_uring_queue_init: ") + std::strerror(-r);
     return nullptr;

@@ -9,6 +9,7 @@
 #include <sys/uio.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -34,8 +35,13 @@ class Reader {
   virtual size_t in_flight() const = 0;
 };
 
+// For tests of the io_uring reader's reissues: called with each completion's result as the kernel gave it and the
+// times its read was reissued after EAGAIN / EINTR so far; returns the result the reader acts on.
+using CompletionFault = std::function<int(int result, int reissues)>;
+
 // nullptr when io_uring cannot be set up here (kernel too old, disabled by sysctl or seccomp); `why` says why.
-std::unique_ptr<Reader> make_uring_reader(int queue_depth, std::string* why);
+// `fault`: tests only (empty: the kernel's results as they are).
+std::unique_ptr<Reader> make_uring_reader(int queue_depth, std::string* why, CompletionFault fault = {});
 std::unique_ptr<Reader> make_pread_reader(int threads);
 
 }  // namespace magnetar::experts

@@ -1,6 +1,7 @@
 // The expert store's readers (experts/io.h): io_uring and the pread pool read a list of buffers at an offset alike,
 // including a read that runs past the end of the file (a short completion: the io_uring reader queues the rest, as
-// the pread pool re-reads it, and both report the bytes up to the end).
+// the pread pool re-reads it, and both report the bytes up to the end); the io_uring reader reissues a read that
+// completes with EAGAIN or EINTR, and gives up after 12 reissues.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -76,6 +77,52 @@ TEST_F(ExpertsIo, UringReadsBuffersAndStopsAtTheEnd) {
   std::unique_ptr<Reader> reader = make_uring_reader(4, &why);
   if (!reader) GTEST_SKIP() << "SKIP: io_uring is not available here: " << why;
   check(*reader);
+}
+
+// Completions the kernel may give a busy O_DIRECT read (EAGAIN; EINTR) are reissued, with a growing pause, up to 12
+// times per read: with the first three results of every read replaced by EAGAIN (a fault hook; a non-blocking pipe
+// does not give EAGAIN, the kernel polls it) every read of check() above, short ones included, completes as before,
+// each after pauses of at least 50 + 100 + 200 us.
+TEST_F(ExpertsIo, UringReissuesAReadThatCompletesWithEagain) {
+  std::string why;
+  int calls = 0;
+  std::unique_ptr<Reader> reader = make_uring_reader(4, &why, [&](int result, int reissues) {
+    ++calls;
+    return reissues < 3 ? -EAGAIN : result;
+  });
+  if (!reader) GTEST_SKIP() << "SKIP: io_uring is not available here: " << why;
+  check(*reader);
+  EXPECT_GE(calls, 4 * 4 + 1);  // 4 reads of 4 results each, the short one's rest at least one more
+  std::vector<uint8_t> got(100);
+  std::vector<iovec> iov{{got.data(), got.size()}};
+  reader->submit(fd_, 500, iov, 9);
+  std::vector<Completion> done;
+  reader->reap(1, done);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].result, 100);
+  EXPECT_GE(done[0].seconds, 350e-6);
+  EXPECT_EQ(std::memcmp(got.data(), bytes_.data() + 500, 100), 0);
+}
+
+// A read that keeps completing with EAGAIN (or EINTR) fails with it after 12 reissues (13 results), instead of
+// being retried forever; the reader goes on with the next read.
+TEST_F(ExpertsIo, UringGivesUpOnAReadAfterTwelveReissues) {
+  for (const int error : {EAGAIN, EINTR}) {
+    std::string why;
+    int calls = 0;
+    bool failing = true;
+    std::unique_ptr<Reader> reader = make_uring_reader(4, &why, [&](int result, int) {
+      ++calls;
+      return failing ? -error : result;
+    });
+    if (!reader) GTEST_SKIP() << "SKIP: io_uring is not available here: " << why;
+    std::vector<uint8_t> got;
+    EXPECT_EQ(read(*reader, 0, {64}, got), -error);
+    EXPECT_EQ(calls, 13) << std::strerror(error);
+    failing = false;
+    ASSERT_EQ(read(*reader, 0, {64}, got), 64);
+    EXPECT_EQ(std::memcmp(got.data(), bytes_.data(), 64), 0);
+  }
 }
 
 }  // namespace
