@@ -283,6 +283,15 @@ std::string new_call_id(const char* prefix) {
   return id;
 }
 
+// The signature of an Anthropic thinking block: Anthropic's is an opaque token that clients keep and send back with
+// the block; Claude Code drops a thinking block without one (and with it an answer that had only thinking). Ours is
+// "magnetar" and the FNV-1a hash of the text in hex (nothing checks it when a client sends the block back).
+std::string thinking_signature(const std::string& thinking) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const char c : thinking) h = (h ^ uint8_t(c)) * 0x100000001b3ull;
+  return format("magnetar%016llx", (unsigned long long)h);
+}
+
 // OpenAI's finish_reason: length (max_tokens or the context), tool_calls, or stop.
 const char* finish_reason_name(FinishReason f, bool tool_calls = false) {
   if (f == FinishReason::kLength) return "length";
@@ -1031,7 +1040,7 @@ void Server::Impl::messages(const httplib::Request& req, httplib::Response& res)
     for (const chat::OutputEvent& e : parse_output(generation.format, job->pending_text)) {
       switch (e.kind) {
         case chat::OutputEventKind::kReasoning:
-          content.push_back({{"type", "thinking"}, {"thinking", e.text}, {"signature", ""}});
+          content.push_back({{"type", "thinking"}, {"thinking", e.text}, {"signature", thinking_signature(e.text)}});
           break;
         case chat::OutputEventKind::kText: content.push_back({{"type", "text"}, {"text", e.text}}); break;
         case chat::OutputEventKind::kToolCallBegin:
@@ -1063,6 +1072,7 @@ void Server::Impl::messages(const httplib::Request& req, httplib::Response& res)
     bool started = false;
     int index = -1;  // the current (or last) block
     Block open = Block::kNone;
+    std::string thinking;  // the open thinking block's text, for its signature
     bool tool_use = false;
     std::chrono::steady_clock::time_point last_sent;  // of the last event written
   };
@@ -1100,9 +1110,19 @@ void Server::Impl::messages(const httplib::Request& req, httplib::Response& res)
                       {{"type", "message_start"}, {"message", message(json::array(), nullptr, nullptr, usage)}}) &&
                  send("ping", {{"type", "ping"}});
         }
+        // A thinking block ends with its signature (signature_delta), as Anthropic's do.
         auto stop_block = [&] {
           if (state->open == Block::kNone) return true;
+          const bool thinking = state->open == Block::kThinking;
           state->open = Block::kNone;
+          if (thinking &&
+              !send("content_block_delta",
+                    {{"type", "content_block_delta"},
+                     {"index", state->index},
+                     {"delta", {{"type", "signature_delta"}, {"signature", thinking_signature(state->thinking)}}}})) {
+            return false;
+          }
+          state->thinking.clear();
           return send("content_block_stop", {{"type", "content_block_stop"}, {"index", state->index}});
         };
         // Opens a block of `kind` (closing the open one) unless one of that kind is open.
@@ -1134,8 +1154,9 @@ void Server::Impl::messages(const httplib::Request& req, httplib::Response& res)
           bool ok = true;
           switch (e.kind) {
             case chat::OutputEventKind::kReasoning:
-              ok = open_block(Block::kThinking, {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}) &&
-                   delta({{"type", "thinking_delta"}, {"thinking", e.text}});
+              ok = open_block(Block::kThinking, {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}});
+              state->thinking += e.text;
+              ok = ok && delta({{"type", "thinking_delta"}, {"thinking", e.text}});
               break;
             case chat::OutputEventKind::kText:
               ok = open_block(Block::kText, {{"type", "text"}, {"text", ""}}) &&

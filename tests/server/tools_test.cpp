@@ -354,6 +354,35 @@ TEST_F(ServeTools, AnthropicToolResultRoundTrip) {
   EXPECT_EQ(counted["input_tokens"].get<size_t>(), n_tokens(kRoundTripPrompt)) << counted.dump();
 }
 
+// The content blocks of a streamed Anthropic message (SSE body), put together from content_block_start and the
+// deltas as Anthropic's SDKs do; a thinking block must end with its signature_delta (else a failure).
+json anthropic_stream_blocks(const std::string& body) {
+  json blocks = json::array();
+  bool signed_last = false;  // the last delta was a thinking block's signature_delta
+  for (const auto& [name, data] : sse_events(body)) {
+    const json j = json::parse(data);
+    if (name == "content_block_start") blocks.push_back(j["content_block"]);
+    if (name == "content_block_stop" && blocks.back()["type"] == "thinking") {
+      EXPECT_TRUE(signed_last) << "a thinking block ends with its signature_delta: " << body;
+    }
+    if (name == "content_block_delta") {
+      json& block = blocks.back();
+      signed_last = false;
+      if (block["type"] == "thinking" && j["delta"]["type"] == "signature_delta") {
+        block["signature"] = block["signature"].get<std::string>() + j["delta"]["signature"].get<std::string>();
+        signed_last = true;
+      } else if (block["type"] == "thinking") {
+        EXPECT_EQ(j["delta"]["type"], "thinking_delta");
+        block["thinking"] = block["thinking"].get<std::string>() + j["delta"]["thinking"].get<std::string>();
+      } else {
+        EXPECT_EQ(j["delta"]["type"], "text_delta");
+        block["text"] = block["text"].get<std::string>() + j["delta"]["text"].get<std::string>();
+      }
+    }
+  }
+  return blocks;
+}
+
 TEST_F(ServeTools, AnthropicThinking) {
   // Thinking on: the prompt ends at the assistant header (no empty think block), and a budget is accepted.
   const json r = messages({{"messages", {{{"role", "user"}, {"content", "Who are you?"}}}},
@@ -369,7 +398,8 @@ TEST_F(ServeTools, AnthropicThinking) {
     if (block["type"] == "thinking") {
       EXPECT_EQ(i, 0u) << r.dump();
       EXPECT_FALSE(block["thinking"].get<std::string>().empty());
-      EXPECT_TRUE(block["signature"].is_string());
+      ASSERT_TRUE(block["signature"].is_string());
+      EXPECT_FALSE(block["signature"].get<std::string>().empty()) << "Claude Code drops unsigned thinking";
     } else {
       EXPECT_EQ(block["type"], "text") << r.dump();
     }
@@ -385,21 +415,7 @@ TEST_F(ServeTools, AnthropicThinking) {
                                         .dump(),
                                     &status);
   ASSERT_EQ(status, 200);
-  json blocks = json::array();
-  for (const auto& [name, data] : sse_events(body)) {
-    const json j = json::parse(data);
-    if (name == "content_block_start") blocks.push_back(j["content_block"]);
-    if (name == "content_block_delta") {
-      json& block = blocks.back();
-      if (block["type"] == "thinking") {
-        ASSERT_EQ(j["delta"]["type"], "thinking_delta");
-        block["thinking"] = block["thinking"].get<std::string>() + j["delta"]["thinking"].get<std::string>();
-      } else {
-        ASSERT_EQ(j["delta"]["type"], "text_delta");
-        block["text"] = block["text"].get<std::string>() + j["delta"]["text"].get<std::string>();
-      }
-    }
-  }
+  const json blocks = anthropic_stream_blocks(body);
   EXPECT_EQ(blocks, r["content"]);
   // Without a budget or with thinking disabled: the plain prompt.
   const json off =
@@ -489,6 +505,30 @@ TEST_F(ServeThinkingTemplate, ReasoningIsNeverTheAnswer) {
       EXPECT_EQ(block["text"].get<std::string>().find("think>"), std::string::npos) << a.dump();
     }
   }
+}
+
+// Anthropic's thinking blocks carry a signature that clients keep and send back: Claude Code drops a thinking block
+// without one (and with it an answer of thinking only). The template opens the think block, so the answer starts
+// with one: its signature is not empty, and the stream gives it in a signature_delta just before the block's
+// content_block_stop, the same as the answer without streaming; a block sent back with it is accepted.
+TEST_F(ServeThinkingTemplate, AnthropicThinkingBlocksAreSigned) {
+  const json body = {
+      {"messages", {{{"role", "user"}, {"content", "Who are you?"}}}}, {"max_tokens", 12}, {"temperature", 0}};
+  int status = 0;
+  const json r = post("/v1/messages", body, &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  ASSERT_EQ(r["content"][0]["type"], "thinking") << r.dump();
+  EXPECT_FALSE(r["content"][0]["signature"].get<std::string>().empty()) << r.dump();
+  json streamed = body;
+  streamed["stream"] = true;
+  const std::string sse = raw_post("/v1/messages", streamed.dump(), &status);
+  ASSERT_EQ(status, 200) << sse;
+  EXPECT_EQ(anthropic_stream_blocks(sse), r["content"]) << sse;
+  json again = body;
+  again["messages"].push_back({{"role", "assistant"}, {"content", r["content"]}});
+  again["messages"].push_back({{"role", "user"}, {"content", "And then?"}});
+  post("/v1/messages", again, &status);
+  EXPECT_EQ(status, 200);
 }
 
 }  // namespace
