@@ -1182,7 +1182,11 @@ void Server::Impl::messages(const httplib::Request& req, httplib::Response& res)
                                     {"delta",
                                      {{"stop_reason", anthropic_stop_reason(*job, state->tool_use)},
                                       {"stop_sequence", stop_sequence(*job)}}},
-                                    {"usage", {{"output_tokens", job->completion_tokens}}}}) ||
+                                    // The counts so far, as Anthropic's (some clients read usage only here).
+                                    {"usage",
+                                     {{"input_tokens", job->prompt_tokens - job->cached_tokens},
+                                      {"cache_read_input_tokens", job->cached_tokens},
+                                      {"output_tokens", job->completion_tokens}}}}) ||
             !send("message_stop", {{"type", "message_stop"}})) {
           return false;
         }

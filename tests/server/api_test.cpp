@@ -114,6 +114,8 @@ TEST_F(ServeApi, AnthropicStreamMatchesNonStream) {
   EXPECT_EQ(delta["delta"]["stop_reason"], "end_turn");
   EXPECT_TRUE(delta["delta"]["stop_sequence"].is_null());
   EXPECT_EQ(delta["usage"]["output_tokens"], want["usage"]["output_tokens"]);
+  EXPECT_EQ(delta["usage"]["input_tokens"], start["usage"]["input_tokens"]);  // counts so far, as Anthropic's
+  EXPECT_EQ(delta["usage"]["cache_read_input_tokens"], start["usage"]["cache_read_input_tokens"]);
 }
 
 TEST_F(ServeApi, AnthropicStopReasons) {
