@@ -36,7 +36,9 @@
 //                  1 dim per register) by ldmatrix.trans from the V tile [key][dim].
 // K and V tiles are double-buffered: cp.async (16 bytes, zero-fill) copies tile i + 1 while tile i is computed.
 // K/V rows past the CTA's last token are zero-filled, never read (the cache may end there; an F16 NaN times a
-// zero weight would still be NaN). Query rows past n_tok (tail tile) are computed on zero queries and not written.
+// zero weight would still be NaN); for the same reason a masked tile whose V holds an infinity or NaN (an F16
+// overflow) takes those values out of the P V product and adds them only to the rows that see them (add_nonfinite_v).
+// Query rows past n_tok (tail tile) are computed on zero queries and not written.
 // A row whose keys in a tile are all masked (a later token's window starts after the tile) keeps m = -inf: the
 // exponent reference is then 0, so p = alpha = 0 instead of NaN. Tiles are walked from lo(first token) to the
 // last token: nothing below the window of the CTA's first token or above the diagonal of its last is loaded.
@@ -140,6 +142,42 @@ struct PrefillParams {
   int tokens_per_cta;  // kRows / group
   float q_scale;       // scale * log2(e): the scores leave the mma in log2 units
 };
+
+// o += p v for the tile's non-finite V values (F16 exponent all ones) at the keys each of this thread's rows sees
+// (first_key_pos: the CTA's first token's position relative to the tile's first key). s holds the rows' weights p in
+// the C layout (key 8 nt + 2 t' + e of lane 4 g + t'), o the C layout over dims (dim 8 dt + 2 t + e). The slow path of
+// a rare case: one key at a time, its weight fetched from the lane of the quad that holds it.
+template <int D, int MT, int KV>
+__device__ __forceinline__ void add_nonfinite_v(const float (&s)[MT][KV / 8][4], float (&o)[MT][D / 8][4],
+                                                const uint16_t* v_s, int warp, int lane, int first_key_pos, int window,
+                                                int group) {
+  const int g = lane / 4;
+  const int t = lane % 4;
+#pragma unroll
+  for (int nt = 0; nt < KV / 8; ++nt) {  // compile-time: s is indexed by registers only
+#pragma unroll 1
+    for (int k8 = 0; k8 < 8; ++k8) {
+      const int key = 8 * nt + k8, src = (lane & ~3) | (k8 / 2), e = k8 % 2;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float w = __shfl_sync(0xffffffffu, e == 0 ? s[mt][nt][2 * h] : s[mt][nt][2 * h + 1], src);
+          const int pos = first_key_pos + (warp * 16 * MT + 16 * mt + g + 8 * h) / group;
+          if (key > pos || (window > 0 && key < pos - window + 1)) continue;
+#pragma unroll
+          for (int dt = 0; dt < D / 8; ++dt) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const uint16_t x = v_s[key * (D + 8) + 8 * dt + 2 * t + c];
+              if ((x & 0x7c00u) == 0x7c00u) o[mt][dt][2 * h + c] += w * __half2float(__ushort_as_half(x));
+            }
+          }
+        }
+      }
+    }
+  }
+}
 
 // Grid: (query tiles, n_head_kv); kThreads threads; Tile<D, MT>::kSmemBytes of dynamic shared memory.
 template <int D, int MT>
@@ -279,7 +317,8 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(const Prefi
     }
 
     // Causal and window mask (uniform branch over the CTA): s[mt][nt][e] is key j0 + 8 nt + 2t + e % 2 of half e / 2.
-    if (j0 + kKv - 1 > first_pos || j0 < last_lo) {
+    const bool masked_tile = j0 + kKv - 1 > first_pos || j0 < last_lo;
+    if (masked_tile) {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -329,6 +368,36 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(const Prefi
           o[mt][dt][2 * h] *= alpha;
           o[mt][dt][2 * h + 1] *= alpha;
         }
+      }
+    }
+
+    // A masked key's exact-zero weight times an infinite or NaN V value (an F16 overflow in the cache) would make NaN
+    // in the rows that never attend to it (the same token decoded alone stays finite). So in a masked tile whose V
+    // holds such values (rare: checked by each thread over the pieces it copied), their products are added here for
+    // the rows that see them (visible keys only, whatever their weight, as the CPU does), and they are zeroed in the
+    // tile before the tensor cores multiply P by it.
+    if (masked_tile) {
+      uint16_t* v_s = kv_s + buf * 2 * T::kKvHalves + T::kKvHalves;
+      bool nonfinite = false;
+#pragma unroll
+      for (int i = 0; i < kKv / kRowStep; ++i) {
+        const uint4 w = *reinterpret_cast<const uint4*>(v_s + (copy_row + i * kRowStep) * kStride + copy_col);
+        for (const uint32_t x : {w.x, w.y, w.z, w.w}) {
+          nonfinite |= (x & 0x7c00u) == 0x7c00u || (x & 0x7c000000u) == 0x7c000000u;
+        }
+      }
+      if (__syncthreads_or(nonfinite)) {
+        add_nonfinite_v<D, kMT, kKv>(s, o, v_s, warp, lane, first_pos - j0, p.window, G);
+        __syncthreads();  // every thread has read the tile's V values
+#pragma unroll
+        for (int i = 0; i < kKv / kRowStep; ++i) {
+          uint16_t* x = v_s + (copy_row + i * kRowStep) * kStride + copy_col;
+#pragma unroll
+          for (int c = 0; c < 8; ++c) {
+            if ((x[c] & 0x7c00u) == 0x7c00u) x[c] = 0;
+          }
+        }
+        __syncthreads();
       }
     }
 

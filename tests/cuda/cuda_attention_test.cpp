@@ -580,6 +580,63 @@ TEST(CudaOps, AttentionPrefillMmaTileMatchesSingleTokens) {
   }
 }
 
+// An infinite V value (an F16 overflow in the cache) at one position and a NaN at another, inside the batch: a token
+// that does not see the position (before it, or past it by more than the window) gets the bits it gets with 0 there,
+// and one that sees it gets +inf (NaN) in that element and the same bits in every other. Before, a masked key's
+// exact-zero weight times the infinity in the tensor-core product made NaN for the tokens before it in its tile.
+// Cases: a group-8 tile over 236 cached rows, two CTAs of group 1, a window of 100, head_dim 256 and 64; each with
+// 16-row and 32-row warps (head_dim <= 128).
+TEST(CudaOps, AttentionPrefillMmaNonFiniteVReachesOnlyTheRowsThatSeeIt) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  cuda::AttentionWorkspace ws;
+  Rng rng(kSeed + 13);
+  const AttnCase cases[] = {{{8, 2, 128}, 64, 236, 0},
+                            {{2, 2, 128}, 200, 0, 0},
+                            {{8, 2, 64}, 200, 1000, 100},
+                            {{8, 2, 256}, 70, 0, 0},
+                            {{4, 4, 64}, 40, 3, 0}};
+  constexpr int64_t kInfDim = 5, kNanDim = 9;
+  for (const AttnCase& c : cases) {
+    const int64_t H = c.shape.n_head, HK = c.shape.n_head_kv, D = c.shape.head_dim, G = H / HK;
+    const int64_t inf_pos = c.pos0 + 21, nan_pos = c.pos0 + c.n_tok - 3;
+    AttnData zero = attention_data(rng, c, AttnFill::kRandom);
+    for (int64_t hk = 0; hk < HK; ++hk) {
+      zero.v[size_t((inf_pos * HK + hk) * D + kInfDim)] = quant::float_to_fp16(0.0f);
+      zero.v[size_t((nan_pos * HK + hk) * D + kNanDim)] = quant::float_to_fp16(0.0f);
+    }
+    AttnData bad = zero;
+    for (int64_t hk = 0; hk < HK; ++hk) {
+      bad.v[size_t((inf_pos * HK + hk) * D + kInfDim)] = 0x7c00;  // +inf
+      bad.v[size_t((nan_pos * HK + hk) * D + kNanDim)] = 0x7e00;  // NaN
+    }
+    for (const AttnOp op : {AttnOp::kPrefillMma16, AttnOp::kPrefillMma32}) {
+      if (op == AttnOp::kPrefillMma32 && D > 128) continue;
+      const std::vector<float> want = run_attention(c, zero, ws, stream, op);
+      const std::vector<float> got = run_attention(c, bad, ws, stream, op);
+      ASSERT_EQ(got.size(), size_t(c.n_tok * H * D)) << describe(c);
+      ASSERT_EQ(want.size(), got.size()) << describe(c);
+      int wrong = 0;
+      for (int64_t t = 0; t < c.n_tok; ++t) {
+        const int64_t pos = c.pos0 + t, lo = first_row(c, pos);
+        const bool sees_inf = lo <= inf_pos && inf_pos <= pos, sees_nan = lo <= nan_pos && nan_pos <= pos;
+        for (int64_t i = 0; i < H * D; ++i) {
+          const size_t k = size_t(t * H * D + i);
+          const float x = got[k];
+          bool ok = std::memcmp(&x, &want[k], sizeof x) == 0;
+          if (i % D == kInfDim && sees_inf) ok = std::isinf(x) && x > 0;
+          if (i % D == kNanDim && sees_nan) ok = std::isnan(x);
+          if (!ok && wrong++ < 5) {
+            ADD_FAILURE() << op_name(op) << " " << describe(c) << " token " << t << " head " << i / D << " (group "
+                          << i / D / G << ") element " << i % D << ": got " << x << ", with 0 there " << want[k]
+                          << (sees_inf ? " (sees the +inf)" : "") << (sees_nan ? " (sees the NaN)" : "");
+          }
+        }
+      }
+    }
+  }
+}
+
 // A warp shape the kernel does not have is a Status naming it, before any device work (host pointers stand in).
 TEST(CudaOps, AttentionPrefillMmaRejectsBadWarpRows) {
   alignas(16) static float q[16], out[16];
