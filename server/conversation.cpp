@@ -1,5 +1,7 @@
 #include "server/conversation.h"
 
+#include <string_view>
+
 #include "base/json_shape.h"
 
 namespace magnetar::server {
@@ -345,12 +347,40 @@ Result<ChatInput> openai_chat_input(const Json& body) {
   return in;
 }
 
+// Claude Code (2.1.36 on) opens the system prompt with a line `x-anthropic-billing-header: cc_version=...; cch=...;`
+// whose hash changes with every request: left in, no two requests share more than the first few tokens of their
+// prompts, and every turn computes the whole conversation again. It is telemetry for Anthropic's API, not words for
+// the model: such lines are dropped (with the blank line that joined their block to the next). True if one was.
+namespace {
+
+bool drop_billing_header(std::string* text) {
+  static constexpr std::string_view kHeader = "x-anthropic-billing-header:";
+  bool dropped = false;
+  for (size_t at = 0; at < text->size();) {
+    size_t end = text->find('\n', at);
+    end = end == std::string::npos ? text->size() : end + 1;
+    if (std::string_view(*text).substr(at, kHeader.size()) != kHeader) {
+      at = end;
+      continue;
+    }
+    while (end < text->size() && (*text)[end] == '\n') ++end;
+    text->erase(at, end - at);
+    dropped = true;
+  }
+  return dropped;
+}
+
+}  // namespace
+
 Result<ChatInput> anthropic_chat_input(const Json& body) {
   ChatInput in;
   Json& messages = in.conversation.messages;
   if (auto system = body.find("system"); system != body.end()) {
     Result<std::string> text = anthropic_text(*system, "system");
     if (!text.ok()) return text.status();
+    if (drop_billing_header(&text.value())) {
+      in.notes.push_back("system: the x-anthropic-billing-header line is dropped (it changes with every request)");
+    }
     if (!text->empty()) messages.push_back({{"role", "system"}, {"content", text.value()}});
   }
   auto list = body.find("messages");

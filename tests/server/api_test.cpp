@@ -340,6 +340,32 @@ TEST_F(ServeApi, CountTokensEqualsTokenizeOfTheChatmlPrompt) {
   EXPECT_GT(with_tools["input_tokens"].get<size_t>(), n_tokens("List files.") + n_tokens("README.md"));
 }
 
+// Claude Code opens its system prompt with `x-anthropic-billing-header: ...; cch=HASH;`, a hash that changes with
+// every request: the line is dropped (as a block of its own, or the first line of a string), so the prompt is the one
+// without it, and a second request that differs only in the hash reuses the whole cached prompt (with the line kept,
+// the prompts part within the first few tokens and each request computed everything again).
+TEST_F(ServeApi, ClaudeCodesBillingHeaderDoesNotBreakThePromptCache) {
+  auto with_header = [](const std::string& hash, bool as_string) {
+    const std::string header =
+        "x-anthropic-billing-header: cc_version=2.1.37.0d9; cc_entrypoint=cli; cch=" + hash + ";";
+    json system =
+        as_string
+            ? json(header + "\nBe brief.")
+            : json::array({{{"type", "text"}, {"text", header}},
+                           {{"type", "text"}, {"text", "Be brief."}, {"cache_control", {{"type", "ephemeral"}}}}});
+    return who_are_you({{"system", system}, {"max_tokens", 2}});
+  };
+  for (const bool as_string : {false, true}) {
+    const json counted = post("/v1/messages/count_tokens", with_header("fa690", as_string));
+    EXPECT_EQ(counted["input_tokens"].get<size_t>(), n_tokens(kSystemPrompt)) << counted.dump();
+  }
+  messages(with_header("fa690", false));
+  const json again = messages(with_header("0aaa9", false));
+  EXPECT_EQ(again["usage"]["input_tokens"].get<size_t>() + again["usage"]["cache_read_input_tokens"].get<size_t>(),
+            n_tokens(kSystemPrompt));
+  EXPECT_GE(again["usage"]["cache_read_input_tokens"].get<size_t>() + 2, n_tokens(kSystemPrompt)) << again.dump();
+}
+
 TEST_F(ServeApi, MetricsCountAKnownRequest) {
   const std::map<std::string, double> before = metrics();
   const json r = messages(who_are_you({{"max_tokens", 3}, {"system", "Count me."}}));
