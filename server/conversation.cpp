@@ -180,10 +180,18 @@ Result<std::string> anthropic_text(const Json& content, const std::string& field
 Status anthropic_message(const Json& m, size_t i, Json* messages) {
   if (!m.is_object()) return Status::error(format("messages[%zu] must be an object", i));
   auto role = m.find("role");
-  if (role == m.end() || !role->is_string() || (*role != "user" && *role != "assistant")) {
-    return Status::error(format("messages[%zu].role must be \"user\" or \"assistant\"", i));
+  if (role == m.end() || !role->is_string() || (*role != "user" && *role != "assistant" && *role != "system")) {
+    return Status::error(format("messages[%zu].role must be \"user\", \"assistant\" or \"system\"", i));
   }
   const std::string field = format("messages[%zu].content", i);
+  if (*role == "system") {
+    // Claude Code (2.1.154 on) sends instructions as system messages between the others: rendered where they are
+    // (moved into the leading system prompt, one that changes would change the start of every later prompt).
+    Result<std::string> text = anthropic_text(m.value("content", Json()), field);
+    if (!text.ok()) return text.status();
+    messages->push_back({{"role", "system"}, {"content", text.value()}});
+    return Status();
+  }
   const Json content = m.value("content", Json());
   if (content.is_null()) return Status::error(field + " is required (a string or an array of content blocks)");
   if (content.is_string()) {

@@ -149,7 +149,7 @@ TEST_F(ServeApi, AnthropicErrorsHaveAnthropicShape) {
       {body.dump(), "max_tokens"},
       {who_are_you({{"max_tokens", 0}}).dump(), "max_tokens"},
       {"{not json", "JSON"},
-      {who_are_you({{"messages", {{{"role", "system"}, {"content", "x"}}}}}).dump(), "messages[0].role"},
+      {who_are_you({{"messages", {{{"role", "tool"}, {"content", "x"}}}}}).dump(), "messages[0].role"},
       {who_are_you({{"stop_sequences", "language"}}).dump(), "stop_sequences"},
       {who_are_you({{"messages", {{{"role", "user"}}}}}).dump(), "messages[0].content is required"},
       {who_are_you({{"messages", {{{"role", "user"}, {"content", {{{"type", "image"}}}}}}}}).dump(),
@@ -364,6 +364,31 @@ TEST_F(ServeApi, ClaudeCodesBillingHeaderDoesNotBreakThePromptCache) {
   EXPECT_EQ(again["usage"]["input_tokens"].get<size_t>() + again["usage"]["cache_read_input_tokens"].get<size_t>(),
             n_tokens(kSystemPrompt));
   EXPECT_GE(again["usage"]["cache_read_input_tokens"].get<size_t>() + 2, n_tokens(kSystemPrompt)) << again.dump();
+}
+
+// Claude Code (2.1.154 on) sends system messages inside `messages`: accepted (before: a 400 on every request) and
+// rendered where they stand, as Qwen3's template renders a system message after the first.
+TEST_F(ServeApi, SystemMessagesAmongTheMessages) {
+  const json first = post("/v1/messages/count_tokens",
+                          {{"messages",
+                            {{{"role", "system"}, {"content", {{{"type", "text"}, {"text", "Be brief."}}}}},
+                             {{"role", "user"}, {"content", "Who are you?"}}}}});
+  EXPECT_EQ(first["input_tokens"].get<size_t>(), n_tokens(kSystemPrompt)) << first.dump();
+  const json between = post("/v1/messages/count_tokens", {{"system", "Be brief."},
+                                                          {"messages",
+                                                           {{{"role", "user"}, {"content", "Hi."}},
+                                                            {{"role", "assistant"}, {"content", "Hello."}},
+                                                            {{"role", "system"}, {"content", "Answer in English."}},
+                                                            {{"role", "user"}, {"content", "Who are you?"}}}}});
+  EXPECT_EQ(between["input_tokens"].get<size_t>(),
+            n_tokens("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi.<|im_end|>\n<|im_start|>assistant\n"
+                     "Hello.<|im_end|>\n<|im_start|>system\nAnswer in English.<|im_end|>\n" +
+                     kPrompt))
+      << between.dump();
+  const json r = messages(who_are_you(
+      {{"messages",
+        {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Who are you?"}}}}}));
+  EXPECT_EQ(r["content"][0]["type"], "text") << r.dump();
 }
 
 TEST_F(ServeApi, MetricsCountAKnownRequest) {
