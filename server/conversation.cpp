@@ -21,11 +21,39 @@ Status check_tool_name(const Json& name, const std::string& field) {
   return Status();
 }
 
+// Images, documents and audio in a conversation: the models served read text only, and a client that sent one keeps
+// it in every later request (Claude Code's Read tool answers with an image block for a picture file), so a refusal
+// would end the session. Each becomes a line saying what was there, counted in *media for the request's notes; a
+// document given as plain text is that text. Empty when `type` is not such a block (the caller decides).
+std::string media_as_text(const Json& block, const std::string& type, int* media) {
+  if (type == "document") {
+    const Json source = block.value("source", Json());
+    if (source.is_object() && source.value("type", Json()) == "text" && source.value("data", Json()).is_string()) {
+      return source["data"].get<std::string>();
+    }
+  }
+  const char* what = type == "image" || type == "image_url" ? "an image"
+                     : type == "document" || type == "file" ? "a document"
+                     : type == "input_audio"                ? "audio"
+                                                            : nullptr;
+  if (what == nullptr) return std::string();
+  ++*media;
+  return format("[%s was here: this model reads text only and cannot see it]", what);
+}
+
+// The request's note when media_as_text replaced `media` blocks.
+void note_media(int media, ChatInput* in) {
+  if (media > 0) {
+    in->notes.push_back(
+        format("%d image, document or audio part(s) became a line saying so (the model reads text only)", media));
+  }
+}
+
 // ---- OpenAI -----------------------------------------------------------------------------------------------------
 
 // A message's `content`: a string, null (an assistant's), or an array of {"type": "text", "text": STRING} parts
-// (joined).
-Result<std::string> openai_content(const Json& content, const std::string& field) {
+// (joined; image, audio and file parts as media_as_text says).
+Result<std::string> openai_content(const Json& content, const std::string& field, int* media) {
   if (content.is_null()) return std::string();
   if (content.is_string()) return content.get<std::string>();
   if (!content.is_array()) return Status::error(field + " must be a string or an array of text parts");
@@ -34,6 +62,12 @@ Result<std::string> openai_content(const Json& content, const std::string& field
     const Json& part = content[k];
     auto type = part.is_object() ? part.find("type") : part.end();
     auto t = part.is_object() ? part.find("text") : part.end();
+    if (type != part.end() && type->is_string()) {
+      if (std::string m = media_as_text(part, *type, media); !m.empty()) {
+        text += m;
+        continue;
+      }
+    }
     if (!part.is_object() || type == part.end() || *type != "text" || t == part.end() || !t->is_string()) {
       return Status::error(format("%s[%zu] must be {\"type\": \"text\", \"text\": STRING}", field.c_str(), k));
     }
@@ -152,8 +186,9 @@ Status openai_tool_choice(const Json& body, ChatInput* out) {
 
 // ---- Anthropic --------------------------------------------------------------------------------------------------
 
-// Text blocks (or a string) joined by a blank line; other block types are an error naming the block.
-Result<std::string> anthropic_text(const Json& content, const std::string& field) {
+// Text blocks (or a string) joined by a blank line; image and document blocks as media_as_text says when `media` is
+// given (else an error, as other block types are, naming the block).
+Result<std::string> anthropic_text(const Json& content, const std::string& field, int* media = nullptr) {
   if (content.is_null()) return std::string();
   if (content.is_string()) return content.get<std::string>();
   if (!content.is_array()) return Status::error(field + " must be a string or an array of content blocks");
@@ -165,11 +200,17 @@ Result<std::string> anthropic_text(const Json& content, const std::string& field
     if (!block.is_object() || type == block.end() || !type->is_string()) {
       return Status::error(at + " must be an object with a string \"type\"");
     }
-    if (*type != "text") return Status::error(at + ".type \"" + type->get<std::string>() + "\" is not supported");
-    auto t = block.find("text");
-    if (t == block.end() || !t->is_string()) return Status::error(at + ".text must be a string");
-    if (!text.empty() && !t->get<std::string>().empty()) text += "\n\n";
-    text += t->get<std::string>();
+    std::string part = media && *type != "text" ? media_as_text(block, *type, media) : std::string();
+    if (*type != "text" && part.empty()) {
+      return Status::error(at + ".type \"" + type->get<std::string>() + "\" is not supported");
+    }
+    if (*type == "text") {
+      auto t = block.find("text");
+      if (t == block.end() || !t->is_string()) return Status::error(at + ".text must be a string");
+      part = t->get<std::string>();
+    }
+    if (!text.empty() && !part.empty()) text += "\n\n";
+    text += part;
   }
   return text;
 }
@@ -177,7 +218,7 @@ Result<std::string> anthropic_text(const Json& content, const std::string& field
 // One Anthropic message -> conversation messages. A user turn's tool_result blocks become `tool` messages and
 // its text blocks user messages, in block order (consecutive text blocks joined by a blank line); an assistant
 // turn's text, thinking and tool_use blocks become one assistant message.
-Status anthropic_message(const Json& m, size_t i, Json* messages) {
+Status anthropic_message(const Json& m, size_t i, Json* messages, int* media) {
   if (!m.is_object()) return Status::error(format("messages[%zu] must be an object", i));
   auto role = m.find("role");
   if (role == m.end() || !role->is_string() || (*role != "user" && *role != "assistant" && *role != "system")) {
@@ -215,11 +256,15 @@ Status anthropic_message(const Json& m, size_t i, Json* messages) {
     if (!block.is_object() || type == block.end() || !type->is_string()) {
       return Status::error(at + " must be an object with a string \"type\"");
     }
-    if (*type == "text") {
-      auto t = block.find("text");
-      if (t == block.end() || !t->is_string()) return Status::error(at + ".text must be a string");
-      if (has_text && !text.empty() && !t->get<std::string>().empty()) text += "\n\n";
-      text += t->get<std::string>();
+    std::string part = *type != "text" && !assistant ? media_as_text(block, *type, media) : std::string();
+    if (*type == "text" || !part.empty()) {
+      if (*type == "text") {
+        auto t = block.find("text");
+        if (t == block.end() || !t->is_string()) return Status::error(at + ".text must be a string");
+        part = t->get<std::string>();
+      }
+      if (has_text && !text.empty() && !part.empty()) text += "\n\n";
+      text += part;
       has_text = true;
     } else if (*type == "tool_use" && assistant) {
       auto name = block.find("name");
@@ -231,7 +276,7 @@ Status anthropic_message(const Json& m, size_t i, Json* messages) {
       calls.push_back({{"type", "function"}, {"id", id}, {"function", {{"name", *name}, {"arguments", input}}}});
     } else if (*type == "tool_result" && !assistant) {
       flush_user_text();
-      Result<std::string> result = anthropic_text(block.value("content", Json()), at + ".content");
+      Result<std::string> result = anthropic_text(block.value("content", Json()), at + ".content", media);
       if (!result.ok()) return result.status();
       const Json id = block.value("tool_use_id", Json(""));
       if (!id.is_string()) return Status::error(at + ".tool_use_id must be a string");
@@ -264,6 +309,7 @@ Status anthropic_message(const Json& m, size_t i, Json* messages) {
 Result<ChatInput> openai_chat_input(const Json& body) {
   ChatInput in;
   Json& messages = in.conversation.messages;
+  int media = 0;
   auto list = body.find("messages");
   if (list == body.end()) return Status::error("messages is required");
   if (!list->is_array() || list->empty()) return Status::error("messages must be a non-empty array");
@@ -282,7 +328,7 @@ Result<ChatInput> openai_chat_input(const Json& body) {
     if (content_field.is_null() && role != "assistant") {
       return Status::error(at + ".content is required (a string or an array of text parts)");
     }
-    Result<std::string> content = openai_content(content_field, at + ".content");
+    Result<std::string> content = openai_content(content_field, at + ".content", &media);
     if (!content.ok()) return content.status();
     Json message = {{"role", role}, {"content", content.value()}};
     if (role == "assistant") {
@@ -306,6 +352,7 @@ Result<ChatInput> openai_chat_input(const Json& body) {
     }
     messages.push_back(std::move(message));
   }
+  note_media(media, &in);
 
   if (auto tools = body.find("tools"); tools != body.end() && !tools->is_null()) {
     if (!tools->is_array()) return Status::error("tools must be an array");
@@ -383,6 +430,7 @@ bool drop_billing_header(std::string* text) {
 Result<ChatInput> anthropic_chat_input(const Json& body) {
   ChatInput in;
   Json& messages = in.conversation.messages;
+  int media = 0;
   if (auto system = body.find("system"); system != body.end()) {
     Result<std::string> text = anthropic_text(*system, "system");
     if (!text.ok()) return text.status();
@@ -395,8 +443,9 @@ Result<ChatInput> anthropic_chat_input(const Json& body) {
   if (list == body.end()) return Status::error("messages is required");
   if (!list->is_array() || list->empty()) return Status::error("messages must be a non-empty array");
   for (size_t i = 0; i < list->size(); ++i) {
-    if (Status s = anthropic_message((*list)[i], i, &messages); !s.ok()) return s;
+    if (Status s = anthropic_message((*list)[i], i, &messages, &media); !s.ok()) return s;
   }
+  note_media(media, &in);
 
   if (auto tools = body.find("tools"); tools != body.end() && !tools->is_null()) {
     if (!tools->is_array()) return Status::error("tools must be an array");

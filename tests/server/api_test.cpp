@@ -152,7 +152,7 @@ TEST_F(ServeApi, AnthropicErrorsHaveAnthropicShape) {
       {who_are_you({{"messages", {{{"role", "tool"}, {"content", "x"}}}}}).dump(), "messages[0].role"},
       {who_are_you({{"stop_sequences", "language"}}).dump(), "stop_sequences"},
       {who_are_you({{"messages", {{{"role", "user"}}}}}).dump(), "messages[0].content is required"},
-      {who_are_you({{"messages", {{{"role", "user"}, {"content", {{{"type", "image"}}}}}}}}).dump(),
+      {who_are_you({{"messages", {{{"role", "user"}, {"content", {{{"type", "video"}}}}}}}}).dump(),
        "messages[0].content[0]"},
   };
   for (const Case& c : cases) {
@@ -389,6 +389,55 @@ TEST_F(ServeApi, SystemMessagesAmongTheMessages) {
       {{"messages",
         {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Who are you?"}}}}}));
   EXPECT_EQ(r["content"][0]["type"], "text") << r.dump();
+}
+
+// An image (Claude Code's Read tool answers with one for a picture file), a document or audio is a line saying what
+// was there, in user content and in tool results, on both APIs: the models read text only, and a client keeps the
+// block in every later request, so a refusal would end the session. A plain-text document is its text.
+TEST_F(ServeApi, ImagesBecomeALineSayingSo) {
+  const std::string image = "[an image was here: this model reads text only and cannot see it]";
+  const json png = {{"type", "image"},
+                    {"source", {{"type", "base64"}, {"media_type", "image/png"}, {"data", "iVBORw0KGgo="}}}};
+  const json anthropic =
+      post("/v1/messages/count_tokens",
+           {{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "Who are you?"}}, png}}}}}});
+  EXPECT_EQ(anthropic["input_tokens"].get<size_t>(),
+            n_tokens("<|im_start|>user\nWho are you?\n\n" + image + kPrompt.substr(kPrompt.find("<|im_end|>"))))
+      << anthropic.dump();
+  const json text_document = {{"type", "document"},
+                              {"source", {{"type", "text"}, {"media_type", "text/plain"}, {"data", "Who are you?"}}}};
+  const json as_document =
+      post("/v1/messages/count_tokens", {{"messages", {{{"role", "user"}, {"content", {text_document}}}}}});
+  EXPECT_EQ(as_document["input_tokens"].get<size_t>(), n_tokens(kPrompt)) << as_document.dump();
+  // In a tool result, then a request that goes on after it.
+  const json read_tool = {{"name", "Read"}, {"input_schema", {{"type", "object"}}}};
+  const json history = {
+      {{"role", "user"}, {"content", "Read cat.png."}},
+      {{"role", "assistant"},
+       {"content", {{{"type", "tool_use"}, {"id", "t1"}, {"name", "Read"}, {"input", {{"file", "cat.png"}}}}}}},
+      {{"role", "user"}, {"content", {{{"type", "tool_result"}, {"tool_use_id", "t1"}, {"content", {png}}}}}}};
+  const json r = messages(who_are_you({{"messages", history}, {"tools", {read_tool}}, {"max_tokens", 4}}));
+  EXPECT_EQ(r["type"], "message") << r.dump();
+  const json counted = post("/v1/messages/count_tokens", {{"messages", history}, {"tools", {read_tool}}});
+  json as_text = history;
+  as_text[2]["content"][0]["content"] = image;
+  EXPECT_EQ(counted["input_tokens"],
+            post("/v1/messages/count_tokens", {{"messages", as_text}, {"tools", {read_tool}}})["input_tokens"]);
+  // OpenAI's image_url part.
+  int status = 0;
+  const json openai =
+      post("/v1/chat/completions",
+           {{"messages",
+             {{{"role", "user"},
+               {"content",
+                {{{"type", "text"}, {"text", "Who are you?"}},
+                 {{"type", "image_url"}, {"image_url", {{"url", "data:image/png;base64,iVBORw0KGgo="}}}}}}}}},
+            {"max_tokens", 1}},
+           &status);
+  ASSERT_EQ(status, 200) << openai.dump();
+  EXPECT_EQ(openai["usage"]["prompt_tokens"].get<size_t>(),
+            n_tokens("<|im_start|>user\nWho are you?" + image + kPrompt.substr(kPrompt.find("<|im_end|>"))))
+      << openai.dump();
 }
 
 TEST_F(ServeApi, MetricsCountAKnownRequest) {
