@@ -186,8 +186,9 @@ Status openai_tool_choice(const Json& body, ChatInput* out) {
 
 // ---- Anthropic --------------------------------------------------------------------------------------------------
 
-// Text blocks (or a string) joined by a blank line; image and document blocks as media_as_text says when `media` is
-// given (else an error, as other block types are, naming the block).
+// Text blocks (or a string) joined by a blank line; when `media` is given (a tool result), image and document blocks
+// as media_as_text says and tool_reference blocks as a line naming the tool (else an error, as other block types are,
+// naming the block).
 Result<std::string> anthropic_text(const Json& content, const std::string& field, int* media = nullptr) {
   if (content.is_null()) return std::string();
   if (content.is_string()) return content.get<std::string>();
@@ -201,6 +202,11 @@ Result<std::string> anthropic_text(const Json& content, const std::string& field
       return Status::error(at + " must be an object with a string \"type\"");
     }
     std::string part = media && *type != "text" ? media_as_text(block, *type, media) : std::string();
+    // Claude Code's tool search answers with tool_reference blocks (a deferred tool now loaded); every tool's
+    // definition is in the prompt here (defer_loading is not applied), so a line naming it says all.
+    if (media && *type == "tool_reference" && block.value("tool_name", Json()).is_string()) {
+      part = "[tool " + block["tool_name"].get<std::string>() + " is loaded]";
+    }
     if (*type != "text" && part.empty()) {
       return Status::error(at + ".type \"" + type->get<std::string>() + "\" is not supported");
     }

@@ -393,8 +393,9 @@ TEST_F(ServeApi, SystemMessagesAmongTheMessages) {
 
 // An image (Claude Code's Read tool answers with one for a picture file), a document or audio is a line saying what
 // was there, in user content and in tool results, on both APIs: the models read text only, and a client keeps the
-// block in every later request, so a refusal would end the session. A plain-text document is its text.
-TEST_F(ServeApi, ImagesBecomeALineSayingSo) {
+// block in every later request, so a refusal would end the session. A plain-text document is its text; a tool
+// result's tool_reference (Claude Code's tool search) a line naming the tool.
+TEST_F(ServeApi, ImagesAndToolReferencesBecomeALineSayingSo) {
   const std::string image = "[an image was here: this model reads text only and cannot see it]";
   const json png = {{"type", "image"},
                     {"source", {{"type", "base64"}, {"media_type", "image/png"}, {"data", "iVBORw0KGgo="}}}};
@@ -422,6 +423,12 @@ TEST_F(ServeApi, ImagesBecomeALineSayingSo) {
   json as_text = history;
   as_text[2]["content"][0]["content"] = image;
   EXPECT_EQ(counted["input_tokens"],
+            post("/v1/messages/count_tokens", {{"messages", as_text}, {"tools", {read_tool}}})["input_tokens"]);
+  // Claude Code's tool search answers with a tool_reference (every tool is in the prompt here): a line naming it.
+  json searched = history;
+  searched[2]["content"][0]["content"] = {{{"type", "tool_reference"}, {"tool_name", "Read"}}};
+  as_text[2]["content"][0]["content"] = "[tool Read is loaded]";
+  EXPECT_EQ(post("/v1/messages/count_tokens", {{"messages", searched}, {"tools", {read_tool}}})["input_tokens"],
             post("/v1/messages/count_tokens", {{"messages", as_text}, {"tools", {read_tool}}})["input_tokens"]);
   // OpenAI's image_url part.
   int status = 0;
