@@ -32,10 +32,10 @@ std::string media_as_text(const Json& block, const std::string& type, int* media
       return source["data"].get<std::string>();
     }
   }
-  const char* what = type == "image" || type == "image_url" ? "an image"
-                     : type == "document" || type == "file" ? "a document"
-                     : type == "input_audio"                ? "audio"
-                                                            : nullptr;
+  const char* what = type == "image" || type == "image_url" || type == "input_image" ? "an image"
+                     : type == "document" || type == "file" || type == "input_file"  ? "a document"
+                     : type == "input_audio"                                         ? "audio"
+                                                                                     : nullptr;
   if (what == nullptr) return std::string();
   ++*media;
   return format("[%s was here: this model reads text only and cannot see it]", what);
@@ -501,6 +501,218 @@ Result<ChatInput> anthropic_chat_input(const Json& body) {
       return Status::error("thinking.type must be \"enabled\" or \"disabled\"");
     }
   }
+  return in;
+}
+
+// ---- OpenAI Responses -----------------------------------------------------------------------------------------
+
+namespace {
+
+// The text of a Responses message's content (a string or parts: input_text, output_text, refusal; images and files
+// as media_as_text says) or of a function call's output (a string or such parts).
+Result<std::string> responses_text(const Json& content, const std::string& field, int* media) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) return Status::error(field + " must be a string or an array of content parts");
+  std::string text;
+  for (size_t j = 0; j < content.size(); ++j) {
+    const Json& part = content[j];
+    const std::string at = format("%s[%zu]", field.c_str(), j);
+    const Json type = part.is_object() ? part.value("type", Json()) : Json();
+    if (!type.is_string()) return Status::error(at + " must be an object with a string \"type\"");
+    std::string piece = media_as_text(part, type.get<std::string>(), media);
+    if (piece.empty()) {
+      const char* key = type == "refusal" ? "refusal" : "text";
+      if (type != "input_text" && type != "output_text" && type != "text" && type != "refusal") {
+        return Status::error(at + ".type \"" + type.get<std::string>() + "\" is not supported");
+      }
+      if (!part.value(key, Json()).is_string()) return Status::error(at + "." + key + " must be a string");
+      piece = part[key].get<std::string>();
+    }
+    text += piece;
+  }
+  return text;
+}
+
+// A string field of an item, or an error naming it.
+Result<std::string> item_string(const Json& item, const char* key, const std::string& at) {
+  const Json v = item.value(key, Json());
+  if (!v.is_string()) return Status::error(at + "." + key + " must be a string");
+  return v.get<std::string>();
+}
+
+// The /v1/responses body as the /v1/chat/completions body it means. `instructions` and the system or developer
+// messages before the first user or assistant item make one leading system message (several would fail the templates
+// that want one, first); later ones stay where they are. A run of reasoning, assistant message and function call
+// items is one assistant message (reasoning_content, content, tool_calls); function call outputs are tool messages.
+// Freeform (custom) tools are offered as a function of one string "input" and listed in *freeform. Tools and items of
+// other types (web search, image generation, shell calls made by the service) are left out, with a note.
+Result<Json> responses_as_chat(const Json& body, ChatInput* in, int* media) {
+  Json messages = Json::array();
+  std::string system;
+  bool conversation_started = false;
+  std::ptrdiff_t open = -1;  // the assistant message the current run of assistant items goes into
+  auto add_system = [&](const std::string& text) {
+    if (text.empty()) return;
+    if (!conversation_started) {
+      system += (system.empty() ? "" : "\n\n") + text;
+    } else {
+      messages.push_back({{"role", "system"}, {"content", text}});
+      open = -1;
+    }
+  };
+  auto assistant = [&]() -> Json& {
+    conversation_started = true;
+    if (open < 0) {
+      messages.push_back({{"role", "assistant"}, {"content", ""}});
+      open = std::ptrdiff_t(messages.size()) - 1;
+    }
+    return messages[size_t(open)];
+  };
+  auto append = [](Json& message, const char* key, const std::string& text) {
+    std::string now = message.value(key, std::string());
+    if (!now.empty() && !text.empty()) now += "\n\n";
+    message[key] = now + text;
+  };
+  if (auto instructions = body.find("instructions"); instructions != body.end() && !instructions->is_null()) {
+    if (!instructions->is_string()) return Status::error("instructions must be a string");
+    add_system(instructions->get<std::string>());
+  }
+  const Json input = body.value("input", Json());
+  if (input.is_string()) {
+    messages.push_back({{"role", "user"}, {"content", input}});
+    conversation_started = true;
+  } else if (!input.is_array()) {
+    return Status::error("input must be a string or an array of items");
+  }
+  for (size_t k = 0; input.is_array() && k < input.size(); ++k) {
+    const Json& item = input[k];
+    const std::string at = format("input[%zu]", k);
+    if (!item.is_object()) return Status::error(at + " must be an object");
+    const Json type_field = item.value("type", Json(item.contains("role") ? "message" : ""));
+    const std::string type = type_field.is_string() ? type_field.get<std::string>() : "";
+    if (type == "message") {
+      const Json role = item.value("role", Json());
+      Result<std::string> text = responses_text(item.value("content", Json()), at + ".content", media);
+      if (!text.ok()) return text.status();
+      if (role == "user") {
+        messages.push_back({{"role", "user"}, {"content", text.value()}});
+        conversation_started = true;
+        open = -1;
+      } else if (role == "assistant") {
+        append(assistant(), "content", text.value());
+      } else if (role == "system" || role == "developer") {
+        add_system(text.value());
+      } else {
+        return Status::error(at + ".role must be \"user\", \"assistant\", \"system\" or \"developer\"");
+      }
+    } else if (type == "reasoning") {
+      // The reasoning itself (content) when the item has it, else its summary.
+      std::string text;
+      for (const char* key : {"content", "summary"}) {
+        const Json parts = item.value(key, Json());
+        for (size_t j = 0; parts.is_array() && j < parts.size(); ++j) {
+          if (parts[j].is_object() && parts[j].value("text", Json()).is_string()) {
+            text += (text.empty() ? "" : "\n\n") + parts[j]["text"].get<std::string>();
+          }
+        }
+        if (!text.empty()) break;
+      }
+      append(assistant(), "reasoning_content", text);
+    } else if (type == "function_call" || type == "custom_tool_call") {
+      Result<std::string> name = item_string(item, "name", at);
+      Result<std::string> call_id = item_string(item, "call_id", at);
+      Result<std::string> arguments = item_string(item, type == "function_call" ? "arguments" : "input", at);
+      for (const Status& st : {name.status(), call_id.status(), arguments.status()}) {
+        if (!st.ok()) return st;
+      }
+      const std::string args = type == "function_call" ? arguments.value() : Json{{"input", arguments.value()}}.dump();
+      Json& message = assistant();
+      if (!message.contains("tool_calls")) message["tool_calls"] = Json::array();
+      message["tool_calls"].push_back(
+          {{"id", call_id.value()}, {"type", "function"}, {"function", {{"name", name.value()}, {"arguments", args}}}});
+    } else if (type == "function_call_output" || type == "custom_tool_call_output") {
+      Result<std::string> call_id = item_string(item, "call_id", at);
+      if (!call_id.ok()) return call_id.status();
+      Result<std::string> output = responses_text(item.value("output", Json()), at + ".output", media);
+      if (!output.ok()) return output.status();
+      messages.push_back({{"role", "tool"}, {"tool_call_id", call_id.value()}, {"content", output.value()}});
+      open = -1;
+    } else {
+      in->notes.push_back(at + ": an item of type \"" + type + "\" is left out");
+    }
+  }
+  if (!system.empty()) messages.insert(messages.begin(), Json{{"role", "system"}, {"content", system}});
+  if (messages.empty()) return Status::error("input has no message");
+
+  Json chat = {{"messages", std::move(messages)}};
+  if (auto tools = body.find("tools"); tools != body.end() && !tools->is_null()) {
+    if (!tools->is_array()) return Status::error("tools must be an array");
+    chat["tools"] = Json::array();
+    for (size_t k = 0; k < tools->size(); ++k) {
+      const Json& t = (*tools)[k];
+      const std::string at = format("tools[%zu]", k);
+      const Json type = t.is_object() ? t.value("type", Json()) : Json();
+      if (type == "function") {
+        Json function = {{"name", t.value("name", Json())}};
+        for (const char* key : {"description", "parameters"}) {
+          if (t.contains(key) && !t[key].is_null()) function[key] = t[key];
+        }
+        chat["tools"].push_back({{"type", "function"}, {"function", std::move(function)}});
+      } else if (type == "custom") {
+        // A freeform tool takes raw text (a patch, ...): offered as a function of one string, and the model's call
+        // goes back as a custom_tool_call of that string.
+        const std::string name = t.value("name", Json()).is_string() ? t["name"].get<std::string>() : "";
+        const std::string description =
+            t.value("description", Json()).is_string() ? t["description"].get<std::string>() : "";
+        chat["tools"].push_back(
+            {{"type", "function"},
+             {"function",
+              {{"name", name},
+               {"description", description},
+               {"parameters",
+                {{"type", "object"},
+                 {"properties", {{"input", {{"type", "string"}, {"description", "the tool's raw input text"}}}}},
+                 {"required", {"input"}}}}}}});
+        in->freeform_tools.push_back(name);
+      } else {
+        in->notes.push_back(at + ": a tool of type " + (type.is_string() ? type.get<std::string>() : "?") +
+                            " is not offered (only function and custom tools run here)");
+      }
+    }
+  }
+  if (auto choice = body.find("tool_choice"); choice != body.end() && !choice->is_null()) {
+    if (choice->is_string()) {
+      chat["tool_choice"] = *choice;
+    } else if (choice->is_object() &&
+               (choice->value("type", Json()) == "function" || choice->value("type", Json()) == "custom")) {
+      chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", choice->value("name", Json())}}}};
+    } else {
+      return Status::error(
+          "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\": NAME}");
+    }
+  }
+  if (auto reasoning = body.find("reasoning"); reasoning != body.end() && reasoning->is_object()) {
+    if (const Json effort = reasoning->value("effort", Json()); effort.is_string()) chat["reasoning_effort"] = effort;
+  }
+  if (auto text = body.find("text"); text != body.end() && text->is_object()) {
+    const Json type = text->value("format", Json::object()).value("type", Json());
+    if (type == "json_schema" || type == "json_object") chat["response_format"] = {{"type", type}};
+  }
+  return chat;
+}
+
+}  // namespace
+
+Result<ChatInput> responses_chat_input(const Json& body) {
+  ChatInput from_body;
+  int media = 0;
+  Result<Json> chat = responses_as_chat(body, &from_body, &media);
+  if (!chat.ok()) return chat.status();
+  Result<ChatInput> in = openai_chat_input(chat.value());
+  if (!in.ok()) return in.status();
+  in->notes.insert(in->notes.begin(), from_body.notes.begin(), from_body.notes.end());
+  in->freeform_tools = std::move(from_body.freeform_tools);
+  note_media(media, &in.value());
   return in;
 }
 

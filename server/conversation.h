@@ -28,6 +28,7 @@ struct ChatInput {
   ToolChoice tool_choice;
   bool json_object = false;        // response_format json_object or json_schema: the answer is one JSON object
   std::vector<std::string> notes;  // accepted and ignored parts of the request, for the debug log
+  std::vector<std::string> freeform_tools;  // /v1/responses: custom tools, offered as a function of one string "input"
 };
 
 // POST /v1/chat/completions: messages (system, developer, user, assistant with tool_calls and reasoning_content,
@@ -38,5 +39,10 @@ Result<ChatInput> openai_chat_input(const nlohmann::ordered_json& body);
 // POST /v1/messages and /v1/messages/count_tokens: system, messages with text / tool_use / tool_result /
 // thinking blocks, tools (name, description, input_schema), tool_choice, thinking.
 Result<ChatInput> anthropic_chat_input(const nlohmann::ordered_json& body);
+
+// POST /v1/responses (OpenAI's Responses API, Codex's): instructions, input (a string, or message, reasoning,
+// function_call, function_call_output, custom_tool_call(_output) items), tools (function, custom), tool_choice,
+// reasoning.effort, text.format; turned into the chat completions request it means (see conversation.cpp).
+Result<ChatInput> responses_chat_input(const nlohmann::ordered_json& body);
 
 }  // namespace magnetar::server

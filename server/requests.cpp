@@ -198,4 +198,25 @@ Result<ChatRequest> parse_anthropic_request(const json& body, const SamplingPara
   return r;
 }
 
+Result<ChatRequest> parse_responses_request(const json& body, const SamplingParams& defaults) {
+  ChatRequest r;
+  Result<ChatInput> input = responses_chat_input(body);
+  if (!input.ok()) return input.status();
+  r.chat = std::move(input.value());
+  r.sampling = defaults;
+  for (Status s :
+       {read_float(body, "temperature", &r.sampling.temperature), read_float(body, "top_p", &r.sampling.top_p),
+        read_int(body, "max_output_tokens", &r.max_tokens), read_bool(body, "stream", &r.stream)}) {
+    if (!s.ok()) return s;
+  }
+  MAGNETAR_RETURN_IF_ERROR(check_sampling(r.sampling, r.sampling.top_k));
+  if (auto max = body.find("max_output_tokens"); max != body.end() && !max->is_null() && r.max_tokens < 1) {
+    return Status::error("max_output_tokens must be >= 1");
+  }
+  if (auto previous = body.find("previous_response_id"); previous != body.end() && !previous->is_null()) {
+    return Status::error("previous_response_id is not supported: responses are not stored (send the whole input)");
+  }
+  return r;
+}
+
 }  // namespace magnetar::server

@@ -43,4 +43,8 @@ Result<ChatRequest> parse_completion_request(const nlohmann::ordered_json& body,
 Result<ChatRequest> parse_anthropic_request(const nlohmann::ordered_json& body, const SamplingParams& defaults,
                                             bool require_max_tokens);
 
+// POST /v1/responses: responses_chat_input's conversation, temperature, top_p, max_output_tokens, stream. Responses
+// are not stored: previous_response_id is refused; store, include, prompt_cache_key, service_tier are ignored.
+Result<ChatRequest> parse_responses_request(const nlohmann::ordered_json& body, const SamplingParams& defaults);
+
 }  // namespace magnetar::server

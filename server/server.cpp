@@ -430,6 +430,7 @@ constexpr const char* kRoutes[] = {"/",
                                    "/v1/completions",
                                    "/v1/messages",
                                    "/v1/messages/count_tokens",
+                                   "/v1/responses",
                                    "/tokenize",
                                    "/detokenize",
                                    "/metrics",
@@ -442,6 +443,137 @@ std::string route_label(const std::string& path) {
   }
   return "other";
 }
+
+// The output of a /v1/responses answer, item by item, as the parser's events arrive: the stream's events (each
+// item opened with response.output_item.added, its deltas, then its done events and response.output_item.done with
+// the whole item; Codex records items from output_item.done only and wants one open at a time) and the finished
+// items. Reasoning goes out as reasoning_text (the item's content, which Codex sends back with the next request);
+// a call of a freeform tool (offered as a function of one string "input") goes out as a custom_tool_call of that
+// string, whole at its end.
+class ResponsesOutput {
+ public:
+  explicit ResponsesOutput(std::vector<std::string> freeform) : freeform_(std::move(freeform)) {}
+
+  void on(const chat::OutputEvent& e) {
+    switch (e.kind) {
+      case chat::OutputEventKind::kReasoning:
+        if (open_ != Kind::kReasoning) {
+          open(Kind::kReasoning, {{"id", item_id("rs_")}, {"type", "reasoning"}, {"summary", json::array()}});
+        }
+        text_ += e.text;
+        emit("response.reasoning_text.delta",
+             {{"item_id", item_["id"]}, {"output_index", index()}, {"content_index", 0}, {"delta", e.text}});
+        break;
+      case chat::OutputEventKind::kText:
+        if (open_ != Kind::kMessage) {
+          open(Kind::kMessage, {{"id", item_id("msg_")},
+                                {"type", "message"},
+                                {"role", "assistant"},
+                                {"status", "in_progress"},
+                                {"content", json::array()}});
+          emit("response.content_part.added",
+               {{"item_id", item_["id"]}, {"output_index", index()}, {"content_index", 0}, {"part", text_part("")}});
+        }
+        text_ += e.text;
+        emit("response.output_text.delta", {{"item_id", item_["id"]},
+                                            {"output_index", index()},
+                                            {"content_index", 0},
+                                            {"delta", e.text},
+                                            {"logprobs", json::array()}});
+        break;
+      case chat::OutputEventKind::kToolCallBegin: {
+        const bool freeform = std::find(freeform_.begin(), freeform_.end(), e.text) != freeform_.end();
+        json item = {{"id", item_id(freeform ? "ctc_" : "fc_")},
+                     {"type", freeform ? "custom_tool_call" : "function_call"},
+                     {"status", "in_progress"},
+                     {"call_id", new_call_id("call_")},
+                     {"name", e.text}};
+        item[freeform ? "input" : "arguments"] = "";
+        open(freeform ? Kind::kCustomCall : Kind::kCall, std::move(item));
+        break;
+      }
+      case chat::OutputEventKind::kToolCallArguments:
+        text_ += e.text;
+        if (open_ == Kind::kCall) {
+          emit("response.function_call_arguments.delta",
+               {{"item_id", item_["id"]}, {"output_index", index()}, {"delta", e.text}});
+        }
+        break;
+      case chat::OutputEventKind::kToolCallEnd: close(); break;
+    }
+  }
+
+  // Closes the open item.
+  void close() {
+    auto at = [&](json fields) {  // the open item's id and index, and `fields`
+      fields["item_id"] = item_.value("id", json());
+      fields["output_index"] = index();
+      return fields;
+    };
+    switch (open_) {
+      case Kind::kNone: return;
+      case Kind::kReasoning:
+        emit("response.reasoning_text.done", at({{"content_index", 0}, {"text", text_}}));
+        item_["content"] = json::array({{{"type", "reasoning_text"}, {"text", text_}}});
+        break;
+      case Kind::kMessage:
+        emit("response.output_text.done", at({{"content_index", 0}, {"text", text_}}));
+        emit("response.content_part.done", at({{"content_index", 0}, {"part", text_part(text_)}}));
+        item_["content"] = json::array({text_part(text_)});
+        break;
+      case Kind::kCall:
+        emit("response.function_call_arguments.done", at({{"arguments", text_}}));
+        item_["arguments"] = text_;
+        break;
+      case Kind::kCustomCall: {
+        // The function's {"input": TEXT}; anything else the model wrote goes as it is.
+        const json args = json::parse(text_, nullptr, false);
+        item_["input"] =
+            args.is_object() && args.value("input", json()).is_string() ? args["input"].get<std::string>() : text_;
+        emit("response.custom_tool_call_input.done", at({{"input", item_["input"]}}));
+        break;
+      }
+    }
+    if (item_.contains("status")) item_["status"] = "completed";
+    emit("response.output_item.done", {{"output_index", index()}, {"item", item_}});
+    output_.push_back(std::move(item_));
+    item_ = json();
+    text_.clear();
+    open_ = Kind::kNone;
+  }
+
+  // Emits `type` with `fields`, numbered.
+  void emit(const char* type, json fields) {
+    fields["type"] = type;
+    fields["sequence_number"] = sequence_++;
+    events_.emplace_back(type, std::move(fields));
+  }
+  // The events emitted since the last call.
+  std::vector<std::pair<std::string, json>> take_events() { return std::exchange(events_, {}); }
+  const json& output() const { return output_; }
+
+ private:
+  enum class Kind { kNone, kReasoning, kMessage, kCall, kCustomCall };
+  static json text_part(const std::string& text) {
+    return {{"type", "output_text"}, {"text", text}, {"annotations", json::array()}};
+  }
+  int64_t index() const { return int64_t(output_.size()); }
+  std::string item_id(const char* prefix) { return prefix + std::to_string(index()) + new_call_id("_").substr(1, 12); }
+  void open(Kind kind, json item) {
+    close();
+    open_ = kind;
+    item_ = std::move(item);
+    emit("response.output_item.added", {{"output_index", index()}, {"item", item_}});
+  }
+
+  std::vector<std::string> freeform_;
+  Kind open_ = Kind::kNone;
+  json item_;         // the open item
+  std::string text_;  // its text, reasoning or arguments so far
+  json output_ = json::array();
+  std::vector<std::pair<std::string, json>> events_;
+  int64_t sequence_ = 0;
+};
 
 }  // namespace
 
@@ -509,6 +641,7 @@ struct Server::Impl {
                      Pieces pieces);
   void messages(const httplib::Request& req, httplib::Response& res);
   void count_tokens(const httplib::Request& req, httplib::Response& res);
+  void responses(const httplib::Request& req, httplib::Response& res);
   std::string metrics();
   // The chunk of a stream: object chat.completion.chunk with one choice.
   json chunk(const std::string& id, int64_t created, json delta, const char* finish) const {
@@ -666,6 +799,7 @@ void Server::Impl::routes() {
   post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) { messages(req, res); });
   post("/v1/messages/count_tokens",
             [this](const httplib::Request& req, httplib::Response& res) { count_tokens(req, res); });
+  post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) { responses(req, res); });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics(), "text/plain; version=0.0.4");
   });
@@ -1000,6 +1134,115 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
                 });
 }
 
+// ---- OpenAI Responses: /v1/responses -------------------------------------------------------------------------
+
+void Server::Impl::responses(const httplib::Request& req, httplib::Response& res) {
+  Result<json> body = parse_body(req);
+  if (!body.ok()) return reply_error(res, ErrorKind::kInvalidRequest, body.status().message());
+  Result<ChatRequest> parsed = parse_responses_request(body.value(), options.sampling);
+  if (!parsed.ok()) return reply_error(res, ErrorKind::kInvalidRequest, parsed.status().message());
+  ChatRequest& request = parsed.value();
+  Result<Generation> planned = plan(request, "/v1/responses");
+  if (!planned.ok()) return reply_error(res, ErrorKind::kInvalidRequest, planned.status().message());
+  const Generation& generation = planned.value();
+  ErrorKind refused;
+  Result<std::shared_ptr<Job>> submitted = submit(generation.prompt, request, &generation, refused);
+  if (!submitted.ok()) return reply_error(res, refused, submitted.status().message());
+  std::shared_ptr<Job> job = std::move(submitted.value());
+
+  const std::string id = format("resp_%llu", (unsigned long long)next_id.fetch_add(1));
+  const int64_t created = int64_t(std::time(nullptr));
+  // The response object; usage once the job is done. A job cut by max_output_tokens (or the context) is incomplete.
+  auto response = [id, created, model = options.model_name](const char* status, const json& output, const Job* done) {
+    json r = {{"id", id},       {"object", "response"},   {"created_at", created},      {"status", status},
+              {"model", model}, {"output", output},       {"error", nullptr},           {"incomplete_details", nullptr},
+              {"store", false}, {"tools", json::array()}, {"parallel_tool_calls", true}};
+    if (done != nullptr) {
+      r["usage"] = {{"input_tokens", done->prompt_tokens},
+                    {"input_tokens_details", {{"cached_tokens", done->cached_tokens}}},
+                    {"output_tokens", done->completion_tokens},
+                    {"total_tokens", done->prompt_tokens + done->completion_tokens}};
+      if (done->finish == FinishReason::kLength) {
+        r["status"] = "incomplete";
+        r["incomplete_details"] = {{"reason", "max_output_tokens"}};
+      }
+    }
+    return r;
+  };
+  auto output = std::make_shared<ResponsesOutput>(request.chat.freeform_tools);
+  if (!request.stream) {
+    wait_done(*job, req);
+    if (auto failure = job_failure(*job)) return reply_error(res, failure->first, failure->second);
+    for (const chat::OutputEvent& e : parse_output(generation.format, job->pending_text)) output->on(e);
+    output->close();
+    return reply_json(res, response("completed", output->output(), job.get()));
+  }
+
+  // Streaming: response.created and response.in_progress at once, response.in_progress again as the keep-alive (an
+  // event, which Codex's idle timer counts, where an SSE comment is not), the items' events, and response.completed
+  // (or .incomplete, .failed) with the whole response; then the stream ends.
+  struct State {
+    std::unique_ptr<chat::OutputParser> parser;
+    bool started = false;
+    std::chrono::steady_clock::time_point last_sent;
+  };
+  auto state = std::make_shared<State>(
+      State{.parser = new_output_parser(generation.format), .last_sent = std::chrono::steady_clock::now()});
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [job, state, output, response, silence = silence_limit(options.keepalive_seconds)](size_t,
+                                                                                         httplib::DataSink& sink) {
+        auto send = [&](const std::string& type, json data) {
+          const std::string event = "event: " + type + "\ndata: " + dump(data) + "\n\n";
+          state->last_sent = std::chrono::steady_clock::now();
+          if (sink.write(event.data(), event.size())) return true;
+          job->cancelled = true;
+          return false;
+        };
+        auto send_events = [&] {
+          for (auto& [type, data] : output->take_events()) {
+            if (!send(type, std::move(data))) return false;
+          }
+          return true;
+        };
+        if (!state->started) {
+          state->started = true;
+          output->emit("response.created", {{"response", response("in_progress", json::array(), nullptr)}});
+          output->emit("response.in_progress", {{"response", response("in_progress", json::array(), nullptr)}});
+          return send_events();
+        }
+        bool done = false, keepalive = false;
+        const std::string text = take_text(*job, silence, state->last_sent, &done, &keepalive);
+        if (keepalive && !done) {
+          output->emit("response.in_progress", {{"response", response("in_progress", output->output(), nullptr)}});
+        }
+        if (const auto failure = done ? job_failure(*job) : std::nullopt) {
+          json failed = response("failed", output->output(), nullptr);
+          failed["error"] = {{"code", "server_error"}, {"message", failure->second}};
+          output->emit("response.failed", {{"response", std::move(failed)}});
+          if (!send_events()) return false;
+          sink.done();
+          return true;
+        }
+        std::vector<chat::OutputEvent> events;
+        state->parser->feed(text, &events);
+        if (done) state->parser->finish(&events);
+        for (const chat::OutputEvent& e : events) output->on(e);
+        if (done) {
+          output->close();
+          json finished = response("completed", output->output(), job.get());
+          const bool incomplete = finished["status"] == "incomplete";
+          output->emit(incomplete ? "response.incomplete" : "response.completed", {{"response", std::move(finished)}});
+        }
+        if (!send_events()) return false;
+        if (done) sink.done();
+        return true;
+      },
+      [job](bool success) {
+        if (!success) job->cancelled = true;
+      });
+}
+
 // ---- Anthropic: /v1/messages and /v1/messages/count_tokens ------------------------------------------------------
 
 void Server::Impl::messages(const httplib::Request& req, httplib::Response& res) {
@@ -1072,7 +1315,7 @@ void Server::Impl::messages(const httplib::Request& req, httplib::Response& res)
     bool started = false;
     int index = -1;  // the current (or last) block
     Block open = Block::kNone;
-    std::string thinking;  // the open thinking block's text, for its signature
+    std::string thinking = {};  // the open thinking block's text, for its signature
     bool tool_use = false;
     std::chrono::steady_clock::time_point last_sent;  // of the last event written
   };
