@@ -617,7 +617,7 @@ Result<Json> responses_as_chat(const Json& body, ChatInput* in, int* media) {
         }
         if (!text.empty()) break;
       }
-      append(assistant(), "reasoning_content", text);
+      if (!text.empty()) append(assistant(), "reasoning_content", text);  // an encrypted_content alone: nothing
     } else if (type == "function_call" || type == "custom_tool_call") {
       Result<std::string> name = item_string(item, "name", at);
       Result<std::string> call_id = item_string(item, "call_id", at);
