@@ -1,5 +1,6 @@
 // The official SDKs against `magnetar serve` (tests/server/sdk_test.cpp runs this): chat, streaming and a tool
-// round trip through the openai and @anthropic-ai/sdk npm packages (pinned in tests/server/sdk_test.cpp).
+// round trip through the openai (chat completions and responses) and @anthropic-ai/sdk npm packages (pinned in
+// tests/server/sdk_test.cpp).
 //
 // usage: node sdk_clients.mjs NPM_DIR PORT > result.json
 //   prints one JSON object with what each step got; the C++ test asserts on it.
@@ -43,6 +44,26 @@ const openai = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused', maxRetries:
     model: 'm', temperature: 0, max_tokens: 30, tools: [{ type: 'function', function: weather }],
     messages: [...question, message, { role: 'tool', tool_call_id: message.tool_calls[0].id, content: '21 degrees' }] });
   out.openai_answer = { content: answer.choices[0].message.content, finish: answer.choices[0].finish_reason };
+}
+
+// The Responses API (Codex's): plain, through the SDK's stream helper (which rebuilds the response from the events and
+// fails on events out of order), a forced call and its output sent back with the items the call returned.
+{
+  const ask = { model: 'm', input: 'Who are you?', temperature: 0, max_output_tokens: 30 };
+  const r = await openai.responses.create(ask);
+  out.responses_plain = { text: r.output_text, status: r.status, usage: r.usage };
+  const streamed = await openai.responses.stream(ask).finalResponse();
+  out.responses_stream = { text: streamed.output_text, status: streamed.status };
+  const tools = [{ type: 'function', ...weather }];
+  const called = await openai.responses.stream({
+    model: 'm', input: question, temperature: 0, max_output_tokens: 120, tools,
+    tool_choice: { type: 'function', name: 'get_weather' } }).finalResponse();
+  const call = called.output.find((item) => item.type === 'function_call');
+  out.responses_call = { status: called.status, types: called.output.map((item) => item.type), call };
+  const answer = await openai.responses.create({
+    model: 'm', temperature: 0, max_output_tokens: 30, tools,
+    input: [...question, ...called.output, { type: 'function_call_output', call_id: call.call_id, output: '21 degrees' }] });
+  out.responses_answer = { text: answer.output_text, status: answer.status };
 }
 
 const anthropic = new Anthropic({ baseURL: base, apiKey: 'unused', maxRetries: 0 });

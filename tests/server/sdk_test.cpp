@@ -1,5 +1,6 @@
 // `magnetar serve` driven by the official SDKs (the npm packages openai and @anthropic-ai/sdk, pinned, installed on
-// first use into the parity tests' npm cache; SKIPPED without node, npm or the registry): chat, streaming through
+// first use into the parity tests' npm cache; SKIPPED without node, npm or the registry): chat (chat completions,
+// responses and messages), streaming through
 // each SDK's own stream helpers (which assemble tool-call and input_json deltas themselves), and a forced tool call
 // sent back with its result. tests/server/sdk_clients.mjs runs the clients and prints what they got.
 #include <cstdio>
@@ -46,6 +47,22 @@ TEST_F(ServeSdk, OfficialClientsChatStreamAndToolRoundTrip) {
   const std::string finish = r["openai_answer"]["finish"];
   EXPECT_TRUE(finish == "stop" || finish == "length") << r["openai_answer"].dump();
   EXPECT_TRUE(r["openai_answer"]["content"].is_string());
+
+  // Responses: the same text, cut by max_output_tokens (incomplete); the stream helper's final response the same;
+  // the forced call a function_call item with the chat route's arguments; the answer after its output.
+  EXPECT_EQ(r["responses_plain"]["text"], text) << r["responses_plain"].dump();
+  EXPECT_EQ(r["responses_plain"]["status"], "incomplete");
+  EXPECT_EQ(r["responses_plain"]["usage"]["output_tokens"], 30);
+  EXPECT_EQ(r["responses_stream"]["text"], text);
+  EXPECT_EQ(r["responses_stream"]["status"], "incomplete");
+  const json& item = r["responses_call"];
+  EXPECT_EQ(item["status"], "completed") << item.dump();
+  EXPECT_EQ(item["types"], json::array({"function_call"})) << item.dump();
+  EXPECT_EQ(item["call"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(item["call"]["arguments"].get<std::string>(), nullptr, false), arguments) << item.dump();
+  const std::string after = r["responses_answer"]["status"];
+  EXPECT_TRUE(after == "completed" || after == "incomplete") << r["responses_answer"].dump();
+  EXPECT_TRUE(r["responses_answer"]["text"].is_string());
 
   // Anthropic: the same answers as content blocks; the stream helper's final message equals the plain one; the
   // forced tool_use carries the arguments the OpenAI route produced for the same prompt.
