@@ -632,6 +632,15 @@ struct Server::Impl {
   json model_object(Api api) const;
   // The plan of a chat request, its notes printed with --verbose.
   Result<Generation> plan(const ChatRequest& request, const char* route) const;
+  // A chat route's start: the body parsed by `parse`, planned and submitted. A refusal is answered on `res` (in the
+  // shape of `api`) and returns nothing.
+  struct Started {
+    ChatRequest request;
+    Generation generation;
+    std::shared_ptr<Job> job;
+  };
+  std::optional<Started> start_chat(const httplib::Request& req, httplib::Response& res, const char* route, Api api,
+                                    const std::function<Result<ChatRequest>(const json&)>& parse);
   void chat_completions(const httplib::Request& req, httplib::Response& res);
   void completions(const httplib::Request& req, httplib::Response& res);
   // pieces(text, done): the chunks for the next raw output text; when done (and the job did not fail) the
@@ -1006,19 +1015,38 @@ void Server::Impl::stream_openai(httplib::Response& res, std::shared_ptr<Job> jo
       });
 }
 
-void Server::Impl::chat_completions(const httplib::Request& req, httplib::Response& res) {
+std::optional<Server::Impl::Started> Server::Impl::start_chat(
+    const httplib::Request& req, httplib::Response& res, const char* route, Api api,
+    const std::function<Result<ChatRequest>(const json&)>& parse) {
+  auto refuse = [&](ErrorKind kind, const Status& status) {
+    reply_error(res, kind, status.message(), api);
+    return std::nullopt;
+  };
   Result<json> body = parse_body(req);
-  if (!body.ok()) return reply_error(res, ErrorKind::kInvalidRequest, body.status().message());
-  Result<ChatRequest> parsed = parse_chat_request(body.value(), options.sampling);
-  if (!parsed.ok()) return reply_error(res, ErrorKind::kInvalidRequest, parsed.status().message());
-  ChatRequest& request = parsed.value();
-  Result<Generation> planned = plan(request, "/v1/chat/completions");
-  if (!planned.ok()) return reply_error(res, ErrorKind::kInvalidRequest, planned.status().message());
-  const Generation& generation = planned.value();
+  if (!body.ok()) return refuse(ErrorKind::kInvalidRequest, body.status());
+  Result<ChatRequest> parsed = parse(body.value());
+  if (!parsed.ok()) return refuse(ErrorKind::kInvalidRequest, parsed.status());
+  Started started;
+  started.request = std::move(parsed.value());
+  Result<Generation> planned = plan(started.request, route);
+  if (!planned.ok()) return refuse(ErrorKind::kInvalidRequest, planned.status());
+  started.generation = std::move(planned.value());
   ErrorKind refused;
-  Result<std::shared_ptr<Job>> submitted = submit(generation.prompt, request, &generation, refused);
-  if (!submitted.ok()) return reply_error(res, refused, submitted.status().message());
-  std::shared_ptr<Job> job = std::move(submitted.value());
+  Result<std::shared_ptr<Job>> submitted =
+      submit(started.generation.prompt, started.request, &started.generation, refused);
+  if (!submitted.ok()) return refuse(refused, submitted.status());
+  started.job = std::move(submitted.value());
+  return started;
+}
+
+void Server::Impl::chat_completions(const httplib::Request& req, httplib::Response& res) {
+  std::optional<Started> started = start_chat(req, res, "/v1/chat/completions", Api::kOpenAI, [this](const json& body) {
+    return parse_chat_request(body, options.sampling);
+  });
+  if (!started) return;
+  const ChatRequest& request = started->request;
+  const Generation& generation = started->generation;
+  std::shared_ptr<Job> job = started->job;
 
   const std::string id = format("chatcmpl-%llu", (unsigned long long)next_id.fetch_add(1));
   const int64_t created = int64_t(std::time(nullptr));
@@ -1137,18 +1165,13 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
 // ---- OpenAI Responses: /v1/responses -------------------------------------------------------------------------
 
 void Server::Impl::responses(const httplib::Request& req, httplib::Response& res) {
-  Result<json> body = parse_body(req);
-  if (!body.ok()) return reply_error(res, ErrorKind::kInvalidRequest, body.status().message());
-  Result<ChatRequest> parsed = parse_responses_request(body.value(), options.sampling);
-  if (!parsed.ok()) return reply_error(res, ErrorKind::kInvalidRequest, parsed.status().message());
-  ChatRequest& request = parsed.value();
-  Result<Generation> planned = plan(request, "/v1/responses");
-  if (!planned.ok()) return reply_error(res, ErrorKind::kInvalidRequest, planned.status().message());
-  const Generation& generation = planned.value();
-  ErrorKind refused;
-  Result<std::shared_ptr<Job>> submitted = submit(generation.prompt, request, &generation, refused);
-  if (!submitted.ok()) return reply_error(res, refused, submitted.status().message());
-  std::shared_ptr<Job> job = std::move(submitted.value());
+  std::optional<Started> started = start_chat(req, res, "/v1/responses", Api::kOpenAI, [this](const json& body) {
+    return parse_responses_request(body, options.sampling);
+  });
+  if (!started) return;
+  const ChatRequest& request = started->request;
+  const Generation& generation = started->generation;
+  std::shared_ptr<Job> job = started->job;
 
   const std::string id = format("resp_%llu", (unsigned long long)next_id.fetch_add(1));
   const int64_t created = int64_t(std::time(nullptr));
@@ -1246,18 +1269,13 @@ void Server::Impl::responses(const httplib::Request& req, httplib::Response& res
 // ---- Anthropic: /v1/messages and /v1/messages/count_tokens ------------------------------------------------------
 
 void Server::Impl::messages(const httplib::Request& req, httplib::Response& res) {
-  Result<json> body = parse_body(req);
-  if (!body.ok()) return reply_error(res, ErrorKind::kInvalidRequest, body.status().message(), Api::kAnthropic);
-  Result<ChatRequest> parsed = parse_anthropic_request(body.value(), options.sampling, /*require_max_tokens=*/true);
-  if (!parsed.ok()) return reply_error(res, ErrorKind::kInvalidRequest, parsed.status().message(), Api::kAnthropic);
-  ChatRequest& request = parsed.value();
-  Result<Generation> planned = plan(request, "/v1/messages");
-  if (!planned.ok()) return reply_error(res, ErrorKind::kInvalidRequest, planned.status().message(), Api::kAnthropic);
-  const Generation& generation = planned.value();
-  ErrorKind refused;
-  Result<std::shared_ptr<Job>> submitted = submit(generation.prompt, request, &generation, refused);
-  if (!submitted.ok()) return reply_error(res, refused, submitted.status().message(), Api::kAnthropic);
-  std::shared_ptr<Job> job = std::move(submitted.value());
+  std::optional<Started> started = start_chat(req, res, "/v1/messages", Api::kAnthropic, [this](const json& body) {
+    return parse_anthropic_request(body, options.sampling, /*require_max_tokens=*/true);
+  });
+  if (!started) return;
+  const ChatRequest& request = started->request;
+  const Generation& generation = started->generation;
+  std::shared_ptr<Job> job = started->job;
   const std::string id =
       format("msg_%08llx%08llx", (unsigned long long)std::time(nullptr), (unsigned long long)next_id.fetch_add(1));
   // The message object; `content` and the stop fields are filled in once known.
