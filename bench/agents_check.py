@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Real coding agents against `magnetar serve`: Claude Code (Anthropic Messages) and Codex (OpenAI Responses), each
-in its non-interactive mode, on the bundled demo model. Not part of `make test`: the two npm packages are ~800 MB
-(installed once, pinned, into ~/.cache/magnetar/agents). What is checked:
+"""Real coding agents against `magnetar serve`: Claude Code (Anthropic Messages), Codex (OpenAI Responses) and OpenCode
+(OpenAI chat completions), each in its non-interactive mode, on the bundled demo model. Not part of `make test`: the
+npm packages are ~1 GB (installed once, pinned, into ~/.cache/magnetar/agents; OpenCode also fetches its provider
+package on first use). What is checked:
   - Claude Code `-p` answers without an error (its JSON result; 2.1.332 sends a system message after the user's,
     which servers that take only user and assistant messages refuse), and a second identical run reuses the prompt
     the first computed (cache_read_input_tokens >= 90% of the prompt);
-  - Codex `exec` ends with exit status 0 and reports the tokens it used (it speaks only /v1/responses).
+  - Codex `exec` ends with exit status 0 and reports the tokens it used (it speaks only /v1/responses);
+  - OpenCode `run` ends with exit status 0 and prints an answer.
 The demo model was trained on 512-token contexts and the agents' prompts are ~5K tokens, so the answers are noise;
 what is checked is that the agents accept the server's requests and answers.
 
@@ -22,6 +24,7 @@ import time
 
 CLAUDE = "@anthropic-ai/claude-code@2.1.332"
 CODEX = "@openai/codex@0.171.0"
+OPENCODE = "opencode-ai@1.18.33"
 
 
 def free_port():
@@ -33,12 +36,13 @@ def free_port():
 def install(cache):
     claude = os.path.join(cache, "node_modules/@anthropic-ai/claude-code-linux-x64/claude")
     codex = os.path.join(cache, "node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex")
-    if not (os.path.exists(claude) and os.path.exists(codex)):
+    opencode = os.path.join(cache, "node_modules/opencode-linux-x64/bin/opencode")
+    if not all(os.path.exists(b) for b in (claude, codex, opencode)):
         os.makedirs(cache, exist_ok=True)
-        print(f"installing {CLAUDE} and {CODEX} into {cache} (~800 MB, once)", file=sys.stderr)
-        subprocess.run(["npm", "install", "--prefix", cache, "--no-audit", "--no-fund", CLAUDE, CODEX], check=True,
-                       stdout=subprocess.DEVNULL)
-    return claude, codex
+        print(f"installing {CLAUDE}, {CODEX} and {OPENCODE} into {cache} (~1 GB, once)", file=sys.stderr)
+        subprocess.run(["npm", "install", "--prefix", cache, "--no-audit", "--no-fund", CLAUDE, CODEX, OPENCODE],
+                       check=True, stdout=subprocess.DEVNULL)
+    return claude, codex, opencode
 
 
 def wait_listening(port, proc, seconds=60):
@@ -60,7 +64,7 @@ def main():
     ap.add_argument("--model", default="models/magnetar-demo-q8_0.gguf")
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/magnetar/agents"))
     args = ap.parse_args()
-    claude, codex = install(args.cache)
+    claude, codex, opencode = install(args.cache)
     port = free_port()
     work = tempfile.mkdtemp(prefix="magnetar-agents-")
     log = open(os.path.join(work, "serve.log"), "w")
@@ -107,6 +111,18 @@ def main():
         used = out.split("tokens used")[-1].split()[0] if "tokens used" in out else None
         check("codex exec", p.returncode == 0 and used is not None,
               f"exit {p.returncode}, tokens used {used}" + ("" if p.returncode == 0 else f"; {out.strip()[-400:]}"))
+        with open(os.path.join(work, "opencode.json"), "w") as f:
+            json.dump({"provider": {"magnetar": {
+                "npm": "@ai-sdk/openai-compatible", "name": "magnetar",
+                "options": {"baseURL": f"http://127.0.0.1:{port}/v1"},
+                "models": {"magnetar-demo-q8_0": {"name": "demo", "limit": {"context": 16384, "output": 1024}}}}}}, f)
+        p = subprocess.run([opencode, "run", "-m", "magnetar/magnetar-demo-q8_0", "Who are you?"], cwd=work,
+                           capture_output=True, text=True, timeout=600,
+                           env=dict(os.environ, HOME=env["HOME"], PWD=work))  # its project folder is $PWD
+        answer = p.stdout.strip()
+        check("opencode run", p.returncode == 0 and len(answer) > 0,
+              f"exit {p.returncode}, {len(answer)} bytes of answer" + ("" if p.returncode == 0 else
+                                                                       f"; {(p.stdout + p.stderr).strip()[-400:]}"))
     finally:
         server.terminate()
         server.wait(timeout=30)
