@@ -6,7 +6,8 @@ package on first use). What is checked:
   - Claude Code `-p` answers without an error (its JSON result; 2.1.332 sends a system message after the user's,
     which servers that take only user and assistant messages refuse), and a second identical run reuses the prompt
     the first computed (cache_read_input_tokens >= 90% of the prompt);
-  - Codex `exec` ends with exit status 0 and reports the tokens it used (it speaks only /v1/responses);
+  - Codex `exec` ends with exit status 0 and reports the tokens it used (it speaks only /v1/responses), and a second
+    identical run reuses the prompt (the server's cached-token counter);
   - OpenCode `run` ends with exit status 0 and prints an answer.
 The demo model was trained on 512-token contexts and the agents' prompts are ~5K tokens, so the answers are noise;
 what is checked is that the agents accept the server's requests and answers.
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 CLAUDE = "@anthropic-ai/claude-code@2.1.332"
 CODEX = "@openai/codex@0.171.0"
@@ -56,6 +58,13 @@ def wait_listening(port, proc, seconds=60):
         except OSError:
             time.sleep(0.2)
     return False
+
+
+def metrics(port):
+    """The server's (prompt tokens, cached tokens) counters from /metrics."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    values = dict(line.split()[:2] for line in body.splitlines() if line and not line.startswith("#"))
+    return int(float(values["magnetar_prompt_tokens_total"])), int(float(values["magnetar_cached_tokens_total"]))
 
 
 def main():
@@ -105,12 +114,20 @@ def main():
             f.write(f'model = "magnetar-demo-q8_0"\nmodel_provider = "magnetar"\nmodel_context_window = 16384\n'
                     f'[model_providers.magnetar]\nname = "magnetar"\nbase_url = "http://127.0.0.1:{port}/v1"\n'
                     f'env_key = "MAGNETAR_API_KEY"\nwire_api = "responses"\nstream_idle_timeout_ms = 600000\n')
-        p = subprocess.run([codex, "exec", "--skip-git-repo-check", "Who are you?"], cwd=work, capture_output=True,
-                           text=True, timeout=600, env=dict(os.environ, CODEX_HOME=codex_home, MAGNETAR_API_KEY="x"))
-        out = p.stdout + p.stderr
-        used = out.split("tokens used")[-1].split()[0] if "tokens used" in out else None
-        check("codex exec", p.returncode == 0 and used is not None,
-              f"exit {p.returncode}, tokens used {used}" + ("" if p.returncode == 0 else f"; {out.strip()[-400:]}"))
+        counts = []  # the server's prompt and cached token counters after each run
+        for run in (1, 2):
+            p = subprocess.run([codex, "exec", "--skip-git-repo-check", "Who are you?"], cwd=work,
+                               capture_output=True, text=True, timeout=600,
+                               env=dict(os.environ, CODEX_HOME=codex_home, MAGNETAR_API_KEY="x"))
+            out = p.stdout + p.stderr
+            used = out.split("tokens used")[-1].split()[0] if "tokens used" in out else None
+            check(f"codex exec (run {run})", p.returncode == 0 and used is not None,
+                  f"exit {p.returncode}, tokens used {used}" + ("" if p.returncode == 0 else f"; {out.strip()[-400:]}"))
+            counts.append(metrics(port))
+        prompt = counts[1][0] - counts[0][0]
+        cached = counts[1][1] - counts[0][1]
+        check("codex's second run reuses the prompt", prompt > 0 and cached >= 0.9 * prompt,
+              f"{cached} of {prompt} tokens cached")
         with open(os.path.join(work, "opencode.json"), "w") as f:
             json.dump({"provider": {"magnetar": {
                 "npm": "@ai-sdk/openai-compatible", "name": "magnetar",
