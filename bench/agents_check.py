@@ -92,7 +92,8 @@ def main():
             return 1
         env = dict(os.environ, HOME=os.path.join(work, "home"), ANTHROPIC_BASE_URL=f"http://127.0.0.1:{port}",
                    ANTHROPIC_AUTH_TOKEN="unused", ANTHROPIC_MODEL="magnetar-demo-q8_0", DISABLE_TELEMETRY="1",
-                   CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")
+                   CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", CLAUDE_CODE_MAX_CONTEXT_TOKENS="16384",
+                   CLAUDE_CODE_MAX_OUTPUT_TOKENS="4096")  # the server's --ctx, as the README says
         usage = []
         for run in (1, 2):
             p = subprocess.run([claude, "-p", "Who are you?", "--max-turns", "1", "--output-format", "json"], env=env,
