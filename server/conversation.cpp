@@ -652,6 +652,9 @@ Result<Json> responses_as_chat(const Json& body, ChatInput* in, int* media) {
       const Json& t = (*tools)[k];
       const std::string at = format("tools[%zu]", k);
       const Json type = t.is_object() ? t.value("type", Json()) : Json();
+      if (type == "function" || type == "custom") {  // named as this API names the fields
+        if (Status st = check_tool_name(t.value("name", Json()), at + ".name"); !st.ok()) return st;
+      }
       if (type == "function") {
         Json function = {{"name", t.value("name", Json())}};
         for (const char* key : {"description", "parameters"}) {
@@ -685,7 +688,11 @@ Result<Json> responses_as_chat(const Json& body, ChatInput* in, int* media) {
       chat["tool_choice"] = *choice;
     } else if (choice->is_object() &&
                (choice->value("type", Json()) == "function" || choice->value("type", Json()) == "custom")) {
-      chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", choice->value("name", Json())}}}};
+      const Json name = choice->value("name", Json());
+      bool offered = false;
+      for (const Json& t : chat.value("tools", Json::array())) offered = offered || t["function"]["name"] == name;
+      if (!offered) return Status::error("tool_choice.name " + name.dump() + " is not one of the tools");
+      chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", name}}}};
     } else {
       return Status::error(
           "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\": NAME}");

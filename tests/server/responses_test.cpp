@@ -5,6 +5,9 @@
 // item open at a time, response.completed last with the usage) and give the answer the non-streamed request gives;
 // function and freeform (custom) tool calls come back as function_call / custom_tool_call items; tools and items of
 // other types are left out, not refused.
+#include <string>
+#include <utility>
+
 #include "tests/server/harness.h"
 
 namespace magnetar::test {
@@ -219,6 +222,30 @@ TEST_F(ServeResponses, ToolCallsComeBackAsItems) {
   EXPECT_TRUE(custom["output"][0]["input"].is_string()) << custom.dump();
   const json refused = responses({{"input", "Hi."}, {"previous_response_id", "resp_1"}}, 400);
   EXPECT_NE(refused.dump().find("previous_response_id"), std::string::npos) << refused.dump();
+}
+
+// Bad input is a 400 naming the field as this API names it (tools[0].name, not the chat route's
+// tools[0].function.name).
+TEST_F(ServeResponses, BadInputIsRefusedNamingTheField) {
+  const std::pair<json, std::string> cases[] = {
+      {json::object(), "input must be"},
+      {{{"input", {5}}}, "input[0] must be an object"},
+      {{{"input", {{{"type", "message"}, {"role", "bot"}, {"content", "x"}}}}}, "input[0].role"},
+      {{{"input", {{{"type", "function_call"}, {"name", "f"}}}}}, "input[0].call_id"},
+      {{{"input", {{{"type", "message"}, {"role", "user"}, {"content", {{{"type", "input_text"}}}}}}}},
+       "input[0].content[0].text"},
+      {{{"input", {{{"type", "function_call_output"}, {"call_id", "c"}, {"output", {{"a", 1}}}}}}}, "input[0].output"},
+      {{{"input", "Hi."}, {"tools", {{{"type", "function"}}}}}, "tools[0].name"},
+      {{{"input", "Hi."}, {"tools", json::array()}, {"tool_choice", {{"type", "function"}, {"name", "nope"}}}},
+       "tool_choice.name \"nope\""},
+      {{{"input", "Hi."}, {"max_output_tokens", 0}}, "max_output_tokens"},
+      {{{"input", "Hi."}, {"temperature", "x"}}, "temperature"},
+  };
+  for (const auto& [body, field] : cases) {
+    const json r = responses(body, 400);
+    EXPECT_NE(r["error"]["message"].get<std::string>().find(field), std::string::npos)
+        << body.dump() << " -> " << r.dump();
+  }
 }
 
 }  // namespace
