@@ -18,7 +18,6 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <random>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -28,6 +27,7 @@
 #include "chat/template.h"
 #include "chat/tool_calls.h"
 #include "server/conversation.h"
+#include "server/output.h"
 #include "server/requests.h"
 #include "server/webui.h"
 #include "server/worker.h"
@@ -257,70 +257,6 @@ Result<Generation> plan_generation(const ChatInput& input, bool model_thinks, co
   return g;
 }
 
-// ---- reading the output: events -> the APIs' shapes -----------------------------------------------------------
-
-// The output parser of the model's family: Qwen3/Hermes markup, the only family the built-in ChatML renderer
-// serves (DeepSeek and gpt-oss get theirs with their architectures).
-std::unique_ptr<chat::OutputParser> new_output_parser(const chat::OutputFormat& format) {
-  return chat::new_hermes_parser(format);
-}
-
-// Parses a whole output (non-streamed answers).
-std::vector<chat::OutputEvent> parse_output(const chat::OutputFormat& format, const std::string& text) {
-  std::unique_ptr<chat::OutputParser> parser = new_output_parser(format);
-  std::vector<chat::OutputEvent> events;
-  parser->feed(text, &events);
-  parser->finish(&events);
-  return chat::merge_events(events);
-}
-
-// Call ids: call_ / toolu_ and 24 random alphanumerics, as the two APIs' own ids look.
-std::string new_call_id(const char* prefix) {
-  static constexpr char kAlphabet[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  std::string id = prefix;
-  for (int i = 0; i < 24; ++i) id += kAlphabet[rng() % (sizeof(kAlphabet) - 1)];
-  return id;
-}
-
-// The signature of an Anthropic thinking block: Anthropic's is an opaque token that clients keep and send back with
-// the block; Claude Code drops a thinking block without one (and with it an answer that had only thinking). Ours is
-// "magnetar" and the FNV-1a hash of the text in hex (nothing checks it when a client sends the block back).
-std::string thinking_signature(const std::string& thinking) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (const char c : thinking) h = (h ^ uint8_t(c)) * 0x100000001b3ull;
-  return format("magnetar%016llx", (unsigned long long)h);
-}
-
-// OpenAI's finish_reason: length (max_tokens or the context), tool_calls, or stop.
-const char* finish_reason_name(FinishReason f, bool tool_calls = false) {
-  if (f == FinishReason::kLength) return "length";
-  return tool_calls ? "tool_calls" : "stop";
-}
-
-// Anthropic's stop_reason: max_tokens, stop_sequence (one of the request's stop_sequences matched), tool_use or
-// end_turn.
-const char* anthropic_stop_reason(const Job& job, bool tool_use) {
-  if (job.finish == FinishReason::kLength) return "max_tokens";
-  if (!job.stop_sequence.empty()) return "stop_sequence";
-  return tool_use ? "tool_use" : "end_turn";
-}
-
-json usage_json(const Job& job) {
-  return {{"prompt_tokens", job.prompt_tokens},
-          {"completion_tokens", job.completion_tokens},
-          {"total_tokens", job.prompt_tokens + job.completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", job.cached_tokens}}}};
-}
-
-// Anthropic counts cache reads apart: input_tokens are the prompt tokens that were computed, so
-// input_tokens + cache_read_input_tokens is the prompt (what count_tokens returns).
-json anthropic_usage(const Job& job) {
-  return {{"input_tokens", job.prompt_tokens - job.cached_tokens},
-          {"output_tokens", job.completion_tokens},
-          {"cache_read_input_tokens", job.cached_tokens}};
-}
-
 // ---- waiting on a job (HTTP threads) ----------------------------------------------------------------------------
 
 // The first of this process's sockets (found among /proc/self/fd) whose address -- the peer's (peer) or its own --
@@ -443,137 +379,6 @@ std::string route_label(const std::string& path) {
   }
   return "other";
 }
-
-// The output of a /v1/responses answer, item by item, as the parser's events arrive: the stream's events (each
-// item opened with response.output_item.added, its deltas, then its done events and response.output_item.done with
-// the whole item; Codex records items from output_item.done only and wants one open at a time) and the finished
-// items. Reasoning goes out as reasoning_text (the item's content, which Codex sends back with the next request);
-// a call of a freeform tool (offered as a function of one string "input") goes out as a custom_tool_call of that
-// string, whole at its end.
-class ResponsesOutput {
- public:
-  explicit ResponsesOutput(std::vector<std::string> freeform) : freeform_(std::move(freeform)) {}
-
-  void on(const chat::OutputEvent& e) {
-    switch (e.kind) {
-      case chat::OutputEventKind::kReasoning:
-        if (open_ != Kind::kReasoning) {
-          open(Kind::kReasoning, {{"id", item_id("rs_")}, {"type", "reasoning"}, {"summary", json::array()}});
-        }
-        text_ += e.text;
-        emit("response.reasoning_text.delta",
-             {{"item_id", item_["id"]}, {"output_index", index()}, {"content_index", 0}, {"delta", e.text}});
-        break;
-      case chat::OutputEventKind::kText:
-        if (open_ != Kind::kMessage) {
-          open(Kind::kMessage, {{"id", item_id("msg_")},
-                                {"type", "message"},
-                                {"role", "assistant"},
-                                {"status", "in_progress"},
-                                {"content", json::array()}});
-          emit("response.content_part.added",
-               {{"item_id", item_["id"]}, {"output_index", index()}, {"content_index", 0}, {"part", text_part("")}});
-        }
-        text_ += e.text;
-        emit("response.output_text.delta", {{"item_id", item_["id"]},
-                                            {"output_index", index()},
-                                            {"content_index", 0},
-                                            {"delta", e.text},
-                                            {"logprobs", json::array()}});
-        break;
-      case chat::OutputEventKind::kToolCallBegin: {
-        const bool freeform = std::find(freeform_.begin(), freeform_.end(), e.text) != freeform_.end();
-        json item = {{"id", item_id(freeform ? "ctc_" : "fc_")},
-                     {"type", freeform ? "custom_tool_call" : "function_call"},
-                     {"status", "in_progress"},
-                     {"call_id", new_call_id("call_")},
-                     {"name", e.text}};
-        item[freeform ? "input" : "arguments"] = "";
-        open(freeform ? Kind::kCustomCall : Kind::kCall, std::move(item));
-        break;
-      }
-      case chat::OutputEventKind::kToolCallArguments:
-        text_ += e.text;
-        if (open_ == Kind::kCall) {
-          emit("response.function_call_arguments.delta",
-               {{"item_id", item_["id"]}, {"output_index", index()}, {"delta", e.text}});
-        }
-        break;
-      case chat::OutputEventKind::kToolCallEnd: close(); break;
-    }
-  }
-
-  // Closes the open item.
-  void close() {
-    auto at = [&](json fields) {  // the open item's id and index, and `fields`
-      fields["item_id"] = item_.value("id", json());
-      fields["output_index"] = index();
-      return fields;
-    };
-    switch (open_) {
-      case Kind::kNone: return;
-      case Kind::kReasoning:
-        emit("response.reasoning_text.done", at({{"content_index", 0}, {"text", text_}}));
-        item_["content"] = json::array({{{"type", "reasoning_text"}, {"text", text_}}});
-        break;
-      case Kind::kMessage:
-        emit("response.output_text.done", at({{"content_index", 0}, {"text", text_}}));
-        emit("response.content_part.done", at({{"content_index", 0}, {"part", text_part(text_)}}));
-        item_["content"] = json::array({text_part(text_)});
-        break;
-      case Kind::kCall:
-        emit("response.function_call_arguments.done", at({{"arguments", text_}}));
-        item_["arguments"] = text_;
-        break;
-      case Kind::kCustomCall: {
-        // The function's {"input": TEXT}; anything else the model wrote goes as it is.
-        const json args = json::parse(text_, nullptr, false);
-        item_["input"] =
-            args.is_object() && args.value("input", json()).is_string() ? args["input"].get<std::string>() : text_;
-        emit("response.custom_tool_call_input.done", at({{"input", item_["input"]}}));
-        break;
-      }
-    }
-    if (item_.contains("status")) item_["status"] = "completed";
-    emit("response.output_item.done", {{"output_index", index()}, {"item", item_}});
-    output_.push_back(std::move(item_));
-    item_ = json();
-    text_.clear();
-    open_ = Kind::kNone;
-  }
-
-  // Emits `type` with `fields`, numbered.
-  void emit(const char* type, json fields) {
-    fields["type"] = type;
-    fields["sequence_number"] = sequence_++;
-    events_.emplace_back(type, std::move(fields));
-  }
-  // The events emitted since the last call.
-  std::vector<std::pair<std::string, json>> take_events() { return std::exchange(events_, {}); }
-  const json& output() const { return output_; }
-
- private:
-  enum class Kind { kNone, kReasoning, kMessage, kCall, kCustomCall };
-  static json text_part(const std::string& text) {
-    return {{"type", "output_text"}, {"text", text}, {"annotations", json::array()}};
-  }
-  int64_t index() const { return int64_t(output_.size()); }
-  std::string item_id(const char* prefix) { return prefix + std::to_string(index()) + new_call_id("_").substr(1, 12); }
-  void open(Kind kind, json item) {
-    close();
-    open_ = kind;
-    item_ = std::move(item);
-    emit("response.output_item.added", {{"output_index", index()}, {"item", item_}});
-  }
-
-  std::vector<std::string> freeform_;
-  Kind open_ = Kind::kNone;
-  json item_;         // the open item
-  std::string text_;  // its text, reasoning or arguments so far
-  json output_ = json::array();
-  std::vector<std::pair<std::string, json>> events_;
-  int64_t sequence_ = 0;
-};
 
 }  // namespace
 
