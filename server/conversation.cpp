@@ -533,6 +533,13 @@ Result<std::string> responses_text(const Json& content, const std::string& field
   return text;
 }
 
+// A member of an object, or null: read in place (an input array is the whole conversation, resent every turn).
+const Json& member(const Json& object, const char* key) {
+  static const Json kNull;
+  const Json* found = object.is_object() ? find_ptr(object, key) : nullptr;
+  return found ? *found : kNull;
+}
+
 // A string field of an item, or an error naming it.
 Result<std::string> item_string(const Json& item, const char* key, const std::string& at) {
   const Json v = item.value(key, Json());
@@ -544,8 +551,8 @@ Result<std::string> item_string(const Json& item, const char* key, const std::st
 // messages before the first user or assistant item make one leading system message (several would fail the templates
 // that want one, first); later ones stay where they are. A run of reasoning, assistant message and function call
 // items is one assistant message (reasoning_content, content, tool_calls); function call outputs are tool messages.
-// Freeform (custom) tools are offered as a function of one string "input" and listed in *freeform. Tools and items of
-// other types (web search, image generation, shell calls made by the service) are left out, with a note.
+// Freeform (custom) tools are offered as a function of one string "input" and listed in in->freeform_tools. Tools and
+// items of other types (web search, image generation, shell calls made by the service) are left out, with a note.
 Result<Json> responses_as_chat(const Json& body, ChatInput* in, int* media) {
   Json messages = Json::array();
   std::string system;
@@ -577,7 +584,7 @@ Result<Json> responses_as_chat(const Json& body, ChatInput* in, int* media) {
     if (!instructions->is_string()) return Status::error("instructions must be a string");
     add_system(instructions->get<std::string>());
   }
-  const Json input = body.value("input", Json());
+  const Json& input = member(body, "input");
   if (input.is_string()) {
     messages.push_back({{"role", "user"}, {"content", input}});
     conversation_started = true;
@@ -592,7 +599,7 @@ Result<Json> responses_as_chat(const Json& body, ChatInput* in, int* media) {
     const std::string type = type_field.is_string() ? type_field.get<std::string>() : "";
     if (type == "message") {
       const Json role = item.value("role", Json());
-      Result<std::string> text = responses_text(item.value("content", Json()), at + ".content", media);
+      Result<std::string> text = responses_text(member(item, "content"), at + ".content", media);
       if (!text.ok()) return text.status();
       if (role == "user") {
         messages.push_back({{"role", "user"}, {"content", text.value()}});
@@ -633,7 +640,7 @@ Result<Json> responses_as_chat(const Json& body, ChatInput* in, int* media) {
     } else if (type == "function_call_output" || type == "custom_tool_call_output") {
       Result<std::string> call_id = item_string(item, "call_id", at);
       if (!call_id.ok()) return call_id.status();
-      Result<std::string> output = responses_text(item.value("output", Json()), at + ".output", media);
+      Result<std::string> output = responses_text(member(item, "output"), at + ".output", media);
       if (!output.ok()) return output.status();
       messages.push_back({{"role", "tool"}, {"tool_call_id", call_id.value()}, {"content", output.value()}});
       open = -1;

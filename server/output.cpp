@@ -59,6 +59,13 @@ json anthropic_usage(const Job& job) {
           {"cache_read_input_tokens", job.cached_tokens}};
 }
 
+json responses_usage(const Job& job) {
+  return {{"input_tokens", job.prompt_tokens},
+          {"input_tokens_details", {{"cached_tokens", job.cached_tokens}}},
+          {"output_tokens", job.completion_tokens},
+          {"total_tokens", job.prompt_tokens + job.completion_tokens}};
+}
+
 // ---- ResponsesOutput --------------------------------------------------------------------------------------------
 
 void ResponsesOutput::on(const chat::OutputEvent& e) {

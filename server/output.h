@@ -1,6 +1,6 @@
 // The model's output in the APIs' shapes: the output parser of the model's family, the call ids, finish and stop
 // reasons, usage objects, Anthropic's thinking signature, and the /v1/responses output items with their stream events
-// (ResponsesOutput). Pure functions of the output and the job's counts: no HTTP, no engine.
+// (ResponsesOutput). Built from the parser's events and the job's counts: no HTTP, no engine.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +43,9 @@ nlohmann::ordered_json usage_json(const Job& job);
 // Anthropic counts cache reads apart: input_tokens are the prompt tokens that were computed, so
 // input_tokens + cache_read_input_tokens is the prompt (what count_tokens returns).
 nlohmann::ordered_json anthropic_usage(const Job& job);
+
+// The Responses API's usage object (input_tokens counts the whole prompt, cached_tokens those reused).
+nlohmann::ordered_json responses_usage(const Job& job);
 
 // The output of a /v1/responses answer, item by item, as the parser's events arrive: the stream's events (each
 // item opened with response.output_item.added, its deltas, then its done events and response.output_item.done with

@@ -986,10 +986,7 @@ void Server::Impl::responses(const httplib::Request& req, httplib::Response& res
               {"model", model}, {"output", output},       {"error", nullptr},           {"incomplete_details", nullptr},
               {"store", false}, {"tools", json::array()}, {"parallel_tool_calls", true}};
     if (done != nullptr) {
-      r["usage"] = {{"input_tokens", done->prompt_tokens},
-                    {"input_tokens_details", {{"cached_tokens", done->cached_tokens}}},
-                    {"output_tokens", done->completion_tokens},
-                    {"total_tokens", done->prompt_tokens + done->completion_tokens}};
+      r["usage"] = responses_usage(*done);
       if (done->finish == FinishReason::kLength) {
         r["status"] = "incomplete";
         r["incomplete_details"] = {{"reason", "max_output_tokens"}};
@@ -1249,10 +1246,7 @@ void Server::Impl::messages(const httplib::Request& req, httplib::Response& res)
                                      {{"stop_reason", anthropic_stop_reason(*job, state->tool_use)},
                                       {"stop_sequence", stop_sequence(*job)}}},
                                     // The counts so far, as Anthropic's (some clients read usage only here).
-                                    {"usage",
-                                     {{"input_tokens", job->prompt_tokens - job->cached_tokens},
-                                      {"cache_read_input_tokens", job->cached_tokens},
-                                      {"output_tokens", job->completion_tokens}}}}) ||
+                                    {"usage", anthropic_usage(*job)}}) ||
             !send("message_stop", {{"type", "message_stop"}})) {
           return false;
         }
