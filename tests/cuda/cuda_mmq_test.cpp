@@ -38,7 +38,7 @@
 #include "tests/cuda/cuda_test_util.h"
 
 namespace magnetar {
-namespace {
+namespace mmq_test {
 
 using cuda_test::activations;
 using cuda_test::dequantize_ref;
@@ -71,7 +71,9 @@ std::vector<Type> mmq_types() {
   return types;
 }
 
-std::string type_case_name(const testing::TestParamInfo<Type>& info) { return std::string(quant::type_name(info.param)); }
+std::string type_case_name(const ::testing::TestParamInfo<Type>& info) {
+  return std::string(quant::type_name(info.param));
+}
 
 // A quantized matrix with its dequantized values, on the host and the device.
 struct Matrix {
@@ -113,7 +115,7 @@ std::vector<int64_t> sample(Rng& rng, int64_t count, std::initializer_list<int64
 
 // ---- matmul_q ---------------------------------------------------------------------------------------------------
 
-class CudaMmqTest : public testing::TestWithParam<Type> {};
+class CudaMmqTest : public ::testing::TestWithParam<Type> {};
 
 TEST_P(CudaMmqTest, MatchesReference) {
   SKIP_WITHOUT_GPU();
@@ -185,11 +187,11 @@ TEST_P(CudaMmqTest, MatchesReference) {
   std::printf("[ mmq ] %s: %lld outputs checked\n", std::string(t.name).c_str(), (long long)checked);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllQuantizedTypes, CudaMmqTest, testing::ValuesIn(mmq_types()), type_case_name);
+INSTANTIATE_TEST_SUITE_P(AllQuantizedTypes, CudaMmqTest, ::testing::ValuesIn(mmq_types()), type_case_name);
 
 // ---- grouped_matmul_q ----------------------------------------------------------------------------------------------
 
-class CudaGroupedMmqTest : public testing::TestWithParam<Type> {};
+class CudaGroupedMmqTest : public ::testing::TestWithParam<Type> {};
 
 TEST_P(CudaGroupedMmqTest, MatchesReference) {
   SKIP_WITHOUT_GPU();
@@ -299,7 +301,7 @@ TEST_P(CudaGroupedMmqTest, MatchesReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllQuantizedTypes, CudaGroupedMmqTest, testing::ValuesIn(mmq_types()), type_case_name);
+INSTANTIATE_TEST_SUITE_P(AllQuantizedTypes, CudaGroupedMmqTest, ::testing::ValuesIn(mmq_types()), type_case_name);
 
 // ---- matmul_q with split outputs (the prefill's q | k | v launch) ------------------------------------------------
 
@@ -444,5 +446,5 @@ TEST(CudaMmq, RejectsBadArguments) {
   expect_error(cuda::grouped_matmul_q(g, stream), "x (16 bytes)");
 }
 
-}  // namespace
+}  // namespace mmq_test
 }  // namespace magnetar

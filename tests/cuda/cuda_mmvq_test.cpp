@@ -38,7 +38,7 @@
 #include "quant/quant.h"
 
 namespace magnetar {
-namespace {
+namespace mmvq_test {
 
 using cuda_test::activations;
 using cuda_test::dequantize_ref;
@@ -110,9 +110,11 @@ std::vector<int> rows_per_warp_arms(Type type, int64_t n_vectors) {
   return {0, 1, 2, 4};
 }
 
-class CudaMatvecTest : public testing::TestWithParam<Type> {};
+class CudaMatvecTest : public ::testing::TestWithParam<Type> {};
 
-std::string type_case_name(const testing::TestParamInfo<Type>& info) { return std::string(quant::type_name(info.param)); }
+std::string type_case_name(const ::testing::TestParamInfo<Type>& info) {
+  return std::string(quant::type_name(info.param));
+}
 
 TEST_P(CudaMatvecTest, MatchesReference) {
   SKIP_WITHOUT_GPU();
@@ -224,7 +226,7 @@ TEST_P(CudaMatvecTest, MatchesReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllWeightTypes, CudaMatvecTest, testing::ValuesIn(weight_types()), type_case_name);
+INSTANTIATE_TEST_SUITE_P(AllWeightTypes, CudaMatvecTest, ::testing::ValuesIn(weight_types()), type_case_name);
 
 // Single-vector products of `type` at each of `cols` and row counts 1, 3, 9, 67 and max_rows (default 1,031: cutting
 // the warps' and CTAs' row groups), with MatvecArgs::stationary / staged both set and both clear, against the reference
@@ -1156,5 +1158,5 @@ TEST(CudaMatvec, StationaryShapesAndFoldedArguments) {
   expect_error(cuda::grouped_matvec(bad, stream), "null device pointer (items)");
 }
 
-}  // namespace
+}  // namespace mmvq_test
 }  // namespace magnetar

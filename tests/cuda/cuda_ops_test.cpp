@@ -50,7 +50,7 @@
 #include "tests/cuda/cuda_test_util.h"
 
 namespace magnetar {
-namespace {
+namespace ops_test {
 
 using cuda_test::from_device;
 using cuda_test::gaussian;
@@ -1271,5 +1271,5 @@ TEST(CudaOps, SharedMemoryBoundKernelsRefuseOrFallBack) {
   }
 }
 
-}  // namespace
+}  // namespace ops_test
 }  // namespace magnetar

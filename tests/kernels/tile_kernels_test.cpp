@@ -27,7 +27,7 @@
 #include "quant/quant.h"
 
 namespace magnetar {
-namespace {
+namespace tile_kernels_test {
 
 using cpu::Isa;
 using quant::Type;
@@ -189,5 +189,5 @@ TEST_P(TileTest, MatchesSingleDots) {
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(TileTest);
 INSTANTIATE_TEST_SUITE_P(AllTypes, TileTest, testing::ValuesIn(tile_cases()), case_name);
 
-}  // namespace
+}  // namespace tile_kernels_test
 }  // namespace magnetar

@@ -17,7 +17,7 @@
 #include "tests/unit/toy_tokenizer.h"
 
 namespace magnetar {
-namespace {
+namespace run_test {
 
 using testing::Invocation;
 
@@ -289,12 +289,12 @@ TEST_F(RunTool, BenchTimeToFirstTokenRestoresTheHistory) {
   EXPECT_NE(table.err.find("--kv-disk-dir is for --ttft"), std::string::npos) << table.err;
 }
 
-}  // namespace
+}  // namespace run_test
 }  // namespace magnetar
 
 // perplexity and chat need a tokenizer: a tiny synthetic model carrying the toy tokenizer.
 namespace magnetar {
-namespace {
+namespace run_test {
 
 class TextTools : public ::testing::Test {
  protected:
@@ -623,5 +623,5 @@ TEST_F(TextTools, RunTokenizesTextAndStopsOnStopStrings) {
   EXPECT_EQ(s.out, full.substr(0, full.find(stop)) + "\n");
 }
 
-}  // namespace
+}  // namespace run_test
 }  // namespace magnetar

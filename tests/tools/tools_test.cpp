@@ -13,7 +13,7 @@
 #include "tests/unit/gguf_test_util.h"
 
 namespace magnetar {
-namespace {
+namespace tools_test {
 
 const std::string kVectors = std::string(MAGNETAR_SHARED_DIR) + "/vectors";
 
@@ -153,5 +153,5 @@ TEST(Synth, RejectsBadArguments) {
   EXPECT_NE(t.err.find("not a weight type"), std::string::npos) << t.err;
 }
 
-}  // namespace
+}  // namespace tools_test
 }  // namespace magnetar

@@ -14,7 +14,7 @@
 #include "tests/unit/convert_test_util.h"
 
 namespace magnetar {
-namespace {
+namespace convert_model_test {
 
 using testing::test_value;
 using testing::TinyQwen3;
@@ -410,5 +410,5 @@ TEST(Convert, ThreadCountDoesNotChangeTheFile) {
   EXPECT_EQ(testing::read_all(a.out), testing::read_all(b.out));
 }
 
-}  // namespace
+}  // namespace convert_model_test
 }  // namespace magnetar

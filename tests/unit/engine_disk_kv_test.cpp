@@ -15,7 +15,7 @@
 #include "tests/unit/tiny_qwen3.h"
 
 namespace magnetar {
-namespace {
+namespace disk_kv_test {
 
 class EngineDiskKv : public ::testing::Test {
  protected:
@@ -214,5 +214,5 @@ TEST_F(EngineDiskKv, BatchedDecodeSavesCompletedBlocks) {
   EXPECT_EQ(e->kv_disk_stats().blocks_saved, 2u);
 }
 
-}  // namespace
+}  // namespace disk_kv_test
 }  // namespace magnetar

@@ -14,7 +14,7 @@
 #include "kv/kv_cache.h"
 
 namespace magnetar::kv {
-namespace {
+namespace mirror_test {
 
 constexpr int64_t kLayers = 2, kRow = 8, kCtx = 64;
 constexpr size_t kRowBytes = kRow * sizeof(float);
@@ -118,5 +118,5 @@ TEST(KvMirror, CheckpointSavesTheDeviceRows) {
   std::filesystem::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace mirror_test
 }  // namespace magnetar::kv

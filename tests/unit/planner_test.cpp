@@ -385,7 +385,7 @@ TEST(Planner, RandomSnapshotsNeverExceedTheBudget) {
     const int64_t fit = dense ? 0 : int64_t((budget > stream_base ? budget - stream_base : 0) / f.slab_bytes);
 
     Result<Plan> plan = plan_memory(in);
-    SCOPED_TRACE(testing::Message() << "iteration " << iter);
+    SCOPED_TRACE(::testing::Message() << "iteration " << iter);
     if (!plan.ok()) {
       ++n_refused;
       const std::string& msg = plan.status().message();

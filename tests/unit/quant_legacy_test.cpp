@@ -20,7 +20,7 @@
 #include "quant/quant.h"
 
 namespace magnetar::quant {
-namespace {
+namespace legacy_test {
 
 // The IQ4_NL levels as published with the format (llama.cpp PR 5590), written out here.
 constexpr double kNonLinear[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -495,5 +495,5 @@ TEST(QuantLegacy, TraitsDescribeTheFamily) {
   EXPECT_EQ(traits(Type::Q8_1).vec_dot, nullptr);
 }
 
-}  // namespace
+}  // namespace legacy_test
 }  // namespace magnetar::quant
