@@ -96,7 +96,10 @@ int64_t sweep_for(const EngineOptions& o, uint64_t bytes_per_token) {
 }
 
 quant::Type kv_quant_type(KvType t) {
-  return t == KvType::kF32 ? quant::Type::F32 : t == KvType::kQ8_0 ? quant::Type::Q8_0 : quant::Type::F16;
+  return t == KvType::kF32    ? quant::Type::F32
+         : t == KvType::kQ8_0 ? quant::Type::Q8_0
+         : t == KvType::kF8   ? quant::Type::F8_E4M3
+                              : quant::Type::F16;
 }
 
 // K and V of one cached token over all layers.
@@ -323,16 +326,18 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   if (!gpu.present) return forced ? fall_back("no CUDA device (or this build has no CUDA backend)") : Status();
   if (!entry.load_cuda) return fall_back("architecture '" + std::string(entry.name) + "' has no CUDA forward pass yet");
   if (o.kv_type == KvType::kF32) {
-    return fall_back("the CUDA backend keeps KV in F16 or Q8_0 (--kv-type f32 runs on the CPU)");
+    return fall_back("the CUDA backend keeps KV in F16, Q8_0 or FP8 (--kv-type f32 runs on the CPU)");
   }
   if (o.gpu_cache_gb < 0) return Status::error("--gpu-cache-gb must be >= 0");
   constexpr uint64_t kReserve = 1ull << 30;  // the CUDA context, the kernels' launch state, fragmentation
   const double gib = double(1ull << 30);
   const experts::ExpertLayout* layout = impl.model->expert_layout();
   const uint64_t expert_bytes = layout ? layout->total_expert_bytes() : 0;
-  // Q8_0 KV adds the prefill's F16 copy of the attended rows (one per model, K and V: qwen3_moe_cuda.cpp).
+  // Q8_0 and FP8 KV add the prefill's F16 copy of the attended rows (one per model, K and V: qwen3_moe_cuda.cpp).
   const models::HParams hp = impl.model->hparams();  // a copy: the CPU model is replaced below
-  const uint64_t kv_f16 = o.kv_type == KvType::kQ8_0 ? uint64_t(o.n_ctx) * uint64_t(hp.n_head_kv * hp.head_dim) * 4 : 0;
+  const uint64_t kv_f16 = o.kv_type == KvType::kQ8_0 || o.kv_type == KvType::kF8
+                              ? uint64_t(o.n_ctx) * uint64_t(hp.n_head_kv * hp.head_dim) * 4
+                              : 0;
   // --batch 0 (auto): prefill chunks of kGpuBatch tokens when every weight, the KV and that scratch fit (the
   // tensor-core products run ~30% faster on 2,048 rows than on 4 x 512: docs/benchmarks/2026-12-01-cuda-prefill-int-
   // epilogue.md), else 512 (a GPU pool keeps that memory for experts).
@@ -386,7 +391,7 @@ Status choose_device(Engine::Impl& impl, const models::Architecture& entry, cons
   impl.on_gpu = true;
   impl.gpu_tier = pool > 0;
   impl.gpu_peak_bandwidth = gpu.peak_bytes_per_s;
-  const char* kv_name = o.kv_type == KvType::kQ8_0 ? "Q8_0" : "F16";
+  const char* kv_name = o.kv_type == KvType::kQ8_0 ? "Q8_0" : o.kv_type == KvType::kF8 ? "FP8 E4M3" : "F16";
   if (impl.gpu_tier) {
     const models::Model::GpuTierStats t = impl.model->gpu_tier_stats();
     impl.plan_text = format("device: CUDA %s: non-expert weights resident (%.1f GiB), routed experts (%.1f GiB) from "

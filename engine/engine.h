@@ -25,9 +25,10 @@
 
 namespace magnetar {
 
-// KV cache precision (--kv-type): F16 (default), F32, or Q8_0 (ggml's blocks of 32 with an f16 scale: 8.5 bits per
-// element, ~0.53 of F16's bytes; needs a head size that is a multiple of 32; CPU only for now).
-enum class KvType { kF16, kF32, kQ8_0 };
+// KV cache precision (--kv-type): F16 (default), F32, Q8_0 (ggml's blocks of 32 with an f16 scale: 8.5 bits per
+// element, ~0.53 of F16's bytes; needs a head size that is a multiple of 32) or FP8 (E4M3, one byte per element, half
+// F16's bytes, no scales: quant/fp8.h). F32 runs on the CPU only.
+enum class KvType { kF16, kF32, kQ8_0, kF8 };
 // Where the forward pass runs. kAuto: the GPU when this build has the CUDA backend, a GPU is present, the
 // architecture has a CUDA forward pass and the whole model fits its free memory; otherwise the CPU (the memory
 // plan says why).

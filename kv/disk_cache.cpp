@@ -169,7 +169,7 @@ Result<std::unique_ptr<DiskCache>> DiskCache::open(const DiskCacheOptions& optio
   if (options.dir.empty()) return Status::error("--kv-disk-dir: empty directory name");
   if (options.block_tokens < 1) return Status::error("disk KV: block tokens must be >= 1");
   if (!KvCache::supported(kv_format.type, kv_format.row_elements)) {
-    return Status::error("disk KV: the KV type must be f16, f32 or q8_0");
+    return Status::error("disk KV: the KV type must be f16, f32, q8_0 or fp8");
   }
   if (::mkdir(options.dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return Status::error(options.dir + ": cannot create the directory: " + std::strerror(errno));

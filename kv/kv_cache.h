@@ -1,7 +1,8 @@
 // The KV cache of one sequence: per layer, K and V rows for positions 0..n_ctx-1, each row
-// [n_head_kv * head_dim] elements of F16 (default), F32 or Q8_0 (ggml's blocks of 32: an f16 scale and 32 int8,
-// 8.5 bits per element; row_elements a multiple of 32). Allocated once when a session is created, each
-// layer's K and V page-aligned (disk KV restores read straight into them with O_DIRECT).
+// [n_head_kv * head_dim] elements of F16 (default), F32, Q8_0 (ggml's blocks of 32: an f16 scale and 32 int8,
+// 8.5 bits per element; row_elements a multiple of 32) or F8_E4M3 (a byte per element, quant/fp8.h). Allocated once
+// when a session is created, each layer's K and V page-aligned (disk KV restores read straight into them with
+// O_DIRECT).
 #pragma once
 
 #include <algorithm>
@@ -77,7 +78,7 @@ class KvCache {
 
   // The element types a cache can hold rows of row_elements in.
   static bool supported(quant::Type type, int64_t row_elements) {
-    return type == quant::Type::F16 || type == quant::Type::F32 ||
+    return type == quant::Type::F16 || type == quant::Type::F32 || type == quant::Type::F8_E4M3 ||
            (type == quant::Type::Q8_0 && row_elements % 32 == 0);
   }
   quant::Type type() const { return type_; }

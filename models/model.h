@@ -178,7 +178,8 @@ struct CudaLoad {
   uint64_t expert_pool_bytes = 0;  // 0: every weight on the device; > 0: the routed experts tiered (below)
   bool cpu_experts = false;        // tiered: cold experts that miss the pool are computed on the CPU (the lane)
   std::string policy = "lfu";      // tiered: the pool's eviction (experts::make_policy: lfu, lru)
-  quant::Type kv_type = quant::Type::F16;  // the sessions' KV caches (F16 or Q8_0 where the kernels take the shape)
+  quant::Type kv_type =
+      quant::Type::F16;  // the sessions' KV caches (F16, or Q8_0 / F8_E4M3 where the kernels take the shape)
   // Tiered: the longest prefill sweep (Model::sweep_tokens; a multiple of n_batch, 0: none). Its residual stream
   // takes sweep_bytes(n_embd, sweep_tokens) of device memory.
   int64_t sweep_tokens = 0;

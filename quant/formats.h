@@ -32,6 +32,9 @@ enum class Type : uint32_t {
   IQ4_XS = 23,
   BF16 = 30,
   MXFP4 = 39,
+  // Not a GGUF type: the KV cache's FP8 E4M3, one byte per element (quant/fp8.h). row_size and type_name know it;
+  // the trait table (weights' kernels) does not, and no GGUF file can name it (its id is past ggml's).
+  F8_E4M3 = 0x100,
 };
 
 // Elements per block.

@@ -47,7 +47,7 @@ const TypeTraits* find_traits(uint32_t type_id);
 const TypeTraits& traits(Type type);
 // Case-insensitive: "q4_k" and "Q4_K" both work.
 std::optional<Type> type_from_name(std::string_view name);
-inline std::string_view type_name(Type type) { return traits(type).name; }
+inline std::string_view type_name(Type type) { return type == Type::F8_E4M3 ? "F8_E4M3" : traits(type).name; }
 // A type model weights can be stored in (every implemented type except the activation formats Q8_1, Q8_K).
 inline bool is_weight_type(Type type) { return traits(type).file_type >= 0; }
 

@@ -1,6 +1,7 @@
 #include "backends/cpu/ops.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -9,6 +10,7 @@
 #include "backends/cpu/kernels.h"
 #include "base/check.h"
 #include "quant/fp16.h"
+#include "quant/fp8.h"
 
 namespace magnetar::cpu {
 
@@ -258,7 +260,7 @@ struct KvHeads {
   size_t row_bytes = 0;              // bytes from one cached position to the next
   size_t span_bytes = 0;             // bytes of the heads in one position
   int64_t float_stride = 0;          // F32: floats from one position to the next (rows are used in place)
-  quant::ToFloatFn widen = nullptr;  // F16 / Q8_0 to floats
+  quant::ToFloatFn widen = nullptr;  // F16 / Q8_0 / F8_E4M3 to floats
 
   void prefetch(int64_t j0, int64_t j1) const {
     for (int64_t j = j0; j < j1; ++j) {
@@ -373,8 +375,22 @@ size_t attention_scratch_floats(int64_t n_ctx, int64_t n_head, int64_t n_head_kv
   return size_t(ThreadBuffers::floats(group, head_dim)) * size_t(n_threads) + size_t(records);
 }
 
+namespace {
+// FP8 E4M3 KV elements to floats through a table of the 256 codes' values (quant::fp8_e4m3_to_float).
+void widen_f8_e4m3(const void* src, float* dst, int64_t n) {
+  static const auto table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[size_t(c)] = quant::fp8_e4m3_to_float(uint8_t(c));
+    return t;
+  }();
+  const auto* s = static_cast<const uint8_t*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = table[s[i]];
+}
+}  // namespace
+
 void attention(ThreadPool& pool, const AttentionArgs& a) {
-  MAGNETAR_CHECK(a.kv_type == quant::Type::F16 || a.kv_type == quant::Type::F32 || a.kv_type == quant::Type::Q8_0);
+  MAGNETAR_CHECK(a.kv_type == quant::Type::F16 || a.kv_type == quant::Type::F32 || a.kv_type == quant::Type::Q8_0 ||
+                 a.kv_type == quant::Type::F8_E4M3);
   MAGNETAR_CHECK(a.kv_type != quant::Type::Q8_0 || a.head_dim % 32 == 0);
   MAGNETAR_CHECK(a.head_dim <= kMaxHeadDim && a.n_head % a.n_head_kv == 0);
   const VectorKernels& vk = vector_kernels();
@@ -389,6 +405,7 @@ void attention(ThreadPool& pool, const AttentionArgs& a) {
               .row_bytes = row_bytes, .span_bytes = size_t(n) * head_bytes, .float_stride = kv_row};
     if (a.kv_type == quant::Type::F16) h.widen = vk.widen_f16;
     if (a.kv_type == quant::Type::Q8_0) h.widen = kernels(a.kv_type).dequantize;
+    if (a.kv_type == quant::Type::F8_E4M3) h.widen = widen_f8_e4m3;
     return h;
   };
   auto buffers = [&](int ith) {
@@ -493,11 +510,13 @@ void attention(ThreadPool& pool, const AttentionArgs& a) {
 }
 
 void store_kv(const float* x, int64_t n_tok, int64_t n, quant::Type kv_type, void* cache, int64_t row0) {
-  MAGNETAR_CHECK(kv_type == quant::Type::F32 || kv_type == quant::Type::F16 ||
+  MAGNETAR_CHECK(kv_type == quant::Type::F32 || kv_type == quant::Type::F16 || kv_type == quant::Type::F8_E4M3 ||
                  (kv_type == quant::Type::Q8_0 && n % 32 == 0));
   uint8_t* dst = static_cast<uint8_t*>(cache) + size_t(row0) * quant::row_size(kv_type, n);
   if (kv_type == quant::Type::F32) {
     std::memcpy(dst, x, size_t(n_tok * n) * sizeof(float));
+  } else if (kv_type == quant::Type::F8_E4M3) {
+    for (int64_t i = 0; i < n_tok * n; ++i) dst[i] = quant::float_to_fp8_e4m3(x[i]);
   } else {
     kernels(kv_type).quantize(x, dst, n_tok * n);
   }

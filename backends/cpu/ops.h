@@ -55,14 +55,14 @@ void rope_neox(ThreadPool& pool, float* x, int64_t n_tok, int64_t n_head, int64_
                float theta);
 
 // Causal attention over a KV cache for n_tok new tokens at positions pos0 .. pos0+n_tok-1, flash-attention style
-// (blocks of cached rows with an online softmax; ops.cpp says how). F16 and Q8_0 rows are widened to float first and
-// then taken as F32 rows (the same scores and sums). A row's result does not depend on the thread count nor on the
-// other tokens of the call: a token prefilled gets the bits it gets decoded alone.
+// (blocks of cached rows with an online softmax; ops.cpp says how). F16, Q8_0 and F8_E4M3 rows are widened to float
+// first and then taken as F32 rows (the same scores and sums). A row's result does not depend on the thread count nor
+// on the other tokens of the call: a token prefilled gets the bits it gets decoded alone.
 struct AttentionArgs {
   const float* q = nullptr;        // [n_tok, n_head, head_dim]
   const void* k_cache = nullptr;   // [n_ctx, n_head_kv, head_dim] of kv_type, rows 0..pos0+n_tok-1 filled
   const void* v_cache = nullptr;   // same layout as k_cache
-  quant::Type kv_type = quant::Type::F16;  // F16, F32 or Q8_0 (head_dim a multiple of 32: whole blocks per head)
+  quant::Type kv_type = quant::Type::F16;  // F16, F32, F8_E4M3 or Q8_0 (head_dim a multiple of 32: whole blocks)
   float* out = nullptr;            // [n_tok, n_head, head_dim]
   int64_t n_tok = 0, pos0 = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
   int64_t window = 0;              // > 0: attend only to the last `window` positions (sliding window)
@@ -74,7 +74,8 @@ size_t attention_scratch_floats(int64_t n_ctx, int64_t n_head, int64_t n_head_kv
 void attention(ThreadPool& pool, const AttentionArgs& a);
 
 // Stores n_tok rows of [n] floats into a KV cache of kv_type at row `row0` (row stride: row_size(kv_type, n)
-// bytes; Q8_0 rounds each block of 32 to its f16 scale and int8 values, n a multiple of 32).
+// bytes; Q8_0 rounds each block of 32 to its f16 scale and int8 values, n a multiple of 32; F8_E4M3 rounds each
+// element as quant::float_to_fp8_e4m3).
 void store_kv(const float* x, int64_t n_tok, int64_t n, quant::Type kv_type, void* cache, int64_t row0);
 
 }  // namespace magnetar::cpu

@@ -30,6 +30,7 @@
 // instructions per warp per chunk. The tensor-core kernel takes a 64K call from 160 to 92 us and a 2K one from 33
 // to 12 us (docs/benchmarks/2026-11-30-cuda-decode-attention-mma.md).
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -406,6 +407,13 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(const Param
 // the scores: 13.0 M against 7.7 M per 64K call; issue slots 42% busy, stalls on fixed-latency dependencies and
 // short scoreboards): dequantization, not memory, sets its time (docs/benchmarks/2026-12-01-cuda-kv-q8_0.md; with
 // the lean steps of kLean and 8 warps, 36.1 us per 64K call on 2026-12-03; 12 warps from kDecodeWideRows since).
+// FP8 KV (kF8, quant::Type::F8_E4M3): the ring holds the cached bytes (half of F16's), and the mma fragments are
+// made from them in registers, no f16 tile: ldmatrix over the bytes gives each lane four e4m3 of one key for the
+// scores (the query's fragments take its dims in the same order) and, transposed, byte pairs of two keys for P.V (a
+// byte permute pairs them per dim; the output's dims come out interleaved, and the merge writes them in place); two
+// e4m3 become two f16 in one cvt, exactly. H100, attention_bench: 30.3-31.0 us per 64K call against F16's 52.2 and
+// Q8_0's 38.4, 11.8 against 16.9 / 15.5 at 16K; 6.6 against 6.3 / 7.7 at 2K
+// (docs/benchmarks/2026-12-05-cuda-kv-fp8.md).
 constexpr int kStep = 16;  // rows per warp step
 static_assert(kWarps * kStep == attn::kDecodeStep);
 // Q8_0 KV at head_dim 128 attending this many cached rows or more (0: every length): 12 warps per CTA with two ring
@@ -445,15 +453,20 @@ __device__ __forceinline__ void write_output(const Params& p, int tok, int h_fir
 // [kWarps][heads][D + 4] (the pitch makes the merge's stores conflict-free). F16 KV: a ring stage is the f16 tile the
 // mma reads. Q8_0 KV (kQ8): a stage holds the cached bytes as they are (a head row is D / 32 blocks of 34 bytes: an
 // f16 scale, 32 int8), and each warp has one f16 tile besides, which every step dequantizes its stage into.
-template <int D, int kHT, int kStages, bool kQ8, int kW>
+template <int D, int kHT, int kStages, int kKv, int kW>
 struct DecodeSmem {
+  static constexpr bool kQ8 = kKv == kKvQ8;
   static constexpr int kPitch = D + 8;                    // halves per f16 tile row
   static constexpr int kStageHalves = 2 * kStep * kPitch;  // K rows, then V rows
   // Q8_0: a head row's bytes and the 16-byte pieces of the aligned window around it (attn::q8_*).
   static constexpr int kHeadBytes = attn::q8_head_bytes(D);
   static constexpr int kWinPieces = attn::q8_window_pieces(D);
   static constexpr int kRawPitch = 16 * kWinPieces;  // bytes per staged Q8_0 row
-  static constexpr int kStageBytes = kQ8 ? 2 * kStep * kRawPitch : 2 * kStageHalves;
+  // FP8: a head row's D bytes, 16 bytes of pitch besides (ldmatrix's 8 rows of a matrix in distinct banks).
+  static constexpr int kF8Pitch = D + 16;
+  static constexpr int kStageBytes = kQ8            ? 2 * kStep * kRawPitch
+                                     : kKv == kKvF8 ? 2 * kStep * kF8Pitch
+                                                    : 2 * kStageHalves;
   static constexpr int kWarpBytes = kStages * kStageBytes + (kQ8 ? 2 * kStageHalves : 0);  // the ring (+ f16 tile)
   static constexpr int kOPitch = D + 4;                    // floats per merged output row
   static constexpr size_t kRing = size_t(kW) * kWarpBytes;
@@ -506,6 +519,12 @@ __device__ __forceinline__ uint2 q8x4_to_f16(uint32_t codes, __half2 d2) {
   return make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
 }
 
+// Two e4m3 (the low 16 bits of x, element 0 in the low byte) as two f16 (element 0 in the low half): exact.
+__device__ __forceinline__ uint32_t f8x2_to_f16x2(uint32_t x) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(x & 0xffffu), __NV_E4M3);
+  return uint32_t(h.x) | uint32_t(h.y) << 16;
+}
+
 // The position, rows per split and split count a decode kernel runs with (the plan made on the device in a graph).
 struct DecodeRun {
   int64_t pos0;
@@ -520,12 +539,13 @@ __device__ __forceinline__ DecodeRun decode_run(const Params& p, int seq, int st
   return {pos0, plan.rows_per_split, plan.n_splits};
 }
 
-// kHT: n8 tiles of query heads (group <= 8: 1, <= 16: 2); kQ8: the cache holds Q8_0 rows (else F16); kSeqs: token z
-// is sequence z's (Params::seq_k; a kernel of its own so that the one-sequence kernel keeps its instructions: a
+// kHT: n8 tiles of query heads (group <= 8: 1, <= 16: 2); kKv: the cache's form (KvForm: F16, Q8_0 or FP8); kSeqs:
+// token z is sequence z's (Params::seq_k; a kernel of its own so that the one-sequence kernel keeps its instructions: a
 // prologue on the step's chain).
-template <int D, int kHT, int kStages, bool kQ8, int kW, bool kSeqs>
-__global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kernel(const Params p) {
-  using S = DecodeSmem<D, kHT, kStages, kQ8, kW>;
+template <int D, int kHT, int kStages, int kKv, int kW, bool kSeqs>
+__global__ void __launch_bounds__(ops::kWarpSize* kW) attention_decode_mma_kernel(const Params p) {
+  using S = DecodeSmem<D, kHT, kStages, kKv, kW>;
+  constexpr bool kQ8 = kKv == kKvQ8, kF8 = kKv == kKvF8;
   constexpr int kWarps = kW;  // this kernel's warps (4, the file's kWarps, or 8 or 12: attention_decode_variant)
   constexpr int kThreads = kW * ops::kWarpSize;
   constexpr int kCtaStep = kW * kStep;  // rows of one step of all warps (attn::kDecodeStep at 4 warps)
@@ -577,8 +597,10 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
   // K/V of step s into ring stage s % kStages (copy_stage), of the rows in [from, to).
   const uint32_t ring = attn::shared_address(ring_s) + uint32_t(warp * S::kWarpBytes);
   const uint32_t tile = ring + uint32_t(kStages * S::kStageBytes);  // kQ8: the f16 tile the mma reads
-  const size_t row_bytes = kQ8 ? size_t(attn::q8_head_bytes(int(p.kv_row))) : size_t(p.kv_row) * 2;
-  const size_t head_off = size_t(hk) * size_t(kQ8 ? S::kHeadBytes : 2 * D);
+  const size_t row_bytes = kQ8   ? size_t(attn::q8_head_bytes(int(p.kv_row)))
+                           : kF8 ? size_t(p.kv_row)
+                                 : size_t(p.kv_row) * 2;
+  const size_t head_off = size_t(hk) * size_t(kQ8 ? S::kHeadBytes : kF8 ? D : 2 * D);
   constexpr bool kLean = kQ8 && D <= 128;  // see lean_copies below
   const bool q8_aligned = kLean && row_bytes % 16 == 0;
   const uint16_t* k_head = kc + size_t(hk) * size_t(D);  // F16
@@ -593,6 +615,23 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
       copy_stage_q8<S::kWinPieces, S::kRawPitch, S::kHeadBytes>(stage, reinterpret_cast<const uint8_t*>(kc),
                                                                 reinterpret_cast<const uint8_t*>(vc), row_bytes,
                                                                 head_off, base, j_end, from, to, zero_tail, lane);
+    } else if constexpr (kF8) {  // 16-byte pieces of the head rows (D / 16 per row), as F16's
+      constexpr int kRowPieces = D / 16;
+      const uint8_t* k8 = reinterpret_cast<const uint8_t*>(kc) + head_off;
+      const uint8_t* v8 = reinterpret_cast<const uint8_t*>(vc) + head_off;
+#pragma unroll
+      for (int i = 0; i < kStep * kRowPieces / ops::kWarpSize; ++i) {
+        const int piece = lane + ops::kWarpSize * i;
+        const int row = piece / kRowPieces, col = piece % kRowPieces;
+        const int64_t key = base + row;
+        const bool valid = key < j_end;
+        if (valid ? key >= from && key < to : zero_tail) {
+          const size_t src = size_t(valid ? key : base) * row_bytes + size_t(col * 16);
+          const uint32_t dst = stage + uint32_t(row * S::kF8Pitch + col * 16);
+          attn::cp_async16(dst, k8 + src, valid);
+          attn::cp_async16(dst + uint32_t(kStep * S::kF8Pitch), v8 + src, valid);
+        }
+      }
     } else {
 #pragma unroll
       for (int i = 0; i < kCopies; ++i) {
@@ -692,8 +731,9 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
     if (row_in_ring) {
       ring_row = reinterpret_cast<uint8_t*>(ring_s) + rel / kStep % kWarps * S::kWarpBytes +
                  rel / kCtaStep % kStages * S::kStageBytes;
-      ring_row += kQ8 ? rel % kStep * S::kRawPitch + int((size_t(fresh) * row_bytes + head_off) % 16)
-                      : rel % kStep * S::kPitch * 2;
+      ring_row += kQ8   ? rel % kStep * S::kRawPitch + int((size_t(fresh) * row_bytes + head_off) % 16)
+                  : kF8 ? rel % kStep * S::kF8Pitch
+                        : rel % kStep * S::kPitch * 2;
     }
     for (int r = warp; r < G + extra; r += kWarps) {
       const int kind = r < extra ? r : 2;  // 0: K, 1: V, 2: query head r - extra
@@ -715,9 +755,10 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
         for (int k = 0; k < kPer; ++k) q_s[(r - extra) * S::kQPitch + lane + k * ops::kWarpSize] = e[k];
       } else {
         uint8_t* cache = reinterpret_cast<uint8_t*>(const_cast<uint16_t*>(kind == 0 ? kc : vc));
-        qk::store_head<kPer>(e, cache + size_t(fresh) * row_bytes + head_off, kQ8, lane);
-        const int v_at = kQ8 ? kStep * S::kRawPitch : kStep * S::kPitch * 2;  // V rows after the stage's K rows
-        if (row_in_ring) qk::store_head<kPer>(e, ring_row + (kind == 1 ? v_at : 0), kQ8, lane);
+        // V rows after the stage's K rows
+        const int v_at = kQ8 ? kStep * S::kRawPitch : kF8 ? kStep * S::kF8Pitch : kStep * S::kPitch * 2;
+        qk::store_head<kPer>(e, cache + size_t(fresh) * row_bytes + head_off, kKv, lane);
+        if (row_in_ring) qk::store_head<kPer>(e, ring_row + (kind == 1 ? v_at : 0), kKv, lane);
       }
     }
     __syncthreads();  // q_s and the ring's row complete; the cache row's stores visible to the CTA's copies of it
@@ -729,7 +770,8 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
   }
 
   // Q fragments for k16 step kk: registers 0, 2 hold dims 16 kk + 2t, +1 and 16 kk + 8 + 2t, +1 of head g, registers
-  // 1, 3 the same of head g + 8; zero for heads past the group.
+  // 1, 3 the same of head g + 8; zero for heads past the group. FP8: dims 16 kk + 4t, +1 and 16 kk + 4t + 2, +3 (the
+  // order the K fragments below come in: a dot product's terms in another order).
   const float q_scale = p.scale * 1.4426950408889634f;
   uint32_t qa[kMT][4];
 #pragma unroll
@@ -743,8 +785,8 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
     for (int kk = 0; kk < kMT; ++kk) {
       float2 a = make_float2(0.0f, 0.0f), b = a;
       if (valid) {
-        a = *reinterpret_cast<const float2*>(qh + 16 * kk + 2 * t);
-        b = *reinterpret_cast<const float2*>(qh + 16 * kk + 8 + 2 * t);
+        a = *reinterpret_cast<const float2*>(qh + 16 * kk + (kF8 ? 4 * t : 2 * t));
+        b = *reinterpret_cast<const float2*>(qh + 16 * kk + (kF8 ? 4 * t + 2 : 8 + 2 * t));
       }
       qa[kk][r] = pack_half2(a.x * q_scale, a.y * q_scale);
       qa[kk][r + 2] = pack_half2(b.x * q_scale, b.y * q_scale);
@@ -807,6 +849,11 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
   const uint32_t k_lane = uint32_t(((lane % 8) * S::kPitch + 8 * (lane / 8)) * 2);
   const uint32_t v_lane =
       uint32_t(kStep * S::kPitch * 2) + uint32_t(((lane % 8 + 8 * (lane / 16)) * S::kPitch + 8 * (lane / 8 % 2)) * 2);
+  // FP8: K, matrix i = lane / 8 is bytes 16 i .. + 15 (dims) of keys lane % 8; V (trans), matrix i is keys lane % 8 +
+  // 8 (i % 2), bytes 16 (i / 2) .. + 15.
+  const uint32_t f8_k_lane = uint32_t((lane % 8) * S::kF8Pitch + 16 * (lane / 8));
+  const uint32_t f8_v_lane =
+      uint32_t(kStep * S::kF8Pitch) + uint32_t((lane % 8 + 8 * (lane / 8 % 2)) * S::kF8Pitch + 16 * (lane / 16));
   for (int s = 0; s < n_steps; ++s) {
     // Into the stage computed last iteration (__syncwarp below).
     const int next = s + kStages - 1;
@@ -837,12 +884,25 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) sc[nt][e] = 0.0f;
+      if constexpr (kF8) {
+        // ldmatrix over the bytes: matrix i of an x4 is dims 64 c + 16 i .. + 15 of keys lane % 8 (a "b16" two
+        // bytes), so lane (g, t) holds key g's dims 16 i + 4t .. + 3 as four e4m3: two cvt make the k16 step's
+        // B fragment in the Q fragments' order.
 #pragma unroll
-      for (int c = 0; c < D / 32; ++c) {
-        uint32_t b[4];
-        attn::ldmatrix_x4(b, stage + k_lane + uint32_t((8 * nt * S::kPitch + 32 * c) * 2));
-        mma_f16(sc[nt], qa[2 * c], b[0], b[1]);
-        mma_f16(sc[nt], qa[2 * c + 1], b[2], b[3]);
+        for (int c = 0; c < D / 64; ++c) {
+          uint32_t b[4];
+          attn::ldmatrix_x4(b, stage + f8_k_lane + uint32_t(8 * nt * S::kF8Pitch + 64 * c));
+#pragma unroll
+          for (int i = 0; i < 4; ++i) mma_f16(sc[nt], qa[4 * c + i], f8x2_to_f16x2(b[i]), f8x2_to_f16x2(b[i] >> 16));
+        }
+      } else {
+#pragma unroll
+        for (int c = 0; c < D / 32; ++c) {
+          uint32_t b[4];
+          attn::ldmatrix_x4(b, stage + k_lane + uint32_t((8 * nt * S::kPitch + 32 * c) * 2));
+          mma_f16(sc[nt], qa[2 * c], b[0], b[1]);
+          mma_f16(sc[nt], qa[2 * c + 1], b[2], b[3]);
+        }
       }
       if (tail) {
 #pragma unroll
@@ -894,12 +954,31 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
 
     // O^T += V^T P^T, m16 tile mt = dims 16 mt + g (c0, c1) and + 8 (c2, c3), columns heads 2t, 2t + 1.
     if constexpr (kQ8) __syncwarp();  // the tile's V rows are complete
+    if constexpr (kF8) {
+      // ldmatrix.trans over the bytes: lane (g, t) gets, of a matrix of 8 keys x 16 bytes, the byte pairs (dims
+      // 2g, 2g + 1) of keys 2t and 2t + 1; one byte permute pairs the keys per dim. m16 tile mt's row g is then dim
+      // 16 mt + 2g and row g + 8 dim 16 mt + 2g + 1 (the merge below writes them there).
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-      uint32_t a[4];
-      attn::ldmatrix_x4_trans(a, stage + v_lane + uint32_t(16 * mt * 2));
+      for (int mp = 0; mp < kMT / 2; ++mp) {
+        uint32_t r[4];
+        attn::ldmatrix_x4_trans(r, stage + f8_v_lane + uint32_t(32 * mp));
 #pragma unroll
-      for (int ht = 0; ht < kHT; ++ht) mma_f16(o[ht][mt], a, pb[ht][0], pb[ht][1]);
+        for (int j = 0; j < 2; ++j) {
+          const uint32_t lo = __byte_perm(r[2 * j], 0, 0x3120), hi = __byte_perm(r[2 * j + 1], 0, 0x3120);
+          const uint32_t a[4] = {f8x2_to_f16x2(lo), f8x2_to_f16x2(lo >> 16), f8x2_to_f16x2(hi),
+                                 f8x2_to_f16x2(hi >> 16)};
+#pragma unroll
+          for (int ht = 0; ht < kHT; ++ht) mma_f16(o[ht][2 * mp + j], a, pb[ht][0], pb[ht][1]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        uint32_t a[4];
+        attn::ldmatrix_x4_trans(a, stage + v_lane + uint32_t(16 * mt * 2));
+#pragma unroll
+        for (int ht = 0; ht < kHT; ++ht) mma_f16(o[ht][mt], a, pb[ht][0], pb[ht][1]);
+      }
     }
     __syncwarp();  // every lane is done with this stage (and the f16 tile) before the next issue refills it
   }
@@ -933,11 +1012,11 @@ __global__ void __launch_bounds__(kW * ops::kWarpSize) attention_decode_mma_kern
     float* row1 = row0 + S::kOPitch;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
-      const int d = 16 * mt + g;
+      const int d = 16 * mt + (kF8 ? 2 * g : g), d2 = kF8 ? d + 1 : d + 8;  // FP8: the V fragments' dims
       row0[d] = o[ht][mt][0] * w0;
       row1[d] = o[ht][mt][1] * w1;
-      row0[d + 8] = o[ht][mt][2] * w0;
-      row1[d + 8] = o[ht][mt][3] * w1;
+      row0[d2] = o[ht][mt][2] * w0;
+      row1[d2] = o[ht][mt][3] * w1;
     }
   }
   if (tid < kHeads) {
@@ -1053,9 +1132,15 @@ Status check_args(const char* op, const AttentionArgs& a, uintptr_t v_align, boo
                                 op, (long long)a.n_head, (long long)a.n_head_kv, (long long)kMaxAttentionGroup));
   }
   if (a.window < 0) return Status::error(format("%s: window=%lld must be >= 0", op, (long long)a.window));
-  if (a.kv_type != quant::Type::F16 && !(takes_q8 && a.kv_type == quant::Type::Q8_0)) {
-    return Status::error(format("%s: a %s KV cache has no kernel here (F16%s; kv_to_f16 turns Q8_0 rows into F16)", op,
-                                a.kv_type == quant::Type::Q8_0 ? "Q8_0" : "non-F16", takes_q8 ? " or Q8_0" : ""));
+  if (a.kv_type != quant::Type::F16 &&
+      !(takes_q8 && (a.kv_type == quant::Type::Q8_0 || a.kv_type == quant::Type::F8_E4M3))) {
+    const char* type = a.kv_type == quant::Type::Q8_0      ? "Q8_0"
+                       : a.kv_type == quant::Type::F8_E4M3 ? "F8_E4M3"
+                                                           : "non-F16";
+    return Status::error(
+        format("%s: a %s KV cache has no kernel here (F16%s; kv_to_f16 turns Q8_0 and F8_E4M3 rows "
+               "into F16)",
+               op, type, takes_q8 ? ", Q8_0 or F8_E4M3" : ""));
   }
   if (a.q == nullptr || a.k_cache == nullptr || a.v_cache == nullptr || a.out == nullptr) {
     return Status::error(format("%s: null device pointer (q, k_cache, v_cache or out)", op));
@@ -1179,31 +1264,31 @@ bool decode_kernel_fits() {
 }
 
 // Whether the 4-warp decode kernel of head size D, kHT query-head tiles and kStages ring stages fits the device, for
-// F16 and Q8_0 caches, one sequence and several.
+// F16 and Q8_0 caches, one sequence and several (an FP8 ring stage is smaller than an F16 one).
 template <int D, int kHT, int kStages>
 bool decode_shape_fits() {
-  return decode_kernel_fits<attention_decode_mma_kernel<D, kHT, kStages, false, kWarps, false>,
-                            DecodeSmem<D, kHT, kStages, false, kWarps>>() &&
-         decode_kernel_fits<attention_decode_mma_kernel<D, kHT, kStages, false, kWarps, true>,
-                            DecodeSmem<D, kHT, kStages, false, kWarps>>() &&
-         decode_kernel_fits<attention_decode_mma_kernel<D, kHT, kStages, true, kWarps, false>,
-                            DecodeSmem<D, kHT, kStages, true, kWarps>>() &&
-         decode_kernel_fits<attention_decode_mma_kernel<D, kHT, kStages, true, kWarps, true>,
-                            DecodeSmem<D, kHT, kStages, true, kWarps>>();
+  return decode_kernel_fits<attention_decode_mma_kernel<D, kHT, kStages, kKvF16, kWarps, false>,
+                            DecodeSmem<D, kHT, kStages, kKvF16, kWarps>>() &&
+         decode_kernel_fits<attention_decode_mma_kernel<D, kHT, kStages, kKvF16, kWarps, true>,
+                            DecodeSmem<D, kHT, kStages, kKvF16, kWarps>>() &&
+         decode_kernel_fits<attention_decode_mma_kernel<D, kHT, kStages, kKvQ8, kWarps, false>,
+                            DecodeSmem<D, kHT, kStages, kKvQ8, kWarps>>() &&
+         decode_kernel_fits<attention_decode_mma_kernel<D, kHT, kStages, kKvQ8, kWarps, true>,
+                            DecodeSmem<D, kHT, kStages, kKvQ8, kWarps>>();
 }
 
 // Launches the decode kernel of one shape with its own plan (plan_decode over the CTAs the GPU holds of it at once) on
 // top of make_params' parameters; a graph's grid is sized for max_rows.
-template <bool kSeqs, int D, int kHT, int kStages, bool kQ8, int kW = kWarps>
+template <bool kSeqs, int D, int kHT, int kStages, int kKv, int kW = kWarps>
 Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, Params p, cudaStream_t stream) {
-  const auto kernel = attention_decode_mma_kernel<D, kHT, kStages, kQ8, kW, kSeqs>;
+  const auto kernel = attention_decode_mma_kernel<D, kHT, kStages, kKv, kW, kSeqs>;
   constexpr int kThreads = kW * ops::kWarpSize;
   // One CTA per SM: where the kernel's own shared memory would let two or more share an SM (Q8_0 at head_dim 128:
   // 113 KB; head_dim 64), the launch asks for more than half of the SM's. With two per SM the plan aimed at twice the
   // splits, and at short contexts, where fewer splits than that carry rows, the block scheduler put two of them on
   // one SM while other SMs had none: Q8_0 KV decoded at 449 t/s at 2K depth against F16's 527; one per SM, 522
   // (docs/benchmarks/2026-12-02-cuda-decode-attention-one-per-sm.md).
-  static const size_t smem = std::max(DecodeSmem<D, kHT, kStages, kQ8, kW>::kBytes,
+  static const size_t smem = std::max(DecodeSmem<D, kHT, kStages, kKv, kW>::kBytes,
                                       size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor)) / 2 + 1);
   // Above 48 KiB of dynamic shared memory needs the opt-in; set on every call (a host-side attribute write, no
   // stream work) so that it holds for whichever device is current.
@@ -1251,39 +1336,39 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
   return Status();
 }
 // The kernel of the call's head size and group.
-template <bool kQ8, bool kSeqs>
+template <int kKv, bool kSeqs>
 Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, const Params& p, cudaStream_t stream) {
   const bool two = p.group > 8;
   switch (a.head_dim) {
     case 64:
-      return two ? launch_decode_mma<kSeqs, 64, 2, 4, kQ8>(a, workspace, p, stream)
-                 : launch_decode_mma<kSeqs, 64, 1, 4, kQ8>(a, workspace, p, stream);
+      return two ? launch_decode_mma<kSeqs, 64, 2, 4, kKv>(a, workspace, p, stream)
+                 : launch_decode_mma<kSeqs, 64, 1, 4, kKv>(a, workspace, p, stream);
     case 128: {
       const int64_t rows = a.pos0 + (a.seq_k != nullptr ? 1 : a.n_tok);  // seq_k: the first sequence's (all alike)
-      const int variant = attention_decode_variant(a.head_dim, kQ8 ? quant::Type::Q8_0 : quant::Type::F16, rows);
-      if constexpr (kQ8) {
-        if (variant == 12 && !two) return launch_decode_mma<kSeqs, 128, 1, 2, kQ8, 12>(a, workspace, p, stream);
+      const int variant = attention_decode_variant(a.head_dim, a.kv_type, rows);
+      if constexpr (kKv != kKvF16) {
+        if (variant == 12 && !two) return launch_decode_mma<kSeqs, 128, 1, 2, kKv, 12>(a, workspace, p, stream);
       }
       if (variant >= 8) {
-        if constexpr (kQ8) {
-          return two ? launch_decode_mma<kSeqs, 128, 2, 4, kQ8, 8>(a, workspace, p, stream)
-                     : launch_decode_mma<kSeqs, 128, 1, 4, kQ8, 8>(a, workspace, p, stream);
-        } else {  // short contexts (kDecodeShortRows): one step per warp, two ring stages are enough
-          return two ? launch_decode_mma<kSeqs, 128, 2, 2, kQ8, 8>(a, workspace, p, stream)
-                     : launch_decode_mma<kSeqs, 128, 1, 2, kQ8, 8>(a, workspace, p, stream);
+        // Q8_0: four ring stages; F16 and FP8 at short contexts (kDecodeShortRows): one step per warp, two stages
+        // are enough.
+        if constexpr (kKv == kKvQ8) {
+          return two ? launch_decode_mma<kSeqs, 128, 2, 4, kKv, 8>(a, workspace, p, stream)
+                     : launch_decode_mma<kSeqs, 128, 1, 4, kKv, 8>(a, workspace, p, stream);
         }
+        return two ? launch_decode_mma<kSeqs, 128, 2, 2, kKv, 8>(a, workspace, p, stream)
+                   : launch_decode_mma<kSeqs, 128, 1, 2, kKv, 8>(a, workspace, p, stream);
       }
       // Four ring stages take ~113-148 KB: GPUs of 99 KB a CTA (the RTX 30/40/50 series) take two (~76-78 KB).
       static const bool four_fit = decode_shape_fits<128, 1, 4>() && decode_shape_fits<128, 2, 4>();
       if (!four_fit) {
-        return two ? launch_decode_mma<kSeqs, 128, 2, 2, kQ8>(a, workspace, p, stream)
-                   : launch_decode_mma<kSeqs, 128, 1, 2, kQ8>(a, workspace, p, stream);
+        return two ? launch_decode_mma<kSeqs, 128, 2, 2, kKv>(a, workspace, p, stream)
+                   : launch_decode_mma<kSeqs, 128, 1, 2, kKv>(a, workspace, p, stream);
       }
-      return two ? launch_decode_mma<kSeqs, 128, 2, 4, kQ8>(a, workspace, p, stream)
-                 : launch_decode_mma<kSeqs, 128, 1, 4, kQ8>(a, workspace, p, stream);
+      return two ? launch_decode_mma<kSeqs, 128, 2, 4, kKv>(a, workspace, p, stream)
+                 : launch_decode_mma<kSeqs, 128, 1, 4, kKv>(a, workspace, p, stream);
     }
-    default:
-      return launch_decode_mma<kSeqs, 256, 1, 2, kQ8>(a, workspace, p, stream);
+    default: return launch_decode_mma<kSeqs, 256, 1, 2, kKv>(a, workspace, p, stream);
   }
 }
 
@@ -1314,9 +1399,9 @@ int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows
   // The 8- and 12-warp kernels' rings take up to 226 KB (Q8_0) and 139 KB (F16, two stages) of shared memory per CTA:
   // within Hopper's opt-in limit (227 KB), the F16 one within Ampere's (163 KB) too; elsewhere the 4-warp kernel stays.
   static const bool wide_fits =
-      decode_kernel_fits<attention_decode_mma_kernel<128, 2, 4, true, 8, false>, DecodeSmem<128, 2, 4, true, 8>>();
+      decode_kernel_fits<attention_decode_mma_kernel<128, 2, 4, kKvQ8, 8, false>, DecodeSmem<128, 2, 4, kKvQ8, 8>>();
   static const bool short_fits =
-      decode_kernel_fits<attention_decode_mma_kernel<128, 2, 2, false, 8, false>, DecodeSmem<128, 2, 2, false, 8>>();
+      decode_kernel_fits<attention_decode_mma_kernel<128, 2, 2, kKvF16, 8, false>, DecodeSmem<128, 2, 2, kKvF16, 8>>();
   static const int64_t short_rows = env_int("MAGNETAR_CUDA_ATTN_SHORT_ROWS", kDecodeShortRows);
   if (head_dim != 128) return kWarps;
   // Q8_0 from kDecodeWideRows (MAGNETAR_CUDA_ATTN_WIDE_ROWS=N: from N rows, the 4-warp kernel below): 12 warps where
@@ -1324,9 +1409,12 @@ int attention_decode_variant(int64_t head_dim, quant::Type kv_type, int64_t rows
   // kernel for all), else 8.
   static const int64_t wide_rows = env_int("MAGNETAR_CUDA_ATTN_WIDE_ROWS", kDecodeWideRows);
   static const bool twelve_fits =
-      decode_kernel_fits<attention_decode_mma_kernel<128, 1, 2, true, 12, false>, DecodeSmem<128, 1, 2, true, 12>>();
+      decode_kernel_fits<attention_decode_mma_kernel<128, 1, 2, kKvQ8, 12, false>, DecodeSmem<128, 1, 2, kKvQ8, 12>>();
   static const int wide_warps = twelve_fits && env_int("MAGNETAR_CUDA_ATTN_Q8_WARPS", 12) != 8 ? 12 : 8;
   if (kv_type == quant::Type::F16) return short_fits && rows <= short_rows ? 8 : kWarps;
+  // FP8 as F16: at 16K rows 4 warps took 11.8 us a call against 12.6-12.8 on 8 or 12, at 64K 31.0 against 30.3-31.6
+  // (H100, attention_bench, docs/benchmarks/2026-12-05-cuda-kv-fp8.md).
+  if (kv_type == quant::Type::F8_E4M3) return short_fits && rows <= short_rows ? 8 : kWarps;
   return wide_fits && kv_type == quant::Type::Q8_0 && rows >= wide_rows ? wide_warps : kWarps;
 }
 
@@ -1417,13 +1505,15 @@ Status attention_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspac
     p.prep_rope = pr.rope;
     p.prep_eps = pr.eps;
   }
-  const bool q8 = a.kv_type == quant::Type::Q8_0;
+  const bool q8 = a.kv_type == quant::Type::Q8_0, f8 = a.kv_type == quant::Type::F8_E4M3;
   if (a.seq_k != nullptr) {
-    return q8 ? launch_decode_mma<true, true>(a, workspace, p, stream.raw())
-              : launch_decode_mma<false, true>(a, workspace, p, stream.raw());
+    return q8   ? launch_decode_mma<kKvQ8, true>(a, workspace, p, stream.raw())
+           : f8 ? launch_decode_mma<kKvF8, true>(a, workspace, p, stream.raw())
+                : launch_decode_mma<kKvF16, true>(a, workspace, p, stream.raw());
   }
-  return q8 ? launch_decode_mma<true, false>(a, workspace, p, stream.raw())
-            : launch_decode_mma<false, false>(a, workspace, p, stream.raw());
+  return q8   ? launch_decode_mma<kKvQ8, false>(a, workspace, p, stream.raw())
+         : f8 ? launch_decode_mma<kKvF8, false>(a, workspace, p, stream.raw())
+              : launch_decode_mma<kKvF16, false>(a, workspace, p, stream.raw());
 }
 
 }  // namespace magnetar::cuda

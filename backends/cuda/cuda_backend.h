@@ -524,14 +524,15 @@ Status qk_norm_rope(const QkNormRopeArgs& args, Stream& stream);
 // stored into k_cache, v stored into v_cache, token t at cache row row0 + t. F16 caches: store_kv's layout and
 // rounding, bit-identical with qk_norm_rope(q), qk_norm_rope(k), store_kv(k), store_kv(v). Q8_0 caches (kv_type):
 // each head row as head_dim / 32 Q8_0 blocks, the bytes cpu::store_kv (quant's Q8_0 rounding) writes for the same
-// floats. k itself is not written. head_dim as qk_norm_rope.
+// floats; F8_E4M3 caches: a byte per element, cpu::store_kv's (quant::float_to_fp8_e4m3). k itself is not written.
+// head_dim as qk_norm_rope.
 struct QkvPrepareArgs {
   float* q = nullptr;                  // [n_tok, n_head, head_dim]
   const float* q_weight = nullptr;     // [head_dim]
   const float* k = nullptr;            // [n_tok, n_head_kv, head_dim]
   const float* k_weight = nullptr;     // [head_dim]
   const float* v = nullptr;            // [n_tok, n_head_kv, head_dim]
-  void* k_cache = nullptr;             // [>= row0 + n_tok, n_head_kv, head_dim] F16 bits or Q8_0 blocks
+  void* k_cache = nullptr;             // [>= row0 + n_tok, n_head_kv, head_dim] F16 bits, Q8_0 blocks or FP8
   void* v_cache = nullptr;             // same layout
   const int32_t* positions = nullptr;  // [n_tok]: RoPE positions
   int64_t n_tok = 0;
@@ -543,7 +544,7 @@ struct QkvPrepareArgs {
   int64_t row0 = 0;
   // When set, row0 is read from this device int when the kernel runs (store_kv's row0_device: a decode graph).
   const int32_t* row0_device = nullptr;
-  quant::Type kv_type = quant::Type::F16;  // F16 or Q8_0
+  quant::Type kv_type = quant::Type::F16;  // F16, Q8_0 or F8_E4M3
 };
 Status qkv_prepare(const QkvPrepareArgs& args, Stream& stream);
 // The NeoX rotation's cos and sin at position pos (host code, the values qkv_prepare computes on the device:
@@ -603,11 +604,13 @@ struct StoreKvArgs {
 };
 Status store_kv(const StoreKvArgs& args, Stream& stream);
 
-// Rows [0, rows) of a Q8_0 KV cache [.., n] into an F16 one of the same layout: element i of a row becomes
-// f16(d * q_i) (quant::float_to_fp16 of the float product, which is exact), the values attention_decode_mma computes
-// with, so that the F16 attention kernels (prefill) read what decode reads. n a multiple of 32; out 4-byte aligned.
+// Rows [0, rows) of a Q8_0 or FP8 KV cache [.., n] into an F16 one of the same layout: element i of a Q8_0 row
+// becomes f16(d * q_i) (quant::float_to_fp16 of the float product, which is exact), an FP8 element its value (exact
+// in f16): the values attention_decode_mma computes with, so that the F16 attention kernels (prefill) read what
+// decode reads. n a multiple of 32; out 4-byte aligned.
 struct KvToF16Args {
-  const void* cache = nullptr;  // [>= rows, n] Q8_0 blocks
+  const void* cache = nullptr;           // [>= rows, n] Q8_0 blocks or FP8 bytes (type)
+  quant::Type type = quant::Type::Q8_0;  // Q8_0 or F8_E4M3
   uint16_t* out = nullptr;      // [>= rows, n] F16 bits
   int64_t n = 0;
   int64_t rows = 0;
@@ -682,8 +685,8 @@ struct AttentionArgs {
   // of the actual row count on the device (the same plan_splits); CTAs past it return at once.
   const int32_t* pos0_device = nullptr;
   int64_t max_rows = 0;
-  // The caches' type: F16, or Q8_0 for attention_decode_mma only (each head row head_dim / 32 blocks of ggml's
-  // Q8_0; the other ops return a Status: kv_to_f16 first).
+  // The caches' type: F16, or Q8_0 or F8_E4M3 for attention_decode_mma only (each head row head_dim / 32 blocks of
+  // ggml's Q8_0, or head_dim e4m3 bytes; the other ops return a Status: kv_to_f16 first).
   quant::Type kv_type = quant::Type::F16;
   // attention_prefill_mma only: query rows per warp, 0 (auto: 32, or 16 when that grid leaves SMs without a second CTA
   // or at head_dim 256), 16 or 32 (head_dim <= 128).

@@ -32,7 +32,7 @@ constexpr int kRowsPerCta = kThreads / ops::kWarpSize;
 
 // What one launch does, per token: n_q query head rows normed and rotated in place; with n_k > 0 also n_k key head
 // rows normed and rotated, written into k_cache at the token's cache row, and n_k value head rows written into
-// v_cache (qkv_prepare), as F16 or (q8) as Q8_0 blocks.
+// v_cache (qkv_prepare), in the caches' form (KvForm: F16, Q8_0 blocks or FP8 bytes).
 struct Rows {
   float* q;
   const float* q_weight;
@@ -41,7 +41,7 @@ struct Rows {
   const float* v;
   uint8_t* k_cache;
   uint8_t* v_cache;
-  bool q8;
+  int form;  // KvForm
   const int32_t* positions;
   const int32_t* row0_device;  // the first token's cache row, read at run time; else row0
   int64_t row0;
@@ -58,8 +58,9 @@ template <int kPerLane>
 __device__ __forceinline__ void head_row(const Rows& r, int t, int h, int64_t cache_row, const float (&wk)[kPerLane],
                                          const float (&c)[kPerLane / 2], const float (&s)[kPerLane / 2], int lane) {
   constexpr int kHeadDim = kPerLane * ops::kWarpSize;
-  // A cache head row: F16 (2 bytes per element) or Q8_0 (34 bytes per 32 elements).
+  // A cache head row: F16 (2 bytes per element), Q8_0 (34 bytes per 32 elements) or FP8 (1 byte per element).
   constexpr int kF16Bytes = 2 * kHeadDim, kQ8Bytes = kHeadDim / 32 * int(sizeof(quant::BlockQ8_0));
+  const int head_bytes = r.form == kKvQ8 ? kQ8Bytes : r.form == kKvF8 ? kHeadDim : kF16Bytes;
   const float* src;
   float* out = nullptr;      // f32 destination (q, in place)
   uint8_t* cache = nullptr;  // a cache head row (k)
@@ -70,12 +71,12 @@ __device__ __forceinline__ void head_row(const Rows& r, int t, int h, int64_t ca
     const bool value = h >= r.n_q + r.n_k;
     const int hk = value ? h - r.n_q - r.n_k : h - r.n_q;
     const size_t in_off = (size_t(t) * size_t(r.n_k) + size_t(hk)) * kHeadDim;
-    const size_t cache_off = (size_t(cache_row) * size_t(r.n_k) + size_t(hk)) * size_t(r.q8 ? kQ8Bytes : kF16Bytes);
+    const size_t cache_off = (size_t(cache_row) * size_t(r.n_k) + size_t(hk)) * size_t(head_bytes);
     if (value) {  // a value head: conversion only
       float e[kPerLane];
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) e[k] = r.v[in_off + lane + k * ops::kWarpSize];
-      qk::store_head<kPerLane>(e, r.v_cache + cache_off, r.q8, lane);
+      qk::store_head<kPerLane>(e, r.v_cache + cache_off, r.form, lane);
       return;
     }
     src = r.k + in_off;
@@ -89,7 +90,7 @@ __device__ __forceinline__ void head_row(const Rows& r, int t, int h, int64_t ca
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) out[lane + k * ops::kWarpSize] = e[k];
   } else {
-    qk::store_head<kPerLane>(e, cache, r.q8, lane);
+    qk::store_head<kPerLane>(e, cache, r.form, lane);
   }
 }
 
@@ -239,8 +240,8 @@ Status qkv_prepare(const QkvPrepareArgs& a, Stream& stream) {
       a.k_cache == nullptr || a.v_cache == nullptr || a.positions == nullptr) {
     return Status::error("qkv_prepare: null device pointer");
   }
-  if (a.kv_type != quant::Type::F16 && a.kv_type != quant::Type::Q8_0) {
-    return Status::error("qkv_prepare: kv_type must be F16 or Q8_0");
+  if (a.kv_type != quant::Type::F16 && a.kv_type != quant::Type::Q8_0 && a.kv_type != quant::Type::F8_E4M3) {
+    return Status::error("qkv_prepare: kv_type must be F16, Q8_0 or F8_E4M3");
   }
   if (!ops::aligned(a.q, 4) || !ops::aligned(a.q_weight, 4) || !ops::aligned(a.k, 4) || !ops::aligned(a.k_weight, 4) ||
       !ops::aligned(a.v, 4) || !ops::aligned(a.k_cache, 2) || !ops::aligned(a.v_cache, 2) ||
@@ -255,7 +256,7 @@ Status qkv_prepare(const QkvPrepareArgs& a, Stream& stream) {
   r.v = a.v;
   r.k_cache = static_cast<uint8_t*>(a.k_cache);
   r.v_cache = static_cast<uint8_t*>(a.v_cache);
-  r.q8 = a.kv_type == quant::Type::Q8_0;
+  r.form = a.kv_type == quant::Type::Q8_0 ? kKvQ8 : a.kv_type == quant::Type::F8_E4M3 ? kKvF8 : kKvF16;
   r.positions = a.positions;
   r.row0_device = a.row0_device;
   r.row0 = a.row0;

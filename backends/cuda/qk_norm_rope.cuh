@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -13,7 +14,13 @@
 #include "backends/cuda/quantize_q8.cuh"
 #include "quant/formats.h"
 
-namespace magnetar::cuda::qk {
+namespace magnetar::cuda {
+
+// A KV cache's form in the kernels that store or read it (their template arguments): F16, ggml's Q8_0 blocks, or
+// FP8 E4M3 bytes (quant::Type::F8_E4M3).
+enum KvForm : int { kKvF16 = 0, kKvQ8 = 1, kKvF8 = 2 };
+
+namespace qk {
 
 // y = rms_norm(row) * weight (rms_norm.cu's formula: the squares summed in double, per lane then over the warp), then
 // the rotation of rope.cu by the pairs' cos/sin (c[k], s[k]: pair lane + 32 k, k < kPerLane / 2), with the same
@@ -39,12 +46,17 @@ __device__ __forceinline__ void norm_rope(float (&e)[kPerLane], const float (&w)
   }
 }
 
-// A head row into a cache row at dst: F16 bits (store_kv's rounding) or Q8_0 blocks (block k = the elements
-// 32 k .. 32 k + 31: e[k] over the warp; quantize_q8.cuh's quantizer, the CPU's bytes). Every lane of the warp calls
-// it.
+// A head row into a cache row at dst: F16 bits (store_kv's rounding), Q8_0 blocks (block k = the elements
+// 32 k .. 32 k + 31: e[k] over the warp; quantize_q8.cuh's quantizer, the CPU's bytes) or FP8 E4M3 bytes (cvt with
+// round to nearest even and saturation: quant::float_to_fp8_e4m3's). Every lane of the warp calls it.
 template <int kPerLane>
-__device__ __forceinline__ void store_head(const float (&e)[kPerLane], uint8_t* dst, bool q8, int lane) {
-  if (q8) {
+__device__ __forceinline__ void store_head(const float (&e)[kPerLane], uint8_t* dst, int form, int lane) {
+  if (form == kKvF8) {
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      dst[lane + k * ops::kWarpSize] = uint8_t(__nv_cvt_float_to_fp8(e[k], __NV_SATFINITE, __NV_E4M3));
+    }
+  } else if (form == kKvQ8) {
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
       q8::block_q8_32<quant::BlockQ8_0, false>(e[k], reinterpret_cast<quant::BlockQ8_0*>(dst) + k, lane);
@@ -56,4 +68,5 @@ __device__ __forceinline__ void store_head(const float (&e)[kPerLane], uint8_t* 
   }
 }
 
-}  // namespace magnetar::cuda::qk
+}  // namespace qk
+}  // namespace magnetar::cuda

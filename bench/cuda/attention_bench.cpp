@@ -6,6 +6,9 @@
 //   attention_decode_mma_q8/ctx<C> the same over a Q8_0 cache (34 bytes per 32 elements: 53% of the bytes); the
 //                                  host position is the device's, so the kernel variant is the model's (12 warps
 //                                  at head_dim 128: cuda::attention_decode_variant)
+//   attention_decode_mma_f8/ctx<C> the same over an FP8 E4M3 cache (quant::Type::F8_E4M3, a byte per element: 50% of
+//                                  the bytes; the F16 regions' bytes read as e4m3, NaN codes included: the time
+//                                  does not depend on the values)
 //   attention_decode_mma_one_kv/ctx<C>  the F16 bytes of C rows as 4 C rows of one KV head (8 query heads): each
 //                                  CTA's rows contiguous (4 KV heads: a quarter of every 1 KiB row per CTA); its plan
 //                                  has 4x the splits per KV head, so its last CTA merges 4x the records
@@ -142,7 +145,7 @@ void counters(benchmark::State& state, double seconds, int64_t ctx_rows, double 
 // at the same offsets as the F16 case (rows of 544 bytes from there: a distinct window per call still). one_kv (mma,
 // F16): the same bytes laid out for one KV head of 8 query heads, 4 ctx rows of 256 bytes, so that a CTA's rows are
 // contiguous in memory (with 4 KV heads each CTA reads one 256-byte quarter of every 1 KiB row).
-void bm_decode(benchmark::State& state, int64_t ctx, bool mma, bool q8, bool one_kv) {
+void bm_decode(benchmark::State& state, int64_t ctx, bool mma, bool q8, bool one_kv, bool f8) {
   Setup& s = setup();
   const int64_t rows = one_kv ? kHeadsKv * ctx : ctx;
   const int32_t pos = int32_t(rows - 1);
@@ -157,11 +160,13 @@ void bm_decode(benchmark::State& state, int64_t ctx, bool mma, bool q8, bool one
     a.pos0_device = s.positions.as<int32_t>();
     a.max_rows = rows;
     if (q8) a.kv_type = quant::Type::Q8_0;
+    if (f8) a.kv_type = quant::Type::F8_E4M3;
     must_ok(mma ? cuda::attention_decode_mma(a, s.workspace, s.stream) : cuda::attention(a, s.workspace, s.stream),
             "attention");
   });
   // one_kv: 8 heads x 4 ctx rows, the bytes and (query, key) pairs of 32 heads x ctx rows
-  const double row_bytes = double(quant::row_size(q8 ? quant::Type::Q8_0 : quant::Type::F16, kRowElems));
+  const double row_bytes =
+      f8 ? double(kRowElems) : double(quant::row_size(q8 ? quant::Type::Q8_0 : quant::Type::F16, kRowElems));
   counters(state, seconds, ctx, double(ctx), row_bytes);
 }
 
@@ -177,20 +182,21 @@ void bm_prefill(benchmark::State& state, int64_t ctx, bool mma) {
 
 void register_all() {
   for (const int64_t ctx : kContexts) {
-    for (const int arm : {0, 1, 2}) {  // tensor cores over F16, over Q8_0, FP32 cores over F16
-      const bool mma = arm < 2, q8 = arm == 1;
+    for (const int arm : {0, 1, 3, 2}) {  // tensor cores over F16, over Q8_0, over FP8; FP32 cores over F16
+      const bool mma = arm != 2, q8 = arm == 1, f8 = arm == 3;
       const std::string name = std::string(arm == 0   ? "attention_decode_mma/ctx"
                                            : arm == 1 ? "attention_decode_mma_q8/ctx"
+                                           : arm == 3 ? "attention_decode_mma_f8/ctx"
                                                       : "attention_decode/ctx") +
                                std::to_string(ctx);
-      benchmark::RegisterBenchmark(name.c_str(), bm_decode, ctx, mma, q8, false)
+      benchmark::RegisterBenchmark(name.c_str(), bm_decode, ctx, mma, q8, false, f8)
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
     }
   }
   for (const int64_t ctx : {int64_t(16384), int64_t(65536)}) {
     const std::string name = "attention_decode_mma_one_kv/ctx" + std::to_string(ctx);
-    benchmark::RegisterBenchmark(name.c_str(), bm_decode, ctx, true, false, true)
+    benchmark::RegisterBenchmark(name.c_str(), bm_decode, ctx, true, false, true, false)
         ->UseManualTime()
         ->Unit(benchmark::kMicrosecond);
   }

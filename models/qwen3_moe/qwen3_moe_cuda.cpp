@@ -28,7 +28,8 @@ bool use_mmq(quant::Type t, int64_t n) { return n > kVec && mmq_enabled() && cud
 // Diagnostic switches, the baselines of run.sh: MAGNETAR_CUDA_ATTN_MMA=0 keeps prefill (--attn-prefill) and
 // MAGNETAR_CUDA_DECODE_MMA=0 decode (--model-bench) on attention().
 constexpr int64_t kMmaAttentionTokens = 64;
-// Whether attend() runs attention_decode_mma for these arguments (the one kernel that reads a Q8_0 cache itself).
+// Whether attend() runs attention_decode_mma for these arguments (the one kernel that reads a Q8_0 or FP8 cache
+// itself).
 bool decode_mma_for(const cuda::AttentionArgs& args, int64_t group) {
   static const bool decode_mma = switch_on("MAGNETAR_CUDA_DECODE_MMA");
   return args.n_tok < kMmaAttentionTokens && decode_mma && cuda::has_attention_decode_mma(args.head_dim, group);
@@ -117,18 +118,18 @@ Status Qwen3Cuda::init() {
     return Status::error(
         format("CUDA router takes up to 32 experts per token, the model routes to %lld", (long long)K));
   }
-  if (kv_type_ != quant::Type::F16 && kv_type_ != quant::Type::Q8_0) {
-    return Status::error("the CUDA backend keeps KV in F16 or Q8_0 (--kv-type f32 runs on the CPU)");
+  if (kv_type_ != quant::Type::F16 && kv_type_ != quant::Type::Q8_0 && kv_type_ != quant::Type::F8_E4M3) {
+    return Status::error("the CUDA backend keeps KV in F16, Q8_0 or FP8 (--kv-type f32 runs on the CPU)");
   }
-  // Q8_0 KV: stored by qkv_prepare, read by the decode and (through F16) the prefill tensor-core kernels.
-  if (kv_type_ == quant::Type::Q8_0 &&
+  // Q8_0 and FP8 KV: stored by qkv_prepare, read by the decode and (through F16) the prefill tensor-core kernels.
+  if (kv_type_ != quant::Type::F16 &&
       !(D % 64 == 0 && D <= cuda::kMaxQkNormRopeHeadDim && cuda::has_attention_decode_mma(D, group) &&
         cuda::has_attention_prefill_mma(D))) {
     return Status::error(
-        format("--kv-type q8_0 on the GPU takes head_dim 64 or 128 (up to 16 query heads per KV "
+        format("--kv-type %s on the GPU takes head_dim 64 or 128 (up to 16 query heads per KV "
                "head) or 256 (up to 8, on GPUs with over 144 KB of shared memory a CTA); this model "
                "has head_dim %lld, %lld per KV head",
-               (long long)D, (long long)group));
+               kv_type_ == quant::Type::Q8_0 ? "q8_0" : "fp8", (long long)D, (long long)group));
   }
   MAGNETAR_ASSIGN_OR_RETURN(stream_, cuda::Stream::create());
   MAGNETAR_ASSIGN_OR_RETURN(device_start_, cuda::Event::create());
@@ -375,8 +376,8 @@ Result<DeviceKv*> Qwen3Cuda::mirror_of(kv::KvCache& cache) const {
   if (auto* m = dynamic_cast<DeviceKv*>(cache.mirror())) return m;
   if (cache.type() != kv_type_) {
     return Status::error(format("a %s KV cache given to a model loaded for %s KV (CudaLoad::kv_type)",
-                                std::string(quant::traits(cache.type()).name).c_str(),
-                                std::string(quant::traits(kv_type_).name).c_str()));
+                                std::string(quant::type_name(cache.type())).c_str(),
+                                std::string(quant::type_name(kv_type_)).c_str()));
   }
   auto m = std::make_unique<DeviceKv>();
   m->row_bytes = quant::row_size(cache.type(), cache.row_elements());
@@ -391,14 +392,17 @@ Result<DeviceKv*> Qwen3Cuda::mirror_of(kv::KvCache& cache) const {
     m->k.push_back(std::move(k).value());
     m->v.push_back(std::move(v).value());
   }
-  if (kv_type_ == quant::Type::Q8_0 && cache.n_ctx() > kv_f16_rows_) {
+  if (kv_type_ != quant::Type::F16 && cache.n_ctx() > kv_f16_rows_) {
     // After the session's KV: a KV that does not fit leaves the scratch as it was; a scratch that does not fit
     // frees the KV (m) and the sessions keep the scratch they have.
     const size_t f16_bytes = size_t(cache.n_ctx()) * size_t(cache.row_elements()) * 2;
     Result<DeviceBuffer> k = DeviceBuffer::allocate(f16_bytes), v = DeviceBuffer::allocate(f16_bytes);
     if (!k.ok() || !v.ok()) {
-      return Status::error(format("out of GPU memory for the Q8_0 KV cache's F16 prefill scratch (%.2f GiB for %lld "
-                                  "positions)", double(f16_bytes) * 2 / double(1ull << 30), (long long)cache.n_ctx()));
+      return Status::error(
+          format("out of GPU memory for the %s KV cache's F16 prefill scratch (%.2f GiB for %lld "
+                 "positions)",
+                 std::string(quant::type_name(kv_type_)).c_str(), double(f16_bytes) * 2 / double(1ull << 30),
+                 (long long)cache.n_ctx()));
     }
     graphs_.clear();  // a graph that dequantizes (MAGNETAR_CUDA_DECODE_MMA=0) captured the old scratch's address
     kv_f16_k_ = std::move(k).value();
@@ -525,7 +529,7 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
            .n_head = hp_.n_head, .n_head_kv = hp_.n_head_kv, .head_dim = D, .eps = hp_.rms_eps,
            .theta = hp_.rope_theta, .row0 = seq.pos0, .row0_device = pos0_device, .kv_type = kv_type_},
           stream_));
-    } else if (!one_launch) {  // F16 (init: Q8_0 KV takes the fused head sizes)
+    } else if (!one_launch) {  // F16 (init: Q8_0 and FP8 KV take the fused head sizes)
       MAGNETAR_RETURN_IF_ERROR(cuda::store_kv({.x = k + t0 * kv_dim, .cache = static_cast<uint16_t*>(kc),
                                                .n_tok = seq.n_tok, .n = kv_dim, .row0 = seq.pos0,
                                                .row0_device = pos0_device}, stream_));
@@ -545,10 +549,13 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
                       .rope = reinterpret_cast<const float*>(positions_.as<uint8_t>() + rope_at_) + t0 * D,
                       .eps = hp_.rms_eps};
     }
-    if (kv_type_ == quant::Type::Q8_0 && !decode_mma_for(args, group)) {
+    if (kv_type_ != quant::Type::F16 && !decode_mma_for(args, group)) {
       // Prefill: the F16 kernels read the attended rows dequantized (the values decode computes with).
       for (auto [cache, out] : {std::pair{kc, &kv_f16_k_}, std::pair{vc, &kv_f16_v_}}) {
-        MAGNETAR_RETURN_IF_ERROR(cuda::kv_to_f16({.cache = cache, .out = out->as<uint16_t>(), .n = kv_dim,
+        MAGNETAR_RETURN_IF_ERROR(cuda::kv_to_f16({.cache = cache,
+                                                  .type = kv_type_,
+                                                  .out = out->as<uint16_t>(),
+                                                  .n = kv_dim,
                                                   .rows = pos0_device ? seq.kv->n_ctx() : seq.pos0 + seq.n_tok,
                                                   .last_row_device = pos0_device},
                                                  stream_));

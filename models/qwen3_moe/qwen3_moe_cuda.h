@@ -5,9 +5,9 @@
 // allocates except a new session's first one, which gives its KV cache a device mirror) and each session's KV.
 //
 // Per layer: rms_norm (fused with the previous residual add), q/k/v matvecs from one quantized input, q/k norm
-// + RoPE and the KV store (one launch; F16 or Q8_0 KV: CudaLoad::kv_type), attention (a Q8_0 cache read directly by
-// decode, through an F16 copy of the attended rows by prefill), output projection, add + norm, then the router
-// (matvec, softmax top-k on the device) and the experts as grouped launches: every (token, slot) row carries its
+// + RoPE and the KV store (one launch; F16, Q8_0 or FP8 KV: CudaLoad::kv_type), attention (a Q8_0 or FP8 cache read
+// directly by decode, through an F16 copy of the attended rows by prefill), output projection, add + norm, then the
+// router (matvec, softmax top-k on the device) and the experts as grouped launches: every (token, slot) row carries its
 // expert's device pointers (cuda::GroupItem). Decode (at most kMaxMatvecVectors tokens) builds those items on the
 // device from the router's ids; a prefill chunk downloads the ids once per layer and groups rows by expert on the
 // host.
@@ -98,8 +98,8 @@ struct DevLayer {
   size_t part_offset[3] = {0, 0, 0};
 };
 
-// A session's KV cache on the device: per layer K and V, [n_ctx, n_head_kv * head_dim] in the host cache's type (F16
-// or Q8_0), byte for byte the host's layout.
+// A session's KV cache on the device: per layer K and V, [n_ctx, n_head_kv * head_dim] in the host cache's type (F16,
+// Q8_0 or F8_E4M3), byte for byte the host's layout.
 class DeviceKv final : public kv::KvCache::Mirror {
  public:
   std::vector<DeviceBuffer> k, v;
@@ -272,9 +272,9 @@ class Qwen3Cuda final : public Model {
   mutable DeviceBuffer sweep_x_, sweep_p_;
   mutable bool sweeping_ = false;
   mutable std::tuple<const kv::KvCache*, int64_t, int64_t> sweep_of_;  // the sweep in them: its cache, pos0, n_tok
-  quant::Type kv_type_;  // the sessions' KV caches: F16 or Q8_0
-  // Q8_0 KV: K and V of the rows a prefill attends, as F16 (kv_to_f16), for the attention kernels that read F16;
-  // rows for the longest session's context (mirror_of).
+  quant::Type kv_type_;                                                // the sessions' KV caches: F16, Q8_0 or F8_E4M3
+  // Q8_0 and FP8 KV: K and V of the rows a prefill attends, as F16 (kv_to_f16), for the attention kernels that read
+  // F16; rows for the longest session's context (mirror_of).
   mutable DeviceBuffer kv_f16_k_, kv_f16_v_;
   mutable int64_t kv_f16_rows_ = 0;
 

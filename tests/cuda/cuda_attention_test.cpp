@@ -1,4 +1,4 @@
-// The attention ops on the GPU (attention, attention_prefill_mma, attention_decode_mma, over F16 and Q8_0 caches)
+// The attention ops on the GPU (attention, attention_prefill_mma, attention_decode_mma, over F16, Q8_0 and FP8 caches)
 // against a double reference over the same K/V and float q (STYLE.md rule 7). Needs a GPU: without one every test
 // reports SKIPPED, never passed (their argument checks run in cuda_ops_test.cpp's RejectsBadArguments). What is
 // asserted, and why each bound holds (u = 2^-24, float's unit roundoff):
@@ -12,8 +12,9 @@
 //                           rounding of Q and P (2^-11 each), ex2.approx and the f32 sums, against the same double
 //                           reference; many tokens per call against one call per token within twice that bound.
 //                           (exact data) the K = 0 check above holds bit for bit (ex2(0) = 1, integer sums exact).
-//   attention_decode_mma    the same bound and exact check (F16), and over Q8_0 caches the bound against the
-//                           values it is specified to compute with, f16(d * q); with prepare (qkv_prepare's work in
+//   attention_decode_mma    the same bound and exact check (F16), and over Q8_0 and FP8 caches the bound against
+//                           the values it is specified to compute with, f16(d * q) and the e4m3 values; with
+//                           prepare (qkv_prepare's work in
 //                           the launch) bit for bit the output and caches of qkv_prepare + the plain call.
 // Shapes: head_dim 64, 96, 128, 256, n_head/n_head_kv 8/2, 4/4, 32/4, 16/1; contexts 1, 17, 300, 5000, 20000
 // (several splits, a partial last chunk, several chunks per split), windows that cut inside a chunk; prefill of 7
@@ -32,6 +33,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "quant/fp16.h"
+#include "quant/fp8.h"
 #include "quant/quant.h"
 #include "tests/cuda/cuda_test_util.h"
 
@@ -101,9 +103,15 @@ std::vector<uint8_t> q8_cache(const std::vector<float>& x, int64_t valid, int64_
   return c;
 }
 
-// The same for an F16 (else Q8_0) cache: the first `valid` rows x as F16, the rest F16 NaN.
-std::vector<uint8_t> kv_cache(const std::vector<float>& x, int64_t valid, int64_t rows, int64_t kv, bool q8) {
-  if (q8) return q8_cache(x, valid, rows, kv);
+// The same for an F16, Q8_0 or FP8 cache: the first `valid` rows x as F16 (FP8: quant::float_to_fp8_e4m3's bytes), the
+// rest NaN.
+std::vector<uint8_t> kv_cache(const std::vector<float>& x, int64_t valid, int64_t rows, int64_t kv, quant::Type type) {
+  if (type == quant::Type::Q8_0) return q8_cache(x, valid, rows, kv);
+  if (type == quant::Type::F8_E4M3) {
+    std::vector<uint8_t> c(size_t(rows * kv), 0x7f);
+    for (size_t i = 0; i < size_t(valid * kv); ++i) c[i] = quant::float_to_fp8_e4m3(x[i]);
+    return c;
+  }
   std::vector<uint8_t> c(size_t(rows * kv) * 2);
   auto* h = reinterpret_cast<uint16_t*>(c.data());
   for (size_t i = 0; i < c.size() / 2; ++i) h[i] = i < size_t(valid * kv) ? quant::float_to_fp16(x[i]) : 0x7e00;
@@ -771,13 +779,13 @@ TEST(CudaOps, AttentionDecodeMmaPrepareEqualsQkvPrepare) {
     // cuda::attention_decode_variant), F16 the 8-warp one up to 4K rows.
     for (const Ctx ctx :
          {Ctx{1, 0}, Ctx{17, 0}, Ctx{65, 0}, Ctx{600, 0}, Ctx{5000, 0}, Ctx{3000, 700}, Ctx{25000, 0}}) {
-      for (const quant::Type kv_type : {quant::Type::F16, quant::Type::Q8_0}) {
+      for (const quant::Type kv_type : {quant::Type::F16, quant::Type::Q8_0, quant::Type::F8_E4M3}) {
         for (const bool device_pos : {false, true}) {
           const int64_t HK = sh.n_head_kv, D = sh.head_dim, kv = HK * D, pos0 = ctx.rows - 1, n_rows = ctx.rows + 3;
-          const bool is_q8 = kv_type == quant::Type::Q8_0;
           // The cache: rows before pos0 random (Q8_0: the reference quantizer's blocks), the rest NaN.
           std::vector<uint8_t> cache[2];
-          for (std::vector<uint8_t>& c : cache) c = kv_cache(gaussian(rng, size_t(pos0 * kv)), pos0, n_rows, kv, is_q8);
+          for (std::vector<uint8_t>& c : cache)
+            c = kv_cache(gaussian(rng, size_t(pos0 * kv)), pos0, n_rows, kv, kv_type);
           const std::vector<float> q = gaussian(rng, size_t(sh.n_head * D), 2.0f);
           const std::vector<float> k = gaussian(rng, size_t(kv), 2.0f), v = gaussian(rng, size_t(kv), 3.0f);
           const std::vector<float> qw = gaussian(rng, size_t(D)), kw = gaussian(rng, size_t(D));
@@ -830,7 +838,7 @@ TEST(CudaOps, AttentionDecodeMmaPrepareEqualsQkvPrepare) {
           stream.synchronize();
           const std::string what = "n_head " + std::to_string(sh.n_head) + "/" + std::to_string(HK) + " head_dim " +
                                    std::to_string(D) + " rows " + std::to_string(ctx.rows) + " window " +
-                                   std::to_string(ctx.window) + (is_q8 ? " Q8_0" : " F16") +
+                                   std::to_string(ctx.window) + " " + std::string(quant::type_name(kv_type)) +
                                    (device_pos ? " position on the device" : "");
           const std::vector<float> want = from_device<float>(out[0], q.size());
           const std::vector<float> got = from_device<float>(out[1], q.size());
@@ -849,11 +857,12 @@ TEST(CudaOps, AttentionDecodeMmaPrepareEqualsQkvPrepare) {
 // attention_decode_mma over several sequences in one launch (AttentionArgs::seq_k, a batched decode step) against one
 // launch per sequence with the same arguments: every output, its Q8_K bytes and both caches of every sequence bit for
 // bit (each sequence gets its own plan, the same as alone). Sequences of different lengths in one call (one split and
-// many; a split count above the one-wave target of the others), F16 and Q8_0 caches, head_dim 64/128/256, a sliding
-// window, 2 to 8 sequences, the positions on the device with a grid sized for the longest cache; Q8_0 at head_dim 128
-// also past 24K rows (a wide kernel throughout). A batch whose lengths take two kernels (attention_decode_variant: F16
-// at head_dim 128 up to 4K rows on 8 warps, 4 beyond; Q8_0 at head_dim 128 on 12 or 8 at every length) goes out as a
-// launch per kernel over its tokens' rows (seq_tok, not contiguous). Rows past each token's hold NaN, as above.
+// many; a split count above the one-wave target of the others), F16, Q8_0 and FP8 caches, head_dim 64/128/256, a
+// sliding window, 2 to 8 sequences, the positions on the device with a grid sized for the longest cache; Q8_0 at
+// head_dim 128 also past 24K rows (a wide kernel throughout). A batch whose lengths take two kernels
+// (attention_decode_variant: F16 at head_dim 128 up to 4K rows on 8 warps, 4 beyond; Q8_0 at head_dim 128 on 12 or 8 at
+// every length) goes out as a launch per kernel over its tokens' rows (seq_tok, not contiguous). Rows past each token's
+// hold NaN, as above.
 TEST(CudaOps, AttentionDecodeMmaSequencesEqualOneLaunchEach) {
   SKIP_WITHOUT_GPU();
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
@@ -871,17 +880,16 @@ TEST(CudaOps, AttentionDecodeMmaSequencesEqualOneLaunchEach) {
   const Batch wide = {{25000, 30000, 24577}, 0};  // Q8_0, head_dim 128: the wide kernel for all three
   for (const AttnShape& sh : shapes) {
     if (!cuda::has_attention_decode_mma(sh.head_dim, sh.n_head / sh.n_head_kv)) continue;  // as above
-    for (const quant::Type kv_type : {quant::Type::F16, quant::Type::Q8_0}) {
-      const bool is_q8 = kv_type == quant::Type::Q8_0;
+    for (const quant::Type kv_type : {quant::Type::F16, quant::Type::Q8_0, quant::Type::F8_E4M3}) {
       std::vector<Batch> todo(std::begin(batches), std::end(batches));
-      if (is_q8 && sh.head_dim == 128 && sh.n_head_kv == 4) todo.push_back(wide);
+      if (kv_type != quant::Type::F16 && sh.head_dim == 128 && sh.n_head_kv == 4) todo.push_back(wide);
       for (const Batch& b : todo) {
         const int64_t n = int64_t(b.rows.size()), HK = sh.n_head_kv, D = sh.head_dim, kv = HK * D;
         const int64_t width = sh.n_head * D, G = sh.n_head / HK;
         const bool quantizes = cuda::attention_decode_quantizes(D, G);
         const size_t q8_row = quant::row_size(quant::Type::Q8_K, width);
         const std::string what = "n_head " + std::to_string(sh.n_head) + "/" + std::to_string(HK) + " head_dim " +
-                                 std::to_string(D) + (is_q8 ? " Q8_0" : " F16") + " window " +
+                                 std::to_string(D) + " " + std::string(quant::type_name(kv_type)) + " window " +
                                  std::to_string(b.window) + " first rows " + std::to_string(b.rows[0]) + " of " +
                                  std::to_string(n) + " sequences";
         // Per sequence: caches of rows + 3 (random before the token's row, NaN from it), a copy for each side.
@@ -898,7 +906,7 @@ TEST(CudaOps, AttentionDecodeMmaSequencesEqualOneLaunchEach) {
           cuda::rope_table(int32_t(pos0), D, 1e6f, table.data());
           rope.insert(rope.end(), table.begin(), table.end());
           for (int m = 0; m < 2; ++m) {
-            std::vector<uint8_t> c = kv_cache(gaussian(rng, size_t(pos0 * kv)), pos0, n_rows, kv, is_q8);
+            std::vector<uint8_t> c = kv_cache(gaussian(rng, size_t(pos0 * kv)), pos0, n_rows, kv, kv_type);
             for (int side = 0; side < 2; ++side) {
               ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dc, to_device(c));
               caches[side][m].push_back(std::move(dc));
@@ -1091,12 +1099,14 @@ TEST(CudaOps, AttentionDecodeMmaPrepareRejectsBadArguments) {
 // the rows past the last position are blocks with a NaN scale (NaN when dequantized: a kernel that read them would
 // show it). Not compared bit for bit with the F16 kernel: at head_dim 128 the Q8_0 kernel runs 12 warps per CTA
 // (another merge order).
-TEST(CudaOps, AttentionDecodeMmaQ8MatchesReference) {
-  SKIP_WITHOUT_GPU();
+// The same over an FP8 E4M3 cache (quant::Type::F8_E4M3): Gaussian K/V as quant::float_to_fp8_e4m3 rounds them, the
+// values the kernel computes with those of quant::fp8_e4m3_to_float (exact in f16), the rows past the last position
+// the NaN code 0x7f.
+void expect_decode_over_cache(quant::Type kv_type, uint64_t seed) {
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
   ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(64, 256));
-  const quant::TypeTraits& q8 = quant::traits(quant::Type::Q8_0);
-  Rng rng(kSeed + 15);
+  const bool f8 = kv_type == quant::Type::F8_E4M3;
+  Rng rng(seed);
   // Also 8 query heads over one KV head of 128: cache rows of 136 bytes, not a multiple of 16 apart, so the 12-warp
   // kernel stages them with their skews instead of its lean steps' copies.
   std::vector<AttnCase> cases = decode_mma_cases();
@@ -1105,13 +1115,19 @@ TEST(CudaOps, AttentionDecodeMmaQ8MatchesReference) {
   for (const AttnCase& c : cases) {
     const int64_t HK = c.shape.n_head_kv, D = c.shape.head_dim, kv = HK * D;
     const int64_t rows = n_rows_of(c), valid = c.pos0 + c.n_tok;
-    AttnData d;  // q and the F16 values f16(d * q) of the Q8_0 caches
+    AttnData d;  // q and the F16 values of the caches' elements (Q8_0: f16(d * q))
     d.q = gaussian(rng, size_t(c.n_tok * c.shape.n_head * D));
     std::vector<uint8_t> k8, v8;
     for (auto [c8, c16] : {std::pair{&k8, &d.k}, std::pair{&v8, &d.v}}) {
-      *c8 = q8_cache(gaussian(rng, size_t(valid * kv)), valid, rows, kv);
-      std::vector<float> deq(size_t(rows * kv));
-      q8.to_float(c8->data(), deq.data(), rows * kv);
+      std::vector<float> x = gaussian(rng, size_t(valid * kv)), deq(size_t(rows * kv));
+      if (f8) {
+        c8->assign(size_t(rows * kv), 0x7f);
+        for (size_t i = 0; i < x.size(); ++i) (*c8)[i] = quant::float_to_fp8_e4m3(x[i]);
+        for (size_t i = 0; i < deq.size(); ++i) deq[i] = quant::fp8_e4m3_to_float((*c8)[i]);
+      } else {
+        *c8 = q8_cache(x, valid, rows, kv);
+        quant::traits(quant::Type::Q8_0).to_float(c8->data(), deq.data(), rows * kv);
+      }
       c16->resize(deq.size());
       for (size_t i = 0; i < deq.size(); ++i) (*c16)[i] = quant::float_to_fp16(deq[i]);
     }
@@ -1125,8 +1141,8 @@ TEST(CudaOps, AttentionDecodeMmaQ8MatchesReference) {
     // The host's stand-in position for the device's: wrong, but of the same kernel (attention_decode_variant), whose
     // merge order the two calls then share.
     const int64_t stand_in = c.pos0 > 777 ? c.pos0 - 777 : 777;
-    ASSERT_EQ(cuda::attention_decode_variant(D, quant::Type::Q8_0, stand_in + c.n_tok),
-              cuda::attention_decode_variant(D, quant::Type::Q8_0, c.pos0 + c.n_tok));
+    ASSERT_EQ(cuda::attention_decode_variant(D, kv_type, stand_in + c.n_tok),
+              cuda::attention_decode_variant(D, kv_type, c.pos0 + c.n_tok));
     for (const bool device_pos : {false, true}) {
       if (device_pos && c.n_tok != 1) continue;
       ASSERT_OK(dout.upload(std::vector<float>(out_n, NAN).data(), out_n * sizeof(float)));
@@ -1143,7 +1159,7 @@ TEST(CudaOps, AttentionDecodeMmaQ8MatchesReference) {
                                      .scale = float(1.0 / std::sqrt(double(D))),
                                      .pos0_device = device_pos ? dpos.as<int32_t>() : nullptr,
                                      .max_rows = device_pos ? rows : 0,
-                                     .kv_type = quant::Type::Q8_0};
+                                     .kv_type = kv_type};
       ASSERT_OK(cuda::attention_decode_mma(args, ws, stream));
       stream.synchronize();
       got[device_pos] = from_device<float>(dout, out_n);
@@ -1161,6 +1177,16 @@ TEST(CudaOps, AttentionDecodeMmaQ8MatchesReference) {
           << describe(c) << ": the position from the device differs";
     }
   }
+}
+
+TEST(CudaOps, AttentionDecodeMmaQ8MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  expect_decode_over_cache(quant::Type::Q8_0, kSeed + 15);
+}
+
+TEST(CudaOps, AttentionDecodeMmaF8MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  expect_decode_over_cache(quant::Type::F8_E4M3, kSeed + 70);
 }
 
 }  // namespace

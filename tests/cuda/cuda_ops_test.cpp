@@ -46,6 +46,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "quant/fp16.h"
+#include "quant/fp8.h"
 #include "quant/quant.h"
 #include "tests/cuda/cuda_test_util.h"
 
@@ -877,12 +878,16 @@ TEST(CudaOps, QkvPrepareBitIdenticalToNormRopeAndStores) {
 
 // qkv_prepare into Q8_0 caches: the K rows are the bytes the reference quantizer (quant traits' from_float, the scalar
 // oracle) makes of qk_norm_rope's k, the V rows its bytes of v; rows outside the tokens untouched. Row0 from the host
-// and from device memory.
-TEST(CudaOps, QkvPrepareQ8MatchesReferenceQuantizer) {
-  SKIP_WITHOUT_GPU();
+// and from device memory. FP8 caches: the bytes of quant::float_to_fp8_e4m3 (the device's cvt against the host's
+// rounding), v with elements past 448 (saturated) and in the subnormal range.
+void expect_qkv_prepare_matches_reference(quant::Type kv_type, uint64_t seed) {
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
-  Rng rng(kSeed + 64);
-  const quant::TypeTraits& q8 = quant::traits(quant::Type::Q8_0);
+  Rng rng(seed);
+  const bool f8 = kv_type == quant::Type::F8_E4M3;
+  auto encode = [&](const float* x, uint8_t* out, int64_t n) {
+    if (!f8) return quant::traits(quant::Type::Q8_0).from_float(x, out, n);
+    for (int64_t i = 0; i < n; ++i) out[i] = quant::float_to_fp8_e4m3(x[i]);
+  };
   struct Heads {
     int64_t n_head, n_head_kv;
   };
@@ -891,8 +896,11 @@ TEST(CudaOps, QkvPrepareQ8MatchesReferenceQuantizer) {
       for (const int64_t head_dim : {int64_t(64), int64_t(128), int64_t(256)}) {
         for (const bool device_row : {false, true}) {
           const int64_t HK = heads.n_head_kv, row0 = 3, n_rows = row0 + n_tok + 2, kv = HK * head_dim;
-          const size_t row_bytes = quant::row_size(quant::Type::Q8_0, kv);
-          const QkvInputs in = qkv_inputs(rng, n_tok, heads.n_head, HK, head_dim);
+          const size_t row_bytes = quant::row_size(kv_type, kv);
+          QkvInputs in = qkv_inputs(rng, n_tok, heads.n_head, HK, head_dim);
+          if (f8) {
+            for (size_t i = 0; i < in.v.size(); ++i) in.v[i] *= i % 7 == 0 ? 300.0f : i % 11 == 0 ? 1e-3f : 1.0f;
+          }
           const std::vector<float>& q = in.q;
           const std::vector<float>& k = in.k;
           const std::vector<float>& v = in.v;
@@ -907,13 +915,23 @@ TEST(CudaOps, QkvPrepareQ8MatchesReferenceQuantizer) {
           ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer drow, to_device(std::vector<int32_t>{int32_t(row0)}));
           ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer kc, to_device(guard));
           ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer vc, to_device(guard));
-          ASSERT_OK(cuda::qkv_prepare({.q = dq.as<float>(), .q_weight = dqw.as<float>(), .k = dk.as<float>(),
-                                       .k_weight = dkw.as<float>(), .v = dv.as<float>(), .k_cache = kc.data(),
-                                       .v_cache = vc.data(), .positions = dp.as<int32_t>(), .n_tok = n_tok,
-                                       .n_head = heads.n_head, .n_head_kv = HK, .head_dim = head_dim, .eps = 1e-6f,
-                                       .theta = 1e6f, .row0 = device_row ? 999 : row0,
+          ASSERT_OK(cuda::qkv_prepare({.q = dq.as<float>(),
+                                       .q_weight = dqw.as<float>(),
+                                       .k = dk.as<float>(),
+                                       .k_weight = dkw.as<float>(),
+                                       .v = dv.as<float>(),
+                                       .k_cache = kc.data(),
+                                       .v_cache = vc.data(),
+                                       .positions = dp.as<int32_t>(),
+                                       .n_tok = n_tok,
+                                       .n_head = heads.n_head,
+                                       .n_head_kv = HK,
+                                       .head_dim = head_dim,
+                                       .eps = 1e-6f,
+                                       .theta = 1e6f,
+                                       .row0 = device_row ? 999 : row0,
                                        .row0_device = device_row ? drow.as<int32_t>() : nullptr,
-                                       .kv_type = quant::Type::Q8_0},
+                                       .kv_type = kv_type},
                                       stream));
           ASSERT_OK(cuda::qk_norm_rope({.x = dk_normed.as<float>(), .weight = dkw.as<float>(),
                                         .positions = dp.as<int32_t>(), .n_tok = n_tok, .n_head = HK,
@@ -922,8 +940,8 @@ TEST(CudaOps, QkvPrepareQ8MatchesReferenceQuantizer) {
           stream.synchronize();
           const std::vector<float> k_normed = from_device<float>(dk_normed, k.size());
           std::vector<uint8_t> want_k = guard, want_v = guard;
-          q8.from_float(k_normed.data(), want_k.data() + size_t(row0) * row_bytes, n_tok * kv);
-          q8.from_float(v.data(), want_v.data() + size_t(row0) * row_bytes, n_tok * kv);
+          encode(k_normed.data(), want_k.data() + size_t(row0) * row_bytes, n_tok * kv);
+          encode(v.data(), want_v.data() + size_t(row0) * row_bytes, n_tok * kv);
           const std::string what = "n_tok " + std::to_string(n_tok) + " heads " + std::to_string(heads.n_head) + "/" +
                                    std::to_string(HK) + " head_dim " + std::to_string(head_dim) +
                                    (device_row ? " row0 on the device" : "");
@@ -933,6 +951,16 @@ TEST(CudaOps, QkvPrepareQ8MatchesReferenceQuantizer) {
       }
     }
   }
+}
+
+TEST(CudaOps, QkvPrepareQ8MatchesReferenceQuantizer) {
+  SKIP_WITHOUT_GPU();
+  expect_qkv_prepare_matches_reference(quant::Type::Q8_0, kSeed + 64);
+}
+
+TEST(CudaOps, QkvPrepareF8MatchesHostRounding) {
+  SKIP_WITHOUT_GPU();
+  expect_qkv_prepare_matches_reference(quant::Type::F8_E4M3, kSeed + 71);
 }
 
 // kv_to_f16: every element f16(d * q) as the host computes it (float product, quant::float_to_fp16), rows past the
@@ -967,6 +995,46 @@ TEST(CudaOps, KvToF16EqualsHostDequantization) {
         for (size_t i = 0; i < size_t(rows * n); ++i) want[i] = quant::float_to_fp16(deq[i]);
         ASSERT_EQ(from_device<uint16_t>(dout, want.size()), want) << "n " << n << " rows " << rows
                                                                   << (device_rows ? " (count on the device)" : "");
+      }
+    }
+  }
+}
+
+// kv_to_f16 of an FP8 cache: every byte's value (quant::fp8_e4m3_to_float, exact in f16), every code but NaN's in
+// random order; rows past the count untouched; the count from the host and from device memory.
+TEST(CudaOps, KvToF16OfFp8EqualsTheCodesValues) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  Rng rng(kSeed + 72);
+  for (const int64_t n : {int64_t(64), int64_t(512), int64_t(1056)}) {
+    const int64_t n_rows = 300;
+    std::vector<uint8_t> cache(size_t(n_rows * n));
+    for (uint8_t& c : cache) {
+      do {
+        c = uint8_t(rng.bits() & 0xff);
+      } while ((c & 0x7f) == 0x7f);
+    }
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dc, to_device(cache));
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dlast, to_device(std::vector<int32_t>{0}));
+    for (const int64_t rows : {int64_t(1), int64_t(77), n_rows}) {
+      for (const bool device_rows : {false, true}) {
+        const std::vector<uint16_t> guard(cache.size(), 0xBEEF);
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dout, to_device(guard));
+        const int32_t last = int32_t(rows - 1);
+        ASSERT_OK(dlast.upload(&last, sizeof last));
+        ASSERT_OK(cuda::kv_to_f16({.cache = dc.data(),
+                                   .type = quant::Type::F8_E4M3,
+                                   .out = dout.as<uint16_t>(),
+                                   .n = n,
+                                   .rows = device_rows ? n_rows : rows,
+                                   .last_row_device = device_rows ? dlast.as<int32_t>() : nullptr},
+                                  stream));
+        stream.synchronize();
+        std::vector<uint16_t> want = guard;
+        for (size_t i = 0; i < size_t(rows * n); ++i)
+          want[i] = quant::float_to_fp16(quant::fp8_e4m3_to_float(cache[i]));
+        ASSERT_EQ(from_device<uint16_t>(dout, want.size()), want)
+            << "n " << n << " rows " << rows << (device_rows ? " (count on the device)" : "");
       }
     }
   }

@@ -150,7 +150,7 @@ TEST_F(RunTool, BadInputIsOneLineAndExit2) {
       {"run -m " + model() + " -p hello", "has no tokenizer"},
       {"run -m " + model(), "exactly one of -p, -f, --tokens"},
       {"run -m " + file("missing.gguf") + " --tokens 1", "missing.gguf: cannot open"},
-      {"run -m " + model() + " --tokens 1 --kv-type q4", "--kv-type must be f16, f32 or q8_0"},
+      {"run -m " + model() + " --tokens 1 --kv-type q4", "--kv-type must be f16, f32, q8_0 or fp8"},
       {"run -m " + model() + " --tokens 1 --temp nan", "'nan' is not a finite number"},
       {"run -m " + model() + " --tokens 1 --cache-gb inf", "'inf' is not a finite number"},
       {"run -m " + model() + " --tokens 1 -t 100000", "-t 100000: at most 1024 threads"},

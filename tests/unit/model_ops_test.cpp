@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backends/cpu/ops.h"
+#include "quant/fp8.h"
 #include "quant/quant.h"
 
 namespace magnetar::cpu {
@@ -213,37 +214,56 @@ TEST(CpuOps, AnInfiniteVLaterInThePrefillLeavesTheEarlierTokensFinite) {
 // A Q8_0 KV cache: store_kv writes each row where it belongs (row0 > 0, rows before it untouched) as the reference
 // quantizer (quant traits' from_float, the scalar oracle) rounds it; attention over it equals, bit for bit, attention
 // over an F32 cache holding the reference's dequantization of the same rows (Q8_0's d * q is exact in float), so its
-// closeness to the exact result is the F32 path's, checked above. Heads of 32 and 64, GQA, windows.
-TEST(CpuOps, AttentionOverQ8CacheEqualsF32OverItsDequantization) {
-  const quant::TypeTraits& q8 = quant::traits(quant::Type::Q8_0);
+// closeness to the exact result is the F32 path's, checked above. Heads of 32 and 64, GQA, windows. The same for an
+// FP8 E4M3 cache: each element quant::float_to_fp8_e4m3's byte, read as its value (exact in float).
+void expect_quantized_cache_equals_f32(quant::Type kv_type) {
+  const bool f8 = kv_type == quant::Type::F8_E4M3;
+  auto encode = [&](const float* x, uint8_t* out, int64_t n) {
+    if (!f8) return quant::traits(quant::Type::Q8_0).from_float(x, out, n);
+    for (int64_t i = 0; i < n; ++i) out[i] = quant::float_to_fp8_e4m3(x[i]);
+  };
+  auto decode = [&](const uint8_t* c, float* out, int64_t n) {
+    if (!f8) return quant::traits(quant::Type::Q8_0).to_float(c, out, n);
+    for (int64_t i = 0; i < n; ++i) out[i] = quant::fp8_e4m3_to_float(c[i]);
+  };
   std::mt19937 rng(5);
   std::normal_distribution<float> dist(0.f, 1.f);
   ThreadPool pool(2);
   for (const int64_t D : {32, 64}) {
     const int64_t H = 8, HKV = 2, n_ctx = 70, row0 = 5, pos0 = 50, n_tok = 20, row = HKV * D;
-    const size_t row_bytes = quant::row_size(quant::Type::Q8_0, row);
+    const size_t row_bytes = quant::row_size(kv_type, row);
     std::vector<float> q(size_t(n_tok * H * D)), k(size_t((n_ctx - row0) * row)), v(k.size());
     for (float& x : q) x = dist(rng);
     for (float& x : k) x = 3.0f * dist(rng);
     for (float& x : v) x = dist(rng);
     std::vector<uint8_t> kc(size_t(n_ctx) * row_bytes), vc(kc.size());
-    store_kv(k.data(), n_ctx - row0, row, quant::Type::Q8_0, kc.data(), row0);
-    store_kv(v.data(), n_ctx - row0, row, quant::Type::Q8_0, vc.data(), row0);
+    store_kv(k.data(), n_ctx - row0, row, kv_type, kc.data(), row0);
+    store_kv(v.data(), n_ctx - row0, row, kv_type, vc.data(), row0);
     std::vector<uint8_t> want_k((n_ctx - row0) * row_bytes);
-    q8.from_float(k.data(), want_k.data(), int64_t(k.size()));
+    encode(k.data(), want_k.data(), int64_t(k.size()));
     for (size_t i = 0; i < size_t(row0) * row_bytes; ++i) ASSERT_EQ(kc[i], 0) << "byte " << i << " before row0";
     ASSERT_TRUE(std::equal(want_k.begin(), want_k.end(), kc.begin() + std::ptrdiff_t(size_t(row0) * row_bytes)))
         << "head_dim " << D;
-    // The F32 cache: rows 0..row0-1 are zero blocks in the Q8_0 cache (d = 0: zeros), then the dequantized rows.
+    // The F32 cache: rows 0..row0-1 are zero bytes in the cache (Q8_0: d = 0; FP8: +0), then the dequantized rows.
     std::vector<float> kf(size_t(n_ctx * row)), vf(kf.size());
-    q8.to_float(kc.data(), kf.data(), int64_t(kf.size()));
-    q8.to_float(vc.data(), vf.data(), int64_t(vf.size()));
+    decode(kc.data(), kf.data(), int64_t(kf.size()));
+    decode(vc.data(), vf.data(), int64_t(vf.size()));
     std::vector<float> scratch(attention_scratch_floats(n_ctx, H, HKV, D, pool.size()));
     for (const int64_t window : {0, 1, 16}) {
       std::vector<float> got(q.size()), want(q.size());
-      AttentionArgs a{.q = q.data(), .k_cache = kc.data(), .v_cache = vc.data(), .kv_type = quant::Type::Q8_0,
-                      .out = got.data(), .n_tok = n_tok, .pos0 = pos0, .n_head = H, .n_head_kv = HKV, .head_dim = D,
-                      .window = window, .scale = 0.125f, .scratch = scratch.data()};
+      AttentionArgs a{.q = q.data(),
+                      .k_cache = kc.data(),
+                      .v_cache = vc.data(),
+                      .kv_type = kv_type,
+                      .out = got.data(),
+                      .n_tok = n_tok,
+                      .pos0 = pos0,
+                      .n_head = H,
+                      .n_head_kv = HKV,
+                      .head_dim = D,
+                      .window = window,
+                      .scale = 0.125f,
+                      .scratch = scratch.data()};
       attention(pool, a);
       a.k_cache = kf.data();
       a.v_cache = vf.data();
@@ -254,6 +274,12 @@ TEST(CpuOps, AttentionOverQ8CacheEqualsF32OverItsDequantization) {
     }
   }
 }
+
+TEST(CpuOps, AttentionOverQ8CacheEqualsF32OverItsDequantization) {
+  expect_quantized_cache_equals_f32(quant::Type::Q8_0);
+}
+
+TEST(CpuOps, AttentionOverFp8CacheEqualsF32OverItsValues) { expect_quantized_cache_equals_f32(quant::Type::F8_E4M3); }
 
 TEST(CpuOps, RopeNeoxRotatesPairsHalfADimensionApart) {
   const int64_t D = 8, H = 2;

@@ -106,6 +106,7 @@ TEST(Qwen3Forward, QuantizedDecodeMatchesPrefillExactly) {
 // whole-prompt prefill give the same logits bit for bit, as with float caches, and differ from the F32 cache's (the
 // rows really are rounded). How close they stay is measured on the trained demo model (engine_batch_test.cpp): this
 // random model's near-one-hot attention turns the rounding of a score into a different winner.
+// The same for an FP8 cache (--kv-type fp8).
 TEST(Qwen3Forward, Q8KvCacheDecodeMatchesPrefillExactly) {
   testing::TempDir dir;
   write_tiny(dir.file("m.gguf"), quant::Type::F32, 5, /*k_quant_rows=*/true);
@@ -113,12 +114,14 @@ TEST(Qwen3Forward, Q8KvCacheDecodeMatchesPrefillExactly) {
   ASSERT_TRUE(m.model);
   ASSERT_EQ(m.model->hparams().head_dim % 32, 0);
   const std::vector<int32_t> tokens = sample_tokens(23, 97);
-  const std::vector<float> prefill = run(*m.model, tokens, 64, quant::Type::Q8_0, 2);
-  const std::vector<float> decode = run(*m.model, tokens, 1, quant::Type::Q8_0, 2);
-  const std::vector<float> chunked = run(*m.model, tokens, 7, quant::Type::Q8_0, 1);
-  EXPECT_EQ(max_abs_diff(prefill, decode), 0.0);
-  EXPECT_EQ(max_abs_diff(prefill, chunked), 0.0);
-  EXPECT_GT(max_abs_diff(prefill, run(*m.model, tokens, 64, quant::Type::F32, 2)), 0.0);
+  for (const quant::Type kv : {quant::Type::Q8_0, quant::Type::F8_E4M3}) {
+    const std::vector<float> prefill = run(*m.model, tokens, 64, kv, 2);
+    const std::vector<float> decode = run(*m.model, tokens, 1, kv, 2);
+    const std::vector<float> chunked = run(*m.model, tokens, 7, kv, 1);
+    EXPECT_EQ(max_abs_diff(prefill, decode), 0.0) << quant::type_name(kv);
+    EXPECT_EQ(max_abs_diff(prefill, chunked), 0.0) << quant::type_name(kv);
+    EXPECT_GT(max_abs_diff(prefill, run(*m.model, tokens, 64, quant::Type::F32, 2)), 0.0) << quant::type_name(kv);
+  }
 }
 
 TEST(Qwen3Forward, F16KvCacheAndQ8_0WeightsStayClose) {

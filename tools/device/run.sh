@@ -135,7 +135,7 @@ if [ "$filter" = "--model-bench" ]; then
 fi
 
 # `run.sh --depth-bench [ARM ...]`: only decode at depth 2K to 64K (2,048-token prefill chunks) on the resident 30B-A3B
-# geometry, with F16 KV and then with Q8_0 KV (DEPTH_KV="q8_0": only that), each for the default and then for every
+# geometry, with F16 KV and then with Q8_0 KV (DEPTH_KV="q8_0 fp8": those instead), each for the default and then for every
 # arm given (as --decode-bench's). Printed: the depths 2K, 16K, 32K and 64K (DEPTH_ROWS='[0-9]+': every 2K).
 if [ "$filter" = "--depth-bench" ]; then
   build_with_model
