@@ -32,7 +32,7 @@ class EngineDiskKv : public ::testing::Test {
     o.n_threads = 2;
     o.n_ctx = 128;
     o.n_batch = 4;
-    o.kv_type = KvType::kF16;
+    o.kv_type = kv_;
     o.experts = ExpertMode::kResident;
     if (disk) o.kv_disk = {.dir = base_ + "/kv", .gb = 0.01, .block_tokens = 8};
     auto e = Engine::load(model.empty() ? model_ : model, o);
@@ -53,6 +53,7 @@ class EngineDiskKv : public ::testing::Test {
            std::memcmp(s.logits().data(), ref->logits().data(), ref->logits().size() * sizeof(float)) == 0;
   }
   std::string base_, model_;
+  KvType kv_ = KvType::kF16;  // the KV type load() gives the engine
 };
 
 std::vector<int32_t> prompt(size_t n, int salt = 0) {
@@ -90,6 +91,38 @@ TEST_F(EngineDiskKv, RestartRestoresSavedBlocksWithIdenticalLogits) {
   }
   EXPECT_EQ(e->kv_disk_stats().blocks_saved, 1u);
   EXPECT_EQ(e->kv_disk_stats().blocks_on_disk, 6u);
+}
+
+// An FP8 cache's blocks (a byte per element) restore as F16's do: the logits of a computation with FP8 KV, bit for bit.
+// A restart with another KV type loads none of them (the blocks' header names their type): it computes the prompt.
+TEST_F(EngineDiskKv, Fp8BlocksRestoreAndOtherTypesLeaveThem) {
+  const std::vector<int32_t> p = prompt(43);
+  kv_ = KvType::kF8;
+  {
+    std::unique_ptr<Engine> e = load(true);
+    ASSERT_TRUE(session(*e)->sync(std::span<const int32_t>(p).first(41)).ok());
+    EXPECT_EQ(e->kv_disk_stats().blocks_saved, 5u);
+  }
+  {
+    kv_ = KvType::kF16;
+    std::unique_ptr<Engine> e = load(true);
+    std::unique_ptr<Session> s = session(*e);
+    ASSERT_TRUE(s->sync(p).ok());
+    EXPECT_EQ(s->stats().restored_tokens, 0);
+    EXPECT_TRUE(logits_as_computed(*s, p));
+  }
+  kv_ = KvType::kF8;
+  std::unique_ptr<Engine> e = load(true);
+  std::unique_ptr<Session> s = session(*e);
+  ASSERT_TRUE(s->sync(p).ok());
+  EXPECT_EQ(s->stats().restored_tokens, 40);
+  EXPECT_TRUE(logits_as_computed(*s, p));  // against FP8 KV computed without the disk
+  for (int32_t id : {5, 9, 11}) ASSERT_TRUE(s->step(id).ok());
+  std::unique_ptr<Engine> plain = load(false);
+  std::unique_ptr<Session> ref = session(*plain);
+  ASSERT_TRUE(ref->sync(p).ok());
+  for (int32_t id : {5, 9, 11}) ASSERT_TRUE(ref->step(id).ok());
+  EXPECT_EQ(std::memcmp(s->logits().data(), ref->logits().data(), ref->logits().size() * sizeof(float)), 0);
 }
 
 // A restore goes block by block and asks `progress` between blocks: stopped after the second, the timeline is the
