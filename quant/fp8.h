@@ -1,6 +1,7 @@
 // FP8 E4M3 (OCP 8-bit floating point, the "E4M3FN" variant NVIDIA's cvt and PyTorch's float8_e4m3fn use): a sign, 4
 // exponent bits of bias 7, 3 mantissa bits; no infinities, S.1111.111 is NaN, the largest finite is 448
-// (S.1111.110), subnormals m * 2^-9. The reference of the GPU's e4m3 KV cache.
+// (S.1111.110), subnormals m * 2^-9. The reference of the GPU's e4m3 KV cache. `static inline` as quant/fp16.h's
+// helpers: the AVX2 kernel files include it too (docs/STYLE.md, SIMD kernels).
 #pragma once
 
 #include <cmath>
@@ -10,7 +11,7 @@ namespace magnetar::quant {
 
 inline constexpr float kFp8E4M3Max = 448.0f;
 
-inline float fp8_e4m3_to_float(uint8_t c) {
+static inline float fp8_e4m3_to_float(uint8_t c) {
   const int e = (c >> 3) & 15, m = c & 7;
   float mag;
   if (e == 15 && m == 7) {
@@ -25,7 +26,7 @@ inline float fp8_e4m3_to_float(uint8_t c) {
 
 // Round to nearest, ties to even mantissa, saturating: |x| >= 448 (and infinities) give +-448, NaN gives 0x7f with
 // x's sign (cvt.rn.satfinite.e4m3x2.f32's results).
-inline uint8_t float_to_fp8_e4m3(float x) {
+static inline uint8_t float_to_fp8_e4m3(float x) {
   const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
   if (std::isnan(x)) return uint8_t(sign | 0x7f);
   const float a = std::fabs(x);

@@ -1,11 +1,13 @@
-#include "backends/cpu/kernels.h"
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <utility>
 
+#include "backends/cpu/kernels.h"
 #include "base/check.h"
 #include "quant/fp16.h"
+#include "quant/fp8.h"
 
 namespace magnetar::cpu {
 namespace {
@@ -52,6 +54,16 @@ void widen_f16_scalar(const void* src, float* dst, int64_t n) {
     dst[i] = quant::fp16_to_float(h[i]);
     if (std::isnan(dst[i])) dst[i] = std::bit_cast<float>(std::bit_cast<uint32_t>(dst[i]) | 0x00400000u);
   }
+}
+
+void widen_f8_scalar(const void* src, float* dst, int64_t n) {
+  static const auto table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[size_t(c)] = quant::fp8_e4m3_to_float(uint8_t(c));
+    return t;
+  }();
+  const auto* s = static_cast<const uint8_t*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = table[s[i]];
 }
 
 float exp_sum_scalar(int64_t n, float* x, float max) {
@@ -101,6 +113,7 @@ struct Tables {
                                   .attn_scores = attn_scores_scalar, .attn_accumulate = attn_accumulate_scalar,
                                   .max = max_scalar, .exp_sum = exp_sum_scalar};
     vectors[int(Isa::kScalar)].widen_f16 = widen_f16_scalar;
+    vectors[int(Isa::kScalar)].widen_f8 = widen_f8_scalar;
     vectors[int(Isa::kAvx2)] = vectors[int(Isa::kScalar)];
     register_avx2_vector(vectors[int(Isa::kAvx2)]);
     vectors[int(Isa::kAvx512)] = vectors[int(Isa::kAvx2)];

@@ -71,6 +71,9 @@ struct VectorKernels {
   // except that a signalling NaN comes out quiet (float bit 22 set; the dequantize keeps the payload as it is, at
   // ~4 instructions per 16 values that attention has no use for).
   void (*widen_f16)(const void* src, float* dst, int64_t n) = nullptr;
+  // n FP8 E4M3 bytes (src) to floats (dst): cpu::attention's F8_E4M3 rows, quant::fp8_e4m3_to_float's values (exact;
+  // the NaN codes as NaN).
+  void (*widen_f8)(const void* src, float* dst, int64_t n) = nullptr;
 };
 const VectorKernels& vector_kernels(Isa isa);
 inline const VectorKernels& vector_kernels() { return vector_kernels(best_isa()); }

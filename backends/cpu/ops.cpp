@@ -1,7 +1,6 @@
 #include "backends/cpu/ops.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -375,19 +374,6 @@ size_t attention_scratch_floats(int64_t n_ctx, int64_t n_head, int64_t n_head_kv
   return size_t(ThreadBuffers::floats(group, head_dim)) * size_t(n_threads) + size_t(records);
 }
 
-namespace {
-// FP8 E4M3 KV elements to floats through a table of the 256 codes' values (quant::fp8_e4m3_to_float).
-void widen_f8_e4m3(const void* src, float* dst, int64_t n) {
-  static const auto table = [] {
-    std::array<float, 256> t{};
-    for (int c = 0; c < 256; ++c) t[size_t(c)] = quant::fp8_e4m3_to_float(uint8_t(c));
-    return t;
-  }();
-  const auto* s = static_cast<const uint8_t*>(src);
-  for (int64_t i = 0; i < n; ++i) dst[i] = table[s[i]];
-}
-}  // namespace
-
 void attention(ThreadPool& pool, const AttentionArgs& a) {
   MAGNETAR_CHECK(a.kv_type == quant::Type::F16 || a.kv_type == quant::Type::F32 || a.kv_type == quant::Type::Q8_0 ||
                  a.kv_type == quant::Type::F8_E4M3);
@@ -405,7 +391,7 @@ void attention(ThreadPool& pool, const AttentionArgs& a) {
               .row_bytes = row_bytes, .span_bytes = size_t(n) * head_bytes, .float_stride = kv_row};
     if (a.kv_type == quant::Type::F16) h.widen = vk.widen_f16;
     if (a.kv_type == quant::Type::Q8_0) h.widen = kernels(a.kv_type).dequantize;
-    if (a.kv_type == quant::Type::F8_E4M3) h.widen = widen_f8_e4m3;
+    if (a.kv_type == quant::Type::F8_E4M3) h.widen = vk.widen_f8;
     return h;
   };
   auto buffers = [&](int ith) {

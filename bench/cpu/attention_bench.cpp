@@ -1,6 +1,6 @@
 // CPU attention benchmarks (Google Benchmark, wall time) on the Qwen3-30B-A3B attention shape (32 query heads over
 // 4 KV heads of 128) with the default thread pool (one thread per core):
-//   attention/<f16|q8_0>/ctx:<C>/tok:<T>  cpu::attention of T tokens after C - T cached rows: T = 1 is a decode step,
+//   attention/<f16|q8_0|fp8>/ctx:<C>/tok:<T>  cpu::attention of T tokens after C - T cached rows: T = 1 a decode step,
 //                                         T > 1 a prefill chunk at that depth
 //   read_floor/ctx:<C>                    the same threads summing the F16 K and V bytes of C rows: what memory gives
 // Every iteration takes the next of several layers' caches (at least kMinCacheBytes in all), so the rows come from
@@ -57,7 +57,7 @@ const Caches& caches(quant::Type type, int64_t ctx) {
   for (float& f : rows) f = dist(gen);
   const size_t block = quant::row_size(type, row) * 64;  // 64 distinct rows, tiled
   for (uint8_t* base : {c->k.data(), c->v.data()}) {
-    quant::traits(type).from_float(rows.data(), base, int64_t(rows.size()));
+    cpu::store_kv(rows.data(), 64, row, type, base, 0);
     for (size_t off = block; off < c->k.size(); off += block) {
       std::copy_n(base, std::min(block, c->k.size() - off), base + off);
     }
@@ -112,8 +112,10 @@ void bm_read_floor(benchmark::State& state) {
 }
 
 void register_all() {
-  for (quant::Type type : {quant::Type::F16, quant::Type::Q8_0}) {
-    const char* name = type == quant::Type::F16 ? "attention/f16" : "attention/q8_0";
+  for (quant::Type type : {quant::Type::F16, quant::Type::Q8_0, quant::Type::F8_E4M3}) {
+    const char* name = type == quant::Type::F16    ? "attention/f16"
+                       : type == quant::Type::Q8_0 ? "attention/q8_0"
+                                                   : "attention/fp8";
     auto* b = benchmark::RegisterBenchmark(name, bm_attention, type);
     b->ArgNames({"ctx", "tok"})->UseRealTime()->Unit(benchmark::kMicrosecond);
     for (int64_t ctx : {4096, 16384}) b->Args({ctx, 1});

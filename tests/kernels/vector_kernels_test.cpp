@@ -10,6 +10,7 @@
 
 #include "backends/cpu/kernels.h"
 #include "quant/fp16.h"
+#include "quant/fp8.h"
 
 namespace magnetar::cpu {
 namespace {
@@ -106,6 +107,32 @@ TEST(VectorKernels, WidenF16IsTheConversionWithQuietNaNs) {
       if (skip > 0) {
         EXPECT_EQ(got[size_t(skip) - 1], -1.0f) << isa_name(isa) << ": wrote before the start";
         EXPECT_EQ(got[h.size() - size_t(skip)], -1.0f) << isa_name(isa) << ": wrote past the end";
+      }
+    }
+  }
+}
+
+// widen_f8 on every e4m3 code, at every offset of a vector: quant::fp8_e4m3_to_float's values bit for bit (exact in
+// float), the NaN codes as NaN, on every ISA.
+TEST(VectorKernels, WidenF8IsTheCodesValues) {
+  std::vector<uint8_t> b(4 * 256 + 37);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = uint8_t(i * 167u);  // 167 is odd: every code once per 256
+  std::vector<float> got(b.size());
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!isa_supported(isa)) continue;
+    for (int64_t skip : {0, 1, 9}) {  // odd starts and lengths: the vector loops' tails
+      std::fill(got.begin(), got.end(), -1.0f);
+      vector_kernels(isa).widen_f8(b.data() + skip, got.data() + skip, int64_t(b.size()) - 2 * skip);
+      size_t bad = 0;
+      for (size_t i = size_t(skip); i + size_t(skip) < b.size(); ++i) {
+        const float want = quant::fp8_e4m3_to_float(b[i]);
+        bad +=
+            std::isnan(want) ? !std::isnan(got[i]) : std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(want);
+      }
+      EXPECT_EQ(bad, 0u) << isa_name(isa) << " skip " << skip;
+      if (skip > 0) {
+        EXPECT_EQ(got[size_t(skip) - 1], -1.0f) << isa_name(isa) << ": wrote before the start";
+        EXPECT_EQ(got[b.size() - size_t(skip)], -1.0f) << isa_name(isa) << ": wrote past the end";
       }
     }
   }

@@ -5,6 +5,7 @@
 
 #include "backends/cpu/avx2/score_sum.h"
 #include "backends/cpu/kernels.h"
+#include "quant/fp8.h"
 
 namespace magnetar::cpu {
 namespace {
@@ -75,6 +76,26 @@ void widen_f16(const void* src, float* dst, int64_t n) {
     _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
   }
   for (; i < n; ++i) dst[i] = tail_half(h[i]);
+}
+
+// An e4m3 byte's magnitude bits placed at f16 bit 7 are an f16 of the same mantissa and exponent field, worth the
+// e4m3 value times 2^-8 (the biases 15 and 7; subnormals alike): the hardware's f16 conversion and an exact multiply
+// by 256 give the value. The NaN codes (magnitude 0x7f, which would read 480) get f16 NaN bits first.
+void widen_f8(const void* src, float* dst, int64_t n) {
+  const uint8_t* b = static_cast<const uint8_t*>(src);
+  const __m256i mag_mask = _mm256_set1_epi16(0x7f), sign_mask = _mm256_set1_epi16(0x80);
+  const __m256i nan_bits = _mm256_set1_epi16(0x7e00);
+  const __m256 scale = _mm256_set1_ps(256.0f);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
+    const __m256i mag = _mm256_and_si256(w, mag_mask);
+    __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, sign_mask), 8), _mm256_slli_epi16(mag, 7));
+    h = _mm256_or_si256(h, _mm256_and_si256(_mm256_cmpeq_epi16(mag, mag_mask), nan_bits));
+    _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), scale));
+    _mm256_storeu_ps(dst + i + 8, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), scale));
+  }
+  for (; i < n; ++i) dst[i] = quant::fp8_e4m3_to_float(b[i]);
 }
 
 float dot_tree(int64_t d, const float* q, const float* k) {
@@ -238,6 +259,7 @@ void register_avx2_vector(VectorKernels& k) {
   k.axpy_f32 = axpy_f32;
   k.axpy_f16 = axpy_f16;
   k.widen_f16 = widen_f16;
+  k.widen_f8 = widen_f8;
 }
 
 }  // namespace magnetar::cpu
