@@ -30,7 +30,6 @@
 // instructions per warp per chunk. The tensor-core kernel takes a 64K call from 160 to 92 us and a 2K one from 33
 // to 12 us (docs/benchmarks/2026-11-30-cuda-decode-attention-mma.md).
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -41,6 +40,7 @@
 
 #include "backends/cuda/attention.cuh"
 #include "backends/cuda/attention_combine.cuh"
+#include "backends/cuda/attention_kv_forms.cuh"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.cuh"
 #include "backends/cuda/launch.h"
@@ -478,53 +478,6 @@ struct DecodeSmem {
   static constexpr size_t kBytes = kQAt + size_t(8 * kHT) * kQPitch * 4;
 };
 
-// Copies of one Q8_0 ring stage (the F16 kernel's are in the kernel): kStep rows of K and of V, the head row of
-// kHeadBytes at k/v + key * row_bytes + head_off for keys base, base + 1, ..., each staged as the kRowPieces 16-byte
-// pieces of the 16-byte-aligned window around it (attn::q8_piece_bytes: the head `skew` = (key * row_bytes +
-// head_off) % 16 bytes in, nothing past the head row read), kPitchBytes apart; lane takes pieces lane, lane + 32, ...
-// (a warp's instruction covers consecutive pieces: coalesced). Rows in [from, to) only; rows past j_end zero-filled
-// (blocks of scale 0: zeros) when zero_tail, others left alone.
-template <int kRowPieces, int kPitchBytes, int kHeadBytes>
-__device__ __forceinline__ void copy_stage_q8(uint32_t stage, const uint8_t* k, const uint8_t* v, size_t row_bytes,
-                                              size_t head_off, int64_t base, int64_t j_end, int64_t from, int64_t to,
-                                              bool zero_tail, int lane) {
-  constexpr int kAll = kStep * kRowPieces;  // per matrix
-#pragma unroll
-  for (int i = 0; i < (kAll + ops::kWarpSize - 1) / ops::kWarpSize; ++i) {
-    const int piece = lane + ops::kWarpSize * i;
-    const int row = piece / kRowPieces, col = piece % kRowPieces;
-    const int64_t key = base + row;
-    const bool valid = key < j_end;
-    if ((kAll % ops::kWarpSize == 0 || piece < kAll) && (valid ? key >= from && key < to : zero_tail)) {
-      const size_t at = size_t(valid ? key : base) * row_bytes + head_off;  // the head row's first byte
-      const size_t src = (at & ~size_t(15)) + size_t(16 * col);
-      const int bytes = valid ? attn::q8_piece_bytes(int64_t(at), kHeadBytes, col) : 0;
-      const uint32_t dst = stage + uint32_t(row * kPitchBytes + col * 16);
-      attn::cp_async16_part(dst, k + src, bytes);
-      attn::cp_async16_part(dst + uint32_t(kStep * kPitchBytes), v + src, bytes);
-    }
-  }
-}
-
-// Four int8 (a word of a Q8_0 block's codes) times the block's scale d, as four f16 (two words, element 0 in the low
-// half): each code c becomes the f16 1024 + (c + 128) by placing c ^ 0x80 under the exponent byte 0x64, minus 1152
-// gives c exactly, times d rounds once: f16(d * c), the value an F16 cache of the dequantized row would hold
-// (quant::float_to_fp16(fp16_to_float(d) * c): the product is exact in float).
-__device__ __forceinline__ uint2 q8x4_to_f16(uint32_t codes, __half2 d2) {
-  const uint32_t u = codes ^ 0x80808080u;
-  const uint32_t lo = __byte_perm(u, 0x64646464u, 0x4140), hi = __byte_perm(u, 0x64646464u, 0x4342);
-  const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));  // f16 1152
-  const __half2 a = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&lo), bias), d2);
-  const __half2 b = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&hi), bias), d2);
-  return make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
-}
-
-// Two e4m3 (the low 16 bits of x, element 0 in the low byte) as two f16 (element 0 in the low half): exact.
-__device__ __forceinline__ uint32_t f8x2_to_f16x2(uint32_t x) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(x & 0xffffu), __NV_E4M3);
-  return uint32_t(h.x) | uint32_t(h.y) << 16;
-}
-
 // The position, rows per split and split count a decode kernel runs with (the plan made on the device in a graph).
 struct DecodeRun {
   int64_t pos0;
@@ -612,7 +565,7 @@ __global__ void __launch_bounds__(ops::kWarpSize* kW) attention_decode_mma_kerne
     const int64_t base = first + int64_t(s) * kCtaStep;
     const uint32_t stage = ring + uint32_t((s % kStages) * S::kStageBytes);
     if constexpr (kQ8) {
-      copy_stage_q8<S::kWinPieces, S::kRawPitch, S::kHeadBytes>(stage, reinterpret_cast<const uint8_t*>(kc),
+      attn::copy_stage_q8<kStep, S::kWinPieces, S::kRawPitch, S::kHeadBytes>(stage, reinterpret_cast<const uint8_t*>(kc),
                                                                 reinterpret_cast<const uint8_t*>(vc), row_bytes,
                                                                 head_off, base, j_end, from, to, zero_tail, lane);
     } else if constexpr (kF8) {  // 16-byte pieces of the head rows (D / 16 per row), as F16's
@@ -681,8 +634,8 @@ __global__ void __launch_bounds__(ops::kWarpSize* kW) attention_decode_mma_kerne
       uint4* dst = reinterpret_cast<uint4*>(out + (mat * kStep + row) * S::kPitch + 32 * b);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        const uint2 a = q8x4_to_f16(__byte_perm(x[2 * c], x[2 * c + 1], sel), d2);
-        const uint2 e = q8x4_to_f16(__byte_perm(x[2 * c + 1], x[2 * c + 2], sel), d2);
+        const uint2 a = attn::q8x4_to_f16(__byte_perm(x[2 * c], x[2 * c + 1], sel), d2);
+        const uint2 e = attn::q8x4_to_f16(__byte_perm(x[2 * c + 1], x[2 * c + 2], sel), d2);
         dst[c] = make_uint4(a.x, a.y, e.x, e.y);
       }
     }
@@ -893,7 +846,7 @@ __global__ void __launch_bounds__(ops::kWarpSize* kW) attention_decode_mma_kerne
           uint32_t b[4];
           attn::ldmatrix_x4(b, stage + f8_k_lane + uint32_t(8 * nt * S::kF8Pitch + 64 * c));
 #pragma unroll
-          for (int i = 0; i < 4; ++i) mma_f16(sc[nt], qa[4 * c + i], f8x2_to_f16x2(b[i]), f8x2_to_f16x2(b[i] >> 16));
+          for (int i = 0; i < 4; ++i) mma_f16(sc[nt], qa[4 * c + i], attn::f8x2_to_f16x2(b[i]), attn::f8x2_to_f16x2(b[i] >> 16));
         }
       } else {
 #pragma unroll
@@ -965,8 +918,8 @@ __global__ void __launch_bounds__(ops::kWarpSize* kW) attention_decode_mma_kerne
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const uint32_t lo = __byte_perm(r[2 * j], 0, 0x3120), hi = __byte_perm(r[2 * j + 1], 0, 0x3120);
-          const uint32_t a[4] = {f8x2_to_f16x2(lo), f8x2_to_f16x2(lo >> 16), f8x2_to_f16x2(hi),
-                                 f8x2_to_f16x2(hi >> 16)};
+          const uint32_t a[4] = {attn::f8x2_to_f16x2(lo), attn::f8x2_to_f16x2(lo >> 16), attn::f8x2_to_f16x2(hi),
+                                 attn::f8x2_to_f16x2(hi >> 16)};
 #pragma unroll
           for (int ht = 0; ht < kHT; ++ht) mma_f16(o[ht][2 * mp + j], a, pb[ht][0], pb[ht][1]);
         }
