@@ -1299,7 +1299,7 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
     case 128: {
       const int64_t rows = a.pos0 + (a.seq_k != nullptr ? 1 : a.n_tok);  // seq_k: the first sequence's (all alike)
       const int variant = attention_decode_variant(a.head_dim, a.kv_type, rows);
-      if constexpr (kKv != kKvF16) {
+      if constexpr (kKv == kKvQ8) {  // 12 warps: Q8_0 only (attention_decode_variant)
         if (variant == 12 && !two) return launch_decode_mma<kSeqs, 128, 1, 2, kKv, 12>(a, workspace, p, stream);
       }
       if (variant >= 8) {
