@@ -828,6 +828,9 @@ struct Session::Impl {
     uint64_t serial = 0;  // Engine::Impl::sweep_serial when it started
   };
   std::optional<PausedSweep> paused;
+  // The drafts of the last step(id, drafts) not settled yet: the last `drafts` tokens of the timeline, computed but
+  // neither counted nor checkpointed until settle() knows which of them stay.
+  int64_t drafts = 0;
 
   // Computes positions [from, tokens.size()) of `tokens` (already the whole new timeline; rows before
   // `from` are valid in the KV cache) and keeps logits as asked. Calls `progress` after each chunk (when set);
@@ -837,6 +840,9 @@ struct Session::Impl {
   // rows are copied now, the files written in the background). A failed save is a warning (the computation
   // stands; the disk may be full).
   void checkpoint(int64_t from, int64_t n_valid);
+  // Settles the unsettled drafts for a timeline that keeps its first `keep` tokens: those before `keep` count as
+  // decoded tokens and are checkpointed, the rest are rejected.
+  void settle(size_t keep);
   // Whether a new sweep may start in compute call `call`: always, unless the model holds another session's paused
   // sweep that has not had a call of its own since a session first found it so (then that one is dropped).
   bool may_start_sweep(uint64_t call);
@@ -856,6 +862,16 @@ bool Session::Impl::may_start_sweep(uint64_t call) {
 void Session::Impl::drop_paused() {
   if (paused && paused->serial == engine->sweep_serial) engine->sweep_paused = false;
   paused.reset();
+}
+
+void Session::Impl::settle(size_t keep) {
+  if (drafts == 0) return;
+  const int64_t first = int64_t(tokens.size()) - drafts;
+  const int64_t kept = std::clamp<int64_t>(int64_t(keep) - first, 0, drafts);
+  drafts = 0;
+  stats.drafts_accepted += kept;
+  stats.decode_tokens += kept;
+  checkpoint(first, first + kept);
 }
 
 void Session::Impl::checkpoint(int64_t from, int64_t n_valid) {
@@ -959,7 +975,7 @@ Status Session::Impl::compute(int64_t from, Logits mode, const SyncProgress& pro
       return s;
     }
     if (n > n_batch) ++engine->sweeps;
-    checkpoint(b, b + n);
+    checkpoint(b, std::clamp<int64_t>(int64_t(next.size()) - drafts, b, b + n));  // drafts: once settled
     if (last_chunk && mode == Logits::kAll) {
       std::copy(out + size_t(n - 1) * size_t(n_vocab), out + size_t(n) * size_t(n_vocab), last_logits.begin());
     }
@@ -974,9 +990,10 @@ Status Session::Impl::compute(int64_t from, Logits mode, const SyncProgress& pro
   }
   have_logits = true;
   const double dt = seconds_since(t0);
-  if (total == 1) {
+  if (total - drafts == 1) {  // step(), or step(id, drafts): the drafts count once settled
     stats.decode_tokens += 1;
     stats.decode_seconds += dt;
+    stats.draft_tokens += drafts;
   } else {
     stats.prefill_tokens += total;
     stats.prefill_seconds += dt;
@@ -1000,6 +1017,7 @@ Status Session::sync(std::span<const int32_t> next, Logits mode, const SyncProgr
   }
   size_t lcp = 0;
   while (lcp < s.tokens.size() && lcp < next.size() && s.tokens[lcp] == next[lcp]) ++lcp;
+  s.settle(lcp);
   // A paused sweep continues when the new timeline extends the current one (the rows it attended) with its tokens.
   if (s.paused) {
     const std::vector<int32_t>& t = s.paused->tokens;
@@ -1058,10 +1076,49 @@ Status Session::step(int32_t id) {
   if (int64_t(s.tokens.size()) + 1 > s.kv->n_ctx()) {
     return Status::error(format("context of %lld tokens is full (raise --ctx)", (long long)s.kv->n_ctx()));
   }
+  s.settle(s.tokens.size());
   s.drop_paused();
   s.tokens.push_back(id);
   s.all_rows = 0;
   return s.compute(int64_t(s.tokens.size()) - 1, Logits::kLast);  // compute() checkpoints a completed block
+}
+
+Status Session::step(int32_t id, std::span<const int32_t> drafts) {
+  if (drafts.empty()) return step(id);
+  Impl& s = *impl_;
+  const int64_t n_vocab = s.engine->model->hparams().n_vocab;
+  if (id < 0 || id >= n_vocab) return Status::error(format("token %d is outside the vocabulary", id));
+  for (const int32_t d : drafts) {
+    if (d < 0 || d >= n_vocab) return Status::error(format("draft token %d is outside the vocabulary", d));
+  }
+  if (int64_t(s.tokens.size() + 1 + drafts.size()) > s.kv->n_ctx()) {
+    return Status::error(format("context of %lld tokens has no room for a token and %zu drafts (raise --ctx)",
+                                (long long)s.kv->n_ctx(), drafts.size()));
+  }
+  s.settle(s.tokens.size());
+  s.drop_paused();
+  const int64_t from = int64_t(s.tokens.size());
+  s.tokens.push_back(id);
+  s.tokens.insert(s.tokens.end(), drafts.begin(), drafts.end());
+  s.drafts = int64_t(drafts.size());
+  const Status st = s.compute(from, Logits::kAll);
+  if (!st.ok()) s.drafts = 0;  // compute() cut the timeline back to what it computed
+  return st;
+}
+
+void Session::rewind(size_t n) {
+  Impl& s = *impl_;
+  MAGNETAR_CHECK(n <= s.tokens.size());
+  s.settle(n);
+  s.drop_paused();
+  s.tokens.resize(n);
+  const int64_t last = int64_t(n) - 1;
+  s.all_rows = std::clamp<int64_t>(int64_t(n) - s.all_first, 0, s.all_rows);
+  s.have_logits = last >= s.all_first && last < s.all_first + s.all_rows;
+  if (s.have_logits) {
+    const auto row = s.all_logits.begin() + ptrdiff_t(last - s.all_first) * ptrdiff_t(s.last_logits.size());
+    std::copy(row, row + ptrdiff_t(s.last_logits.size()), s.last_logits.begin());
+  }
 }
 
 Status Engine::step(std::span<Session* const> sessions, std::span<const int32_t> ids) {
@@ -1087,6 +1144,7 @@ Status Engine::step(std::span<Session* const> sessions, std::span<const int32_t>
     seqs.clear();
     for (size_t i = b; i < b + n; ++i) {
       Session::Impl& s = *sessions[i]->impl_;
+      s.settle(s.tokens.size());
       seqs.push_back({.kv = s.kv.get(), .pos0 = int64_t(s.tokens.size()), .n_tok = 1});
       s.drop_paused();
       s.tokens.push_back(ids[i]);
@@ -1121,6 +1179,7 @@ Status Engine::step(std::span<Session* const> sessions, std::span<const int32_t>
 }
 
 void Session::clear() {
+  impl_->settle(0);
   impl_->drop_paused();
   impl_->tokens.clear();
   impl_->have_logits = false;

@@ -10,6 +10,7 @@
 // thread guarantees that).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -257,8 +258,10 @@ using SyncProgress = std::function<bool(int64_t done, int64_t total)>;
 struct SessionStats {
   int64_t prefill_tokens = 0;   // tokens computed by sync() calls that computed more than one token
   double prefill_seconds = 0;
-  int64_t decode_tokens = 0;    // tokens computed one at a time
+  int64_t decode_tokens = 0;  // tokens computed one at a time (step()), and the drafts of step(id, drafts) kept
   double decode_seconds = 0;
+  int64_t draft_tokens = 0;     // drafts computed by step(id, drafts)
+  int64_t drafts_accepted = 0;  // ... of them kept: not dropped by rewind() or by a sync() to another timeline
   int64_t reused_tokens = 0;    // tokens kept from the previous timeline by sync()
   int64_t restored_tokens = 0;  // tokens sync() loaded from disk KV checkpoints instead of computing
 };
@@ -286,6 +289,18 @@ class Session {
   void clear();
   // Appends one token and computes it: sync(tokens() + id) without re-scanning the prefix.
   Status step(int32_t id);
+  // Speculative decoding: appends `id`, then `drafts` (guesses of the tokens that follow it, e.g. lookup_draft()),
+  // and computes them in one forward pass. all_logits() then holds the rows of id and of every draft
+  // (all_logits_first() is id's position): the caller samples the token after id from the first row, keeps the
+  // draft that equals it and samples on from the next row, and drops the drafts after the first mismatch with
+  // rewind(). Drafts never decide a token, so the text is what step() one token at a time makes wherever this
+  // backend's logits of a few tokens in one pass equal those of single steps (the CPU's do, bit for bit). Empty
+  // drafts: step(id). Fails like step() when the context has no room for id and every draft.
+  Status step(int32_t id, std::span<const int32_t> drafts);
+  // Shortens the timeline to its first n tokens (n <= tokens().size()); the KV rows after them are left for later
+  // computations to overwrite. logits() becomes position n - 1's when the last computation kept its row
+  // (all_logits()), else it is meaningless until the next step or sync.
+  void rewind(size_t n);
 
   std::span<const float> logits() const;      // [n_vocab] for the last position
   // [n_rows, n_vocab] for positions all_logits_first() .. tokens().size()-1 after sync(.., Logits::kAll)
@@ -308,6 +323,67 @@ class Session {
   friend class Engine;
   explicit Session(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+};
+
+// Prompt lookup, the drafts of Session::step(id, drafts) that need no draft model. Of the sequence `tokens` then
+// `next`: max_tokens tokens that follow the latest earlier occurrence of its longest suffix of kLookupNgramMin ..
+// kLookupNgramMax tokens, as the sequence continues after it (and then as the copy itself does: a loop goes on
+// with its period); empty when no such suffix occurs earlier. It pays where the output repeats its context (code an
+// agent edits, quoted text, tool arguments). One pass over `tokens`. `match`, when given: the suffix's length.
+inline constexpr int kLookupNgramMin = 2, kLookupNgramMax = 4;
+std::vector<int32_t> lookup_draft(std::span<const int32_t> tokens, int32_t next, int64_t max_tokens,
+                                  int* match = nullptr);
+
+// A generation's decode loop over a session, with prompt lookup drafts (speculative decoding) or without:
+//   sample `id` from logits() with history() (the timeline before the sampled position);
+//   if the generation ends at id: end(); else if !accept(id): step(id, max_drafts) computes it (or the caller
+//   computes it with others: Engine::step).
+// A right guess is accepted without computing anything: its row was computed with the step that drafted it.
+// Drafts cost compute (a token more in the forward pass, on a MoE model its experts), so step() drafts only as many
+// of what lookup_draft() finds as pay: it keeps the chance that a draft is right (after a right one) for each length of
+// the match that found it and the time a step with k drafts takes, both measured as it goes, and takes the number of
+// drafts that maximizes the expected tokens per second (none when none beats a plain step). A chance that fell drifts
+// back to its prior while the drafts go untried, so that a stretch of wrong guesses does not end drafting for good.
+class LookupDecoder {
+ public:
+  // every_draft: every draft lookup_draft() finds, whatever they cost (tests; MAGNETAR_LOOKUP_EVERY_DRAFT=1 in the
+  // environment does the same for every decoder: the server's and the CLI's).
+  explicit LookupDecoder(Session& session, bool every_draft = false);
+  std::span<const float> logits() const;
+  // The timeline up to the position the next token is sampled from (without the drafts not confirmed yet).
+  size_t committed() const;
+  std::span<const int32_t> history() const;
+  // The token sampled next is id: true when it is the current draft (nothing to compute; sample on), else the wrong
+  // guesses are dropped (the session is rewound) and id must be computed.
+  bool accept(int32_t id);
+  // Computes id and, with max_drafts > 0, up to that many drafts by prompt lookup in the same forward pass.
+  Status step(int32_t id, int64_t max_drafts);
+  // The generation ended: the drafts not confirmed leave the timeline.
+  void end();
+
+  // The policy, for tests: the number of drafts k (< cost.size()) that maximizes (1 + p + p^2 + ... + p^k) / cost[k],
+  // a step's expected tokens over its time in plain steps (cost[0] = 1), for a chance p that a draft is right after a
+  // right one; 0 when no number beats a plain step.
+  static int64_t drafts_worth(std::span<const double> cost, double p);
+
+ private:
+  void learn(int64_t right, int64_t tried);
+  static constexpr double kPrior[kLookupNgramMax + 1] = {0, 0, 0.5, 0.65, 0.8};  // by match length
+  Session& session_;
+  const bool every_draft_;
+  std::vector<int32_t> drafts_;  // drafts_[row_] is the guess at the token sampled from all_logits()'s row row_
+  size_t row_ = 0;
+  // A draft's chance of being right after a right one, by the length of the match that found it (moving averages).
+  std::array<double, kLookupNgramMax + 1> p_ = {0, 0, kPrior[2], kPrior[3], kPrior[4]};
+  int match_ = 0;  // the current drafts' match length
+  // A step's time with k drafts in plain steps (moving averages of the steps measured; 0: none yet). A k not
+  // measured yet is taken as the next measured k below it plus 0.3 a draft (a GPU step leaves its few-token
+  // kernels past some k: a measured jump stops the drafts there).
+  std::array<double, 65> cost_{};  // [0, --lookup's bound]
+  // Steps taken with k drafts (k = 0: plain ones); the first of each k is not measured: a GPU's first launch of a shape
+  // loads its kernels (milliseconds), and one such step would keep k from ever being tried again.
+  std::array<uint32_t, 65> steps_{};
+  double plain_seconds_ = 0;  // a plain step's time (a slow moving average that follows drops at once; 0: none yet)
 };
 
 // Turns a stream of token ids into text, never emitting an incomplete UTF-8 sequence.

@@ -1,8 +1,11 @@
 // Token sampling: penalties and logit biases, then greedy or temperature sampling: top-k, then the softmax at the
 // temperature, then top-p and min-p on its probabilities (vLLM's order; llama.cpp's default chain cuts top-p and
 // min-p before it applies the temperature). Scratch is reused across calls: no allocation per token after the first.
+// Also the prompt lookup drafts of speculative decoding.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <unordered_map>
 
@@ -294,6 +297,127 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     if (allow(candidates_[i].second)) return candidates_[i].second;
   }
   return best_allowed(k);
+}
+
+std::vector<int32_t> lookup_draft(std::span<const int32_t> tokens, int32_t next, int64_t max_tokens, int* match) {
+  const int64_t n = int64_t(tokens.size()) + 1;  // the sequence: tokens, then next
+  const auto at = [&](int64_t i) { return i + 1 < n ? tokens[size_t(i)] : next; };
+  if (max_tokens <= 0 || n < kLookupNgramMin + 1) return {};
+  // Every earlier position i where the suffix's last token occurs, latest first: how many of the suffix's tokens
+  // (up to kLookupNgramMax) end there. The longest match wins; among equal ones the latest (its continuation is the
+  // likeliest to be the one being repeated).
+  int64_t best = -1, best_len = kLookupNgramMin - 1;
+  for (int64_t i = n - 2; i >= 0 && best_len < kLookupNgramMax; --i) {
+    if (tokens[size_t(i)] != next) continue;
+    int64_t len = 1;
+    while (len < kLookupNgramMax && len <= i && tokens[size_t(i - len)] == at(n - 1 - len)) ++len;
+    if (len > best_len) {
+      best = i;
+      best_len = len;
+    }
+  }
+  if (best < 0) return {};
+  if (match != nullptr) *match = int(best_len);
+  std::vector<int32_t> out;
+  // The copy goes on past the sequence's end with what it copied: a repeat whose match is close behind (a loop)
+  // continues with its period.
+  const int64_t period = n - 1 - best;
+  for (int64_t i = 0; i < max_tokens; ++i) out.push_back(i < period ? at(best + 1 + i) : out[size_t(i - period)]);
+  return out;
+}
+
+LookupDecoder::LookupDecoder(Session& session, bool every_draft)
+    : session_(session), every_draft_(every_draft || std::getenv("MAGNETAR_LOOKUP_EVERY_DRAFT") != nullptr) {}
+
+std::span<const float> LookupDecoder::logits() const {
+  if (drafts_.empty()) return session_.logits();
+  const size_t V = size_t(session_.n_vocab());
+  return session_.all_logits().subspan(row_ * V, V);
+}
+
+size_t LookupDecoder::committed() const {
+  return drafts_.empty() ? session_.tokens().size() : size_t(session_.all_logits_first()) + row_ + 1;
+}
+
+std::span<const int32_t> LookupDecoder::history() const {
+  return std::span<const int32_t>(session_.tokens()).first(committed());
+}
+
+int64_t LookupDecoder::drafts_worth(std::span<const double> cost, double p) {
+  int64_t best = 0;
+  double best_rate = 1.0, tokens = 1.0, pk = 1.0;
+  for (size_t k = 1; k < cost.size(); ++k) {
+    pk *= p;
+    tokens += pk;
+    const double rate = tokens / cost[k];
+    if (rate > best_rate * 1.02) {  // a gain inside the measurements' noise is no gain
+      best = int64_t(k);
+      best_rate = rate;
+    }
+  }
+  return best;
+}
+
+// The outcome of a step's drafts: `right` of the `tried` were confirmed (each right one was tried, and so was the
+// first wrong one if any).
+void LookupDecoder::learn(int64_t right, int64_t tried) {
+  constexpr double kRate = 0.1;
+  double& p = p_[size_t(match_)];
+  for (int64_t i = 0; i < std::min(right + 1, tried); ++i) p += kRate * ((i < right ? 1.0 : 0.0) - p);
+}
+
+bool LookupDecoder::accept(int32_t id) {
+  if (row_ < drafts_.size() && drafts_[row_] == id) {
+    ++row_;
+    if (row_ == drafts_.size()) learn(int64_t(row_), int64_t(row_));
+    return true;
+  }
+  end();
+  return false;
+}
+
+Status LookupDecoder::step(int32_t id, int64_t max_drafts) {
+  end();
+  drafts_ = lookup_draft(session_.tokens(), id, max_drafts, &match_);
+  if (!drafts_.empty() && !every_draft_) {
+    // Untried, the chance drifts back to its prior (see the class).
+    std::array<double, sizeof(cost_) / sizeof(double)> cost;
+    const size_t n = std::min(drafts_.size() + 1, cost.size());
+    cost[0] = 1.0;
+    for (size_t k = 1; k < n; ++k) cost[k] = cost_[k] > 0 ? cost_[k] : cost[k - 1] + 0.3;
+    double& p = p_[size_t(match_)];
+    const int64_t k = plain_seconds_ > 0 ? drafts_worth(std::span<const double>(cost.data(), n), p) : 0;
+    if (k == 0) p += 0.02 * (kPrior[match_] - p);
+    drafts_.resize(size_t(k));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status s = session_.step(id, drafts_);
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!s.ok()) {
+    drafts_.clear();
+    return s;
+  }
+  // A plain step's time follows drops at once and rises slowly: an outlier (the GPU's first step captures its graph)
+  // would make drafts look cheap.
+  if (steps_[std::min(drafts_.size(), steps_.size() - 1)]++ == 0) {
+    // the first step of its kind: not measured (see steps_)
+  } else if (drafts_.empty()) {
+    plain_seconds_ = plain_seconds_ > 0 && dt > plain_seconds_ ? plain_seconds_ + 0.05 * (dt - plain_seconds_) : dt;
+  } else if (plain_seconds_ > 0 && drafts_.size() < cost_.size()) {
+    double& c = cost_[drafts_.size()];
+    const double ratio = std::max(1.0, dt / plain_seconds_);
+    c = c > 0 ? c + 0.2 * (ratio - c) : ratio;
+  }
+  return s;
+}
+
+void LookupDecoder::end() {
+  if (!drafts_.empty()) {
+    if (row_ < drafts_.size()) learn(int64_t(row_), int64_t(drafts_.size()));
+    session_.rewind(committed());
+  }
+  drafts_.clear();
+  row_ = 0;
 }
 
 }  // namespace magnetar
