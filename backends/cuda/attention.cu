@@ -113,6 +113,7 @@ struct Params {
   const uint16_t* seq_k[kMaxDecodeSeqs];
   const uint16_t* seq_v[kMaxDecodeSeqs];
   int seq_tok[kMaxDecodeSeqs];  // grid z's token row (AttentionArgs::seq_tok)
+  int64_t fresh_row;            // AttentionArgs::fresh_row
   int split_stride;
   // attention_decode_mma's combine of many splits (the kernel's kChunkSplits): kCombineChunks, or kCombineSpread where
   // the grid fits one wave of CTAs (its last CTAs share the combine); kCombineBatches: the last CTA in batches of 8
@@ -644,7 +645,7 @@ __global__ void __launch_bounds__(ops::kWarpSize* kW) attention_decode_mma_kerne
   // launch just before this one is still running, see ops::pdl_wait) of the first kStages - 1 steps, one commit
   // group per step (an empty one past the last step keeps the group count uniform); the call's own rows after it,
   // as one more group, never into a piece a pending copy also writes (cp.async copies are unordered).
-  const int64_t fresh = run.pos0;
+  const int64_t fresh = p.fresh_row >= 0 && p.fresh_row < run.pos0 ? p.fresh_row : run.pos0;
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     issue(s, j_begin, fresh, true);
@@ -1161,6 +1162,7 @@ Status make_params(const char* op, const AttentionArgs& a, AttentionWorkspace& w
     p.seq_k[z] = p.seq_v[z] = nullptr;
     p.seq_tok[z] = z;
   }
+  p.fresh_row = a.fresh_row;
   p.split_stride = 1;
   p.combine = kCombineBatches;
   p.spin_ns = 0;

@@ -549,6 +549,42 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
                       .rope = reinterpret_cast<const float*>(positions_.as<uint8_t>() + rope_at_) + t0 * D,
                       .eps = hp_.rms_eps};
     }
+    // A few tokens of one sequence (speculative decoding's drafts, Session::step(id, drafts)), K/V stored above: each
+    // token a grid z of the several-sequences decode kernel over this sequence's caches at its own position, so that
+    // its rows split over the GPU as a decode token's do (one launch of n_tok tokens gives each token one CTA per KV
+    // head: 4.7x a plain step at 16K with one draft). Tokens of different kernels (attention_decode_variant at their
+    // lengths) go in a launch each.
+    if (seq.n_tok > 1 && t0 + seq.n_tok <= attn_ws_.max_seqs() && one_launch && fused(Fusion::kAttnSeqs) &&
+        decode_mma_for(args, group)) {
+      for (int64_t first = 0; first < seq.n_tok;) {
+        const int variant = cuda::attention_decode_variant(D, kv_type_, seq.pos0 + first + 1);
+        std::array<const void*, kSeqs> seq_k{}, seq_v{};
+        std::array<int32_t, kSeqs> seq_tok{};
+        int64_t count = 0;
+        while (first + count < seq.n_tok &&
+               cuda::attention_decode_variant(D, kv_type_, seq.pos0 + first + count + 1) == variant) {
+          seq_k[size_t(count)] = kc;
+          seq_v[size_t(count)] = vc;
+          seq_tok[size_t(count)] = int32_t(t0 + first + count);
+          ++count;
+        }
+        cuda::AttentionArgs few = args;
+        few.q = q;
+        few.out = attn_.as<float>();
+        few.n_tok = count;
+        few.pos0 = seq.pos0 + first;
+        few.pos0_device = pos;
+        few.out_q8k = quantized_out ? q_in_.data() : nullptr;
+        few.seq_k = seq_k.data();
+        few.seq_v = seq_v.data();
+        few.seq_tok = seq_tok.data();
+        few.fresh_row = seq.pos0;  // qkv_prepare, the launch before, stored the rows of all n_tok tokens
+        MAGNETAR_RETURN_IF_ERROR(attend(few, group, attn_ws_, stream_));
+        first += count;
+      }
+      t0 += seq.n_tok;
+      continue;
+    }
     if (kv_type_ != quant::Type::F16 && !decode_mma_for(args, group)) {
       // Prefill: the F16 kernels read the attended rows dequantized (the values decode computes with).
       for (auto [cache, out] : {std::pair{kc, &kv_f16_k_}, std::pair{vc, &kv_f16_v_}}) {

@@ -15,6 +15,8 @@
 //   - the demo model (trained, Q8_0) over 512 tokens of English in one prefill: mean negative log-likelihood
 //     within 0.01 nats of the CPU's and top-1 equal at >= 90% of the positions (measured 2026-11-30 over 9,690
 //     tokens with `magnetar perplexity`: PPL 1249.30 CPU, 1249.81 GPU, 1250.17 GPU without mmq);
+//   - speculative decoding's few-token steps (Session::step(id, drafts)): each row as the single steps', by the
+//     prefill's rules;
 //   - batched decode of several sessions (Engine::step) gives each session's logits bit-identical to the session
 //     decoded alone (the GPU kernels take each vector's sums in the same order whatever the batch);
 //   - the GPU expert tier: bit-identical to resident; with the CPU expert lane close to it (tests at the end);
@@ -327,6 +329,65 @@ void expect_disk_kv_restore_continues_exactly(const std::string& path, KvType kv
 TEST_P(CudaEngine, DiskKvRestoreContinuesExactly) {
   SKIP_WITHOUT_GPU();
   expect_disk_kv_restore_continues_exactly(path_, KvType::kF16);
+}
+
+// Speculative decoding on the GPU (Session::step(id, drafts): the few-token forward pass, not the decode graph):
+// each draft's row against the same tokens decoded one step at a time, over three rounds that keep some drafts and
+// rewind the rest (a decode graph step follows every rewind, reading its position from the device). F32 weights: top-1
+// equal wherever the single step's lead is >= 1e-3 and max |dlogit| <= 1e-3; quantized weights: top-1 equal at >= 90%
+// of those rows (the quantized prefill's rule: the few-token products quantize the activations in other launches).
+TEST_P(CudaEngine, LookupDraftRowsMatchSingleSteps) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = load(path_, Device::kCuda);
+  ASSERT_TRUE(gpu);
+  const size_t V = size_t(gpu->info().n_vocab);
+  auto spec = gpu->new_session(), single = gpu->new_session();
+  ASSERT_TRUE(spec.ok() && single.ok());
+  std::vector<int32_t> timeline = prompt(20, 4);
+  ASSERT_OK(spec.value()->sync(timeline));
+  ASSERT_OK(single.value()->sync(timeline));
+  const bool exact = GetParam().type == quant::Type::F32;
+  double max_abs = 0;
+  int decided = 0, agree = 0;
+  for (int round = 0; round < 3; ++round) {
+    const int32_t id = int32_t((round * 11 + 5) % 61);
+    std::vector<int32_t> drafts;
+    for (int j = 0; j < 6; ++j) drafts.push_back(int32_t((round * 7 + j * 13 + 2) % 61));
+    ASSERT_OK(spec.value()->step(id, drafts));
+    ASSERT_OK(single.value()->sync(timeline));  // back to the timeline before the drafts
+    for (size_t r = 0; r <= drafts.size(); ++r) {
+      ASSERT_OK(single.value()->step(r == 0 ? id : drafts[r - 1]));
+      const std::span<const float> a = single.value()->logits(), b = spec.value()->all_logits().subspan(r * V, V);
+      for (size_t j = 0; j < V; ++j) max_abs = std::max(max_abs, double(std::fabs(a[j] - b[j])));
+      if (lead(a) >= 1e-3f) {
+        ++decided;
+        agree += argmax(a) == argmax(b);
+        if (exact) EXPECT_EQ(argmax(a), argmax(b)) << "round " << round << " row " << r << ", lead " << lead(a);
+      }
+    }
+    // Keep id and `round` drafts, then one plain step (the decode graph) on both.
+    timeline.push_back(id);
+    timeline.insert(timeline.end(), drafts.begin(), drafts.begin() + round);
+    spec.value()->rewind(timeline.size());
+    timeline.push_back(int32_t(round + 40));
+    ASSERT_OK(spec.value()->step(timeline.back()));
+    ASSERT_OK(single.value()->sync(timeline));
+    ASSERT_EQ(spec.value()->tokens(), timeline);
+    const std::span<const float> a = single.value()->logits(), b = spec.value()->logits();
+    for (size_t j = 0; j < V; ++j) max_abs = std::max(max_abs, double(std::fabs(a[j] - b[j])));
+    if (lead(a) >= 1e-3f) {
+      ++decided;
+      agree += argmax(a) == argmax(b);
+    }
+  }
+  std::printf("[cuda] %s: lookup draft rows max |dlogit| %.3e, top-1 equal at %d of %d decided rows\n",
+              variant_name({GetParam(), 0}).c_str(), max_abs, agree, decided);
+  ASSERT_GT(decided, 0);
+  if (exact) {
+    EXPECT_LE(max_abs, 1e-3);
+  } else {
+    EXPECT_GE(double(agree), 0.9 * decided);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaEngine,
