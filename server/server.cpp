@@ -1301,6 +1301,10 @@ std::string Server::Impl::metrics() {
       {"magnetar_prompt_tokens_total", "counter", "Prompt tokens of the requests run (cached ones included).",
        double(w.prompt_tokens)},
       {"magnetar_generated_tokens_total", "counter", "Tokens generated.", double(w.generated_tokens)},
+      {"magnetar_lookup_draft_tokens_total", "counter", "Drafts computed by speculative decoding (--lookup).",
+       double(w.draft_tokens)},
+      {"magnetar_lookup_drafts_accepted_total", "counter",
+       "Drafts that were the sampled token (emitted without a forward pass of their own).", double(w.drafts_accepted)},
       {"magnetar_cached_tokens_total", "counter", "Prompt tokens whose KV was reused from the previous request.",
        double(w.cached_tokens)},
       {"magnetar_prompt_seconds_total", "counter", "Seconds spent computing prompts.", w.prompt_seconds},
@@ -1419,7 +1423,7 @@ Result<std::unique_ptr<Server>> Server::bind(Engine& engine, const ServerOptions
   if (!warning.empty()) std::fprintf(stderr, "magnetar serve: warning: %s\n", warning.c_str());
   std::fprintf(stderr, "magnetar serve: chat template: %s\n", tmpl.value().origin().c_str());
   impl->chat_template.emplace(std::move(tmpl).value());
-  impl->worker = Worker::start(engine, std::move(sessions), options.keepalive_seconds);
+  impl->worker = Worker::start(engine, std::move(sessions), options.keepalive_seconds, options.lookup);
   // One HTTP thread per open connection: a streaming client (and a keep-alive one between requests) holds its
   // thread while the worker computes, so httplib's default pool (8 threads on a small machine) made the 9th of 32
   // concurrent clients wait past its timeout (the load test). The threads mostly sleep on a job's condition variable.

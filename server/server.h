@@ -28,6 +28,8 @@ struct ServerOptions {
   std::string model_name;   // the id reported by /v1/models and in responses
   SamplingParams sampling;  // defaults for what a request leaves out
   double keepalive_seconds = kKeepAliveSeconds;  // 0: a keep-alive after every prefill chunk
+  // Speculative decoding by prompt lookup (lookup_draft): drafts per step of a slot that decodes alone (0: off).
+  int64_t lookup = 0;
   bool verbose = false;  // print what requests asked for and did not get (a json_schema's schema, a thinking budget)
   // Slots (sessions with their own KV): 0 picks min(4, what fits in the memory available beyond the planner's
   // reserve); a number that does not fit is refused with the sizes.

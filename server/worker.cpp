@@ -74,21 +74,27 @@ struct Worker::Slot {
   std::unique_ptr<Detokenizer> detok;
   std::string held;           // text not yet emitted: it could be the start of a stop string
   int64_t n = 0;              // tokens generated
+  int64_t published_n = 0;    // n when the statistics were last published
+  // The jobs' decode loop (--lookup's drafts): one for the slot's life, so that what it measured (what drafts cost,
+  // how often they are right) serves the next job too.
+  std::optional<LookupDecoder> decoder;
+  int64_t drafts0 = 0, accepted0 = 0;  // the session's draft counts when the job came
 };
 
 std::unique_ptr<Worker> Worker::start(Engine& engine, std::vector<std::unique_ptr<Session>> sessions,
-                                      double keepalive_seconds) {
+                                      double keepalive_seconds, int64_t lookup) {
   MAGNETAR_CHECK(!sessions.empty());
-  std::unique_ptr<Worker> w(new Worker(engine, std::move(sessions), keepalive_seconds));
+  std::unique_ptr<Worker> w(new Worker(engine, std::move(sessions), keepalive_seconds, lookup));
   w->thread_ = std::thread([p = w.get()] { p->loop(); });
   return w;
 }
 
-Worker::Worker(Engine& engine, std::vector<std::unique_ptr<Session>> sessions, double keepalive_seconds)
-    : engine_(engine), keepalive_seconds_(keepalive_seconds) {
+Worker::Worker(Engine& engine, std::vector<std::unique_ptr<Session>> sessions, double keepalive_seconds, int64_t lookup)
+    : engine_(engine), keepalive_seconds_(keepalive_seconds), lookup_(lookup) {
   for (std::unique_ptr<Session>& s : sessions) {
     slots_.push_back(std::make_unique<Slot>());
     slots_.back()->session = std::move(s);
+    slots_.back()->decoder.emplace(*slots_.back()->session);
   }
   stats_.slots = int64_t(slots_.size());
   publish(0, 0);
@@ -224,6 +230,9 @@ void Worker::admit(Slot& slot) {
   slot.detok = engine_.new_detokenizer();
   slot.held.clear();
   slot.n = 0;
+  slot.published_n = 0;
+  slot.drafts0 = slot.session->stats().draft_tokens;
+  slot.accepted0 = slot.session->stats().drafts_accepted;
   // The token filter of a constrained job: a token is allowed when its bytes keep the output in the language and
   // closable within the tokens left (OutputConstraint::allows), so a constrained output ends complete within
   // max_tokens (or the context) when it can. End-of-generation and control tokens never are (the worker ends the
@@ -242,6 +251,9 @@ void Worker::admit(Slot& slot) {
 void Worker::finish(Slot& slot, FinishReason reason, std::string tail, std::string error) {
   Job& job = *slot.job;
   if (reason == FinishReason::kError) std::fprintf(stderr, "magnetar serve: a request failed: %s\n", error.c_str());
+  // The timeline keeps what was computed for the output: its wrong guesses go (the last sampled token, never
+  // computed, is not in it either: the next request's sync computes it).
+  slot.decoder->end();
   const Clock::time_point t_end = Clock::now();
   // (The disk KV's counts are not published: stats() reads them settled, on the caller's thread, so the answer and the
   // next job never wait for the disk's writes.)
@@ -251,6 +263,8 @@ void Worker::finish(Slot& slot, FinishReason reason, std::string tail, std::stri
     stats_.prompt_tokens += uint64_t(job.started ? job.prompt_tokens : 0);
     stats_.cached_tokens += uint64_t(job.started ? job.cached_tokens : 0);
     stats_.generated_tokens += uint64_t(job.completion_tokens);
+    stats_.draft_tokens += uint64_t(slot.session->stats().draft_tokens - slot.drafts0);
+    stats_.drafts_accepted += uint64_t(slot.session->stats().drafts_accepted - slot.accepted0);
     stats_.prompt_seconds += std::chrono::duration<double>(slot.t_prompt_end - slot.t_start).count();
     if (slot.decoding) stats_.generation_seconds += std::chrono::duration<double>(t_end - slot.t_prompt_end).count();
     stats_.active = std::max<int64_t>(0, stats_.active - 1);
@@ -369,9 +383,79 @@ void Worker::prefill_step(Slot& slot) {
   if (!job.output_prefix.empty()) emit(slot, job.output_prefix);
 }
 
-// Samples one token for every decoding slot (ending the jobs that are done) and computes the continuing ones
-// in one batched forward pass. The sampled token is not computed when its job ends there: the next request's
-// sync recomputes it.
+// Samples the next token of a decoding slot and emits it: false when that ended the job (finished), else *id is the
+// token (not computed yet, unless it is the right guess of a draft).
+bool Worker::sample_next(Slot& slot, int32_t* id_out) {
+  Job& job = *slot.job;
+  Session& session = *slot.session;
+  if (job.cancelled.load()) {
+    finish(slot, FinishReason::kCancelled, {});
+    return false;
+  }
+  const size_t committed = slot.decoder->committed();
+  if (slot.constraint) {
+    slot.tokens_left = std::min(job.max_tokens - slot.n, session.n_ctx() - 1 - int64_t(committed));
+    slot.closing_forced |= slot.tokens_left <= int64_t(slot.constraint->closing().size());
+  }
+  // The penalties' history: the tokens generated for this job (OpenAI's presence and frequency penalties).
+  const std::span<const int32_t> tokens = slot.decoder->history();
+  const size_t generated = std::min(tokens.size(), size_t(slot.n));
+  const int32_t id =
+      slot.sampler->sample(slot.decoder->logits(), tokens.subspan(tokens.size() - generated), slot.allow);
+  if (id < 0) {
+    finish(slot, FinishReason::kError, {}, "no token of the vocabulary fits the output constraint");
+    return false;
+  }
+  if (engine_.is_end_of_generation(id)) {
+    ++slot.n;  // usage counts the end token too, as vLLM's (its output token ids hold it)
+    slot.held += slot.detok->flush();
+    scan(slot);
+    finish(slot, FinishReason::kStop, std::move(slot.held));
+    return false;
+  }
+  ++slot.n;
+  slot.held += slot.detok->push(id);
+  slot.last_output = Clock::now();
+  if (scan(slot)) {
+    finish(slot, FinishReason::kStop, std::move(slot.held));
+    return false;
+  }
+  if (slot.constraint) {
+    if (!slot.constraint->feed(engine_.token_bytes(id))) {  // the filter accepted it: a bug if this happens
+      finish(slot, FinishReason::kError, {}, "the sampled token does not fit the output constraint");
+      return false;
+    }
+    if (slot.constraint->done()) {
+      slot.held += slot.detok->flush();
+      if (scan(slot)) {
+        finish(slot, FinishReason::kStop, std::move(slot.held));
+      } else if (slot.closing_forced) {
+        // Closed because max_tokens or the context ran out: a cut answer, reported as the limit. A forced call's
+        // suffix stays off, so the cut call comes back as the text it is, never as a call an agent would run.
+        finish(slot, FinishReason::kLength, std::move(slot.held));
+      } else {
+        finish(slot, FinishReason::kStop, slot.held + job.output_suffix);
+      }
+      return false;
+    }
+  }
+  if (slot.n >= job.max_tokens || int64_t(committed) + 1 >= session.n_ctx()) {
+    slot.held += slot.detok->flush();
+    if (scan(slot)) {
+      finish(slot, FinishReason::kStop, std::move(slot.held));
+    } else {
+      finish(slot, FinishReason::kLength, std::move(slot.held));
+    }
+    return false;
+  }
+  *id_out = id;
+  return true;
+}
+
+// Samples the next tokens of every decoding slot (ending the jobs that are done): one, and after it every right
+// guess of the slot's last drafts, whose rows are computed. The continuing slots' last tokens are computed in one
+// batched forward pass, or, for a slot that decodes alone with --lookup, with the drafts prompt lookup finds. The
+// sampled token is not computed when its job ends there: the next request's sync recomputes it.
 void Worker::decode_step() {
   std::vector<Session*> batch;
   std::vector<int32_t> ids;
@@ -379,72 +463,24 @@ void Worker::decode_step() {
   for (const std::unique_ptr<Slot>& s : slots_) {
     Slot& slot = *s;
     if (!slot.job || !slot.decoding) continue;
-    Job& job = *slot.job;
-    Session& session = *slot.session;
-    if (job.cancelled.load()) {
-      finish(slot, FinishReason::kCancelled, {});
-      continue;
-    }
-    if (slot.constraint) {
-      slot.tokens_left = std::min(job.max_tokens - slot.n, session.n_ctx() - 1 - int64_t(session.tokens().size()));
-      slot.closing_forced |= slot.tokens_left <= int64_t(slot.constraint->closing().size());
-    }
-    // The penalties' history: the tokens generated for this job (OpenAI's presence and frequency penalties).
-    const std::span<const int32_t> tokens = session.tokens();
-    const size_t generated = std::min(tokens.size(), size_t(slot.n));
-    const int32_t id = slot.sampler->sample(session.logits(), tokens.subspan(tokens.size() - generated), slot.allow);
-    if (id < 0) {
-      finish(slot, FinishReason::kError, {}, "no token of the vocabulary fits the output constraint");
-      continue;
-    }
-    if (engine_.is_end_of_generation(id)) {
-      ++slot.n;  // usage counts the end token too, as vLLM's (its output token ids hold it)
-      slot.held += slot.detok->flush();
-      scan(slot);
-      finish(slot, FinishReason::kStop, std::move(slot.held));
-      continue;
-    }
-    ++slot.n;
-    slot.held += slot.detok->push(id);
-    slot.last_output = Clock::now();
-    if (scan(slot)) {
-      finish(slot, FinishReason::kStop, std::move(slot.held));
-      continue;
-    }
-    if (slot.constraint) {
-      if (!slot.constraint->feed(engine_.token_bytes(id))) {  // the filter accepted it: a bug if this happens
-        finish(slot, FinishReason::kError, {}, "the sampled token does not fit the output constraint");
-        continue;
-      }
-      if (slot.constraint->done()) {
-        slot.held += slot.detok->flush();
-        if (scan(slot)) {
-          finish(slot, FinishReason::kStop, std::move(slot.held));
-        } else if (slot.closing_forced) {
-          // Closed because max_tokens or the context ran out: a cut answer, reported as the limit. A forced call's
-          // suffix stays off, so the cut call comes back as the text it is, never as a call an agent would run.
-          finish(slot, FinishReason::kLength, std::move(slot.held));
-        } else {
-          finish(slot, FinishReason::kStop, slot.held + job.output_suffix);
-        }
-        continue;
-      }
-    }
-    if (slot.n >= job.max_tokens || int64_t(session.tokens().size()) + 1 >= session.n_ctx()) {
-      slot.held += slot.detok->flush();
-      if (scan(slot)) {
-        finish(slot, FinishReason::kStop, std::move(slot.held));
-      } else {
-        finish(slot, FinishReason::kLength, std::move(slot.held));
-      }
-      continue;
-    }
-    batch.push_back(&session);
+    int32_t id = -1;
+    bool going = sample_next(slot, &id);
+    while (going && slot.decoder->accept(id)) going = sample_next(slot, &id);
+    if (!going) continue;
+    batch.push_back(slot.session.get());
     ids.push_back(id);
     members.push_back(&slot);
   }
   if (batch.empty()) return;
-  if (Status s = engine_.step(batch, ids); !s.ok()) {
+  Status s;
+  if (Slot& slot = *members[0]; lookup_ > 0 && members.size() == 1) {
+    // Drafts for tokens it may still generate (the last one is sampled, never computed) within the context.
+    s = slot.decoder->step(ids[0], std::min({lookup_, slot.job->max_tokens - slot.n - 1,
+                                             slot.session->n_ctx() - 2 - int64_t(slot.decoder->committed())}));
+  } else {
+    s = engine_.step(batch, ids);
+  }
+  if (!s.ok()) {
     // The batch failed (a read error of some expert, ...) and left every session as it was: each steps alone once,
     // so a transient error or one member's trouble ends only the jobs that fail again (it ended them all).
     if (members.size() == 1) return finish(*members[0], FinishReason::kError, {}, s.message());
@@ -458,7 +494,8 @@ void Worker::decode_step() {
   }
   // The web UI's live view: statistics and expert map refreshed every kPublishEveryTokens tokens of a job.
   for (Slot* slot : members) {
-    if (slot->n % kPublishEveryTokens == 0) {
+    if (slot->n - slot->published_n >= kPublishEveryTokens) {
+      slot->published_n = slot->n;
       publish(slot->n, std::chrono::duration<double>(Clock::now() - slot->t_prompt_end).count());
       break;
     }

@@ -5,7 +5,9 @@
 // at least half of the shorter of the two; else the least recently used slot), so an agent resending a growing
 // history only prefills the new tail and a new conversation does not evict another one's. All decoding slots
 // advance together, one token each per batched forward pass (Engine::step: the weights are read once for all);
-// a prompt being prefilled while others decode advances one --batch chunk per turn, so streams keep flowing.
+// a prompt being prefilled while others decode advances one --batch chunk per turn, so streams keep flowing. With
+// --lookup, a slot that decodes alone computes its token with prompt lookup drafts (Session::step(id, drafts)) and
+// emits every right guess after it in the next turn.
 #pragma once
 
 #include <atomic>
@@ -66,6 +68,7 @@ struct Job {
 // under its lock before the job's `done` is signalled, so a client that has its answer sees its counts.
 struct WorkerStats {
   uint64_t prompt_tokens = 0, cached_tokens = 0, generated_tokens = 0;
+  uint64_t draft_tokens = 0, drafts_accepted = 0;     // --lookup: drafts computed, and those that were right
   double prompt_seconds = 0, generation_seconds = 0;  // wall time in Session::sync, and in the sampling loop
   int64_t slots = 0;                                  // --parallel
   int64_t active = 0;                                 // jobs in a slot
@@ -89,9 +92,9 @@ class Worker {
  public:
   // `engine` must outlive the worker, which takes `sessions` (of that engine, at least one: the slots) and starts
   // its thread. A streaming job silent for `keepalive_seconds` during its prefill gets a keep-alive
-  // (ServerOptions; 0: one after every prefill chunk).
+  // (ServerOptions; 0: one after every prefill chunk). `lookup`: ServerOptions::lookup.
   static std::unique_ptr<Worker> start(Engine& engine, std::vector<std::unique_ptr<Session>> sessions,
-                                       double keepalive_seconds);
+                                       double keepalive_seconds, int64_t lookup = 0);
   ~Worker();  // stops the thread; queued and running jobs end as kCancelled
 
   // A job submitted after close() ends at once as kCancelled.
@@ -104,12 +107,13 @@ class Worker {
 
  private:
   struct Slot;
-  Worker(Engine& engine, std::vector<std::unique_ptr<Session>> sessions, double keepalive_seconds);
+  Worker(Engine& engine, std::vector<std::unique_ptr<Session>> sessions, double keepalive_seconds, int64_t lookup);
   void loop();
   void admit(Slot& slot);
   void prefill_step(Slot& slot);
   bool others_wait(const Slot& self);
   void decode_step();
+  bool sample_next(Slot& slot, int32_t* id);
   bool scan(Slot& slot);
   void emit(Slot& slot, const std::string& text);
   void finish(Slot& slot, FinishReason reason, std::string tail, std::string error = {});
@@ -120,6 +124,7 @@ class Worker {
 
   Engine& engine_;
   const double keepalive_seconds_;
+  const int64_t lookup_;
   std::vector<std::unique_ptr<Slot>> slots_;  // touched only by thread_ (and the destructor after it ends)
   std::mutex mu_;
   std::condition_variable cv_;

@@ -162,11 +162,58 @@ int bench_ttft(Engine& engine, int64_t n, int64_t reps, int64_t seed, bool json)
   return kExitOk;
 }
 
+// --drafts K: the time of a decode step that computes k drafts besides its token (Session::step(id, drafts), all of
+// them wrong: rewound after the step), k = 0, 1, 2, 4, ... K, at the session's depth: what speculative decoding
+// (--lookup) pays for its guesses. Each run is `gen` steps from the same depth.
+int bench_drafts(Session& session, std::span<const int32_t> ids, int64_t max_drafts, int64_t gen, int64_t reps,
+                 bool json) {
+  const size_t base = session.tokens().size();
+  std::vector<int64_t> arms = {0};
+  for (int64_t k = 1; k < max_drafts; k *= 2) arms.push_back(k);
+  arms.push_back(max_drafts);
+  if (!json) {
+    std::printf(
+        "# decode steps computing k drafts too (all wrong, then dropped: what --lookup pays), depth %zu, median "
+        "of %lld runs of %lld steps\n%10s %12s %10s\n",
+        base, (long long)reps, (long long)gen, "drafts", "ms/step", "x plain");
+  }
+  double plain = 0;
+  for (const int64_t k : arms) {
+    std::vector<double> ms;
+    for (int64_t r = 0; r < reps; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t g = 0; g < gen; ++g) {
+        const std::span<const int32_t> drafts = ids.subspan(size_t(g), size_t(k));
+        if (Status s = session.step(ids[size_t(g + k)], drafts); !s.ok()) {
+          std::fprintf(stderr, "magnetar bench: %s\n", s.message().c_str());
+          return kExitFailure;
+        }
+        session.rewind(session.tokens().size() - size_t(k));
+      }
+      ms.push_back(1e3 * seconds(t0) / double(gen));
+      session.rewind(base);
+    }
+    const double step_ms = median(ms);
+    if (k == 0) plain = step_ms;
+    if (json) {
+      std::printf(
+          "%s\n",
+          nlohmann::json({{"depth", base}, {"drafts", k}, {"step_ms", step_ms}, {"ratio_to_plain", step_ms / plain}})
+              .dump()
+              .c_str());
+    } else {
+      std::printf("%10lld %12.3f %10.2f\n", (long long)k, step_ms, step_ms / plain);
+    }
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int bench_main(int argc, char** argv) {
   ModelFlags model;
   int64_t ctx_start = 2048, ctx_max = 65536, step = 2048, gen = 128, reps = 3, seed = 1, sessions = 1, ttft = 0;
+  int64_t drafts = 0;
   bool json = false, csv = false, profile = false, expert_layers = false;
   cli::Args args("magnetar bench -m MODEL.gguf [--ctx-start N --ctx-max N --step N] [--gen N] [--reps N] [--json|--csv]",
                  "Measures prefill and decode tokens/s at growing context depths (median of --reps runs at each\n"
@@ -185,6 +232,9 @@ int bench_main(int argc, char** argv) {
   args.option("--sessions", &sessions, "N",
               "also decode N sessions at once (one batched forward pass per token, as `serve --parallel N` does) "
               "and print the aggregate tokens/s next to one session's");
+  args.option("--drafts", &drafts, "K",
+              "after the table: the time of a decode step that also computes 1, 2, 4, ... K drafts (all wrong) against "
+              "a plain step, at the last depth: the cost of speculative decoding's guesses (--lookup)");
   args.option("--ttft", &ttft, "N",
               "instead of the table: time to first token for an N-token history plus a 64-token turn, cold and then "
               "restored from --kv-disk-dir (required)");
@@ -193,18 +243,22 @@ int bench_main(int argc, char** argv) {
   // a benchmark repeats (the fresh tokens of each repetition at depth 0 are allocated up front).
   constexpr int64_t kMaxTokens = int64_t(1) << 24;
   if (ctx_start < 0 || ctx_max < ctx_start || ctx_max > kMaxTokens || step < 1 || step > kMaxTokens || gen < 0 ||
-      gen > kMaxTokens || reps < 1 || reps > 1000 || sessions < 1 || sessions > 256 || ttft < 0 || ttft > kMaxTokens) {
+      gen > kMaxTokens || reps < 1 || reps > 1000 || sessions < 1 || sessions > 256 || ttft < 0 || ttft > kMaxTokens ||
+      drafts < 0 || drafts > kMaxLookup) {
     std::fprintf(stderr,
                  "magnetar bench: need 0 <= --ctx-start <= --ctx-max, --step >= 1, --gen >= 0 (each at most 16,777,216 "
-                 "tokens), --reps in [1, 1000], --sessions in [1, 256], --ttft in [0, 16,777,216]\n");
+                 "tokens), --reps in [1, 1000], --sessions in [1, 256], --ttft in [0, 16,777,216], --drafts in [0, "
+                 "%d]\n",
+                 kMaxLookup);
     return kExitBadInput;
   }
   if (json && csv) {
     std::fprintf(stderr, "magnetar bench: --json and --csv exclude each other\n");
     return kExitBadInput;
   }
-  if (sessions > 1 && gen == 0) {
-    std::fprintf(stderr, "magnetar bench: --sessions measures decoding: it needs --gen >= 1\n");
+  if ((sessions > 1 || drafts > 0) && gen == 0) {
+    std::fprintf(stderr, "magnetar bench: %s measures decoding: it needs --gen >= 1\n",
+                 sessions > 1 ? "--sessions" : "--drafts");
     return kExitBadInput;
   }
   if (ttft == 0 && !model.kv_disk_dir.empty()) {
@@ -213,8 +267,8 @@ int bench_main(int argc, char** argv) {
                  "prompts from the disk instead of computing them)\n");
     return kExitBadInput;
   }
-  if (ttft > 0 && sessions > 1) {
-    std::fprintf(stderr, "magnetar bench: --sessions does not apply to --ttft\n");
+  if (ttft > 0 && (sessions > 1 || drafts > 0)) {
+    std::fprintf(stderr, "magnetar bench: --sessions and --drafts do not apply to --ttft\n");
     return kExitBadInput;
   }
   if (ttft > 0) {
@@ -232,7 +286,8 @@ int bench_main(int argc, char** argv) {
     if (!engine) return kExitBadInput;
     return bench_ttft(*engine, ttft, reps, seed, json);
   }
-  const int64_t need_ctx = std::max(ctx_max + step + gen, sessions > 1 ? step + 2 * gen : 0);
+  const int64_t need_ctx =
+      std::max(ctx_max + step + gen + (drafts > 0 ? gen + drafts : 0), sessions > 1 ? step + 2 * gen : 0);
   // Each repetition at depth 0 prefills and decodes fresh tokens, drawn up front: at most 2^27 ids (512 MiB).
   if (need_ctx + (reps - 1) * (step + gen) > (int64_t(1) << 27)) {
     std::fprintf(stderr, "magnetar bench: --reps %lld x (--step + --gen) asks for %lld tokens, more than 134,217,728\n",
@@ -394,6 +449,7 @@ int bench_main(int argc, char** argv) {
     print_profile("prefill", prefill_profile, step, last_depth);
     if (gen > 0) print_profile("decode", session.op_profile(), gen, last_depth + step);
   }
+  if (drafts > 0) return bench_drafts(session, ids, drafts, gen, reps, json);
   return kExitOk;
 }
 

@@ -48,6 +48,7 @@ int chat_main(int argc, char** argv) {
   }
   Session& session = *opened.value();
   Sampler sampler(sampling.resolved());
+  LookupDecoder decoder(session);  // --lookup's drafts, its measurements kept from turn to turn
   const bool tty = isatty(STDIN_FILENO) && isatty(STDERR_FILENO);
   std::vector<chat::Message> history;
   if (!system.empty()) history.push_back({.role = "system", .content = system});
@@ -92,8 +93,8 @@ int chat_main(int argc, char** argv) {
     std::unique_ptr<Detokenizer> detok = engine->new_detokenizer();
     std::string reply;
     bool in_think = false;
-    for (int64_t n = 0; (n_predict < 0 || n < n_predict) && int64_t(session.tokens().size()) < session.n_ctx(); ++n) {
-      const int32_t id = sampler.sample(session.logits(), session.tokens());
+    for (int64_t n = 0; (n_predict < 0 || n < n_predict) && int64_t(decoder.committed()) < session.n_ctx(); ++n) {
+      const int32_t id = sampler.sample(decoder.logits(), decoder.history());
       if (engine->is_end_of_generation(id)) break;
       const std::string piece = detok->push(id);
       reply += piece;
@@ -104,16 +105,20 @@ int chat_main(int argc, char** argv) {
         std::fflush(stdout);
       }
       if (reply.find("</think>") != std::string::npos) in_think = false;
-      if (int64_t(session.tokens().size()) >= session.n_ctx()) {  // the context is full: this token is the last
+      if (decoder.accept(id)) continue;                       // a right guess: computed already
+      if (int64_t(decoder.committed()) >= session.n_ctx()) {  // the context is full: this token is the last
         std::fprintf(stderr, "\nmagnetar chat: the context of %lld tokens is full (raise --ctx)\n",
                      (long long)session.n_ctx());
         break;
       }
-      if (Status s = session.step(id); !s.ok()) {
+      int64_t room = std::min<int64_t>(sampling.lookup, session.n_ctx() - int64_t(decoder.committed()) - 1);
+      if (n_predict >= 0) room = std::min(room, n_predict - n - 2);
+      if (Status s = decoder.step(id, room); !s.ok()) {
         std::fprintf(stderr, "\nmagnetar chat: %s\n", s.message().c_str());
         break;
       }
     }
+    decoder.end();
     const std::string tail = detok->flush();  // a cut character at the end (U+FFFD)
     reply += tail;
     if (!(hide_think && in_think)) std::fwrite(tail.data(), 1, tail.size(), stdout);

@@ -230,6 +230,10 @@ void SamplingFlags::add_to(cli::Args& args) {
               "subtracted from logits of recent tokens once per occurrence (0: off)");
   args.option("--penalty-last-n", &last_n, "N", "tokens the penalties look back over (-1: all)");
   args.option("--seed", &seed, "S", "random seed (negative: a random one, the default)");
+  args.option("--lookup", &lookup, "N",
+              "speculative decoding by prompt lookup: guess up to N tokens a step from earlier repeats of the "
+              "context and check them in one forward pass; the text is the same, faster where the output repeats "
+              "its context (0: off, the default)");
 }
 
 std::string SamplingFlags::error() const {
@@ -240,6 +244,7 @@ std::string SamplingFlags::error() const {
   if (!(p.min_p >= 0 && p.min_p <= 1)) return "--min-p must be in [0, 1]";
   if (!(p.repeat_penalty > 0)) return "--repeat-penalty must be > 0 (1: off)";
   if (last_n < -1 || last_n > INT32_MAX) return "--penalty-last-n must be -1 (all) or in [0, 2147483647]";
+  if (lookup < 0 || lookup > kMaxLookup) return format("--lookup must be in [0, %d]", kMaxLookup);
   return "";
 }
 

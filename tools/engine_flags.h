@@ -45,11 +45,15 @@ struct ModelFlags {
 std::string expert_summary(const ExpertStats& s, double seconds, int64_t tokens);
 nlohmann::json expert_summary_json(const ExpertStats& s, double seconds, int64_t tokens);
 
+// --lookup's bound: more drafts than this only add tokens that are rarely all right.
+inline constexpr int kMaxLookup = 64;
+
 struct SamplingFlags {
   SamplingParams params;
   int64_t seed = -1;
   int64_t top_k = 40;
   int64_t last_n = 64;
+  int64_t lookup = 0;  // --lookup: drafts per decode step (0: off)
 
   void add_to(cli::Args& args);
   // The first out-of-range value, as "--flag ...: why" ("" when all are valid).

@@ -190,8 +190,9 @@ int run_main(int argc, char** argv) {
   std::string pending;  // generated text not yet printed (may start a stop string)
   int64_t generated = 0;
   bool stopped = false, full = false;
+  LookupDecoder decoder(session);  // --lookup's drafts
   while (!stopped && (n_predict < 0 || generated < n_predict)) {
-    const int32_t id = sampler.sample(session.logits(), session.tokens());
+    const int32_t id = sampler.sample(decoder.logits(), decoder.history());
     ++generated;
     if (!ignore_eos && engine->is_end_of_generation(id)) break;
     if (text_out) {
@@ -211,11 +212,15 @@ int run_main(int argc, char** argv) {
     std::fflush(stdout);
     pending.erase(0, pending.size() - hold);
     if (stopped) break;
-    if (int64_t(session.tokens().size()) >= n_ctx) {
+    if (decoder.accept(id)) continue;  // a right guess: computed already
+    if (int64_t(decoder.committed()) >= n_ctx) {
       full = n_predict < 0 || generated < n_predict;
       break;
     }
-    if (Status s = session.step(id); !s.ok()) {
+    // Drafts only for tokens that will be sampled: -n's last token is sampled, never computed.
+    int64_t room = std::min<int64_t>(sampling.lookup, n_ctx - int64_t(decoder.committed()) - 1);
+    if (n_predict >= 0) room = std::min(room, n_predict - generated - 1);
+    if (Status s = decoder.step(id, room); !s.ok()) {
       std::fprintf(stderr, "\nmagnetar run: %s\n", s.message().c_str());
       return kExitFailure;
     }
@@ -226,10 +231,17 @@ int run_main(int argc, char** argv) {
   std::fflush(stdout);  // before the stats line on stderr, so a shared terminal or pipe shows them in order
   if (full)
     std::fprintf(stderr, "magnetar run: stopped: the context of %lld tokens is full (raise --ctx)\n", (long long)n_ctx);
+  decoder.end();  // settles the statistics of the last drafts
   const SessionStats& st = session.stats();
   std::fprintf(stderr, "load %.2f s | prompt %zu tokens, %.2f t/s | generated %lld tokens, %.2f t/s | %d threads\n",
                engine->load_seconds(), tokens.size(), double(tokens.size()) / prompt_seconds, (long long)generated,
                st.decode_seconds > 0 ? double(st.decode_tokens) / st.decode_seconds : 0.0, engine->options().n_threads);
+  if (st.draft_tokens > 0) {
+    std::fprintf(stderr, "lookup: %lld of %lld drafts right (%.1f%%), %.2f tokens a step\n",
+                 (long long)st.drafts_accepted, (long long)st.draft_tokens,
+                 100.0 * double(st.drafts_accepted) / double(st.draft_tokens),
+                 double(st.decode_tokens) / double(st.decode_tokens - st.drafts_accepted));
+  }
   if (const ExpertStats es = engine->expert_stats(); es.streamed || es.gpu_tier) {
     std::fprintf(stderr, "%s\n", expert_summary(es, prompt_seconds + st.decode_seconds,
                                                  int64_t(tokens.size()) + generated).c_str());

@@ -126,20 +126,21 @@ int serve_main(int argc, char** argv) {
   std::unique_ptr<Engine> engine = model.load("serve");
   if (!engine) return kExitBadInput;
   const std::string name = alias.empty() ? std::filesystem::path(model.model).stem().string() : alias;
-  Result<std::unique_ptr<server::Server>> bound = server::Server::bind(
-      *engine, {.host = host,
-                .port = int(port),
-                .model_name = name,
-                .sampling = sampling.resolved(),
-                .keepalive_seconds = keepalive,
-                .verbose = verbose,
-                .parallel = parallel,
-                .chat_template_file = chat_template_file,
-                .chat_template = chat_template,
-                .api_key = api_key,
-                .allowed_hosts = allowed_hosts,
-                .max_body_mb = max_body_mb,
-                .cors_origin = cors_origin});
+  Result<std::unique_ptr<server::Server>> bound =
+      server::Server::bind(*engine, {.host = host,
+                                     .port = int(port),
+                                     .model_name = name,
+                                     .sampling = sampling.resolved(),
+                                     .keepalive_seconds = keepalive,
+                                     .lookup = sampling.lookup,
+                                     .verbose = verbose,
+                                     .parallel = parallel,
+                                     .chat_template_file = chat_template_file,
+                                     .chat_template = chat_template,
+                                     .api_key = api_key,
+                                     .allowed_hosts = allowed_hosts,
+                                     .max_body_mb = max_body_mb,
+                                     .cors_origin = cors_origin});
   if (!bound.ok()) {
     std::fprintf(stderr, "magnetar serve: %s\n", bound.status().message().c_str());
     return kExitBadInput;

@@ -1,0 +1,88 @@
+// `magnetar serve --lookup N` (speculative decoding by prompt lookup): a completion that repeats its prompt, streamed
+// (several tokens a step reach the SSE stream) and not, greedy and sampled with a seed, is the text `magnetar run`
+// gives for the same prompt without drafts; /metrics counts the drafts and the right ones. The server runs with
+// MAGNETAR_LOOKUP_EVERY_DRAFT=1 so that it drafts whatever the drafts cost on this machine (without it the decoder
+// drafts only what pays, which on the tiny demo model is next to nothing).
+#include <cstdio>
+#include <fstream>
+
+#include "tests/server/harness.h"
+
+namespace magnetar {
+namespace lookup_test {
+
+using namespace test;
+
+const std::string kRepeating =
+    "The cat sat on the mat. The dog sat on the log. The bird sat on the wire.\n"
+    "The cat sat on the mat. The dog sat on the log. The bird sat on the wire.\n"
+    "The cat sat on the mat. The dog sat on the log. The bird sat on the wire.\n"
+    "The cat sat on the mat.";
+
+class ServeLookup : public ServeFixture {
+ protected:
+  static void SetUpTestSuite() {
+    start_server({"--ctx", "512", "--lookup", "8"}, {{"MAGNETAR_LOOKUP_EVERY_DRAFT", "1"}});
+  }
+  // `magnetar run`'s text for the prompt (no drafts), as the completion's: the output without run's final newline.
+  static std::string run_text(const std::string& prompt, int n, const std::string& sampling) {
+    const std::string file = ::testing::TempDir() + "lookup_prompt_" + std::to_string(getpid()) + ".txt";
+    std::ofstream(file) << prompt;
+    const std::string cmd = std::string(MAGNETAR_BINARY) + " run -m " + kModel + " --ctx 512 -t 2 -f " + file + " -n " +
+                            std::to_string(n) + " " + sampling + " 2>/dev/null";
+    std::string out;
+    if (FILE* p = popen(cmd.c_str(), "r")) {
+      char buf[4096];
+      for (size_t got; (got = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, got);
+      EXPECT_EQ(pclose(p), 0) << cmd;
+    }
+    std::remove(file.c_str());
+    if (!out.empty() && out.back() == '\n') out.pop_back();
+    return out;
+  }
+  static double metric_value(const std::string& name) {
+    httplib::Result r = client().Get("/metrics");
+    if (!r || r->status != 200) return -1;
+    const size_t at = r->body.find("\n" + name + " ");
+    return at == std::string::npos ? -1 : std::stod(r->body.substr(at + name.size() + 2));
+  }
+};
+
+TEST_F(ServeLookup, AnswersAreTheTextWithoutDrafts) {
+  const int kTokens = 80;
+  const std::string greedy = run_text(kRepeating, kTokens, "--temp 0");
+  const std::string sampled = run_text(kRepeating, kTokens, "--temp 1 --seed 7");
+  ASSERT_FALSE(greedy.empty());
+  ASSERT_NE(greedy, sampled);
+  const json body = {{"prompt", kRepeating}, {"max_tokens", kTokens}, {"temperature", 0}};
+  int status = 0;
+  const json r = post("/v1/completions", body, &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  EXPECT_EQ(r["choices"][0]["text"].get<std::string>(), greedy);
+  json seeded = body;
+  seeded["temperature"] = 1;
+  seeded["seed"] = 7;
+  EXPECT_EQ(post("/v1/completions", seeded, &status)["choices"][0]["text"].get<std::string>(), sampled);
+  json streamed = body;
+  streamed["stream"] = true;
+  httplib::Client c = client();
+  httplib::Result s = c.Post("/v1/completions", streamed.dump(), "application/json");
+  ASSERT_TRUE(s);
+  std::string text;
+  for (size_t at = 0; (at = s->body.find("data: {", at)) != std::string::npos;) {
+    const size_t end = s->body.find("\n\n", at);
+    const json chunk = json::parse(s->body.substr(at + 6, end - at - 6));
+    text += chunk["choices"][0]["text"].get<std::string>();
+    at = end;
+  }
+  EXPECT_EQ(text, greedy);
+  const double drafts = metric_value("magnetar_lookup_draft_tokens_total");
+  const double right = metric_value("magnetar_lookup_drafts_accepted_total");
+  std::printf("lookup: %.0f drafts, %.0f right\n", drafts, right);
+  EXPECT_GT(drafts, 0);
+  EXPECT_GT(right, 0);
+  EXPECT_LE(right, drafts);
+}
+
+}  // namespace lookup_test
+}  // namespace magnetar
