@@ -306,8 +306,21 @@ std::vector<int32_t> lookup_draft(std::span<const int32_t> tokens, int32_t next,
   // Every earlier position i where the suffix's last token occurs, latest first: how many of the suffix's tokens
   // (up to kLookupNgramMax) end there. The longest match wins; among equal ones the latest (its continuation is the
   // likeliest to be the one being repeated).
+  // Blocks of 16 positions without `next` are passed over by a comparison the compiler vectorizes: the scan runs every
+  // decode step, and over 128K tokens without a match it took ~140 us element by element, ~40 us so (CPU box, -O3).
+  constexpr int64_t kBlock = 16;
   int64_t best = -1, best_len = kLookupNgramMin - 1;
   for (int64_t i = n - 2; i >= 0 && best_len < kLookupNgramMax; --i) {
+    if ((i + 1) % kBlock == 0) {
+      while (i >= kBlock - 1) {
+        const int32_t* block = tokens.data() + (i + 1 - kBlock);
+        bool any = false;
+        for (int64_t j = 0; j < kBlock; ++j) any |= block[j] == next;
+        if (any) break;
+        i -= kBlock;
+      }
+      if (i < 0) break;
+    }
     if (tokens[size_t(i)] != next) continue;
     int64_t len = 1;
     while (len < kLookupNgramMax && len <= i && tokens[size_t(i - len)] == at(n - 1 - len)) ++len;

@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "engine/engine.h"
 #include "quant/quant.h"
@@ -31,6 +32,42 @@ TEST(LookupDraft, FollowsTheLatestLongestEarlierMatch) {
   // The continuation runs into the suffix itself (a repeating pattern), and past `next` with the pattern's period.
   EXPECT_EQ(lookup_draft(Ids{1, 2, 1, 2, 1}, 2, 5), (Ids{1, 2, 1, 2, 1}));
   EXPECT_EQ(lookup_draft(Ids{7, 1, 2, 3, 9, 1, 2, 3}, 9, 7), (Ids{1, 2, 3, 9, 1, 2, 3}));
+}
+
+// The drafts by brute force: every earlier end position, its match length (at most kLookupNgramMax), the longest and
+// then the latest; the continuation as the sequence, then as its own copy.
+Ids brute_force_draft(const Ids& tokens, int32_t next, int64_t max_tokens) {
+  Ids seq = tokens;
+  seq.push_back(next);
+  const int64_t n = int64_t(seq.size());
+  int64_t best = -1, best_len = 0;
+  for (int64_t i = 0; i + 1 < n; ++i) {
+    int64_t len = 0;
+    while (len < kLookupNgramMax && i - len >= 0 && seq[size_t(i - len)] == seq[size_t(n - 1 - len)]) ++len;
+    if (len >= kLookupNgramMin && len >= best_len) {
+      best = i;
+      best_len = len;
+    }
+  }
+  Ids out;
+  if (best < 0 || max_tokens <= 0) return out;
+  for (int64_t i = 0; i < max_tokens; ++i) {
+    out.push_back(best + 1 + i < n ? seq[size_t(best + 1 + i)] : out[size_t(i - (n - 1 - best))]);
+  }
+  return out;
+}
+
+TEST(LookupDraft, EqualsBruteForceOnRandomSequences) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int vocab = trial % 3 == 0 ? 3 : trial % 3 == 1 ? 20 : 1000;
+    Ids t(rng() % 400);
+    for (int32_t& x : t) x = int32_t(rng() % uint32_t(vocab));
+    const int32_t next = int32_t(rng() % uint32_t(vocab));
+    const int64_t max_tokens = int64_t(rng() % 10);
+    ASSERT_EQ(lookup_draft(t, next, max_tokens), brute_force_draft(t, next, max_tokens))
+        << "trial " << trial << ", " << t.size() << " tokens of " << vocab;
+  }
 }
 
 TEST(LookupDraft, NothingWithoutAMatchOfTheShortestNgram) {
