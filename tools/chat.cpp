@@ -128,6 +128,10 @@ int chat_main(int argc, char** argv) {
     chat::split_reasoning(reply, &answer.reasoning, &answer.content);
     history.push_back(answer);
   }
+  if (const SessionStats& st = session.stats(); st.draft_tokens > 0) {
+    std::fprintf(stderr, "lookup: %lld of %lld drafts right\n", (long long)st.drafts_accepted,
+                 (long long)st.draft_tokens);
+  }
   return kExitOk;
 }
 

@@ -49,7 +49,7 @@ class ServeLookup : public ServeFixture {
 };
 
 TEST_F(ServeLookup, AnswersAreTheTextWithoutDrafts) {
-  const int kTokens = 80;
+  const int kTokens = 48;
   const std::string greedy = run_text(kRepeating, kTokens, "--temp 0");
   const std::string sampled = run_text(kRepeating, kTokens, "--temp 1 --seed 7");
   ASSERT_FALSE(greedy.empty());

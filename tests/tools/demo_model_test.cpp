@@ -54,5 +54,23 @@ TEST(DemoModel, ChatAnswersInTurn) {
   EXPECT_NE(r.out.find("> What is 7 plus 5?\n"), std::string::npos) << r.out;
 }
 
+// `chat --lookup` (speculative decoding), every draft forced: the transcript of a conversation whose answers repeat
+// its text is the one without drafts, over turns (the decoder and the session's timeline carried between them).
+TEST(DemoModel, ChatWithLookupDraftsIsTheSameTranscript) {
+  testing::TempDir dir;
+  std::ofstream(dir.file("chat")) << "Say: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat.\n"
+                                  << "Again: the cat sat on the mat, the cat sat on the mat.\n";
+  const std::string args = "chat -m " + kModels + "magnetar-demo-q8_0.gguf --no-think --temp 0 -n 48 ";
+  const testing::Invocation plain = testing::run_magnetar(args + "< " + dir.file("chat"));
+  setenv("MAGNETAR_LOOKUP_EVERY_DRAFT", "1", 1);
+  const testing::Invocation drafted = testing::run_magnetar(args + "--lookup 8 < " + dir.file("chat"));
+  unsetenv("MAGNETAR_LOOKUP_EVERY_DRAFT");
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  ASSERT_EQ(drafted.status, 0) << drafted.err;
+  EXPECT_EQ(drafted.out, plain.out);
+  EXPECT_EQ(plain.err.find("lookup:"), std::string::npos) << plain.err;
+  EXPECT_NE(drafted.err.find("lookup:"), std::string::npos) << drafted.err;  // drafts were tried
+}
+
 }  // namespace
 }  // namespace magnetar
