@@ -233,7 +233,7 @@ void SamplingFlags::add_to(cli::Args& args) {
   args.option("--lookup", &lookup, "N",
               "speculative decoding by prompt lookup: guess up to N tokens a step from earlier repeats of the "
               "context and check them in one forward pass; the text is the same, faster where the output repeats "
-              "its context (0: off, the default)");
+              "its context (0: off)");
 }
 
 std::string SamplingFlags::error() const {
