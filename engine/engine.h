@@ -331,6 +331,8 @@ class Session {
 // with its period); empty when no such suffix occurs earlier. It pays where the output repeats its context (code an
 // agent edits, quoted text, tool arguments). One pass over `tokens`. `match`, when given: the suffix's length.
 inline constexpr int kLookupNgramMin = 2, kLookupNgramMax = 4;
+// The most drafts a LookupDecoder step takes (--lookup's bound): more are rarely all right.
+inline constexpr int kMaxLookupDrafts = 64;
 std::vector<int32_t> lookup_draft(std::span<const int32_t> tokens, int32_t next, int64_t max_tokens,
                                   int* match = nullptr);
 
@@ -356,7 +358,8 @@ class LookupDecoder {
   // The token sampled next is id: true when it is the current draft (nothing to compute; sample on), else the wrong
   // guesses are dropped (the session is rewound) and id must be computed.
   bool accept(int32_t id);
-  // Computes id and, with max_drafts > 0, up to that many drafts by prompt lookup in the same forward pass.
+  // Computes id and, with max_drafts > 0, up to that many drafts by prompt lookup (at most kMaxLookupDrafts, and as
+  // many as the context holds after id) in the same forward pass.
   Status step(int32_t id, int64_t max_drafts);
   // The generation ended: the drafts not confirmed leave the timeline.
   void end();
@@ -379,10 +382,10 @@ class LookupDecoder {
   // A step's time with k drafts in plain steps (moving averages of the steps measured; 0: none yet). A k not
   // measured yet is taken as the next measured k below it plus 0.3 a draft (a GPU step leaves its few-token
   // kernels past some k: a measured jump stops the drafts there).
-  std::array<double, 65> cost_{};  // [0, --lookup's bound]
+  std::array<double, kMaxLookupDrafts + 1> cost_{};
   // Steps taken with k drafts (k = 0: plain ones); the first of each k is not measured: a GPU's first launch of a shape
   // loads its kernels (milliseconds), and one such step would keep k from ever being tried again.
-  std::array<uint32_t, 65> steps_{};
+  std::array<uint32_t, kMaxLookupDrafts + 1> steps_{};
   double plain_seconds_ = 0;  // a plain step's time (a slow moving average that follows drops at once; 0: none yet)
 };
 

@@ -391,11 +391,12 @@ bool LookupDecoder::accept(int32_t id) {
 
 Status LookupDecoder::step(int32_t id, int64_t max_drafts) {
   end();
-  drafts_ = lookup_draft(session_.tokens(), id, max_drafts, &match_);
+  const int64_t room = session_.n_ctx() - int64_t(session_.tokens().size()) - 1;  // after id
+  drafts_ = lookup_draft(session_.tokens(), id, std::min({max_drafts, room, int64_t(kMaxLookupDrafts)}), &match_);
   if (!drafts_.empty() && !every_draft_) {
     // Untried, the chance drifts back to its prior (see the class).
-    std::array<double, sizeof(cost_) / sizeof(double)> cost;
-    const size_t n = std::min(drafts_.size() + 1, cost.size());
+    std::array<double, kMaxLookupDrafts + 1> cost;
+    const size_t n = drafts_.size() + 1;
     cost[0] = 1.0;
     for (size_t k = 1; k < n; ++k) cost[k] = cost_[k] > 0 ? cost_[k] : cost[k - 1] + 0.3;
     double& p = p_[size_t(match_)];
@@ -412,11 +413,11 @@ Status LookupDecoder::step(int32_t id, int64_t max_drafts) {
   }
   // A plain step's time follows drops at once and rises slowly: an outlier (the GPU's first step captures its graph)
   // would make drafts look cheap.
-  if (steps_[std::min(drafts_.size(), steps_.size() - 1)]++ == 0) {
+  if (steps_[drafts_.size()]++ == 0) {
     // the first step of its kind: not measured (see steps_)
   } else if (drafts_.empty()) {
     plain_seconds_ = plain_seconds_ > 0 && dt > plain_seconds_ ? plain_seconds_ + 0.05 * (dt - plain_seconds_) : dt;
-  } else if (plain_seconds_ > 0 && drafts_.size() < cost_.size()) {
+  } else if (plain_seconds_ > 0) {
     double& c = cost_[drafts_.size()];
     const double ratio = std::max(1.0, dt / plain_seconds_);
     c = c > 0 ? c + 0.2 * (ratio - c) : ratio;

@@ -474,9 +474,8 @@ void Worker::decode_step() {
   if (batch.empty()) return;
   Status s;
   if (Slot& slot = *members[0]; lookup_ > 0 && members.size() == 1) {
-    // Drafts for tokens it may still generate (the last one is sampled, never computed) within the context.
-    s = slot.decoder->step(ids[0], std::min({lookup_, slot.job->max_tokens - slot.n - 1,
-                                             slot.session->n_ctx() - 2 - int64_t(slot.decoder->committed())}));
+    // Drafts for tokens it may still generate (the last one is sampled, never computed).
+    s = slot.decoder->step(ids[0], std::min(lookup_, slot.job->max_tokens - slot.n - 1));
   } else {
     s = engine_.step(batch, ids);
   }

@@ -244,12 +244,12 @@ int bench_main(int argc, char** argv) {
   constexpr int64_t kMaxTokens = int64_t(1) << 24;
   if (ctx_start < 0 || ctx_max < ctx_start || ctx_max > kMaxTokens || step < 1 || step > kMaxTokens || gen < 0 ||
       gen > kMaxTokens || reps < 1 || reps > 1000 || sessions < 1 || sessions > 256 || ttft < 0 || ttft > kMaxTokens ||
-      drafts < 0 || drafts > kMaxLookup) {
+      drafts < 0 || drafts > kMaxLookupDrafts) {
     std::fprintf(stderr,
                  "magnetar bench: need 0 <= --ctx-start <= --ctx-max, --step >= 1, --gen >= 0 (each at most 16,777,216 "
                  "tokens), --reps in [1, 1000], --sessions in [1, 256], --ttft in [0, 16,777,216], --drafts in [0, "
                  "%d]\n",
-                 kMaxLookup);
+                 kMaxLookupDrafts);
     return kExitBadInput;
   }
   if (json && csv) {

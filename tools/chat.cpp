@@ -111,9 +111,8 @@ int chat_main(int argc, char** argv) {
                      (long long)session.n_ctx());
         break;
       }
-      int64_t room = std::min<int64_t>(sampling.lookup, session.n_ctx() - int64_t(decoder.committed()) - 1);
-      if (n_predict >= 0) room = std::min(room, n_predict - n - 2);
-      if (Status s = decoder.step(id, room); !s.ok()) {
+      const int64_t drafts = n_predict < 0 ? sampling.lookup : std::min(sampling.lookup, n_predict - n - 2);
+      if (Status s = decoder.step(id, drafts); !s.ok()) {
         std::fprintf(stderr, "\nmagnetar chat: %s\n", s.message().c_str());
         break;
       }

@@ -244,7 +244,7 @@ std::string SamplingFlags::error() const {
   if (!(p.min_p >= 0 && p.min_p <= 1)) return "--min-p must be in [0, 1]";
   if (!(p.repeat_penalty > 0)) return "--repeat-penalty must be > 0 (1: off)";
   if (last_n < -1 || last_n > INT32_MAX) return "--penalty-last-n must be -1 (all) or in [0, 2147483647]";
-  if (lookup < 0 || lookup > kMaxLookup) return format("--lookup must be in [0, %d]", kMaxLookup);
+  if (lookup < 0 || lookup > kMaxLookupDrafts) return format("--lookup must be in [0, %d]", kMaxLookupDrafts);
   return "";
 }
 

@@ -45,9 +45,6 @@ struct ModelFlags {
 std::string expert_summary(const ExpertStats& s, double seconds, int64_t tokens);
 nlohmann::json expert_summary_json(const ExpertStats& s, double seconds, int64_t tokens);
 
-// --lookup's bound: more drafts than this only add tokens that are rarely all right.
-inline constexpr int kMaxLookup = 64;
-
 struct SamplingFlags {
   SamplingParams params;
   int64_t seed = -1;

@@ -218,9 +218,8 @@ int run_main(int argc, char** argv) {
       break;
     }
     // Drafts only for tokens that will be sampled: -n's last token is sampled, never computed.
-    int64_t room = std::min<int64_t>(sampling.lookup, n_ctx - int64_t(decoder.committed()) - 1);
-    if (n_predict >= 0) room = std::min(room, n_predict - generated - 1);
-    if (Status s = decoder.step(id, room); !s.ok()) {
+    const int64_t drafts = n_predict < 0 ? sampling.lookup : std::min(sampling.lookup, n_predict - generated - 1);
+    if (Status s = decoder.step(id, drafts); !s.ok()) {
       std::fprintf(stderr, "\nmagnetar run: %s\n", s.message().c_str());
       return kExitFailure;
     }

@@ -111,6 +111,16 @@ class ServeFixture : public ::testing::Test {
     c.set_read_timeout(60);
     return c;
   }
+  // The value of an unlabelled metric of GET /metrics (-1, and a failure, when it is not there).
+  static double metric(const std::string& name) {
+    httplib::Client c = client();
+    httplib::Result r = c.Get("/metrics");
+    EXPECT_TRUE(r && r->status == 200);
+    if (!r || r->status != 200) return -1;
+    const size_t at = r->body.find("\n" + name + " ");
+    EXPECT_NE(at, std::string::npos) << name;
+    return at == std::string::npos ? -1 : std::stod(r->body.substr(at + name.size() + 2));
+  }
   // A raw TCP connection to the server (tests that write requests by hand or hang up mid-answer); -1 on failure.
   static int raw_connect() {
     const int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -22,16 +22,6 @@ class ServeKvDisk : public ServeFixture {
     ServeFixture::TearDownTestSuite();
     std::filesystem::remove_all(kv_dir());
   }
-  // The value of an unlabelled metric.
-  static double metric(const std::string& name) {
-    httplib::Client c = client();
-    httplib::Result r = c.Get("/metrics");
-    EXPECT_TRUE(r);
-    if (!r) return -1;
-    const size_t at = r->body.find("\n" + name + " ");
-    EXPECT_NE(at, std::string::npos) << name;
-    return at == std::string::npos ? -1 : std::stod(r->body.substr(at + name.size() + 2));
-  }
 };
 
 json ask(const std::string& content) {

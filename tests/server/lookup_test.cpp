@@ -3,10 +3,10 @@
 // gives for the same prompt without drafts; /metrics counts the drafts and the right ones. The server runs with
 // MAGNETAR_LOOKUP_EVERY_DRAFT=1 so that it drafts whatever the drafts cost on this machine (without it the decoder
 // drafts only what pays, which on the tiny demo model is next to nothing).
-#include <cstdio>
 #include <fstream>
 
 #include "tests/server/harness.h"
+#include "tests/tools/invoke.h"
 
 namespace magnetar {
 namespace lookup_test {
@@ -26,25 +26,13 @@ class ServeLookup : public ServeFixture {
   }
   // `magnetar run`'s text for the prompt (no drafts), as the completion's: the output without run's final newline.
   static std::string run_text(const std::string& prompt, int n, const std::string& sampling) {
-    const std::string file = ::testing::TempDir() + "lookup_prompt_" + std::to_string(getpid()) + ".txt";
-    std::ofstream(file) << prompt;
-    const std::string cmd = std::string(MAGNETAR_BINARY) + " run -m " + kModel + " --ctx 512 -t 2 -f " + file + " -n " +
-                            std::to_string(n) + " " + sampling + " 2>/dev/null";
-    std::string out;
-    if (FILE* p = popen(cmd.c_str(), "r")) {
-      char buf[4096];
-      for (size_t got; (got = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, got);
-      EXPECT_EQ(pclose(p), 0) << cmd;
-    }
-    std::remove(file.c_str());
-    if (!out.empty() && out.back() == '\n') out.pop_back();
-    return out;
-  }
-  static double metric_value(const std::string& name) {
-    httplib::Result r = client().Get("/metrics");
-    if (!r || r->status != 200) return -1;
-    const size_t at = r->body.find("\n" + name + " ");
-    return at == std::string::npos ? -1 : std::stod(r->body.substr(at + name.size() + 2));
+    testing::TempDir dir;
+    std::ofstream(dir.file("prompt.txt")) << prompt;
+    const testing::Invocation r =
+        testing::run_magnetar("run -m " + kModel + " --ctx 512 -t 2 -f " + dir.file("prompt.txt") + " -n " +
+                              std::to_string(n) + " " + sampling);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return r.out.empty() || r.out.back() != '\n' ? r.out : r.out.substr(0, r.out.size() - 1);
   }
 };
 
@@ -76,8 +64,8 @@ TEST_F(ServeLookup, AnswersAreTheTextWithoutDrafts) {
     at = end;
   }
   EXPECT_EQ(text, greedy);
-  const double drafts = metric_value("magnetar_lookup_draft_tokens_total");
-  const double right = metric_value("magnetar_lookup_drafts_accepted_total");
+  const double drafts = metric("magnetar_lookup_draft_tokens_total");
+  const double right = metric("magnetar_lookup_drafts_accepted_total");
   std::printf("lookup: %.0f drafts, %.0f right\n", drafts, right);
   EXPECT_GT(drafts, 0);
   EXPECT_GT(right, 0);

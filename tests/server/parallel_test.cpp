@@ -207,13 +207,6 @@ class ParallelSweeps : public ServeFixture {
   }
 };
 
-double metric(httplib::Client& c, const std::string& name) {
-  httplib::Result r = c.Get("/metrics");
-  if (!r || r->status != 200) return -1;
-  const size_t at = r->body.find("\n" + name + " ");
-  return at == std::string::npos ? -1 : std::stod(r->body.substr(at + name.size() + 2));
-}
-
 TEST_F(ParallelSweeps, PausedSweepsGiveEachRequestsAnswerAlone) {
   std::vector<json> pool;
   const std::vector<std::string> words = {"sea", "ships", "morning", "bread", "king", "river", "stone", "light"};
@@ -227,9 +220,9 @@ TEST_F(ParallelSweeps, PausedSweepsGiveEachRequestsAnswerAlone) {
   std::vector<std::string> want;
   for (const json& body : pool) want.push_back(stream_text(c, body));
   for (const std::string& w : want) ASSERT_EQ(w.rfind("ERROR", 0), std::string::npos) << w;
-  const double sweeps = metric(c, "magnetar_prefill_sweeps_total");
+  const double sweeps = metric("magnetar_prefill_sweeps_total");
   EXPECT_GE(sweeps, double(pool.size()));  // every prompt is longer than a chunk
-  EXPECT_EQ(metric(c, "magnetar_prefill_sweep_pauses_total"), 0);  // alone: nothing else decodes
+  EXPECT_EQ(metric("magnetar_prefill_sweep_pauses_total"), 0);  // alone: nothing else decodes
 
   std::atomic<int> mismatches{0};
   std::vector<std::string> problems(3);
@@ -250,8 +243,8 @@ TEST_F(ParallelSweeps, PausedSweepsGiveEachRequestsAnswerAlone) {
   }
   for (std::thread& t : clients) t.join();
   EXPECT_EQ(mismatches.load(), 0) << problems[0] << "\n" << problems[1] << "\n" << problems[2];
-  const double pauses = metric(c, "magnetar_prefill_sweep_pauses_total");
-  std::printf("sweeps: %.0f alone, %.0f in all, %.0f paused\n", sweeps, metric(c, "magnetar_prefill_sweeps_total"),
+  const double pauses = metric("magnetar_prefill_sweep_pauses_total");
+  std::printf("sweeps: %.0f alone, %.0f in all, %.0f paused\n", sweeps, metric("magnetar_prefill_sweeps_total"),
               pauses);
   EXPECT_GT(pauses, 0);
 }
