@@ -113,7 +113,7 @@ struct Params {
   const uint16_t* seq_k[kMaxDecodeSeqs];
   const uint16_t* seq_v[kMaxDecodeSeqs];
   int seq_tok[kMaxDecodeSeqs];  // grid z's token row (AttentionArgs::seq_tok)
-  int64_t fresh_row;            // AttentionArgs::fresh_row
+  const int32_t* fresh_row;     // AttentionArgs::fresh_row
   int split_stride;
   // attention_decode_mma's combine of many splits (the kernel's kChunkSplits): kCombineChunks, or kCombineSpread where
   // the grid fits one wave of CTAs (its last CTAs share the combine); kCombineBatches: the last CTA in batches of 8
@@ -645,7 +645,8 @@ __global__ void __launch_bounds__(ops::kWarpSize* kW) attention_decode_mma_kerne
   // launch just before this one is still running, see ops::pdl_wait) of the first kStages - 1 steps, one commit
   // group per step (an empty one past the last step keeps the group count uniform); the call's own rows after it,
   // as one more group, never into a piece a pending copy also writes (cp.async copies are unordered).
-  const int64_t fresh = p.fresh_row >= 0 && p.fresh_row < run.pos0 ? p.fresh_row : run.pos0;
+  const int64_t fresh_at = p.fresh_row != nullptr ? int64_t(*p.fresh_row) : run.pos0;  // copied before the step
+  const int64_t fresh = fresh_at >= 0 && fresh_at < run.pos0 ? fresh_at : run.pos0;
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     issue(s, j_begin, fresh, true);

@@ -724,11 +724,12 @@ struct AttentionArgs {
   // host array of n_tok distinct rows, read at the call; null: row t), so that a batch whose sequences take different
   // variants goes out as one launch per variant. The workspace must then hold max(seq_tok) + 1 sequences.
   const int32_t* seq_tok = nullptr;
-  // With seq_k, attention_decode_mma: the first row the launch just before this one wrote, when the sequences are a
-  // few tokens of one sequence (speculative decoding's drafts: one cache, the rows of all its new tokens stored before
-  // the call); the kernel reads rows before it ahead of its programmatic-dependent wait. -1: each token's own position
-  // (a batched decode: every sequence's new row is its token's, written by the launch itself).
-  int64_t fresh_row = -1;
+  // With seq_k, attention_decode_mma: the device int holding the first row the launch just before this one wrote, when
+  // the sequences are a few tokens of one sequence (speculative decoding's drafts: one cache, the rows of all its new
+  // tokens stored before the call), read when the kernel runs (a graph replays the launch at other positions); the
+  // kernel reads rows before it ahead of its programmatic-dependent wait. Null: each token's own position (a batched
+  // decode: every sequence's new row is its token's, written by the launch itself).
+  const int32_t* fresh_row = nullptr;
 };
 Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Stream& stream);
 

@@ -54,6 +54,13 @@ inline bool graphs_enabled() {
   static const bool enabled = switch_on("MAGNETAR_CUDA_GRAPH");
   return enabled;
 }
+// A step with drafts (speculative decoding: Session::step(id, drafts), a few tokens of one sequence, every row's
+// logits) replays a graph too, captured per token count. MAGNETAR_CUDA_GRAPH_DRAFTS=0 launches its kernels from the
+// host: the baseline of docs/benchmarks/2026-12-05-lookup-graph.md.
+inline bool draft_graphs_enabled() {
+  static const bool enabled = switch_on("MAGNETAR_CUDA_GRAPH_DRAFTS");
+  return enabled;
+}
 // A session's logits land in its page-locked row (CudaWorkspace). MAGNETAR_CUDA_LOGITS_ROW=0 gives the sessions no
 // such row (ordinary memory, which the driver copies into through its staging buffers): the baseline of
 // docs/benchmarks/2026-12-02-cuda-decode-host.md.

@@ -415,6 +415,12 @@ Result<DeviceKv*> Qwen3Cuda::mirror_of(kv::KvCache& cache) const {
   return raw;
 }
 
+bool Qwen3Cuda::drafts_attend_as_decode(int64_t n_tok, int64_t t0) const {
+  const int64_t D = hp_.head_dim;
+  return n_tok > 1 && t0 + n_tok <= attn_ws_.max_seqs() && D % 64 == 0 && D <= cuda::kMaxQkNormRopeHeadDim &&
+         fused(Fusion::kAttnSeqs) && decode_mma_for({.n_tok = n_tok, .head_dim = D}, hp_.n_head / hp_.n_head_kv);
+}
+
 Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const SeqSpan> seqs,
                                   std::span<DeviceKv* const> mirrors, int64_t n) const {
   const int64_t D = hp_.head_dim, q_dim = hp_.n_head * D, kv_dim = hp_.n_head_kv * D;
@@ -518,17 +524,32 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
     const SeqSpan& seq = seqs[s];
     void* kc = mirrors[s]->k[size_t(il)].data();
     void* vc = mirrors[s]->v[size_t(il)].data();
-    // A decode token's position is read on the device (positions_), so a decode graph replays these launches.
+    // A decode token's position is read on the device (positions_), so a decode graph replays these launches; so is
+    // the first row of a step with drafts (as_decode).
     const int32_t* pos0_device = seq.n_tok == 1 ? pos + t0 : nullptr;
+    const bool as_decode = drafts_attend_as_decode(seq.n_tok, t0);
+    const int32_t* row0_device = as_decode ? pos + t0 : pos0_device;
     // A decode token's qkv_prepare inside its attention launch (AttentionArgs::prepare, kAttnPrepare).
     const bool prepare_in = prepare_one && seq.n_tok == 1;
     if (one_launch && !prepare_in) {
-      MAGNETAR_RETURN_IF_ERROR(cuda::qkv_prepare(
-          {.q = q + t0 * q_dim, .q_weight = L.q_norm.f32(), .k = k + t0 * kv_dim, .k_weight = L.k_norm.f32(),
-           .v = v + t0 * kv_dim, .k_cache = kc, .v_cache = vc, .positions = pos + t0, .n_tok = seq.n_tok,
-           .n_head = hp_.n_head, .n_head_kv = hp_.n_head_kv, .head_dim = D, .eps = hp_.rms_eps,
-           .theta = hp_.rope_theta, .row0 = seq.pos0, .row0_device = pos0_device, .kv_type = kv_type_},
-          stream_));
+      MAGNETAR_RETURN_IF_ERROR(cuda::qkv_prepare({.q = q + t0 * q_dim,
+                                                  .q_weight = L.q_norm.f32(),
+                                                  .k = k + t0 * kv_dim,
+                                                  .k_weight = L.k_norm.f32(),
+                                                  .v = v + t0 * kv_dim,
+                                                  .k_cache = kc,
+                                                  .v_cache = vc,
+                                                  .positions = pos + t0,
+                                                  .n_tok = seq.n_tok,
+                                                  .n_head = hp_.n_head,
+                                                  .n_head_kv = hp_.n_head_kv,
+                                                  .head_dim = D,
+                                                  .eps = hp_.rms_eps,
+                                                  .theta = hp_.rope_theta,
+                                                  .row0 = seq.pos0,
+                                                  .row0_device = row0_device,
+                                                  .kv_type = kv_type_},
+                                                 stream_));
     } else if (!one_launch) {  // F16 (init: Q8_0 and FP8 KV take the fused head sizes)
       MAGNETAR_RETURN_IF_ERROR(cuda::store_kv({.x = k + t0 * kv_dim, .cache = static_cast<uint16_t*>(kc),
                                                .n_tok = seq.n_tok, .n = kv_dim, .row0 = seq.pos0,
@@ -554,8 +575,7 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
     // its rows split over the GPU as a decode token's do (one launch of n_tok tokens gives each token one CTA per KV
     // head: 4.7x a plain step at 16K with one draft). Tokens of different kernels (attention_decode_variant at their
     // lengths) go in a launch each.
-    if (seq.n_tok > 1 && t0 + seq.n_tok <= attn_ws_.max_seqs() && one_launch && fused(Fusion::kAttnSeqs) &&
-        decode_mma_for(args, group)) {
+    if (as_decode) {
       for (int64_t first = 0; first < seq.n_tok;) {
         const int variant = cuda::attention_decode_variant(D, kv_type_, seq.pos0 + first + 1);
         std::array<const void*, kSeqs> seq_k{}, seq_v{};
@@ -578,7 +598,7 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
         few.seq_k = seq_k.data();
         few.seq_v = seq_v.data();
         few.seq_tok = seq_tok.data();
-        few.fresh_row = seq.pos0;  // qkv_prepare, the launch before, stored the rows of all n_tok tokens
+        few.fresh_row = pos + t0;  // qkv_prepare, the launch before, stored the rows of all n_tok tokens
         MAGNETAR_RETURN_IF_ERROR(attend(few, group, attn_ws_, stream_));
         first += count;
       }
@@ -918,15 +938,17 @@ Status Qwen3Cuda::forward(cpu::ThreadPool& pool, Workspace&, const ForwardArgs& 
   const int64_t n_out = args.all_logits ? n : int64_t(args.seqs.size());
   MAGNETAR_CHECK(args.seq_logits.empty() || (!args.all_logits && args.seq_logits.size() == args.seqs.size()));
   bool graphed = graphs_enabled() && routes_on_device(n);
-  for (const SeqSpan& seq : args.seqs) graphed = graphed && seq.n_tok == 1;
+  const bool drafts =
+      args.seqs.size() == 1 && args.all_logits && draft_graphs_enabled() && drafts_attend_as_decode(n, 0);
+  for (const SeqSpan& seq : args.seqs) graphed = graphed && (seq.n_tok == 1 || drafts);
   if (graphed && graph_pause_ > 0) {  // a capture failed lately: kernel by kernel for a while, then try again
     --graph_pause_;
     graphed = false;
   }
   if (graphed) {
-    // One token per sequence: the n head rows (<= kVec) come back after the graph (logits_down). A capture the
-    // driver refuses turns graphs off for this model: the launches below then run one by one (an op's own error
-    // comes back from them as it would have from the capture).
+    // One token per sequence, or one step with drafts (all_logits): the n head rows (<= kVec) come back after the
+    // graph (logits_down). A capture the driver refuses turns graphs off for this model: the launches below then run
+    // one by one (an op's own error comes back from them as it would have from the capture).
     const Result<const cuda::Graph*> graph = decode_graph(pool, args, n);
     if (graph.ok()) {
       if (args.profile) device_start_.record(stream_);
@@ -1106,8 +1128,11 @@ Result<const cuda::Graph*> Qwen3Cuda::decode_graph(cpu::ThreadPool& pool, const 
   std::vector<uint64_t>& key = graph_key_;
   key.assign(1, args.routing != nullptr ? 1 : 0);
   for (const DeviceKv* m : mirrors_) key.push_back(m->id);
-  for (const SeqSpan& seq : args.seqs) {  // the attention kernel each sequence's launch takes at its length
-    key.push_back(uint64_t(cuda::attention_decode_variant(hp_.head_dim, kv_type_, seq.pos0 + seq.n_tok)));
+  for (const SeqSpan& seq : args.seqs) {  // the attention kernel each token's launch takes at its length
+    key.push_back(uint64_t(seq.n_tok));
+    for (int64_t i = 1; i <= seq.n_tok; ++i) {
+      key.push_back(uint64_t(cuda::attention_decode_variant(hp_.head_dim, kv_type_, seq.pos0 + i)));
+    }
   }
   ++graph_tick_;
   for (DecodeGraph& g : graphs_) {

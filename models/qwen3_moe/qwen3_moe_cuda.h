@@ -197,6 +197,10 @@ class Qwen3Cuda final : public Model {
     if (args.routing == nullptr || !routes_on_device(n)) return;
     stream_.copy(h_ids_.as<int32_t>(), ids_.as<int32_t>(), size_t(hp_.n_layer * n * hp_.n_expert_used) * 4);
   }
+  // Whether n_tok > 1 tokens of one sequence, rows t0.. of the pass (a step with drafts), attend through the
+  // several-sequences decode kernel, each token at its own position (attention_block); such a step alone in a pass
+  // replays a decode graph (forward, draft_graphs_enabled).
+  bool drafts_attend_as_decode(int64_t n_tok, int64_t t0) const;
   Status attention_block(const DevLayer& L, int64_t il, std::span<const SeqSpan> seqs,
                          std::span<DeviceKv* const> mirrors, int64_t n) const;
   // routed: router_ holds the layer's logits already (add_norm_router).
@@ -341,14 +345,17 @@ class Qwen3Cuda final : public Model {
   mutable GpuTierStats tier_stats_;
 
   // ---- decode graphs (graphs_enabled()): the forward pass of a decode step, captured per batch shape -----------
-  // The key: the routing copy on or off, then each sequence's mirror id in batch order (one token each), then the
-  // attention kernel of each at its length (cuda::attention_decode_variant).
+  // The key: the routing copy on or off, then each sequence's mirror id in batch order (one token each, or the
+  // tokens of one step with drafts), then each sequence's token count and the attention kernel of each token at its
+  // length (cuda::attention_decode_variant).
   struct DecodeGraph {
     std::vector<uint64_t> key;
     cuda::Graph graph;
     uint64_t last_use = 0;
   };
-  static constexpr size_t kMaxDecodeGraphs = 8;  // a server's few live batch shapes; the least recent goes
+  // A server's few live batch shapes and a lookup decoder's draft counts (--lookup up to kVec - 1 graphs); the least
+  // recent goes.
+  static constexpr size_t kMaxDecodeGraphs = 16;
   mutable std::vector<DecodeGraph> graphs_;
   mutable std::vector<uint64_t> graph_key_;
   mutable uint64_t graph_tick_ = 0;

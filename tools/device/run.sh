@@ -347,32 +347,40 @@ if [ "$filter" = "--decode-bench" ]; then
   exit 0
 fi
 
-# `run.sh --lookup-bench`: speculative decoding by prompt lookup (docs/benchmarks/2026-12-05-lookup-decoding.md) on the
-# resident 30B-A3B geometry: what a step with k drafts costs (`bench --drafts 7` at 640 rows, 16K and 64K with fp8 KV),
-# then `run --lookup 0` against `--lookup 7` on a prompt of 40 random ids repeated 4 times (the output loops) and on 600
-# random ids, 256 greedy tokens each, LOOKUP_ROUNDS times (default 2), the outputs compared byte for byte.
+# `run.sh --lookup-bench [ARM ...]`: speculative decoding by prompt lookup (docs/benchmarks/2026-12-05-lookup-decoding.md)
+# on the resident 30B-A3B geometry: what a step with k drafts costs (`bench --drafts 7` at 640 rows, 16K and, unless
+# LOOKUP_DEEP=0, 64K with fp8 KV), then `run --lookup 0` against `--lookup 7` on a prompt of 40 random ids repeated 4
+# times (the output loops) and on 600 random ids, 256 greedy tokens each, LOOKUP_ROUNDS times (default 2), the outputs
+# compared byte for byte; the default first, then each arm (run_arm) in the same call.
 if [ "$filter" = "--lookup-bench" ]; then
   build_with_model
-  echo "== drafts' cost, 640 rows"
-  "$bin" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 128 --reps 5 --drafts 7 2>&1 | tail -6
-  echo "== drafts' cost, 16K"
-  "$bin" bench -m "$model" --device cuda --ctx-start 16384 --ctx-max 16384 --step 512 --gen 64 --reps 5 --drafts 7 \
-    2>&1 | tail -6
-  echo "== drafts' cost, 64K, fp8 KV"
-  "$bin" bench -m "$model" --device cuda --ctx-start 65536 --ctx-max 65536 --step 2048 --batch 2048 --gen 64 --reps 3 \
-    --drafts 7 --kv-type fp8 2>&1 | tail -6
   loop=$(python3 -c "import random; random.seed(3); p=[random.randrange(1000,100000) for _ in range(40)]; print(','.join(map(str,p*4)))")
   fresh=$(python3 -c "import random; random.seed(5); print(','.join(str(random.randrange(1000,100000)) for _ in range(600)))")
-  for prompt in loop fresh; do
-    for round in $(seq "${LOOKUP_ROUNDS:-2}"); do
-      for k in 0 7; do
-        echo "== $prompt prompt, round $round, --lookup $k"
-        "$bin" run -m "$model" --device cuda --tokens "${!prompt}" -n 256 --temp 0 --lookup "$k" 2>&1 \
-          >"$OUT/lookup-$prompt-$k.txt" | grep -a "generated\|lookup:"
+  for arm in "" "${@:2}"; do
+    a=${arm:-default}
+    f=${a//[^A-Za-z0-9_.-]/_}  # in the output files' names
+    echo "== $a: drafts' cost, 640 rows"
+    run_arm "$arm" bench -m "$model" --device cuda --ctx-start 0 --ctx-max 0 --step 512 --gen 128 --reps 5 --drafts 7 \
+      2>&1 | tail -6
+    echo "== $a: drafts' cost, 16K"
+    run_arm "$arm" bench -m "$model" --device cuda --ctx-start 16384 --ctx-max 16384 --step 512 --gen 64 --reps 5 \
+      --drafts 7 2>&1 | tail -6
+    if [ "${LOOKUP_DEEP:-1}" != 0 ]; then
+      echo "== $a: drafts' cost, 64K, fp8 KV"
+      run_arm "$arm" bench -m "$model" --device cuda --ctx-start 65536 --ctx-max 65536 --step 2048 --batch 2048 \
+        --gen 64 --reps 3 --drafts 7 --kv-type fp8 2>&1 | tail -6
+    fi
+    for prompt in loop fresh; do
+      for round in $(seq "${LOOKUP_ROUNDS:-2}"); do
+        for k in 0 7; do
+          echo "== $a: $prompt prompt, round $round, --lookup $k"
+          run_arm "$arm" run -m "$model" --device cuda --tokens "${!prompt}" -n 256 --temp 0 --lookup "$k" 2>&1 \
+            >"$OUT/lookup-$f-$prompt-$k.txt" | grep -a "generated\|lookup:"
+        done
       done
+      cmp -s "$OUT/lookup-$f-$prompt-0.txt" "$OUT/lookup-$f-$prompt-7.txt" && echo "== $a, $prompt: the same text" ||
+        echo "== $a, $prompt: the texts DIFFER"
     done
-    cmp -s "$OUT/lookup-$prompt-0.txt" "$OUT/lookup-$prompt-7.txt" && echo "== $prompt: the same text" ||
-      echo "== $prompt: the texts DIFFER"
   done
   exit 0
 fi
