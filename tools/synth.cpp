@@ -5,7 +5,7 @@
 // Weights are Gaussian with standard deviation 1/sqrt(fan_in) (token embeddings: 1); quantized types are
 // assembled from pools of reference-quantized blocks (see make_rows), so a 16 GiB model takes about as long
 // as writing it. Norms are 1, routers stay F32 and the LM head is Q8_0 for quantized types, as llama.cpp's
-// quantizer leaves them.
+// quantizer leaves them (q4_k_m: Q6_K and the Q4_K_M mix, qwen3moe_tensors).
 #include <algorithm>
 #include <cstring>
 #include <deque>
@@ -68,20 +68,31 @@ std::vector<double> skewed_scales(int64_t n_expert, double alpha, uint64_t seed)
   return scale;
 }
 
-std::vector<TensorSpec> qwen3moe_tensors(const Geometry& g, quant::Type type, double skew, uint64_t seed) {
+// --type q4_k_m: the mix llama.cpp's llama-quantize makes for Q4_K_M (llama_tensor_get_type), the file most users
+// download: Q4_K, with Q6_K for the output matrix and for attn_v and ffn_down(_exps) in the layers where
+// use_more_bits holds (the first and last eighth of the layers and every third between: 24 of 48); routers and norms
+// F32. (The 8-expert models' attn_k/attn_v rules do not apply to these presets' 128 experts.)
+constexpr std::string_view kQ4KM = "q4_k_m";
+constexpr int32_t kQ4KMFileType = 15;  // LLAMA_FTYPE_MOSTLY_Q4_K_M
+bool more_bits(int64_t layer, int64_t n_layer) {
+  return layer < n_layer / 8 || layer >= 7 * n_layer / 8 || (layer - n_layer / 8) % 3 == 2;
+}
+
+std::vector<TensorSpec> qwen3moe_tensors(const Geometry& g, quant::Type type, bool q4_k_m, double skew, uint64_t seed) {
   const quant::Type f32 = quant::Type::F32;
   const bool quantized = quant::traits(type).is_quantized;
-  const quant::Type head_type = quantized ? quant::Type::Q8_0 : type;
+  const quant::Type head_type = q4_k_m ? quant::Type::Q6_K : quantized ? quant::Type::Q8_0 : type;
   const double embd_sigma = 1.0 / std::sqrt(double(g.n_embd));
   std::vector<TensorSpec> t;
   t.push_back({"token_embd.weight", {g.n_embd, g.n_vocab}, type, Init::kGaussian, 1.0});
   for (int64_t l = 0; l < g.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
+    const quant::Type more = q4_k_m && more_bits(l, g.n_layer) ? quant::Type::Q6_K : type;
     const int64_t q_dim = g.n_head * g.head_dim, kv_dim = g.n_head_kv * g.head_dim;
     t.push_back({p + "attn_norm.weight", {g.n_embd}, f32, Init::kOne, 0});
     t.push_back({p + "attn_q.weight", {g.n_embd, q_dim}, type, Init::kGaussian, embd_sigma});
     t.push_back({p + "attn_k.weight", {g.n_embd, kv_dim}, type, Init::kGaussian, embd_sigma});
-    t.push_back({p + "attn_v.weight", {g.n_embd, kv_dim}, type, Init::kGaussian, embd_sigma});
+    t.push_back({p + "attn_v.weight", {g.n_embd, kv_dim}, more, Init::kGaussian, embd_sigma});
     t.push_back({p + "attn_q_norm.weight", {g.head_dim}, f32, Init::kOne, 0});
     t.push_back({p + "attn_k_norm.weight", {g.head_dim}, f32, Init::kOne, 0});
     t.push_back({p + "attn_output.weight", {q_dim, g.n_embd}, type, Init::kGaussian, 1.0 / std::sqrt(double(q_dim))});
@@ -90,7 +101,10 @@ std::vector<TensorSpec> qwen3moe_tensors(const Geometry& g, quant::Type type, do
                  skew > 0 ? skewed_scales(g.n_expert, skew, seed * 1000003 + uint64_t(l)) : std::vector<double>{}});
     t.push_back({p + "ffn_gate_exps.weight", {g.n_embd, g.n_ff_exp, g.n_expert}, type, Init::kGaussian, embd_sigma});
     t.push_back({p + "ffn_up_exps.weight", {g.n_embd, g.n_ff_exp, g.n_expert}, type, Init::kGaussian, embd_sigma});
-    t.push_back({p + "ffn_down_exps.weight", {g.n_ff_exp, g.n_embd, g.n_expert}, type, Init::kGaussian,
+    t.push_back({p + "ffn_down_exps.weight",
+                 {g.n_ff_exp, g.n_embd, g.n_expert},
+                 more,
+                 Init::kGaussian,
                  1.0 / std::sqrt(double(g.n_ff_exp))});
   }
   t.push_back({"output_norm.weight", {g.n_embd}, f32, Init::kOne, 0});
@@ -242,7 +256,10 @@ int synth_main(int argc, char** argv) {
                  "Writes a synthetic qwen3moe model of real geometry with random zero-mean weights (no tokenizer:\n"
                  "it runs from token ids). For benchmarks and tests of loading, caching and streaming.");
   args.option("--preset", &preset, presets_list, "model geometry");
-  args.option("--type", &type_name, "TYPE", "weight type: f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs mxfp4");
+  args.option("--type", &type_name, "TYPE",
+              "weight type: f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs mxfp4\n"
+              "                           (quantized types: Q8_0 output matrix), or q4_k_m: llama.cpp's Q4_K_M mix\n"
+              "                           (Q4_K; Q6_K output, and attn_v and ffn_down_exps in half the layers)");
   args.option("-o", &out_path, "OUT.gguf", "output file (written atomically)");
   args.option("--layers", &layers, "N", "keep only the first N layers (0: all)");
   args.option("--seed", &seed, "S", "random seed");
@@ -275,7 +292,8 @@ int synth_main(int argc, char** argv) {
   for (const Geometry& g : kPresets) {
     if (g.preset == preset) found = &g;
   }
-  const std::optional<quant::Type> type = quant::type_from_name(type_name);
+  const bool q4_k_m = type_name == kQ4KM;
+  const std::optional<quant::Type> type = q4_k_m ? quant::Type::Q4_K : quant::type_from_name(type_name);
   std::string error;
   if (!found) error = format("--preset '%s' is unknown (known: %s)", preset.c_str(), presets_list.c_str());
   else if (!type || !quant::is_weight_type(*type))
@@ -312,11 +330,11 @@ int synth_main(int argc, char** argv) {
       if (kv_pair.key == "tokenizer.ggml.tokens") g.n_vocab = int64_t(kv_pair.value.array.size());
     }
   }
-  const std::vector<TensorSpec> specs = qwen3moe_tensors(g, *type, skew, uint64_t(seed));
+  const std::vector<TensorSpec> specs = qwen3moe_tensors(g, *type, q4_k_m, skew, uint64_t(seed));
   for (const TensorSpec& s : specs) {
     if (s.dims[0] % quant::traits(s.type).block_size != 0) {
       std::fprintf(stderr, "magnetar synth: tensor '%s' has rows of %lld, not a multiple of the %s block size\n",
-                   s.name.c_str(), (long long)s.dims[0], type_name.c_str());
+                   s.name.c_str(), (long long)s.dims[0], std::string(quant::traits(s.type).name).c_str());
       return kExitBadInput;
     }
   }
@@ -328,7 +346,7 @@ int synth_main(int argc, char** argv) {
   const std::string arch = "qwen3moe";
   w.set("general.architecture", Value::of_string(arch));
   w.set("general.name", Value::of_string(format("synthetic %s %s", std::string(g.preset).c_str(), type_name.c_str())));
-  w.set("general.file_type", u32(quant::traits(*type).file_type));
+  w.set("general.file_type", u32(q4_k_m ? kQ4KMFileType : quant::traits(*type).file_type));
   w.set("general.quantization_version", u32(2));
   w.set(arch + ".block_count", u32(g.n_layer));
   w.set(arch + ".context_length", u32(g.n_ctx));

@@ -122,6 +122,31 @@ TEST(Synth, TinyModelHasQwen3MoeGeometryAndIsDeterministic) {
   }
 }
 
+// --type q4_k_m: llama.cpp's Q4_K_M mix. Of the tiny preset's 2 layers, llama_tensor_get_type's use_more_bits
+// (i < n/8 || i >= 7n/8 || (i - n/8) % 3 == 2) holds for layer 1 only: its attn_v and ffn_down_exps are Q6_K, layer
+// 0's Q4_K; the output matrix Q6_K; general.file_type LLAMA_FTYPE_MOSTLY_Q4_K_M (15). The model runs.
+TEST(Synth, Q4KMIsLlamaCppsMix) {
+  testing::TempDir dir;
+  const Invocation a = run("synth --preset tiny --type q4_k_m -o " + dir.file("m.gguf"));
+  ASSERT_EQ(a.status, 0) << a.err;
+  const Invocation r = run("inspect --json " + dir.file("m.gguf"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["metadata"]["general.file_type"], 15);
+  std::map<std::string, std::string> types;
+  for (const nlohmann::json& t : j["tensors"]) types[t["name"]] = t["type"];
+  const std::map<std::string, std::string> want = {
+      {"token_embd.weight", "Q4_K"},          {"output.weight", "Q6_K"},
+      {"blk.0.attn_q.weight", "Q4_K"},        {"blk.0.attn_k.weight", "Q4_K"},
+      {"blk.0.attn_v.weight", "Q4_K"},        {"blk.1.attn_v.weight", "Q6_K"},
+      {"blk.1.attn_output.weight", "Q4_K"},   {"blk.1.ffn_gate_inp.weight", "F32"},
+      {"blk.0.ffn_down_exps.weight", "Q4_K"}, {"blk.1.ffn_down_exps.weight", "Q6_K"},
+      {"blk.1.ffn_gate_exps.weight", "Q4_K"}, {"blk.1.ffn_up_exps.weight", "Q4_K"}};
+  for (const auto& [name, type] : want) EXPECT_EQ(types[name], type) << name;
+  const Invocation g = run("run -m " + dir.file("m.gguf") + " --tokens 1,2,3 -n 4 --temp 0");
+  EXPECT_EQ(g.status, 0) << g.err;
+}
+
 // The share of expert selections taken by the most popular half of the experts, from `synth --check`.
 double top_half_share(const std::string& out) {
   const size_t at = out.find("\n  mean");

@@ -59,10 +59,11 @@ build_magnetar() {
 }
 # The binary (build_magnetar) and the synthetic Qwen3-30B-A3B-geometry Q4_K model the bench modes run (made once per
 # machine, ~15 s). Sets bin and model. SYNTH_SKEW=S: the model has skewed routing (`synth --skew S`), not uniform.
-model=/tmp/magnetar-q30-q4k${SYNTH_SKEW:+-skew$SYNTH_SKEW}.gguf
+# SYNTH_TYPE=T: weights of `synth --type T` (e.g. q4_k_m, llama.cpp's Q4_K_M mix) instead of q4_k.
+model=/tmp/magnetar-q30-${SYNTH_TYPE:-q4k}${SYNTH_SKEW:+-skew$SYNTH_SKEW}.gguf
 build_with_model() {
   build_magnetar
-  [ -f "$model" ] || { /usr/bin/time -f "synth %e s" "$bin" synth --preset qwen3-30b-a3b --type q4_k \
+  [ -f "$model" ] || { /usr/bin/time -f "synth %e s" "$bin" synth --preset qwen3-30b-a3b --type "${SYNTH_TYPE:-q4_k}" \
     ${SYNTH_SKEW:+--skew $SYNTH_SKEW} -t "$(nproc)" -o "$model" 2>&1 | tail -2; }
 }
 
