@@ -231,8 +231,8 @@ struct MatvecArgs {
   // (has_matvec_rows_kernel) take it, with that many rows per warp, or 4 for rows shorter than a warp's lanes
   // (so that every lane has a part). The model asks for 1 (MAGNETAR_CUDA_MMVQ_ROWS); other launches ignore it.
   int rows_per_warp = 0;
-  // Products of a type with mmvq.cu's activation-stationary kernel (has_matvec_stationary_kernel: Q4_K) take it where
-  // the row fits (groups of 1, 2 or 4 rows whose parts tile a warp's lanes, at most 8 parts per lane: 1,024-8,192
+  // Products of a type with mmvq.cu's activation-stationary kernel (has_matvec_stationary_kernel: Q4_K, Q6_K) take it
+  // where the row fits (groups of 1, 2 or 4 rows whose parts tile a warp's lanes, at most 8 parts per lane: 1,024-8,192
   // columns in steps of 1,024, 512-3,584 in steps of 1,024, 256-1,792 in steps of 512), for several vectors where
   // they and the warp's rows fit its lanes (4 or 8 vectors times 1-8 rows <= 32); each vector's outputs are the bits
   // of a product of it alone. Other rows and types ignore it and go by rows_per_warp. The model asks for it
@@ -333,8 +333,10 @@ struct GroupedMatvecArgs {
 Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream);
 // Whether `type` has mmvq.cu's rows kernel (rows_per_warp 1, 2, 4): Q4_K and Q8_0.
 bool has_matvec_rows_kernel(quant::Type type);
-// Whether `type` has mmvq.cu's activation-stationary kernel (MatvecArgs::stationary): Q4_K.
+// Whether `type` has mmvq.cu's activation-stationary kernel (MatvecArgs::stationary): Q4_K, and Q6_K for one vector.
 bool has_matvec_stationary_kernel(quant::Type type);
+// Whether grouped gate/up products of `type` can fold SwiGLU in (GroupedMatvecArgs::swiglu): Q4_K.
+bool has_matvec_swiglu(quant::Type type);
 // Whether single-vector products of `type` with rows of `cols` take it (MatvecArgs::stationary).
 bool matvec_stationary_fits(quant::Type type, int64_t cols);
 

@@ -188,6 +188,7 @@ Status matvec(const MatvecArgs& args, MatvecWorkspace& workspace, Stream& stream
 
 bool has_matvec_rows_kernel(quant::Type type) { return detail::mmvq_has_rows_kernel(type); }
 bool has_matvec_stationary_kernel(quant::Type type) { return detail::mmvq_has_stationary_kernel(type); }
+bool has_matvec_swiglu(quant::Type type) { return detail::mmvq_has_stationary_glu(type); }
 bool matvec_stationary_fits(quant::Type type, int64_t cols) { return detail::mmvq_stationary_fits(type, cols); }
 
 // ---- grouped_matvec ---------------------------------------------------------------------------------------------
@@ -237,10 +238,12 @@ Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream) {
     return Status::error("grouped_matvec: items, x and y must be aligned");
   }
   if ((args.swiglu || args.x_float) &&
-      (!args.stationary || args.max_n != 1 || !detail::mmvq_stationary_fits(args.type, args.cols))) {
-    return Status::error(format("grouped_matvec: swiglu / x_float need the stationary kernel (stationary, max_n=1, "
-                                "a %s row of %lld columns that it takes)",
-                                std::string(t->name).c_str(), (long long)args.cols));
+      (!args.stationary || args.max_n != 1 || !detail::mmvq_stationary_fits(args.type, args.cols) ||
+       (args.swiglu && !detail::mmvq_has_stationary_glu(args.type)))) {
+    return Status::error(
+        format("grouped_matvec: swiglu / x_float need the stationary kernel (stationary, max_n=1, "
+               "a %s row of %lld columns that it takes; swiglu: Q4_K)",
+               std::string(t->name).c_str(), (long long)args.cols));
   }
   if (args.swiglu && args.n_parts != 2) {
     return Status::error(format("grouped_matvec: swiglu needs gate and up (n_parts=2, not %d)", args.n_parts));

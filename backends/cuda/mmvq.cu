@@ -30,7 +30,7 @@
 //   per vector. Next steps, each to be measured (ncu works on these machines): a whole block per thread
 //   with 16-byte loads staged through shared memory, activation sums instead of __vsub4 for the offsets,
 //   unpacking once for all vectors, a persistent grid. Since then decode's single-vector products take the kernels
-//   below that: the rows kernel, the activation-stationary kernel (Q4_K) and the staged kernel (Q8_0)
+//   below that: the rows kernel, the activation-stationary kernel (Q4_K, Q6_K) and the staged kernel (Q8_0)
 //   (docs/benchmarks/2026-12-01-cuda-decode-stationary-mmvq.md).
 #include <cuda_runtime.h>
 
@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The activation-stationary kernel (MatvecLaunch::stationary; one vector; types whose MmvqType has ActPart,
-// WeightPart, load_part and dot_loaded: Q4_K). ncu of the rows kernel on the decode products (H200, 2026-12-01,
+// WeightPart, load_part and dot_loaded: Q4_K, Q6_K). ncu of the rows kernel on the decode products (H200, 2026-12-01,
 // run.sh --ncu-kernel): ~340 warp-instructions per 2,048-column Q4_K row of 1,152 weight bytes, issue slots 50-63%
 // busy at 1.3 TB/s for the experts' gate/up; a lane's two parts each loaded 8 activation words, 2 block sums and a
 // scale next to its 32 weight bytes, for every row. Here the parts of a group of kQ consecutive rows tile the warp's
@@ -383,10 +383,10 @@ bool launch_stationary(const MatvecLaunch& a, int items, cudaStream_t stream) {
   if (a.n_vectors == 1) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, kGlu, 1>);
   // Several vectors (plain launches): 4 or 8 at a time where the warp's sums fit its 32 lanes.
   constexpr int kRowsPerWarp = kQ * kR;
-  if constexpr (!kGlu && 4 * kRowsPerWarp <= kWarpSize) {
+  if constexpr (!kGlu && mmvq_has_stationary_vectors(T) && 4 * kRowsPerWarp <= kWarpSize) {
     if (!group && !a.act_float && a.n_vectors <= 4) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, false, 4>);
   }
-  if constexpr (!kGlu && 8 * kRowsPerWarp <= kWarpSize) {
+  if constexpr (!kGlu && mmvq_has_stationary_vectors(T) && 8 * kRowsPerWarp <= kWarpSize) {
     if (!group && !a.act_float && a.n_vectors <= 8) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, false, 8>);
   }
   return false;
@@ -603,10 +603,12 @@ void launch(const MatvecLaunch& a, cudaStream_t stream) {
   }
   if constexpr (mmvq_has_stationary_kernel(T)) {
     // swiglu and act_float exist only there: matvec.cpp checked that the row fits (mmvq_stationary_fits).
-    if (a.swiglu) {
-      if (a.bulk && launch_mmvq_bulk(T, a, stream)) return;
-      try_stationary<T, true>(a, blocks_per_row, stream);
-      return;
+    if constexpr (mmvq_has_stationary_glu(T)) {
+      if (a.swiglu) {
+        if (a.bulk && launch_mmvq_bulk(T, a, stream)) return;
+        try_stationary<T, true>(a, blocks_per_row, stream);
+        return;
+      }
     }
     if (a.bulk && a.act_float && launch_mmvq_bulk(T, a, stream)) return;
     if (a.stationary || a.act_float) {  // several vectors: plain launches of rows that fit (launch_stationary)
@@ -674,9 +676,9 @@ void launch(const MatvecLaunch& a, cudaStream_t stream) {
 }  // namespace
 
 bool mmvq_stationary_fits(quant::Type type, int64_t cols) {
-  static_assert(mmvq_has_stationary_kernel(Type::Q4_K), "the one type with the stationary kernel");
-  if (type != Type::Q4_K || cols % quant::kQK_K != 0 || cols > 65536) return false;
-  return mmvq::stationary_shape(int(cols / quant::kQK_K) * mmvq::MmvqType<Type::Q4_K>::kParts).kJ > 0;
+  static_assert(mmvq::MmvqType<Type::Q4_K>::kParts == 8 && mmvq::MmvqType<Type::Q6_K>::kParts == 8);
+  if (!mmvq_has_stationary_kernel(type) || cols % quant::kQK_K != 0 || cols > 65536) return false;
+  return mmvq::stationary_shape(int(cols / quant::kQK_K) * 8).kJ > 0;
 }
 
 bool mmvq_supports(quant::Type type) {

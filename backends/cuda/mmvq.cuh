@@ -533,6 +533,64 @@ struct MmvqType<Type::Q6_K> {
   using Block = quant::BlockQ6_K;
   using Act = quant::BlockQ8_K;
   static constexpr int kParts = 8;
+  // The stationary kernel's split of dot() (as Q4_K's): part p = 4h + l0 / 8 takes elements 128h + 32g + l0 .. + 7
+  // for g = 0..3 (the four 32-element groups of half h, each 8 elements at l0). A block is 210 bytes, so a row's
+  // blocks are only 2-byte aligned: every word is two 2-byte loads, as in dot().
+  struct ActPart {
+    int y[8];  // y[2g + i]: the activation word at 128h + 32g + l0 + 4i
+    float d;
+  };
+  static MAGNETAR_HD ActPart act_part(const Act& a, int part) {
+    const int h = part / 4;
+    const int l0 = 8 * (part % 4);
+    ActPart x;
+    for (int g = 0; g < 4; ++g) {
+      for (int i = 0; i < 2; ++i) x.y[2 * g + i] = load_a4(bytes(a.qs) + 128 * h + 32 * g + l0 + 4 * i);
+    }
+    x.d = a.d;
+    return x;
+  }
+  struct WeightPart {
+    int ql0[2];
+    int ql1[2];
+    int qh[2];
+    uint32_t scales;  // scales[8h + 2g + l0 / 16] as byte g, g = 0..3
+    uint32_t d;       // the block's f16 scale in the low half
+  };
+  static MAGNETAR_HD WeightPart load_part(const Block& w, int part) {
+    const int h = part / 4;
+    const int l0 = 8 * (part % 4);
+    WeightPart p;
+    for (int i = 0; i < 2; ++i) {
+      p.ql0[i] = load_a2(w.ql + 64 * h + l0 + 4 * i);
+      p.ql1[i] = load_a2(w.ql + 64 * h + 32 + l0 + 4 * i);
+      p.qh[i] = load_a2(w.qh + 32 * h + l0 + 4 * i);
+    }
+    // The part's scales are bytes 0, 2, 4, 6 (l0 < 16) or 1, 3, 5, 7 of scales[8h .. 8h + 7].
+    const uint8_t* sc = reinterpret_cast<const uint8_t*>(w.scales) + 8 * h;
+    p.scales = byte_perm(uint32_t(load_a2(sc)), uint32_t(load_a2(sc + 4)), l0 < 16 ? 0x6420u : 0x7531u);
+    p.d = w.d;
+    return p;
+  }
+  // The integer sums are dot()'s, so each part's float is dot()'s bit for bit.
+  static MAGNETAR_HD float dot_loaded(const WeightPart& w, const ActPart& x, int) {
+    int dots[4] = {0, 0, 0, 0};
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t ql0 = uint32_t(w.ql0[i]);
+      const uint32_t ql1 = uint32_t(w.ql1[i]);
+      const uint32_t qh = uint32_t(w.qh[i]);
+      const uint32_t q[4] = {
+          (ql0 & 0x0F0F0F0Fu) | ((qh << 4) & 0x30303030u),
+          (ql1 & 0x0F0F0F0Fu) | ((qh << 2) & 0x30303030u),
+          ((ql0 >> 4) & 0x0F0F0F0Fu) | (qh & 0x30303030u),
+          ((ql1 >> 4) & 0x0F0F0F0Fu) | ((qh >> 2) & 0x30303030u),
+      };
+      for (int g = 0; g < 4; ++g) dots[g] = dp4a(sub_bytes(int(q[g]), 0x20202020), x.y[2 * g + i], dots[g]);
+    }
+    int sumi = 0;
+    for (int g = 0; g < 4; ++g) sumi += int(int8_t(w.scales >> (8 * g))) * dots[g];
+    return fp16_to_float(uint16_t(w.d)) * x.d * float(sumi);
+  }
   static MAGNETAR_HD float dot(const Block& w, const Act& a, int part) {
     const int h = part / 4;
     const int l0 = 8 * (part % 4);

@@ -7,6 +7,8 @@
 #include <string_view>
 #include <utility>
 
+#include "quant/quant.h"
+
 namespace magnetar::models::qwen3_cuda {
 
 // A diagnostic switch (STYLE.md rule 17): on unless the environment variable is "0".
@@ -145,12 +147,16 @@ inline int mmvq_rows_per_warp() {
   return rows;
 }
 
-// Q4_K products of 1-8 vectors take mmvq's activation-stationary kernel where the row fits it (MatvecArgs::stationary);
-// MAGNETAR_CUDA_MMVQ_STATIONARY=0 is the baseline (the rows kernel): tg128 461.9 / 461.3 against 451.7 / 451.1 (H200,
-// docs/benchmarks/2026-12-01-cuda-decode-stationary-mmvq.md).
-inline bool mmvq_stationary() {
+// Q4_K and Q6_K products of 1-8 vectors take mmvq's activation-stationary kernel where the row fits it
+// (MatvecArgs::stationary); MAGNETAR_CUDA_MMVQ_STATIONARY=0 is the baseline (the rows kernel): tg128 461.9 / 461.3
+// against 451.7 / 451.1 (H200, docs/benchmarks/2026-12-01-cuda-decode-stationary-mmvq.md).
+// MAGNETAR_CUDA_MMVQ_STATIONARY_Q6K=0 keeps Q6_K products (llama.cpp's Q4_K_M mix: the output matrix, half the layers'
+// attn_v and ffn_down) off it, and so the decode fusions that need it off those layers: the baseline of
+// docs/benchmarks/2026-12-05-cuda-q4km.md.
+inline bool mmvq_stationary(quant::Type type) {
   static const bool on = switch_on("MAGNETAR_CUDA_MMVQ_STATIONARY");
-  return on;
+  static const bool q6k = switch_on("MAGNETAR_CUDA_MMVQ_STATIONARY_Q6K");
+  return on && (q6k || type != quant::Type::Q6_K);
 }
 
 // Single-vector Q8_0 products (the LM head) take mmvq's staged kernel where the row fits it (MatvecArgs::staged);

@@ -363,11 +363,19 @@ Status Qwen3Cuda::linear(const DevTensor& W, const float* x, float* y, int64_t n
   const size_t act_row = quantized ? quant::row_size(quant::traits(W.type).vec_dot_type, W.cols) : 0;
   for (int64_t c = 0; c < n; c += kVec) {
     const int64_t nv = std::min(kVec, n - c);
-    MAGNETAR_RETURN_IF_ERROR(cuda::matvec(
-        {.type = W.type, .weights = W.p, .rows = W.rows, .cols = W.cols, .x = x + c * W.cols, .y = y + c * W.rows,
-         .n_vectors = nv, .x_quantized = quantized ? static_cast<const uint8_t*>(xq) + size_t(c) * act_row : nullptr,
-         .rows_per_warp = mmvq_rows_per_warp(), .stationary = mmvq_stationary(), .staged = mmvq_staged()},
-        mv_ws_, stream_));
+    MAGNETAR_RETURN_IF_ERROR(
+        cuda::matvec({.type = W.type,
+                      .weights = W.p,
+                      .rows = W.rows,
+                      .cols = W.cols,
+                      .x = x + c * W.cols,
+                      .y = y + c * W.rows,
+                      .n_vectors = nv,
+                      .x_quantized = quantized ? static_cast<const uint8_t*>(xq) + size_t(c) * act_row : nullptr,
+                      .rows_per_warp = mmvq_rows_per_warp(),
+                      .stationary = mmvq_stationary(W.type),
+                      .staged = mmvq_staged()},
+                     mv_ws_, stream_));
   }
   return Status();
 }
@@ -438,10 +446,17 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
     MAGNETAR_RETURN_IF_ERROR(linear(L.wqkv, xn, q, 1, xq));
   } else if (n <= kVec && L.wqkv.p != nullptr && xq != nullptr && qkv_one_launch()) {
     // A few tokens (the batched decode of several sessions): the merged matrix in one launch, its rows into q, k, v.
-    MAGNETAR_RETURN_IF_ERROR(cuda::matvec({.type = L.wqkv.type, .weights = L.wqkv.p, .rows = L.wqkv.rows,
-                                           .cols = L.wqkv.cols, .y = q, .n_vectors = n, .x_quantized = xq,
-                                           .rows_per_warp = mmvq_rows_per_warp(), .stationary = mmvq_stationary(),
-                                           .staged = mmvq_staged(), .split = {q_dim, q_dim + kv_dim},
+    MAGNETAR_RETURN_IF_ERROR(cuda::matvec({.type = L.wqkv.type,
+                                           .weights = L.wqkv.p,
+                                           .rows = L.wqkv.rows,
+                                           .cols = L.wqkv.cols,
+                                           .y = q,
+                                           .n_vectors = n,
+                                           .x_quantized = xq,
+                                           .rows_per_warp = mmvq_rows_per_warp(),
+                                           .stationary = mmvq_stationary(L.wqkv.type),
+                                           .staged = mmvq_staged(),
+                                           .split = {q_dim, q_dim + kv_dim},
                                            .y_split = {k, v}},
                                           mv_ws_, stream_));
   } else if (split) {
@@ -725,7 +740,8 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
   // Prefill with an mmq-able expert type groups up to kMmqItemRows rows per item for grouped_matmul_q.
   const bool mmq = use_mmq(L.exp_type, n) && cuda::has_matmul_q(L.down_type);
   // Decode's swiglu folded into the two products (Fusion::kSwigluMmvq) where every item has one row (max_n 1).
-  const bool swiglu_in_products = !mmq && fused(Fusion::kSwigluMmvq) && mmvq_stationary() &&
+  const bool swiglu_in_products = !mmq && fused(Fusion::kSwigluMmvq) && mmvq_stationary(L.exp_type) &&
+                                  mmvq_stationary(L.down_type) && cuda::has_matvec_swiglu(L.exp_type) &&
                                   cuda::matvec_stationary_fits(L.exp_type, E) &&
                                   cuda::matvec_stationary_fits(L.down_type, F);
   // One token, every expert resident: the products route themselves (route_in_products()), route_topk is not run.
@@ -856,12 +872,21 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
                                                        .part = 0, .n_parts = 2, .rows = F, .cols = E, .x = x,
                                                        .x_rows = x_rows, .y = gate, .y_part_stride = R * F}, stream_));
     } else {
-      MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matvec({.type = L.exp_type, .items = its, .n_items = count,
-                                                     .part = 0, .n_parts = 2, .rows = F, .cols = E, .x = x,
-                                                     .x_rows = x_rows, .single_x = n == 1, .y = gate,
-                                                     .y_part_stride = R * F, .max_n = max_n,
+      MAGNETAR_RETURN_IF_ERROR(cuda::grouped_matvec({.type = L.exp_type,
+                                                     .items = its,
+                                                     .n_items = count,
+                                                     .part = 0,
+                                                     .n_parts = 2,
+                                                     .rows = F,
+                                                     .cols = E,
+                                                     .x = x,
+                                                     .x_rows = x_rows,
+                                                     .single_x = n == 1,
+                                                     .y = gate,
+                                                     .y_part_stride = R * F,
+                                                     .max_n = max_n,
                                                      .rows_per_warp = mmvq_rows_per_warp(),
-                                                     .stationary = mmvq_stationary()},
+                                                     .stationary = mmvq_stationary(L.exp_type)},
                                                     stream_));
     }
     MAGNETAR_ASSIGN_OR_RETURN(const void* h_q, swiglu_for(L.down_type, gate + row0 * F, up + row0 * F, rows, F,
@@ -871,9 +896,19 @@ Status Qwen3Cuda::moe_ffn(cpu::ThreadPool& pool, const DevLayer& L, int64_t il, 
       return cuda::grouped_matmul_q({.type = L.down_type, .items = its, .n_items = count, .part = 2, .n_parts = 1,
                                      .rows = E, .cols = F, .x = h, .x_rows = nullptr, .y = down}, stream_);
     }
-    return cuda::grouped_matvec({.type = L.down_type, .items = its, .n_items = count, .part = 2, .n_parts = 1,
-                                 .rows = E, .cols = F, .x = h, .x_rows = nullptr, .y = down, .max_n = max_n,
-                                 .rows_per_warp = mmvq_rows_per_warp(), .stationary = mmvq_stationary(),
+    return cuda::grouped_matvec({.type = L.down_type,
+                                 .items = its,
+                                 .n_items = count,
+                                 .part = 2,
+                                 .n_parts = 1,
+                                 .rows = E,
+                                 .cols = F,
+                                 .x = h,
+                                 .x_rows = nullptr,
+                                 .y = down,
+                                 .max_n = max_n,
+                                 .rows_per_warp = mmvq_rows_per_warp(),
+                                 .stationary = mmvq_stationary(L.down_type),
                                  .items_settled = settled_items()},
                                 stream_);
   };

@@ -47,12 +47,14 @@ struct Variant {
   bool k_quant_rows;
   int64_t hidden = 0;  // write_tiny's hidden size (0: its default)
   int moe_layers = 1;  // write_tiny's MoE layers before its dense one
+  quant::Type more = quant::Type::F32;  // write_tiny's `more` (Q6_K: a Q4_K_M-like mix)
 };
 
 std::string variant_name(const ::testing::TestParamInfo<Variant>& info) {
   return std::string(quant::traits(info.param.type).name) + (info.param.k_quant_rows ? "_k256" : "") +
          (info.param.hidden > 0 ? "_e" + std::to_string(info.param.hidden) : "") +
-         (info.param.moe_layers > 1 ? "_moe" + std::to_string(info.param.moe_layers) : "");
+         (info.param.moe_layers > 1 ? "_moe" + std::to_string(info.param.moe_layers) : "") +
+         (info.param.more != quant::Type::F32 ? "_" + std::string(quant::traits(info.param.more).name) : "");
 }
 
 std::unique_ptr<Engine> load(const std::string& path, Device device, const KvDiskOptions& disk = {},
@@ -126,7 +128,8 @@ class CudaEngine : public ::testing::TestWithParam<Variant> {
  protected:
   void SetUp() override {
     path_ = ::testing::TempDir() + "cuda_engine_" + std::to_string(getpid()) + "_" + variant_name({GetParam(), 0}) + ".gguf";
-    testing::write_tiny(path_, GetParam().type, 11, GetParam().k_quant_rows, GetParam().hidden, GetParam().moe_layers);
+    testing::write_tiny(path_, GetParam().type, 11, GetParam().k_quant_rows, GetParam().hidden, GetParam().moe_layers,
+                        256, GetParam().more);
   }
   void TearDown() override { std::filesystem::remove(path_); }
   std::string path_;
@@ -390,7 +393,10 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaEngine,
                                            Variant{quant::Type::Q4_K, true},
                                            // hidden 2,048 (the 30B-A3B geometry's: the cluster norm, the bulk
                                            // gate/up and the stationary kernel's shapes of its rows), MoE, MoE, dense
-                                           Variant{quant::Type::Q4_K, true, 2048, 2}),
+                                           Variant{quant::Type::Q4_K, true, 2048, 2},
+                                           // the same with Q6_K output, and attn_v and ffn_down_exps in layer 1
+                                           // (llama.cpp's Q4_K_M mix gives half the layers' Q6_K)
+                                           Variant{quant::Type::Q4_K, true, 2048, 2, quant::Type::Q6_K}),
                          variant_name);
 
 // The quantized KV caches, Q8_0 and FP8 (fp8: E4M3 bytes the GPU's qkv_prepare and decode kernel store with cvt,

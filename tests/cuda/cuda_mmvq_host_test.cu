@@ -172,5 +172,33 @@ TEST(MmvqHost, Q4KScalesAndMinsMatchReference) {
   }
 }
 
+// Q6_K's split for the stationary kernel (act_part, load_part, dot_loaded: its 2-byte loads of the 210-byte blocks and
+// the scales picked by a byte permute) gives dot()'s float bit for bit, every part of random blocks (all bits of ql, qh
+// and the signed scales; d a finite f16) against random activations.
+TEST(MmvqHost, Q6KStationaryPartsEqualDot) {
+  using Ops = cuda::mmvq::MmvqType<Type::Q6_K>;
+  std::mt19937 gen(20261205);
+  std::vector<quant::BlockQ6_K> blocks(3);
+  quant::BlockQ8_K act;
+  for (int trial = 0; trial < 512; ++trial) {
+    for (quant::BlockQ6_K& w : blocks) {
+      for (uint8_t& b : w.ql) b = uint8_t(gen());
+      for (uint8_t& b : w.qh) b = uint8_t(gen());
+      for (int8_t& b : w.scales) b = int8_t(gen());
+      w.d = uint16_t(0x3000 + gen() % 0x1000);  // a positive normal f16, 2^-3 .. 2^0
+    }
+    for (int8_t& q : act.qs) q = int8_t(gen());
+    act.d = std::ldexp(float(gen() % 1000 + 1), -12);
+    for (int b = 0; b < 3; ++b) {
+      for (int part = 0; part < Ops::kParts; ++part) {
+        const float split = Ops::dot_loaded(Ops::load_part(blocks[b], part), Ops::act_part(act, part), part);
+        const float whole = Ops::dot(blocks[b], act, part);
+        ASSERT_EQ(std::memcmp(&split, &whole, sizeof(float)), 0)
+            << "trial " << trial << " block " << b << " part " << part << ": " << split << " vs " << whole;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace magnetar

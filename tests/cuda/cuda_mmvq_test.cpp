@@ -298,6 +298,15 @@ TEST(CudaMatvec, StationaryMatchesReference) {
                                              6144, 7168, 8192, 2816, 9216},
                                 kSeed ^ 0x57a7);
 }
+// The same shapes for Q6_K (the output matrix and some layers' attn_v and ffn_down of llama.cpp's Q4_K_M mix): its
+// 210-byte blocks put rows at 2-byte alignment only (768 columns: 630 bytes a row).
+TEST(CudaMatvec, StationaryQ6KMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  expect_single_vector_products(
+      Type::Q6_K,
+      {256, 768, 1280, 1792, 512, 1536, 2560, 3584, 1024, 2048, 3072, 4096, 5120, 6144, 7168, 8192, 2816, 9216},
+      kSeed ^ 0x6b6b);
+}
 
 // Products of 2 to 8 vectors (the decode of several sessions at once) of `type` with MatvecArgs::stationary and staged
 // set, at each of `cols` and `rows` rows: each vector's outputs bit for bit those of a launch of that vector alone
@@ -749,12 +758,12 @@ TEST(CudaMatvec, GroupedMatchesSingleProducts) {
 // writes (each row's sums are the same butterfly over the lanes, and the same silu_mul); the down projection from
 // those float rows with x_float writes what it writes from quantize_activations' Q8_K bytes of them, its items read
 // before (items_settled) or after waiting. An item with null weights leaves its rows as they were. Shapes (hidden E,
-// expert width F): groups of 1, 2 and 4 rows on either side. Bad combinations are refused with a Status.
+// expert width F): groups of 1, 2 and 4 rows on either side; gate/up Q4_K, down Q4_K or Q6_K (llama.cpp's Q4_K_M mix
+// gives half the layers' down Q6_K). Bad combinations are refused with a Status.
 TEST(CudaMatvec, SwigluInProductsMatchesSeparateLaunches) {
   SKIP_WITHOUT_GPU();
   ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
   Rng rng(kSeed + 91);
-  const Type type = Type::Q4_K;
   auto download = [](const cuda::DeviceBuffer& buf, size_t n) {
     std::vector<float> v(n);
     EXPECT_TRUE(buf.download(v.data(), n * sizeof(float)).ok());
@@ -768,92 +777,112 @@ TEST(CudaMatvec, SwigluInProductsMatchesSeparateLaunches) {
   const int32_t expert_of[] = {1, 0, -1, 2, 1};  // item -> expert; -1: null weights
   const int32_t act_row_of[] = {2, 0, 1, 3, 1};  // item -> activation row
   constexpr int64_t kItems = int64_t(std::size(expert_of)), kExperts = 3, kActRows = 4;
-  for (const auto& [E, F] : {std::pair<int64_t, int64_t>{2048, 768}, {1024, 1536}, {4096, 256}, {512, 2048}}) {
-    ASSERT_TRUE(cuda::matvec_stationary_fits(type, E) && cuda::matvec_stationary_fits(type, F));
-    const std::string shape = "E=" + std::to_string(E) + " F=" + std::to_string(F);
-    std::vector<cuda::DeviceBuffer> w;  // [expert][gate, up, down]
-    for (int64_t i = 0; i < kExperts * 3; ++i) {
-      const bool down = i % 3 == 2;
-      const std::vector<uint8_t> qw = quantize_ref(type, gaussian(rng, E * F), down ? F : E);
-      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer buf, cuda::DeviceBuffer::allocate(qw.size()));
-      ASSERT_OK(buf.upload(qw.data(), qw.size()));
-      w.push_back(std::move(buf));
-    }
-    const std::vector<cuda::GroupItem> items = expert_items(expert_of, w, 3);
-    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer items_dev, cuda::DeviceBuffer::allocate(sizeof(cuda::GroupItem) * kItems));
-    ASSERT_OK(items_dev.upload(items.data(), sizeof(cuda::GroupItem) * kItems));
-    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer rows_dev, cuda::DeviceBuffer::allocate(sizeof(act_row_of)));
-    ASSERT_OK(rows_dev.upload(act_row_of, sizeof(act_row_of)));
-    const cuda::DeviceBuffer x_dev = upload(activations(rng, kActRows, E));
-    const size_t act_e = quant::row_size(Type::Q8_K, E), act_f = quant::row_size(Type::Q8_K, F);
-    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer xq, cuda::DeviceBuffer::allocate(act_e * kActRows));
-    ASSERT_OK(cuda::quantize_activations(Type::Q8_K, x_dev.as<float>(), xq.data(), E, kActRows, stream));
-    const cuda::GroupedMatvecArgs gate_up{.type = type, .items = items_dev.as<cuda::GroupItem>(), .n_items = kItems,
-                                          .part = 0, .n_parts = 2, .rows = F, .cols = E, .x = xq.data(),
-                                          .x_rows = rows_dev.as<int32_t>(), .max_n = 1, .stationary = true};
-    const cuda::GroupedMatvecArgs down{.type = type, .items = items_dev.as<cuda::GroupItem>(), .n_items = kItems,
-                                       .part = 2, .n_parts = 1, .rows = E, .cols = F, .max_n = 1, .stationary = true};
-
-    // The separate launches: gate/up, swiglu, quantize_activations, down.
-    cuda::DeviceBuffer gu = upload(std::vector<float>(size_t(2 * kItems * F), 0.0f));
-    cuda::GroupedMatvecArgs a = gate_up;
-    a.y = gu.as<float>();
-    a.y_part_stride = kItems * F;
-    ASSERT_OK(cuda::grouped_matvec(a, stream));
-    ASSERT_OK(cuda::swiglu(gu.as<float>(), gu.as<float>() + kItems * F, kItems * F, stream));
-    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer hq, cuda::DeviceBuffer::allocate(act_f * kItems));
-    ASSERT_OK(cuda::quantize_activations(Type::Q8_K, gu.as<float>(), hq.data(), F, kItems, stream));
-    cuda::DeviceBuffer want_down = upload(poisoned(size_t(kItems * E)));
-    a = down;
-    a.x = hq.data();
-    a.y = want_down.as<float>();
-    ASSERT_OK(cuda::grouped_matvec(a, stream));
-    stream.synchronize();
-    const std::vector<float> want_h = download(gu, size_t(kItems * F));
-    const std::vector<float> want_y = download(want_down, size_t(kItems * E));
-
-    // The folded launches.
-    cuda::DeviceBuffer h = upload(poisoned(size_t(kItems * F)));
-    a = gate_up;
-    a.y = h.as<float>();
-    a.swiglu = true;
-    ASSERT_OK(cuda::grouped_matvec(a, stream));
-    stream.synchronize();
-    // Each item's rows of got ([kItems, width]) bit for bit want's; a null item's still NaN.
-    auto expect_rows = [&](const std::vector<float>& got, const std::vector<float>& want, int64_t width,
-                           const std::string& what) {
-      for (int64_t i = 0; i < kItems; ++i) {
-        const float* row = got.data() + size_t(i * width);
-        if (expert_of[i] < 0) {
-          for (int64_t r = 0; r < width; ++r) ASSERT_TRUE(std::isnan(row[r])) << what << ": item " << i << " row " << r;
-          continue;
-        }
-        EXPECT_EQ(0, std::memcmp(row, want.data() + size_t(i * width), size_t(width) * sizeof(float)))
-            << what << ": rows of item " << i;
+  const Type type = Type::Q4_K;  // gate and up
+  for (const Type down_type : {Type::Q4_K, Type::Q6_K})
+    for (const auto& [E, F] : {std::pair<int64_t, int64_t>{2048, 768}, {1024, 1536}, {4096, 256}, {512, 2048}}) {
+      ASSERT_TRUE(cuda::matvec_stationary_fits(type, E) && cuda::matvec_stationary_fits(down_type, F));
+      const std::string shape =
+          "down " + std::string(quant::traits(down_type).name) + " E=" + std::to_string(E) + " F=" + std::to_string(F);
+      std::vector<cuda::DeviceBuffer> w;  // [expert][gate, up, down]
+      for (int64_t i = 0; i < kExperts * 3; ++i) {
+        const bool down = i % 3 == 2;
+        const std::vector<uint8_t> qw = quantize_ref(down ? down_type : type, gaussian(rng, E * F), down ? F : E);
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer buf, cuda::DeviceBuffer::allocate(qw.size()));
+        ASSERT_OK(buf.upload(qw.data(), qw.size()));
+        w.push_back(std::move(buf));
       }
-    };
-    expect_rows(download(h, size_t(kItems * F)), want_h, F, shape + " swiglu");
-    // The same launch with the weights streamed through shared memory (GroupedMatvecArgs::bulk; the stationary kernel
-    // where the row or the GPU does not take it: the same bits either way).
-    cuda::DeviceBuffer h_bulk = upload(poisoned(size_t(kItems * F)));
-    a.y = h_bulk.as<float>();
-    a.bulk = true;
-    ASSERT_OK(cuda::grouped_matvec(a, stream));
-    stream.synchronize();
-    expect_rows(download(h_bulk, size_t(kItems * F)), want_h, F, shape + " swiglu, bulk");
-    for (const bool settled : {false, true}) {
-      cuda::DeviceBuffer y = upload(poisoned(size_t(kItems * E)));
+      const std::vector<cuda::GroupItem> items = expert_items(expert_of, w, 3);
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer items_dev,
+                           cuda::DeviceBuffer::allocate(sizeof(cuda::GroupItem) * kItems));
+      ASSERT_OK(items_dev.upload(items.data(), sizeof(cuda::GroupItem) * kItems));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer rows_dev, cuda::DeviceBuffer::allocate(sizeof(act_row_of)));
+      ASSERT_OK(rows_dev.upload(act_row_of, sizeof(act_row_of)));
+      const cuda::DeviceBuffer x_dev = upload(activations(rng, kActRows, E));
+      const size_t act_e = quant::row_size(Type::Q8_K, E), act_f = quant::row_size(Type::Q8_K, F);
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer xq, cuda::DeviceBuffer::allocate(act_e * kActRows));
+      ASSERT_OK(cuda::quantize_activations(Type::Q8_K, x_dev.as<float>(), xq.data(), E, kActRows, stream));
+      const cuda::GroupedMatvecArgs gate_up{.type = type,
+                                            .items = items_dev.as<cuda::GroupItem>(),
+                                            .n_items = kItems,
+                                            .part = 0,
+                                            .n_parts = 2,
+                                            .rows = F,
+                                            .cols = E,
+                                            .x = xq.data(),
+                                            .x_rows = rows_dev.as<int32_t>(),
+                                            .max_n = 1,
+                                            .stationary = true};
+      const cuda::GroupedMatvecArgs down{.type = down_type,
+                                         .items = items_dev.as<cuda::GroupItem>(),
+                                         .n_items = kItems,
+                                         .part = 2,
+                                         .n_parts = 1,
+                                         .rows = E,
+                                         .cols = F,
+                                         .max_n = 1,
+                                         .stationary = true};
+
+      // The separate launches: gate/up, swiglu, quantize_activations, down.
+      cuda::DeviceBuffer gu = upload(std::vector<float>(size_t(2 * kItems * F), 0.0f));
+      cuda::GroupedMatvecArgs a = gate_up;
+      a.y = gu.as<float>();
+      a.y_part_stride = kItems * F;
+      ASSERT_OK(cuda::grouped_matvec(a, stream));
+      ASSERT_OK(cuda::swiglu(gu.as<float>(), gu.as<float>() + kItems * F, kItems * F, stream));
+      ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer hq, cuda::DeviceBuffer::allocate(act_f * kItems));
+      ASSERT_OK(cuda::quantize_activations(Type::Q8_K, gu.as<float>(), hq.data(), F, kItems, stream));
+      cuda::DeviceBuffer want_down = upload(poisoned(size_t(kItems * E)));
       a = down;
-      a.x = h.data();
-      a.x_float = true;
-      a.items_settled = settled;
-      a.y = y.as<float>();
+      a.x = hq.data();
+      a.y = want_down.as<float>();
       ASSERT_OK(cuda::grouped_matvec(a, stream));
       stream.synchronize();
-      expect_rows(download(y, size_t(kItems * E)), want_y, E,
-                  shape + " down from float input" + (settled ? ", items_settled" : ""));
+      const std::vector<float> want_h = download(gu, size_t(kItems * F));
+      const std::vector<float> want_y = download(want_down, size_t(kItems * E));
+
+      // The folded launches.
+      cuda::DeviceBuffer h = upload(poisoned(size_t(kItems * F)));
+      a = gate_up;
+      a.y = h.as<float>();
+      a.swiglu = true;
+      ASSERT_OK(cuda::grouped_matvec(a, stream));
+      stream.synchronize();
+      // Each item's rows of got ([kItems, width]) bit for bit want's; a null item's still NaN.
+      auto expect_rows = [&](const std::vector<float>& got, const std::vector<float>& want, int64_t width,
+                             const std::string& what) {
+        for (int64_t i = 0; i < kItems; ++i) {
+          const float* row = got.data() + size_t(i * width);
+          if (expert_of[i] < 0) {
+            for (int64_t r = 0; r < width; ++r)
+              ASSERT_TRUE(std::isnan(row[r])) << what << ": item " << i << " row " << r;
+            continue;
+          }
+          EXPECT_EQ(0, std::memcmp(row, want.data() + size_t(i * width), size_t(width) * sizeof(float)))
+              << what << ": rows of item " << i;
+        }
+      };
+      expect_rows(download(h, size_t(kItems * F)), want_h, F, shape + " swiglu");
+      // The same launch with the weights streamed through shared memory (GroupedMatvecArgs::bulk; the stationary kernel
+      // where the row or the GPU does not take it: the same bits either way).
+      cuda::DeviceBuffer h_bulk = upload(poisoned(size_t(kItems * F)));
+      a.y = h_bulk.as<float>();
+      a.bulk = true;
+      ASSERT_OK(cuda::grouped_matvec(a, stream));
+      stream.synchronize();
+      expect_rows(download(h_bulk, size_t(kItems * F)), want_h, F, shape + " swiglu, bulk");
+      for (const bool settled : {false, true}) {
+        cuda::DeviceBuffer y = upload(poisoned(size_t(kItems * E)));
+        a = down;
+        a.x = h.data();
+        a.x_float = true;
+        a.items_settled = settled;
+        a.y = y.as<float>();
+        ASSERT_OK(cuda::grouped_matvec(a, stream));
+        stream.synchronize();
+        expect_rows(download(y, size_t(kItems * E)), want_y, E,
+                    shape + " down from float input" + (settled ? ", items_settled" : ""));
+      }
     }
-  }
 }
 
 // The bulk launches over more rows than one wave of CTAs stages at once (the batched decode of several sessions: one
@@ -1090,7 +1119,9 @@ TEST(CudaMatvec, RouteInProductsMatchesRouteTopk) {
 // the kernel does not take, a float input not 16-byte aligned.
 TEST(CudaMatvec, StationaryShapesAndFoldedArguments) {
   EXPECT_TRUE(cuda::has_matvec_stationary_kernel(Type::Q4_K));
+  EXPECT_TRUE(cuda::has_matvec_stationary_kernel(Type::Q6_K));
   EXPECT_FALSE(cuda::has_matvec_stationary_kernel(Type::Q8_0));
+  EXPECT_TRUE(cuda::matvec_stationary_fits(Type::Q6_K, 768));  // the Q4_K_M mix's expert down rows
   std::vector<int64_t> taken;
   for (int64_t cols = 256; cols <= 16384; cols += 256) {
     if (cuda::matvec_stationary_fits(Type::Q4_K, cols)) taken.push_back(cols);

@@ -20,9 +20,12 @@ using gguf::ValueType;
 // A tiny qwen3moe: 2 layers (layer 1 dense), hidden 64, 4 heads / 2 kv heads of 16, 4 experts top-2.
 // k_quant_rows: every product's input length a multiple of 256 (hidden 256, heads of 64, FFNs of 256), as
 // the K-quants' super-blocks need. hidden > 0: that hidden size instead (a multiple of 256 with k_quant_rows).
-// moe_layers: that many MoE layers before the dense one. context_length: the training context it states.
+// moe_layers: that many MoE layers before the dense one. context_length: the training context it states. more: the
+// type of the output matrix and of attn_v and ffn_down(_exps) in the odd layers (as llama.cpp's Q4_K_M mix gives
+// some layers' Q6_K; F32: `type` as the rest).
 inline void write_tiny(const std::string& path, quant::Type type, uint64_t seed, bool k_quant_rows = false,
-                       int64_t hidden = 0, int moe_layers = 1, int64_t context_length = 256) {
+                       int64_t hidden = 0, int moe_layers = 1, int64_t context_length = 256,
+                       quant::Type more = quant::Type::F32) {
   const int64_t E = hidden > 0     ? hidden
                     : k_quant_rows ? 256
                                    : 64,
@@ -73,7 +76,12 @@ inline void write_tiny(const std::string& path, quant::Type type, uint64_t seed,
   std::vector<quant::Type> types;
   for (const Spec& s : specs) {
     const bool keep_f32 = s.norm || s.name.find("gate_inp") != std::string::npos;
-    types.push_back(keep_f32 ? quant::Type::F32 : type);
+    const bool odd = s.name.rfind("blk.", 0) == 0 && std::stoi(s.name.substr(4)) % 2 == 1;
+    const bool gets_more =
+        more != quant::Type::F32 &&
+        (s.name == "output.weight" ||
+         (odd && (s.name.find("attn_v.") != std::string::npos || s.name.find("ffn_down") != std::string::npos)));
+    types.push_back(keep_f32 ? quant::Type::F32 : gets_more ? more : type);
     ASSERT_TRUE(w.add_tensor(s.name, uint32_t(types.back()), s.dims).ok());
   }
   ASSERT_TRUE(w.begin().ok());
