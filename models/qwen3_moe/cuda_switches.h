@@ -209,13 +209,6 @@ inline bool qkv_one_launch() {
   static const bool on = switch_on("MAGNETAR_CUDA_QKV_ONE");
   return on;
 }
-// A decode token's q and k products are one launch of their merged matrix when v's type differs (DevLayer::wqk:
-// llama.cpp's Q4_K_M mix); MAGNETAR_CUDA_QK_ONE=0 is the baseline (three launches):
-// docs/benchmarks/2026-12-05-cuda-q4km.md.
-inline bool qk_one_launch() {
-  static const bool on = switch_on("MAGNETAR_CUDA_QK_ONE");
-  return on;
-}
 
 // The batched decode of several sessions (one item per token and slot, every expert resident) takes the bulk kernels
 // for gate/up and down too, their CTAs' rows streamed through a ring of shared-memory stages;

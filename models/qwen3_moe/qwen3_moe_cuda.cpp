@@ -72,32 +72,32 @@ Result<DevTensor> Qwen3Cuda::upload(const Tensor& t) {
 
 // q, k and v read the same input: when their weights share type and width they go to the device as one matrix
 // [q rows; k rows; v rows] and a decode token's three products are one launch (DevLayer::wqkv; wq/wk/wv point into
-// it for the separate launches of prefill). When only q and k do (llama.cpp's Q4_K_M mix gives half the layers' attn_v
-// Q6_K), [q rows; k rows] is one matrix (DevLayer::wqk: a decode token's q and k rows are adjacent in qkv_) and v goes
-// alone. Otherwise each is uploaded alone.
+// it for the separate launches of prefill). Otherwise each is uploaded alone.
 Status Qwen3Cuda::upload_qkv(const Layer& L, DevLayer& d) {
   const Tensor* parts[] = {&L.wq, &L.wk, &L.wv};
   DevTensor* outs[] = {&d.wq, &d.wk, &d.wv};
-  auto joins = [&](const Tensor* t) {
-    return t->type == L.wq.type && t->ne[0] == L.wq.ne[0] && t->row_bytes == L.wq.row_bytes && t->ne[2] == 1 &&
-           t->ne[3] == 1 && (size_t(t->ne[1]) * t->row_bytes) % 256 == 0;
-  };
-  const int merged = joins(parts[0]) && joins(parts[1]) ? (joins(parts[2]) ? 3 : 2) : 0;
-  for (int i = merged; i < 3; ++i) {
-    MAGNETAR_ASSIGN_OR_RETURN(*outs[i], upload(*parts[i]));
+  bool same = true;
+  for (const Tensor* t : parts) {
+    same = same && t->type == L.wq.type && t->ne[0] == L.wq.ne[0] && t->row_bytes == L.wq.row_bytes &&
+           t->ne[2] == 1 && t->ne[3] == 1 && (size_t(t->ne[1]) * t->row_bytes) % 256 == 0;
   }
-  if (merged == 0) return Status();
+  if (!same) {
+    for (int i = 0; i < 3; ++i) {
+      MAGNETAR_ASSIGN_OR_RETURN(*outs[i], upload(*parts[i]));
+    }
+    return Status();
+  }
   int64_t rows = 0;
-  for (int i = 0; i < merged; ++i) rows += parts[i]->ne[1];
+  for (const Tensor* t : parts) rows += t->ne[1];
   MAGNETAR_ASSIGN_OR_RETURN(DeviceBuffer buf, device_buffer(size_t(rows) * L.wq.row_bytes));
   size_t off = 0;
-  for (int i = 0; i < merged; ++i) {
+  for (int i = 0; i < 3; ++i) {
     const size_t bytes = size_t(parts[i]->ne[1]) * parts[i]->row_bytes;
     MAGNETAR_RETURN_IF_ERROR(buf.upload(parts[i]->data, bytes, off));
     *outs[i] = DevTensor{.p = buf.as<uint8_t>() + off, .type = L.wq.type, .rows = parts[i]->ne[1], .cols = L.wq.ne[0]};
     off += bytes;
   }
-  (merged == 3 ? d.wqkv : d.wqk) = DevTensor{.p = buf.data(), .type = L.wq.type, .rows = rows, .cols = L.wq.ne[0]};
+  d.wqkv = DevTensor{.p = buf.data(), .type = L.wq.type, .rows = rows, .cols = L.wq.ne[0]};
   owned_.push_back(std::move(buf));
   return Status();
 }
@@ -444,9 +444,6 @@ Status Qwen3Cuda::attention_block(const DevLayer& L, int64_t il, std::span<const
                      q_dim % cuda::kMatmulQRowTile == 0 && kv_dim % cuda::kMatmulQRowTile == 0;
   if (n == 1 && L.wqkv.p != nullptr) {
     MAGNETAR_RETURN_IF_ERROR(linear(L.wqkv, xn, q, 1, xq));
-  } else if (n == 1 && L.wqk.p != nullptr && qk_one_launch()) {  // k = q + q_dim
-    MAGNETAR_RETURN_IF_ERROR(linear(L.wqk, xn, q, 1, xq));
-    MAGNETAR_RETURN_IF_ERROR(linear(L.wv, xn, v, 1, xq));
   } else if (n <= kVec && L.wqkv.p != nullptr && xq != nullptr && qkv_one_launch()) {
     // A few tokens (the batched decode of several sessions): the merged matrix in one launch, its rows into q, k, v.
     MAGNETAR_RETURN_IF_ERROR(cuda::matvec({.type = L.wqkv.type,

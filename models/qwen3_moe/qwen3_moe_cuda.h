@@ -87,7 +87,6 @@ struct DevLayer {
   int64_t window = 0;
   DevTensor attn_norm, wq, wk, wv, wo, q_norm, k_norm, ffn_norm;
   DevTensor wqkv;  // wq, wk, wv as one matrix when they share type and width (upload_qkv); p null otherwise
-  DevTensor wqk;   // else wq, wk as one when they do (llama.cpp's Q4_K_M mix: attn_v Q6_K in half the layers)
   DevTensor gate_inp, ffn_gate, ffn_up, ffn_down;
   bool moe = false;
   quant::Type exp_type = quant::Type::F32, down_type = quant::Type::F32;
