@@ -333,7 +333,7 @@ struct GroupedMatvecArgs {
 Status grouped_matvec(const GroupedMatvecArgs& args, Stream& stream);
 // Whether `type` has mmvq.cu's rows kernel (rows_per_warp 1, 2, 4): Q4_K and Q8_0.
 bool has_matvec_rows_kernel(quant::Type type);
-// Whether `type` has mmvq.cu's activation-stationary kernel (MatvecArgs::stationary): Q4_K, and Q6_K for one vector.
+// Whether `type` has mmvq.cu's activation-stationary kernel (MatvecArgs::stationary): Q4_K, Q6_K.
 bool has_matvec_stationary_kernel(quant::Type type);
 // Whether grouped gate/up products of `type` can fold SwiGLU in (GroupedMatvecArgs::swiglu): Q4_K.
 bool has_matvec_swiglu(quant::Type type);

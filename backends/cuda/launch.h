@@ -101,14 +101,14 @@ constexpr bool mmvq_has_rows_kernel(quant::Type type) {
   return type == quant::Type::Q4_K || type == quant::Type::Q8_0;
 }
 
-// Weight types with mmvq.cu's activation-stationary kernel (MatvecArgs::stationary). Q6_K (the output matrix and half
-// the layers' attn_v and ffn_down_exps of llama.cpp's Q4_K_M mix) takes it for one vector and without swiglu: its
-// several-vector and gate/up forms would add ~40 kernels to mmvq.cu for models that are Q6_K throughout.
+// Weight types with mmvq.cu's activation-stationary kernel (MatvecArgs::stationary), one vector or several (whose
+// outputs must be the bits of each alone: a batched decode equals its sessions decoded apart). Q6_K (the output matrix
+// and half the layers' attn_v and ffn_down_exps of llama.cpp's Q4_K_M mix) takes it without swiglu: the gate/up form
+// would add 14 kernels to mmvq.cu for models that are Q6_K throughout.
 constexpr bool mmvq_has_stationary_kernel(quant::Type type) {
   return type == quant::Type::Q4_K || type == quant::Type::Q6_K;
 }
 constexpr bool mmvq_has_stationary_glu(quant::Type type) { return type == quant::Type::Q4_K; }
-constexpr bool mmvq_has_stationary_vectors(quant::Type type) { return type == quant::Type::Q4_K; }
 // Weight types with mmvq.cu's staged kernel (MatvecArgs::staged).
 constexpr bool mmvq_has_staged_kernel(quant::Type type) { return type == quant::Type::Q8_0; }
 

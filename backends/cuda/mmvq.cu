@@ -383,10 +383,10 @@ bool launch_stationary(const MatvecLaunch& a, int items, cudaStream_t stream) {
   if (a.n_vectors == 1) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, kGlu, 1>);
   // Several vectors (plain launches): 4 or 8 at a time where the warp's sums fit its 32 lanes.
   constexpr int kRowsPerWarp = kQ * kR;
-  if constexpr (!kGlu && mmvq_has_stationary_vectors(T) && 4 * kRowsPerWarp <= kWarpSize) {
+  if constexpr (!kGlu && 4 * kRowsPerWarp <= kWarpSize) {
     if (!group && !a.act_float && a.n_vectors <= 4) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, false, 4>);
   }
-  if constexpr (!kGlu && mmvq_has_stationary_vectors(T) && 8 * kRowsPerWarp <= kWarpSize) {
+  if constexpr (!kGlu && 8 * kRowsPerWarp <= kWarpSize) {
     if (!group && !a.act_float && a.n_vectors <= 8) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, false, 8>);
   }
   return false;

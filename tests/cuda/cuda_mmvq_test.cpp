@@ -361,11 +361,13 @@ void expect_vectors_equal_one_at_a_time(Type type, std::initializer_list<int64_t
   }
 }
 
-// The stationary kernel (Q4_K) for several vectors at every row shape it takes for one, and at 2,816 columns.
+// The stationary kernel (Q4_K, Q6_K) for several vectors at every row shape it takes for one, and at 2,816 columns.
 TEST(CudaMatvec, StationaryVectorsEqualOneAtATime) {
   SKIP_WITHOUT_GPU();
   expect_vectors_equal_one_at_a_time(Type::Q4_K, {256, 768, 1792, 512, 1536, 3584, 1024, 2048, 3072, 4096, 8192, 2816},
                                      2816, 523, kSeed ^ 0x57b0);
+  expect_vectors_equal_one_at_a_time(Type::Q6_K, {256, 768, 1792, 512, 1536, 3584, 1024, 2048, 3072, 4096, 8192, 2816},
+                                     2816, 523, kSeed ^ 0x57b6);
 }
 
 // MatvecArgs::split (a merged q|k|v matrix into three buffers): for 1, 3, 4 and 8 vectors, each part's outputs bit for
