@@ -152,8 +152,8 @@ inline int mmvq_rows_per_warp() {
 // against 451.7 / 451.1 (H200, docs/benchmarks/2026-12-01-cuda-decode-stationary-mmvq.md).
 // Q6_K products (llama.cpp's Q4_K_M mix: the output matrix, half the layers' attn_v and ffn_down) take it, and so the
 // decode fusions that need it on those layers, only with MAGNETAR_CUDA_MMVQ_STATIONARY_Q6K=1, until its several-vector
-// form is checked on a GPU (a batched decode must equal its sessions alone; the one-vector form passed every GPU test
-// and gains 9.5% on the mix: docs/benchmarks/2026-12-05-cuda-q4km.md).
+// form is checked on a GPU (a batched decode must equal its sessions alone: the one-vector form failed only that test
+// of the GPU suite's 82 it ran, and gains 9.5% on the mix: docs/benchmarks/2026-12-05-cuda-q4km.md).
 inline bool mmvq_stationary(quant::Type type) {
   static const bool on = switch_on("MAGNETAR_CUDA_MMVQ_STATIONARY");
   static const bool q6k = [] {
