@@ -381,9 +381,10 @@ bool launch_stationary(const MatvecLaunch& a, int items, cudaStream_t stream) {
     return true;
   };
   if (a.n_vectors == 1) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, kGlu, 1>);
-  // Several vectors (plain launches): 4 or 8 at a time where the warp's sums fit its 32 lanes.
+  // Several vectors (plain launches): 4 or 8 at a time where the warp's sums fit its 32 lanes (Q6_K: 8 only, 14 kernels
+  // fewer for make test to compile; the same bits per vector).
   constexpr int kRowsPerWarp = kQ * kR;
-  if constexpr (!kGlu && 4 * kRowsPerWarp <= kWarpSize) {
+  if constexpr (!kGlu && T != Type::Q6_K && 4 * kRowsPerWarp <= kWarpSize) {
     if (!group && !a.act_float && a.n_vectors <= 4) return go(mmvq_stationary_kernel<T, kJ, kQ, kR, false, 4>);
   }
   if constexpr (!kGlu && 8 * kRowsPerWarp <= kWarpSize) {
