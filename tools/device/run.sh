@@ -3,10 +3,11 @@
 # kernel tests there also cover AVX-512), run the kernel benchmarks, and leave results under $OUT.
 #
 # Usage (from the device tool, repo root): bash tools/device/run.sh [bench-filter]
-# The image has no network: what it lacks travels in .device-deps/ (carry=[".device-deps"]), see below.
-# Binaries built on the CPU box by tools/device/prebuild.sh (carry=["build-prebuilt", ".device-deps"]) replace the
-# build here when they match the sources: the bench modes run the packed magnetar, `run.sh '^none$' REGEX` runs ctest
-# over the packed test binaries.
+# The image has no network: what it lacks travels in .device-deps/ and .device-deps-dev/ (carry=[".device-deps",
+# ".device-deps-dev"]), see below. Binaries built on the CPU box by tools/device/prebuild.sh (carry=["build-prebuilt",
+# ".device-deps"]: they need the runtime libraries only) replace the build here when they match the sources: the bench
+# modes run the packed magnetar, `run.sh '^none$' REGEX` runs ctest over the packed test binaries. (A call's carry and
+# tracked files must stay under 64 MiB: the tracked tree is ~43 MB, the packed binaries ~17 MB.)
 set -uo pipefail
 OUT=${OUT:-/tmp/magnetar-out}
 mkdir -p "$OUT"
@@ -14,13 +15,13 @@ filter=${1:-.}
 tests=${2:-}  # a ctest -R regex: run only those tests and no benchmarks (a quick check on a warm machine)
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 
-# Build dependencies the image lacks (nlohmann-json, libpcre2-dev, liburing-dev, cpp-httplib and what its .pc
-# requires) travel as Debian .debs in .device-deps/ (`apt-get download nlohmann-json3-dev libpcre2-dev libpcre2-8-0
-# liburing-dev liburing2 libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libssl3 zlib1g-dev libbrotli-dev
-# libbrotli1` here); they are unpacked into a private prefix, never over the image's /usr.
+# Dependencies the image lacks travel as Debian .debs, unpacked into a private prefix, never over the image's /usr: the
+# runtime libraries in .device-deps/ (`apt-get download libpcre2-8-0 liburing2 libcpp-httplib0.11 libssl3 libbrotli1`
+# here) and what building needs besides in .device-deps-dev/ (`apt-get download nlohmann-json3-dev libpcre2-dev
+# liburing-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev`).
 prefix=/tmp/magnetar-deps
-if ls .device-deps/*.deb >/dev/null 2>&1; then
-  for deb in .device-deps/*.deb; do dpkg -x "$deb" "$prefix"; done
+if ls .device-deps*/*.deb >/dev/null 2>&1; then
+  for deb in .device-deps*/*.deb; do dpkg -x "$deb" "$prefix"; done
   for pc in "$prefix"/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc; do
     [ -f "$pc" ] && sed -i "s#^prefix=/usr#prefix=$prefix/usr#" "$pc"
   done
