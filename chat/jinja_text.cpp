@@ -15,7 +15,7 @@ namespace magnetar::chat::jinja {
 // map_string below tells an invalid byte (1 byte) from a real U+FFFD (3 bytes) by the bytes consumed, which a
 // 3-byte subpart such as a truncated "\xF1\x80\x80" would break. Both accept exactly the well-formed
 // sequences.
-uint32_t decode_utf8(std::string_view s, size_t* i) {
+uint32_t decode_utf8_multibyte(std::string_view s, size_t* i) {
   const Utf8Step step = magnetar::decode_utf8(s, *i);
   if (step.kind == Utf8Kind::kChar) {
     *i += size_t(step.length);
@@ -274,11 +274,11 @@ bool js_parse_float(std::string_view s, double* out) {
 size_t cp_count(std::string_view s) {
   size_t n = 0;
   for (size_t i = 0; i < s.size(); ++n) {
-    if (uint8_t(s[i]) < 0x80) {
-      ++i;
-    } else {
-      decode_utf8(s, &i);
-    }
+    const size_t run = ascii_run(s, i);
+    n += run;
+    i += run;
+    if (i == s.size()) break;
+    decode_utf8(s, &i);
   }
   return n;
 }
@@ -287,8 +287,10 @@ size_t cp_offset(std::string_view s, size_t index) {
   size_t i = 0;
   for (size_t n = 0; n < index; ++n) {
     if (i >= s.size()) return std::string_view::npos;
-    if (uint8_t(s[i]) < 0x80) {
-      ++i;
+    const size_t run = ascii_run(s.substr(0, i + (index - n)), i);
+    if (run > 0) {
+      n += run - 1;
+      i += run;
     } else {
       decode_utf8(s, &i);
     }

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -14,8 +15,27 @@ namespace magnetar::chat::jinja {
 
 // Decodes the code point at s[*i] and advances *i; an invalid or truncated sequence reads as U+FFFD and
 // advances one byte (so each such byte is one U+FFFD, not each maximal subpart as in base/utf8.h). Encoding
-// is base/utf8.h's append_utf8.
-uint32_t decode_utf8(std::string_view s, size_t* i);
+// is base/utf8.h's append_utf8. ASCII is decoded inline: templates walk long strings a code point at a time.
+uint32_t decode_utf8_multibyte(std::string_view s, size_t* i);
+inline uint32_t decode_utf8(std::string_view s, size_t* i) {
+  const uint8_t b = uint8_t(s[*i]);
+  if (b < 0x80) {
+    ++*i;
+    return b;
+  }
+  return decode_utf8_multibyte(s, i);
+}
+
+// Bytes of the run of ASCII that starts at s[i] (eight at a time).
+inline size_t ascii_run(std::string_view s, size_t i) {
+  const size_t start = i;
+  for (uint64_t w; i + 8 <= s.size(); i += 8) {
+    std::memcpy(&w, s.data() + i, 8);
+    if (w & 0x8080808080808080ull) break;
+  }
+  while (i < s.size() && uint8_t(s[i]) < 0x80) ++i;
+  return i - start;
+}
 
 // Bytes of the JS whitespace or line terminator at s[i] (what /\s/ and String.prototype.trim match), or 0.
 size_t js_space_len(std::string_view s, size_t i);

@@ -168,6 +168,13 @@ void py_quote(std::string_view s, std::string* out) {
   static constexpr char kHex[] = "0123456789abcdef";
   *out += quote;
   for (size_t i = 0; i < s.size();) {
+    size_t plain = i;  // a run of printable ASCII that needs no escape is copied whole
+    while (plain < s.size() && s[plain] >= 0x20 && s[plain] < 0x7F && s[plain] != quote && s[plain] != '\\') ++plain;
+    if (plain > i) {
+      out->append(s.substr(i, plain - i));
+      i = plain;
+      continue;
+    }
     const size_t start = i;
     const uint32_t cp = decode_utf8(s, &i);
     if (cp == uint32_t(quote) || cp == '\\') {

@@ -108,6 +108,20 @@ TEST(ChatJinja, StringMethodsAndIndexing) {
   EXPECT_EQ(render("{{ '\xF1\x80\x80x\xE2\x82'.upper() }}"), "\xF1\x80\x80X\xE2\x82");
 }
 
+// Runs of ASCII are walked eight bytes at a time: a multi-byte character or an invalid byte at every offset of the
+// word and past its end still counts as one code point, indexes as one and prints whole.
+TEST(ChatJinja, LongStringsCountCodePointsAtEveryOffset) {
+  for (const std::string odd : {std::string("\xC3\xA9"), std::string("\xF0\x9F\x98\x80"), std::string("\xFF")}) {
+    for (int k = 0; k < 20; ++k) {
+      const J ctx = {{"s", std::string(size_t(k), 'a') + odd + std::string(17, 'b') + odd + "c"}, {"k", k}};
+      EXPECT_EQ(render("{{ s | length }} {{ s[k] == s[k + 18] }} {{ s[k + 1] }} {{ s[k + 19] }} {{ s[k - 1] }}", ctx),
+                std::to_string(k + 20) + " True b c " + (k == 0 ? "c" : "a"))
+          << k;
+      EXPECT_EQ(render("{{ [s[k]] }}", ctx), "['" + odd + "']") << k;  // an invalid byte prints as itself
+    }
+  }
+}
+
 TEST(ChatJinja, ListsAndSlices) {
   EXPECT_EQ(render("{{ [1, 2, 3, 4][::-2] }} {{ [1, 2, 3][1:] }} {{ [1, 2, 3][-1] }} {{ [1, 2, 3][5] }}|"),
             "[4, 2] [2, 3] 3 |");
