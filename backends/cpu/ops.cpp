@@ -121,9 +121,10 @@ void matmul(ThreadPool& pool, std::span<const MatmulJob> jobs) {
     MAGNETAR_CHECK(j.x.is_float == is_float_type(j.type));
     total += j.n_out;
   }
-  pool.run([&](int ith, int nth) {
-    // Global row range of this thread, rounded to tiles so threads do not share cache lines of y.
-    const int64_t begin = total * ith / nth, end = total * (ith + 1) / nth;
+  // Ranges of the jobs' rows laid end to end, in whole tiles so that threads do not share cache lines of y.
+  const int64_t tiles = (total + kRowTile - 1) / kRowTile;
+  pool.parallel_for(tiles, [&](int64_t tile_begin, int64_t tile_end, int) {
+    const int64_t begin = tile_begin * kRowTile, end = std::min(total, tile_end * kRowTile);
     int64_t base = 0;
     for (const MatmulJob& j : jobs) {
       const int64_t lo = std::max(begin, base), hi = std::min(end, base + j.n_out);

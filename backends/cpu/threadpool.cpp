@@ -9,10 +9,14 @@ namespace {
 constexpr int kSpinIterations = 20000;
 
 inline void cpu_relax() { __builtin_ia32_pause(); }
+
+constexpr int64_t kMaxChunks = 0xFFFF;
+inline int64_t next_of(uint64_t c) { return int64_t((c >> 16) & 0xFFFF); }
+inline int64_t count_of(uint64_t c) { return int64_t(c & 0xFFFF); }
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads) {
-  MAGNETAR_CHECK(n_threads >= 1);
+  MAGNETAR_CHECK(n_threads >= 1 && int64_t(n_threads) * kChunksPerThread <= kMaxChunks);
   for (int i = 1; i < n_threads; ++i) threads_.emplace_back(&ThreadPool::worker, this, i);
 }
 
@@ -26,38 +30,52 @@ ThreadPool::~ThreadPool() {
   for (std::thread& t : threads_) t.join();
 }
 
-void ThreadPool::run_impl(Trampoline fn, void* ctx) {
-  if (n_threads_ == 1) {
-    fn(ctx, 0, 1);
-    return;
+void ThreadPool::claim_chunks(int ith) {
+  uint64_t c = chunks_.load(std::memory_order_acquire);
+  while (next_of(c) < count_of(c)) {
+    if (!chunks_.compare_exchange_weak(c, c + (uint64_t(1) << 16), std::memory_order_acq_rel,
+                                       std::memory_order_acquire)) {
+      continue;  // c was reloaded
+    }
+    try {
+      body_(ctx_, next_of(c), count_of(c), ith);
+    } catch (...) {  // an exception leaving a worker would terminate the process; the caller rethrows it
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
+    done_.fetch_add(1, std::memory_order_acq_rel);
+    c = chunks_.load(std::memory_order_acquire);
   }
-  fn_ = fn;
+}
+
+void ThreadPool::run_chunks(Body body, void* ctx, int64_t n_chunks) {
+  MAGNETAR_CHECK(n_chunks >= 1 && n_chunks <= kMaxChunks);
+  body_ = body;
   ctx_ = ctx;
-  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    generation_.fetch_add(1, std::memory_order_release);
+  done_.store(0, std::memory_order_relaxed);
+  const uint64_t region = (chunks_.load(std::memory_order_relaxed) >> 32) + 1;
+  chunks_.store((region << 32) | uint64_t(n_chunks), std::memory_order_release);
+  if (n_threads_ > 1) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    wake_.notify_all();
   }
-  wake_.notify_all();
-  std::exception_ptr error;
-  try {
-    fn(ctx, 0, n_threads_);
-  } catch (...) {
-    error = std::current_exception();  // rethrown once the workers are done with ctx (it may live on our stack)
-  }
-  // Spin for the common case (workers finish within microseconds of the caller); yield after that, so a
-  // worker that lost its core to another process gets it back instead of the caller burning the slice.
-  for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+  claim_chunks(0);
+  // Spin for the common case (the workers' last chunks end within microseconds of the caller's); yield after that, so
+  // a worker that lost its core to another process in the middle of a chunk gets it back sooner.
+  for (int spins = 0; done_.load(std::memory_order_acquire) != n_chunks; ++spins) {
     if (spins < kSpinIterations) {
       cpu_relax();
     } else {
       std::this_thread::yield();
     }
   }
+  std::exception_ptr error;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!error) error = worker_error_;
-    worker_error_ = nullptr;
+    std::swap(error, error_);
   }
   if (error) std::rethrow_exception(error);
 }
@@ -76,13 +94,7 @@ void ThreadPool::worker(int ith) {
     }
     seen = generation_.load(std::memory_order_acquire);
     if (stop_.load()) return;
-    try {
-      fn_(ctx_, ith, n_threads_);
-    } catch (...) {  // an exception leaving the thread would terminate the process
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (!worker_error_) worker_error_ = std::current_exception();
-    }
-    pending_.fetch_sub(1, std::memory_order_release);
+    claim_chunks(ith);
   }
 }
 

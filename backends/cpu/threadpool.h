@@ -1,17 +1,22 @@
 // A fixed set of worker threads that run one parallel region at a time (fork-join), used by every CPU op.
 //
-// run(fn) calls fn(ith, nth) on nth = size() threads (the caller is thread 0) and returns when all are done.
+// A region is cut into chunks that the threads claim one at a time from a shared counter, the caller among them, and
+// run() returns when every chunk is done. A thread that is slow to start (asleep, or its core taken by another
+// process) leaves its chunks to the others instead of holding the region up: with one part per thread, a region waited
+// for its slowest thread's next time slice, and a test that decoded in 4.7 s alone took 20 s beside two busy loops.
 // Workers spin briefly on an atomic generation counter before sleeping, because decode runs hundreds of short
 // regions per token and a condition-variable wake-up per region costs more than the region itself.
 // Not re-entrant: run() must not be called from inside a region, and only one thread may call run().
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace magnetar::cpu {
@@ -25,38 +30,55 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
 
-  // fn(ith, nth) on every thread, the caller's part ith 0. An exception any part throws reaches the caller once every
-  // part has returned (the first of them: the caller's own, else a worker's); fn and what it captured stay alive
-  // until then.
+  // fn(part, n_parts) for every part 0 .. n_parts - 1 (n_parts = size()), each once, on whichever threads claim them.
+  // An exception a part throws reaches the caller once every part has returned (the first one thrown); fn and what
+  // it captured stay alive until then.
   template <typename F>
   void run(F&& fn) {
-    run_impl([](void* ctx, int ith, int nth) { (*static_cast<F*>(ctx))(ith, nth); }, &fn);
+    using Fn = std::remove_reference_t<F>;
+    run_chunks([](void* ctx, int64_t part, int64_t n_parts, int) { (*static_cast<Fn*>(ctx))(int(part), int(n_parts)); },
+               &fn, n_threads_);
   }
 
-  // Splits [0, n) into size() contiguous ranges: fn(begin, end, ith).
+  // Splits [0, n) into contiguous ranges, up to kChunksPerThread per thread: fn(begin, end, ith), ith the thread that
+  // runs the range (0 .. size() - 1, for per-thread scratch: no two ranges run on one ith at once).
   template <typename F>
   void parallel_for(int64_t n, F&& fn) {
-    run([&](int ith, int nth) {
-      const int64_t begin = n * ith / nth, end = n * (ith + 1) / nth;
-      if (begin < end) fn(begin, end, ith);
-    });
+    if (n <= 0) return;
+    struct Ctx {
+      std::remove_reference_t<F>* fn;
+      int64_t n;
+    } ctx{&fn, n};
+    run_chunks(
+        [](void* p, int64_t chunk, int64_t n_chunks, int ith) {
+          const Ctx& c = *static_cast<Ctx*>(p);
+          (*c.fn)(c.n * chunk / n_chunks, c.n * (chunk + 1) / n_chunks, ith);
+        },
+        &ctx, n_threads_ == 1 ? 1 : std::min<int64_t>(n, int64_t(n_threads_) * kChunksPerThread));
   }
 
+  static constexpr int kChunksPerThread = 4;
+
  private:
-  using Trampoline = void (*)(void* ctx, int ith, int nth);
-  void run_impl(Trampoline fn, void* ctx);
+  using Body = void (*)(void* ctx, int64_t chunk, int64_t n_chunks, int ith);
+  void run_chunks(Body body, void* ctx, int64_t n_chunks);
+  void claim_chunks(int ith);  // runs chunks of the current region until none is left to claim
   void worker(int ith);
 
   int n_threads_;
   std::vector<std::thread> threads_;
-  Trampoline fn_ = nullptr;
+  Body body_ = nullptr;
   void* ctx_ = nullptr;
+  // The current region's chunks: (region << 32) | (next chunk << 16) | chunk count. A claim is a compare-exchange, so
+  // a thread late for a region either takes one of its chunks (and the region cannot end before that chunk does) or
+  // finds none left, never a chunk of another region with this one's body.
+  std::atomic<uint64_t> chunks_{0};
+  std::atomic<int64_t> done_{0};  // chunks of the current region finished
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
   std::atomic<bool> stop_{false};
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::exception_ptr worker_error_;  // the first exception a worker's part threw in this run (under mutex_)
+  std::exception_ptr error_;  // the first exception a chunk threw in this run (under mutex_)
 };
 
 }  // namespace magnetar::cpu
