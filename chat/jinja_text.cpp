@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 namespace magnetar::chat::jinja {
@@ -26,6 +27,17 @@ uint32_t decode_utf8_multibyte(std::string_view s, size_t* i) {
 }
 
 namespace {
+
+// Bytes of the run of ASCII that starts at s[i] (eight at a time).
+size_t ascii_run(std::string_view s, size_t i) {
+  const size_t start = i;
+  for (uint64_t w; i + 8 <= s.size(); i += 8) {
+    std::memcpy(&w, s.data() + i, 8);
+    if (w & 0x8080808080808080ull) break;
+  }
+  while (i < s.size() && uint8_t(s[i]) < 0x80) ++i;
+  return i - start;
+}
 
 bool is_js_space(uint32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) ||

@@ -5,7 +5,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -24,17 +23,6 @@ inline uint32_t decode_utf8(std::string_view s, size_t* i) {
     return b;
   }
   return decode_utf8_multibyte(s, i);
-}
-
-// Bytes of the run of ASCII that starts at s[i] (eight at a time).
-inline size_t ascii_run(std::string_view s, size_t i) {
-  const size_t start = i;
-  for (uint64_t w; i + 8 <= s.size(); i += 8) {
-    std::memcpy(&w, s.data() + i, 8);
-    if (w & 0x8080808080808080ull) break;
-  }
-  while (i < s.size() && uint8_t(s[i]) < 0x80) ++i;
-  return i - start;
 }
 
 // Bytes of the JS whitespace or line terminator at s[i] (what /\s/ and String.prototype.trim match), or 0.

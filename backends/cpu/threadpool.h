@@ -57,9 +57,8 @@ class ThreadPool {
         &ctx, n_threads_ == 1 ? 1 : std::min<int64_t>(n, int64_t(n_threads_) * kChunksPerThread));
   }
 
-  static constexpr int kChunksPerThread = 4;
-
  private:
+  static constexpr int kChunksPerThread = 4;
   using Body = void (*)(void* ctx, int64_t chunk, int64_t n_chunks, int ith);
   void run_chunks(Body body, void* ctx, int64_t n_chunks);
   void claim_chunks(int ith);  // runs chunks of the current region until none is left to claim
