@@ -150,16 +150,12 @@ inline int mmvq_rows_per_warp() {
 // Q4_K and Q6_K products of 1-8 vectors take mmvq's activation-stationary kernel where the row fits it
 // (MatvecArgs::stationary); MAGNETAR_CUDA_MMVQ_STATIONARY=0 is the baseline (the rows kernel): tg128 461.9 / 461.3
 // against 451.7 / 451.1 (H200, docs/benchmarks/2026-12-01-cuda-decode-stationary-mmvq.md).
-// Q6_K products (llama.cpp's Q4_K_M mix: the output matrix, half the layers' attn_v and ffn_down) take it, and so the
-// decode fusions that need it on those layers, only with MAGNETAR_CUDA_MMVQ_STATIONARY_Q6K=1, until its several-vector
-// form is checked on a GPU (a batched decode must equal its sessions alone: the one-vector form failed only that test
-// of the GPU suite's 82 it ran, and gains 9.5% on the mix: docs/benchmarks/2026-12-05-cuda-q4km.md).
+// Q6_K products (llama.cpp's Q4_K_M mix: the output matrix, half the layers' attn_v and ffn_down) take it too, and so
+// the decode fusions that need it on those layers; MAGNETAR_CUDA_MMVQ_STATIONARY_Q6K=0 is that baseline (the rows
+// kernel for Q6_K): docs/benchmarks/2026-12-05-cuda-q4km.md.
 inline bool mmvq_stationary(quant::Type type) {
   static const bool on = switch_on("MAGNETAR_CUDA_MMVQ_STATIONARY");
-  static const bool q6k = [] {
-    const char* v = std::getenv("MAGNETAR_CUDA_MMVQ_STATIONARY_Q6K");
-    return v != nullptr && std::string_view(v) == "1";
-  }();
+  static const bool q6k = switch_on("MAGNETAR_CUDA_MMVQ_STATIONARY_Q6K");
   return on && (q6k || type != quant::Type::Q6_K);
 }
 
