@@ -6,6 +6,8 @@
 # Usage (repo root, after committing or not): bash tools/device/prebuild.sh
 #        bash tools/device/prebuild.sh --arm NAME: only magnetar, packed as build-prebuilt/arm-NAME.xz, the B side of an
 #        A/B in one call (`run.sh --decode-bench ARM=NAME`; check out the variant, pack it, return, then prebuild).
+#        bash tools/device/prebuild.sh --bench: magnetar only (~8 MB instead of ~17), for a call that runs only the bench
+#        modes: with an arm or two it still fits the carry.
 # Then call the device with carry=["build-prebuilt", ".device-deps"]: run.sh unpacks build-prebuilt/prebuilt.tar.xz
 # into build-cuda/ there and uses its binaries when their source hash (tools/device/source_hash.sh) matches the tree it
 # was sent with and they load; otherwise it builds as usual. Packed: magnetar, magnetar_cuda_tests,
@@ -32,10 +34,12 @@ if [ "${1:-}" = "--arm" ]; then
   exit 0
 fi
 hash=$(source_hash)
-cmake --build "$dir" -j "$(nproc)" --target magnetar magnetar_cuda_tests magnetar_golden_tests
+binaries=(tools/magnetar tests/magnetar_cuda_tests tests/magnetar_golden_tests)
+[ "${1:-}" = "--bench" ] && binaries=(tools/magnetar)
+cmake --build "$dir" -j "$(nproc)" --target "${binaries[@]##*/}"
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-for b in tools/magnetar tests/magnetar_cuda_tests tests/magnetar_golden_tests; do
+for b in "${binaries[@]}"; do
   mkdir -p "$stage/$dir/$(dirname "$b")"
   strip -o "$stage/$dir/$b" "$dir/$b"
 done

@@ -38,7 +38,8 @@ prebuilt=0
 if [ -f build-prebuilt/prebuilt.tar.xz ] && [ ! -f build-cuda/CMakeCache.txt ]; then
   . tools/device/source_hash.sh
   rm -rf build-cuda && tar -xJf build-prebuilt/prebuilt.tar.xz
-  missing=$(ldd build-cuda/tools/magnetar build-cuda/tests/magnetar_cuda_tests | grep "not found" | head -1)
+  missing=$(ldd build-cuda/tools/magnetar $(ls build-cuda/tests/magnetar_cuda_tests 2>/dev/null) | grep "not found" |
+    head -1)
   if [ "$(cat build-cuda/prebuilt.sum 2>/dev/null)" != "$(source_hash)" ]; then
     log "prebuilt binaries: built from other sources than these (rerun tools/device/prebuild.sh); building here"
   elif [ -n "$missing" ]; then
@@ -178,10 +179,11 @@ fi
 # GiB RAM cache over disk; uniform and skewed routing): tg64 / pp128 (medians of LANE_REPS, default 5) without the
 # lane, with it balanced against the copies (the default), with every cold miss on it (MAGNETAR_CUDA_LANE_BALANCE=0)
 # and, for each arm given (run_arm), without the lane and balanced under that arm (LANE_ARMS: the first three to run,
-# default "none balanced all"); the round of arms LANE_ROUNDS times (default 1), interleaved.
+# default "none balanced all"); the round of arms LANE_ROUNDS times (default 1), interleaved; LANE_SKEWS: the routing
+# skews (default "0 1").
 if [ "$filter" = "--lane-bench" ]; then
   build_magnetar
-  for skew in 0 1; do
+  for skew in ${LANE_SKEWS:-0 1}; do
     tier_model "$skew"
     for round in $(seq "${LANE_ROUNDS:-1}"); do
       for arm in ${LANE_ARMS:-none balanced all} "${@:2}"; do
@@ -198,6 +200,30 @@ if [ "$filter" = "--lane-bench" ]; then
         done
       done
     done
+  done
+  exit 0
+fi
+
+# `run.sh --cpu-bench [ARM ...]`: the CPU backend on this host's cores (docs/benchmarks/2026-12-06-cpu-threadpool-chunks.md):
+# pp64 / tg32 (medians of 5) of CPU_LAYERS layers (default 16) of the 30B-A3B geometry, Q4_K, resident, with -t of
+# every core, unloaded and beside N busy loops for each N in CPU_LOADS (default "0 1 4"), for the default and each arm
+# given (run_arm), the arms interleaved CPU_ROUNDS times (default 2).
+if [ "$filter" = "--cpu-bench" ]; then
+  build_magnetar
+  model=/tmp/magnetar-q30-q4k-l${CPU_LAYERS:-16}.gguf
+  [ -f "$model" ] || "$bin" synth --preset qwen3-30b-a3b --type q4_k --layers "${CPU_LAYERS:-16}" -t "$(nproc)" \
+    -o "$model" >/dev/null 2>&1
+  for load in ${CPU_LOADS:-0 1 4}; do
+    busy=()
+    for _ in $(seq "$load"); do sh -c 'while :; do :; done' & busy+=($!); done
+    for round in $(seq "${CPU_ROUNDS:-2}"); do
+      for arm in "" "${@:2}"; do
+        echo "== $load busy loops, round $round, ${arm:-default}"
+        run_arm "$arm" bench -m "$model" --device cpu --resident -t "$(nproc)" --ctx-start 0 --ctx-max 0 --step 64 \
+          --gen 32 --reps 5 2>&1 | grep -E "^ +0 "
+      done
+    done
+    [ "$load" = 0 ] || kill "${busy[@]}"
   done
   exit 0
 fi
