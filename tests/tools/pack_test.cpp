@@ -158,8 +158,8 @@ TEST(PackTool, KillNineNeverLeavesAPartialFile) {
   std::mt19937_64 rng(42);
   std::uniform_real_distribution<double> moment(0.0, full_seconds);
   int finished_anyway = 0, mid_write = 0;
-  constexpr int kRounds =
-      15;  // ~0.5 s each; ~95% of the kills land while the file is written (57 and 56 of 60 measured)
+  // ~0.5 s each; ~95% of the kills land while the file is written (57 and 56 of 60 measured)
+  constexpr int kRounds = 15;
   for (int k = 0; k < kRounds; ++k) {
     std::filesystem::remove(out + ".tmp");  // what an earlier round left
     pid = spawn_pack(in, out);

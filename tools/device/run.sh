@@ -500,10 +500,12 @@ fi
 log "machine: $(lscpu | sed -n 's/^Model name: *//p') / $(nproc) cores / $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 # Tests only (`run.sh '^none$' REGEX`) with packed binaries: ctest over them, nothing built here.
 test_dir=build-device
-if [ "$prebuilt" = 1 ] && [ -n "$tests" ] && [ ! -x build-cuda/tests/magnetar_cuda_tests ]; then
-  log "prebuilt binaries: magnetar only (prebuild.sh --bench), no test binaries; building here"
+prebuilt_tests=0
+if [ "$prebuilt" = 1 ] && [ -n "$tests" ]; then
+  [ -x build-cuda/tests/magnetar_cuda_tests ] && prebuilt_tests=1 ||
+    log "prebuilt binaries: magnetar only (prebuild.sh --bench), no test binaries; building here"
 fi
-if [ "$prebuilt" = 1 ] && [ -n "$tests" ] && [ -x build-cuda/tests/magnetar_cuda_tests ]; then
+if [ "$prebuilt_tests" = 1 ]; then
   test_dir=build-cuda
   log "tests over the prebuilt binaries"
 else
