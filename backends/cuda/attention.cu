@@ -114,6 +114,15 @@ struct Params {
   const uint16_t* seq_v[kMaxDecodeSeqs];
   int seq_tok[kMaxDecodeSeqs];  // grid z's token row (AttentionArgs::seq_tok)
   const int32_t* fresh_row;     // AttentionArgs::fresh_row
+  // > 0 (drafts of one sequence, AttentionArgs::fresh_row): the grid is (splits x tokens_in_x, n_head_kv, 1), CTA x
+  // taking split x / tokens_in_x of token x % tokens_in_x, so that the tokens' CTAs of the same rows run at the same
+  // time and all but one find the rows in L2 (grid z holds the token otherwise).
+  int tokens_in_x;
+  // > 0 (drafts of one sequence, kHT 2 kernels, groups of 8): this many tokens, taken in position pairs (an even
+  // position and the next) by one CTA each, the pair's query heads as the two head tiles (attention_decode_mma's
+  // pairs): the cached rows are read once for both. Grid z (or x, tokens_in_x) is then the pair: pair_tokens / 2 + 1
+  // of them, the first token alone where its position is odd.
+  int pair_tokens;
   int split_stride;
   // attention_decode_mma's combine of many splits (the kernel's kChunkSplits): kCombineChunks, or kCombineSpread where
   // the grid fits one wave of CTAs (its last CTAs share the combine); kCombineBatches: the last CTA in batches of 8
@@ -512,9 +521,10 @@ __global__ void __launch_bounds__(ops::kWarpSize* kW) attention_decode_mma_kerne
   __shared__ float m_s[kWarps][kHeads], l_s[kWarps][kHeads];
   __shared__ float big_m_s[kHeads], big_l_s[kHeads];
 
-  const int split = int(blockIdx.x);
+  const bool tokens_in_x = kSeqs && p.tokens_in_x > 0;
+  const int split = tokens_in_x ? int(blockIdx.x) / p.tokens_in_x : int(blockIdx.x);
   const int hk = int(blockIdx.y);
-  const int tok = int(blockIdx.z);
+  const int tok = tokens_in_x ? int(blockIdx.x) % p.tokens_in_x : int(blockIdx.z);  // a pair with pair_tokens
   const int tid = int(threadIdx.x);
   const int warp = tid / ops::kWarpSize;
   const int lane = tid % ops::kWarpSize;
@@ -525,21 +535,34 @@ __global__ void __launch_bounds__(ops::kWarpSize* kW) attention_decode_mma_kerne
   // position, over its own caches. The pointers are picked with constant parameter offsets (an indexed parameter array
   // would be copied to local memory). ztok: the token's row where only several sequences can have one other than 0
   // (records, tickets, prepare's rows, outputs).
-  int ztok = 0;
+  // Pairs (Params::pair_tokens): tokens z_lo and z_lo + 1 of the launch, positions P and P + 1 with P even, so that
+  // their plans are the same (plan_decode_rows) and one pass over the rows serves both: the second token's query heads
+  // are head tile 1 (the group's rows 8..15 of the scores' m16 tile, empty otherwise), the first's scores of row P + 1
+  // masked. ztok_hi: the second token's row (-1: the CTA has one token, as without pairs).
+  int ztok = 0, ztok_hi = -1;
   const uint16_t* kc = p.k;
   const uint16_t* vc = p.v;
   if constexpr (kSeqs) {
+    int z_lo = tok, z_hi = -1;
+    if (kHT == 2 && p.pair_tokens > 0) {
+      z_lo = 2 * tok - int(p.pos0_device[p.seq_tok[0]] & 1);
+      z_hi = z_lo + 1 < p.pair_tokens ? z_lo + 1 : -1;
+      if (z_lo < 0) z_lo = z_hi, z_hi = -1;           // the first token, at an odd position: alone
+      if (z_lo < 0 || z_lo >= p.pair_tokens) return;  // no token (the grid has room for every parity)
+    }
 #pragma unroll
     for (int z = 0; z < int(kMaxDecodeSeqs); ++z) {
-      if (z == tok) {
+      if (z == z_lo) {
         kc = p.seq_k[z];
         vc = p.seq_v[z];
         ztok = p.seq_tok[z];
       }
+      if (z == z_hi) ztok_hi = p.seq_tok[z];
     }
   }
+  const bool paired = ztok_hi >= 0;
   const int qtok = kSeqs ? ztok : tok;  // the token's row of q and out
-  const DecodeRun run = decode_run(p, ztok, kCtaStep);
+  const DecodeRun run = decode_run(p, paired ? ztok_hi : ztok, kCtaStep);
   if (split >= run.n_splits) return;  // a graph's grid sized for a longer context: the whole CTA leaves
   const int64_t pos = run.pos0 + (kSeqs ? 0 : tok);
   const int64_t lo = p.window > 0 && pos - p.window + 1 > 0 ? pos - p.window + 1 : 0;
@@ -732,10 +755,11 @@ __global__ void __launch_bounds__(ops::kWarpSize* kW) attention_decode_mma_kerne
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int h = g + 8 * r;
-    const bool valid = h < G && (r == 0 || kHT == 2);
-    const int hq = valid ? h : 0;
+    const bool valid = paired ? g < G : h < G && (r == 0 || kHT == 2);
+    const int hq = valid ? (paired ? g : h) : 0;
+    const int row = paired && r == 1 ? ztok_hi : qtok;
     const float* qh =
-        prep ? q_s + hq * S::kQPitch : p.q + (size_t(qtok) * size_t(p.n_head) + size_t(hk * G + hq)) * size_t(D);
+        prep ? q_s + hq * S::kQPitch : p.q + (size_t(row) * size_t(p.n_head) + size_t(hk * G + hq)) * size_t(D);
 #pragma unroll
     for (int kk = 0; kk < kMT; ++kk) {
       float2 a = make_float2(0.0f, 0.0f), b = a;
@@ -862,7 +886,11 @@ __global__ void __launch_bounds__(ops::kWarpSize* kW) attention_decode_mma_kerne
       if (tail) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          if (j + 8 * nt + 2 * t + e >= j_end) sc[nt][e] = sc[nt][e + 2] = -INFINITY;
+          if (j + 8 * nt + 2 * t + e >= j_end) {
+            sc[nt][e] = sc[nt][e + 2] = -INFINITY;
+          } else if (paired && j + 8 * nt + 2 * t + e == pos) {
+            sc[nt][e] = -INFINITY;  // the pair's second row: not the first token's to attend
+          }
         }
       }
     }
@@ -990,7 +1018,17 @@ __global__ void __launch_bounds__(ops::kWarpSize* kW) attention_decode_mma_kerne
   // The records of this token's heads: [n_head][splits] per token (several sequences: the grid's splits each).
   const int rec_splits = kSeqs ? p.split_stride : run.n_splits;
   const size_t records = (size_t(ztok) * size_t(p.n_head) + size_t(h_first)) * size_t(rec_splits);
-  for (int i = tid; i < G * (D / 8); i += kThreads) {
+  // A pair's heads: the first token's G, then the second's (its records and outputs in its own row).
+  const int n_heads = paired ? 2 * G : G;
+  const size_t records_hi = paired ? (size_t(ztok_hi) * size_t(p.n_head) + size_t(h_first)) * size_t(rec_splits) : 0;
+  auto write = [&](int h, int d, const float(&v)[8], int item) {
+    if (h < G) {
+      write_output(p, qtok, h_first, h, d, v, item);
+    } else {
+      write_output(p, ztok_hi, h_first, h - G, d, v, item);
+    }
+  };
+  for (int i = tid; i < n_heads * (D / 8); i += kThreads) {
     const int h = i / (D / 8), d = 8 * (i % (D / 8));
     float sum[8];
 #pragma unroll
@@ -1002,9 +1040,11 @@ __global__ void __launch_bounds__(ops::kWarpSize* kW) attention_decode_mma_kerne
     if (run.n_splits == 1) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) sum[e] = sum[e] / big_l_s[h];
-      write_output(p, qtok, h_first, h, d, sum, i);
+      write(h, d, sum, i);
     } else {
-      float* rec = p.partials + (records + size_t(h) * size_t(rec_splits) + size_t(split)) * size_t(stride);
+      const size_t at =
+          h < G ? records + size_t(h) * size_t(rec_splits) : records_hi + size_t(h - G) * size_t(rec_splits);
+      float* rec = p.partials + (at + size_t(split)) * size_t(stride);
       reinterpret_cast<float4*>(rec + d)[0] = make_float4(sum[0], sum[1], sum[2], sum[3]);
       reinterpret_cast<float4*>(rec + d)[1] = make_float4(sum[4], sum[5], sum[6], sum[7]);
       if (d == 0) {
@@ -1018,15 +1058,15 @@ __global__ void __launch_bounds__(ops::kWarpSize* kW) attention_decode_mma_kerne
   attn::SplitCombine head;  // C++17 (nvcc): no designated initializers
   head.partials = p.partials;
   head.records = records;
+  head.records_hi = records_hi;
   head.ticket = p.tickets + (ztok * int(gridDim.y) + hk) * kTicketWords;
   head.rec_splits = rec_splits;
   head.n_splits = run.n_splits;
   head.group = G;
+  head.heads = n_heads;
   head.combine = p.combine;
   head.spin_ns = p.spin_ns;
-  attn::combine_splits<kWarps, D>(
-      head, reinterpret_cast<float*>(ring_s),
-      [&](int h, int d, const float(&v)[8], int item) { write_output(p, ztok, h_first, h, d, v, item); });
+  attn::combine_splits<kWarps, D>(head, reinterpret_cast<float*>(ring_s), write);
 }
 
 template <int kMaxGroup>
@@ -1164,6 +1204,8 @@ Status make_params(const char* op, const AttentionArgs& a, AttentionWorkspace& w
     p.seq_tok[z] = z;
   }
   p.fresh_row = a.fresh_row;
+  p.tokens_in_x = 0;
+  p.pair_tokens = 0;
   p.split_stride = 1;
   p.combine = kCombineBatches;
   p.spin_ns = 0;
@@ -1279,7 +1321,9 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
   // MAGNETAR_CUDA_ATTN_COMBINE (a diagnostic switch): 0 the last CTA in batches (other bits), 1 the chunks by the
   // last CTA alone (the same bits as the default, 2: spread where the grid fits).
   static const int64_t combine = env_int("MAGNETAR_CUDA_ATTN_COMBINE", kCombineSpread);
-  const bool one_wave = int64_t(grid_splits) * a.n_head_kv * a.n_tok <= int64_t(slots);
+  // The grid's tokens, or pairs of tokens (Params::pair_tokens: one more than half, for either parity of the first).
+  const int grid_tok = p.pair_tokens > 0 ? p.pair_tokens / 2 + 1 : int(a.n_tok);
+  const bool one_wave = int64_t(grid_splits) * a.n_head_kv * grid_tok <= int64_t(slots);
   p.combine = combine == kCombineBatches ? kCombineBatches
               : combine == kCombineSpread && one_wave ? kCombineSpread : kCombineChunks;
   // A waiting CTA gives its chunk up after 1 ms: never when every CTA runs (the waits are microseconds), a slow step
@@ -1287,14 +1331,20 @@ Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, 
   // their chunks to the last one at once).
   static const int64_t spin_ns = env_int("MAGNETAR_CUDA_ATTN_SPIN_NS", 1000000);
   p.spin_ns = uint64_t(std::max<int64_t>(spin_ns, 0));
-  const dim3 grid(unsigned(grid_splits), unsigned(a.n_head_kv), unsigned(a.n_tok));
+  // Drafts of one sequence read the same cached rows: their CTAs side by side (Params::tokens_in_x), unless
+  // MAGNETAR_CUDA_ATTN_DRAFTS_SIDE_BY_SIDE=0 (a diagnostic switch: token by token, the grid's z). The same bits either
+  // way: only the order the CTAs start in differs.
+  static const bool side_by_side = env_int("MAGNETAR_CUDA_ATTN_DRAFTS_SIDE_BY_SIDE", 1) != 0;
+  if (kSeqs && side_by_side && a.fresh_row != nullptr && grid_tok > 1) p.tokens_in_x = grid_tok;
+  const dim3 grid = p.tokens_in_x > 0 ? dim3(unsigned(grid_splits * p.tokens_in_x), unsigned(a.n_head_kv), 1u)
+                                      : dim3(unsigned(grid_splits), unsigned(a.n_head_kv), unsigned(grid_tok));
   CUDA_CHECK(ops::launch(kernel, grid, kThreads, smem, stream, p));
   return Status();
 }
 // The kernel of the call's head size and group.
 template <int kKv, bool kSeqs>
 Status launch_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspace, const Params& p, cudaStream_t stream) {
-  const bool two = p.group > 8;
+  const bool two = p.group > 8 || p.pair_tokens > 0;
   switch (a.head_dim) {
     case 64:
       return two ? launch_decode_mma<kSeqs, 64, 2, 4, kKv>(a, workspace, p, stream)
@@ -1462,6 +1512,15 @@ Status attention_decode_mma(const AttentionArgs& a, AttentionWorkspace& workspac
     p.prep_eps = pr.eps;
   }
   const bool q8 = a.kv_type == quant::Type::Q8_0, f8 = a.kv_type == quant::Type::F8_E4M3;
+  // Drafts of one sequence in position pairs (Params::pair_tokens) where the second head tile is free (groups of 8)
+  // and the kernel is the one a token alone takes with both tiles (F16 and FP8; Q8_0 runs 12 warps with one tile),
+  // neither with prepare (the tokens' rows are stored before the call) nor a window (the pair's first rows differ).
+  // MAGNETAR_CUDA_ATTN_DRAFT_PAIRS=0 (a diagnostic switch): a CTA per token. The same bits either way.
+  static const bool pairs = env_int("MAGNETAR_CUDA_ATTN_DRAFT_PAIRS", 1) != 0;
+  if (pairs && a.seq_k != nullptr && a.fresh_row != nullptr && a.n_tok > 1 && p.group == 8 && !q8 &&
+      a.prepare.k == nullptr && a.window == 0 && (a.head_dim == 64 || a.head_dim == 128)) {
+    p.pair_tokens = int(a.n_tok);
+  }
   if (a.seq_k != nullptr) {
     return q8   ? launch_decode_mma<kKvQ8, true>(a, workspace, p, stream.raw())
            : f8 ? launch_decode_mma<kKvF8, true>(a, workspace, p, stream.raw())

@@ -75,9 +75,13 @@ MAGNETAR_HD int64_t decode_split_target(int64_t n_head_kv, int slots, int max_sp
 // the decode kernel makes it in every CTA before it issues its first loads, a prologue on the step's critical path (its
 // CTAs start about when the launch before them ends), where 64-bit divisions are long instruction sequences.
 // step: the rows of one step of all the kernel's warps (kDecodeStep at 4 warps, twice that at 8).
+// The split length is made from the rows rounded up to even, so that tokens at positions P and P + 1 with P even (rows
+// P + 1 and P + 2) get the same plan (the split count too: P + 1 is odd, never a multiple of the even split length):
+// attention_decode_mma's pairs of draft tokens read the rows once for both, each with the bits of its own launch.
 MAGNETAR_HD DecodePlan plan_decode_rows(int rows, int want, int step = kDecodeStep) {
   const unsigned r = unsigned(rows), w = unsigned(want), st = unsigned(step);
-  unsigned per = r / w + (r % w != 0 ? 1u : 0u);
+  const unsigned even = r + (r & 1u);
+  unsigned per = even / w + (even % w != 0 ? 1u : 0u);
   per = (per + st - 1u) / st * st;
   if (per < st) per = st;
   DecodePlan d;

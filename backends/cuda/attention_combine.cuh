@@ -72,17 +72,19 @@ __device__ __forceinline__ void merge_records(const float* rec, int stride, int 
 struct SplitCombine {
   const float* partials;  // the workspace's records of head_dim + 4 floats
   size_t records;         // the KV head's first query head's first record there: [group][rec_splits] from it
+  size_t records_hi;      // heads group .. heads - 1 (a pair's second token): their records [group][rec_splits]
   unsigned* ticket;       // the head's kTicketWords words (zero between launches)
   int rec_splits;         // records per query head
   int n_splits;           // of them written by this launch (> 1)
   int group;              // query heads of the KV head
+  int heads;              // query heads combined: group, or 2 group for a pair of tokens (records_hi)
   int combine;            // Combine
   uint64_t spin_ns;       // how long a waiting CTA waits for the last split before it gives its chunk up
 };
 
 // Run by every thread of every split's CTA after its record is written. part_s: shared memory for kWarps * 32 * 10
-// floats, free by now. write(h, d, v, item) writes dims d .. d + 7 of query head h of the group, made by item
-// h * D / 8 + d / 8 (a warp's 32 items: a Q8_K block of the output).
+// floats, free by now. write(h, d, v, item) writes dims d .. d + 7 of query head h (of the group, then of a pair's
+// second token), made by item h * D / 8 + d / 8 (a warp's 32 items: a Q8_K block of the output).
 template <int kWarps, int D, typename Write>
 __device__ __forceinline__ void combine_splits(const SplitCombine& sc, float* part_s, Write&& write) {
   __shared__ int chunk_s;          // the chunk of the combine this CTA takes, or a ChunkRole
@@ -92,6 +94,12 @@ __device__ __forceinline__ void combine_splits(const SplitCombine& sc, float* pa
   const int lane = tid % ops::kWarpSize;
   const int G = sc.group;
   const int stride = D + 4;
+  // Head h's first record.
+  auto head_records = [&](int h) {
+    const size_t at =
+        h < G ? sc.records + size_t(h) * size_t(sc.rec_splits) : sc.records_hi + size_t(h - G) * size_t(sc.rec_splits);
+    return sc.partials + at * size_t(stride);
+  };
 
   // The splits' records are combined by the last CTAs of this KV head to finish (the ticket pattern). The barrier
   // orders the CTA's record stores before thread 0's ticket, an acquire-release atomic at GPU scope: the records are
@@ -118,7 +126,7 @@ __device__ __forceinline__ void combine_splits(const SplitCombine& sc, float* pa
   constexpr int kChunkSplits = 3 * kBatch;  // more splits than this: the chunked combine (see above)
   const int n_splits = sc.n_splits;
   constexpr int kChunkItems = ops::kWarpSize;
-  const int n_items = G * (D / 8);
+  const int n_items = sc.heads * (D / 8);
   const int n_chunks = n_items / kChunkItems;
   const bool chunked = sc.combine != kCombineBatches && n_splits > kChunkSplits && n_items % kChunkItems == 0 &&
                        n_chunks <= n_splits && n_chunks <= kMaxCombineChunks;
@@ -168,7 +176,7 @@ __device__ __forceinline__ void combine_splits(const SplitCombine& sc, float* pa
       if (c < 0) continue;
       const int item = c * kChunkItems + lane;
       const int h = item / (D / 8), d = 8 * (item % (D / 8));
-      const float* rec = sc.partials + (sc.records + size_t(h) * size_t(sc.rec_splits)) * size_t(stride);
+      const float* rec = head_records(h);
       // Warp w merges splits w, w + kWarps, ... in kChunkBatch-split batches of loads (one batch at up to 33 splits).
       constexpr int kChunkBatch = kWarps >= 12 ? 4 : kWarps >= 8 ? 5 : 9;
       float m_run = -INFINITY, l_run = 0.0f, acc[8];
@@ -220,9 +228,9 @@ __device__ __forceinline__ void combine_splits(const SplitCombine& sc, float* pa
   // denominators, then the numerators, 8 splits at a time: 4). H200, attention_bench: 5.78 us per call instead of
   // 7.30 at 512 rows, 9.05 instead of 10.19 at 2K, 17.0 for 18.5 at 16K; tg128 334.2 t/s against 323.5
   // (docs/benchmarks/2026-12-01-cuda-decode-knockouts.md).
-  for (int i = tid; i < G * (D / 8); i += kWarps * ops::kWarpSize) {
+  for (int i = tid; i < n_items; i += kWarps * ops::kWarpSize) {
     const int h = i / (D / 8), d = 8 * (i % (D / 8));
-    const float* rec = sc.partials + (sc.records + size_t(h) * size_t(sc.rec_splits)) * size_t(stride);
+    const float* rec = head_records(h);
     float m_run = -INFINITY, l_run = 0.0f, acc[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] = 0.0f;

@@ -730,7 +730,10 @@ struct AttentionArgs {
   // the sequences are a few tokens of one sequence (speculative decoding's drafts: one cache, the rows of all its new
   // tokens stored before the call), read when the kernel runs (a graph replays the launch at other positions); the
   // kernel reads rows before it ahead of its programmatic-dependent wait. Null: each token's own position (a batched
-  // decode: every sequence's new row is its token's, written by the launch itself).
+  // decode: every sequence's new row is its token's, written by the launch itself). The tokens' positions are then
+  // consecutive (pos0_device[seq_tok[t]] = that of token 0 plus t): with groups of 8 query heads (F16 and FP8 caches,
+  // no window, no prepare) one CTA takes the tokens at an even position and the next together, reading the rows once
+  // for both (the same bits as a launch each; MAGNETAR_CUDA_ATTN_DRAFT_PAIRS=0: a CTA per token).
   const int32_t* fresh_row = nullptr;
 };
 Status attention(const AttentionArgs& args, AttentionWorkspace& workspace, Stream& stream);

@@ -1003,6 +1003,105 @@ TEST(CudaOps, AttentionDecodeMmaSequencesEqualOneLaunchEach) {
   }
 }
 
+// A few tokens of one sequence (speculative decoding's drafts: AttentionArgs::fresh_row, every token's row stored
+// before the call) in attention_decode_mma launches of several tokens, one per kernel the tokens take at their lengths
+// as the model makes them, against one launch per token: every output and its Q8_K bytes bit for bit. Groups of 8 take
+// the tokens in position pairs (one CTA reads the rows once for an even position and the next), so the first
+// position is odd and even, 2 to 8 tokens, around split-length and split-count changes of the plan (the rows of a
+// pair must share it), across the 4K-row change of kernel, F16, FP8 and Q8_0 (one CTA per token) caches, head_dim
+// 128 and 64, and a group of 4 (no pairs). Rows past the last token hold NaN.
+TEST(CudaOps, AttentionDecodeMmaDraftsEqualOneLaunchEach) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::Stream stream, cuda::Stream::create());
+  ASSERT_OK_AND_ASSIGN(cuda::AttentionWorkspace ws, cuda::AttentionWorkspace::create(64, 256, cuda::kMaxDecodeSeqs));
+  Rng rng(kSeed + 23);
+  const AttnShape shapes[] = {{32, 4, 128}, {16, 2, 64}, {16, 4, 128}};
+  const int64_t firsts[] = {0, 1, 62, 63, 600, 2111, 2112, 4093, 4094, 8447, 8448, 16383, 33000};
+  const int64_t counts[] = {2, 3, 7, 8};
+  for (const AttnShape& sh : shapes) {
+    if (!cuda::has_attention_decode_mma(sh.head_dim, sh.n_head / sh.n_head_kv)) continue;
+    for (const quant::Type kv_type : {quant::Type::F16, quant::Type::F8_E4M3, quant::Type::Q8_0}) {
+      for (size_t c = 0; c < std::size(firsts); ++c) {
+        const int64_t pos0 = firsts[c], n = counts[c % std::size(counts)];
+        const int64_t HK = sh.n_head_kv, D = sh.head_dim, kv = HK * D, width = sh.n_head * D;
+        const bool quantizes = cuda::attention_decode_quantizes(D, sh.n_head / HK);
+        const size_t q8_row = quant::row_size(quant::Type::Q8_K, width);
+        const std::string what = "n_head " + std::to_string(sh.n_head) + "/" + std::to_string(HK) + " head_dim " +
+                                 std::to_string(D) + " " + std::string(quant::type_name(kv_type)) + " first position " +
+                                 std::to_string(pos0) + ", " + std::to_string(n) + " tokens";
+        const int64_t n_rows = pos0 + n + 3;
+        const std::vector<uint8_t> host[2] = {
+            kv_cache(gaussian(rng, size_t((pos0 + n) * kv)), pos0 + n, n_rows, kv, kv_type),
+            kv_cache(gaussian(rng, size_t((pos0 + n) * kv)), pos0 + n, n_rows, kv, kv_type)};
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer kc, to_device(host[0]));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer vc, to_device(host[1]));
+        std::vector<int32_t> positions;
+        for (int64_t z = 0; z < n; ++z) positions.push_back(int32_t(pos0 + z));
+        const std::vector<float> q = gaussian(rng, size_t(n * width), 2.0f);
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dq, to_device(q));
+        ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer dpos, to_device(positions));
+        cuda::DeviceBuffer out[2], q8[2];
+        for (int side = 0; side < 2; ++side) {
+          ASSERT_OK_AND_ASSIGN(out[side], cuda::DeviceBuffer::allocate(q.size() * sizeof(float)));
+          ASSERT_OK_AND_ASSIGN(q8[side], cuda::DeviceBuffer::allocate(size_t(n) * q8_row + 4));
+        }
+        const cuda::AttentionArgs args{.q = dq.as<float>(),
+                                       .k_cache = kc.data(),
+                                       .v_cache = vc.data(),
+                                       .n_tok = 1,
+                                       .n_head = sh.n_head,
+                                       .n_head_kv = HK,
+                                       .head_dim = D,
+                                       .scale = float(1.0 / std::sqrt(double(D))),
+                                       .max_rows = n_rows,
+                                       .kv_type = kv_type};
+        for (int64_t z = 0; z < n; ++z) {  // one launch each
+          cuda::AttentionArgs one = args;
+          one.q = dq.as<float>() + z * width;
+          one.out = out[0].as<float>() + z * width;
+          one.pos0 = pos0 + z;
+          one.pos0_device = dpos.as<int32_t>() + z;
+          one.out_q8k = quantizes ? q8[0].as<uint8_t>() + size_t(z) * q8_row : nullptr;
+          ASSERT_OK(cuda::attention_decode_mma(one, ws, stream));
+        }
+        for (int64_t first = 0; first < n;) {  // as Qwen3Cuda::attention: a launch per kernel
+          const int variant = cuda::attention_decode_variant(D, kv_type, pos0 + first + 1);
+          std::vector<const void*> seq_k, seq_v;
+          std::vector<int32_t> toks;
+          while (first + int64_t(toks.size()) < n &&
+                 cuda::attention_decode_variant(D, kv_type, pos0 + first + int64_t(toks.size()) + 1) == variant) {
+            seq_k.push_back(kc.data());
+            seq_v.push_back(vc.data());
+            toks.push_back(int32_t(first + int64_t(toks.size())));
+          }
+          cuda::AttentionArgs some = args;
+          some.n_tok = int64_t(toks.size());
+          some.pos0 = pos0 + first;
+          some.pos0_device = dpos.as<int32_t>();
+          some.out = out[1].as<float>();
+          some.out_q8k = quantizes ? q8[1].data() : nullptr;
+          some.seq_k = seq_k.data();
+          some.seq_v = seq_v.data();
+          some.seq_tok = toks.data();
+          some.fresh_row = dpos.as<int32_t>();  // the first draft's row
+          const Status launched = cuda::attention_decode_mma(some, ws, stream);
+          ASSERT_TRUE(launched.ok()) << what << ": " << launched.message();
+          first += int64_t(toks.size());
+        }
+        stream.synchronize();
+        const std::vector<float> want = from_device<float>(out[0], q.size());
+        const std::vector<float> got = from_device<float>(out[1], q.size());
+        for (size_t i = 0; i < want.size(); ++i) ASSERT_FALSE(std::isnan(want[i])) << what << " element " << i;
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << what << ": output";
+        if (quantizes) {
+          const size_t bytes = size_t(n) * q8_row;
+          EXPECT_EQ(from_device<uint8_t>(q8[0], bytes), from_device<uint8_t>(q8[1], bytes)) << what << ": Q8_K";
+        }
+      }
+    }
+  }
+}
+
 // Several sequences in one attention_decode_mma launch are refused with a Status without their positions on the
 // device, with more than kMaxDecodeSeqs, with a null cache, on a workspace made for fewer, with token rows repeated,
 // out of range or past the workspace's sequences, and by attention().

@@ -166,6 +166,21 @@ TEST(CudaOpsHost, AttentionDecodePlanCoversContext) {
   }
 }
 
+// Tokens at positions P and P + 1 with P even (rows P + 1 and P + 2) get the same decode plan, split length and count:
+// attention_decode_mma reads the rows once for such a pair of draft tokens, each with the bits of its own launch.
+TEST(CudaOpsHost, AttentionDecodePlanSharedByPositionPairs) {
+  for (const int want : {1, 4, 8, 33, 66, 132, 512}) {
+    for (const int step : {cuda::attn::kDecodeStep, 2 * cuda::attn::kDecodeStep}) {
+      for (int rows = 1; rows < 70000; rows += 2) {
+        const cuda::attn::DecodePlan a = cuda::attn::plan_decode_rows(rows, want, step);
+        const cuda::attn::DecodePlan b = cuda::attn::plan_decode_rows(rows + 1, want, step);
+        ASSERT_EQ(a.rows_per_split, b.rows_per_split) << rows << " rows, want " << want << ", step " << step;
+        ASSERT_EQ(a.n_splits, b.n_splits) << rows << " rows, want " << want << ", step " << step;
+      }
+    }
+  }
+}
+
 // The Q8_0 decode kernel's staging of a head row (attn::q8_*): for head sizes 64/128/256, 1 to 8 KV heads (rows
 // 16-byte aligned or not) and the first 40 cache rows, every head row's skew is within q8_skew_max, its window's
 // pieces read exactly [at - skew, at + head bytes) (the whole row, nothing past it, nothing before the window), the
