@@ -854,6 +854,19 @@ TEST(CudaOps, AttentionDecodeMmaPrepareEqualsQkvPrepare) {
   }
 }
 
+// The outputs of the two sides of a comparison (out[0]: the reference launches) bit for bit, `floats` of them, and
+// their Q8_K bytes (q8_bytes, 0: none); every reference output is a number.
+void expect_same_outputs(const cuda::DeviceBuffer (&out)[2], const cuda::DeviceBuffer (&q8)[2], size_t floats,
+                         size_t q8_bytes, const std::string& what) {
+  const std::vector<float> want = from_device<float>(out[0], floats), got = from_device<float>(out[1], floats);
+  const auto nan = std::find_if(want.begin(), want.end(), [](float x) { return std::isnan(x); });
+  EXPECT_EQ(nan, want.end()) << what << ": element " << (nan - want.begin()) << " is NaN";
+  EXPECT_EQ(0, std::memcmp(want.data(), got.data(), floats * sizeof(float))) << what << ": output";
+  if (q8_bytes > 0) {
+    EXPECT_EQ(from_device<uint8_t>(q8[0], q8_bytes), from_device<uint8_t>(q8[1], q8_bytes)) << what << ": Q8_K";
+  }
+}
+
 // attention_decode_mma over several sequences in one launch (AttentionArgs::seq_k, a batched decode step) against one
 // launch per sequence with the same arguments: every output, its Q8_K bytes and both caches of every sequence bit for
 // bit (each sequence gets its own plan, the same as alone). Sequences of different lengths in one call (one split and
@@ -982,14 +995,7 @@ TEST(CudaOps, AttentionDecodeMmaSequencesEqualOneLaunchEach) {
           ASSERT_TRUE(launched.ok()) << what << ": variant " << variant << ": " << launched.message();
         }
         stream.synchronize();
-        const std::vector<float> want = from_device<float>(out[0], q.size());
-        const std::vector<float> got = from_device<float>(out[1], q.size());
-        for (size_t i = 0; i < want.size(); ++i) ASSERT_FALSE(std::isnan(want[i])) << what << " element " << i;
-        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << what << ": output";
-        if (quantizes) {
-          const size_t bytes = size_t(n) * q8_row;
-          EXPECT_EQ(from_device<uint8_t>(q8[0], bytes), from_device<uint8_t>(q8[1], bytes)) << what << ": Q8_K";
-        }
+        expect_same_outputs(out, q8, q.size(), quantizes ? size_t(n) * q8_row : 0, what);
         for (int64_t s = 0; s < n; ++s) {
           for (int m = 0; m < 2; ++m) {
             const size_t bytes = host_caches[size_t(2 * s + m)].size();
@@ -1089,14 +1095,7 @@ TEST(CudaOps, AttentionDecodeMmaDraftsEqualOneLaunchEach) {
           first += int64_t(toks.size());
         }
         stream.synchronize();
-        const std::vector<float> want = from_device<float>(out[0], q.size());
-        const std::vector<float> got = from_device<float>(out[1], q.size());
-        for (size_t i = 0; i < want.size(); ++i) ASSERT_FALSE(std::isnan(want[i])) << what << " element " << i;
-        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << what << ": output";
-        if (quantizes) {
-          const size_t bytes = size_t(n) * q8_row;
-          EXPECT_EQ(from_device<uint8_t>(q8[0], bytes), from_device<uint8_t>(q8[1], bytes)) << what << ": Q8_K";
-        }
+        expect_same_outputs(out, q8, q.size(), quantizes ? size_t(n) * q8_row : 0, what);
       }
     }
   }
