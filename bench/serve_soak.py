@@ -15,9 +15,10 @@ arguments and JSON answers that parse, tokenize round trips); a failure is recor
 server's VmRSS, open descriptors and threads are read from /proc.
 
 At the end: SIGTERM, and the exit status must be 0. Prints a JSON summary (requests per scenario, failures, the
-samples' first/last/peak and the least-squares growth of RSS over the second half of the run, per 1,000 requests)
-and exits 1 when a check failed, the server died or did not stop cleanly, or descriptors or threads grew between the
-first and last quarter by more than the clients can hold open.
+samples' first/last/peak and the least-squares growth of RSS over the second half of the run, per 1,000 requests,
+and the server's counters from /metrics just before the SIGTERM: tokens, --lookup drafts, disk KV blocks) and exits 1
+when a check failed, the server died or did not stop cleanly, or descriptors or threads grew between the first and
+last quarter by more than the clients can hold open.
 """
 import argparse
 import http.client
@@ -276,6 +277,22 @@ def tenths(samples):
     return [[b["requests"] - a["requests"], b["rss_kib"] - a["rss_kib"]] for a, b in zip(at, at[1:])]
 
 
+def server_counters(port):
+    """The unlabelled magnetar_* counters and gauges of /metrics, by name (empty when it does not answer)."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    except (OSError, http.client.HTTPException):
+        return {}
+    counters = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].startswith("magnetar_") and "{" not in parts[0]:
+            counters[parts[0]] = float(parts[1])
+    return counters
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model")
@@ -330,6 +347,7 @@ def main():
     for t in threads:
         t.join()
     died = proc.poll()
+    counters = server_counters(port) if died is None else {}
     if died is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -356,6 +374,8 @@ def main():
         # Settling or a leak: what each tenth of the run added to RSS, with its requests (a leak adds about the same
         # per request in every tenth; settling adds less and less).
         "rss_kib_added_per_tenth": tenths(samples),
+        # The server's own counts at the end (/metrics): tokens, drafts (--lookup), disk KV blocks.
+        "counters": counters,
     }
     print(json.dumps(summary, indent=1))
     if args.out:
