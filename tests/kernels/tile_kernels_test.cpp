@@ -189,5 +189,53 @@ TEST_P(TileTest, MatchesSingleDots) {
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(TileTest);
 INSTANTIATE_TEST_SUITE_P(AllTypes, TileTest, testing::ValuesIn(tile_cases()), case_name);
 
+// The 32-element family's AVX-512 entries (backends/cpu/legacy_kernels.h built with VNNI where the CPU has it, else
+// the AVX2 ones) against the AVX2 build: every single dot and tile output bit for bit, weight codes -128 included.
+class LegacyIsaTest : public TileTest {
+ protected:
+  void same(const std::vector<uint8_t>& x0, const std::vector<uint8_t>& x1, const std::vector<uint8_t>& y0,
+            const std::vector<uint8_t>& y1, int64_t n, const std::string& what) {
+    const cpu::TypeKernels& wide = cpu::kernels(GetParam().type, Isa::kAvx512);
+    const cpu::TypeKernels& avx2 = cpu::kernels(GetParam().type, Isa::kAvx2);
+    const std::vector<uint8_t>* xs[2] = {&x0, &x1};
+    const std::vector<uint8_t>* ys[2] = {&y0, &y1};
+    float got[4], want[4];
+    wide.vec_dot_2x2(n, x0.data(), x1.data(), y0.data(), y1.data(), got);
+    avx2.vec_dot_2x2(n, x0.data(), x1.data(), y0.data(), y1.data(), want);
+    for (int k = 0; k < 4; ++k) {
+      EXPECT_TRUE(same_float(got[k], want[k]))
+          << what << " n=" << n << " tile out[" << k << "]: " << got[k] << " vs " << want[k];
+      const float dot = wide.vec_dot(n, xs[k / 2]->data(), ys[k % 2]->data());
+      const float dot2 = avx2.vec_dot(n, xs[k / 2]->data(), ys[k % 2]->data());
+      EXPECT_TRUE(same_float(dot, dot2)) << what << " n=" << n << " vec_dot " << k << ": " << dot << " vs " << dot2;
+    }
+  }
+};
+
+std::vector<TileCase> legacy_cases() {
+  std::vector<TileCase> cases;
+  if (!cpu::isa_supported(Isa::kAvx512)) return cases;
+  for (Type t : {Type::Q4_0, Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::Q8_0, Type::IQ4_NL, Type::MXFP4}) {
+    cases.push_back({t, Isa::kAvx512});
+  }
+  return cases;
+}
+
+TEST_P(LegacyIsaTest, Avx512EqualsAvx2BitForBit) {
+  const TypeTraits& t = traits();
+  const Type act = t.vec_dot_type;
+  for (int64_t blocks : kBlockCounts) {
+    const int64_t n = blocks * t.block_size;
+    same(quantize(t.type, gaussian(n, 1.0f)), quantize(t.type, signs(n, 1000.0f)), quantize(act, gaussian(n, 1.0f)),
+         quantize(act, signs(n, 1.0f)), n, "Gaussian and +-1000");
+    const size_t row_bytes = quant::row_size(t.type, n);  // every code, -128 included; every scale encoding
+    same(random_bytes(row_bytes), random_bytes(row_bytes), quantize(act, gaussian(n, 1.0f)),
+         quantize(act, gaussian(n, 30.0f)), n, "random weight bytes");
+  }
+}
+
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(LegacyIsaTest);  // a CPU without AVX-512 has no cases
+INSTANTIATE_TEST_SUITE_P(Family, LegacyIsaTest, testing::ValuesIn(legacy_cases()), case_name);
+
 }  // namespace tile_kernels_test
 }  // namespace magnetar
