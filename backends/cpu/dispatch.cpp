@@ -105,6 +105,7 @@ struct Tables {
     register_avx512_float(avx512);
     register_avx512_legacy(avx512);
     register_avx512_k_quants(avx512);
+    register_avx512_k_quants_vnni(avx512);
     register_avx512_k_low(avx512);
     fill_from(avx512, avx2, kBySingle<Isa::kAvx512>);
 
