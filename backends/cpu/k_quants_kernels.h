@@ -10,7 +10,7 @@
 //   - vec_dot computes the reference's exact integer sums per super-block (maddubs products of unsigned
 //     quants with signed Q8_K values, then madd with the sub-block scales; mins and Q6_K's -32 offset are
 //     applied through Q8_K's bsums) and then the reference's float steps, acc = fma(d, float(sumi), acc).
-//   - vec_dot_2x2 (Q4_K, Q6_K; the prefill tiles) does the same per product, four products at once.
+//   - vec_dot_2x2 (Q4_K, Q5_K, Q6_K; the prefill tiles) does the same per product, four products at once.
 //   - quantize_q8_k rounds with cvtps_epi32, which under the default MXCSR rounding mode (nearest-even)
 //     is ggml's nearest_int; it writes the reference's bytes.
 //   - dequantize forms the reference's products in the reference's order.
@@ -273,48 +273,62 @@ void widen_halves(const void* block0, const void* block1, size_t offset, __m128*
   *b = _mm_shuffle_ps(f, f, _MM_SHUFFLE(3, 3, 1, 1));
 }
 
-// One Q4_K weight row's part of a 2x2 tile step k (sub-blocks 2k, 2k+1 of a super-block): adds the
-// scaled sub-block dots with both tokens' activations (ya: sub-block 2k, yh: 2k+1) into sumi_c.
-[[gnu::always_inline]] inline void q4_k_tile_row(const uint8_t* qs, __m256i scales, __m256i ctrl_lo, __m256i ctrl_hi,
-                                                 const __m256i (&ya)[2], const __m256i (&yh)[2], __m256i& sumi0,
-                                                 __m256i& sumi1) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256i q4 = load256(qs);
-  const __m256i lo = _mm256_and_si256(q4, low4);
-  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4);
+// One Q4_K / Q5_K weight row's part of a 2x2 tile step k (sub-blocks 2k, 2k+1 of a super-block), given its codes of
+// the two sub-blocks (lo: 2k, hi: 2k+1): adds the scaled sub-block dots with both tokens' activations (ya: sub-block
+// 2k, yh: 2k+1) into sumi0, sumi1.
+[[gnu::always_inline]] inline void k_tile_row(__m256i lo, __m256i hi, __m256i scales, __m256i ctrl_lo, __m256i ctrl_hi,
+                                              const __m256i (&ya)[2], const __m256i (&yh)[2], __m256i& sumi0,
+                                              __m256i& sumi1) {
   const __m256i sc_lo = _mm256_shuffle_epi8(scales, ctrl_lo);
   const __m256i sc_hi = _mm256_shuffle_epi8(scales, ctrl_hi);
   sumi0 = add_madd(add_madd(sumi0, sc_lo, _mm256_maddubs_epi16(lo, ya[0])), sc_hi, _mm256_maddubs_epi16(hi, yh[0]));
   sumi1 = add_madd(add_madd(sumi1, sc_lo, _mm256_maddubs_epi16(lo, ya[1])), sc_hi, _mm256_maddubs_epi16(hi, yh[1]));
 }
 
-void vec_dot_2x2_q4_k(int64_t n, const void* vx0, const void* vx1, const void* vy0, const void* vy1, float* out) {
-  const auto* xb0 = static_cast<const BlockQ4_K*>(vx0);
-  const auto* xb1 = static_cast<const BlockQ4_K*>(vx1);
+// The 2x2 tile of Q4_K (kFifthBit false) or Q5_K (true: the 5th bits from qh, as vec_dot_q5_k places them).
+template <typename Block, bool kFifthBit>
+void vec_dot_2x2_q45_k(int64_t n, const void* vx0, const void* vx1, const void* vy0, const void* vy1, float* out) {
+  const auto* xb0 = static_cast<const Block*>(vx0);
+  const auto* xb1 = static_cast<const Block*>(vx1);
   const auto* yb0 = static_cast<const BlockQ8_K*>(vy0);
   const auto* yb1 = static_cast<const BlockQ8_K*>(vy1);
   const int64_t nb = super_blocks(n);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
   __m128 acc = _mm_setzero_ps();  // lanes: x0.y0, x0.y1, x1.y0, x1.y1
   for (int64_t i = 0; i < nb; ++i) {
-    const BlockQ4_K& x0 = xb0[i];
-    const BlockQ4_K& x1 = xb1[i];
+    const Block* x[2] = {&xb0[i], &xb1[i]};
     const BlockQ8_K& y0 = yb0[i];
     const BlockQ8_K& y1 = yb1[i];
-    const ScalesMins sm0 = unpack_scales_mins(x0.scales);
-    const ScalesMins sm1 = unpack_scales_mins(x1.scales);
-    const __m256i scales0 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sm0.scales))));
-    const __m256i scales1 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sm1.scales))));
+    const ScalesMins sm0 = unpack_scales_mins(x[0]->scales);
+    const ScalesMins sm1 = unpack_scales_mins(x[1]->scales);
+    const __m256i scales[2] = {_mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sm0.scales)))),
+                               _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sm1.scales))))};
     const __m128i mins0 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sm0.mins)));
     const __m128i mins1 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sm1.mins)));
     __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    __m256i h[2] = {};  // Q5_K: each row's qh shifted right by 2k (bits 0, 1 belong to sub-blocks 2k, 2k+1)
+    if constexpr (kFifthBit) {
+      h[0] = load256(x[0]->qh);
+      h[1] = load256(x[1]->qh);
+    }
     __m256i ctrl_lo = broadcast_lane16(0);
     __m256i ctrl_hi = broadcast_lane16(1);
 #pragma GCC unroll 1
     for (int k = 0; k < 4; ++k) {
       const __m256i ya[2] = {load256(y0.qs + 64 * k), load256(y1.qs + 64 * k)};
       const __m256i yh[2] = {load256(y0.qs + 64 * k + 32), load256(y1.qs + 64 * k + 32)};
-      q4_k_tile_row(x0.qs + 32 * k, scales0, ctrl_lo, ctrl_hi, ya, yh, sumi[0], sumi[1]);
-      q4_k_tile_row(x1.qs + 32 * k, scales1, ctrl_lo, ctrl_hi, ya, yh, sumi[2], sumi[3]);
+      for (int r = 0; r < 2; ++r) {
+        const __m256i q4 = load256(x[r]->qs + 32 * k);
+        __m256i lo = _mm256_and_si256(q4, low4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4);
+        if constexpr (kFifthBit) {
+          lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(h[r], 4), bit4));
+          hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(h[r], 3), bit4));
+          h[r] = _mm256_srli_epi16(h[r], 2);
+        }
+        k_tile_row(lo, hi, scales[r], ctrl_lo, ctrl_hi, ya, yh, sumi[2 * r], sumi[2 * r + 1]);
+      }
       ctrl_lo = _mm256_add_epi8(ctrl_lo, _mm256_set1_epi8(4));  // next sub-block pair's scales
       ctrl_hi = _mm256_add_epi8(ctrl_hi, _mm256_set1_epi8(4));
     }
@@ -323,7 +337,7 @@ void vec_dot_2x2_q4_k(int64_t n, const void* vx0, const void* vx1, const void* v
     const __m128i summ[4] = {_mm_madd_epi16(mins0, pair_sums0), _mm_madd_epi16(mins0, pair_sums1),
                              _mm_madd_epi16(mins1, pair_sums0), _mm_madd_epi16(mins1, pair_sums1)};
     __m128 dx, dminx;
-    widen_halves(&x0, &x1, offsetof(BlockQ4_K, d), &dx, &dminx);
+    widen_halves(x[0], x[1], offsetof(Block, d), &dx, &dminx);
     const __m128 d = scale_products(dx, y0.d, y1.d);
     const __m128 neg_dmin = _mm_xor_ps(scale_products(dminx, y0.d, y1.d), _mm_set1_ps(-0.0f));  // -(dmin d_y)
     acc = _mm_fmadd_ps(d, _mm_cvtepi32_ps(reduce4(sumi)), acc);
@@ -564,9 +578,14 @@ void register_avx512_k_quants_vnni(KernelTable& table) {
 #else
 void register_avx2_k_quants(KernelTable& table) {
 #endif
-  table[uint32_t(quant::Type::Q4_K)] = {
-      .vec_dot = vec_dot_q4_k, .quantize = nullptr, .dequantize = dequantize_q4_k, .vec_dot_2x2 = vec_dot_2x2_q4_k};
-  table[uint32_t(quant::Type::Q5_K)] = {.vec_dot = vec_dot_q5_k, .quantize = nullptr, .dequantize = dequantize_q5_k};
+  table[uint32_t(quant::Type::Q4_K)] = {.vec_dot = vec_dot_q4_k,
+                                        .quantize = nullptr,
+                                        .dequantize = dequantize_q4_k,
+                                        .vec_dot_2x2 = vec_dot_2x2_q45_k<BlockQ4_K, false>};
+  table[uint32_t(quant::Type::Q5_K)] = {.vec_dot = vec_dot_q5_k,
+                                        .quantize = nullptr,
+                                        .dequantize = dequantize_q5_k,
+                                        .vec_dot_2x2 = vec_dot_2x2_q45_k<BlockQ5_K, true>};
   table[uint32_t(quant::Type::Q6_K)] = {
       .vec_dot = vec_dot_q6_k, .quantize = nullptr, .dequantize = dequantize_q6_k, .vec_dot_2x2 = vec_dot_2x2_q6_k};
   table[uint32_t(quant::Type::Q8_K)] = {.vec_dot = nullptr, .quantize = quantize_q8_k, .dequantize = nullptr};
