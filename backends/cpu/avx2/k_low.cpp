@@ -1,5 +1,5 @@
-// AVX2 kernels for the low-bit super-block formats: vec_dot for Q2_K, Q3_K and IQ4_XS against Q8_K, and
-// IQ4_XS dequantization.
+// AVX2 kernels for the low-bit super-block formats: vec_dot for Q2_K, Q3_K and IQ4_XS against Q8_K, 2x2 prefill
+// tiles for Q2_K and Q3_K (bit-identical to their vec_dot per product), and IQ4_XS dequantization.
 //
 // The dot products keep every per-super-block sum in exact int32 arithmetic (maddubs pairs of u8 x s8
 // into int16, madd with the sub-block scales into int32) and only then scale by the float block scales,
@@ -84,6 +84,58 @@ float vec_dot_q2_k(int64_t n, const void* vx, const void* vy) {
   return hsum(acc);
 }
 
+// The 2x2 tile of vec_dot_q2_k (kernels.h: out = {x0.y0, x0.y1, x1.y0, x1.y1}): each weight chunk is unpacked and
+// each activation chunk loaded once for four products; per product the same int32 lanes (integer sums, any order)
+// and the same float steps in the same 8 lanes, so each output is bit-identical to vec_dot_q2_k.
+void vec_dot_2x2_q2_k(int64_t n, const void* vx0, const void* vx1, const void* vy0, const void* vy1, float* out) {
+  const BlockQ2_K* x[2] = {static_cast<const BlockQ2_K*>(vx0), static_cast<const BlockQ2_K*>(vx1)};
+  const BlockQ8_K* y[2] = {static_cast<const BlockQ8_K*>(vy0), static_cast<const BlockQ8_K*>(vy1)};
+  const __m256i mask2 = _mm256_set1_epi8(3);
+  const __m128i mask4 = _mm_set1_epi8(0xF);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    __m256i scales[2], min_prod[4];
+    for (int r = 0; r < 2; ++r) {
+      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[r][i].scales));
+      scales[r] = _mm256_broadcastsi128_si256(_mm_and_si128(packed, mask4));
+      const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), mask4));
+      for (int c = 0; c < 2; ++c) {
+        min_prod[2 * r + c] =
+            _mm256_madd_epi16(mins16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][i].bsums)));
+      }
+    }
+    __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                       _mm256_setzero_si256()};
+    for (int half = 0; half < 2; ++half) {
+      const __m256i q2[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[0][i].qs + 32 * half)),
+                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[1][i].qs + 32 * half))};
+      for (int s = 0; s < 4; ++s) {
+        const int ch = 4 * half + s;
+        const __m256i q8[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[0][i].qs + 32 * ch)),
+                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[1][i].qs + 32 * ch))};
+        const __m256i control = chunk_scale_control(ch);
+        for (int r = 0; r < 2; ++r) {
+          const __m256i q = _mm256_and_si256(_mm256_srli_epi16(q2[r], 2 * s), mask2);
+          const __m256i sc = _mm256_shuffle_epi8(scales[r], control);
+          for (int c = 0; c < 2; ++c) {
+            sumi[2 * r + c] = _mm256_add_epi32(sumi[2 * r + c], _mm256_madd_epi16(_mm256_maddubs_epi16(q, q8[c]), sc));
+          }
+        }
+      }
+    }
+    for (int r = 0; r < 2; ++r) {
+      for (int c = 0; c < 2; ++c) {
+        const float dall = y[c][i].d * quant::fp16_to_float(x[r][i].d);
+        const float dmin = y[c][i].d * quant::fp16_to_float(x[r][i].dmin);
+        __m256& a = acc[2 * r + c];
+        a = _mm256_fmadd_ps(_mm256_set1_ps(dall), _mm256_cvtepi32_ps(sumi[2 * r + c]), a);
+        a = _mm256_fnmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(min_prod[2 * r + c]), a);
+      }
+    }
+  }
+  for (int k = 0; k < 4; ++k) out[k] = hsum(acc[k]);
+}
+
 // ---- Q3_K --------------------------------------------------------------------------------------------------
 // Same chunk layout as Q2_K; the high bit of chunk c is bit c of hmask[0..31] (clear = subtract 4).
 
@@ -137,6 +189,59 @@ float vec_dot_q3_k(int64_t n, const void* vx, const void* vy) {
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
   }
   return hsum(acc);
+}
+
+// The 2x2 tile of vec_dot_q3_k, as vec_dot_2x2_q2_k is of vec_dot_q2_k: bit-identical to it per product.
+void vec_dot_2x2_q3_k(int64_t n, const void* vx0, const void* vx1, const void* vy0, const void* vy1, float* out) {
+  const BlockQ3_K* x[2] = {static_cast<const BlockQ3_K*>(vx0), static_cast<const BlockQ3_K*>(vx1)};
+  const BlockQ8_K* y[2] = {static_cast<const BlockQ8_K*>(vy0), static_cast<const BlockQ8_K*>(vy1)};
+  const __m256i mask2 = _mm256_set1_epi8(3);
+  const __m256i ones = _mm256_set1_epi8(1);
+  const __m256i pick_base = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                             2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    __m128i scales8[2];
+    __m256i hbits[2];
+    for (int r = 0; r < 2; ++r) {
+      scales8[r] = unpack_q3_k_scales(x[r][i].scales);
+      hbits[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][i].hmask));
+    }
+    __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                       _mm256_setzero_si256()};
+    for (int half = 0; half < 2; ++half) {
+      __m256i q3[2], half_scales[2];
+      for (int r = 0; r < 2; ++r) {
+        q3[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][i].qs + 32 * half));
+        half_scales[r] = _mm256_broadcastsi128_si256(
+            _mm_cvtepi8_epi16(half == 0 ? scales8[r] : _mm_srli_si128(scales8[r], 8)));
+      }
+      for (int s = 0; s < 4; ++s) {
+        const int ch = 4 * half + s;
+        const __m256i q8[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[0][i].qs + 32 * ch)),
+                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[1][i].qs + 32 * ch))};
+        const __m256i control = _mm256_add_epi8(pick_base, _mm256_set1_epi8(char(4 * s)));
+        for (int r = 0; r < 2; ++r) {
+          const __m256i low = _mm256_and_si256(_mm256_srli_epi16(q3[r], 2 * s), mask2);
+          const __m256i h = _mm256_and_si256(_mm256_srli_epi16(hbits[r], ch), ones);
+          const __m256i offset = _mm256_slli_epi16(_mm256_andnot_si256(h, ones), 2);
+          const __m256i sc = _mm256_shuffle_epi8(half_scales[r], control);
+          for (int c = 0; c < 2; ++c) {
+            const __m256i pairs =
+                _mm256_sub_epi16(_mm256_maddubs_epi16(low, q8[c]), _mm256_maddubs_epi16(offset, q8[c]));
+            sumi[2 * r + c] = _mm256_add_epi32(sumi[2 * r + c], _mm256_madd_epi16(pairs, sc));
+          }
+        }
+      }
+    }
+    for (int r = 0; r < 2; ++r) {
+      for (int c = 0; c < 2; ++c) {
+        const float d = quant::fp16_to_float(x[r][i].d) * y[c][i].d;
+        acc[2 * r + c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[2 * r + c]), acc[2 * r + c]);
+      }
+    }
+  }
+  for (int k = 0; k < 4; ++k) out[k] = hsum(acc[k]);
 }
 
 // ---- IQ4_XS ------------------------------------------------------------------------------------------------
@@ -208,7 +313,9 @@ void dequantize_iq4_xs(const void* src, float* dst, int64_t n) {
 
 void register_avx2_k_low(KernelTable& table) {
   table[uint32_t(quant::Type::Q2_K)].vec_dot = vec_dot_q2_k;
+  table[uint32_t(quant::Type::Q2_K)].vec_dot_2x2 = vec_dot_2x2_q2_k;
   table[uint32_t(quant::Type::Q3_K)].vec_dot = vec_dot_q3_k;
+  table[uint32_t(quant::Type::Q3_K)].vec_dot_2x2 = vec_dot_2x2_q3_k;
   table[uint32_t(quant::Type::IQ4_XS)].vec_dot = vec_dot_iq4_xs;
   table[uint32_t(quant::Type::IQ4_XS)].dequantize = dequantize_iq4_xs;
 }
