@@ -153,15 +153,19 @@ __m128i unpack_q3_k_scales(const uint8_t* packed) {
   return _mm_sub_epi8(_mm_setr_epi32(int(s0), int(s1), int(s2), int(s3)), _mm_set1_epi8(32));
 }
 
+// Q3_K's scales are signed, so they are widened to int16 first and picked with int16-pair controls: for chunk
+// c' = c%4 of a half, int16 2c' goes to the low lane and 2c'+1 to the high lane (this, plus 4c' in every byte).
+__m256i q3_k_pick_base() {
+  return _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2,
+                          3);
+}
+
 float vec_dot_q3_k(int64_t n, const void* vx, const void* vy) {
   const BlockQ3_K* x = static_cast<const BlockQ3_K*>(vx);
   const BlockQ8_K* y = static_cast<const BlockQ8_K*>(vy);
   const __m256i mask2 = _mm256_set1_epi8(3);
   const __m256i ones = _mm256_set1_epi8(1);
-  // Scales are signed here, so they are widened to int16 first and picked with int16-pair controls:
-  // for chunk c' = c%4 of a half, int16 2c' goes to the low lane and 2c'+1 to the high lane.
-  const __m256i pick_base = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
-                                             2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+  const __m256i pick_base = q3_k_pick_base();
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const float d = quant::fp16_to_float(x[i].d) * y[i].d;
@@ -197,8 +201,7 @@ void vec_dot_2x2_q3_k(int64_t n, const void* vx0, const void* vx1, const void* v
   const BlockQ8_K* y[2] = {static_cast<const BlockQ8_K*>(vy0), static_cast<const BlockQ8_K*>(vy1)};
   const __m256i mask2 = _mm256_set1_epi8(3);
   const __m256i ones = _mm256_set1_epi8(1);
-  const __m256i pick_base = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
-                                             2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+  const __m256i pick_base = q3_k_pick_base();
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     __m128i scales8[2];
