@@ -104,8 +104,7 @@ void vec_dot_2x2_q2_k(int64_t n, const void* vx0, const void* vx1, const void* v
             _mm256_madd_epi16(mins16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][i].bsums)));
       }
     }
-    __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
-                       _mm256_setzero_si256()};
+    __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int half = 0; half < 2; ++half) {
       const __m256i q2[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[0][i].qs + 32 * half)),
                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[1][i].qs + 32 * half))};
@@ -210,14 +209,13 @@ void vec_dot_2x2_q3_k(int64_t n, const void* vx0, const void* vx1, const void* v
       scales8[r] = unpack_q3_k_scales(x[r][i].scales);
       hbits[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][i].hmask));
     }
-    __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
-                       _mm256_setzero_si256()};
+    __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int half = 0; half < 2; ++half) {
       __m256i q3[2], half_scales[2];
       for (int r = 0; r < 2; ++r) {
         q3[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][i].qs + 32 * half));
-        half_scales[r] = _mm256_broadcastsi128_si256(
-            _mm_cvtepi8_epi16(half == 0 ? scales8[r] : _mm_srli_si128(scales8[r], 8)));
+        half_scales[r] =
+            _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(half == 0 ? scales8[r] : _mm_srli_si128(scales8[r], 8)));
       }
       for (int s = 0; s < 4; ++s) {
         const int ch = 4 * half + s;
