@@ -1,5 +1,5 @@
 // AVX2 kernels for the low-bit super-block formats: vec_dot for Q2_K, Q3_K and IQ4_XS against Q8_K, 2x2 prefill
-// tiles for Q2_K and Q3_K (bit-identical to their vec_dot per product), and IQ4_XS dequantization.
+// tiles for all three (bit-identical to their vec_dot per product), and IQ4_XS dequantization.
 //
 // The dot products keep every per-super-block sum in exact int32 arithmetic (maddubs pairs of u8 x s8
 // into int16, madd with the sub-block scales into int32) and only then scale by the float block scales,
@@ -287,6 +287,49 @@ float vec_dot_iq4_xs(int64_t n, const void* vx, const void* vy) {
   return hsum(acc);
 }
 
+// The 2x2 tile of vec_dot_iq4_xs: each weight row's values and magnitudes made once for both tokens, each activation
+// chunk loaded once for both rows; per product the same int32 lanes and float steps, bit-identical to vec_dot_iq4_xs.
+void vec_dot_2x2_iq4_xs(int64_t n, const void* vx0, const void* vx1, const void* vy0, const void* vy1, float* out) {
+  const BlockIQ4_XS* x[2] = {static_cast<const BlockIQ4_XS*>(vx0), static_cast<const BlockIQ4_XS*>(vx1)};
+  const BlockQ8_K* y[2] = {static_cast<const BlockQ8_K*>(vy0), static_cast<const BlockQ8_K*>(vy1)};
+  const __m256i table = iq4nl_table();
+  const __m256i mask4 = _mm256_set1_epi8(0xF);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int pair = 0; pair < 4; ++pair) {
+      const __m256i q8[2][2] = {
+          {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[0][i].qs + 64 * pair)),
+           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[0][i].qs + 64 * pair + 32))},
+          {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[1][i].qs + 64 * pair)),
+           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[1][i].qs + 64 * pair + 32))}};
+      for (int r = 0; r < 2; ++r) {
+        const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][i].qs + 32 * pair));
+        const __m256i lo = _mm256_and_si256(q4, mask4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), mask4);
+        const __m256i v[2] = {_mm256_shuffle_epi8(table, _mm256_permute2x128_si256(lo, hi, 0x20)),
+                              _mm256_shuffle_epi8(table, _mm256_permute2x128_si256(lo, hi, 0x31))};
+        const __m256i magnitude[2] = {_mm256_sign_epi8(v[0], v[0]), _mm256_sign_epi8(v[1], v[1])};
+        const __m256i s0 = _mm256_set1_epi16(int16_t(iq4_xs_scale(x[r][i], 2 * pair)));
+        const __m256i s1 = _mm256_set1_epi16(int16_t(iq4_xs_scale(x[r][i], 2 * pair + 1)));
+        for (int c = 0; c < 2; ++c) {
+          const __m256i p0 = _mm256_maddubs_epi16(magnitude[0], _mm256_sign_epi8(q8[c][0], v[0]));
+          const __m256i p1 = _mm256_maddubs_epi16(magnitude[1], _mm256_sign_epi8(q8[c][1], v[1]));
+          sumi[2 * r + c] =
+              _mm256_add_epi32(sumi[2 * r + c], _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
+        }
+      }
+    }
+    for (int r = 0; r < 2; ++r) {
+      for (int c = 0; c < 2; ++c) {
+        const float d = quant::fp16_to_float(x[r][i].d) * y[c][i].d;
+        acc[2 * r + c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[2 * r + c]), acc[2 * r + c]);
+      }
+    }
+  }
+  for (int k = 0; k < 4; ++k) out[k] = hsum(acc[k]);
+}
+
 // Bit-exact with the reference: dl = d * scale, then each value is dl * float(table value).
 void dequantize_iq4_xs(const void* src, float* dst, int64_t n) {
   const BlockIQ4_XS* x = static_cast<const BlockIQ4_XS*>(src);
@@ -318,6 +361,7 @@ void register_avx2_k_low(KernelTable& table) {
   table[uint32_t(quant::Type::Q3_K)].vec_dot = vec_dot_q3_k;
   table[uint32_t(quant::Type::Q3_K)].vec_dot_2x2 = vec_dot_2x2_q3_k;
   table[uint32_t(quant::Type::IQ4_XS)].vec_dot = vec_dot_iq4_xs;
+  table[uint32_t(quant::Type::IQ4_XS)].vec_dot_2x2 = vec_dot_2x2_iq4_xs;
   table[uint32_t(quant::Type::IQ4_XS)].dequantize = dequantize_iq4_xs;
 }
 

@@ -1,4 +1,4 @@
-// AVX-512 (F+BW+VL+DQ) kernel for the low-bit super-block formats: IQ4_XS vec_dot against Q8_K.
+// AVX-512 (F+BW+VL+DQ) kernels for the low-bit super-block formats: IQ4_XS vec_dot against Q8_K and its 2x2 tile.
 //
 // Q2_K, Q3_K and the IQ4_XS dequantization are left to the AVX2 kernels (the dispatcher falls back):
 // their 256-bit versions already run at load/shuffle throughput, and IQ4_XS is the one of the three whose
@@ -85,10 +85,59 @@ float vec_dot_iq4_xs(int64_t n, const void* vx, const void* vy) {
   return _mm512_reduce_add_ps(acc);
 }
 
+// The 2x2 tile of vec_dot_iq4_xs (kernels.h: out = {x0.y0, x0.y1, x1.y0, x1.y1}): each weight row's values, their
+// magnitudes and signs made once for both tokens, each activation chunk loaded once for both rows; per product the
+// same int32 lanes and the same float steps in the same 16 lanes, so each output is bit-identical to vec_dot_iq4_xs.
+void vec_dot_2x2_iq4_xs(int64_t n, const void* vx0, const void* vx1, const void* vy0, const void* vy1, float* out) {
+  const BlockIQ4_XS* x[2] = {static_cast<const BlockIQ4_XS*>(vx0), static_cast<const BlockIQ4_XS*>(vx1)};
+  const BlockQ8_K* y[2] = {static_cast<const BlockQ8_K*>(vy0), static_cast<const BlockQ8_K*>(vy1)};
+  const __m512i table =
+      _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kIQ4NLValues)));
+  const __m512i mask4 = _mm512_set1_epi8(0xF);
+  const __m512i first_pair = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);  // as vec_dot_iq4_xs
+  const __m512i second_pair = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    __m512i sumi[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+    for (int quad = 0; quad < 2; ++quad) {
+      const int ib = 4 * quad;
+      const __m512i q8[2][2] = {{_mm512_loadu_si512(y[0][i].qs + 128 * quad), _mm512_loadu_si512(y[0][i].qs + 128 * quad + 64)},
+                                {_mm512_loadu_si512(y[1][i].qs + 128 * quad), _mm512_loadu_si512(y[1][i].qs + 128 * quad + 64)}};
+      for (int r = 0; r < 2; ++r) {
+        const BlockIQ4_XS& b = x[r][i];
+        const __m512i q4 = _mm512_loadu_si512(b.qs + 64 * quad);
+        const __m512i lo = _mm512_and_si512(q4, mask4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q4, 4), mask4);
+        const __m512i v[2] = {_mm512_shuffle_epi8(table, _mm512_permutex2var_epi64(lo, first_pair, hi)),
+                              _mm512_shuffle_epi8(table, _mm512_permutex2var_epi64(lo, second_pair, hi))};
+        const __m512i sc[2] = {pair_scales(iq4_xs_scale(b, ib), iq4_xs_scale(b, ib + 1)),
+                               pair_scales(iq4_xs_scale(b, ib + 2), iq4_xs_scale(b, ib + 3))};
+        for (int h = 0; h < 2; ++h) {
+          const __mmask64 negative = _mm512_movepi8_mask(v[h]);
+          const __m512i magnitude = _mm512_abs_epi8(v[h]);
+          for (int c = 0; c < 2; ++c) {
+            const __m512i q8_signed = _mm512_mask_sub_epi8(q8[c][h], negative, _mm512_setzero_si512(), q8[c][h]);
+            const __m512i pairs = _mm512_maddubs_epi16(magnitude, q8_signed);
+            sumi[2 * r + c] = _mm512_add_epi32(sumi[2 * r + c], _mm512_madd_epi16(pairs, sc[h]));
+          }
+        }
+      }
+    }
+    for (int r = 0; r < 2; ++r) {
+      for (int c = 0; c < 2; ++c) {
+        const float d = quant::fp16_to_float(x[r][i].d) * y[c][i].d;
+        acc[2 * r + c] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi[2 * r + c]), acc[2 * r + c]);
+      }
+    }
+  }
+  for (int k = 0; k < 4; ++k) out[k] = _mm512_reduce_add_ps(acc[k]);
+}
+
 }  // namespace
 
 void register_avx512_k_low(KernelTable& table) {
   table[uint32_t(quant::Type::IQ4_XS)].vec_dot = vec_dot_iq4_xs;
+  table[uint32_t(quant::Type::IQ4_XS)].vec_dot_2x2 = vec_dot_2x2_iq4_xs;
 }
 
 }  // namespace magnetar::cpu
