@@ -298,11 +298,10 @@ void vec_dot_2x2_iq4_xs(int64_t n, const void* vx0, const void* vx1, const void*
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int pair = 0; pair < 4; ++pair) {
-      const __m256i q8[2][2] = {
-          {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[0][i].qs + 64 * pair)),
-           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[0][i].qs + 64 * pair + 32))},
-          {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[1][i].qs + 64 * pair)),
-           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[1][i].qs + 64 * pair + 32))}};
+      const __m256i q8[2][2] = {{_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[0][i].qs + 64 * pair)),
+                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[0][i].qs + 64 * pair + 32))},
+                                {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[1][i].qs + 64 * pair)),
+                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[1][i].qs + 64 * pair + 32))}};
       for (int r = 0; r < 2; ++r) {
         const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][i].qs + 32 * pair));
         const __m256i lo = _mm256_and_si256(q4, mask4);

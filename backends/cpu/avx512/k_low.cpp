@@ -91,8 +91,7 @@ float vec_dot_iq4_xs(int64_t n, const void* vx, const void* vy) {
 void vec_dot_2x2_iq4_xs(int64_t n, const void* vx0, const void* vx1, const void* vy0, const void* vy1, float* out) {
   const BlockIQ4_XS* x[2] = {static_cast<const BlockIQ4_XS*>(vx0), static_cast<const BlockIQ4_XS*>(vx1)};
   const BlockQ8_K* y[2] = {static_cast<const BlockQ8_K*>(vy0), static_cast<const BlockQ8_K*>(vy1)};
-  const __m512i table =
-      _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kIQ4NLValues)));
+  const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kIQ4NLValues)));
   const __m512i mask4 = _mm512_set1_epi8(0xF);
   const __m512i first_pair = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);  // as vec_dot_iq4_xs
   const __m512i second_pair = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
@@ -101,8 +100,9 @@ void vec_dot_2x2_iq4_xs(int64_t n, const void* vx0, const void* vx1, const void*
     __m512i sumi[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
     for (int quad = 0; quad < 2; ++quad) {
       const int ib = 4 * quad;
-      const __m512i q8[2][2] = {{_mm512_loadu_si512(y[0][i].qs + 128 * quad), _mm512_loadu_si512(y[0][i].qs + 128 * quad + 64)},
-                                {_mm512_loadu_si512(y[1][i].qs + 128 * quad), _mm512_loadu_si512(y[1][i].qs + 128 * quad + 64)}};
+      const __m512i q8[2][2] = {
+          {_mm512_loadu_si512(y[0][i].qs + 128 * quad), _mm512_loadu_si512(y[0][i].qs + 128 * quad + 64)},
+          {_mm512_loadu_si512(y[1][i].qs + 128 * quad), _mm512_loadu_si512(y[1][i].qs + 128 * quad + 64)}};
       for (int r = 0; r < 2; ++r) {
         const BlockIQ4_XS& b = x[r][i];
         const __m512i q4 = _mm512_loadu_si512(b.qs + 64 * quad);
