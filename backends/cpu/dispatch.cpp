@@ -104,8 +104,8 @@ struct Tables {
     KernelTable& avx512 = by_isa[int(Isa::kAvx512)];
     register_avx512_float(avx512);
     register_avx512_legacy(avx512);
-    register_avx512_k_quants(avx512);
     register_avx512_k_quants_vnni(avx512);
+    register_avx512_k_quants(avx512);  // after the VNNI build: its Q6_K dot replaces that one's
     register_avx512_k_low(avx512);
     fill_from(avx512, avx2, kBySingle<Isa::kAvx512>);
 

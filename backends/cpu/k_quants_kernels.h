@@ -570,11 +570,10 @@ void dequantize_q6_k(const void* src, float* dst, int64_t n) {
 }  // namespace
 
 #if defined(MAGNETAR_K_QUANTS_VNNI)
-// Q6_K's single dot stays avx512/k_quants.cpp's where that registered one (every one of these kernels gives the
-// reference's bits, so any mix of them agrees).
+// Registered before avx512/k_quants.cpp's Q6_K single dot, which replaces this one's (every one of these kernels gives
+// the reference's bits, so the Q6_K tile here agrees with it).
 void register_avx512_k_quants_vnni(KernelTable& table) {
   if (!__builtin_cpu_supports("avx512vnni")) return;  // the AVX2 build's kernels stay (fill_from)
-  const quant::VecDotFn q6_dot = table[uint32_t(quant::Type::Q6_K)].vec_dot;
 #else
 void register_avx2_k_quants(KernelTable& table) {
 #endif
@@ -589,9 +588,6 @@ void register_avx2_k_quants(KernelTable& table) {
   table[uint32_t(quant::Type::Q6_K)] = {
       .vec_dot = vec_dot_q6_k, .quantize = nullptr, .dequantize = dequantize_q6_k, .vec_dot_2x2 = vec_dot_2x2_q6_k};
   table[uint32_t(quant::Type::Q8_K)] = {.vec_dot = nullptr, .quantize = quantize_q8_k, .dequantize = nullptr};
-#if defined(MAGNETAR_K_QUANTS_VNNI)
-  if (q6_dot != nullptr) table[uint32_t(quant::Type::Q6_K)].vec_dot = q6_dot;
-#endif
 }
 
 }  // namespace magnetar::cpu

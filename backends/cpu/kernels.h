@@ -88,7 +88,7 @@ void register_avx2_k_low(KernelTable& table);     // Q2_K Q3_K IQ4_XS
 void register_avx512_float(KernelTable& table);
 void register_avx512_legacy(KernelTable& table);
 void register_avx512_k_quants(KernelTable& table);
-void register_avx512_k_quants_vnni(KernelTable& table);  // after register_avx512_k_quants: keeps its Q6_K dot
+void register_avx512_k_quants_vnni(KernelTable& table);  // before register_avx512_k_quants (its Q6_K dot wins)
 void register_avx512_k_low(KernelTable& table);
 
 }  // namespace magnetar::cpu
